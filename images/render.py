@@ -1,0 +1,222 @@
+"""Render validated image specs into dockerfiles/<family>/<tag>/Dockerfile.
+
+`context(img)` is a pure function from an Image to the template's variables; `render(img)`
+fills templates/Dockerfile.j2; `write_all()` writes every file and removes stale ones.
+Output is deterministic: the same pins give byte-identical Dockerfiles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from images.spec import Image, load_all, minor, vtuple
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "templates"
+OUTPUT = ROOT / "dockerfiles"
+REPO_PREFIX = "dtrain"  # local image names: dtrain/<family>:<tag>
+SSH_PORT = 2022
+CPU_BASE = "debian:bookworm-slim"  # CPU default base; `invoke build --base-image` overrides it
+
+_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _env(img: Image) -> dict[str, str]:
+    """The image's environment. Values are literal (no $VAR) so sshd's SetEnv can repeat them."""
+    if img.gpu:
+        path = ("/opt/venv/bin:/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:"
+                "/usr/local/nvidia/bin:/usr/local/cuda/bin:" + _BASE_PATH)
+        ld = ("/opt/aws-ofi-nccl/lib:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:"
+              "/usr/local/cuda/lib64:/usr/local/nvidia/lib:/usr/local/nvidia/lib64")
+    else:
+        path = "/opt/venv/bin:" + _BASE_PATH
+        ld = "/usr/lib/x86_64-linux-gnu/openmpi/lib"
+    env = {
+        "PATH": path,
+        "LD_LIBRARY_PATH": ld,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        # Open MPI refuses root without these; containers run as root.
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # One BLAS/OpenMP thread per rank: avoids "BLAS : Program is Terminated. Because you
+        # tried to allocate too many memory regions" and oversubscription.
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "GOTO_NUM_THREADS": "1",
+        # NCCL never picks the docker bridge or loopback; the launcher narrows it to one NIC.
+        "NCCL_SOCKET_IFNAME": "^docker0,lo",
+        "NCCL_DEBUG": "WARN",
+    }
+    if img.variant.tf_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def _cudnn_pkgs(img: Image, dev: bool) -> list[str]:
+    v = img.variant
+    assert v.cudnn
+    major = vtuple(v.cudnn)[0]
+    if major >= 9:  # cuDNN 9 packages are per CUDA major: libcudnn9-cuda-12=9.5.1.17-1
+        cuda_major = vtuple(v.cuda or "0")[0]
+        names = [f"libcudnn9-cuda-{cuda_major}"] + ([f"libcudnn9-dev-cuda-{cuda_major}"] if dev else [])
+        return [f"{n}={v.cudnn}-1" for n in names]
+    names = [f"libcudnn{major}"] + ([f"libcudnn{major}-dev"] if dev else [])
+    return [f"{n}={v.cudnn}-1+cuda{img.cuda_mm}" for n in names]
+
+
+def _nccl_pkgs(img: Image, dev: bool) -> list[str]:
+    pin = f"{img.variant.nccl}-1+cuda{img.cuda_mm}"
+    return [f"libnccl2={pin}"] + ([f"libnccl-dev={pin}"] if dev else [])
+
+
+def _horovod_build_env(img: Image) -> dict[str, str]:
+    fw = img.framework
+    env = {
+        "HOROVOD_WITH_MPI": "1",
+        "HOROVOD_WITHOUT_GLOO": "1",
+        "HOROVOD_WITHOUT_MXNET": "1",
+        "HOROVOD_WITH_TENSORFLOW" if fw == "tensorflow" else "HOROVOD_WITHOUT_TENSORFLOW": "1",
+        "HOROVOD_WITH_PYTORCH" if fw == "pytorch" else "HOROVOD_WITHOUT_PYTORCH": "1",
+    }
+    if img.gpu:
+        sms = sorted({img.compat.ec2_gpus[t].sm for t in img.variant.targets or []})
+        env |= {
+            "HOROVOD_GPU_OPERATIONS": "NCCL",
+            "HOROVOD_NCCL_LINK": "SHARED",
+            "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+            "HOROVOD_BUILD_CUDA_CC_LIST": ",".join(str(s) for s in sms),
+        }
+    return dict(sorted(env.items()))
+
+
+def _labels(img: Image) -> dict[str, str]:
+    v = img.variant
+    labels = {
+        "org.opencontainers.image.description": _description(img),
+        "org.opencontainers.image.version": img.tag,
+        "org.opencontainers.image.vendor": "dtrain",
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "dtrain.family": img.family,
+        "dtrain.kind": v.kind,
+        "dtrain.os": v.os,
+        "dtrain.ssh-port": str(SSH_PORT),
+        "dtrain.openmpi-major": "4",
+        "dtrain.version.python": v.python,
+    }
+    pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "cuda", "cudnn", "nccl",
+            "efa_installer", "aws_ofi_nccl"]
+    for key in pins:
+        value = getattr(v, key)
+        if value:
+            labels[f"dtrain.version.{key.replace('_', '-')}"] = value
+    if img.gpu:
+        labels["dtrain.min-driver"] = img.cuda_base.min_driver
+        labels["dtrain.targets"] = ",".join(v.targets or [])
+    return labels
+
+
+def _description(img: Image) -> str:
+    fw = {"tensorflow": "TensorFlow", "pytorch": "PyTorch"}[img.framework]
+    what = f"Horovod {img.variant.horovod} + {fw}" if img.variant.horovod else f"{fw} (torchrun/DDP)"
+    where = f"CUDA {img.variant.cuda}" if img.gpu else "CPU"
+    return f"{what} {img.framework_version}, {where}, Python {img.variant.python}, {img.variant.os}"
+
+
+def image_repo(img: Image) -> str:
+    return f"{REPO_PREFIX}/{img.family}"
+
+
+def context(img: Image) -> dict[str, Any]:
+    """Everything the templates need, derived from one validated Image."""
+    v = img.variant
+    ctx: dict[str, Any] = {
+        "img": img,
+        "v": v,
+        "gpu": img.gpu,
+        "tag": img.tag,
+        "repo": image_repo(img),
+        "env": _env(img),
+        "labels": _labels(img),
+        "runtime_base": img.nvidia_base("runtime") if img.gpu else CPU_BASE,
+        "builder_base": img.nvidia_base("devel") if img.gpu else CPU_BASE,
+    }
+    if img.gpu:
+        ctx |= {
+            "cudnn_pkgs": _cudnn_pkgs(img, dev=True),
+            "nccl_pkgs": _nccl_pkgs(img, dev=True),
+            "cudnn_runtime_pkgs": _cudnn_pkgs(img, dev=False),
+            "nccl_runtime_pkgs": _nccl_pkgs(img, dev=False),
+        }
+    if img.framework == "tensorflow":
+        tf = "tensorflow" if img.gpu else "tensorflow-cpu"
+        ctx["tf_pip"] = [f"{tf}=={v.tensorflow}"] + ([f"tf-keras=={v.tf_keras}"] if v.tf_keras else [])
+    else:
+        flavour = img.cuda_short if img.gpu else "cpu"
+        ctx["torch_index"] = f"https://download.pytorch.org/whl/{flavour}"
+    if v.horovod:
+        ctx |= {
+            "horovod_row": img.compat.horovod[v.horovod],
+            "horovod_build_env": _horovod_build_env(img),
+            "hvd_module": "horovod.tensorflow" if img.framework == "tensorflow" else "horovod.torch",
+            "check_build": (["TensorFlow"] if img.framework == "tensorflow" else ["PyTorch"])
+            + ["MPI"] + (["NCCL"] if img.gpu else []),
+        }
+    return ctx
+
+
+def _jinja() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,  # a missing pin is an error, not an empty string
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(img: Image) -> str:
+    text = _jinja().get_template("Dockerfile.j2").render(context(img))
+    # Collapse runs of blank lines left by conditional blocks.
+    lines, out = text.splitlines(), []
+    for line in lines:
+        if line.strip() or (out and out[-1].strip()):
+            out.append(line.rstrip())
+    return "\n".join(out).strip() + "\n"
+
+
+def output_path(img: Image, root: Path = OUTPUT) -> Path:
+    return root / img.family / img.tag / "Dockerfile"
+
+
+def render_all(families: list[str] | None = None) -> dict[Path, str]:
+    """{path: text} for every image of the given families (all by default)."""
+    return {output_path(img): render(img) for img in load_all(families)}
+
+
+def write_all(families: list[str] | None = None, root: Path = OUTPUT) -> tuple[list[Path], list[Path]]:
+    """Write rendered Dockerfiles; remove ones no spec produces any more.
+    Returns (changed or new files, removed files)."""
+    imgs = load_all(families)
+    wanted = {output_path(img, root): render(img) for img in imgs}
+    changed = []
+    for path, text in wanted.items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(path)
+    removed = []
+    for fam in {img.family for img in imgs}:
+        for old in sorted((root / fam).glob("*/Dockerfile")):
+            if old not in wanted:
+                old.unlink()
+                old.parent.rmdir() if not any(old.parent.iterdir()) else None
+                removed.append(old)
+    return changed, removed
+
+
+__all__ = ["context", "render", "render_all", "write_all", "output_path", "image_repo", "minor"]

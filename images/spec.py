@@ -1,0 +1,474 @@
+"""Load image specs (images/<family>.yaml) and check them against images/compat.yaml.
+
+Data flows one way: YAML -> pydantic models (shape: unknown/missing keys, types) ->
+compat rules (meaning: versions that work together) -> `Image` objects the renderer uses.
+Every problem becomes one line naming the file, line, key and rule; all problems in a
+file are reported together in one SpecError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+IMAGES_DIR = Path(__file__).resolve().parent
+COMPAT_FILE = IMAGES_DIR / "compat.yaml"
+FAMILIES = ("horovod-tensorflow", "horovod-pytorch", "pytorch-ddp")
+
+
+class SpecError(Exception):
+    """A spec breaks a rule. str() is the user-facing message, one problem per line."""
+
+
+# ---------------------------------------------------------------- versions
+
+
+def vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def minor(version: str) -> str:
+    """'2.18.1' -> '2.18'"""
+    return ".".join(version.split(".")[:2])
+
+
+def in_range(version: str, bounds: list[str]) -> bool:
+    lo, hi = bounds
+    return vtuple(lo) <= vtuple(minor(version)) <= vtuple(hi)
+
+
+# ---------------------------------------------------------------- models (shape)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Variant(_Strict):
+    kind: Literal["gpu", "cpu"]
+    os: str
+    python: str
+    tensorflow: str | None = None
+    tf_keras: str | None = None
+    pytorch: str | None = None
+    horovod: str | None = None
+    # GPU only
+    cuda: str | None = None
+    cudnn: str | None = None
+    nccl: str | None = None
+    efa_installer: str | None = None
+    aws_ofi_nccl: str | None = None
+    targets: list[str] | None = None
+
+
+class FamilySpec(_Strict):
+    family: str
+    description: str
+    gpu_defaults: dict[str, Any] | None = None  # holds the YAML anchor; not used directly
+    variants: list[Variant]
+
+
+class _CudaBase(_Strict):
+    cudnn_tag: str
+    cudnn: str
+    nccl: str
+    os: list[str]
+    min_driver: str
+
+
+class _Gpu(_Strict):
+    gpu: str
+    sm: int
+
+
+class _TfRow(_Strict):
+    python: list[str]
+    cuda: str
+    cudnn: str
+
+
+class _TorchRow(_Strict):
+    python: list[str]
+    cxx: int
+    cuda: list[str]
+
+
+class _HorovodRow(_Strict):
+    tensorflow: list[str]
+    pytorch: list[str]
+    keras3_from_tensorflow: str
+    sdist_cxx: int
+    torch_cxx: int
+
+
+class Compat(_Strict):
+    os_python: dict[str, str]
+    cuda_bases: dict[str, _CudaBase]
+    ec2_gpus: dict[str, _Gpu]
+    tensorflow: dict[str, _TfRow]
+    pytorch: dict[str, _TorchRow]
+    torch_wheel_min_sm: dict[str, int]
+    horovod: dict[str, _HorovodRow]
+
+
+# ---------------------------------------------------------------- the validated image
+
+
+@dataclass(frozen=True)
+class Image:
+    """One variant of one family, validated, with everything derived from its pins."""
+
+    family: str
+    index: int
+    variant: Variant
+    compat: Compat
+    source: str  # e.g. images/horovod-pytorch.yaml
+
+    @property
+    def gpu(self) -> bool:
+        return self.variant.kind == "gpu"
+
+    @property
+    def framework(self) -> Literal["tensorflow", "pytorch"]:
+        return "tensorflow" if self.variant.tensorflow else "pytorch"
+
+    @property
+    def framework_version(self) -> str:
+        return self.variant.tensorflow or self.variant.pytorch or ""
+
+    @property
+    def cuda_mm(self) -> str:
+        """'12.8.1' -> '12.8'"""
+        return minor(self.variant.cuda or "")
+
+    @property
+    def cuda_short(self) -> str:
+        """'12.8.1' -> 'cu128', the torch wheel variant name."""
+        return "cu" + self.cuda_mm.replace(".", "")
+
+    @property
+    def cuda_base(self) -> _CudaBase:
+        return self.compat.cuda_bases[self.variant.cuda or ""]
+
+    @property
+    def tag(self) -> str:
+        v = self.variant
+        parts = [self.framework_version]
+        if v.horovod:
+            parts.append(f"hvd{v.horovod}")
+        if self.gpu:
+            parts += [self.cuda_short, f"cudnn{vtuple(v.cudnn or '0')[0]}"]
+        else:
+            parts.append("cpu")
+        parts += ["py" + v.python.replace(".", ""), v.os]
+        return "-".join(parts)
+
+    def nvidia_base(self, flavour: Literal["devel", "runtime"]) -> str:
+        v = self.variant
+        return f"nvidia/cuda:{v.cuda}-{self.cuda_base.cudnn_tag}-{flavour}-{v.os}"
+
+    @property
+    def horovod_cxx(self) -> int:
+        """C++ standard Horovod's torch extension is compiled with (the sdist patch)."""
+        if not self.variant.horovod or self.framework != "pytorch":
+            return 0
+        row = self.compat.horovod[self.variant.horovod]
+        torch_cxx = self.compat.pytorch[minor(self.framework_version)].cxx
+        return row.sdist_cxx if torch_cxx <= row.sdist_cxx else row.torch_cxx
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+
+
+def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
+    """1-based line of the node at `path` (keys and list indexes), following `<<` merges."""
+    node, line = root, None
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            node = _mapping_get(node, str(key))
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _mapping_get(node: yaml.MappingNode, key: str) -> yaml.Node | None:
+    merged = None
+    for k, v in node.value:
+        if k.value == key:
+            return k
+        if k.value == "<<" and isinstance(v, yaml.MappingNode):
+            merged = merged or _mapping_get(v, key)
+    return merged
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text), yaml.compose(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+
+
+def _shape_errors(err: ValidationError, label: str, root: yaml.Node | None) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if p not in ("gpu", "cpu"))
+        line = _line_of(root, loc) or _line_of(root, loc[:-1])
+        where = f"{label}:{line}" if line else label
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "missing key"
+        else:
+            msg = e["msg"]
+        out.append(f"{where}: {_fmt_loc(loc)}: {msg}")
+    return out
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(IMAGES_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def load_compat(path: Path = COMPAT_FILE) -> Compat:
+    data, root = _read_yaml(path)
+    try:
+        return Compat.model_validate(data)
+    except ValidationError as e:
+        raise SpecError("\n".join(_shape_errors(e, _rel(path), root))) from None
+
+
+def load_family(path: Path, compat: Compat | None = None) -> list[Image]:
+    """Load and validate one family file; raise SpecError listing every problem."""
+    compat = compat or load_compat()
+    label = _rel(path)
+    data, root = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{label}: expected a mapping with keys family, description, variants")
+    try:
+        spec = FamilySpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError("\n".join(_shape_errors(e, label, root))) from None
+
+    problems: list[str] = []
+    if spec.family != path.stem:
+        problems.append(f"{label}:{_line_of(root, ('family',))}: family: "
+                        f"'{spec.family}' must match the file name '{path.stem}'")
+    images = [Image(spec.family, i, v, compat, label) for i, v in enumerate(spec.variants)]
+    for img in images:
+        for key, rule, msg in check_variant(img):
+            loc = ("variants", img.index) + ((key,) if key else ())
+            line = _line_of(root, loc)
+            where = f"{label}:{line}" if line else label
+            problems.append(f"{where}: {_fmt_loc(loc)}: [{rule}] {msg}")
+    seen: dict[str, int] = {}
+    for img in images:
+        if img.tag in seen:
+            problems.append(f"{label}: variants[{img.index}]: [unique-tag] tag {img.tag} "
+                            f"is also produced by variants[{seen[img.tag]}]")
+        seen.setdefault(img.tag, img.index)
+    if problems:
+        raise SpecError("\n".join(problems))
+    return images
+
+
+def family_path(family: str) -> Path:
+    return IMAGES_DIR / f"{family}.yaml"
+
+
+def load_all(families: list[str] | None = None) -> list[Image]:
+    """Every image of the given families (all by default), validated."""
+    compat = load_compat()
+    names = families or list(FAMILIES)
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        raise SpecError(f"unknown image family {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    out: list[Image] = []
+    errors: list[str] = []
+    for name in names:
+        try:
+            out += load_family(family_path(name), compat)
+        except SpecError as e:
+            errors.append(str(e))
+    if errors:
+        raise SpecError("\n".join(errors))
+    return out
+
+
+# ---------------------------------------------------------------- rules (meaning)
+
+Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message)
+
+_GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "targets")
+_FAMILY_KEYS = {
+    "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch"}),
+    "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras"}),
+    "pytorch-ddp": ({"pytorch"}, {"tensorflow", "tf_keras", "horovod"}),
+}
+
+
+def check_variant(img: Image) -> list[Problem]:
+    """Every rule of compat.yaml that this variant breaks. Stops early only where later
+    rules would be meaningless (an unknown version has no row to check against)."""
+    v, c = img.variant, img.compat
+    out: list[Problem] = []
+
+    required, forbidden = _FAMILY_KEYS.get(img.family, (set(), set()))
+    for key in sorted(required):
+        if getattr(v, key) is None:
+            out.append((None, "family", f"{img.family} images need '{key}'"))
+    for key in sorted(forbidden):
+        if getattr(v, key) is not None:
+            out.append((key, "family", f"{img.family} images do not take '{key}'"))
+    for key in _GPU_KEYS:
+        if img.gpu and getattr(v, key) is None:
+            out.append((None, "gpu", f"GPU variants need '{key}'"))
+        if not img.gpu and getattr(v, key) is not None:
+            out.append((key, "cpu", f"CPU variants do not take '{key}'"))
+    if out:
+        return out
+
+    if v.os not in c.os_python:
+        return [("os", "compat.os_python", f"unknown OS '{v.os}'; known: {', '.join(c.os_python)}")]
+    if v.python != c.os_python[v.os]:
+        out.append(("python", "compat.os_python",
+                    f"{v.os} ships Python {c.os_python[v.os]}, not {v.python}"))
+    if img.gpu:
+        out += _check_cuda(img)
+    if v.tensorflow:
+        out += _check_tensorflow(img)
+    if v.pytorch:
+        out += _check_pytorch(img)
+    if v.horovod:
+        out += _check_horovod(img)
+    return out
+
+
+def _check_cuda(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    assert v.cuda and v.cudnn and v.nccl and v.targets is not None
+    if v.cuda not in c.cuda_bases:
+        return [("cuda", "compat.cuda_bases",
+                 f"no nvidia/cuda base image for CUDA {v.cuda}; known: {', '.join(c.cuda_bases)}")]
+    base = c.cuda_bases[v.cuda]
+    out: list[Problem] = []
+    if v.os not in base.os:
+        out.append(("os", "compat.cuda_bases",
+                    f"nvidia/cuda:{v.cuda}-{base.cudnn_tag}-runtime-{v.os} does not exist "
+                    f"(CUDA {v.cuda} comes for {', '.join(base.os)})"))
+    if vtuple(v.cudnn)[0] != vtuple(base.cudnn)[0] or vtuple(v.cudnn) < vtuple(base.cudnn):
+        out.append(("cudnn", "compat.cuda_bases",
+                    f"cuDNN {v.cudnn} cannot replace the {base.cudnn} in the CUDA {v.cuda} base "
+                    f"(same major, same or newer)"))
+    if vtuple(v.nccl)[0] != vtuple(base.nccl)[0] or vtuple(v.nccl) < vtuple(base.nccl):
+        out.append(("nccl", "compat.cuda_bases",
+                    f"NCCL {v.nccl} is older than the {base.nccl} in the CUDA {v.cuda} base"))
+    for t in v.targets:
+        if t not in c.ec2_gpus:
+            out.append(("targets", "compat.ec2_gpus",
+                        f"unknown EC2 instance family '{t}'; known: {', '.join(c.ec2_gpus)}"))
+    return out
+
+
+def _check_tensorflow(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    assert v.tensorflow
+    row = c.tensorflow.get(minor(v.tensorflow))
+    if row is None:
+        return [("tensorflow", "compat.tensorflow",
+                 f"TensorFlow {v.tensorflow} is not in compat.yaml (known: {', '.join(c.tensorflow)})")]
+    out: list[Problem] = []
+    if not in_range(v.python, row.python):
+        out.append(("python", "compat.tensorflow",
+                    f"TensorFlow {minor(v.tensorflow)} supports Python {row.python[0]}-{row.python[1]}, not {v.python}"))
+    if img.gpu and v.cuda in c.cuda_bases:
+        have, want = vtuple(img.cuda_mm), vtuple(row.cuda)
+        if have[0] != want[0] or have < want:
+            out.append(("cuda", "compat.tensorflow",
+                        f"TensorFlow {minor(v.tensorflow)} was built with CUDA {row.cuda}; CUDA {v.cuda} "
+                        f"is not compatible (needs CUDA {want[0]}.x, at least {row.cuda})"))
+        have_dnn, want_dnn = vtuple(minor(v.cudnn or "0.0")), vtuple(row.cudnn)
+        if have_dnn[0] != want_dnn[0] or have_dnn < want_dnn:
+            out.append(("cudnn", "compat.tensorflow",
+                        f"TensorFlow {minor(v.tensorflow)} was built with cuDNN {row.cudnn}; "
+                        f"cuDNN {v.cudnn} is not compatible"))
+    return out
+
+
+def _check_pytorch(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    assert v.pytorch
+    row = c.pytorch.get(minor(v.pytorch))
+    if row is None:
+        return [("pytorch", "compat.pytorch",
+                 f"PyTorch {v.pytorch} is not in compat.yaml (known: {', '.join(c.pytorch)})")]
+    out: list[Problem] = []
+    if not in_range(v.python, row.python):
+        out.append(("python", "compat.pytorch",
+                    f"PyTorch {minor(v.pytorch)} supports Python {row.python[0]}-{row.python[1]}, not {v.python}"))
+    if img.gpu and v.cuda in c.cuda_bases:
+        if img.cuda_mm not in row.cuda:
+            out.append(("cuda", "compat.pytorch",
+                        f"PyTorch {minor(v.pytorch)} has no wheel for CUDA {img.cuda_mm} "
+                        f"(wheels: {', '.join(row.cuda)})"))
+        min_sm = c.torch_wheel_min_sm.get(img.cuda_short)
+        for t in v.targets or []:
+            gpu = c.ec2_gpus.get(t)
+            if gpu and min_sm is not None and gpu.sm < min_sm:
+                out.append(("targets", "compat.torch_wheel_min_sm",
+                            f"{img.cuda_short} torch wheels start at sm_{min_sm}; target {t} "
+                            f"({gpu.gpu}, sm_{gpu.sm}) would have no kernels"))
+    return out
+
+
+def _check_horovod(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    assert v.horovod
+    row = c.horovod.get(v.horovod)
+    if row is None:
+        return [("horovod", "compat.horovod",
+                 f"Horovod {v.horovod} is not in compat.yaml (known: {', '.join(c.horovod)})")]
+    out: list[Problem] = []
+    fw, version = img.framework, img.framework_version
+    bounds = row.tensorflow if fw == "tensorflow" else row.pytorch
+    if not in_range(version, bounds):
+        out.append((fw, "compat.horovod",
+                    f"Horovod {v.horovod} builds against {fw} {bounds[0]}-{bounds[1]}, not {version}"))
+    if v.tensorflow:
+        keras3 = vtuple(minor(v.tensorflow)) >= vtuple(row.keras3_from_tensorflow)
+        if keras3 and not v.tf_keras:
+            out.append(("tensorflow", "compat.horovod.keras3",
+                        f"TensorFlow {v.tensorflow} ships Keras 3, which Horovod {v.horovod} does not "
+                        f"support: pin tf_keras: \"{minor(v.tensorflow)}.x\" (Keras 2, used with "
+                        f"TF_USE_LEGACY_KERAS=1) or use TensorFlow < {row.keras3_from_tensorflow}"))
+        if v.tf_keras and not keras3:
+            out.append(("tf_keras", "compat.horovod.keras3",
+                        f"TensorFlow {v.tensorflow} still has Keras 2 built in; drop tf_keras"))
+        if v.tf_keras and keras3 and minor(v.tf_keras) != minor(v.tensorflow):
+            out.append(("tf_keras", "compat.horovod.keras3",
+                        f"tf_keras {v.tf_keras} does not match TensorFlow {minor(v.tensorflow)}"))
+    return out

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Entrypoint of every dtrain image.
+#   no arguments: run sshd on port 2022 in the foreground (a node of a job)
+#   arguments:    start sshd in the background, then exec the arguments
+# Each container gets its own host keys, made here, never baked into the image.
+set -euo pipefail
+
+ssh-keygen -A -q
+
+# sshd gives non-interactive sessions (mpirun's orted) the environment in SetEnv: the image's
+# ENV plus anything `docker run -e` added. Values holding a double quote cannot be expressed.
+conf=/etc/ssh/sshd_config.d/00-image-env.conf
+line="SetEnv"
+while IFS= read -r -d '' kv; do
+  name=${kv%%=*}
+  case "$name" in
+    HOSTNAME|HOME|PWD|OLDPWD|SHLVL|_|TERM|SSH_*|BASH_FUNC_*) continue ;;
+  esac
+  [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+  if [[ "$kv" == *'"'* ]]; then
+    echo "entrypoint: not forwarding $name to ssh sessions (value holds a double quote)" >&2
+    continue
+  fi
+  line+=" \"$kv\""
+done < <(env -0)
+printf '%s\n' "$line" > "$conf"
+
+mkdir -p /run/sshd
+if [ "$#" -eq 0 ]; then
+  exec /usr/sbin/sshd -D -e
+fi
+/usr/sbin/sshd -e
+exec "$@"
