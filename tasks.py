@@ -43,3 +43,15 @@ def render(c, image=None, check=False):
         for p in removed:
             print(f"removed {p.relative_to(r.ROOT)}")
         print(f"{len(changed)} written, {len(removed)} removed, all others unchanged")
+
+
+@task(help={"k": "only tests matching this pytest -k expression",
+            "unit": "skip tests that need Docker or the simulated cluster"})
+def test(c, k=None, unit=False):
+    """Run the test suite (installs and starts what the integration tests need: root, Linux)."""
+    args = ["python", "-m", "pytest", "-q"]
+    if unit:
+        args += ["-m", "not docker and not cluster"]
+    if k:
+        args += ["-k", k]
+    c.run(" ".join(args), pty=False)

@@ -1,0 +1,222 @@
+"""Spec validation: every kind of bad pin gives one readable message naming file, line, key, rule."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from images.spec import FAMILIES, SpecError, load_all, load_family
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GPU = {
+    "kind": "gpu", "os": "ubuntu22.04", "python": "3.10",
+    "efa_installer": "1.38.0", "aws_ofi_nccl": "1.14.0",
+}
+
+
+def write_spec(tmp_path: Path, family: str, variants: list[dict], **top) -> Path:
+    doc = {"family": family, "description": "test", "variants": variants, **top}
+    path = tmp_path / f"{family}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(SpecError) as exc:
+        load_family(path)
+    return str(exc.value)
+
+
+def test_shipped_specs_are_valid():
+    images = load_all()
+    assert {i.family for i in images} == set(FAMILIES)
+    for fam in FAMILIES:
+        kinds = [i.variant.kind for i in images if i.family == fam]
+        assert kinds.count("gpu") >= 2 and kinds.count("cpu") == 1, fam
+
+
+def test_tags_spell_the_stack():
+    tags = {i.tag for i in load_all()}
+    assert "2.3.1-hvd0.28.1-cu121-cudnn8-py310-ubuntu22.04" in tags
+    assert "2.13.0-hvd0.28.1-cpu-py311-debian12" in tags
+    assert "2.15.1-hvd0.28.1-cpu-py311-debian12" in tags
+    assert "2.13.0-cpu-py311-debian12" in tags
+
+
+def test_tensorflow_on_wrong_cuda(tmp_path):
+    path = write_spec(tmp_path, "horovod-tensorflow", [{
+        **GPU, "tensorflow": "2.15.1", "horovod": "0.28.1", "cuda": "11.8.0",
+        "cudnn": "8.9.6.50", "nccl": "2.15.5", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "horovod-tensorflow.yaml:" in msg
+    assert "variants[0].cuda: [compat.tensorflow]" in msg
+    assert "TensorFlow 2.15 was built with CUDA 12.2" in msg
+
+
+def test_cu128_torch_wheel_for_p3(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        **GPU, "pytorch": "2.11.0", "cuda": "12.8.1", "cudnn": "9.8.0.87",
+        "nccl": "2.25.1", "targets": ["g5", "p3"]}])
+    msg = error_of(path)
+    assert "variants[0].targets: [compat.torch_wheel_min_sm]" in msg
+    assert "target p3 (V100, sm_70)" in msg
+    assert "g5" not in msg.split("target")[1].split(")")[0]  # only p3 is named
+
+
+def test_python_out_of_framework_range(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "os": "ubuntu20.04", "python": "3.8", "pytorch": "2.9.0"}])
+    msg = error_of(path)
+    assert "variants[0].python: [compat.pytorch]" in msg
+    assert "supports Python 3.10-3.14, not 3.8" in msg
+
+
+def test_python_not_the_os_python(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "os": "debian12", "python": "3.10", "pytorch": "2.13.0"}])
+    assert "variants[0].python: [compat.os_python] debian12 ships Python 3.11, not 3.10" in error_of(path)
+
+
+def test_unknown_key_named_with_line(tmp_path):
+    path = tmp_path / "pytorch-ddp.yaml"
+    path.write_text(
+        "family: pytorch-ddp\n"
+        "description: test\n"
+        "variants:\n"
+        "  - kind: cpu\n"
+        "    os: debian12\n"
+        "    python: '3.11'\n"
+        "    pytorch: '2.13.0'\n"
+        "    cudaa: '12.8.1'\n")
+    msg = error_of(path)
+    assert msg == f"{path}:8: variants[0].cudaa: unknown key"
+
+
+def test_missing_key(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{"kind": "cpu", "python": "3.11", "pytorch": "2.13.0"}])
+    assert "variants[0].os: missing key" in error_of(path)
+
+
+def test_missing_gpu_pin(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        **GPU, "pytorch": "2.11.0", "cuda": "12.8.1", "cudnn": "9.8.0.87", "targets": ["g5"]}])
+    assert "variants[0]: [gpu] GPU variants need 'nccl'" in error_of(path)
+
+
+def test_base_tag_that_does_not_exist(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        **GPU, "pytorch": "2.4.1", "cuda": "12.3.0", "cudnn": "9.1.0.70",
+        "nccl": "2.21.5", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "variants[0].cuda: [compat.cuda_bases] no nvidia/cuda base image for CUDA 12.3.0" in msg
+
+
+def test_base_tag_missing_for_os(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        **GPU, "os": "ubuntu24.04", "python": "3.12", "pytorch": "2.4.1", "cuda": "11.8.0",
+        "cudnn": "8.9.6.50", "nccl": "2.15.5", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu24.04 does not exist" in msg
+
+
+def test_keras3_needs_tf_keras(tmp_path):
+    path = write_spec(tmp_path, "horovod-tensorflow", [{
+        **GPU, "tensorflow": "2.18.1", "horovod": "0.28.1", "cuda": "12.6.3",
+        "cudnn": "9.5.1.17", "nccl": "2.23.4", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "[compat.horovod.keras3]" in msg and "pin tf_keras" in msg
+
+
+def test_every_problem_reported_at_once(tmp_path):
+    path = write_spec(tmp_path, "horovod-pytorch", [
+        {**GPU, "pytorch": "2.11.0", "horovod": "0.28.1", "cuda": "12.8.1",
+         "cudnn": "9.8.0.87", "nccl": "2.25.1", "targets": ["p3"]},
+        {"kind": "cpu", "os": "debian12", "python": "3.10", "pytorch": "2.13.0", "horovod": "0.28.1"},
+    ])
+    lines = error_of(path).splitlines()
+    assert any("variants[0].targets" in line for line in lines)
+    assert any("variants[1].python" in line for line in lines)
+
+
+def test_duplicate_tags(tmp_path):
+    cpu = {"kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0"}
+    path = write_spec(tmp_path, "pytorch-ddp", [cpu, cpu])
+    assert "[unique-tag] tag 2.13.0-cpu-py311-debian12 is also produced by variants[0]" in error_of(path)
+
+
+def test_family_must_match_file_name(tmp_path):
+    cpu = {"kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0"}
+    path = write_spec(tmp_path, "pytorch-ddp", [cpu])
+    path.write_text(path.read_text().replace("family: pytorch-ddp", "family: horovod-pytorch"))
+    assert "family: 'horovod-pytorch' must match the file name 'pytorch-ddp'" in error_of(path)
+
+
+def test_family_keys(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0", "horovod": "0.28.1"}])
+    assert "variants[0].horovod: [family] pytorch-ddp images do not take 'horovod'" in error_of(path)
+
+
+def test_anchored_defaults_report_the_anchor_line(tmp_path):
+    """A bad value inherited through a YAML merge key is reported where it is written."""
+    path = tmp_path / "pytorch-ddp.yaml"
+    path.write_text(
+        "family: pytorch-ddp\n"
+        "description: test\n"
+        "gpu_defaults: &gpu\n"
+        "  kind: gpu\n"
+        "  os: ubuntu22.04\n"
+        "  python: '3.11'\n"
+        "  efa_installer: '1.38.0'\n"
+        "  aws_ofi_nccl: '1.14.0'\n"
+        "variants:\n"
+        "  - <<: *gpu\n"
+        "    pytorch: '2.11.0'\n"
+        "    cuda: '12.8.1'\n"
+        "    cudnn: '9.8.0.87'\n"
+        "    nccl: '2.25.1'\n"
+        "    targets: [g5]\n")
+    assert f"{path}:6: variants[0].python: [compat.os_python]" in error_of(path)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def _copy_project(tmp_path: Path) -> Path:
+    dst = tmp_path / "proj"
+    for name in ("images", "templates", "launch"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tasks.py", dst / "tasks.py")
+    return dst
+
+
+def _invoke(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bad_spec_exits_nonzero_without_traceback(tmp_path):
+    proj = _copy_project(tmp_path)
+    spec = proj / "images" / "horovod-tensorflow.yaml"
+    spec.write_text(spec.read_text().replace('cuda: "12.6.3"', 'cuda: "11.8.0"', 1))
+    result = _invoke(proj, "render")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "images/horovod-tensorflow.yaml:" in result.stderr
+    assert "variants[0].cuda: [compat.tensorflow]" in result.stderr
+    assert not (proj / "dockerfiles").exists(), "nothing is written when a spec is invalid"
+
+
+def test_cli_unknown_family(tmp_path):
+    result = _invoke(_copy_project(tmp_path), "render", "--image", "nosuch")
+    assert result.returncode != 0
+    assert "unknown image family nosuch" in result.stderr
+    assert "Traceback" not in result.stderr
