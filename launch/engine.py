@@ -1,0 +1,233 @@
+"""Idempotent host setup: Debian packages, the local Docker engine, the base image.
+
+Works on a fresh, container-like Debian bookworm machine without systemd:
+every function checks first and only acts when something is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+# Debian packages the project needs on the host.
+PACKAGES: tuple[str, ...] = (
+    "docker.io",  # dockerd 20.10 and /usr/bin/docker with built-in BuildKit
+    "debootstrap",  # builds the base image offline (no registry pulls)
+    "openssh-server",
+    "openssh-client",
+    "openmpi-bin",
+    "docker-registry",  # local registry for the simulated cluster
+    "iproute2",
+    "iptables",  # dockerd needs working iptables for its bridge network
+    "apache2-utils",  # htpasswd for registry auth
+)
+
+DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in
+DOCKER_SOCK = Path("/var/run/docker.sock")
+DOCKERD_LOG = Path("/var/log/dtrain/dockerd.log")
+CACHE_DIR = Path("/var/cache/dtrain")
+BASE_IMAGE = "dtrain/debian:bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+# apt sources written into the base image (debootstrap only sets "bookworm main").
+_SOURCES_LIST = (
+    f"deb {DEBIAN_MIRROR} bookworm main\n"
+    f"deb {DEBIAN_MIRROR} bookworm-updates main\n"
+    "deb http://deb.debian.org/debian-security bookworm-security main\n"
+)
+# Keep image layers small: no recommends, no cached .debs (like the official image).
+_APT_CONF = (
+    'APT::Install-Recommends "false";\n'
+    'APT::Install-Suggests "false";\n'
+    'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+    '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+    'Acquire::GzipIndexes "true";\n'
+)
+
+# `docker import` sets no config; give the base an explicit PATH/LANG/CMD.
+_IMPORT_CHANGES = (
+    "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "--change", "ENV LANG=C.UTF-8",
+    "--change", 'CMD ["bash"]',
+)
+
+
+def _say(msg: str) -> None:
+    print(f"[dtrain] {msg}", flush=True)
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def _quiet_ok(cmd: list[str], timeout: float = 20) -> bool:
+    """True if cmd exits 0 (output discarded)."""
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+# --------------------------------------------------------------------- packages
+
+def missing_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Packages from `packages` that dpkg does not report as installed."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *packages],
+                       capture_output=True, text=True)
+    ok = {ln.split()[0] for ln in r.stdout.splitlines() if ln.endswith(" installed")}
+    return [p for p in packages if p not in ok]
+
+
+def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> None:
+    """apt-get install whatever is missing (needs root)."""
+    missing = missing_packages(packages)
+    if not missing:
+        _say(f"host packages present ({len(packages)})")
+        return
+    _say(f"installing host packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _say("apt-get update ...")
+    _run(["apt-get", "update", "-q"], env=env)
+    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
+    still = missing_packages(packages)
+    if still:
+        raise RuntimeError(f"apt-get did not install: {' '.join(still)}")
+    _say("host packages installed")
+
+
+# ----------------------------------------------------------------------- docker
+
+def docker_cli() -> str:
+    """Path of a docker CLI with built-in BuildKit (the 20.10 one from docker.io).
+
+    /usr/local/bin/docker (v28) may shadow it on PATH but has no buildx plugin,
+    so `docker build` there fails; always call this path explicitly.
+    """
+    if not DOCKER_CLI.exists():
+        raise RuntimeError(f"{DOCKER_CLI} missing: run ensure_packages() (docker.io)")
+    return str(DOCKER_CLI)
+
+
+def docker(*args: str, **kw) -> subprocess.CompletedProcess:
+    """Run the docker CLI (check=True); extra kwargs go to subprocess.run."""
+    return _run([docker_cli(), *args], **kw)
+
+
+def docker_ok() -> bool:
+    """True if the daemon answers `docker info`."""
+    return _quiet_ok([docker_cli(), "info"])
+
+
+def _select_iptables() -> None:
+    """Make sure `iptables` works; fall back to iptables-legacy if nft fails.
+
+    On this host both iptables-nft (Debian default) and -legacy work; kernels
+    without nf_tables need the legacy backend, else dockerd dies with
+    "failed to create NAT chain DOCKER".
+    """
+    probe = ["-t", "nat", "-L", "-n"]
+    if _quiet_ok(["iptables", *probe]):
+        return
+    legacy = shutil.which("iptables-legacy")
+    if legacy and _quiet_ok([legacy, *probe]):
+        _say("iptables (nft) unusable; switching alternatives to iptables-legacy")
+        for tool in ("iptables", "ip6tables"):
+            _run(["update-alternatives", "--set", tool, f"/usr/sbin/{tool}-legacy"],
+                 stdout=subprocess.DEVNULL)
+        return
+    raise RuntimeError("neither iptables-nft nor iptables-legacy works; dockerd needs one")
+
+
+def ensure_dockerd(timeout: float = 60) -> None:
+    """Start the host dockerd if its socket does not answer (no systemd needed)."""
+    docker_cli()
+    if docker_ok():
+        _say("docker engine is running")
+        return
+    _select_iptables()
+    DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
+    _say(f"starting dockerd (log: {DOCKERD_LOG})")
+    # A stale pid file from a dead daemon makes dockerd refuse to start.
+    pid = Path("/var/run/docker.pid")
+    if pid.exists() and not _pid_alive(pid):
+        pid.unlink()
+    with open(DOCKERD_LOG, "ab") as log:
+        proc = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if docker_ok():
+            _say("docker engine is up")
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd exited with code {proc.returncode}; see {DOCKERD_LOG}")
+        time.sleep(1)
+    raise RuntimeError(f"dockerd did not answer within {timeout:.0f}s; see {DOCKERD_LOG}")
+
+
+def _pid_alive(pidfile: Path) -> bool:
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+    except (ValueError, ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# ------------------------------------------------------------------- base image
+
+def image_exists(ref: str) -> bool:
+    return _quiet_ok([docker_cli(), "image", "inspect", ref])
+
+
+def _debootstrap_rootfs(rootfs: Path) -> None:
+    """debootstrap --variant=minbase bookworm, then trim it for use as an image."""
+    if rootfs.exists():
+        shutil.rmtree(rootfs)  # leftover of an interrupted run
+    _say(f"debootstrap minbase bookworm -> {rootfs} (a few minutes)")
+    _run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR])
+    (rootfs / "etc/apt/sources.list").write_text(_SOURCES_LIST)
+    (rootfs / "etc/apt/apt.conf.d/90dtrain").write_text(_APT_CONF)
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for f in (rootfs / junk).glob("*"):
+            if f.is_file():
+                f.unlink()
+
+
+def base_tarball(ref: str = BASE_IMAGE) -> Path:
+    """Cached rootfs tarball for `ref` (reused across runs on the same machine)."""
+    return CACHE_DIR / f"{ref.replace('/', '_').replace(':', '_')}.tar"
+
+
+def ensure_base_image(ref: str = BASE_IMAGE) -> None:
+    """Import the debootstrapped base image `ref` if the engine lacks it."""
+    if image_exists(ref):
+        _say(f"base image {ref} present")
+        return
+    tarball = base_tarball(ref)
+    if not tarball.exists():
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        rootfs = CACHE_DIR / "rootfs.tmp"
+        _debootstrap_rootfs(rootfs)
+        _say(f"packing {tarball}")
+        part = tarball.with_suffix(".tar.part")
+        _run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(part), "."])
+        part.rename(tarball)  # atomic: a half-written tarball is never reused
+        shutil.rmtree(rootfs)
+    else:
+        _say(f"reusing cached {tarball}")
+    _say(f"importing {tarball} as {ref}")
+    with open(tarball, "rb") as f:
+        docker("import", *_IMPORT_CHANGES, "-", ref, stdin=f, stdout=subprocess.DEVNULL)
+    _say(f"base image {ref} ready")
+
+
+def ensure_all(ref: str = BASE_IMAGE) -> None:
+    """Everything a build or test needs on this host."""
+    ensure_packages()
+    ensure_dockerd()
+    ensure_base_image(ref)
