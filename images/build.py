@@ -1,0 +1,311 @@
+"""Build rendered Dockerfiles into images with BuildKit.
+
+`build_argv` is pure (options in, argv out). `build_one` runs it, shows one line per build
+step (the full BuildKit log goes to build/logs/), and measures time, size and cache hits.
+Secrets (CA bundle, pip config) only ever reach the build as `--secret`, never as files in
+the context. The context is the repository root, narrowed by .dockerignore to launch/node/
+and .wheelhouse/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from images.render import ROOT, image_repo, output_path, render
+from images.spec import Image, SpecError, load_all
+
+WHEELHOUSE = ROOT / ".wheelhouse"
+LOG_DIR = ROOT / "build" / "logs"
+
+
+class BuildError(Exception):
+    """A build failed or cannot start. str() is the user-facing message."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    base_image: str | None = None  # replaces both stages' base (BASE_IMAGE, BUILDER_IMAGE)
+    builder_image: str | None = None  # replaces only the builder stage's base
+    ca_bundle: Path | None = None  # BuildKit secret id=ca
+    pip_conf: Path | None = None  # BuildKit secret id=pipconf
+    wheelhouse: Path | None = None  # wheels offered to pip before any index
+    push_cache: str | None = None  # registry repository for inline build cache
+    no_cache: bool = False
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    family: str
+    tag: str
+    ref: str
+    seconds: float
+    size: int
+    steps: int
+    cached: int
+    log: Path
+
+
+@dataclass
+class _Progress:
+    steps: dict[str, str] = field(default_factory=dict)  # "#7" -> "[runtime 3/9] RUN ..."
+    cached: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def local_ref(img: Image) -> str:
+    return f"{image_repo(img)}:{img.tag}"
+
+
+def select(images: list[Image], tag: str | None, all_variants: bool) -> list[Image]:
+    """Which variants to build: one tag, every variant, or (default) the CPU variants."""
+    if tag:
+        chosen = [i for i in images if i.tag == tag]
+        if not chosen:
+            known = "\n  ".join(sorted(i.tag for i in images))
+            raise BuildError(f"no variant has tag {tag}; known tags:\n  {known}")
+        return chosen
+    return images if all_variants else [i for i in images if not i.gpu]
+
+
+def torch_wheel_present(wheel_names: list[str], version: str) -> bool:
+    return any(re.match(rf"torch-{re.escape(version)}(\+[\w.]+)?-", n) for n in wheel_names)
+
+
+def build_argv(img: Image, opts: BuildOptions, *, docker: str, dockerfile: Path,
+               revision: str, created: str, wheels: list[str], target: str | None = None,
+               cache_from: list[str] = ()) -> list[str]:
+    ref = local_ref(img) if target is None else f"{local_ref(img)}-{target}"
+    argv = [docker, "build", "--progress=plain", "-f", str(dockerfile), "-t", ref,
+            "--build-arg", f"DTRAIN_REVISION={revision}",
+            "--build-arg", f"DTRAIN_CREATED={created}"]
+    if opts.base_image:
+        argv += ["--build-arg", f"BASE_IMAGE={opts.base_image}",
+                 "--build-arg", f"BUILDER_IMAGE={opts.builder_image or opts.base_image}"]
+    elif opts.builder_image:
+        argv += ["--build-arg", f"BUILDER_IMAGE={opts.builder_image}"]
+    if img.framework == "pytorch" and torch_wheel_present(wheels, img.framework_version):
+        argv += ["--build-arg", "TORCH_INDEX_URL="]  # the wheelhouse has it: no index needed
+    if opts.ca_bundle:
+        argv += ["--secret", f"id=ca,src={opts.ca_bundle}"]
+    if opts.pip_conf:
+        argv += ["--secret", f"id=pipconf,src={opts.pip_conf}"]
+    if opts.push_cache:
+        argv += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+        for ref_ in cache_from:
+            argv += ["--cache-from", ref_]
+    if opts.no_cache:
+        argv.append("--no-cache")
+    if target:
+        argv += ["--target", target]
+    argv.append(str(ROOT))
+    return argv
+
+
+_STEP = re.compile(r"^(#\d+) (\[[^\]]*\d+/\d+\] .*)$")
+_CACHED = re.compile(r"^(#\d+) CACHED$")
+_ERROR = re.compile(r"^(#\d+ ERROR: .*|ERROR: .*|error: .*)$")
+
+
+def progress_event(line: str, state: _Progress) -> str | None:
+    """Feed one BuildKit plain-progress line; return a line worth showing, if any."""
+    if m := _STEP.match(line):
+        if m.group(1) in state.steps:
+            return None  # BuildKit repeats a header when it switches between parallel steps
+        state.steps[m.group(1)] = m.group(2)
+        return " ".join(m.group(2).split())
+    if m := _CACHED.match(line):
+        if m.group(1) in state.steps:
+            state.cached.add(m.group(1))
+        return None
+    if m := _ERROR.match(line):
+        state.errors.append(m.group(1))
+        return m.group(1)
+    return None
+
+
+def human_size(n: int) -> str:
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.0f} MiB"
+    return f"{n / 1024:.0f} KiB"
+
+
+def summary_table(results: list[BuildResult]) -> str:
+    rows = [("image", "tag", "size", "build time", "layers cached")]
+    for r in results:
+        rows.append((f"dtrain/{r.family}", r.tag, human_size(r.size), f"{r.seconds:.1f} s",
+                     f"{r.cached}/{r.steps}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- side effects
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def source_stamp() -> tuple[str, str]:
+    """(revision, created) for the OCI labels: the commit and its time, so the same sources
+    give the same image config (no wall-clock time in labels)."""
+    rev = _git("rev-parse", "HEAD") or "unknown"
+    if rev != "unknown" and _git("status", "--porcelain", "--", "images", "templates", "launch/node"):
+        rev += "-dirty"
+    created = _git("log", "-1", "--format=%cI") or "unknown"
+    return rev, created
+
+
+def sync_wheelhouse(src: Path | None) -> list[str]:
+    """Make .wheelhouse/ hold exactly the wheels of `src` (hard links where possible)."""
+    WHEELHOUSE.mkdir(exist_ok=True)
+    wanted = {p.name: p for p in sorted(src.glob("*.whl"))} if src else {}
+    if src and not src.is_dir():
+        raise BuildError(f"--wheelhouse {src}: not a directory")
+    for old in WHEELHOUSE.glob("*.whl"):
+        if old.name not in wanted:
+            old.unlink()
+    for name, path in wanted.items():
+        dst = WHEELHOUSE / name
+        if dst.exists() and dst.stat().st_size == path.stat().st_size:
+            continue
+        try:
+            os.link(path, dst)
+        except OSError:
+            shutil.copy2(path, dst)
+    return sorted(wanted)
+
+
+def default_ca_bundle() -> Path | None:
+    """The CA bundle the host's pip trusts (a TLS-intercepting proxy's CA lives there)."""
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    return None
+
+
+def _check_inputs(images: list[Image], opts: BuildOptions) -> None:
+    for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):
+        if path and not path.is_file():
+            raise BuildError(f"{label} {path}: no such file")
+    for img in images:
+        path = output_path(img)
+        if not path.exists() or path.read_text() != render(img):
+            raise BuildError(f"{path.relative_to(ROOT)} is missing or out of date: run `invoke render`")
+
+
+def _run_streaming(argv: list[str], log: Path, prefix: str, state: _Progress,
+                   say: Callable[[str], None]) -> int:
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    with log.open("w") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=ROOT, bufsize=1)
+        assert proc.stdout
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                shown = progress_event(line.rstrip("\n"), state)
+                if shown:
+                    say(f"{prefix} {shown[:150]}")
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.kill()
+            proc.wait()
+            raise
+
+
+def _image_size(docker: str, ref: str) -> int:
+    out = subprocess.run([docker, "image", "inspect", "-f", "{{.Size}}", ref],
+                         capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
+def build_one(img: Image, opts: BuildOptions, *, docker: str, wheels: list[str],
+              say: Callable[[str], None] = print) -> BuildResult:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"{img.family}-{img.tag}.log"
+    prefix = f"[{img.family}]"
+    revision, created = source_stamp()
+    dockerfile = output_path(img)
+    state = _Progress()
+    start = time.monotonic()
+    cache_refs: list[str] = []
+    if opts.push_cache:
+        cache_refs = [f"{opts.push_cache}:{img.tag}-builder", f"{opts.push_cache}:{img.tag}"]
+        # Inline cache holds only the built target's layers: build and push the builder
+        # stage on its own so the compile steps are cached too.
+        argv = build_argv(img, opts, docker=docker, dockerfile=dockerfile, revision=revision,
+                          created=created, wheels=wheels, target="builder", cache_from=cache_refs)
+        if _run_streaming(argv, log, prefix, state, say) != 0:
+            raise _failure(img, log, state)
+    argv = build_argv(img, opts, docker=docker, dockerfile=dockerfile, revision=revision,
+                      created=created, wheels=wheels, cache_from=cache_refs)
+    log_main = log if not opts.push_cache else log.with_suffix(".runtime.log")
+    if _run_streaming(argv, log_main, prefix, state, say) != 0:
+        raise _failure(img, log_main, state)
+    seconds = time.monotonic() - start
+    ref = local_ref(img)
+    if opts.push_cache:
+        for src, dst in ((f"{ref}-builder", cache_refs[0]), (ref, cache_refs[1])):
+            for cmd in ([docker, "tag", src, dst], [docker, "push", dst]):
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise BuildError(f"pushing build cache {dst} failed: {r.stderr.strip()[-400:]}")
+        say(f"{prefix} build cache pushed to {opts.push_cache}")
+    return BuildResult(img.family, img.tag, ref, seconds, _image_size(docker, ref),
+                       len(state.steps), len(state.cached), log_main)
+
+
+def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
+    tail = log.read_text().splitlines()[-25:]
+    return BuildError(
+        f"building {local_ref(img)} failed"
+        + (f": {state.errors[-1]}" if state.errors else "")
+        + "\n--- last lines of the build log ---\n" + "\n".join(tail)
+        + f"\n--- full log: {log.relative_to(ROOT)}")
+
+
+def build(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
+          say: Callable[[str], None] = print) -> list[BuildResult]:
+    """Build the selected variants one after the other; print a summary table."""
+    from launch import engine
+
+    try:
+        images = select(load_all(families), tag, all_variants)
+    except SpecError as e:
+        raise BuildError(str(e)) from None
+    _check_inputs(images, opts)
+    engine.ensure_dockerd()
+    docker = engine.docker_cli()
+    if opts.base_image and not engine.image_exists(opts.base_image):
+        raise BuildError(f"--base-image {opts.base_image} is not in the local engine "
+                         "(pull or import it first)")
+    wheels = sync_wheelhouse(opts.wheelhouse)
+    if opts.ca_bundle:
+        say(f"[build] CA bundle {opts.ca_bundle} goes in as a BuildKit secret (not stored in any layer)")
+    results = []
+    for n, img in enumerate(images, 1):
+        say(f"[build] ({n}/{len(images)}) {local_ref(img)}")
+        results.append(build_one(img, opts, docker=docker, wheels=wheels, say=say))
+        say(f"[build] {local_ref(img)} built in {results[-1].seconds:.1f} s")
+    say("\n" + summary_table(results))
+    return results
