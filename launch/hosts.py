@@ -78,7 +78,8 @@ def _parse_hostfile_line(line: str, where: str) -> Node:
                 f"{where}: unknown token {token!r} (expected KEY=VALUE, KEY one of {', '.join(_HOSTFILE_KEYS)})"
             )
         if key not in _HOSTFILE_KEYS:
-            raise LaunchError(f"{where}: unknown key {key!r} in {token!r} (expected one of {', '.join(_HOSTFILE_KEYS)})")
+            known = ", ".join(_HOSTFILE_KEYS)
+            raise LaunchError(f"{where}: unknown key {key!r} in {token!r} (expected one of {known})")
         if key in fields:
             raise LaunchError(f"{where}: {key} given twice")
         if not value:
@@ -206,7 +207,8 @@ def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
         count = found.get(t) or KNOWN_GPU_COUNTS.get(t)
         if count is None and api_error is not None:
             raise LaunchError(
-                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); pass slots explicitly"
+                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); "
+                "pass slots explicitly"
             )
         slots[t] = count or 1  # the API answered and lists no GPU: a CPU type, one process
     return slots

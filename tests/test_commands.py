@@ -312,7 +312,8 @@ def test_interface_for_address():
         ("172.17.0.1", "gpu-1: 172.17.0.1 sits on docker0, not a physical NIC; use the node's private address"),
         (
             "10.0.0.8",
-            "gpu-1: no interface carries 10.0.0.8 (seen: lo=127.0.0.1, ens5=10.0.0.7, ens5=fe80::1, docker0=172.17.0.1)",
+            "gpu-1: no interface carries 10.0.0.8 "
+            "(seen: lo=127.0.0.1, ens5=10.0.0.7, ens5=fe80::1, docker0=172.17.0.1)",
         ),
     ],
 )
