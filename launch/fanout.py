@@ -114,11 +114,17 @@ class _Children:
 
 
 def _pump(stream, sink: list[str], node: Node, emit: Callable[[Node, str], None] | None) -> None:
+    failure = None
     for line in stream:
         sink.append(line)
-        if emit is not None:
-            emit(node, line.rstrip("\n"))
+        if emit is not None and failure is None:
+            try:
+                emit(node, line.rstrip("\n"))
+            except Exception as e:  # keep draining, or the child blocks on a full pipe
+                failure = e
     stream.close()
+    if failure is not None:
+        raise failure  # reported by threading.excepthook
 
 
 def _attempt(

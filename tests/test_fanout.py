@@ -270,3 +270,13 @@ def test_ssh_closed_port_retries_then_fails(sshd):
     )
     with pytest.raises(LaunchError, match=r"^ssh check failed on 1 of 1 hosts:\n  127\.0\.0\.1: ssh could not connect"):
         raise_on_failure(results, "ssh check")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_broken_on_line_does_not_block_the_child():
+    def on_line(node, line):
+        raise RuntimeError("callback bug")
+
+    # 200k lines overflow any pipe buffer: the output must keep being drained.
+    [r] = run_all([Node("n1", 1)], lambda n: sh("seq 200000"), on_line=on_line, timeout=20)
+    assert (r.returncode, r.error, len(r.stdout.splitlines())) == (0, None, 200000)
