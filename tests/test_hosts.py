@@ -207,6 +207,24 @@ def test_discover_ec2_slots_override_and_session(fleet):
     assert [(n.host, n.slots) for n in nodes] == [("10.0.0.9", 2), ("10.0.0.10", 2), ("10.0.1.5", 2)]
 
 
+def test_discover_ec2_honours_aws_endpoint_url(aws_env, monkeypatch):
+    # Nothing is hard-coded: boto3 itself picks up AWS_ENDPOINT_URL (here a local moto server).
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        ec2 = boto3.client("ec2", region_name=REGION)
+        vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.0.0/24")["Subnet"]["SubnetId"]
+        _launch(ec2, "p4d.24xlarge", "10.1.0.20", {"dtrain": "remote"}, subnet=subnet)
+        assert discover_ec2("dtrain=remote") == [Node("10.1.0.20", 8)]
+    finally:
+        server.stop()
+
+
 def test_discover_ec2_nothing_matches(fleet):
     with pytest.raises(LaunchError) as e:
         discover_ec2("dtrain=nope")
