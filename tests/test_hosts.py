@@ -237,7 +237,10 @@ def test_discover_ec2_bad_tag():
 
 
 def test_discover_ec2_no_credentials(monkeypatch, tmp_path):
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+    for k in (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):  # fmt: skip
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
