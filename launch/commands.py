@@ -1,0 +1,361 @@
+"""Pure command builders: plain values in, argv (list[str]) out; no I/O except parse_env_file.
+
+Programming mistakes (an empty command, nnodes=0) raise ValueError; bad user input
+(env names, mount specs, env files, ip output) raises LaunchError.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch.errors import LaunchError
+from launch.hosts import Node, hosts_list
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Forwarded by name from the launcher's environment to every rank.
+MPI_FORWARD = ("NCCL_DEBUG", "PATH", "LD_LIBRARY_PATH")
+
+
+def training_env(iface: str) -> dict[str, str]:
+    """Variables every MPI/Horovod rank gets: NCCL on the chosen NIC, one BLAS/OpenMP thread."""
+    return {
+        "NCCL_SOCKET_IFNAME": iface,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "GOTO_NUM_THREADS": "1",
+    }
+
+
+def _check_env_names(names: Sequence[str] | Mapping[str, str], what: str) -> None:
+    for name in names:
+        if not _ENV_NAME_RE.match(name):
+            raise LaunchError(f"{what}: bad environment variable name {name!r}")
+
+
+def _check_command(command: Sequence[str], who: str) -> None:
+    if not command or isinstance(command, str):
+        raise ValueError(f"{who}: command must be a non-empty list of strings, got {command!r}")
+
+
+def _total_slots(nodes: Sequence[Node], who: str) -> int:
+    if not nodes:
+        raise ValueError(f"{who}: no nodes")
+    return sum(n.slots for n in nodes)
+
+
+# --- mpirun --------------------------------------------------------------------------------
+
+
+def mpi_flags(
+    *,
+    iface: str,
+    ompi_major: int = 4,
+    env: Mapping[str, str] | None = None,
+    forward: Sequence[str] = (),
+    ssh_port: int | None = 2022,
+    extra_mca: Sequence[tuple[str, str]] = (),
+) -> list[str]:
+    """Every mpirun flag but -np/-H: the one place the MPI contract lives (Open MPI 4 or 5).
+
+    ssh_port: the containers' sshd port; None leaves ssh's default. User env overrides the
+    built-in values in place; extra_mca overrides built-in MCA params of the same name.
+    """
+    env = dict(env or {})
+    _check_env_names(env, "env")
+    _check_env_names(forward, "forward")
+    if ompi_major < 3:
+        raise ValueError(f"Open MPI {ompi_major} is not supported (3, 4 or 5)")
+    mca: dict[str, str] = {
+        "pml": "ob1",
+        "btl": "^openib",
+        "btl_tcp_if_include": iface,
+        "oob_tcp_if_include": iface,
+    }
+    if ssh_port is not None:
+        # One argv element "-p 2022"; Open MPI 5 (PRRTE) renamed the rsh launcher to ssh.
+        mca["plm_rsh_args" if ompi_major < 5 else "plm_ssh_args"] = f"-p {ssh_port}"
+    mca.update(dict(extra_mca))
+
+    exports: dict[str, str | None] = dict.fromkeys(MPI_FORWARD)
+    exports.update(training_env(iface))
+    exports.update(env)  # a user value replaces a default, keeping its position
+    for name in forward:
+        exports.setdefault(name, None)
+
+    # --bind-to/--map-by: the double-dash spellings work on Open MPI 4 and 5 (5 warns on -bind-to).
+    flags = ["--bind-to", "none", "--map-by", "slot"]
+    for key, value in mca.items():
+        flags += ["--mca", key, value]
+    for name, value in exports.items():
+        flags += ["-x", name if value is None else f"{name}={value}"]
+    return flags
+
+
+def mpirun_argv(
+    nodes: Sequence[Node],
+    command: Sequence[str],
+    *,
+    iface: str,
+    ompi_major: int = 4,
+    env: Mapping[str, str] | None = None,
+    forward: Sequence[str] = (),
+    ssh_port: int | None = 2022,
+    extra_mca: Sequence[tuple[str, str]] = (),
+) -> list[str]:
+    """`mpirun --allow-run-as-root -np N -H h:s,... <mpi_flags> command...` (no shell)."""
+    _check_command(command, "mpirun_argv")
+    np = _total_slots(nodes, "mpirun_argv")
+    return [
+        "mpirun", "--allow-run-as-root", "-np", str(np), "-H", hosts_list(nodes),
+        *mpi_flags(iface=iface, ompi_major=ompi_major, env=env, forward=forward,
+                   ssh_port=ssh_port, extra_mca=extra_mca),
+        *command,
+    ]  # fmt: skip
+
+
+# --- horovodrun ----------------------------------------------------------------------------
+
+
+def horovodrun_argv(
+    nodes: Sequence[Node],
+    command: Sequence[str],
+    *,
+    iface: str,
+    ssh_port: int | None = 2022,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """`env K=V... horovodrun -np N -H h:s,... -p 2022 --network-interface IFACE command...`.
+
+    horovodrun has no -x: it forwards its own whole environment to every rank (mpirun -x for
+    each exportable variable, or the Gloo env), and with --network-interface it sets
+    btl_tcp_if_include and NCCL_SOCKET_IFNAME itself. So env goes into horovodrun's own
+    environment via env(1); NCCL_SOCKET_IFNAME is set there too, for the Gloo path.
+    """
+    _check_command(command, "horovodrun_argv")
+    np = _total_slots(nodes, "horovodrun_argv")
+    variables = training_env(iface)
+    variables.update(env or {})
+    _check_env_names(variables, "env")
+    argv = ["env", *(f"{k}={v}" for k, v in variables.items())]
+    argv += ["horovodrun", "-np", str(np), "-H", hosts_list(nodes)]
+    if ssh_port is not None:
+        argv += ["-p", str(ssh_port)]
+    argv += ["--network-interface", iface, *command]
+    return argv
+
+
+# --- torchrun ------------------------------------------------------------------------------
+
+
+def torchrun_argv(
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    command: Sequence[str],
+    *,
+    rdzv: str = "static",
+    job_id: str | None = None,
+) -> list[str]:
+    """torchrun for one node. command is `[script, args...]` or `["-m", module, args...]`.
+
+    static: fixed ranks, --node_rank + --master_addr/--master_port (rank 0 is the master).
+    c10d: ranks assigned at rendezvous on master_addr:master_port, keyed by job_id.
+    Underscore spellings: accepted by every torchrun (the dashed ones only from torch 2.x).
+    """
+    _check_command(command, "torchrun_argv")
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"torchrun_argv: nnodes={nnodes}, nproc_per_node={nproc_per_node} must be > 0")
+    if not 1 <= master_port <= 65535:
+        raise ValueError(f"torchrun_argv: bad master_port {master_port}")
+    argv = ["torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node)]
+    if rdzv == "static":
+        if not 0 <= node_rank < nnodes:
+            raise ValueError(f"torchrun_argv: node_rank {node_rank} not in [0, {nnodes})")
+        argv += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
+    elif rdzv == "c10d":
+        if not job_id:
+            raise ValueError("torchrun_argv: c10d rendezvous needs a job_id")
+        argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{master_addr}:{master_port}", "--rdzv_id", job_id]
+    else:
+        raise ValueError(f"torchrun_argv: rdzv must be 'static' or 'c10d', got {rdzv!r}")
+    return argv + list(command)
+
+
+def torchrun_env(iface: str) -> dict[str, str]:
+    """NCCL and Gloo (c10d's store and CPU collectives) on the chosen NIC."""
+    return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+
+
+# --- env files -----------------------------------------------------------------------------
+
+
+def parse_env_file(path: str | Path) -> dict[str, str]:
+    """`KEY=VALUE` lines; `#` comment lines, blank lines and a leading `export ` allowed.
+
+    One pair of matching surrounding quotes is stripped (no escapes, no interpolation); an
+    unquoted value is kept verbatim, `#` included. A key given twice is an error.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LaunchError(f"{path}: cannot read env file: {e.strerror or e}") from None
+    result: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export ") or line.startswith("export\t"):
+            line = line[len("export") :].lstrip()
+        key, eq, value = line.partition("=")
+        key = key.rstrip()
+        if not eq:
+            raise LaunchError(f"{where}: expected KEY=VALUE, got {raw.strip()!r}")
+        if not _ENV_NAME_RE.match(key):
+            raise LaunchError(f"{where}: bad variable name {key!r}")
+        value = value.strip()
+        if value[:1] in ("'", '"'):
+            if len(value) < 2 or value[-1] != value[0]:
+                raise LaunchError(f"{where}: unterminated quote in value of {key}")
+            value = value[1:-1]
+        if key in first_line:
+            raise LaunchError(f"{where}: {key} set twice, first on line {first_line[key]}")
+        first_line[key] = lineno
+        result[key] = value
+    return result
+
+
+# --- docker run ----------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHM_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+
+
+@dataclass(frozen=True)
+class Mount:
+    src: str  # host path
+    dst: str  # container path
+    readonly: bool = False
+
+
+def parse_mount(spec: str) -> Mount:
+    """`/data`, `/data:ro`, `/src:/dst`, `/src:/dst:ro|rw`; both paths absolute."""
+    parts = spec.split(":")
+    mode = None
+    if len(parts) >= 2 and parts[-1] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) not in (1, 2) or not all(parts):
+        raise LaunchError(f"--mount {spec!r}: expected SRC[:DST][:ro|rw]")
+    src, dst = parts[0], parts[-1]
+    for p in (src, dst):
+        if not p.startswith("/"):
+            raise LaunchError(f"--mount {spec!r}: {p!r} is not an absolute path")
+        if "," in p:
+            raise LaunchError(f"--mount {spec!r}: commas in paths are not supported")
+    return Mount(posixpath.normpath(src), posixpath.normpath(dst), readonly=mode == "ro")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """The whole container contract of a training node (the image runs sshd on 2022)."""
+
+    job: str
+    image: str
+    gpus: bool = True
+    efa_devices: tuple[str, ...] = ()  # e.g. /dev/infiniband/uverbs0
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
+    command: tuple[str, ...] = ()  # empty: the image's CMD
+    name: str | None = None  # default dtrain-JOB
+
+    @property
+    def container_name(self) -> str:
+        return self.name or f"dtrain-{self.job}"
+
+
+def docker_run_argv(spec: ContainerSpec) -> list[str]:
+    """`docker run -d` for one node: host network, shared IPC, unlimited memlock, GPUs, EFA."""
+    for what, value in (("job", spec.job), ("container name", spec.container_name)):
+        if not _NAME_RE.match(value):
+            raise LaunchError(f"bad {what} {value!r} (letters, digits, _ . -; starting alphanumeric)")
+    if not spec.image or spec.image.startswith("-"):
+        raise LaunchError(f"bad image {spec.image!r}")
+    _check_env_names(spec.env, "container env")
+    argv = ["docker", "run", "-d", "--name", spec.container_name, "--network", "host"]
+    if spec.shm_size is None:
+        argv += ["--ipc", "host"]
+    elif _SHM_RE.match(spec.shm_size):
+        argv += ["--shm-size", spec.shm_size]
+    else:
+        raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
+    argv += ["--ulimit", "memlock=-1"]
+    if spec.gpus:
+        argv += ["--gpus", "all"]
+    for dev in spec.efa_devices:
+        if not dev.startswith("/dev/"):
+            raise LaunchError(f"bad device {dev!r} (expected a /dev path)")
+        argv += ["--device", dev]
+    for m in spec.mounts:
+        argv += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
+    argv += ["--label", f"dtrain.job={spec.job}"]
+    for k, v in spec.env.items():
+        argv += ["-e", f"{k}={v}"]
+    return argv + [spec.image, *spec.command]
+
+
+# --- network interface ---------------------------------------------------------------------
+
+# Docker bridges and container veths carry addresses but never the node's traffic.
+_BRIDGE_PREFIXES = ("docker", "br-", "veth")
+
+
+def interface_for_address(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
+    """The NIC carrying `address`, from a node's `ip -j addr` output; never lo or a docker bridge."""
+    where = f"{host}: " if host else ""
+    try:
+        links = json.loads(ip_addr_json)
+        want = ipaddress.ip_address(address)
+    except ValueError as e:
+        raise LaunchError(f"{where}cannot read `ip -j addr` output / address {address!r}: {e}") from None
+    seen = []
+    for link in links if isinstance(links, list) else []:
+        name = link.get("ifname", "?")
+        for info in link.get("addr_info") or []:
+            local = info.get("local")
+            seen.append(f"{name}={local}")
+            try:
+                match = local is not None and ipaddress.ip_address(local) == want
+            except ValueError:
+                continue
+            if match:
+                if name == "lo" or name.startswith(_BRIDGE_PREFIXES):
+                    raise LaunchError(
+                        f"{where}{address} sits on {name}, not a physical NIC; use the node's private address"
+                    )
+                return name
+    raise LaunchError(f"{where}no interface carries {address} (seen: {', '.join(seen) or 'none'})")
+
+
+def check_same_iface(per_node: Mapping[str, str]) -> str:
+    """The one NIC name all nodes share (NCCL_SOCKET_IFNAME, btl_tcp_if_include take one)."""
+    if not per_node:
+        raise ValueError("check_same_iface: no nodes")
+    by_iface: dict[str, list[str]] = {}
+    for host, iface in per_node.items():
+        by_iface.setdefault(iface, []).append(host)
+    if len(by_iface) == 1:
+        return next(iter(by_iface))
+    groups = "; ".join(f"{iface} on {', '.join(hosts)}" for iface, hosts in by_iface.items())
+    raise LaunchError(f"nodes disagree on the network interface: {groups} (use one instance type/AMI, or name the NIC)")

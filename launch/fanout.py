@@ -1,0 +1,249 @@
+"""Run one command per node in parallel (usually ssh), with bounded concurrency.
+
+Per-attempt timeout kills the child's whole process group; only ssh connection failures
+(exit 255 plus a connection message) are retried, with exponential backoff. Ctrl-C kills
+every running child and re-raises.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from launch.errors import LaunchError
+from launch.hosts import Node
+
+# ssh's own failures exit 255; these messages mean "could not reach sshd yet", worth a retry.
+# "Permission denied", "Host key verification failed", unknown hosts are not retried.
+_CONNECTION_ERROR_RE = re.compile(
+    r"Connection refused|Connection timed out|Operation timed out|timed out|No route to host"
+    r"|Network is unreachable|Connection reset|Connection closed by|kex_exchange_identification"
+    r"|Temporary failure in name resolution",
+    re.IGNORECASE,
+)
+SSH_FAILURE = 255
+_KILL_GRACE_S = 1.0  # between SIGTERM and SIGKILL
+_DRAIN_S = 5.0  # wait for pipes after exit (a daemonised grandchild may hold them open)
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    host: str
+    returncode: int | None  # None: timed out, or never started
+    stdout: str
+    stderr: str
+    attempts: int
+    seconds: float  # wall time over all attempts and backoff
+    error: str | None = None  # None: success
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def is_connection_error(returncode: int | None, stderr: str) -> bool:
+    return returncode == SSH_FAILURE and bool(_CONNECTION_ERROR_RE.search(stderr))
+
+
+def _last_line(*texts: str) -> str:
+    for text in texts:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if lines:
+            return lines[-1]
+    return "no output"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(_KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class _Children:
+    """Live child processes, so Ctrl-C can kill them all; refuses new ones once cancelled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[subprocess.Popen] = set()
+        self.cancelled = threading.Event()
+
+    def start(self, argv: list[str]) -> subprocess.Popen | None:
+        with self._lock:
+            if self.cancelled.is_set():
+                return None
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,  # own process group: killpg reaches grandchildren, Ctrl-C doesn't
+            )
+            self._live.add(proc)
+            return proc
+
+    def finished(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._live.discard(proc)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            live = list(self._live)
+        for proc in live:
+            if proc.poll() is None:
+                _kill_group(proc)
+
+
+def _pump(stream, sink: list[str], node: Node, emit: Callable[[Node, str], None] | None) -> None:
+    failure = None
+    for line in stream:
+        sink.append(line)
+        if emit is not None and failure is None:
+            try:
+                emit(node, line.rstrip("\n"))
+            except Exception as e:  # keep draining, or the child blocks on a full pipe
+                failure = e
+    stream.close()
+    if failure is not None:
+        raise failure  # reported by threading.excepthook
+
+
+def _attempt(
+    children: _Children, node: Node, argv: list[str], timeout: float | None, emit
+) -> tuple[int | None, str, str, str | None]:
+    """One run: (returncode, stdout, stderr, error-or-None for timeouts/start failures)."""
+    try:
+        proc = children.start(argv)
+    except OSError as e:
+        return None, "", "", f"could not start {argv[0]}: {e.strerror or e}"
+    if proc is None:
+        return None, "", "", "cancelled"
+    out: list[str] = []
+    err: list[str] = []
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, out, node, emit), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, err, node, emit), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+    error = None
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()
+        error = f"timed out after {timeout:g}s"
+    finally:
+        children.finished(proc)
+    for t in pumps:
+        t.join(_DRAIN_S)
+    return (None if error else proc.returncode), "".join(out), "".join(err), error
+
+
+def _run_node(
+    node: Node,
+    argv: list[str],
+    children: _Children,
+    *,
+    timeout: float | None,
+    retries: int,
+    backoff: float,
+    emit,
+) -> NodeResult:
+    start = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        rc, out, err, error = _attempt(children, node, argv, timeout, emit)
+        retry = is_connection_error(rc, err) and attempts <= retries
+        # Event.wait doubles as an interruptible sleep: Ctrl-C ends the backoff at once.
+        if not retry or children.cancelled.wait(backoff * 2 ** (attempts - 1)):
+            break
+    if error is not None:
+        if err.strip() or out.strip():
+            error += f": {_last_line(err, out)}"
+    elif rc != 0:
+        if is_connection_error(rc, err):
+            error = f"ssh could not connect ({attempts} attempts): {_last_line(err)}"
+        else:
+            error = f"exit {rc}: {_last_line(err, out)}"
+    return NodeResult(node.host, rc, out, err, attempts, time.monotonic() - start, error)
+
+
+def run_all(
+    nodes: Sequence[Node],
+    make_argv: Callable[[Node], list[str]],
+    *,
+    concurrency: int = 32,
+    timeout: float | None = 60,
+    retries: int = 2,
+    backoff: float = 0.5,
+    on_line: Callable[[Node, str], None] | None = None,
+) -> list[NodeResult]:
+    """Run make_argv(node) for every node, at most `concurrency` at once; results in node order.
+
+    timeout: seconds per attempt (None: no limit). retries: extra attempts after an ssh
+    connection failure, sleeping backoff, 2*backoff, ... between them. on_line(node, line)
+    gets each stdout/stderr line as it arrives (one call at a time; the caller prefixes).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be > 0, got {concurrency}")
+    nodes = list(nodes)
+    argvs = [make_argv(n) for n in nodes]  # fail fast, before anything runs
+    if not nodes:
+        return []
+    emit = None
+    if on_line is not None:
+        lock = threading.Lock()
+
+        def emit(node: Node, line: str) -> None:
+            with lock:
+                on_line(node, line)
+
+    children = _Children()
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(nodes)), thread_name_prefix="fanout")
+    try:
+        futures = [
+            pool.submit(
+                _run_node, n, a, children, timeout=timeout, retries=retries, backoff=backoff, emit=emit
+            )
+            for n, a in zip(nodes, argvs)
+        ]
+        # Poll rather than block: the main thread then notices Ctrl-C promptly on every OS.
+        pending = set(futures)
+        while pending:
+            pending = wait(pending, timeout=0.2).not_done
+        results = [f.result() for f in futures]
+    except BaseException:  # KeyboardInterrupt above all: no child may outlive us
+        children.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def raise_on_failure(results: Sequence[NodeResult], what: str) -> None:
+    """One LaunchError listing every failed host and why; nothing if all succeeded."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
+        raise LaunchError(f"{what} failed on {len(failed)} of {len(results)} hosts:\n{lines}")

@@ -1,0 +1,337 @@
+import json
+
+import pytest
+
+from launch.commands import (
+    ContainerSpec,
+    Mount,
+    check_same_iface,
+    docker_run_argv,
+    horovodrun_argv,
+    interface_for_address,
+    mpi_flags,
+    mpirun_argv,
+    parse_env_file,
+    parse_mount,
+    torchrun_argv,
+    torchrun_env,
+)
+from launch.errors import LaunchError
+from launch.hosts import Node
+
+NODES = [Node("10.0.0.1", 4), Node("10.0.0.2", 4)]
+TAIL = [
+    "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "LD_LIBRARY_PATH",
+    "-x", "NCCL_SOCKET_IFNAME=ens5", "-x", "OMP_NUM_THREADS=1",
+    "-x", "OPENBLAS_NUM_THREADS=1", "-x", "GOTO_NUM_THREADS=1",
+]  # fmt: skip
+
+
+# --- mpirun --------------------------------------------------------------------------------
+
+
+def test_mpirun_two_nodes_ompi4():
+    argv = mpirun_argv(
+        NODES,
+        ["python", "train.py", "--epochs", "3"],
+        iface="ens5",
+        env={"WANDB_MODE": "offline", "MSG": "a b"},
+        forward=["HF_TOKEN"],
+    )
+    assert argv == [
+        "mpirun", "--allow-run-as-root", "-np", "8", "-H", "10.0.0.1:4,10.0.0.2:4",
+        "--bind-to", "none", "--map-by", "slot",
+        "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+        "--mca", "btl_tcp_if_include", "ens5", "--mca", "oob_tcp_if_include", "ens5",
+        "--mca", "plm_rsh_args", "-p 2022",
+        *TAIL,
+        "-x", "WANDB_MODE=offline", "-x", "MSG=a b", "-x", "HF_TOKEN",
+        "python", "train.py", "--epochs", "3",
+    ]  # fmt: skip
+
+
+def test_mpirun_ompi5_uses_plm_ssh_args():
+    argv = mpirun_argv(NODES, ["python", "t.py"], iface="eth0", ompi_major=5, ssh_port=2222)
+    i = argv.index("plm_ssh_args")
+    assert argv[i - 1 : i + 2] == ["--mca", "plm_ssh_args", "-p 2222"]
+    assert "plm_rsh_args" not in argv
+
+
+def test_mpi_flags_overrides_and_dedup():
+    flags = mpi_flags(
+        iface="ens5",
+        env={"OMP_NUM_THREADS": "4", "PATH": "/opt/bin"},
+        forward=["NCCL_DEBUG", "HF_TOKEN", "OMP_NUM_THREADS"],
+        ssh_port=None,
+        extra_mca=[("btl_tcp_if_include", "ens5,ens6"), ("plm_rsh_no_tree_spawn", "true")],
+    )
+    assert flags == [
+        "--bind-to", "none", "--map-by", "slot",
+        "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+        "--mca", "btl_tcp_if_include", "ens5,ens6", "--mca", "oob_tcp_if_include", "ens5",
+        "--mca", "plm_rsh_no_tree_spawn", "true",
+        "-x", "NCCL_DEBUG", "-x", "PATH=/opt/bin", "-x", "LD_LIBRARY_PATH",
+        "-x", "NCCL_SOCKET_IFNAME=ens5", "-x", "OMP_NUM_THREADS=4",
+        "-x", "OPENBLAS_NUM_THREADS=1", "-x", "GOTO_NUM_THREADS=1", "-x", "HF_TOKEN",
+    ]  # fmt: skip
+
+
+def test_mpirun_rejects():
+    with pytest.raises(LaunchError, match="env: bad environment variable name 'A-B'"):
+        mpirun_argv(NODES, ["x"], iface="ens5", env={"A-B": "1"})
+    with pytest.raises(LaunchError, match="forward: bad environment variable name 'X=1'"):
+        mpirun_argv(NODES, ["x"], iface="ens5", forward=["X=1"])
+    with pytest.raises(ValueError):
+        mpirun_argv(NODES, [], iface="ens5")
+    with pytest.raises(ValueError):
+        mpirun_argv(NODES, "python train.py", iface="ens5")
+    with pytest.raises(ValueError):
+        mpirun_argv([], ["x"], iface="ens5")
+
+
+# --- horovodrun ----------------------------------------------------------------------------
+
+
+def test_horovodrun_two_nodes():
+    argv = horovodrun_argv(NODES, ["python", "train.py"], iface="ens5", env={"HOROVOD_FUSION_THRESHOLD": "0"})
+    assert argv == [
+        "env", "NCCL_SOCKET_IFNAME=ens5", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1",
+        "GOTO_NUM_THREADS=1", "HOROVOD_FUSION_THRESHOLD=0",
+        "horovodrun", "-np", "8", "-H", "10.0.0.1:4,10.0.0.2:4", "-p", "2022",
+        "--network-interface", "ens5",
+        "python", "train.py",
+    ]  # fmt: skip
+
+
+def test_horovodrun_no_port():
+    argv = horovodrun_argv([Node("h1", 2)], ["python", "t.py"], iface="eth0", ssh_port=None)
+    assert "-p" not in argv[argv.index("horovodrun") :]
+
+
+# --- torchrun ------------------------------------------------------------------------------
+
+
+def test_torchrun_static():
+    assert torchrun_argv(2, 1, 8, "10.0.0.1", 29500, ["train.py", "--lr", "0.1"]) == [
+        "torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "1",
+        "--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "--lr", "0.1",
+    ]  # fmt: skip
+
+
+def test_torchrun_c10d():
+    assert torchrun_argv(2, 0, 4, "10.0.0.1", 29400, ["-m", "pkg.train"], rdzv="c10d", job_id="exp1") == [
+        "torchrun", "--nnodes", "2", "--nproc_per_node", "4",
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400", "--rdzv_id", "exp1",
+        "-m", "pkg.train",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, kw",
+    [
+        ((2, 2, 8, "a", 29500, ["t.py"]), {}),
+        ((0, 0, 8, "a", 29500, ["t.py"]), {}),
+        ((2, 0, 8, "a", 0, ["t.py"]), {}),
+        ((2, 0, 8, "a", 29500, ["t.py"]), {"rdzv": "c10d"}),
+        ((2, 0, 8, "a", 29500, ["t.py"]), {"rdzv": "etcd"}),
+        ((2, 0, 8, "a", 29500, []), {}),
+    ],
+)
+def test_torchrun_rejects(args, kw):
+    with pytest.raises(ValueError):
+        torchrun_argv(*args, **kw)
+
+
+def test_torchrun_env():
+    assert torchrun_env("ens5") == {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}
+
+
+# --- env files -----------------------------------------------------------------------------
+
+
+def test_parse_env_file(tmp_path):
+    p = tmp_path / "job.env"
+    p.write_text(
+        "# secrets\n"
+        "\n"
+        "A=1\n"
+        "export B = two words\n"
+        "C='single # not a comment'\n"
+        'D="double"\n'
+        "E=\n"
+        "F=x=y\n"
+        "G=unquoted # kept\n"
+        "H=\"'\"\n"
+    )
+    assert parse_env_file(p) == {
+        "A": "1",
+        "B": "two words",
+        "C": "single # not a comment",
+        "D": "double",
+        "E": "",
+        "F": "x=y",
+        "G": "unquoted # kept",
+        "H": "'",
+    }
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("JUSTAKEY", "expected KEY=VALUE, got 'JUSTAKEY'"),
+        ("1A=x", "bad variable name '1A'"),
+        ("A-B=x", "bad variable name 'A-B'"),
+        ("=x", "bad variable name ''"),
+        ('Q="open', "unterminated quote in value of Q"),
+        ("Q='", "unterminated quote in value of Q"),
+        ("OK=again", "OK set twice, first on line 2"),
+    ],
+)
+def test_parse_env_file_errors(tmp_path, line, message):
+    p = tmp_path / "job.env"
+    p.write_text(f"# c\nOK=1\n{line}\n")
+    with pytest.raises(LaunchError) as e:
+        parse_env_file(p)
+    assert str(e.value) == f"{p}:3: {message}"
+
+
+def test_parse_env_file_missing(tmp_path):
+    with pytest.raises(LaunchError) as e:
+        parse_env_file(tmp_path / "nope.env")
+    assert str(e.value) == f"{tmp_path / 'nope.env'}: cannot read env file: No such file or directory"
+
+
+# --- docker run ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, mount",
+    [
+        ("/datasets", Mount("/datasets", "/datasets")),
+        ("/datasets:ro", Mount("/datasets", "/datasets", readonly=True)),
+        ("/src:/dst", Mount("/src", "/dst")),
+        ("/src/:/dst:ro", Mount("/src", "/dst", readonly=True)),
+        ("/src:/dst:rw", Mount("/src", "/dst")),
+    ],
+)
+def test_parse_mount(spec, mount):
+    assert parse_mount(spec) == mount
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("data:ro", "'data' is not an absolute path"),
+        ("/src:dst", "'dst' is not an absolute path"),
+        ("/a:/b:/c", "expected SRC[:DST][:ro|rw]"),
+        ("/a:/b:rx", "expected SRC[:DST][:ro|rw]"),
+        ("/a::ro", "expected SRC[:DST][:ro|rw]"),
+        ("", "expected SRC[:DST][:ro|rw]"),
+        ("/a,b", "commas in paths are not supported"),
+    ],
+)
+def test_parse_mount_errors(spec, message):
+    with pytest.raises(LaunchError) as e:
+        parse_mount(spec)
+    assert str(e.value) == f"--mount {spec!r}: {message}"
+
+
+def test_docker_run_full():
+    spec = ContainerSpec(
+        job="exp1",
+        image="dtrain/hvd-torch:1.0",
+        efa_devices=("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"),
+        mounts=(parse_mount("/datasets:ro"), parse_mount("/home/u/src:/workspace")),
+        env={"NCCL_DEBUG": "INFO", "MSG": "a b"},
+    )
+    assert docker_run_argv(spec) == [
+        "docker", "run", "-d", "--name", "dtrain-exp1", "--network", "host", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--gpus", "all",
+        "--device", "/dev/infiniband/uverbs0", "--device", "/dev/infiniband/uverbs1",
+        "--mount", "type=bind,src=/datasets,dst=/datasets,readonly",
+        "--mount", "type=bind,src=/home/u/src,dst=/workspace",
+        "--label", "dtrain.job=exp1",
+        "-e", "NCCL_DEBUG=INFO", "-e", "MSG=a b",
+        "dtrain/hvd-torch:1.0",
+    ]  # fmt: skip
+
+
+def test_docker_run_cpu_shm_and_command():
+    spec = ContainerSpec(job="t", image="img", gpus=False, shm_size="16g", command=("sleep", "infinity"), name="n1")
+    assert docker_run_argv(spec) == [
+        "docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g",
+        "--ulimit", "memlock=-1", "--label", "dtrain.job=t", "img", "sleep", "infinity",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"job": "a b"}, "bad job 'a b'"),
+        ({"name": "-x"}, "bad container name '-x'"),
+        ({"image": "--privileged"}, "bad image '--privileged'"),
+        ({"shm_size": "lots"}, "bad shm size 'lots' (e.g. 16g)"),
+        ({"efa_devices": ("uverbs0",)}, "bad device 'uverbs0' (expected a /dev path)"),
+        ({"env": {"A B": "1"}}, "container env: bad environment variable name 'A B'"),
+    ],
+)
+def test_docker_run_rejects(kw, message):
+    spec = ContainerSpec(**{"job": "j", "image": "img", **kw})
+    with pytest.raises(LaunchError) as e:
+        docker_run_argv(spec)
+    assert str(e.value).startswith(message)
+
+
+# --- interfaces ----------------------------------------------------------------------------
+
+IP_J = json.dumps(
+    [
+        {"ifindex": 1, "ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
+        {
+            "ifindex": 2,
+            "ifname": "ens5",
+            "addr_info": [
+                {"family": "inet", "local": "10.0.0.7", "prefixlen": 24},
+                {"family": "inet6", "local": "fe80::1", "prefixlen": 64},
+            ],
+        },
+        {"ifindex": 3, "ifname": "docker0", "addr_info": [{"family": "inet", "local": "172.17.0.1", "prefixlen": 16}]},
+        {"ifindex": 4, "ifname": "veth12", "addr_info": []},
+    ]
+)
+
+
+def test_interface_for_address():
+    assert interface_for_address(IP_J, "10.0.0.7") == "ens5"
+
+
+@pytest.mark.parametrize(
+    "address, message",
+    [
+        ("127.0.0.1", "gpu-1: 127.0.0.1 sits on lo, not a physical NIC; use the node's private address"),
+        ("172.17.0.1", "gpu-1: 172.17.0.1 sits on docker0, not a physical NIC; use the node's private address"),
+        (
+            "10.0.0.8",
+            "gpu-1: no interface carries 10.0.0.8 "
+            "(seen: lo=127.0.0.1, ens5=10.0.0.7, ens5=fe80::1, docker0=172.17.0.1)",
+        ),
+    ],
+)
+def test_interface_for_address_errors(address, message):
+    with pytest.raises(LaunchError) as e:
+        interface_for_address(IP_J, address, host="gpu-1")
+    assert str(e.value) == message
+
+
+def test_interface_for_address_bad_json():
+    with pytest.raises(LaunchError, match="^cannot read `ip -j addr` output"):
+        interface_for_address("not json", "10.0.0.7")
+
+
+def test_check_same_iface():
+    assert check_same_iface({"a": "ens5", "b": "ens5"}) == "ens5"
+    with pytest.raises(LaunchError) as e:
+        check_same_iface({"a": "ens5", "b": "eth0", "c": "ens5"})
+    assert str(e.value) == (
+        "nodes disagree on the network interface: ens5 on a, c; eth0 on b (use one instance type/AMI, or name the NIC)"
+    )
