@@ -5,7 +5,15 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from invoke import task
+from invoke import task as _task
+
+
+def task(*args, **kwargs):
+    """Invoke's @task without auto short flags (they collide: --ssh-user became `--`)."""
+    kwargs.setdefault("auto_shortflags", False)
+    if len(args) == 1 and callable(args[0]) and not kwargs.get("help"):
+        return _task(auto_shortflags=False)(args[0])
+    return _task(*args, **kwargs)
 
 
 @contextmanager
@@ -13,10 +21,11 @@ def user_errors():
     """Known errors print one readable message and exit non-zero, without a traceback."""
     from images.build import BuildError
     from images.spec import SpecError
+    from launch.errors import LaunchError
 
     try:
         yield
-    except (SpecError, BuildError) as e:
+    except (SpecError, BuildError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -86,3 +95,126 @@ def test(c, k=None, unit=False):
     if k:
         args += ["-k", k]
     c.run(" ".join(args), pty=False)
+
+
+# ---------------------------------------------------------------- running jobs
+
+NODE_HELP = {
+    "hostfile": "lines `HOST slots=N [port=22] [user=U] [identity=KEY]`",
+    "hosts": "h1:4,h2:4",
+    "ec2_tag": "Key=Value: running instances with this tag (private IPs; slots = GPUs)",
+    "region": "AWS region for --ec2-tag",
+    "slots": "slots per node for --ec2-tag (default: GPUs of the instance type)",
+    "ssh_user": "ssh user on the nodes (default: from the hostfile or ~/.ssh/config)",
+    "ssh_key": "ssh identity for the nodes",
+    "ssh_opt": "extra ssh -o option to reach the nodes (repeatable)",
+}
+
+
+def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key):
+    from launch.hosts import nodes_from_args
+
+    return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
+                           slots=int(slots) if slots else None, ssh_user=ssh_user, ssh_key=ssh_key)
+
+
+def _ssh_opts(ssh_opt):
+    return tuple(x for o in (ssh_opt or []) for x in ("-o", o))
+
+
+@task(iterable=["env", "mount", "ssh_opt"], help={
+    **NODE_HELP,
+    "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
+    "launcher": "mpirun (default), horovodrun or torchrun",
+    "name": "job name (default job-YYYYmmdd-HHMMSS); re-using a name replaces its containers",
+    "env": "K=V for every rank (repeatable)",
+    "env_file": "file of K=V lines; every variable is forwarded to every rank",
+    "iface": "network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)",
+    "mount": "/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro",
+    "shm_size": "container /dev/shm size, e.g. 16g (default: --ipc host)",
+    "master_port": "torchrun master port (default 29500)",
+    "rdzv": "torchrun rendezvous: static (default) or c10d",
+    "no_pull": "use the image already on the nodes",
+    "timeout": "stop the job after this many seconds",
+})
+def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=None, ec2_tag=None,
+           region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, env=None,
+           env_file=None, iface=None, mount=None, shm_size=None, master_port=29500, rdzv="static",
+           no_pull=False, timeout=None):
+    """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
+    from launch import commands
+    from launch.errors import LaunchError
+    from launch.job import Job, JobSpec
+
+    with user_errors():
+        if not image:
+            raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
+        command = tuple(_remainder())
+        if launcher not in ("mpirun", "horovodrun", "torchrun"):
+            raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun or torchrun")
+        envs = dict(commands.parse_env_file(env_file)) if env_file else {}
+        for kv in env or []:
+            k, sep, v = kv.partition("=")
+            if not sep:
+                raise LaunchError(f"--env {kv}: expected K=V")
+            envs[k] = v
+        spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
+                       iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
+                       shm_size=shm_size, master_port=int(master_port), rdzv=rdzv, pull=not no_pull,
+                       job_timeout=float(timeout) if timeout else None, ssh_opts=_ssh_opts(ssh_opt))
+        job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key))
+        code = job.run()
+        if code != 0:
+            _report_failure(job.spec.name, code)
+        sys.exit(code)
+
+
+def _remainder():
+    argv = sys.argv
+    return argv[argv.index("--") + 1:] if "--" in argv else []
+
+
+def _report_failure(name, code):
+    print(f"[launch] job {name} failed with exit code {code}; output: invoke logs --job {name}",
+          file=sys.stderr)
+    try:
+        from launch import diagnose
+        from launch.job import job_log
+
+        print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
+    except ImportError:
+        pass
+
+
+@task
+def status(c):
+    """Recent jobs and their state."""
+    from launch.job import status_rows
+
+    rows = status_rows()
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+
+
+@task(help={"job": "job name (default: the latest)", "follow": "keep printing while it runs"})
+def logs(c, job=None, follow=False):
+    """Print a job's output (every line prefixed with node and rank)."""
+    from launch.job import follow as follow_log, job_log, load_job
+
+    with user_errors():
+        j = load_job(job)
+        path = job_log(j["name"])
+        if follow:
+            follow_log(path, j)
+        else:
+            print(path.read_text(), end="")
+
+
+@task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"]})
+def stop(c, job=None, ssh_opt=None):
+    """Stop a job: its launcher tears down, and no container of it is left on any node."""
+    from launch.job import stop as stop_job
+
+    with user_errors():
+        print(f"stopped {stop_job(job, _ssh_opts(ssh_opt))}")

@@ -84,13 +84,13 @@ class _Children:
         self._live: set[subprocess.Popen] = set()
         self.cancelled = threading.Event()
 
-    def start(self, argv: list[str]) -> subprocess.Popen | None:
+    def start(self, argv: list[str], stdin: str | None = None) -> subprocess.Popen | None:
         with self._lock:
             if self.cancelled.is_set():
                 return None
             proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -98,7 +98,14 @@ class _Children:
                 start_new_session=True,  # own process group: killpg reaches grandchildren, Ctrl-C doesn't
             )
             self._live.add(proc)
-            return proc
+        if stdin is not None:
+            assert proc.stdin
+            try:  # small payloads (a key, a token): never in argv, where `ps` shows them
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        return proc
 
     def finished(self, proc: subprocess.Popen) -> None:
         with self._lock:
@@ -128,11 +135,12 @@ def _pump(stream, sink: list[str], node: Node, emit: Callable[[Node, str], None]
 
 
 def _attempt(
-    children: _Children, node: Node, argv: list[str], timeout: float | None, emit
+    children: _Children, node: Node, argv: list[str], timeout: float | None, emit,
+    stdin: str | None = None,
 ) -> tuple[int | None, str, str, str | None]:
     """One run: (returncode, stdout, stderr, error-or-None for timeouts/start failures)."""
     try:
-        proc = children.start(argv)
+        proc = children.start(argv, stdin)
     except OSError as e:
         return None, "", "", f"could not start {argv[0]}: {e.strerror or e}"
     if proc is None:
@@ -168,12 +176,13 @@ def _run_node(
     retries: int,
     backoff: float,
     emit,
+    stdin: str | None = None,
 ) -> NodeResult:
     start = time.monotonic()
     attempts = 0
     while True:
         attempts += 1
-        rc, out, err, error = _attempt(children, node, argv, timeout, emit)
+        rc, out, err, error = _attempt(children, node, argv, timeout, emit, stdin)
         retry = is_connection_error(rc, err) and attempts <= retries
         # Event.wait doubles as an interruptible sleep: Ctrl-C ends the backoff at once.
         if not retry or children.cancelled.wait(backoff * 2 ** (attempts - 1)):
@@ -198,12 +207,14 @@ def run_all(
     retries: int = 2,
     backoff: float = 0.5,
     on_line: Callable[[Node, str], None] | None = None,
+    stdin: Callable[[Node], str | None] | None = None,
 ) -> list[NodeResult]:
     """Run make_argv(node) for every node, at most `concurrency` at once; results in node order.
 
     timeout: seconds per attempt (None: no limit). retries: extra attempts after an ssh
     connection failure, sleeping backoff, 2*backoff, ... between them. on_line(node, line)
     gets each stdout/stderr line as it arrives (one call at a time; the caller prefixes).
+    stdin(node): text written to that node's standard input (secrets go here, not in argv).
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be > 0, got {concurrency}")
@@ -224,7 +235,8 @@ def run_all(
     try:
         futures = [
             pool.submit(
-                _run_node, n, a, children, timeout=timeout, retries=retries, backoff=backoff, emit=emit
+                _run_node, n, a, children, timeout=timeout, retries=retries, backoff=backoff,
+                emit=emit, stdin=stdin(n) if stdin else None,
             )
             for n, a in zip(nodes, argvs)
         ]

@@ -323,3 +323,21 @@ def ssh_argv(
     argv += list(extra_opts)
     argv += [f"{node.user}@{node.host}" if node.user else node.host, "--", shlex.join(command)]
     return argv
+
+
+def nodes_from_args(*, hostfile: str | None = None, hosts: str | None = None,
+                    ec2_tag: str | None = None, region: str | None = None,
+                    slots: int | None = None, ssh_user: str | None = None,
+                    ssh_key: str | None = None, ssh_port: int | None = None) -> list[Node]:
+    """The node list from exactly one of --hostfile, --hosts, --ec2-tag, with ssh defaults."""
+    given = [name for name, v in (("--hostfile", hostfile), ("--hosts", hosts), ("--ec2-tag", ec2_tag)) if v]
+    if len(given) != 1:
+        raise LaunchError("give exactly one of --hostfile FILE, --hosts h1:4,h2:4, --ec2-tag Key=Value"
+                          + (f" (got {', '.join(given)})" if given else ""))
+    if hostfile:
+        nodes = parse_hostfile(hostfile)
+    elif hosts:
+        nodes = parse_hosts_arg(hosts)
+    else:
+        nodes = discover_ec2(ec2_tag, region, slots=slots)
+    return apply_ssh_defaults(nodes, user=ssh_user, identity=ssh_key, port=ssh_port)

@@ -1,0 +1,538 @@
+"""Run a job: host-network containers on every node, then mpirun, horovodrun or torchrun.
+
+    nodes -> probe (docker, NIC, GPUs, EFA, port 2022) -> pull + same digest everywhere
+          -> containers + a fresh SSH key -> sshd reachable node to node -> the job -> teardown
+
+Every step runs on all nodes in parallel (launch.fanout). A failure at any step names the
+node and the reason, and removes whatever was already started on every node. Ctrl-C does
+the same. The job's output streams live, each line prefixed with node and rank, and is kept
+in ~/.dtrain/jobs/<name>/output.log for `invoke logs` and `invoke diagnose`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+from launch import commands
+from launch.errors import LaunchError
+from launch.fanout import NodeResult, run_all
+from launch.hosts import Node, ssh_argv
+
+Launcher = Literal["mpirun", "horovodrun", "torchrun"]
+SSH_PORT = 2022
+LABEL = "dtrain.job"
+
+
+def jobs_dir() -> Path:
+    return Path(os.environ.get("DTRAIN_HOME", "~/.dtrain")).expanduser() / "jobs"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    image: str
+    command: tuple[str, ...]
+    launcher: Launcher = "mpirun"
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # -e K=V, forwarded to every rank
+    forward: tuple[str, ...] = ()  # names forwarded from the launching container's env
+    iface: str | None = None  # override the detected NIC
+    mounts: tuple[commands.Mount, ...] = ()
+    shm_size: str | None = None  # None: --ipc host
+    master_port: int = 29500
+    rdzv: Literal["static", "c10d"] = "static"
+    pull: bool = True
+    ready_timeout: float = 60
+    job_timeout: float | None = None
+    ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes
+    extra_mca: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the probe found on one node."""
+
+    node: Node
+    address: str  # the node's own address of the SSH connection: what peers use
+    hostname: str
+    iface: str
+    gpus: int
+    efa: tuple[str, ...]
+    port_holder: str  # "" when port 2022 is free
+
+
+# ---------------------------------------------------------------- pure helpers
+
+_PROBE = r"""
+set -u
+echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
+echo "hostname=$(hostname)"
+if docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; then echo docker=ok; else echo "docker=$(docker info 2>&1 | tail -1)"; fi
+echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
+echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+echo "ipjson=$(ip -j addr 2>/dev/null)"
+"""
+
+
+def parse_probe(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.isidentifier():
+            out[k] = v.strip()
+    return out
+
+
+def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
+    p = parse_probe(text)
+    if p.get("docker") != "ok":
+        raise LaunchError(f"{node.host}: Docker engine not reachable: {p.get('docker') or 'no answer'}")
+    address = p.get("addr") or node.host
+    ipjson = p.get("ipjson", "")
+    if iface:
+        names = {i.get("ifname") for i in json.loads(ipjson or "[]")}
+        if iface not in names:
+            raise LaunchError(f"{node.host}: --iface {iface} does not exist "
+                              f"(interfaces: {', '.join(sorted(n for n in names if n))})")
+        chosen = iface
+    else:
+        chosen = commands.interface_for_address(ipjson, address, host=node.host)
+    return NodeFacts(node, address, p.get("hostname", node.host), chosen,
+                     int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""))
+
+
+def container_name(job: str) -> str:
+    return f"dtrain-{job}"
+
+
+def rank_nodes(facts: Sequence[NodeFacts]) -> list[str]:
+    """Global rank -> hostname, as `--map-by slot` fills the -H list in order."""
+    out = []
+    for f in facts:
+        out += [f.hostname] * f.node.slots
+    return out
+
+
+_MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:\s?(.*)$")
+_TORCH_TAG = re.compile(r"^\[?[A-Za-z_]*?(\d+)\]?:(.*)$")
+
+
+def prefix_line(line: str, *, ranks: list[str], default_node: str,
+                torch_base: int | None = None) -> str:
+    """'[1,3]<stdout>:loss 0.1' -> '[node-2 r3] loss 0.1' (mpirun --tag-output lines);
+    torchrun's '[default1]:...' lines get the global rank from the node's first rank."""
+    if torch_base is None and (m := _MPI_TAG.match(line)):
+        r = int(m.group(1))
+        node = ranks[r] if r < len(ranks) else "?"
+        return f"[{node} r{r}] {m.group(2)}"
+    if torch_base is not None and (m := re.match(r"^\[default(\d+)\]:(.*)$", line)):
+        return f"[{default_node} r{torch_base + int(m.group(1))}] {m.group(2)}"
+    return f"[{default_node}] {line}"
+
+
+def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str) -> list[str]:
+    """mpirun / horovodrun argv run in the first node's container."""
+    nodes = [Node(f.address, f.node.slots) for f in facts]
+    if spec.launcher == "mpirun":
+        argv = commands.mpirun_argv(nodes, list(spec.command), iface=iface, env=spec.env,
+                                    forward=list(spec.forward), ssh_port=SSH_PORT,
+                                    extra_mca=list(spec.extra_mca))
+        return [argv[0], "--tag-output", *argv[1:]]
+    return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=SSH_PORT,
+                                    env=spec.env)
+
+
+def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
+    f = facts[rank]
+    env = {**commands.torchrun_env(iface), **spec.env}
+    run = commands.torchrun_argv(len(facts), rank, f.node.slots, facts[0].address, spec.master_port,
+                                 list(spec.command), rdzv=spec.rdzv, job_id=spec.name)
+    run = [run[0], "--tee", "3", *run[1:]]
+    return ["docker", "exec", *sum((["-e", f"{k}={v}"] for k, v in env.items()), []),
+            container_name(spec.name), *run]
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Job:
+    """One launch. `run()` returns the job's exit code; it always tears down."""
+
+    def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print):
+        if not nodes:
+            raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
+        if not spec.command:
+            raise LaunchError("no command: put it after `--`, e.g. invoke launch ... -- python train.py")
+        name = spec.name or time.strftime("job-%Y%m%d-%H%M%S")
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
+            raise LaunchError(f"bad job name {name!r} (letters, digits, _ . -)")
+        self.spec = JobSpec(**{**asdict_shallow(spec), "name": name})
+        self.nodes = nodes
+        self.say = say
+        self.dir = jobs_dir() / name
+        self.facts: list[NodeFacts] = []
+        self.started: list[Node] = []  # nodes where a container may exist
+        self.keydir: Path | None = None
+        self._out_lock = threading.Lock()
+        self._log = None
+
+    # -- helpers
+
+    def _ssh(self, node: Node, argv: list[str]) -> list[str]:
+        return ssh_argv(node, argv, extra_opts=list(self.spec.ssh_opts))
+
+    def _on_all(self, what: str, make: Callable[[Node], list[str]], nodes: Sequence[Node] | None = None,
+                timeout: float | None = 120, stdin: Callable[[Node], str | None] | None = None,
+                ) -> list[NodeResult]:
+        nodes = list(nodes or self.nodes)
+        results = run_all(nodes, lambda n: self._ssh(n, make(n)), timeout=timeout, stdin=stdin)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
+            raise LaunchError(f"{what} failed on {len(failed)} of {len(nodes)} node(s):\n{lines}")
+        return results
+
+    def _emit(self, line: str) -> None:
+        with self._out_lock:
+            print(line, flush=True)
+            if self._log:
+                self._log.write(line + "\n")
+                self._log.flush()
+
+    def _record(self, **fields) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "job.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.update(fields)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+
+    # -- steps
+
+    def probe(self) -> None:
+        t0 = time.monotonic()
+        name = container_name(self.spec.name)
+        # A stale container of the same job is replaced: remove it before looking at port 2022.
+        self._on_all("removing stale containers",
+                     lambda n: ["sh", "-c", f"docker rm -f {name} >/dev/null 2>&1; true"])
+        results = self._on_all("probing nodes", lambda n: ["sh", "-c", _PROBE])
+        self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
+                      for n, r in zip(self.nodes, results)]
+        commands.check_same_iface({f.node.host: f.iface for f in self.facts})
+        taken = [f for f in self.facts if f.port_holder]
+        if taken:
+            raise LaunchError("port 2022 is taken (the containers' sshd needs it):\n" + "\n".join(
+                f"  {f.node.host}: {f.port_holder}" for f in taken))
+        dup = {h for h in (f.hostname for f in self.facts) if [g.hostname for g in self.facts].count(h) > 1}
+        if dup:
+            raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "
+                              "one hostname per node")
+        self.say(f"[launch] {len(self.facts)} node(s) ready: NIC {self.facts[0].iface}, "
+                 f"{sum(f.gpus for f in self.facts)} GPU(s) ({time.monotonic() - t0:.1f} s)")
+
+    def pull(self) -> None:
+        t0 = time.monotonic()
+        image = self.spec.image
+        pull = f"docker pull -q {shlex.quote(image)} >/dev/null || " if self.spec.pull else ""
+        script = (f"{pull}docker image inspect -f '{{{{.Id}}}}' {shlex.quote(image)} "
+                  f"|| {{ echo 'image {image} is not on this node and could not be pulled' >&2; exit 1; }}")
+        login = _ecr_login_script(image)
+        results = self._on_all(f"pulling {image}", lambda n: ["sh", "-c", login.script + script],
+                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
+        ids = {r.host: r.stdout.strip().splitlines()[-1] for r in results}
+        if len(set(ids.values())) > 1:
+            lines = "\n".join(f"  {h}: {i[:19]}" for h, i in ids.items())
+            raise LaunchError(f"nodes hold different images for {image}; all must run the same:\n{lines}")
+        self.image_id = next(iter(ids.values()))
+        self.say(f"[launch] image {image} ({self.image_id[:19]}) on every node "
+                 f"({time.monotonic() - t0:.1f} s)")
+
+    def start_containers(self) -> None:
+        t0 = time.monotonic()
+        self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
+        key = self.keydir / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",
+                        "-f", str(key)], check=True)
+        private, public = key.read_text(), (self.keydir / "id_ed25519.pub").read_text().strip()
+        name = container_name(self.spec.name)
+        by_host = {f.node.host: f for f in self.facts}
+
+        def make(n: Node) -> list[str]:
+            f = by_host[n.host]
+            run = commands.docker_run_argv(commands.ContainerSpec(
+                job=self.spec.name, image=self.spec.image, gpus=f.gpus > 0, efa_devices=f.efa,
+                mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size))
+            install = ("umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/id_ed25519 && "
+                       f"echo {shlex.quote(public)} > /root/.ssh/authorized_keys && "
+                       "chmod 600 /root/.ssh/id_ed25519 && chmod 644 /root/.ssh/authorized_keys && "
+                       "chown -R root:root /root/.ssh")
+            return ["sh", "-c", f"{shlex.join(run)} >/dev/null && "
+                                f"docker exec -i {name} sh -c {shlex.quote(install)}"]
+
+        self.started = list(self.nodes)
+        self._on_all("starting containers", make, stdin=lambda n: private)
+        self.say(f"[launch] containers {name} started, job key installed ({time.monotonic() - t0:.1f} s)")
+
+    def wait_ready(self) -> None:
+        """From the first node's container, ssh to every node's container on 2022."""
+        t0 = time.monotonic()
+        targets = " ".join(shlex.quote(f.address) for f in self.facts)
+        script = (f"deadline=$(( $(date +%s) + {int(self.spec.ready_timeout)} )); for h in {targets}; do "
+                  f"until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 root@$h true 2>/tmp/ssh.err; do "
+                  "if [ $(date +%s) -ge $deadline ]; then echo \"sshd on $h:2022 not reachable: "
+                  "$(tail -1 /tmp/ssh.err)\" >&2; exit 1; fi; sleep 0.2; done; done")
+        first = self.facts[0].node
+        self._on_all("waiting for sshd on 2022", lambda n: ["docker", "exec", container_name(self.spec.name),
+                                                            "bash", "-c", script],
+                     nodes=[first], timeout=self.spec.ready_timeout + 30)
+        self.say(f"[launch] sshd reachable on every node ({time.monotonic() - t0:.1f} s)")
+
+    def run_job(self) -> int:
+        iface = self.facts[0].iface
+        ranks = rank_nodes(self.facts)
+        self._record(state="running", ranks=ranks)
+        if self.spec.launcher == "torchrun":
+            return self._run_torchrun(iface)
+        argv = ["docker", "exec", container_name(self.spec.name), *job_argv(self.spec, self.facts, iface)]
+        self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(argv[3:])}")
+        first = self.facts[0]
+        results = run_all([first.node], lambda n: self._ssh(n, argv), timeout=self.spec.job_timeout,
+                          retries=0,
+                          on_line=lambda n, line: self._emit(prefix_line(line.rstrip("\n"), ranks=ranks,
+                                                                         default_node=first.hostname)))
+        return _exit_code(results[0])
+
+    def _run_torchrun(self, iface: str) -> int:
+        """One torchrun per node. The first node to fail stops the others (they would wait on
+        it until a collective times out), and its exit code is the job's."""
+        bases = [sum(f.node.slots for f in self.facts[:i]) for i in range(len(self.facts))]
+        self.say(f"[launch] torchrun on {len(self.facts)} node(s), master {self.facts[0].address}:"
+                 f"{self.spec.master_port}")
+        procs = []
+        for i, f in enumerate(self.facts):
+            argv = self._ssh(f.node, torchrun_node_argv(self.spec, self.facts, i, iface))
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace",
+                                    start_new_session=True)
+            pump = threading.Thread(target=self._pump, args=(proc, f.hostname, bases[i]), daemon=True)
+            pump.start()
+            procs.append((f, proc, pump))
+        deadline = time.monotonic() + self.spec.job_timeout if self.spec.job_timeout else None
+        first_failure: int | None = None
+        try:
+            while any(p.poll() is None for _, p, _ in procs):
+                failed = [(f, p.returncode) for f, p, _ in procs if p.returncode not in (None, 0)]
+                if failed and first_failure is None:
+                    f, first_failure = failed[0]
+                    self.say(f"[launch] torchrun on {f.hostname} exited {first_failure}: "
+                             "stopping the other nodes")
+                    self.teardown()
+                if deadline and time.monotonic() > deadline:
+                    self.say(f"[launch] job timed out after {self.spec.job_timeout:g} s")
+                    first_failure = first_failure or 124
+                    self.teardown()
+                    deadline = None
+                time.sleep(0.1)
+        finally:
+            for _, p, pump in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                pump.join(2)
+        if first_failure is not None:
+            return first_failure
+        return next((p.returncode for _, p, _ in procs if p.returncode != 0), 0)
+
+    def _pump(self, proc: subprocess.Popen, hostname: str, base: int) -> None:
+        assert proc.stdout
+        for line in proc.stdout:
+            self._emit(prefix_line(line.rstrip("\n"), ranks=[], default_node=hostname, torch_base=base))
+
+    def teardown(self) -> None:
+        name = container_name(self.spec.name)
+        if self.started:
+            results = run_all(self.started, lambda n: self._ssh(n, ["sh", "-c", f"docker rm -f {name} >/dev/null 2>&1; true"]),
+                              timeout=60)
+            bad = [r for r in results if not r.ok]
+            for r in bad:
+                self.say(f"[launch] warning: could not remove {name} on {r.host}: {r.error}")
+            self.started = []
+        if self.keydir and self.keydir.exists():
+            shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
+
+    def run(self) -> int:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._record(name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
+                     command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
+                     pid=os.getpid(), started=time.time(), state="starting", exit_code=None)
+        self._log = (self.dir / "output.log").open("w")
+        code = 1
+        t0 = time.monotonic()
+        restore = _sigterm_as_interrupt()
+        try:
+            self.probe()
+            self.pull()
+            self.start_containers()
+            self.wait_ready()
+            self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
+            code = self.run_job()
+            self._record(state="succeeded" if code == 0 else "failed", exit_code=code)
+            return code
+        except KeyboardInterrupt:
+            self._record(state="interrupted", exit_code=130)
+            self.say("[launch] interrupted: removing containers on every node")
+            return 130
+        except LaunchError:
+            self._record(state="failed to launch", exit_code=code)
+            raise
+        finally:
+            self.teardown()
+            if self._log:
+                self._log.close()
+            restore()
+            self._record(ended=time.time())
+
+
+def asdict_shallow(spec: JobSpec) -> dict:
+    return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+
+
+def _exit_code(r: NodeResult) -> int:
+    if r.returncode is None:
+        return 124 if r.error and "timed out" in r.error else 1
+    return r.returncode
+
+
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """`invoke stop` sends SIGTERM: treat it like Ctrl-C so teardown runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+# ---------------------------------------------------------------- ECR on the nodes
+
+_ECR = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?/")
+
+
+@dataclass(frozen=True)
+class _Login:
+    script: str = ""
+    password: str | None = None
+
+
+def _ecr_login_script(image: str) -> _Login:
+    """For ECR images: a token fetched here with boto3, handed to `docker login` on each node
+    through stdin (never argv, never printed)."""
+    m = _ECR.match(image)
+    if not m:
+        return _Login()
+    try:
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = boto3.client("ecr", region_name=m.group(2))
+        data = client.get_authorization_token(registryIds=[m.group(1)])["authorizationData"][0]
+    except (BotoCoreError, ClientError) as e:
+        raise LaunchError(f"ECR login for {image} failed: {e}") from None
+    user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+    registry = image.split("/", 1)[0]
+    script = f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null && "
+    return _Login(script, password)
+
+
+# ---------------------------------------------------------------- status, logs, stop
+
+
+def load_job(name: str | None) -> dict:
+    root = jobs_dir()
+    if name:
+        path = root / name / "job.json"
+        if not path.exists():
+            raise LaunchError(f"no job named {name} (jobs are in {root})")
+        return json.loads(path.read_text())
+    jobs = sorted(root.glob("*/job.json"), key=lambda p: p.stat().st_mtime)
+    if not jobs:
+        raise LaunchError(f"no jobs yet (jobs are in {root})")
+    return json.loads(jobs[-1].read_text())
+
+
+def job_log(name: str) -> Path:
+    return jobs_dir() / name / "output.log"
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
+    rows = [("job", "state", "launcher", "nodes", "image", "exit")]
+    paths = sorted(jobs_dir().glob("*/job.json"), key=lambda p: p.stat().st_mtime)[-limit:]
+    for p in paths:
+        j = json.loads(p.read_text())
+        state = j.get("state", "?")
+        if state in ("starting", "running") and not _alive(j.get("pid")):
+            state += " (launcher gone)"
+        rows.append((j["name"], state, j.get("launcher", ""), str(len(j.get("nodes", []))),
+                     j.get("image", ""), "" if j.get("exit_code") is None else str(j["exit_code"])))
+    return rows
+
+
+def follow(path: Path, job: dict, out=sys.stdout) -> None:
+    """Print the log, then new lines while the job's launcher runs."""
+    with path.open() as f:
+        while True:
+            line = f.readline()
+            if line:
+                out.write(line)
+                out.flush()
+                continue
+            if not _alive(job.get("pid")) or json.loads((path.parent / "job.json").read_text()).get("ended"):
+                return
+            time.sleep(0.2)
+
+
+def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
+    """Stop a job: signal its launcher (which tears down), then make sure no container is left."""
+    job = load_job(name)
+    if _alive(job.get("pid")) and not job.get("ended"):
+        os.kill(job["pid"], signal.SIGTERM)
+        for _ in range(150):
+            if not _alive(job["pid"]):
+                break
+            time.sleep(0.2)
+    nodes = [Node(**n) for n in job.get("nodes", [])]
+    cname = container_name(job["name"])
+    results = run_all(nodes, lambda n: ssh_argv(n, ["sh", "-c", f"docker rm -f {cname} >/dev/null 2>&1; true"],
+                                                extra_opts=list(ssh_opts)), timeout=60)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise LaunchError("could not reach every node to remove the containers:\n" +
+                          "\n".join(f"  {r.host}: {r.error}" for r in bad))
+    return job["name"]

@@ -1,0 +1,32 @@
+"""torch DDP (gloo) training steps; prints a checksum of the gradients on every rank.
+
+All ranks must print the same checksum: DDP averaged their gradients. Works under torchrun
+and under mpirun (ranks taken from Open MPI's variables; MASTER_ADDR/PORT must be set).
+"""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+    os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+    os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+dist.init_process_group("gloo")
+rank, size = dist.get_rank(), dist.get_world_size()
+
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
+for step in range(3):
+    x = torch.randn(8, 16, generator=gen)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    checksum = sum(float(p.grad.double().sum()) for p in model.parameters())
+    print(f"step {step} rank {rank}/{size} host {socket.gethostname()} grad-checksum {checksum:.10f}", flush=True)
+    opt.step()
+dist.destroy_process_group()
