@@ -20,12 +20,13 @@ def task(*args, **kwargs):
 def user_errors():
     """Known errors print one readable message and exit non-zero, without a traceback."""
     from images.build import BuildError
+    from images.push import PushError
     from images.spec import SpecError
     from launch.errors import LaunchError
 
     try:
         yield
-    except (SpecError, BuildError, LaunchError) as e:
+    except (SpecError, BuildError, PushError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -83,6 +84,42 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
         b.build([image] if image else None, tag, all, opts)
+
+
+@task(help={
+    "ecr": "push to Amazon ECR (repositories created with scan-on-push)",
+    "registry": "push to this v2 registry HOST[:PORT]",
+    "image": "FAMILY or FAMILY:TAG; default every built image",
+    "account": "ECR registry account id (default: the caller's)",
+    "region": "AWS region", "profile": "AWS profile",
+    "repo_prefix": "repository prefix (default dtrain)",
+    "immutable": "ECR: immutable tags", "lifecycle_policy": "ECR lifecycle policy JSON file",
+    "user": "registry user", "password": "registry password ('-' reads stdin; default $DTRAIN_REGISTRY_PASSWORD)",
+    "catalog": "catalog path (default build/catalog.json)",
+})
+def push(c, ecr=False, registry=None, image=None, account=None, region=None, profile=None,
+         repo_prefix="dtrain", immutable=False, lifecycle_policy=None, user=None, password=None,
+         catalog=None):
+    """Push built images to ECR or a registry, verify the digest by pulling it back, record it in the catalog."""
+    from pathlib import Path
+
+    from images import push as p
+
+    with user_errors():
+        if ecr == bool(registry):
+            raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
+        images, notes = p.select_images(image)
+        for n in notes:
+            print(n)
+        path = Path(catalog) if catalog else p.CATALOG
+        if ecr:
+            p.push_ecr(images, profile=profile, region=region, account=account, prefix=repo_prefix,
+                       immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path)
+        else:
+            if password == "-":
+                password = p.read_password_stdin()
+            p.push_registry(images, registry, user=user, password=password, prefix=repo_prefix,
+                            catalog_path=path)
 
 
 @task(help={"k": "only tests matching this pytest -k expression",
