@@ -25,8 +25,13 @@ def user_errors():
     from launch.errors import LaunchError
 
     try:
+        from launch.cluster import ClusterError
+    except ImportError:  # before the cluster module lands
+        ClusterError = LaunchError
+
+    try:
         yield
-    except (SpecError, BuildError, PushError, LaunchError) as e:
+    except (SpecError, BuildError, PushError, LaunchError, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -145,6 +150,7 @@ NODE_HELP = {
     "ssh_user": "ssh user on the nodes (default: from the hostfile or ~/.ssh/config)",
     "ssh_key": "ssh identity for the nodes",
     "ssh_opt": "extra ssh -o option to reach the nodes (repeatable)",
+    "ssh_config": "ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's",
 }
 
 
@@ -155,8 +161,8 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key):
                            slots=int(slots) if slots else None, ssh_user=ssh_user, ssh_key=ssh_key)
 
 
-def _ssh_opts(ssh_opt):
-    return tuple(x for o in (ssh_opt or []) for x in ("-o", o))
+def _ssh_opts(ssh_opt, ssh_config=None):
+    return (("-F", ssh_config) if ssh_config else ()) + tuple(x for o in (ssh_opt or []) for x in ("-o", o))
 
 
 @task(iterable=["env", "mount", "ssh_opt"], help={
@@ -175,7 +181,7 @@ def _ssh_opts(ssh_opt):
     "timeout": "stop the job after this many seconds",
 })
 def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=None, ec2_tag=None,
-           region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, env=None,
+           region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
            env_file=None, iface=None, mount=None, shm_size=None, master_port=29500, rdzv="static",
            no_pull=False, timeout=None):
     """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
@@ -198,7 +204,7 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
                        shm_size=shm_size, master_port=int(master_port), rdzv=rdzv, pull=not no_pull,
-                       job_timeout=float(timeout) if timeout else None, ssh_opts=_ssh_opts(ssh_opt))
+                       job_timeout=float(timeout) if timeout else None, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key))
         code = job.run()
         if code != 0:
@@ -248,10 +254,47 @@ def logs(c, job=None, follow=False):
             print(path.read_text(), end="")
 
 
-@task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"]})
-def stop(c, job=None, ssh_opt=None):
+@task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"],
+                                  "ssh_config": NODE_HELP["ssh_config"]})
+def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
     from launch.job import stop as stop_job
 
     with user_errors():
-        print(f"stopped {stop_job(job, _ssh_opts(ssh_opt))}")
+        print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
+
+
+# ---------------------------------------------------------------- local simulated cluster
+
+
+@task(help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+            "recreate": "with up: replace a cluster of another size"})
+def cluster(c, action, nodes=2, recreate=False):
+    """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
+    from launch import cluster as cl
+
+    with user_errors():
+        if action == "up":
+            info = cl.up(int(nodes), recreate=recreate)
+            print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
+            print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
+                  f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
+        elif action == "down":
+            cl.down()
+        elif action == "status":
+            st = cl.status()
+            print("up" if st.up else "down", f"({st.nodes} nodes)")
+            for problem in st.problems + st.leftovers:
+                print(f"  {problem}")
+        else:
+            raise cl.ClusterError(f"unknown action {action!r}: use up, down or status")
+
+
+@task(help={"nodes": "nodes in the simulated cluster (default 2)", "keep": "leave the cluster up",
+            "epochs": "training epochs (default 3)"})
+def demo(c, nodes=2, keep=False, epochs=3):
+    """The main job end to end: build the CPU Horovod image, simulated cluster, real training, teardown."""
+    from launch import demo as d
+
+    with user_errors():
+        sys.exit(d.run(int(nodes), keep, int(epochs)))

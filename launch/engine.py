@@ -231,3 +231,42 @@ def ensure_all(ref: str = BASE_IMAGE) -> None:
     ensure_packages()
     ensure_dockerd()
     ensure_base_image(ref)
+
+
+DAEMON_JSON = Path("/etc/docker/daemon.json")
+
+
+def allow_insecure_registry(registry: str, timeout: float = 20) -> None:
+    """Let the host engine push to a plain-HTTP registry (the simulated cluster's) without
+    a restart: `insecure-registries` in daemon.json is reloaded on SIGHUP."""
+    import json
+
+    conf = json.loads(DAEMON_JSON.read_text()) if DAEMON_JSON.exists() else {}
+    regs = conf.setdefault("insecure-registries", [])
+    if registry in regs and _registry_trusted(registry):
+        return
+    if registry not in regs:
+        regs.append(registry)
+        DAEMON_JSON.parent.mkdir(parents=True, exist_ok=True)
+        DAEMON_JSON.write_text(json.dumps(conf, indent=2) + "\n")
+    pid = Path("/var/run/docker.pid")
+    if pid.exists() and _pid_alive(pid):
+        os.kill(int(pid.read_text().strip()), 1)  # SIGHUP: reload configuration
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _registry_trusted(registry):
+            _say(f"docker engine trusts plain-HTTP registry {registry}")
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"dockerd did not pick up insecure registry {registry} from {DAEMON_JSON}")
+
+
+def _registry_trusted(registry: str) -> bool:
+    import json
+
+    out = subprocess.run([docker_cli(), "info", "--format", "{{json .RegistryConfig.IndexConfigs}}"],
+                         capture_output=True, text=True).stdout
+    try:
+        return json.loads(out or "{}").get(registry, {}).get("Secure") is False
+    except json.JSONDecodeError:
+        return False

@@ -379,6 +379,7 @@ class Job:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._record(name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
                      command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
+                     ssh_opts=list(self.spec.ssh_opts),
                      pid=os.getpid(), started=time.time(), state="starting", exit_code=None)
         self._log = (self.dir / "output.log").open("w")
         code = 1
@@ -529,8 +530,9 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
             time.sleep(0.2)
     nodes = [Node(**n) for n in job.get("nodes", [])]
     cname = container_name(job["name"])
+    opts = list(ssh_opts or job.get("ssh_opts", []))
     results = run_all(nodes, lambda n: ssh_argv(n, ["sh", "-c", f"docker rm -f {cname} >/dev/null 2>&1; true"],
-                                                extra_opts=list(ssh_opts)), timeout=60)
+                                                extra_opts=opts), timeout=60)
     bad = [r for r in results if not r.ok]
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +
