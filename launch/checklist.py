@@ -167,10 +167,12 @@ ENTRIES: tuple[Entry, ...] = (
             r"\b(?:mpirun|prterun) was unable to find the specified executable file",
             r"\b(?:orted|prted|python3?): error while loading shared libraries",
         ),
-        cause="sshd starts a non-interactive shell that reads no profile, so `PATH` and "
-              "`LD_LIBRARY_PATH` are sshd's defaults: `/opt/venv/bin` and "
-              "`/opt/amazon/openmpi/bin` are missing. Images that set PATH only in `ENV` or "
-              "`.bashrc` hit this.",
+        cause="Docker `ENV` is the environment of the container's first process, not of "
+              "ssh sessions: sshd gives each session a fresh environment with its compiled-in "
+              "default `PATH`, and the non-interactive shell mpirun uses reads no "
+              "`/etc/profile` or `~/.profile` (Debian's `~/.bashrc` returns early when not "
+              "interactive). So `/opt/venv/bin`, `/opt/amazon/openmpi/bin` and their "
+              "`LD_LIBRARY_PATH` are missing unless something puts them there.",
         fix="dtrain images copy their whole `ENV` into sshd's `SetEnv` "
             "(`/etc/ssh/sshd_config.d/00-image-env.conf`, rewritten by the entrypoint with any "
             "`docker run -e` additions), so non-interactive sessions get the image's PATH. With "
@@ -414,11 +416,13 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         signatures=_re(r"There are not enough slots available in the system to satisfy",
                        r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device"),
-        cause="Host-network containers report the host's hostname. Nodes cloned from one image "
-              "with a fixed hostname (or all named `localhost`) look like one node to Open MPI "
-              "and to Horovod's local-rank computation; entries with the same name in a "
-              "hostfile are merged. NCCL's duplicate-GPU error also appears when a script "
-              "selects the GPU by global rank instead of local rank.",
+        cause="The host list does not describe the nodes: fewer slots than `-np` (a node "
+              "missing from `-H`/the hostfile, or two nodes under one name). Host-network "
+              "containers report the host's hostname, and Open MPI and Horovod tell nodes "
+              "apart by name: nodes cloned with one fixed hostname (or all `localhost`) can "
+              "be taken for one node, giving wrong local ranks, several ranks on one GPU, or "
+              "shared-memory transport between nodes. NCCL's duplicate-GPU error also appears "
+              "when a script selects the GPU by global rank instead of local rank.",
         fix="`invoke launch` builds the host list from the inventory's addresses with explicit "
             "slots and refuses duplicates. Give every node a unique hostname; pin the GPU with "
             "`hvd.local_rank()` / `LOCAL_RANK`.",
@@ -510,7 +514,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         id="nccl-iface",
-        title="NCCL bootstraps or sends over lo or docker0",
+        title="NCCL uses the wrong interface (lo, docker0, a bridge)",
         symptom="NCCL init hangs or times out across nodes; with `NCCL_DEBUG=INFO` the chosen "
                 "interface is shown.",
         messages=(
@@ -524,10 +528,13 @@ ENTRIES: tuple[Entry, ...] = (
             r"NET/Socket ?: Using .*\[\d+\](?:lo|docker\d*|br-[0-9a-f]+|veth\w*):",
             r"NCCL WARN Bootstrap ?: no socket interface found",
         ),
-        cause="NCCL picks the first interface that is not `lo` unless `NCCL_SOCKET_IFNAME` "
-              "says otherwise; in a host-network container `docker0` can come first. "
-              "An `NCCL_SOCKET_IFNAME` that names an interface missing on a node gives \"no "
-              "socket interface found\".",
+        cause="Without `NCCL_SOCKET_IFNAME`, NCCL takes `ib*` interfaces first, then any "
+              "interface except `docker*` and `lo`, and falls back to `docker*`, then `lo`, "
+              "only when nothing else is up. So in a host-network container it can still pick "
+              "a user-defined Docker bridge (`br-*`), a `veth*` or a second NIC the other nodes "
+              "cannot reach, and an `NCCL_SOCKET_IFNAME` set wrongly (naming `docker0`, or "
+              "set on one node only) forces a bad choice. A value that matches no interface "
+              "on a node gives \"no socket interface found\".",
         fix="dtrain images set `NCCL_SOCKET_IFNAME=^docker0,lo`; `invoke launch` sets it to "
             "the node's routable interface and forwards it with `-x`.",
         confirm="`invoke doctor` check `nic`; rerun with `-x NCCL_DEBUG=INFO` and read the "
