@@ -1,0 +1,1044 @@
+"""The troubleshooting checklist, as data.
+
+Every known way a dtrain job fails is one `Entry`: a stable id, the symptom (with the exact
+messages the tools print), the cause, the fix (the dtrain flag or image property that prevents
+it), how to confirm it (`invoke doctor` check ids, `invoke diagnose` signatures) and a source.
+
+Two consumers read these entries:
+
+- `launch/diagnose.py` matches `Entry.signatures` against job logs (`invoke diagnose`);
+- `render_markdown()` writes docs/troubleshooting.md. The committed file must equal the render
+  (tests/test_diagnose.py), so edit this file and run `python -m launch.checklist --write`.
+
+Signatures are matched one log line at a time: they must not span lines (no `\\s` that could
+eat a newline; use a space or `[ \\t]`). Named groups `rank`, `local_rank` and `node` in a
+signature, when present, say which rank or node the line is about.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "troubleshooting.md"
+
+# The `invoke doctor` checks the entries refer to: id -> what the check verifies on every node.
+DOCTOR_CHECKS: dict[str, str] = {
+    "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh",
+    "docker": "the Docker engine runs and the launcher's user may use it",
+    "nvidia-runtime": "`docker run --gpus all <image> nvidia-smi -L` lists every GPU of the node",
+    "gpu-driver": "the host driver is at least the image CUDA's min_driver (images/compat.yaml)",
+    "port-2022": "nothing but the dtrain container's sshd listens on port 2022 of the node",
+    "peer-2022": "from each node's container, `ssh -p 2022 <peer> command -v orted python` "
+                 "succeeds for every peer, without prompts",
+    "nic": "the chosen interface exists on every node with a routable address (not lo, "
+           "docker0, br-*, veth*) and every node reaches every other over it",
+    "hostnames": "node hostnames are unique and every node resolves every other node's name "
+                 "to its address on the chosen interface (not 127.0.x.x)",
+    "mpirun-args": "the launch command carries the flags for the image's Open MPI major version "
+                   "(plm_rsh_args or plm_ssh_args, btl/oob_tcp_if_include, -x for the job env)",
+    "image-digest": "every node runs the same image digest (same Horovod, framework, NCCL)",
+    "shm": "/dev/shm in the container is at least the recommended size",
+    "memlock": "`ulimit -l` in the container is unlimited",
+    "efa": "on EFA instance types: the container sees the EFA devices and `fi_info -p efa` "
+           "lists them; the security group allows all traffic between the nodes",
+    "clock": "node clocks agree within a few seconds and are synchronised",
+    "disk": "Docker's data root has room for the image and the job",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One checklist entry. Text fields are Markdown."""
+
+    id: str
+    title: str
+    symptom: str
+    cause: str
+    fix: str
+    confirm: str
+    source: tuple[str, ...]
+    # Exact messages as they appear in logs: shown in the doc, and each must match a signature.
+    messages: tuple[str, ...] = ()
+    signatures: tuple[re.Pattern[str], ...] = ()
+    doctor_checks: tuple[str, ...] = ()
+    # A consequence reported by many causes ("a rank exited"): listed after the specific ones.
+    catch_all: bool = False
+    related: tuple[str, ...] = ()
+
+
+def _re(*patterns: str) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)
+
+
+OMPI_FAQ_TCP = "https://www.open-mpi.org/faq/?category=tcp"
+OMPI_FAQ_RUNNING = "https://www.open-mpi.org/faq/?category=running"
+OMPI_FAQ_RSH = "https://www.open-mpi.org/faq/?category=rsh"
+OMPI_MPIRUN4 = "https://www.open-mpi.org/doc/v4.1/man1/mpirun.1.php"
+HVD_DOCKER = "https://horovod.readthedocs.io/en/stable/docker_include.html"
+HVD_MPI = "https://horovod.readthedocs.io/en/stable/mpi_include.html"
+HVD_TROUBLE = "https://horovod.readthedocs.io/en/stable/troubleshooting_include.html"
+NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+NCCL_TROUBLE = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
+DOCKER_RUN = "https://docs.docker.com/reference/cli/docker/container/run/"
+SSHD_CONFIG = "https://man.openbsd.org/sshd_config"
+SSH_CONFIG = "https://man.openbsd.org/ssh_config"
+SSH = "https://man.openbsd.org/ssh"
+TORCHRUN = "https://pytorch.org/docs/stable/elastic/run.html"
+EFA_NCCL = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html"
+CUDA_COMPAT = "https://docs.nvidia.com/deploy/cuda-compatibility/index.html"
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        id="ssh-port-22",
+        title="ssh reached the host's sshd (port 22), not the container's (port 2022)",
+        symptom="mpirun stops at once, before any rank prints. The remote shell is the host's, "
+                "where Open MPI is not installed.",
+        messages=(
+            "bash: orted: command not found",
+            "ssh: connect to host node-2 port 22: Connection refused",
+        ),
+        signatures=_re(r"\borted: command not found",
+                       r"ssh: connect to host \S+ port 22: "),
+        cause="mpirun starts its daemon `orted` on each node over ssh. Without "
+              "`--mca plm_rsh_args \"-p 2022\"` ssh uses port 22, which on a host-network "
+              "container is the **host's** sshd, not the container's. The host has no `orted` "
+              "(or refuses the key), so the daemons never start.",
+        fix="Let `invoke launch` build the command: it always passes "
+            "`--mca plm_rsh_args \"-p 2022\"` (Open MPI 4) or `plm_ssh_args` (Open MPI 5). "
+            "Inside dtrain images the ssh client already defaults to port 2022 "
+            "(`/etc/ssh/ssh_config`: `Port 2022`), so a hand-written mpirun run *inside* a "
+            "dtrain container is safe; one run on the host is not.",
+        confirm="`invoke doctor` checks `port-2022` and `peer-2022`; by hand: "
+                "`ssh -p 2022 node-2 command -v orted` from inside a container prints a path. "
+                "If ssh did reach the container and `orted` is still missing, see "
+                "[remote-path](#remote-path).",
+        source=(HVD_DOCKER, OMPI_FAQ_RSH),
+        doctor_checks=("port-2022", "peer-2022", "mpirun-args"),
+        related=("remote-path", "ompi5-plm-args"),
+    ),
+    Entry(
+        id="ompi5-plm-args",
+        title="Open MPI 5 does not honour `plm_rsh_args` (it is `plm_ssh_args`)",
+        symptom="A command line that works with Open MPI 4 lands on port 22 with Open MPI 5. "
+                "The daemon is `prted` in Open MPI 5, so the shell complains about it instead "
+                "of `orted`; Open MPI may also name the old variable as deprecated.",
+        messages=(
+            "bash: prted: command not found",
+            "  Deprecated variable: plm_rsh_args",
+        ),
+        signatures=_re(r"\bprted: command not found",
+                       r"Deprecated variable: +plm_rsh_\w+"),
+        cause="Open MPI 5 launches through PRRTE, whose ssh launcher parameters are "
+              "`plm_ssh_args` / `plm_ssh_agent`. The Open MPI 4 names (`plm_rsh_*`) are at best "
+              "deprecated aliases (reported as \"A deprecated MCA variable value was specified "
+              "in the environment or on the command line\"), and `OMPI_MCA_plm_rsh_args` in the "
+              "environment is not read by PRRTE at all. Without the port, ssh goes to 22.",
+        fix="`invoke launch` reads the image's Open MPI major version (`mpirun --version`) and "
+            "passes `--mca plm_ssh_args \"-p 2022\"` for 5, `--mca plm_rsh_args \"-p 2022\"` "
+            "for 4. dtrain's GPU images ship Open MPI 4 (EFA installer `--mpi=openmpi4`).",
+        confirm="`invoke doctor` check `mpirun-args`; `mpirun --version` in the image.",
+        source=("https://docs.open-mpi.org/en/v5.0.x/launching-apps/ssh.html",
+                "https://docs.open-mpi.org/en/v5.0.x/mca.html"),
+        doctor_checks=("mpirun-args",),
+        related=("ssh-port-22",),
+    ),
+    Entry(
+        id="remote-path",
+        title="`orted` or `python` not found in the non-interactive ssh session",
+        symptom="ssh reaches the container, but the command mpirun runs there is not found or "
+                "cannot load its libraries.",
+        messages=(
+            "bash: python: command not found",
+            "/usr/bin/env: 'python': No such file or directory",
+            "mpirun was unable to launch the specified application as it could not access",
+            "mpirun was unable to find the specified executable file, and therefore",
+            "orted: error while loading shared libraries: libopen-rte.so.40: cannot open "
+            "shared object file: No such file or directory",
+        ),
+        signatures=_re(
+            r"\b(?:python3?|horovodrun|torchrun): command not found",
+            r"env: .?python3?.?: No such file or directory",
+            r"\b(?:mpirun|prterun) was unable to launch the specified application as it could "
+            r"not access",
+            r"\b(?:mpirun|prterun) was unable to find the specified executable file",
+            r"\b(?:orted|prted|python3?): error while loading shared libraries",
+        ),
+        cause="Docker `ENV` is the environment of the container's first process, not of "
+              "ssh sessions: sshd gives each session a fresh environment with its compiled-in "
+              "default `PATH`, and the non-interactive shell mpirun uses reads no "
+              "`/etc/profile` or `~/.profile` (Debian's `~/.bashrc` returns early when not "
+              "interactive). So `/opt/venv/bin`, `/opt/amazon/openmpi/bin` and their "
+              "`LD_LIBRARY_PATH` are missing unless something puts them there.",
+        fix="dtrain images copy their whole `ENV` into sshd's `SetEnv` "
+            "(`/etc/ssh/sshd_config.d/00-image-env.conf`, rewritten by the entrypoint with any "
+            "`docker run -e` additions), so non-interactive sessions get the image's PATH. With "
+            "another image: pass `--prefix /opt/amazon/openmpi` to mpirun (or build Open MPI "
+            "with `--enable-orterun-prefix-by-default`) and use the absolute path of python.",
+        confirm="`invoke doctor` check `peer-2022` runs `command -v orted python` over ssh on "
+                "port 2022; by hand: `ssh -p 2022 node-2 env | grep PATH`.",
+        source=(OMPI_FAQ_RUNNING, SSHD_CONFIG),
+        doctor_checks=("peer-2022",),
+        related=("ssh-port-22",),
+    ),
+    Entry(
+        id="ssh-unreachable",
+        title="ssh to a node's port 2022 is refused, times out or cannot resolve the name",
+        symptom="mpirun (or the launcher) cannot open ssh to one node.",
+        messages=(
+            "ssh: connect to host node-2 port 2022: Connection refused",
+            "ssh: connect to host node-2 port 2022: Connection timed out",
+            "ssh: connect to host node-2 port 2022: No route to host",
+            "ssh: Could not resolve hostname node-9: Name or service not known",
+        ),
+        signatures=_re(r"ssh: connect to host \S+ port (?!22:)\d+: ",
+                       r"ssh: Could not resolve hostname \S+"),
+        cause="Refused: the dtrain container is not running on that node (or its sshd died: "
+              "`docker logs`). Timed out / no route: the security group or a firewall drops "
+              "port 2022 between the nodes, or the address is wrong. Could not resolve: the "
+              "name in the host list is not in DNS or `/etc/hosts` on the node that connects.",
+        fix="`invoke launch` starts the containers and waits for port 2022 on every node "
+            "before mpirun. Allow all traffic between the nodes in the security group (a rule "
+            "that references the group itself; EFA needs it anyway). Use names every node "
+            "resolves, or IP addresses.",
+        confirm="`invoke doctor` checks `peer-2022` and `hostnames`.",
+        source=(SSH, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html"),
+        doctor_checks=("peer-2022", "port-2022", "hostnames"),
+    ),
+    Entry(
+        id="sshd-port-busy",
+        title="the container's sshd cannot bind port 2022",
+        symptom="The node container exits at start, or runs without sshd; peers then get "
+                "\"Connection refused\" on 2022.",
+        messages=(
+            "Bind to port 2022 on 0.0.0.0 failed: Address already in use.",
+            "Cannot bind any address.",
+        ),
+        signatures=_re(r"Bind to port \d+ on \S+ failed: Address already in use",
+                       r"^(?:.*\bsshd\b.*)?Cannot bind any address\.?$"),
+        cause="With `--network host` the container shares the host's ports. Another process "
+              "on the host (a stale dtrain container, a second job, an sshd of the host "
+              "configured for 2022) already listens on 2022.",
+        fix="`invoke launch` removes the previous dtrain container of the node before "
+            "starting one, and refuses to start when another process holds 2022. Find it with "
+            "`ss -ltnp 'sport = :2022'`.",
+        confirm="`invoke doctor` check `port-2022`.",
+        source=(SSHD_CONFIG, "https://docs.docker.com/engine/network/drivers/host/"),
+        doctor_checks=("port-2022",),
+        related=("ssh-unreachable",),
+    ),
+    Entry(
+        id="ssh-host-key",
+        title="ssh refuses the peer's host key",
+        symptom="ssh stops before authenticating.",
+        messages=(
+            "Host key verification failed.",
+            "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
+            "No ED25519 host key is known for [node-2]:2022 and you have requested strict "
+            "checking.",
+        ),
+        signatures=_re(r"Host key verification failed\.",
+                       r"WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!",
+                       r"No \S+ host key is known for \S+ and you have requested strict checking"),
+        cause="Each dtrain container makes new host keys when it starts (keys never ship in "
+              "the image), so a `known_hosts` entry from an earlier container no longer "
+              "matches, and an unknown key cannot be accepted without a prompt in a "
+              "non-interactive session. A client config with `StrictHostKeyChecking yes`, or a "
+              "mounted `known_hosts`, causes this.",
+        fix="dtrain images set `StrictHostKeyChecking no` and `UserKnownHostsFile /dev/null` "
+            "in `/etc/ssh/ssh_config`: the nodes of a job are containers on a private network "
+            "that the launcher itself started. Do not mount a `known_hosts` or an "
+            "`~/.ssh/config` that overrides these into the container.",
+        confirm="`invoke doctor` check `peer-2022`.",
+        source=(SSH_CONFIG,),
+        doctor_checks=("peer-2022",),
+    ),
+    Entry(
+        id="ssh-auth",
+        title="ssh public-key authentication is refused (key not authorised, or StrictModes)",
+        symptom="The client reports \"Permission denied (publickey)\"; the refusing sshd "
+                "(`docker logs` of the peer's container) may say why.",
+        messages=(
+            "root@node-2: Permission denied (publickey).",
+            "Authentication refused: bad ownership or modes for directory /root/.ssh",
+        ),
+        signatures=_re(r"Permission denied \(publickey",
+                       r"Authentication refused: bad ownership or modes for"),
+        cause="The job's public key is not in the peer container's "
+              "`/root/.ssh/authorized_keys`, or sshd with `StrictModes yes` (the default) "
+              "ignores it because `.ssh` or `authorized_keys` is group/world writable or owned "
+              "by another user, which is how the Kubeflow MPI operator mounts them (read-only, "
+              "root-owned, 0644). If ssh went to the host's port 22 instead, the host does not "
+              "know the key either: see [ssh-port-22](#ssh-port-22).",
+        fix="dtrain images set `StrictModes no` in `sshd_config`, and `invoke launch` installs "
+            "the job's key in every container. Do not bake keys into images.",
+        confirm="`invoke doctor` check `peer-2022`; `ssh -v -p 2022 node-2 true` shows which "
+                "keys were offered.",
+        source=(SSHD_CONFIG,),
+        doctor_checks=("peer-2022",),
+        related=("ssh-port-22", "ssh-key-perms"),
+    ),
+    Entry(
+        id="ssh-key-perms",
+        title="the ssh client ignores a private key readable by others",
+        symptom="The client prints a banner and skips the key; authentication then fails.",
+        messages=(
+            "@         WARNING: UNPROTECTED PRIVATE KEY FILE!          @",
+            "Permissions 0644 for '/root/.ssh/id_ed25519' are too open.",
+            "Load key \"/root/.ssh/id_ed25519\": bad permissions",
+        ),
+        signatures=_re(r"WARNING: UNPROTECTED PRIVATE KEY FILE!",
+                       r"Permissions 0\d+ for '[^'\n]+' are too open",
+                       r"Load key \"[^\"\n]+\": bad permissions"),
+        cause="ssh refuses private keys that group or others may read. A key mounted from a "
+              "Kubernetes secret or copied with default modes is 0644.",
+        fix="`invoke launch` writes the job key into each container with mode 0600. When "
+            "mounting your own, set the secret's `defaultMode: 0600` (or copy it and "
+            "`chmod 600`).",
+        confirm="`invoke doctor` checks `ssh` and `peer-2022`.",
+        source=(SSH,),
+        doctor_checks=("ssh", "peer-2022"),
+        related=("ssh-auth",),
+    ),
+    Entry(
+        id="btl-iface",
+        title="Open MPI's TCP BTL uses docker0 or lo",
+        symptom="The job hangs in `MPI_Init`/`hvd.init()` or at the first collective, often "
+                "with these warnings (the first one's wording, \"a another\", is Open MPI's).",
+        messages=(
+            "WARNING: Open MPI accepted a TCP connection from what appears to be a",
+            "[node-1][[12345,1],0][btl_tcp_endpoint.c:625:mca_btl_tcp_endpoint_recv_connect_ack]"
+            " received unexpected process identifier [[12345,1],3]",
+            "WARNING: Open MPI failed to TCP connect to a peer MPI process.  This",
+            "[node-2][[12345,1],2][btl_tcp_endpoint.c:803:mca_btl_tcp_endpoint_complete_connect]"
+            " connect() to 172.17.0.1 failed: Connection refused (111)",
+        ),
+        signatures=_re(
+            r"Open MPI accepted a TCP connection from what appears to be",
+            r"received unexpected process identifier",
+            r"Open MPI failed to TCP connect to a peer MPI process",
+            r"mca_btl_tcp_endpoint_complete_connect\] connect\(\) to \S+ failed",
+        ),
+        cause="Open MPI's TCP BTL uses every interface it finds except loopback "
+              "(`btl_tcp_if_exclude` defaults to `127.0.0.1/8,sppp`). In a host-network "
+              "container that includes `docker0` (172.17.0.1 on **every** node): ranks "
+              "advertise it, peers connect to it and reach themselves or nothing. A node whose "
+              "name resolves to 127.0.1.1 (Debian/Ubuntu `/etc/hosts`) advertises loopback.",
+        fix="`invoke launch` passes `--mca btl_tcp_if_include <nic>` (and the same for oob) "
+            "with the node's routable interface or its CIDR (`10.0.0.0/16`), which is the same "
+            "on every node even when interface names differ.",
+        confirm="`invoke doctor` check `nic`; rerun with `--mca btl_base_verbose 30` to see "
+                "the interfaces each rank uses.",
+        source=(OMPI_FAQ_TCP, HVD_MPI),
+        doctor_checks=("nic", "mpirun-args"),
+        related=("oob-iface", "nccl-iface"),
+    ),
+    Entry(
+        id="oob-iface",
+        title="Open MPI's out-of-band (ORTE) channel uses the wrong interface",
+        symptom="mpirun hangs or fails while starting the daemons, before any rank prints; "
+                "the btl flag alone does not help.",
+        messages=(
+            "[node-2:01234] [[12345,0],1] tcp_peer_send_blocking: send() to socket 9 failed: "
+            "Broken pipe (32)",
+            "ORTE does not know how to route a message to the specified daemon",
+            "None of the TCP networks specified to be included for out-of-band communications",
+        ),
+        signatures=_re(
+            r"tcp_peer_send_blocking: send\(\) to socket \d+ failed",
+            r"(?:ORTE|PRTE) does not know how to route a message to the specified daemon",
+            r"None of the TCP networks specified to be included for out-of-band",
+        ),
+        cause="The daemons call back to mpirun over the out-of-band channel, which picks "
+              "interfaces independently of the BTL (`oob_tcp_if_include`). It can pick "
+              "`docker0` or an unroutable address, or be told an interface name that does not "
+              "exist on some node.",
+        fix="`invoke launch` passes `--mca oob_tcp_if_include` with the same interface or CIDR "
+            "as `btl_tcp_if_include`. Use a CIDR when interface names differ between nodes "
+            "(`ens5` vs `eth0`).",
+        confirm="`invoke doctor` check `nic`; rerun with `--mca oob_base_verbose 10`.",
+        source=(OMPI_FAQ_TCP,),
+        doctor_checks=("nic", "mpirun-args"),
+        related=("btl-iface",),
+    ),
+    Entry(
+        id="env-not-forwarded",
+        title="an environment variable set for the job is missing on remote ranks",
+        symptom="Ranks on the launch node work; ranks on other nodes fail on a missing "
+                "variable, or silently behave differently (NCCL on another NIC, debug off, "
+                "another data path).",
+        messages=(
+            "ValueError: Error initializing torch.distributed using env:// rendezvous: "
+            "environment variable MASTER_ADDR expected, but not set",
+            "KeyError: 'DTRAIN_DATA_DIR'",
+        ),
+        signatures=_re(
+            r"environment variable \w+ expected, but not set",
+            r"KeyError: '[A-Z][A-Z0-9]*_[A-Z0-9_]+'",
+        ),
+        cause="mpirun does not copy the caller's environment to remote processes: only "
+              "variables named with `-x NAME` (or `-x NAME=value`) are exported. Remote ranks "
+              "get the container's environment instead.",
+        fix="`invoke launch` passes `-x` for every variable of the job's env (and the NCCL_*, "
+            "HOROVOD_*, OMPI_* and PYTHON* variables it sets). Add variables to the job's env, "
+            "not to your shell.",
+        confirm="`invoke doctor` check `mpirun-args` lists what is forwarded; in the job, "
+                "print the variable from every rank.",
+        source=(OMPI_MPIRUN4, HVD_MPI),
+        doctor_checks=("mpirun-args",),
+    ),
+    Entry(
+        id="mpirun-root",
+        title="mpirun refuses to run as root",
+        symptom="mpirun exits at once.",
+        messages=("mpirun has detected an attempt to run as root.",),
+        signatures=_re(r"has detected an attempt to run as root"),
+        cause="Open MPI refuses root unless told otherwise; containers run as root.",
+        fix="dtrain images set `OMPI_ALLOW_RUN_AS_ROOT=1` and "
+            "`OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`. With another image add "
+            "`--allow-run-as-root`.",
+        confirm="`invoke doctor` check `mpirun-args`; `docker inspect` shows the image's Env.",
+        source=(OMPI_MPIRUN4,),
+        doctor_checks=("mpirun-args",),
+    ),
+    Entry(
+        id="hostnames-dup",
+        title="two nodes share a hostname (or the host list is wrong)",
+        symptom="Open MPI places ranks as if two nodes were one: too few slots, several ranks "
+                "on one GPU, or inter-node traffic over shared memory that hangs.",
+        messages=(
+            "There are not enough slots available in the system to satisfy the 16",
+            "node-1:2345:2345 [1] NCCL WARN Duplicate GPU detected : rank 9 and rank 1 both "
+            "on CUDA device 1e000",
+        ),
+        signatures=_re(r"There are not enough slots available in the system to satisfy",
+                       r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device"),
+        cause="The host list does not describe the nodes: fewer slots than `-np` (a node "
+              "missing from `-H`/the hostfile, or two nodes under one name). Host-network "
+              "containers report the host's hostname, and Open MPI and Horovod tell nodes "
+              "apart by name: nodes cloned with one fixed hostname (or all `localhost`) can "
+              "be taken for one node, giving wrong local ranks, several ranks on one GPU, or "
+              "shared-memory transport between nodes. NCCL's duplicate-GPU error also appears "
+              "when a script selects the GPU by global rank instead of local rank.",
+        fix="`invoke launch` builds the host list from the inventory's addresses with explicit "
+            "slots and refuses duplicates. Give every node a unique hostname; pin the GPU with "
+            "`hvd.local_rank()` / `LOCAL_RANK`.",
+        confirm="`invoke doctor` check `hostnames`; `mpirun --display-map hostname`.",
+        source=(OMPI_MPIRUN4, NCCL_TROUBLE),
+        doctor_checks=("hostnames",),
+    ),
+    Entry(
+        id="blas-regions",
+        title="OpenBLAS runs out of memory regions (too many threads per rank)",
+        symptom="Ranks die at the first CPU matrix operation on large nodes.",
+        messages=(
+            "BLAS : Program is Terminated. Because you tried to allocate too many memory "
+            "regions.",
+            "OpenBLAS blas_thread_init: pthread_create failed for thread 63 of 96: Resource "
+            "temporarily unavailable",
+        ),
+        signatures=_re(r"BLAS : Program is Terminated\. Because you tried to allocate too many "
+                       r"memory regions",
+                       r"OpenBLAS blas_thread_init: pthread_create failed"),
+        cause="Each rank's OpenBLAS starts one thread per core and has a fixed table of buffer "
+              "regions (NUM_THREADS at build time). With 8 ranks on a 96-core node that is 768 "
+              "threads competing for the cores and the table overflows.",
+        fix="dtrain images set `OMP_NUM_THREADS=1`, `OPENBLAS_NUM_THREADS=1` and "
+            "`GOTO_NUM_THREADS=1`, and `invoke launch` forwards them with `-x`. Raise them per "
+            "job only if cores per rank allow.",
+        confirm="`invoke diagnose` reports it as `blas-regions`; `docker inspect` shows the "
+                "image's Env.",
+        source=("https://github.com/OpenMathLib/OpenBLAS/issues/1882",
+                "https://github.com/OpenMathLib/OpenBLAS/wiki/Faq"),
+        doctor_checks=(),
+    ),
+    Entry(
+        id="hvd-stall",
+        title="Horovod stall: a subset of ranks submitted a collective",
+        symptom="Training hangs; rank 0 prints the stall warning every minute, then lists the "
+                "missing ranks and tensors.",
+        messages=(
+            "[2024-05-01 10:02:11.512345: W /tmp/pip-req-build-x/horovod/common/"
+            "stall_inspector.cc:107] One or more tensors were submitted to be reduced, "
+            "gathered or broadcasted by subset of ranks and are waiting for remainder of ranks "
+            "for more than 60 seconds. This may indicate that different ranks are trying to "
+            "submit different tensors or that only subset of ranks is submitting tensors, "
+            "which will cause deadlock.",
+        ),
+        signatures=_re(r"One or more tensors were submitted to be reduced, gathered or "
+                       r"broadcasted by subset of ranks"),
+        cause="Ranks run different code paths: different Horovod, framework or model versions "
+              "on different nodes (so different tensor names or counts), rank-dependent control "
+              "flow (evaluation or checkpointing on rank 0 only while others continue), a "
+              "different number of batches per rank, or a rank that died or is stuck (see the "
+              "listed missing ranks).",
+        fix="Run one image digest on every node (`invoke launch` pins the digest it pulled). "
+            "Give every rank the same number of steps (shard the data evenly, "
+            "`drop_remainder`), and do rank-0-only work outside collectives.",
+        confirm="`invoke doctor` check `image-digest`; the warning lists the missing ranks: "
+                "read those ranks' output first.",
+        source=(HVD_TROUBLE, "https://github.com/horovod/horovod/issues/403"),
+        doctor_checks=("image-digest",),
+        related=("hvd-version",),
+    ),
+    Entry(
+        id="hvd-version",
+        title="Horovod was built against another framework version",
+        symptom="`import horovod.torch` / `horovod.tensorflow` fails on some or all nodes.",
+        messages=(
+            "horovod.common.exceptions.HorovodVersionMismatchError: Framework pytorch "
+            "installed with version 2.3.0+cu121 but found version 2.3.1+cu121.",
+            "ImportError: /opt/venv/lib/python3.10/site-packages/horovod/torch/"
+            "mpi_lib_v2.cpython-310-x86_64-linux-gnu.so: undefined symbol: "
+            "_ZN3c1017RegisterOperatorsD1Ev",
+        ),
+        signatures=_re(r"HorovodVersionMismatchError",
+                       r"Framework \S+ installed with version \S+ but found version",
+                       r"horovod/\S+\.so: undefined symbol"),
+        cause="Horovod compiles against the framework present at install time. Installing or "
+              "upgrading torch/tensorflow afterwards (a `pip install` in the job, a different "
+              "image on one node) breaks the ABI.",
+        fix="Use dtrain images unchanged: the framework and Horovod are pinned together "
+            "(`images/*.yaml`, checked by `images/compat.yaml`) and the build runs "
+            "`horovodrun --check-build` and `hvd.init()`. Put extra packages in a derived "
+            "image that does not touch the framework.",
+        confirm="`invoke doctor` check `image-digest`; in the container: "
+                "`horovodrun --check-build`.",
+        source=(HVD_TROUBLE,
+                "https://github.com/horovod/horovod/blob/master/horovod/common/exceptions.py"),
+        doctor_checks=("image-digest",),
+        related=("hvd-stall",),
+    ),
+    Entry(
+        id="nccl-iface",
+        title="NCCL uses the wrong interface (lo, docker0, a bridge)",
+        symptom="NCCL init hangs or times out across nodes; with `NCCL_DEBUG=INFO` the chosen "
+                "interface is shown.",
+        messages=(
+            "node-1:1234:1234 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>",
+            "node-1:1234:1234 [0] NCCL INFO Bootstrap: Using lo:127.0.0.1<0>",
+            "node-1:1234:1290 [0] NCCL INFO NET/Socket : Using [0]docker0:172.17.0.1<0>",
+            "node-1:1234:1234 [0] NCCL WARN Bootstrap : no socket interface found",
+        ),
+        signatures=_re(
+            r"NCCL INFO Bootstrap ?: Using (?:lo|docker\d*|br-[0-9a-f]+|veth\w*):",
+            r"NET/Socket ?: Using .*\[\d+\](?:lo|docker\d*|br-[0-9a-f]+|veth\w*):",
+            r"NCCL WARN Bootstrap ?: no socket interface found",
+        ),
+        cause="Without `NCCL_SOCKET_IFNAME`, NCCL takes `ib*` interfaces first, then any "
+              "interface except `docker*` and `lo`, and falls back to `docker*`, then `lo`, "
+              "only when nothing else is up. So in a host-network container it can still pick "
+              "a user-defined Docker bridge (`br-*`), a `veth*` or a second NIC the other nodes "
+              "cannot reach, and an `NCCL_SOCKET_IFNAME` set wrongly (naming `docker0`, or "
+              "set on one node only) forces a bad choice. A value that matches no interface "
+              "on a node gives \"no socket interface found\".",
+        fix="dtrain images set `NCCL_SOCKET_IFNAME=^docker0,lo`; `invoke launch` sets it to "
+            "the node's routable interface and forwards it with `-x`.",
+        confirm="`invoke doctor` check `nic`; rerun with `-x NCCL_DEBUG=INFO` and read the "
+                "`Bootstrap : Using` line of each node.",
+        source=(NCCL_ENV, NCCL_TROUBLE),
+        doctor_checks=("nic",),
+        related=("btl-iface", "efa-unused"),
+    ),
+    Entry(
+        id="efa-unused",
+        title="NCCL does not use EFA (aws-ofi-nccl failed), falls back to sockets",
+        symptom="The job runs but inter-node bandwidth is a fraction of what the instance "
+                "offers; with `NCCL_DEBUG=INFO` NCCL says `Using network Socket` instead of "
+                "`Using network AWS Libfabric` / `Libfabric`.",
+        messages=(
+            "node-1:1234:1234 [0] NCCL WARN NET/OFI OFI fi_getinfo() call failed: No data "
+            "available",
+            "node-1:1234:1234 [0] NCCL INFO NET/OFI No eligible providers were found",
+            "node-1:1234:1234 [0] NCCL WARN NET/OFI Unable to find a protocol that worked.  "
+            "Failing initialization.",
+            "node-1:1234:1234 [0] NCCL WARN NET/OFI aws-ofi-nccl initialization failed",
+            "node-1:1234:1234 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using "
+            "internal network plugin.",
+        ),
+        signatures=_re(
+            r"NET/OFI .*fi_getinfo\(\) call failed",
+            r"NET/OFI No eligible providers were found",
+            r"NET/OFI Unable to find a protocol that worked",
+            r"NET/OFI aws-ofi-nccl initialization failed",
+            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found)",
+        ),
+        cause="The EFA devices are not passed into the container (`/dev/infiniband/uverbs*`), "
+              "the instance type has no EFA or it was not enabled at launch, the security "
+              "group does not allow all traffic from itself, or the plugin is not on "
+              "`LD_LIBRARY_PATH`. On instance types without EFA these lines are expected.",
+        fix="`invoke launch` passes the EFA devices (`--device /dev/infiniband/uverbsN`) on "
+            "EFA instance types; dtrain GPU images ship libfabric with the EFA provider and "
+            "aws-ofi-nccl in `/opt/aws-ofi-nccl/lib` (on `LD_LIBRARY_PATH`). Enable EFA on "
+            "the instances and allow all traffic within the security group.",
+        confirm="`invoke doctor` check `efa` (`fi_info -p efa` in the container); "
+                "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works.",
+        source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
+        doctor_checks=("efa",),
+        related=("memlock", "nccl-iface"),
+    ),
+    Entry(
+        id="memlock",
+        title="locked-memory limit too low for EFA / verbs memory registration",
+        symptom="Warnings at start, then memory registration failures or crashes in the "
+                "first collective.",
+        messages=(
+            "libibverbs: Warning: RLIMIT_MEMLOCK is 32768 bytes.",
+            "node-1:1234:1300 [0] NCCL WARN NET/OFI Unable to register memory (type = 2) for "
+            "device 0. RC: -12, Error: Cannot allocate memory",
+            "The OpenFabrics (openib) BTL failed to initialize while trying to",
+        ),
+        signatures=_re(
+            r"RLIMIT_MEMLOCK is \d+ bytes",
+            r"Unable to register memory.*Cannot allocate memory",
+            r"failed to initialize while trying to",
+        ),
+        cause="RDMA (EFA, verbs) pins the buffers it registers; the container's `memlock` "
+              "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "
+              "and below, and only for non-root).",
+        fix="`invoke launch` runs node containers with `--ulimit memlock=-1:-1`.",
+        confirm="`invoke doctor` check `memlock` (`ulimit -l` in the container is "
+                "`unlimited`).",
+        source=(EFA_NCCL, "https://www.open-mpi.org/faq/?category=openfabrics#ib-locked-pages",
+                DOCKER_RUN),
+        doctor_checks=("memlock",),
+        related=("efa-unused",),
+    ),
+    Entry(
+        id="shm",
+        title="/dev/shm too small in the container",
+        symptom="NCCL fails to set up intra-node transport, DataLoader workers die, or a "
+                "process dies with SIGBUS.",
+        messages=(
+            "node-1:1234:1290 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend "
+            "/dev/shm/nccl-UbzKZ9 to 9637892 bytes",
+            "node-1:1234:1290 [0] misc/shmutils.cc:113 NCCL WARN Error while creating shared "
+            "memory segment /dev/shm/nccl-UbzKZ9 (size 9637888)",
+            "ERROR: Unexpected bus error encountered in worker. This might be caused by "
+            "insufficient shared memory (shm).",
+            "Bus error (core dumped)",
+            "It appears as if there is not enough space for /dev/shm/vader_segment.node-1.0 "
+            "(the shared-memory backing",
+        ),
+        signatures=_re(
+            r"failed to extend /dev/shm/",
+            r"Error while creating shared memory segment",
+            r"Unexpected bus error encountered in worker",
+            r"\bBus error\b",
+            r"It appears as if there is not enough space for \S+ \(the shared-memory backing",
+        ),
+        cause="Docker gives containers a 64 MiB `/dev/shm`. NCCL's shared-memory transport, "
+              "PyTorch DataLoader workers and Open MPI's vader BTL all allocate there.",
+        fix="`invoke launch` runs node containers with `--ipc=host` (or `--shm-size` of half "
+            "the node's memory when host IPC is not allowed).",
+        confirm="`invoke doctor` check `shm` (`df -h /dev/shm` in the container).",
+        source=(NCCL_TROUBLE, DOCKER_RUN,
+                "https://github.com/pytorch/pytorch#using-pre-built-images"),
+        doctor_checks=("shm",),
+    ),
+    Entry(
+        id="docker-gpu",
+        title="the container does not see the GPUs",
+        symptom="`docker run --gpus` fails, or the framework finds no GPU.",
+        messages=(
+            "docker: Error response from daemon: could not select device driver \"\" with "
+            "capabilities: [[gpu]].",
+            "nvidia-container-cli: initialization error: nvml error: driver not loaded: "
+            "unknown.",
+            "RuntimeError: No CUDA GPUs are available",
+        ),
+        signatures=_re(
+            r"could not select device driver \S* with capabilities: \[\[gpu\]\]",
+            r"nvidia-container-cli: initialization error",
+            r"No CUDA GPUs are available",
+        ),
+        cause="The NVIDIA Container Toolkit is not installed or not registered with Docker "
+              "(no `nvidia` runtime), the NVIDIA driver is not loaded on the host, or the "
+              "container was started without `--gpus`.",
+        fix="Install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
+            "--runtime=docker` then restart Docker (the EC2 Deep Learning AMIs ship it). "
+            "`invoke launch` always passes `--gpus all` for GPU images.",
+        confirm="`invoke doctor` check `nvidia-runtime`.",
+        source=("https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
+                "install-guide.html",
+                "https://docs.docker.com/engine/containers/resource_constraints/#gpu"),
+        doctor_checks=("nvidia-runtime", "docker"),
+        related=("cuda-driver",),
+    ),
+    Entry(
+        id="cuda-driver",
+        title="host NVIDIA driver older than the image's CUDA",
+        symptom="The container refuses to start, or CUDA initialisation fails in every rank.",
+        messages=(
+            "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, "
+            "please update your driver to a newer version, or use an earlier cuda container: "
+            "unknown.",
+            "CUDA driver version is insufficient for CUDA runtime version",
+            "forward compatibility was attempted on non supported HW",
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 12020).",
+            "failed call to cuInit: CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: forward "
+            "compatibility was attempted on non supported HW",
+        ),
+        signatures=_re(
+            r"nvidia-container-cli: requirement error: unsatisfied condition: cuda",
+            r"CUDA driver version is insufficient for CUDA runtime version",
+            r"forward compatibility was attempted on non supported HW",
+            r"The NVIDIA driver on your system is too old",
+            r"CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        ),
+        cause="Each CUDA toolkit needs a minimum driver (images/compat.yaml `min_driver`). "
+              "nvidia/cuda images declare it in `NVIDIA_REQUIRE_CUDA`, which the container "
+              "toolkit enforces. The forward-compatibility package only works on data-center "
+              "GPUs; on others CUDA reports \"forward compatibility was attempted on non "
+              "supported HW\".",
+        fix="Pick the image whose CUDA the node's driver supports (`invoke launch` refuses an "
+            "image whose `min_driver` is above the node's driver), or update the driver.",
+        confirm="`invoke doctor` check `gpu-driver` (compares `nvidia-smi` with the image's "
+                "`dtrain.version.*` labels).",
+        source=(CUDA_COMPAT,
+                "https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html"),
+        doctor_checks=("gpu-driver",),
+        related=("docker-gpu",),
+    ),
+    Entry(
+        id="rdzv-unreachable",
+        title="torchrun workers cannot reach the rendezvous (master) address",
+        symptom="torchrun on the other nodes waits, then fails; the master node may be "
+                "waiting for them.",
+        messages=(
+            "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
+            "connection to the C10d store has failed. See inner exception for details.",
+            "[W socket.cpp:697] [c10d] The IPv4 network addresses of (node-1, 29500) cannot "
+            "be retrieved (gai error: -2 - Name or service not known).",
+            "torch.distributed.DistNetworkError: The client socket has timed out after 900s "
+            "while trying to connect to (node-1, 29500).",
+            "The client socket has failed to connect to any network address of (node-1, "
+            "29500).",
+            "socket.gaierror: [Errno -2] Name or service not known",
+        ),
+        signatures=_re(
+            r"RendezvousConnectionError",
+            r"network addresses of \(\S+, \d+\) cannot be retrieved",
+            r"The client socket has timed out after .* while trying to connect to",
+            r"The client socket has failed to connect to any network address",
+            r"gaierror: \[Errno -[23]\]",
+        ),
+        cause="`--rdzv-endpoint` / `MASTER_ADDR` names a host that other nodes cannot resolve "
+              "(a short hostname only the master knows, `localhost`) or reach (security group, "
+              "the master's address on docker0), or the rendezvous port is closed or the "
+              "master never started.",
+        fix="`invoke launch` uses the first node's routable IP address and a fixed port for "
+            "`--rdzv-endpoint` and starts the master first. Allow traffic between the nodes.",
+        confirm="`invoke doctor` checks `hostnames` and `nic`; from a worker: "
+                "`python -c \"import socket; socket.create_connection(('node-1', 29500), 5)\"`.",
+        source=(TORCHRUN,
+                "https://pytorch.org/docs/stable/distributed.html#environment-variable-"
+                "initialization"),
+        doctor_checks=("hostnames", "nic"),
+        related=("nccl-iface",),
+    ),
+    Entry(
+        id="disk-full",
+        title="no space left on the node's disk",
+        symptom="Pulling the image fails, or checkpoints and logs fail mid-run.",
+        messages=(
+            "failed to register layer: write /opt/venv/lib/python3.10/site-packages/torch/lib/"
+            "libtorch_cuda.so: no space left on device",
+            "OSError: [Errno 28] No space left on device",
+        ),
+        # /dev/shm exhaustion says the same words: that is the shm entry.
+        signatures=_re(r"^(?!.*/dev/shm).*[Nn]o space left on device"),
+        cause="GPU images are 10-20 GB; old images, stopped containers and checkpoints fill "
+              "the root volume (Docker's data root is on it by default).",
+        fix="Give nodes a large enough root or data volume; `docker system prune` old dtrain "
+            "images; write checkpoints to a mounted volume, not the container layer.",
+        confirm="`invoke doctor` check `disk`.",
+        source=("https://docs.docker.com/engine/manage-resources/pruning/",),
+        doctor_checks=("disk",),
+        related=("shm",),
+    ),
+    Entry(
+        id="clock-skew",
+        title="the node's clock is wrong",
+        symptom="Image pulls or AWS calls fail on one node with signature or certificate "
+                "errors.",
+        messages=(
+            "x509: certificate has expired or is not yet valid",
+            "An error occurred (InvalidSignatureException) when calling the "
+            "GetAuthorizationToken operation: Signature expired: 20240501T100000Z is now "
+            "earlier than 20240501T100512Z (20240501T101012Z - 5 min.)",
+        ),
+        signatures=_re(r"certificate has expired or is not yet valid",
+                       r"Signature expired: \S+ is now earlier than"),
+        cause="AWS request signatures and TLS certificates are checked against the node's "
+              "clock; a clock off by minutes fails both. Timestamps in logs then also "
+              "disagree between nodes.",
+        fix="Run chrony against the Amazon Time Sync Service (169.254.169.123), as Amazon "
+            "Linux and the Deep Learning AMIs do by default.",
+        confirm="`invoke doctor` check `clock`.",
+        source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",),
+        doctor_checks=("clock",),
+    ),
+    Entry(
+        id="host-oom",
+        title="a rank was killed with SIGKILL (host out of memory)",
+        symptom="One rank disappears without a Python traceback; mpirun or torchrun reports "
+                "signal 9.",
+        messages=(
+            "mpirun noticed that process rank 3 with PID 4567 on node node-2 exited on signal "
+            "9 (Killed).",
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) "
+            "local_rank: 1 (pid: 4567) of binary: /opt/venv/bin/python",
+            "  exitcode  : -9 (pid: 4567)",
+            "Out of memory: Killed process 4567 (python) total-vm:98765432kB",
+        ),
+        signatures=_re(
+            r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal "
+            r"9 \(Killed\)",
+            r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)",
+            r"exitcode +: -9\b",
+            r"Out of memory: Kill(?:ed)? process",
+        ),
+        cause="The kernel's OOM killer (or a container `--memory` limit) killed the rank: too "
+              "many DataLoader workers, a dataset loaded into memory once per rank, or "
+              "pinned-memory buffers, times the ranks on the node.",
+        fix="Budget host memory per rank (node memory / ranks per node); lower "
+            "`num_workers`, load data lazily or via shared memory. `invoke launch` sets no "
+            "container memory limit. `dmesg -T | grep -i 'killed process'` on the node "
+            "confirms.",
+        confirm="`invoke diagnose` reports it as `host-oom`; `dmesg` on the node named in the "
+                "message.",
+        source=("https://docs.docker.com/engine/containers/resource_constraints/"
+                "#understand-the-risks-of-running-out-of-memory",),
+        doctor_checks=(),
+        related=("rank-exit",),
+    ),
+    Entry(
+        id="gpu-oom",
+        title="a rank ran out of GPU memory",
+        symptom="A rank raises an out-of-memory error, usually at the first step or the "
+                "first evaluation.",
+        messages=(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+            "has a total capacity of 22.19 GiB of which 1.02 GiB is free.",
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when "
+            "allocating tensor with shape[256,64,112,112]",
+            "node-1:1234:1290 [0] NCCL WARN Cuda failure 'out of memory'",
+            "failed to allocate 13.83G (14851977216 bytes) from device: "
+            "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+        ),
+        signatures=_re(r"CUDA out of memory\. Tried to allocate",
+                       r"OOM when allocating tensor",
+                       r"CUDA_ERROR_OUT_OF_MEMORY",
+                       r"NCCL WARN Cuda failure .*out of memory"),
+        cause="The per-GPU batch does not fit, or two ranks share one GPU (the device was not "
+              "set from the local rank). In Horovod and DDP the batch size in the script is "
+              "per GPU: scaling to more GPUs does not shrink it.",
+        fix="Pin each rank to `hvd.local_rank()` / `LOCAL_RANK`; lower the per-GPU batch (or "
+            "use gradient accumulation).",
+        confirm="`invoke diagnose` reports it as `gpu-oom`; `nvidia-smi` while the job runs "
+                "shows one process per GPU.",
+        source=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
+                "https://horovod.readthedocs.io/en/stable/pytorch.html"),
+        doctor_checks=(),
+        related=("hostnames-dup", "throughput"),
+    ),
+    Entry(
+        id="throughput",
+        title="per-GPU numbers read as total throughput (\"multi-node is slower\")",
+        symptom="No error. The job prints images/s or samples/s and the number barely moves, "
+                "or drops, when nodes are added.",
+        cause="Each Horovod/DDP rank processes its own batch: what a rank prints (and "
+              "`Img/sec per GPU` in the Horovod benchmarks) is **per GPU**. Total throughput is "
+              "per-GPU × number of ranks (`Total img/sec on N GPU(s)`). A per-GPU figure that "
+              "falls a little from 1 to 2 nodes is the expected cost of inter-node allreduce. "
+              "Likewise time per step stays about constant while an epoch (over a sharded "
+              "dataset) gets shorter.",
+        fix="Compare total throughput (per-GPU × ranks) or time per epoch. Scaling efficiency "
+            "= per-GPU at N nodes / per-GPU at 1 node; well below ~0.8 across nodes points at "
+            "the network: see [efa-unused](#efa-unused) and [nccl-iface](#nccl-iface).",
+        confirm="Nothing to match: read the numbers. Run the Horovod synthetic benchmark on 1 "
+                "and N nodes and compare `Total img/sec`.",
+        source=("https://horovod.readthedocs.io/en/stable/benchmarks_include.html",),
+        doctor_checks=(),
+        related=("efa-unused", "nccl-iface"),
+    ),
+    Entry(
+        id="orte-daemons",
+        title="Open MPI could not start or keep its daemons (a consequence: find the cause)",
+        symptom="mpirun reports that its daemons failed. This is what mpirun says after "
+                "[ssh-port-22](#ssh-port-22), [remote-path](#remote-path), "
+                "[oob-iface](#oob-iface), [ssh-auth](#ssh-auth) or a crashed node: look for "
+                "those first.",
+        messages=(
+            "ORTE was unable to reliably start one or more daemons.",
+            "An ORTE daemon has unexpectedly failed after launch and before",
+            "ORTE has lost communication with a remote daemon.",
+            "PRTE has lost communication with a remote daemon.",
+        ),
+        signatures=_re(
+            r"(?:ORTE|PRTE) was unable to reliably start one or more daemons",
+            r"An (?:ORTE|PRTE) daemon has unexpectedly failed after launch",
+            r"(?:ORTE|PRTE) has lost communication with a remote daemon",
+        ),
+        cause="The daemon on a node never started (ssh failed, `orted` not found, libraries "
+              "missing), could not call back to mpirun (out-of-band interface, firewall), or "
+              "its node or container went away.",
+        fix="Fix the specific cause reported above it. If none is: rerun with "
+            "`--mca plm_base_verbose 10 --debug-daemons` and read the ssh command mpirun "
+            "runs.",
+        confirm="`invoke doctor` checks `peer-2022` and `nic`.",
+        source=(OMPI_FAQ_RUNNING, OMPI_FAQ_RSH),
+        doctor_checks=("peer-2022", "nic"),
+        catch_all=True,
+        related=("ssh-port-22", "remote-path", "oob-iface"),
+    ),
+    Entry(
+        id="rank-exit",
+        title="a rank exited non-zero (a consequence: find the first failing rank)",
+        symptom="The launcher reports that a process failed and tears the job down. The "
+                "message names the first rank to fail; the real error is in that rank's own "
+                "output, usually earlier in the log.",
+        messages=(
+            "Primary job  terminated normally, but 1 process returned",
+            "mpirun noticed that process rank 1 with PID 2345 on node node-2 exited on signal "
+            "11 (Segmentation fault).",
+            "mpirun detected that one or more processes exited with non-zero status, thus "
+            "causing",
+            "  Process name: [[12345,1],3]",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) "
+            "local_rank: 0 (pid: 123) of binary: /opt/venv/bin/python",
+            "RuntimeError: Horovod detected that one or more processes exited with non-zero "
+            "status, thus causing the job to be terminated. The first process to do so was:",
+            "Horovod has been shut down. This was caused by an exception on one of the ranks "
+            "or an attempt to allreduce, allgather or broadcast a tensor after one of the "
+            "ranks finished execution.",
+        ),
+        signatures=_re(
+            r"Primary job +terminated normally, but \d+ process(?:es)? returned",
+            r"(?:mpirun|prterun) noticed that process rank (?P<rank>\d+) with PID \d+ on node "
+            r"(?P<node>\S+) exited on signal",
+            r"(?:mpirun|prterun) detected that one or more processes exited with non-zero status",
+            r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]",
+            r"ChildFailedError",
+            r"failed \(exitcode: -?\d+\) local_rank: (?P<local_rank>\d+)",
+            r"Horovod detected that one or more processes exited with non-zero status",
+            r"Horovod has been shut down\. This was caused by an exception on one of the ranks",
+        ),
+        cause="Any error in one rank. The launcher then kills the others, which may print "
+              "secondary errors (broken connections, Horovod shut down) that are not the cause.",
+        fix="Read the first failing rank's output: `invoke diagnose` lists rank-scoped lines "
+            "with their rank and node. Run Open MPI with `--tag-output` (dtrain's launcher "
+            "prefixes every line with `[node r<rank>]`) so lines can be attributed.",
+        confirm="`invoke diagnose` reports this after any specific cause it found.",
+        source=(OMPI_MPIRUN4, "https://pytorch.org/docs/stable/elastic/errors.html"),
+        doctor_checks=(),
+        catch_all=True,
+        related=("host-oom",),
+    ),
+)
+
+BY_ID: dict[str, Entry] = {e.id: e for e in ENTRIES}
+
+
+# --------------------------------------------------------------------------------------------
+# docs/troubleshooting.md
+
+_INTRO = """\
+# Troubleshooting multi-node jobs
+
+<!-- GENERATED FILE, DO NOT EDIT. Generated from launch/checklist.py by
+     `python -m launch.checklist --write`; a test fails if the two differ. -->
+
+Every entry below is a failure that cost someone days. Each has a stable id, the symptom with
+the exact messages the tools print, the cause, the fix (what dtrain does to prevent it), how to
+confirm it, and a source. The same entries drive two commands:
+
+- **`invoke doctor`** checks the nodes *before* a job: ssh, Docker, the GPU runtime and driver,
+  port 2022, interfaces, hostnames, `/dev/shm`, memlock, EFA, clocks, disk. Each check has an id
+  (table below); an entry's *Confirm* line names the checks that catch it.
+- **`invoke diagnose LOG`** reads a job's log *after* it failed and reports every entry whose
+  messages appear in it, with the matching lines (and their rank and node when the line says),
+  the cause and the fix. Specific causes come first, in the order they appear in the log;
+  consequences such as "a rank exited non-zero" come last. Without Invoke:
+  `python -m launch.diagnose LOG`.
+
+Logs are easiest to read with every line attributed: dtrain's launcher prefixes lines with
+`[<node> r<rank>] `, and Open MPI's `--tag-output` with `[<job>,<rank>]<stderr>:`; `invoke
+diagnose` understands both, as well as torchrun's `[default<local_rank>]:` and PyTorch's
+`[rank<N>]:` prefixes.
+
+When nothing matches: run `invoke doctor`, rerun with `-x NCCL_DEBUG=INFO` (and, for Open MPI,
+`--mca btl_base_verbose 30 --mca oob_base_verbose 10`), and look at `docker logs` of the node
+containers, where sshd writes why it refused a connection.
+"""
+
+
+def _md_code(text: str) -> str:
+    return "```\n" + text + "\n```"
+
+
+def render_markdown() -> str:
+    """docs/troubleshooting.md, from ENTRIES and DOCTOR_CHECKS."""
+    out = [_INTRO]
+    out.append("## `invoke doctor` checks\n")
+    out.append("| check | what it verifies | entries |")
+    out.append("| --- | --- | --- |")
+    for cid, what in DOCTOR_CHECKS.items():
+        users = ", ".join(f"[{e.id}](#{e.id})" for e in ENTRIES if cid in e.doctor_checks)
+        out.append(f"| `{cid}` | {what} | {users} |")
+    out.append("")
+    out.append("## Entries\n")
+    out.append("| id | title |")
+    out.append("| --- | --- |")
+    for e in ENTRIES:
+        out.append(f"| [{e.id}](#{e.id}) | {e.title} |")
+    out.append("")
+    for e in ENTRIES:
+        out.append(f'<a id="{e.id}"></a>')
+        out.append(f"### `{e.id}`: {e.title}\n")
+        out.append(f"**Symptom.** {e.symptom}\n")
+        if e.messages:
+            out.append(_md_code("\n".join(e.messages)) + "\n")
+        out.append(f"**Cause.** {e.cause}\n")
+        out.append(f"**Fix.** {e.fix}\n")
+        confirm = e.confirm
+        if e.signatures and "invoke diagnose" not in confirm:
+            confirm += f" `invoke diagnose` reports it as `{e.id}`."
+        out.append(f"**Confirm.** {confirm}\n")
+        if e.doctor_checks:
+            out.append("**Doctor checks.** " + ", ".join(f"`{c}`" for c in e.doctor_checks)
+                       + "\n")
+        if e.related:
+            out.append("**See also.** " + ", ".join(f"[{r}](#{r})" for r in e.related) + "\n")
+        out.append("**Source.** " + ", ".join(f"<{s}>" for s in e.source) + "\n")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = render_markdown()
+    if args == ["--write"]:
+        DOC.parent.mkdir(parents=True, exist_ok=True)
+        DOC.write_text(text)
+        print(f"wrote {DOC.relative_to(ROOT)}")
+    elif args == ["--check"]:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"error: {DOC.relative_to(ROOT)} is out of date; run "
+                  "`python -m launch.checklist --write`", file=sys.stderr)
+            return 1
+        print(f"{DOC.relative_to(ROOT)} matches launch/checklist.py")
+    elif not args:
+        sys.stdout.write(text)
+    else:
+        print("usage: python -m launch.checklist [--write | --check]", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
