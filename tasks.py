@@ -22,6 +22,7 @@ def user_errors():
     from images.build import BuildError
     from images.push import PushError
     from images.spec import SpecError
+    from launch.diagnose import DiagnoseError
     from launch.errors import LaunchError
 
     try:
@@ -31,7 +32,7 @@ def user_errors():
 
     try:
         yield
-    except (SpecError, BuildError, PushError, LaunchError, ClusterError) as e:
+    except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -220,13 +221,10 @@ def _remainder():
 def _report_failure(name, code):
     print(f"[launch] job {name} failed with exit code {code}; output: invoke logs --job {name}",
           file=sys.stderr)
-    try:
-        from launch import diagnose
-        from launch.job import job_log
+    from launch import diagnose
+    from launch.job import job_log
 
-        print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
-    except ImportError:
-        pass
+    print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
 
 @task
@@ -298,3 +296,21 @@ def demo(c, nodes=2, keep=False, epochs=3):
 
     with user_errors():
         sys.exit(d.run(int(nodes), keep, int(epochs)))
+
+
+# ---------------------------------------------------------------- troubleshooting
+
+
+@task(help={"log": "a job's output file, or a job name from `invoke status` (default: the latest job)"})
+def diagnose(c, log=None):
+    """Match a failed job's output against the known failure signatures (docs/troubleshooting.md)."""
+    from pathlib import Path
+
+    from launch import diagnose as dg
+    from launch.job import job_log, load_job
+
+    with user_errors():
+        path = Path(log) if log and Path(log).exists() else job_log(load_job(log)["name"])
+        findings = dg.diagnose_file(path)
+        print(dg.format_report(findings))
+        sys.exit(1 if findings else 0)
