@@ -417,7 +417,9 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
             sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hk)])
         _write(d / "sshd_config", _sshd_config(node))
         _write(d / "containerd.toml", _containerd_config(d))
-        _write(d / "daemon.json", "{}\n")
+        # dockerd 20.10 derives the engine ID from a libtrust key, by default the
+        # shared /etc/docker/key.json: give every node its own, or all report one ID.
+        _write(d / "daemon.json", json.dumps({"deprecated-key-path": str(d / "key.json")}) + "\n")
 
     # network ---------------------------------------------------------------
     _log(quiet, f"network: bridge {BRIDGE} {BRIDGE_ADDR}/{PREFIXLEN}, {n} namespace(s)")
@@ -542,17 +544,43 @@ def _status() -> ClusterStatus:
 # down
 
 
-def down(*, quiet: bool = False) -> None:
+def down(*, quiet: bool = False, wait: bool = False) -> None:
     """Stop every daemon and remove namespaces, links, bridge, iptables rules and
-    the state directory.  Safe to call when nothing (or only part) is up."""
+    the state directory.  Safe to call when nothing (or only part) is up.
+
+    The state directory (node image stores, registry blobs) is renamed away
+    at once and deleted by a detached ``rm -rf`` unless ``wait=True``:
+    unlinking a few GB of layers can take tens of seconds on disks mounted
+    with ``discard``, and nothing else depends on it being gone."""
     _check_platform()
     with _locked():
         t0 = time.monotonic()
-        _down(quiet)
+        _down(quiet, wait)
         _log(quiet, f"down in {time.monotonic() - t0:.1f}s")
 
 
-def _down(quiet: bool) -> None:
+TRASH_GLOB = f".{STATE_DIR.name}-trash-*"
+
+
+def _remove_state_dir(quiet: bool, wait: bool) -> None:
+    trash: list[Path] = []
+    if STATE_DIR.exists():
+        t = STATE_DIR.parent / TRASH_GLOB.replace("*", f"{os.getpid()}-{time.time_ns()}")
+        STATE_DIR.rename(t)
+        trash.append(t)
+    # earlier leftovers (a previous background delete that was interrupted)
+    trash += [p for p in STATE_DIR.parent.glob(TRASH_GLOB) if p not in trash]
+    if not trash:
+        return
+    _log(quiet, f"removing {STATE_DIR}" + ("" if wait else " (in the background)"))
+    argv = ["rm", "-rf", "--one-file-system", *map(str, trash)]
+    if wait:
+        sh(argv, timeout=3600)
+    else:
+        nx.spawn(["nice", "-n", "10", *argv], Path(os.devnull))
+
+
+def _down(quiet: bool, wait: bool = False) -> None:
     state = _load_state() or {}
     pids: dict[str, int] = state.get("pids", {})
     namespaces = sorted(set(nx.netns_list()) | {k for k in
@@ -604,12 +632,7 @@ def _down(quiet: bool) -> None:
     nx.del_link(BRIDGE)
     nx.ipt_remove_tagged()
     # 6. files
-    if STATE_DIR.exists():
-        _log(quiet, f"removing {STATE_DIR}")
-        shutil.rmtree(STATE_DIR, ignore_errors=True)
-        if STATE_DIR.exists():  # a busy mount: report rather than hide it
-            _unmount_under(STATE_DIR)
-            shutil.rmtree(STATE_DIR, ignore_errors=False)
+    _remove_state_dir(quiet, wait)
 
 
 _DAEMON_COMMS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
