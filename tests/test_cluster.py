@@ -163,6 +163,46 @@ def test_host_network_container_sshd_reachable_from_other_node(info):
     assert ssh(info, n1.name, "cat /proc/1/comm").stdout.strip() != "sshd"
 
 
+MPI_ALLREDUCE_C = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int rank, size; char host[64]; double x, sum = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank); MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gethostname(host, sizeof host); x = rank + 1;
+    MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    printf("rank %d/%d on %s sum=%g\n", rank, size, host, sum);
+    MPI_Finalize(); return 0;
+}
+"""
+
+
+def test_mpirun_across_nodes_and_the_docker0_clash(info):
+    """Open MPI across the nodes works with btl_tcp_if_include, and without it
+    the TCP BTL tries docker0 (172.17.0.1 on every node, as on EC2) and fails."""
+    work = cluster.STATE_DIR / "mpitest"   # the nodes share the host filesystem
+    work.mkdir(exist_ok=True)
+    (work / "allreduce.c").write_text(MPI_ALLREDUCE_C)
+    run(["mpicc", "-o", str(work / "allreduce"), str(work / "allreduce.c")])
+    (work / "hosts").write_text("".join(f"{n.address} slots=1\n" for n in info.nodes))
+    base = (f"mpirun --allow-run-as-root -np {N} --hostfile {work / 'hosts'} "
+            f"--mca plm_rsh_agent 'ssh -F {info.ssh_config}' --mca btl tcp,self")
+    ok = ssh(info, "node-1", f"timeout 60 {base} --mca btl_tcp_if_include {info.subnet} "
+                             f"--mca oob_tcp_if_include {info.subnet} {work / 'allreduce'}").stdout
+    want = N * (N + 1) / 2
+    assert sorted(ok.split("\n")[:-1]) == [f"rank {i}/{N} on node-{i + 1} sum={want:g}"
+                                             for i in range(N)], ok
+    bad = ssh(info, "node-1", f"timeout 8 {base} {work / 'allreduce'}", check=False)
+    # it hangs (timeout -> 124) after the TCP BTL dialled 172.17.0.1, which is
+    # the local docker0 on every node: "connect() to 172.17.0.1:1024 failed" or
+    # "accepted a TCP connection ... cannot find a corresponding process entry"
+    assert bad.returncode != 0 and "sum=" not in bad.stdout, bad.stdout + bad.stderr
+    assert ("172.17.0.1" in bad.stderr or "corresponding process" in bad.stderr
+            or bad.returncode == 124), bad.stderr
+
+
 def test_up_is_idempotent_and_refuses_other_size(info):
     t0 = time.monotonic()
     again = cluster.up(N, quiet=True)
