@@ -92,6 +92,8 @@ class ClusterInfo:
     hostfile: str         # "10.213.0.11 slots=1 port=22 user=root" per node
     ssh_config: str       # snippet: Host node-1 ... ; use with ssh -F or Include
     registry: str         # "10.213.0.1:5000" (plain HTTP, insecure-registry on all nodes)
+    mpi_hostfile: str = str(STATE_DIR / "hostfile.mpi")  # "10.213.0.11 slots=1": Open MPI
+    #                       rejects port=/user= tokens ("parse error in the hostfile")
     bridge: str = BRIDGE
     bridge_address: str = BRIDGE_ADDR
     subnet: str = f"{SUBNET_PREFIX}0/{PREFIXLEN}"
@@ -485,6 +487,7 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
 
     # client-side files ----------------------------------------------------
     _write(Path(info.hostfile), _hostfile(info))
+    _write(Path(info.mpi_hostfile), "".join(f"{n.address} slots=1\n" for n in info.nodes))
     _write(Path(info.ssh_config), _ssh_config(info))
     state["ready"] = True
     _save_state(state)

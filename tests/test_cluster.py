@@ -186,8 +186,9 @@ def test_mpirun_across_nodes_and_the_docker0_clash(info):
     work.mkdir(exist_ok=True)
     (work / "allreduce.c").write_text(MPI_ALLREDUCE_C)
     run(["mpicc", "-o", str(work / "allreduce"), str(work / "allreduce.c")])
-    (work / "hosts").write_text("".join(f"{n.address} slots=1\n" for n in info.nodes))
-    base = (f"mpirun --allow-run-as-root -np {N} --hostfile {work / 'hosts'} "
+    assert Path(info.mpi_hostfile).read_text() == "".join(
+        f"{n.address} slots=1\n" for n in info.nodes)
+    base = (f"mpirun --allow-run-as-root -np {N} --hostfile {info.mpi_hostfile} "
             f"--mca plm_rsh_agent 'ssh -F {info.ssh_config}' --mca btl tcp,self")
     ok = ssh(info, "node-1", f"timeout 60 {base} --mca btl_tcp_if_include {info.subnet} "
                              f"--mca oob_tcp_if_include {info.subnet} {work / 'allreduce'}").stdout
