@@ -1,0 +1,702 @@
+"""A local simulated multi-node "EC2" cluster on one Linux machine.
+
+``up(N)`` builds N nodes, each one a network namespace wired into a host bridge
+with its own hostname, its own dockerd (+ containerd) and its own sshd on port
+22, plus a plain-HTTP registry on the bridge that every node trusts.  ``down()``
+removes all of it.  See docs/cluster.md.
+
+Layout (node i = 1..N)::
+
+    host:   bridge dtbr0 10.213.0.1/24, registry 10.213.0.1:5000
+    node i: netns dtn<i>, veth dtv<i> (host) <-> ens5 (node) 10.213.0.(10+i)/24,
+            hostname node-<i>, docker0 172.17.0.1/16 (dockerd default, as on EC2),
+            dockerd socket /var/lib/dtrain-cluster/node<i>/docker.sock,
+            sshd on 10.213.0.(10+i):22 (root, cluster identity key only)
+
+The functions here are plain Python; a thin Invoke task calls them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from launch import netns as nx
+from launch.netns import CommandError, sh
+
+# --------------------------------------------------------------------------
+# fixed layout
+
+STATE_DIR = Path("/var/lib/dtrain-cluster")
+LOCK_FILE = Path("/run/dtrain-cluster.lock")
+BRIDGE = "dtbr0"
+SUBNET_PREFIX = "10.213.0."
+PREFIXLEN = 24
+BRIDGE_ADDR = SUBNET_PREFIX + "1"
+REGISTRY_PORT = 5000
+REGISTRY = f"{BRIDGE_ADDR}:{REGISTRY_PORT}"
+NODE_IFNAME = "ens5"
+NETNS_PREFIX = "dtn"
+VETH_PREFIX = "dtv"
+MAX_NODES = 64
+DOCKER_BIN = "/usr/bin/docker"  # the Debian CLI (matches dockerd 20.10; has buildx plugin path)
+
+REQUIRED_BINARIES = ["ip", "iptables", "nsenter", "unshare", "dockerd", "containerd",
+                     "containerd-shim-runc-v2", "runc", "docker-registry", "ssh-keygen",
+                     "ssh"]
+SSHD = "/usr/sbin/sshd"
+# PATH in node ssh sessions: the Debian docker CLI (/usr/bin) before /usr/local/bin,
+# whose newer docker CLI has no buildx and does not match dockerd 20.10.
+_NODE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
+
+
+class ClusterError(RuntimeError):
+    """Raised for any user-facing cluster failure (message says what to do)."""
+
+
+# --------------------------------------------------------------------------
+# data returned to callers
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    index: int            # 1-based
+    name: str             # hostname, e.g. "node-1" (also a Host alias in ssh_config)
+    address: str          # 10.213.0.11
+    netns: str            # dtn1 (/run/netns/dtn1)
+    docker_socket: str    # /var/lib/dtrain-cluster/node1/docker.sock
+    state_dir: str        # /var/lib/dtrain-cluster/node1
+    ssh_port: int = 22
+    user: str = "root"
+
+    @property
+    def docker_host(self) -> str:
+        """Value for DOCKER_HOST / ``docker -H`` to reach this node's engine from the host."""
+        return f"unix://{self.docker_socket}"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nodes: tuple[NodeInfo, ...]
+    identity_file: str    # private key accepted by every node's sshd (user root)
+    hostfile: str         # "10.213.0.11 slots=1 port=22 user=root" per node
+    ssh_config: str       # snippet: Host node-1 ... ; use with ssh -F or Include
+    registry: str         # "10.213.0.1:5000" (plain HTTP, insecure-registry on all nodes)
+    mpi_hostfile: str = str(STATE_DIR / "hostfile.mpi")  # "10.213.0.11 slots=1": Open MPI
+    #                       rejects port=/user= tokens ("parse error in the hostfile")
+    bridge: str = BRIDGE
+    bridge_address: str = BRIDGE_ADDR
+    subnet: str = f"{SUBNET_PREFIX}0/{PREFIXLEN}"
+    node_ifname: str = NODE_IFNAME
+    state_dir: str = str(STATE_DIR)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.nodes]
+
+    @property
+    def docker_sockets(self) -> list[str]:
+        return [n.docker_socket for n in self.nodes]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for nd, n in zip(d["nodes"], self.nodes):
+            nd["docker_host"] = n.docker_host
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ClusterInfo":
+        d = dict(d)
+        nodes = tuple(NodeInfo(**{k: v for k, v in n.items() if k != "docker_host"})
+                      for n in d.pop("nodes"))
+        return cls(nodes=nodes, **d)
+
+
+@dataclass
+class ClusterStatus:
+    up: bool                               # state recorded and every daemon answering
+    nodes: int                             # number of nodes recorded (0 if none)
+    info: ClusterInfo | None
+    problems: list[str] = field(default_factory=list)   # what is missing/broken
+    leftovers: list[str] = field(default_factory=list)  # resources with no state file
+
+    def __str__(self) -> str:
+        if self.info is None:
+            s = "cluster: down"
+            if self.leftovers:
+                s += " (leftovers: " + ", ".join(self.leftovers) + "; run cluster down)"
+            return s
+        head = f"cluster: {'up' if self.up else 'DEGRADED'}, {self.nodes} node(s), registry {self.info.registry}"
+        lines = [head]
+        for n in self.info.nodes:
+            lines.append(f"  {n.name:8} {n.address:14} ssh root@{n.address}:22  DOCKER_HOST={n.docker_host}")
+        lines.append(f"  identity {self.info.identity_file}  hostfile {self.info.hostfile}")
+        lines.append(f"  ssh -F {self.info.ssh_config} node-1")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# paths
+
+
+def _node_index_name(i: int) -> str:
+    return f"node-{i}"
+
+
+def _node(i: int) -> NodeInfo:
+    d = STATE_DIR / f"node{i}"
+    return NodeInfo(index=i, name=_node_index_name(i), address=f"{SUBNET_PREFIX}{10 + i}",
+                    netns=f"{NETNS_PREFIX}{i}", docker_socket=str(d / "docker.sock"),
+                    state_dir=str(d))
+
+
+def _info(n: int) -> ClusterInfo:
+    return ClusterInfo(nodes=tuple(_node(i) for i in range(1, n + 1)),
+                       identity_file=str(STATE_DIR / "id_ed25519"),
+                       hostfile=str(STATE_DIR / "hostfile"),
+                       ssh_config=str(STATE_DIR / "ssh_config"),
+                       registry=REGISTRY)
+
+
+STATE_FILE = STATE_DIR / "state.json"
+
+
+def _load_state() -> dict | None:
+    try:
+        return json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_state(state: dict) -> None:
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(STATE_FILE)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _log(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def _check_platform() -> None:
+    if not sys.platform.startswith("linux"):
+        raise ClusterError("the local cluster needs Linux (network namespaces, veth, bridges)")
+    if os.geteuid() != 0:
+        raise ClusterError("the local cluster needs root (ip netns, iptables, dockerd); "
+                           "run it as root, e.g. sudo -E invoke cluster.up")
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
+    if not os.access(SSHD, os.X_OK):
+        missing.append(SSHD)
+    if not os.access(DOCKER_BIN, os.X_OK):
+        missing.append(DOCKER_BIN)
+    if missing:
+        raise ClusterError("missing programs: " + ", ".join(missing) + " (Debian: apt-get install "
+                           "iproute2 iptables util-linux docker.io docker-registry "
+                           "openssh-server openssh-client)")
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ClusterError(f"another cluster up/down is running (lock {LOCK_FILE})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _wait(what: str, pred, timeout: float, pids: list[int] = (), logs: list[Path] = ()) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        if pred():
+            return
+        dead = [p for p in pids if not nx.pid_alive(p)]
+        if dead or time.monotonic() > deadline:
+            why = f"exited (pid {dead[0]})" if dead else f"not ready after {timeout:.0f}s"
+            tail = ""
+            for lp in logs:
+                with contextlib.suppress(OSError):
+                    t = lp.read_text(errors="replace").strip().splitlines()[-8:]
+                    tail += f"\n--- {lp} (tail) ---\n" + "\n".join(t)
+            raise ClusterError(f"{what} {why}{tail}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+# --------------------------------------------------------------------------
+# config files
+
+
+def _registry_config(regdir: Path) -> str:
+    return f"""version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {regdir / 'data'}
+  delete:
+    enabled: true
+  cache:
+    blobdescriptor: inmemory
+http:
+  addr: {REGISTRY}
+"""
+
+
+def _containerd_config(d: Path) -> str:
+    c = d / "containerd"
+    return f"""version = 2
+root = "{c / 'root'}"
+state = "{c / 'state'}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{c / 'containerd.sock'}"
+
+[ttrpc]
+  address = "{c / 'containerd.sock.ttrpc'}"
+
+[debug]
+  address = ""
+  level = "warn"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{c / 'opt'}"
+"""
+
+
+def _sshd_config(n: NodeInfo) -> str:
+    d = Path(n.state_dir)
+    return f"""# dtrain simulated node {n.name}; generated by launch/cluster.py
+Port 22
+ListenAddress {n.address}
+HostKey {d / 'ssh_host_ed25519_key'}
+PidFile {d / 'sshd.pid'}
+AuthorizedKeysFile {STATE_DIR / 'authorized_keys'}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PrintMotd no
+PrintLastLog no
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 100
+SetEnv DOCKER_HOST={n.docker_host} PATH={_NODE_PATH}
+Subsystem sftp /usr/lib/openssh/sftp-server
+"""
+
+
+def _ssh_config(info: ClusterInfo) -> str:
+    out = ["# dtrain local cluster; use: ssh -F " + info.ssh_config + " node-1",
+           "# (or 'Include " + info.ssh_config + "' from your own ssh config)"]
+    for n in info.nodes:
+        out += [f"Host {n.name}", f"  HostName {n.address}", ""]
+    out += [f"Host node-* {SUBNET_PREFIX}*",
+            "  User root",
+            f"  IdentityFile {info.identity_file}",
+            "  IdentitiesOnly yes",
+            "  StrictHostKeyChecking no",
+            "  UserKnownHostsFile /dev/null",
+            "  LogLevel ERROR",
+            "  ConnectTimeout 10",
+            ""]
+    return "\n".join(out)
+
+
+def _hostfile(info: ClusterInfo) -> str:
+    return "".join(f"{n.address} slots=1 port={n.ssh_port} user={n.user}\n" for n in info.nodes)
+
+
+# --------------------------------------------------------------------------
+# up
+
+
+def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
+       timeout: float = 90.0) -> ClusterInfo:
+    """Bring up ``nodes`` simulated nodes (idempotent for the same count).
+
+    If a healthy cluster with the same node count is already up, it is returned
+    unchanged.  A different count raises :class:`ClusterError` unless
+    ``recreate=True`` (then the old cluster is torn down first).  Any failure
+    tears down everything this call made and raises :class:`ClusterError`.
+    """
+    _check_platform()
+    if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"nodes must be an integer in 1..{MAX_NODES}, got {nodes!r}")
+    with _locked():
+        st = _status()
+        if st.info is not None:
+            if st.nodes == nodes and st.up:
+                _log(quiet, f"already up with {nodes} node(s); nothing to do")
+                return st.info
+            if st.nodes != nodes and not recreate:
+                raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
+                                   f"'cluster down' first (or up(..., recreate=True))")
+            _log(quiet, "existing cluster is " + ("degraded: " + "; ".join(st.problems)
+                                                  if not st.up else f"{st.nodes} node(s)")
+                 + "; rebuilding")
+            _down(quiet)
+        elif st.leftovers:
+            _log(quiet, "cleaning leftovers: " + ", ".join(st.leftovers))
+            _down(quiet)
+        t0 = time.monotonic()
+        try:
+            info = _up(nodes, quiet, timeout)
+        except BaseException as e:
+            _log(quiet, f"up failed ({type(e).__name__}: {e}); tearing down")
+            with contextlib.suppress(Exception):
+                _down(quiet=True)
+            if isinstance(e, (ClusterError, KeyboardInterrupt)):
+                raise
+            raise ClusterError(f"cluster up failed: {e}") from e
+        _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
+                    f"ssh -F {info.ssh_config} node-1")
+        return info
+
+
+def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
+    info = _info(n)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    os.chmod(STATE_DIR, 0o755)
+    state: dict = {"nodes": n, "created": time.time(), "pids": {}, "info": info.to_dict()}
+    _save_state(state)  # first, so a crash mid-way is still cleaned by down()
+
+    def record(key: str, pid: int) -> None:
+        state["pids"][key] = pid
+        _save_state(state)
+
+    # keys ------------------------------------------------------------------
+    _log(quiet, "generating cluster identity and host keys")
+    ident = Path(info.identity_file)
+    if not ident.exists():
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dtrain-cluster",
+            "-f", str(ident)])
+    _write(STATE_DIR / "authorized_keys", Path(str(ident) + ".pub").read_text(), 0o600)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd privilege-separation dir
+    for node in info.nodes:
+        d = Path(node.state_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        hk = d / "ssh_host_ed25519_key"
+        if not hk.exists():
+            sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hk)])
+        _write(d / "sshd_config", _sshd_config(node))
+        _write(d / "containerd.toml", _containerd_config(d))
+        # dockerd 20.10 derives the engine ID from a libtrust key, by default the
+        # shared /etc/docker/key.json: give every node its own, or all report one ID.
+        _write(d / "daemon.json", json.dumps({"deprecated-key-path": str(d / "key.json")}) + "\n")
+
+    # network ---------------------------------------------------------------
+    _log(quiet, f"network: bridge {BRIDGE} {BRIDGE_ADDR}/{PREFIXLEN}, {n} namespace(s)")
+    nx.ensure_bridge(BRIDGE, f"{BRIDGE_ADDR}/{PREFIXLEN}")
+    # Bridged node<->node frames traverse the host FORWARD chain when
+    # br_netfilter is loaded (bridge-nf-call-iptables=1), and a host dockerd
+    # sets FORWARD policy DROP: accept our bridge explicitly.
+    nx.ipt_ensure("FORWARD", ["-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"])
+    nx.ipt_ensure("INPUT", ["-i", BRIDGE, "-p", "tcp", "--dport", str(REGISTRY_PORT), "-j", "ACCEPT"])
+    for node in info.nodes:
+        nx.add_node_netns(node.netns, BRIDGE, f"{VETH_PREFIX}{node.index}", NODE_IFNAME,
+                          f"{node.address}/{PREFIXLEN}")
+
+    # registry (host netns, bridge address only) ------------------------------
+    regdir = STATE_DIR / "registry"
+    _write(regdir / "config.yml", _registry_config(regdir))
+    (regdir / "data").mkdir(parents=True, exist_ok=True)
+    rpid = nx.spawn(["docker-registry", "serve", str(regdir / "config.yml")], regdir / "registry.log")
+    record("registry", rpid)
+
+    # containerd per node, then dockerd per node (all started in parallel) -------
+    _log(quiet, f"starting containerd + dockerd on {n} node(s)")
+    for node in info.nodes:
+        d = Path(node.state_dir)
+        pid = nx.spawn(nx.node_argv(node.netns, node.name,
+                                    ["containerd", "--config", str(d / "containerd.toml")]),
+                       d / "containerd.log")
+        record(f"{node.name}/containerd", pid)
+    for node in info.nodes:
+        d = Path(node.state_dir)
+        sock = d / "containerd" / "containerd.sock"
+        _wait(f"{node.name}: containerd", sock.exists, timeout,
+              [state["pids"][f"{node.name}/containerd"]], [d / "containerd.log"])
+        pid = nx.spawn(nx.node_argv(node.netns, node.name, [
+            "dockerd",
+            "--config-file", str(d / "daemon.json"),
+            "--data-root", str(d / "docker"),
+            "--exec-root", str(d / "exec"),
+            "--pidfile", str(d / "docker.pid"),
+            "-H", node.docker_host,
+            "--containerd", str(sock),
+            "--containerd-namespace", "moby",
+            "--insecure-registry", REGISTRY,
+            "--log-level", "warn",
+        ]), d / "dockerd.log")
+        record(f"{node.name}/dockerd", pid)
+        # sshd: -D keeps it in the foreground so the pid we record is sshd's.
+        pid = nx.spawn(nx.node_argv(node.netns, node.name, [
+            SSHD, "-D", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")]),
+            d / "sshd.out")
+        record(f"{node.name}/sshd", pid)
+
+    _wait("registry", lambda: nx.http_tcp_get(BRIDGE_ADDR, REGISTRY_PORT, "/v2/") == 200,
+          timeout, [rpid], [regdir / "registry.log"])
+    for node in info.nodes:
+        d = Path(node.state_dir)
+        _wait(f"{node.name}: dockerd",
+              lambda: (nx.http_unix_get(node.docker_socket, "/_ping") or (0,))[0] == 200,
+              timeout, [state["pids"][f"{node.name}/dockerd"]], [d / "dockerd.log"])
+        _wait(f"{node.name}: sshd", lambda: nx.tcp_open(node.address, 22), timeout,
+              [state["pids"][f"{node.name}/sshd"]], [d / "sshd.log", d / "sshd.out"])
+        _log(quiet, f"{node.name} ready: {node.address}, {node.docker_host}")
+
+    # client-side files ----------------------------------------------------
+    _write(Path(info.hostfile), _hostfile(info))
+    _write(Path(info.mpi_hostfile), "".join(f"{n.address} slots=1\n" for n in info.nodes))
+    _write(Path(info.ssh_config), _ssh_config(info))
+    state["ready"] = True
+    _save_state(state)
+    return info
+
+
+# --------------------------------------------------------------------------
+# status
+
+
+def status() -> ClusterStatus:
+    """Describe the cluster: recorded state, daemons alive and answering, leftovers."""
+    return _status()
+
+
+def _leftovers() -> list[str]:
+    out = [f"netns {ns}" for ns in nx.netns_list() if _ours_netns(ns)]
+    out += [f"link {l}" for l in nx.links_matching(VETH_PREFIX) if l[len(VETH_PREFIX):].rstrip("p").isdigit()]
+    if nx.link_exists(BRIDGE):
+        out.append(f"bridge {BRIDGE}")
+    return out
+
+
+def _ours_netns(ns: str) -> bool:
+    return ns.startswith(NETNS_PREFIX) and ns[len(NETNS_PREFIX):].isdigit()
+
+
+def _status() -> ClusterStatus:
+    state = _load_state()
+    if not state or "info" not in state:
+        return ClusterStatus(up=False, nodes=0, info=None, leftovers=_leftovers())
+    info = ClusterInfo.from_dict(state["info"])
+    problems = []
+    if not state.get("ready"):
+        problems.append("up did not finish")
+    pids = state.get("pids", {})
+    for key, pid in sorted(pids.items()):
+        if not nx.pid_alive(pid):
+            problems.append(f"{key} (pid {pid}) not running")
+    if not nx.link_exists(BRIDGE):
+        problems.append(f"bridge {BRIDGE} missing")
+    if "registry" in pids and nx.http_tcp_get(BRIDGE_ADDR, REGISTRY_PORT, "/v2/") != 200:
+        problems.append(f"registry {REGISTRY} not answering")
+    for node in info.nodes:
+        if not nx.netns_exists(node.netns):
+            problems.append(f"{node.name}: netns {node.netns} missing")
+            continue
+        if (nx.http_unix_get(node.docker_socket, "/_ping") or (0,))[0] != 200:
+            problems.append(f"{node.name}: dockerd not answering on {node.docker_socket}")
+        if not nx.tcp_open(node.address, 22):
+            problems.append(f"{node.name}: sshd not answering on {node.address}:22")
+    return ClusterStatus(up=not problems, nodes=int(state.get("nodes", len(info.nodes))),
+                         info=info, problems=problems)
+
+
+# --------------------------------------------------------------------------
+# down
+
+
+def down(*, quiet: bool = False, wait: bool = False) -> None:
+    """Stop every daemon and remove namespaces, links, bridge, iptables rules and
+    the state directory.  Safe to call when nothing (or only part) is up.
+
+    The state directory (node image stores, registry blobs) is renamed away
+    at once and deleted by a detached ``rm -rf`` unless ``wait=True``:
+    unlinking a few GB of layers can take tens of seconds on disks mounted
+    with ``discard``, and nothing else depends on it being gone."""
+    _check_platform()
+    with _locked():
+        t0 = time.monotonic()
+        _down(quiet, wait)
+        _log(quiet, f"down in {time.monotonic() - t0:.1f}s")
+
+
+TRASH_GLOB = f".{STATE_DIR.name}-trash-*"
+
+
+def _remove_state_dir(quiet: bool, wait: bool) -> None:
+    trash: list[Path] = []
+    if STATE_DIR.exists():
+        t = STATE_DIR.parent / TRASH_GLOB.replace("*", f"{os.getpid()}-{time.time_ns()}")
+        STATE_DIR.rename(t)
+        trash.append(t)
+    # earlier leftovers (a previous background delete that was interrupted)
+    trash += [p for p in STATE_DIR.parent.glob(TRASH_GLOB) if p not in trash]
+    if not trash:
+        return
+    _log(quiet, f"removing {STATE_DIR}" + ("" if wait else " (in the background)"))
+    argv = ["rm", "-rf", "--one-file-system", *map(str, trash)]
+    if wait:
+        sh(argv, timeout=3600)
+    else:
+        nx.spawn(["nice", "-n", "10", *argv], Path(os.devnull))
+
+
+def _down(quiet: bool, wait: bool = False) -> None:
+    state = _load_state() or {}
+    pids: dict[str, int] = state.get("pids", {})
+    namespaces = sorted(set(nx.netns_list()) | {k for k in
+                        (f"{NETNS_PREFIX}{i}" for i in range(1, int(state.get("nodes", 0)) + 1))},
+                        key=lambda s: (len(s), s))
+    namespaces = [ns for ns in namespaces if _ours_netns(ns) and nx.netns_exists(ns)]
+
+    def ours(pid: int) -> bool:
+        return nx.pid_alive(pid) and str(STATE_DIR) in nx.pid_cmdline(pid)
+
+    # 1. containers: kill them via their dockerd so its shutdown is quick
+    for key, pid in pids.items():
+        if key.endswith("/dockerd") and ours(pid):
+            sock = str(STATE_DIR / key.split("/")[0].replace("node-", "node") / "docker.sock")
+            r = nx.http_unix_get(sock, "/containers/json?quiet=1", timeout=3)
+            if r and r[0] == 200:
+                ids = [c.get("Id") for c in json.loads(r[1] or b"[]")]
+                if ids:
+                    _log(quiet, f"{key.split('/')[0]}: killing {len(ids)} container(s)")
+                    sh([DOCKER_BIN, "-H", f"unix://{sock}", "kill", *ids], check=False, timeout=30)
+    # 2. daemons, in dependency order (all nodes at once per tier)
+    for tier in ("dockerd", "containerd", "sshd"):
+        victims = [pid for key, pid in pids.items() if key.endswith("/" + tier) and ours(pid)]
+        if victims:
+            _log(quiet, f"stopping {len(victims)} {tier}")
+            killed = nx.stop_pids(victims, timeout=15)
+            if killed:
+                _log(quiet, f"  had to SIGKILL {tier} pid(s) {killed}")
+    # 3. anything else still living in a node netns (shims, sessions, containers)
+    for ns in namespaces:
+        rest = nx.pids_in_netns(ns)
+        if rest:
+            _log(quiet, f"{ns}: stopping {len(rest)} leftover process(es)")
+            nx.stop_pids(rest, timeout=3)
+    # containerd shims are spawned into the node netns, but be thorough: any
+    # shim or daemon that still names our state dir
+    strays = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
+              and _comm(int(p)) in _DAEMON_COMMS and ours(int(p))]
+    if strays:
+        nx.stop_pids(sorted(set(strays)), timeout=5)
+    # 4. mounts left under the state dir (overlay, netns/shm bind mounts)
+    _unmount_under(STATE_DIR)
+    # 5. network
+    for ns in namespaces:
+        nx.del_netns(ns)
+    for link in nx.links_matching(VETH_PREFIX):
+        if link[len(VETH_PREFIX):].rstrip("p").isdigit():
+            nx.del_link(link)
+    nx.del_link(BRIDGE)
+    nx.ipt_remove_tagged()
+    # 6. files
+    _remove_state_dir(quiet, wait)
+
+
+_DAEMON_COMMS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
+                 "runc", "sshd", "docker-registry", "docker-proxy"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _unmount_under(root: Path) -> None:
+    prefix = str(root).rstrip("/") + "/"
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    points = []
+    for line in lines:
+        mp = line.split()[4].replace("\\040", " ")
+        if mp.startswith(prefix):
+            points.append(mp)
+    for mp in sorted(points, key=len, reverse=True):
+        sh(["umount", "-l", mp], check=False)
+
+
+# --------------------------------------------------------------------------
+# conveniences for tests and tasks
+
+
+def node_exec(index: int, argv: list[str], *, check: bool = True, timeout: float = 60):
+    """Run ``argv`` on node ``index`` (its netns, its hostname, DOCKER_HOST set)."""
+    node = _node(index)
+    env_argv = ["env", f"DOCKER_HOST={node.docker_host}", *argv]
+    return sh(nx.node_argv(node.netns, node.name, env_argv), check=check, timeout=timeout)
+
+
+def ssh_argv(info: ClusterInfo, target: str, *cmd: str, port: int = 22) -> list[str]:
+    """``ssh`` argv reaching ``target`` (node name or address) with the cluster identity."""
+    return ["ssh", "-F", info.ssh_config, "-p", str(port), target, *cmd]
+
+
+if __name__ == "__main__":  # tiny CLI for manual use: python -m launch.cluster up 2
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m launch.cluster")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up")
+    p.add_argument("--nodes", "-n", type=int, default=2)
+    p.add_argument("--recreate", action="store_true")
+    sub.add_parser("down")
+    sub.add_parser("status")
+    a = ap.parse_args()
+    try:
+        if a.cmd == "up":
+            print(json.dumps(up(a.nodes, recreate=a.recreate).to_dict(), indent=2))
+        elif a.cmd == "down":
+            down()
+        else:
+            print(status())
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
