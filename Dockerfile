@@ -35,7 +35,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN --mount=type=secret,id=ca --mount=type=secret,id=pipconf --mount=type=bind,source=.wheelhouse,target=/wheelhouse . /usr/local/bin/dtrain-secrets \
  && pip install --no-cache-dir setuptools==69.5.1 wheel==0.43.0 \
  && if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi \
- && pip install --no-cache-dir --find-links /wheelhouse torch==2.13.0
+ && pip install --no-cache-dir --find-links /wheelhouse torch==2.13.0 numpy==2.2.6
 
 # ---------------------------------------------------------------- runtime
 FROM ${BASE_IMAGE} AS runtime

@@ -172,6 +172,13 @@ def parse_push_digest(output: str) -> str | None:
     return found[-1] if found else None
 
 
+def _engine_trusts_plain_http(registry: str) -> bool:
+    """The engine lists this registry under insecure-registries (e.g. the local cluster's)."""
+    from launch.engine import _registry_trusted
+
+    return _registry_trusted(registry)
+
+
 def is_loopback(registry: str) -> bool:
     """True for registries the engine reaches over plain HTTP by default (127.0.0.0/8, ::1)."""
     host = registry_host(registry)
@@ -371,7 +378,8 @@ def verify_digest(remote: str, digest: str, image_id: str) -> None:
     registry = split_ref(remote)[0]
     pinned = f"{repository_of(remote)}@{digest}"
     # 1. Ask the registry directly (the engine caches manifests it has pulled by digest).
-    args = ["manifest", "inspect"] + (["--insecure"] if is_loopback(registry) else []) + [pinned]
+    plain_http = is_loopback(registry) or _engine_trusts_plain_http(registry)
+    args = ["manifest", "inspect"] + (["--insecure"] if plain_http else []) + [pinned]
     r = _docker(*args, timeout=120)
     if r.returncode != 0:
         raise PushError(f"pushed {remote} but cannot read back {digest}: "

@@ -157,6 +157,7 @@ def context(img: Image) -> dict[str, Any]:
     else:
         flavour = img.cuda_short if img.gpu else "cpu"
         ctx["torch_index"] = f"https://download.pytorch.org/whl/{flavour}"
+        ctx["torch_numpy"] = img.compat.pytorch[minor(v.pytorch)].numpy
     if v.horovod:
         ctx |= {
             "horovod_row": img.compat.horovod[v.horovod],

@@ -95,6 +95,7 @@ class _TorchRow(_Strict):
     python: list[str]
     cxx: int
     cuda: list[str]
+    numpy: str
 
 
 class _HorovodRow(_Strict):

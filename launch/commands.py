@@ -187,7 +187,12 @@ def torchrun_argv(
         argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{master_addr}:{master_port}", "--rdzv_id", job_id]
     else:
         raise ValueError(f"torchrun_argv: rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    return argv + list(command)
+    # torchrun runs the script with its own Python: `python train.py` (the form mpirun takes)
+    # becomes `train.py`, and `python -m pkg` becomes `-m pkg`.
+    command = list(command)
+    if len(command) > 1 and re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", command[0]):
+        command = command[1:]
+    return argv + command
 
 
 def torchrun_env(iface: str) -> dict[str, str]:
@@ -277,6 +282,7 @@ class ContainerSpec:
     mounts: tuple[Mount, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
+    memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
 
@@ -300,7 +306,7 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--shm-size", spec.shm_size]
     else:
         raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
-    argv += ["--ulimit", "memlock=-1"]
+    argv += ["--ulimit", f"memlock={spec.memlock}" if spec.memlock < 0 else f"memlock={spec.memlock}:{spec.memlock}"]
     if spec.gpus:
         argv += ["--gpus", "all"]
     for dev in spec.efa_devices:

@@ -72,6 +72,7 @@ class NodeFacts:
     gpus: int
     efa: tuple[str, ...]
     port_holder: str  # "" when port 2022 is free
+    memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -84,6 +85,7 @@ if docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; then echo docker=o
 echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
 echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
 echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+echo "memlock=$(cat /proc/$(pgrep -o dockerd)/limits 2>/dev/null | awk '/Max locked memory/ {print $5}')"
 echo "ipjson=$(ip -j addr 2>/dev/null)"
 """
 
@@ -111,8 +113,10 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
         chosen = iface
     else:
         chosen = commands.interface_for_address(ipjson, address, host=node.host)
+    lock = p.get("memlock", "")
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
-                     int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""))
+                     int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
+                     int(lock) if lock.isdigit() else -1)
 
 
 def container_name(job: str) -> str:
@@ -242,15 +246,24 @@ class Job:
         if dup:
             raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "
                               "one hostname per node")
+        for f in self.facts:
+            if f.memlock >= 0:
+                self.say(f"[launch] warning: {f.node.host}: dockerd cannot lift the memlock limit "
+                         f"({f.memlock // 1024} KiB); containers get that, not unlimited (EFA needs "
+                         "unlimited: see docs/troubleshooting.md#memlock)")
         self.say(f"[launch] {len(self.facts)} node(s) ready: NIC {self.facts[0].iface}, "
                  f"{sum(f.gpus for f in self.facts)} GPU(s) ({time.monotonic() - t0:.1f} s)")
 
     def pull(self) -> None:
         t0 = time.monotonic()
         image = self.spec.image
-        pull = f"docker pull -q {shlex.quote(image)} >/dev/null || " if self.spec.pull else ""
-        script = (f"{pull}docker image inspect -f '{{{{.Id}}}}' {shlex.quote(image)} "
-                  f"|| {{ echo 'image {image} is not on this node and could not be pulled' >&2; exit 1; }}")
+        q = shlex.quote(image)
+        pull = (f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
+                f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; "
+                if self.spec.pull else "")
+        script = (f"{pull}docker image inspect -f '{{{{.Id}}}}' {q} 2>/dev/null "
+                  f"|| {{ echo \"image {image} is not on this node and could not be pulled"
+                  f"$(tail -1 /tmp/dtrain-pull.err 2>/dev/null | sed 's/^/: /')\" >&2; exit 1; }}")
         login = _ecr_login_script(image)
         results = self._on_all(f"pulling {image}", lambda n: ["sh", "-c", login.script + script],
                                timeout=1800, stdin=(lambda n: login.password) if login.password else None)
@@ -276,7 +289,8 @@ class Job:
             f = by_host[n.host]
             run = commands.docker_run_argv(commands.ContainerSpec(
                 job=self.spec.name, image=self.spec.image, gpus=f.gpus > 0, efa_devices=f.efa,
-                mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size))
+                mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size,
+                memlock=f.memlock))
             install = ("umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/id_ed25519 && "
                        f"echo {shlex.quote(public)} > /root/.ssh/authorized_keys && "
                        "chmod 600 /root/.ssh/id_ed25519 && chmod 644 /root/.ssh/authorized_keys && "
