@@ -283,6 +283,7 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
     memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
+    hosts: Mapping[str, str] = field(default_factory=dict)  # hostname -> address, for /etc/hosts
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
 
@@ -315,6 +316,8 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--device", dev]
     for m in spec.mounts:
         argv += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
+    for name, addr in spec.hosts.items():  # every node's hostname resolves in every container
+        argv += ["--add-host", f"{name}:{addr}"]
     argv += ["--label", f"dtrain.job={spec.job}"]
     for k, v in spec.env.items():
         argv += ["-e", f"{k}={v}"]

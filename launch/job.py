@@ -290,7 +290,7 @@ class Job:
             run = commands.docker_run_argv(commands.ContainerSpec(
                 job=self.spec.name, image=self.spec.image, gpus=f.gpus > 0, efa_devices=f.efa,
                 mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size,
-                memlock=f.memlock))
+                memlock=f.memlock, hosts={g.hostname: g.address for g in self.facts}))
             install = ("umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/id_ed25519 && "
                        f"echo {shlex.quote(public)} > /root/.ssh/authorized_keys && "
                        "chmod 600 /root/.ssh/id_ed25519 && chmod 644 /root/.ssh/authorized_keys && "

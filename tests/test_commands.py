@@ -335,3 +335,22 @@ def test_check_same_iface():
     assert str(e.value) == (
         "nodes disagree on the network interface: ens5 on a, c; eth0 on b (use one instance type/AMI, or name the NIC)"
     )
+
+
+def test_torchrun_drops_leading_python():
+    from launch.commands import torchrun_argv
+
+    argv = torchrun_argv(2, 0, 1, "10.0.0.1", 29500, ["python3", "train.py", "--lr", "1"])
+    assert argv[-3:] == ["train.py", "--lr", "1"]
+    argv = torchrun_argv(2, 0, 1, "10.0.0.1", 29500, ["/opt/venv/bin/python", "-m", "pkg.train"])
+    assert argv[-2:] == ["-m", "pkg.train"]
+    assert torchrun_argv(1, 0, 1, "h", 1, ["train.py"])[-1] == "train.py"
+
+
+def test_docker_run_adds_node_hostnames():
+    from launch.commands import ContainerSpec, docker_run_argv
+
+    argv = docker_run_argv(ContainerSpec(job="j", image="img", gpus=False,
+                                         hosts={"node-1": "10.0.0.1", "node-2": "10.0.0.2"}))
+    assert argv[argv.index("--add-host") + 1] == "node-1:10.0.0.1"
+    assert "node-2:10.0.0.2" in argv

@@ -1,0 +1,89 @@
+"""Shared integration fixtures: the real engine, the CPU images, the simulated cluster.
+
+Nothing here skips: when a component cannot start, the fixture raises and the tests that
+need it fail. Images are built once per session (cached by layer across sessions on the
+same machine); the cluster comes up once with 3 nodes and goes down at the end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = Path("/opt/wheels")
+CLUSTER_NODES = 3
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dtrain_home(tmp_path_factory):
+    """Job records of this test session stay out of ~/.dtrain."""
+    import os
+
+    os.environ["DTRAIN_HOME"] = str(tmp_path_factory.mktemp("dtrain-home"))
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from launch import engine as e
+
+    e.ensure_all()
+    return e
+
+
+@pytest.fixture(scope="session")
+def ca_bundle(tmp_path_factory) -> Path:
+    """The host's CA bundle plus a freshly generated marker CA: the secret-scan test looks
+    for the marker in every layer, so a leak of the bundle cannot go unnoticed."""
+    from images.build import default_ca_bundle
+
+    d = tmp_path_factory.mktemp("ca")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "1",
+                    "-subj", "/CN=dtrain secret-scan marker CA", "-keyout", str(d / "marker.key"),
+                    "-out", str(d / "marker.pem")], check=True, capture_output=True)
+    host = default_ca_bundle()
+    bundle = d / "ca-bundle.pem"
+    bundle.write_text((host.read_text() if host else "") + (d / "marker.pem").read_text())
+    return bundle
+
+
+@pytest.fixture(scope="session")
+def pip_conf(tmp_path_factory) -> Path:
+    """A harmless pip.conf with a marker line, passed as the pipconf secret."""
+    path = tmp_path_factory.mktemp("pip") / "pip.conf"
+    path.write_text("[global]\ndisable-pip-version-check = true\n# dtrain-pipconf-marker-7f3a9c\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_images(engine, ca_bundle, pip_conf):
+    """Build the CPU variant of every family; returns {family: BuildResult}."""
+    from images import build as b
+
+    opts = b.BuildOptions(base_image=engine.BASE_IMAGE, ca_bundle=ca_bundle, pip_conf=pip_conf,
+                          wheelhouse=WHEELS if WHEELS.is_dir() else None)
+    results = b.build(None, None, False, opts)
+    return {r.family: r for r in results}
+
+
+@pytest.fixture(scope="session")
+def cluster(engine):
+    from launch import cluster as cl
+
+    info = cl.up(CLUSTER_NODES, recreate=True)
+    engine.allow_insecure_registry(info.registry)
+    yield info
+    cl.down()
+
+
+@pytest.fixture(scope="session")
+def remote_images(cluster, cpu_images):
+    """CPU images pushed to the cluster's registry: {family: remote ref}."""
+    from images import push as p
+    from images.spec import load_all
+
+    imgs = [i for i in load_all() if not i.gpu]
+    results = p.push_registry(imgs, cluster.registry, catalog_path=ROOT / "build" / "test-catalog.json")
+    return {r.entry["family"]: r.remote for r in results}

@@ -1,0 +1,161 @@
+"""The CPU images, built for real from the debootstrapped base: smoke tests inside
+containers, a scan of every layer for secrets, shared base layers."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import tarfile
+import time
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+DOCKER = "/usr/bin/docker"
+
+
+def sh(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, check=check, timeout=timeout)
+
+
+@pytest.fixture
+def container(cpu_images):
+    """Start containers from built images (bridge network), remove them afterwards."""
+    names = []
+
+    def start(family: str) -> str:
+        name = f"dtrain-smoke-{family}-{len(names)}"
+        sh(DOCKER, "rm", "-f", name, check=False)
+        sh(DOCKER, "run", "-d", "--name", name, cpu_images[family].ref)
+        names.append(name)
+        return name
+
+    yield start
+    for n in names:
+        sh(DOCKER, "rm", "-f", n, check=False)
+
+
+def dexec(name: str, script: str, timeout: float = 120) -> str:
+    r = sh(DOCKER, "exec", name, "bash", "-c", script, check=False, timeout=timeout)
+    assert r.returncode == 0, f"{script}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def wait_sshd(name: str) -> None:
+    for _ in range(50):
+        if sh(DOCKER, "exec", name, "bash", "-c", "ss -Hltn 'sport = :2022' | grep -q 2022",
+              check=False).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"sshd did not listen on 2022 in {name}: {sh(DOCKER, 'logs', name).stderr}")
+
+
+SSH_SELF = ("ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519 && "
+            "cp /root/.ssh/id_ed25519.pub /root/.ssh/authorized_keys && ")
+
+
+@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp"])
+def test_smoke(family, container, cpu_images):
+    name = container(family)
+    wait_sshd(name)
+    # Fresh host keys made at start, not at build time.
+    assert dexec(name, "ls /etc/ssh/ssh_host_*_key | wc -l").strip() != "0"
+    # Over a non-interactive ssh session (as mpirun reaches a node): tools and env are there.
+    out = dexec(name, SSH_SELF + "ssh localhost 'which orted python mpirun; "
+                "echo OMP=$OMP_NUM_THREADS BLAS=$OPENBLAS_NUM_THREADS NCCL=$NCCL_SOCKET_IFNAME "
+                "ROOT=$OMPI_ALLOW_RUN_AS_ROOT; mpirun --version | head -1'")
+    assert "/usr/bin/orted" in out and "/opt/venv/bin/python" in out
+    assert "OMP=1 BLAS=1 NCCL=^docker0,lo ROOT=1" in out
+    assert re.search(r"mpirun \(Open MPI\) 4\.", out)
+    if family == "horovod-tensorflow":
+        check = dexec(name, "horovodrun --check-build")
+        assert re.search(r"\[X\] TensorFlow", check) and re.search(r"\[X\] MPI", check)
+        out = dexec(name, "python -c 'import horovod.tensorflow as hvd; hvd.init(); print(\"size\", hvd.size())'")
+        assert "size 1" in out
+    elif family == "horovod-pytorch":
+        check = dexec(name, "horovodrun --check-build")
+        assert re.search(r"\[X\] PyTorch", check) and re.search(r"\[X\] MPI", check)
+        out = dexec(name, "python -c 'import horovod.torch as hvd; hvd.init(); print(\"size\", hvd.size())'")
+        assert "size 1" in out
+    else:
+        out = dexec(name, "torchrun --nproc_per_node 2 /opt/dtrain/node/examples/allreduce_check.py ddp")
+        assert out.count("allreduce OK") == 2
+
+
+def test_host_keys_differ_per_container(container):
+    a, b = container("pytorch-ddp"), container("pytorch-ddp")
+    wait_sshd(a)
+    wait_sshd(b)
+    key = "cat /etc/ssh/ssh_host_ed25519_key.pub"
+    assert dexec(a, key) != dexec(b, key)
+
+
+def test_two_ranks_allreduce_in_one_container(container):
+    name = container("horovod-tensorflow")
+    out = dexec(name, "mpirun -np 2 python /opt/dtrain/node/examples/allreduce_check.py tensorflow", timeout=300)
+    assert out.count("allreduce OK") == 2 and "size=2" in out
+
+
+# ---------------------------------------------------------------- secrets
+
+
+def _layer_members(image_ref: str):
+    """Every file of every layer of the image, as (layer, path, bytes)."""
+    saved = subprocess.run([DOCKER, "save", image_ref], capture_output=True, check=True).stdout
+    outer = tarfile.open(fileobj=io.BytesIO(saved))
+    manifest = json.load(outer.extractfile("manifest.json"))
+    for layer in manifest[0]["Layers"]:
+        inner = tarfile.open(fileobj=outer.extractfile(layer))
+        for m in inner:
+            if m.isfile():
+                yield layer, m.name, inner.extractfile(m).read()
+
+
+@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp"])
+def test_no_secret_in_any_layer(family, cpu_images, ca_bundle, pip_conf):
+    marker_cert = ca_bundle.read_text().split("-----BEGIN CERTIFICATE-----")[-1].split("-----END")[0]
+    marker_body = "".join(marker_cert.split()[:3]).encode()  # first lines of the marker CA
+    leaks = []
+    files = 0
+    for layer, path, data in _layer_members(cpu_images[family].ref):
+        files += 1
+        if b"PRIVATE KEY-----" in data and not path.startswith(("usr/", "opt/venv/lib/")):
+            leaks.append(f"{layer}:{path}: private key")
+        if re.search(rb"-----BEGIN (RSA |EC |OPENSSH |DSA |ENCRYPTED )?PRIVATE KEY-----\n[A-Za-z0-9+/]{40}", data):
+            leaks.append(f"{layer}:{path}: private key material")
+        if marker_body in data.replace(b"\n", b""):
+            leaks.append(f"{layer}:{path}: the build's CA bundle")
+        if b"dtrain-pipconf-marker-7f3a9c" in data:
+            leaks.append(f"{layer}:{path}: the build's pip.conf")
+        if path.endswith(("pip.conf", "pip.ini")):
+            leaks.append(f"{layer}:{path}: a pip config file")
+    assert files > 1000, "the scan saw the image's files"
+    assert not leaks, "\n".join(leaks)
+
+
+def test_cpu_families_share_base_layers(cpu_images):
+    layers = {}
+    for family, r in cpu_images.items():
+        out = sh(DOCKER, "image", "inspect", "-f", "{{json .RootFS.Layers}}", r.ref).stdout
+        layers[family] = json.loads(out)
+    a, b, c = layers.values()
+    shared = 0
+    while shared < min(map(len, (a, b, c))) and a[shared] == b[shared] == c[shared]:
+        shared += 1
+    # base image + OS packages + ssh config + env: at least the first 4 layers are the same blobs
+    assert shared >= 4, layers
+
+
+def test_labels_name_every_pin(cpu_images):
+    from images.spec import load_all
+
+    for img in (i for i in load_all() if not i.gpu):
+        out = sh(DOCKER, "image", "inspect", "-f", "{{json .Config.Labels}}", cpu_images[img.family].ref).stdout
+        labels = json.loads(out)
+        assert labels["org.opencontainers.image.version"] == img.tag
+        assert labels["dtrain.version.python"] == img.variant.python
+        assert labels[f"dtrain.version.{img.framework}"] == img.framework_version
+        assert re.match(r"[0-9a-f]{40}", labels["org.opencontainers.image.revision"])

@@ -1,0 +1,199 @@
+"""Real jobs on the simulated cluster: 3 netns nodes, each with its own dockerd, docker0 at
+172.17.0.1, sshd on 22 and a NIC named ens5; the images come from the cluster registry."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.errors import LaunchError
+from launch.hosts import Node, parse_hostfile
+from launch.job import Job, JobSpec, container_name, job_argv, job_log
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = "/opt/dtrain/node/examples"
+
+
+def nodes_of(cluster, n: int) -> list[Node]:
+    return parse_hostfile(cluster.hostfile)[:n]
+
+
+def spec(cluster, image: str, command: list[str], name: str, **kw) -> JobSpec:
+    return JobSpec(image=image, command=tuple(command), name=name,
+                   ssh_opts=("-F", cluster.ssh_config), **kw)
+
+
+def run(cluster, image, command, name, n=3, **kw) -> tuple[int, str]:
+    job = Job(spec(cluster, image, command, name, **kw), nodes_of(cluster, n), say=lambda m: None)
+    code = job.run()
+    return code, job_log(name).read_text()
+
+
+def on_node(cluster, i: int, script: str, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", script],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def containers_left(cluster, name: str) -> list[str]:
+    left = []
+    for i in range(1, len(cluster.nodes) + 1):
+        out = on_node(cluster, i, f"docker ps -aq --filter label=dtrain.job={name}").stdout.split()
+        left += [f"node-{i}:{c}" for c in out]
+    return left
+
+
+# ---------------------------------------------------------------- jobs that must work
+
+
+def test_horovod_tf_allreduce_on_3_nodes(cluster, remote_images):
+    code, out = run(cluster, remote_images["horovod-tensorflow"],
+                    ["python", f"{EX}/allreduce_check.py", "tensorflow"], "t-hvd3")
+    assert code == 0, out
+    oks = re.findall(r"^\[(node-\d) r(\d)\] allreduce OK rank=(\d) size=3 host=(node-\d) sum=6", out, re.M)
+    assert sorted(o[2] for o in oks) == ["0", "1", "2"], out
+    assert sorted(o[3] for o in oks) == ["node-1", "node-2", "node-3"], "one rank per node"
+    assert all(o[0] == o[3] and o[1] == o[2] for o in oks), "prefix names the right node and rank"
+    assert containers_left(cluster, "t-hvd3") == []
+
+
+def _checksums(out: str) -> dict[str, set[str]]:
+    sums: dict[str, set[str]] = {}
+    for step, rank, value in re.findall(r"step (\d) rank (\d)/2 host node-\d grad-checksum (\S+)", out):
+        sums.setdefault(step, set()).add(value)
+    return sums
+
+
+def test_ddp_torchrun_on_2_nodes(cluster, remote_images):
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["python", f"{EX}/ddp_grads.py"],
+                    "t-ddp-torchrun", n=2, launcher="torchrun")
+    assert code == 0, out
+    sums = _checksums(out)
+    assert len(sums) == 3 and all(len(v) == 1 for v in sums.values()), f"ranks disagree: {sums}"
+    assert "[node-1 r0] step 0" in out and "[node-2 r1] step 0" in out
+
+
+def test_ddp_mpirun_on_2_nodes(cluster, remote_images):
+    master = cluster.nodes[0].address
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["python", f"{EX}/ddp_grads.py"],
+                    "t-ddp-mpirun", n=2, env={"MASTER_ADDR": master, "MASTER_PORT": "29510"})
+    assert code == 0, out
+    sums = _checksums(out)
+    assert len(sums) == 3 and all(len(v) == 1 for v in sums.values()), f"ranks disagree: {sums}"
+
+
+def test_btl_tcp_if_include_matters(cluster, remote_images):
+    """Without btl/oob_tcp_if_include Open MPI tries docker0 (172.17.0.1 on every node) and
+    hangs or fails; the launcher's argv with the flags succeeds on the same containers."""
+    job = Job(spec(cluster, remote_images["horovod-tensorflow"],
+                   ["python", f"{EX}/allreduce_check.py", "tensorflow"], "t-btl"),
+              nodes_of(cluster, 2), say=lambda m: None)
+    try:
+        job.probe()
+        job.pull()
+        job.start_containers()
+        job.wait_ready()
+        good = job_argv(job.spec, job.facts, job.facts[0].iface)
+        bad = [a for a in good]
+        for flag in ("btl_tcp_if_include", "oob_tcp_if_include"):
+            i = bad.index(flag)
+            del bad[i - 1:i + 2]  # --mca NAME VALUE
+        first = job.facts[0].node
+
+        def in_first(argv: list[str], limit: int) -> subprocess.CompletedProcess:
+            cmd = ["timeout", "-s", "KILL", str(limit), *argv]
+            return subprocess.run(["ssh", "-F", cluster.ssh_config, first.host, "docker", "exec",
+                                   container_name("t-btl"), *cmd],
+                                  capture_output=True, text=True, timeout=limit + 30)
+
+        t0 = time.monotonic()
+        without = in_first(bad, 45)
+        assert without.returncode != 0, "expected a hang or failure without the flags:\n" + without.stdout
+        assert without.stdout.count("allreduce OK") < 2
+        assert time.monotonic() - t0 < 90
+        with_flags = in_first(good, 120)
+        assert with_flags.returncode == 0, with_flags.stdout + with_flags.stderr
+        assert with_flags.stdout.count("allreduce OK") == 2
+    finally:
+        job.teardown()
+    assert containers_left(cluster, "t-btl") == []
+
+
+# ---------------------------------------------------------------- failure paths
+
+
+def test_unreachable_node_fails_and_leaves_nothing(cluster, remote_images):
+    nodes = nodes_of(cluster, 2) + [Node("10.213.0.99", 1, 22, "root")]
+    job = Job(spec(cluster, remote_images["pytorch-ddp"], ["true"], "t-unreach"), nodes, say=lambda m: None)
+    with pytest.raises(LaunchError) as e:
+        job.run()
+    assert "10.213.0.99" in str(e.value)
+    assert containers_left(cluster, "t-unreach") == []
+
+
+def test_sshd_unreachable_after_start_removes_started_containers(cluster, remote_images):
+    """A failure after containers run on every node (2022 blocked on node-3) removes them all."""
+    rule = "INPUT -p tcp --dport 2022 -j DROP -m comment --comment dtrain-test"
+    on_node(cluster, 3, f"iptables -I {rule}")  # ssh lands in node-3's netns
+    try:
+        with pytest.raises(LaunchError) as e:
+            run(cluster, remote_images["pytorch-ddp"], ["true"], "t-blocked", ready_timeout=8)
+        assert "10.213.0.13" in str(e.value) and "2022" in str(e.value)
+    finally:
+        on_node(cluster, 3, f"iptables -D {rule}")
+    assert containers_left(cluster, "t-blocked") == []
+
+
+def test_port_2022_taken_on_one_node(cluster, remote_images):
+    addr = cluster.nodes[1].address
+    on_node(cluster, 2, f"setsid nohup python3 -m http.server 2022 --bind {addr} >/dev/null 2>&1 & sleep 1")
+    try:
+        with pytest.raises(LaunchError) as e:
+            run(cluster, remote_images["pytorch-ddp"], ["true"], "t-port")
+        msg = str(e.value)
+        assert "port 2022 is taken" in msg and addr in msg and "python3" in msg
+        assert cluster.nodes[0].address not in msg
+    finally:
+        on_node(cluster, 2, "pkill -f 'http.server 2022'", check=False)
+    assert containers_left(cluster, "t-port") == []
+
+
+def test_rank_killed_mid_job_fails_fast(cluster, remote_images):
+    script = ("echo rank $OMPI_COMM_WORLD_RANK up; "
+              "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 3; kill -9 $$; fi; sleep 300")
+    t0 = time.monotonic()
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["bash", "-c", script], "t-kill")
+    elapsed = time.monotonic() - t0
+    assert code != 0
+    assert elapsed < 120, f"the job did not fail fast ({elapsed:.0f} s)"
+    assert re.search(r"rank 1 .*node-2|node-2.*rank 1", out, re.S), out[-2000:]
+    assert containers_left(cluster, "t-kill") == []
+
+
+def test_torchrun_node_failure_stops_the_others(cluster, remote_images):
+    script = ("import os, time; r = int(os.environ['RANK']); print('rank', r, 'up', flush=True); "
+              "time.sleep(2); os._exit(3) if r == 1 else time.sleep(300)")
+    t0 = time.monotonic()
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["python", "-c", script], "t-tkill",
+                    n=2, launcher="torchrun")
+    assert code != 0 and time.monotonic() - t0 < 120, out[-2000:]
+    assert containers_left(cluster, "t-tkill") == []
+
+
+def test_cli_bad_hostfile_line(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("10.0.0.1 slots=2\n10.0.0.2 slots=zero\n")
+    r = subprocess.run([sys.executable, "-m", "invoke", "launch", "--hostfile", str(hostfile),
+                        "--image", "x", "--", "true"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert f"{hostfile}:2" in r.stderr and "Traceback" not in r.stderr
