@@ -335,3 +335,43 @@ def test_check_same_iface():
     assert str(e.value) == (
         "nodes disagree on the network interface: ens5 on a, c; eth0 on b (use one instance type/AMI, or name the NIC)"
     )
+
+
+# --- hostfile, ssh options, pod env references ----------------------------------------------
+
+
+def test_mpirun_with_hostfile_instead_of_nodes():
+    argv = mpirun_argv(None, ["python", "t.py"], iface="eth0", hostfile="/etc/mpi/hostfile", np=16,
+                       ssh_options=["-o ConnectionAttempts=10"])
+    assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "16", "--hostfile", "/etc/mpi/hostfile"]
+    assert "-H" not in argv
+    i = argv.index("plm_rsh_args")
+    assert argv[i + 1] == "-p 2022 -o ConnectionAttempts=10"
+    assert argv[6:-2] == mpi_flags(iface="eth0", ssh_options=["-o ConnectionAttempts=10"])
+
+
+def test_mpirun_nodes_and_hostfile_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one of nodes or hostfile"):
+        mpirun_argv(NODES, ["t"], iface="eth0", hostfile="/h", np=2)
+    with pytest.raises(ValueError, match="exactly one of nodes or hostfile"):
+        mpirun_argv(None, ["t"], iface="eth0")
+    with pytest.raises(ValueError, match="needs np"):
+        mpirun_argv(None, ["t"], iface="eth0", hostfile="/h")
+    with pytest.raises(ValueError, match="only with hostfile"):
+        mpirun_argv(NODES, ["t"], iface="eth0", np=3)
+
+
+def test_ssh_options_without_port():
+    flags = mpi_flags(iface="eth0", ssh_port=None, ssh_options=["-o ConnectionAttempts=10"])
+    assert flags[flags.index("plm_rsh_args") + 1] == "-o ConnectionAttempts=10"
+    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh_port=None)
+
+
+def test_torchrun_pod_env_references():
+    argv = torchrun_argv(2, "$(RANK)", 8, "$(MASTER_ADDR)", "$(MASTER_PORT)", ["train.py"])
+    assert argv == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "$(RANK)",
+                    "--master_addr", "$(MASTER_ADDR)", "--master_port", "$(MASTER_PORT)", "train.py"]
+    with pytest.raises(ValueError, match="neither an int nor a"):
+        torchrun_argv(2, "1", 8, "h", 29500, ["t.py"])
+    with pytest.raises(ValueError, match="master_port"):
+        torchrun_argv(2, 0, 8, "h", "$RANK", ["t.py"])
