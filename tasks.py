@@ -314,3 +314,48 @@ def diagnose(c, log=None):
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)
+
+
+# ---------------------------------------------------------------- other tools
+
+
+@task(iterable=["env", "node_selector"], help={
+    "for_": "mpijob, pytorchjob, ecs or sagemaker",
+    "image": "image reference (built here, pushed with invoke push)",
+    "workers": "workers / replicas / instances (default 2)",
+    "gpus_per_worker": "GPUs per worker (0: CPU)",
+    "name": "job name (default dtrain-job)",
+    "launcher": "mpirun or torchrun where the tool allows both",
+    "env": "K=V for every rank (repeatable)",
+    "node_selector": "K=V Kubernetes nodeSelector (repeatable)",
+    "namespace": "Kubernetes namespace",
+    "slots_per_worker": "MPIJob slotsPerWorker (default: GPUs per worker, or 1)",
+    "role_arn": "SageMaker execution role ARN",
+    "output_s3": "SageMaker output S3 path",
+    "instance_type": "SageMaker / ECS instance type",
+    "execution_role_arn": "ECS task execution role ARN",
+    "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
+    "output": "write to this file instead of stdout",
+})
+def manifest(c, for_=None, image=None, workers=2, gpus_per_worker=0, name="dtrain-job", launcher=None,
+             env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
+             output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
+             output=None):
+    """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, validated against its schema:
+    invoke manifest --for mpijob --image REF -- CMD"""
+    from pathlib import Path
+
+    from launch import manifests as mf
+
+    with user_errors():
+        text = mf.render(mf.spec_from_args(
+            for_, image, _remainder(), workers=workers, gpus_per_worker=gpus_per_worker, name=name,
+            env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
+            slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
+            instance_type=instance_type, execution_role_arn=execution_role_arn,
+            ssh_key_secret_arn=ssh_key_secret_arn))
+        if output:
+            Path(output).write_text(text)
+            print(f"wrote {output}")
+        else:
+            print(text, end="")

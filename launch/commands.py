@@ -61,11 +61,13 @@ def mpi_flags(
     forward: Sequence[str] = (),
     ssh_port: int | None = 2022,
     extra_mca: Sequence[tuple[str, str]] = (),
+    ssh_options: Sequence[str] = (),
 ) -> list[str]:
     """Every mpirun flag but -np/-H: the one place the MPI contract lives (Open MPI 4 or 5).
 
-    ssh_port: the containers' sshd port; None leaves ssh's default. User env overrides the
-    built-in values in place; extra_mca overrides built-in MCA params of the same name.
+    ssh_port: the containers' sshd port; None leaves ssh's default. ssh_options: more ssh
+    arguments after `-p PORT` in the same MCA value (e.g. `-o ConnectionAttempts=10`). User env
+    overrides the built-in values in place; extra_mca overrides built-in MCA params of the same name.
     """
     env = dict(env or {})
     _check_env_names(env, "env")
@@ -78,9 +80,10 @@ def mpi_flags(
         "btl_tcp_if_include": iface,
         "oob_tcp_if_include": iface,
     }
-    if ssh_port is not None:
+    rsh_args = ([f"-p {ssh_port}"] if ssh_port is not None else []) + list(ssh_options)
+    if rsh_args:
         # One argv element "-p 2022"; Open MPI 5 (PRRTE) renamed the rsh launcher to ssh.
-        mca["plm_rsh_args" if ompi_major < 5 else "plm_ssh_args"] = f"-p {ssh_port}"
+        mca["plm_rsh_args" if ompi_major < 5 else "plm_ssh_args"] = " ".join(rsh_args)
     mca.update(dict(extra_mca))
 
     exports: dict[str, str | None] = dict.fromkeys(MPI_FORWARD)
@@ -99,7 +102,7 @@ def mpi_flags(
 
 
 def mpirun_argv(
-    nodes: Sequence[Node],
+    nodes: Sequence[Node] | None,
     command: Sequence[str],
     *,
     iface: str,
@@ -108,14 +111,31 @@ def mpirun_argv(
     forward: Sequence[str] = (),
     ssh_port: int | None = 2022,
     extra_mca: Sequence[tuple[str, str]] = (),
+    ssh_options: Sequence[str] = (),
+    hostfile: str | None = None,
+    np: int | None = None,
 ) -> list[str]:
-    """`mpirun --allow-run-as-root -np N -H h:s,... <mpi_flags> command...` (no shell)."""
+    """`mpirun --allow-run-as-root -np N -H h:s,... <mpi_flags> command...` (no shell).
+
+    Either nodes (-H, N = their slots) or hostfile + np (`-np N --hostfile PATH`, for a host
+    list written by someone else, e.g. the MPI operator's /etc/mpi/hostfile), never both.
+    """
     _check_command(command, "mpirun_argv")
-    np = _total_slots(nodes, "mpirun_argv")
+    if (nodes is None) == (hostfile is None):
+        raise ValueError("mpirun_argv: give exactly one of nodes or hostfile")
+    if hostfile is not None:
+        if np is None or np < 1:
+            raise ValueError(f"mpirun_argv: a hostfile needs np > 0, got {np!r}")
+        hosts = ["--hostfile", hostfile]
+    else:
+        if np is not None:
+            raise ValueError("mpirun_argv: np comes from the nodes' slots; pass it only with hostfile")
+        np = _total_slots(nodes, "mpirun_argv")
+        hosts = ["-H", hosts_list(nodes)]
     return [
-        "mpirun", "--allow-run-as-root", "-np", str(np), "-H", hosts_list(nodes),
+        "mpirun", "--allow-run-as-root", "-np", str(np), *hosts,
         *mpi_flags(iface=iface, ompi_major=ompi_major, env=env, forward=forward,
-                   ssh_port=ssh_port, extra_mca=extra_mca),
+                   ssh_port=ssh_port, extra_mca=extra_mca, ssh_options=ssh_options),
         *command,
     ]  # fmt: skip
 
@@ -154,12 +174,15 @@ def horovodrun_argv(
 # --- torchrun ------------------------------------------------------------------------------
 
 
+_POD_ENV_REF = re.compile(r"^\$\([A-Za-z_][A-Za-z0-9_]*\)$")
+
+
 def torchrun_argv(
     nnodes: int,
-    node_rank: int,
+    node_rank: int | str,
     nproc_per_node: int,
     master_addr: str,
-    master_port: int,
+    master_port: int | str,
     command: Sequence[str],
     *,
     rdzv: str = "static",
@@ -170,15 +193,20 @@ def torchrun_argv(
     static: fixed ranks, --node_rank + --master_addr/--master_port (rank 0 is the master).
     c10d: ranks assigned at rendezvous on master_addr:master_port, keyed by job_id.
     Underscore spellings: accepted by every torchrun (the dashed ones only from torch 2.x).
+    node_rank and master_port may be a Kubernetes env reference such as "$(RANK)": the kubelet
+    fills it in from the pod's env (Kubeflow's training operator sets RANK, MASTER_PORT).
     """
     _check_command(command, "torchrun_argv")
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"torchrun_argv: nnodes={nnodes}, nproc_per_node={nproc_per_node} must be > 0")
-    if not 1 <= master_port <= 65535:
+    for what, value in (("node_rank", node_rank), ("master_port", master_port)):
+        if isinstance(value, str) and not _POD_ENV_REF.match(value):
+            raise ValueError(f"torchrun_argv: {what} {value!r} is neither an int nor a $(VAR) reference")
+    if isinstance(master_port, int) and not 1 <= master_port <= 65535:
         raise ValueError(f"torchrun_argv: bad master_port {master_port}")
     argv = ["torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node)]
     if rdzv == "static":
-        if not 0 <= node_rank < nnodes:
+        if isinstance(node_rank, int) and not 0 <= node_rank < nnodes:
             raise ValueError(f"torchrun_argv: node_rank {node_rank} not in [0, {nnodes})")
         argv += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
     elif rdzv == "c10d":

@@ -354,3 +354,42 @@ def test_docker_run_adds_node_hostnames():
                                          hosts={"node-1": "10.0.0.1", "node-2": "10.0.0.2"}))
     assert argv[argv.index("--add-host") + 1] == "node-1:10.0.0.1"
     assert "node-2:10.0.0.2" in argv
+
+# --- hostfile, ssh options, pod env references ----------------------------------------------
+
+
+def test_mpirun_with_hostfile_instead_of_nodes():
+    argv = mpirun_argv(None, ["python", "t.py"], iface="eth0", hostfile="/etc/mpi/hostfile", np=16,
+                       ssh_options=["-o ConnectionAttempts=10"])
+    assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "16", "--hostfile", "/etc/mpi/hostfile"]
+    assert "-H" not in argv
+    i = argv.index("plm_rsh_args")
+    assert argv[i + 1] == "-p 2022 -o ConnectionAttempts=10"
+    assert argv[6:-2] == mpi_flags(iface="eth0", ssh_options=["-o ConnectionAttempts=10"])
+
+
+def test_mpirun_nodes_and_hostfile_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one of nodes or hostfile"):
+        mpirun_argv(NODES, ["t"], iface="eth0", hostfile="/h", np=2)
+    with pytest.raises(ValueError, match="exactly one of nodes or hostfile"):
+        mpirun_argv(None, ["t"], iface="eth0")
+    with pytest.raises(ValueError, match="needs np"):
+        mpirun_argv(None, ["t"], iface="eth0", hostfile="/h")
+    with pytest.raises(ValueError, match="only with hostfile"):
+        mpirun_argv(NODES, ["t"], iface="eth0", np=3)
+
+
+def test_ssh_options_without_port():
+    flags = mpi_flags(iface="eth0", ssh_port=None, ssh_options=["-o ConnectionAttempts=10"])
+    assert flags[flags.index("plm_rsh_args") + 1] == "-o ConnectionAttempts=10"
+    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh_port=None)
+
+
+def test_torchrun_pod_env_references():
+    argv = torchrun_argv(2, "$(RANK)", 8, "$(MASTER_ADDR)", "$(MASTER_PORT)", ["train.py"])
+    assert argv == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "$(RANK)",
+                    "--master_addr", "$(MASTER_ADDR)", "--master_port", "$(MASTER_PORT)", "train.py"]
+    with pytest.raises(ValueError, match="neither an int nor a"):
+        torchrun_argv(2, "1", 8, "h", 29500, ["t.py"])
+    with pytest.raises(ValueError, match="master_port"):
+        torchrun_argv(2, 0, 8, "h", "$RANK", ["t.py"])

@@ -1,0 +1,347 @@
+"""Job descriptions for other tools: Kubeflow MPIJob/PyTorchJob, an ECS task definition, a
+SageMaker CreateTrainingJob request, for an image built here.
+
+    ManifestSpec -> context(spec) (pure) -> templates/manifests/<target>.j2 -> text
+                 -> validate(target, text): the operators' CRD schemas (launch/schemas/) or
+                    botocore's own service models; every problem names the field at fault
+
+The launch commands inside come from launch.commands, the builders `invoke launch` uses,
+so flags cannot drift between the two.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import yaml
+
+from launch import commands
+from launch.errors import LaunchError
+from launch.hosts import Node
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "templates" / "manifests"
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+EXAMPLES = ROOT / "docs" / "examples"
+
+Target = Literal["mpijob", "pytorchjob", "ecs", "sagemaker"]
+TARGETS: tuple[str, ...] = ("mpijob", "pytorchjob", "ecs", "sagemaker")
+FILENAMES = {"mpijob": "mpijob.yaml", "pytorchjob": "pytorchjob.yaml",
+             "ecs": "ecs-task-definition.json", "sagemaker": "sagemaker-training-job.json"}
+
+SSH_PORT = 2022  # the images' sshd and ssh client (images/render.py)
+ENTRYPOINT = "/opt/dtrain/node/entrypoint.sh"  # no args: sshd -D on 2022; args: sshd, then exec them
+POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
+MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
+SSH_MOUNT = "/root/.ssh"  # where the MPI operator mounts the job's key Secret
+TORCH_MASTER_PORT = 23456  # the training operator's default; it sets MASTER_PORT from it
+MPI_SSH_OPTIONS = ("-o ConnectionAttempts=10",)  # the operator's own retry while workers start
+SAGEMAKER_INSTANCE = {0: "ml.m5.2xlarge", 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
+PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
+PLACEHOLDER_S3 = "s3://my-bucket/dtrain/output"
+PLACEHOLDER_EXECUTION_ROLE = "arn:aws:iam::123456789012:role/ecsTaskExecutionRole"
+PLACEHOLDER_KEY_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:dtrain-ssh-key"
+
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035 label: pods, services
+
+
+class ManifestError(LaunchError):
+    """A generated or given document does not match the tool's schema; one problem per line."""
+
+
+@dataclass(frozen=True)
+class ManifestSpec:
+    target: Target
+    image: str
+    command: tuple[str, ...]  # mpirun: the program (python train.py); torchrun: the script (train.py)
+    name: str = "dtrain-job"
+    workers: int = 2  # nodes (pods, ECS tasks, SageMaker instances)
+    gpus_per_worker: int = 0  # 0: CPU
+    slots_per_worker: int | None = None  # ranks per worker; default: the GPUs, or 1 on CPU
+    launcher: Literal["mpirun", "torchrun"] | None = None  # ecs/sagemaker; default by target
+    env: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)  # Kubernetes
+    namespace: str | None = None  # Kubernetes
+    shm_size_mib: int = 16384  # ECS /dev/shm; Kubernetes: a memory-backed emptyDir
+    memory_reservation_mib: int = 4096  # ECS
+    execution_role_arn: str = PLACEHOLDER_EXECUTION_ROLE  # ECS: reads the ssh key secret
+    ssh_key_secret_arn: str = PLACEHOLDER_KEY_SECRET  # ECS: the job's private key (Secrets Manager)
+    role_arn: str = PLACEHOLDER_ROLE  # SageMaker
+    output_s3: str = PLACEHOLDER_S3  # SageMaker
+    instance_type: str | None = None  # SageMaker; default by GPUs
+    volume_gb: int = 100  # SageMaker
+    max_runtime_s: int = 86400  # SageMaker
+
+    @property
+    def slots(self) -> int:
+        return self.slots_per_worker or max(self.gpus_per_worker, 1)
+
+
+def _check(spec: ManifestSpec) -> None:
+    if spec.target not in TARGETS:
+        raise LaunchError(f"--for {spec.target}: use one of {', '.join(TARGETS)}")
+    if not spec.image or spec.image.startswith("-") or any(c.isspace() for c in spec.image):
+        raise LaunchError(f"bad image {spec.image!r}")
+    if not spec.command:
+        raise LaunchError("no command: put it after `--`, e.g. invoke manifest ... -- python train.py")
+    if not _NAME_RE.match(spec.name) or len(spec.name) > 40:
+        raise LaunchError(f"bad job name {spec.name!r} (lower-case letters, digits and -, at most 40)")
+    if spec.workers < 1 or spec.gpus_per_worker < 0 or spec.slots < 1:
+        raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
+                          "at least 1 worker and 0 or more GPUs")
+    if spec.launcher not in (None, "mpirun", "torchrun"):
+        raise LaunchError(f"--launcher {spec.launcher}: use mpirun or torchrun")
+    if spec.target == "sagemaker" and spec.workers > 1:
+        raise LaunchError(
+            "SageMaker: dtrain images run single-instance training jobs only (--workers 1): "
+            "multi-instance needs a `train` program that reads /opt/ml/input/config/"
+            "resourceconfig.json and a shared ssh key, which the images do not have yet "
+            "(docs/other-tools.md)")
+    if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
+        raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
+
+
+def _resources(gpus: int) -> dict[str, Any]:
+    return {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+
+
+def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
+    """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port."""
+    return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env=spec.env,
+                                ssh_port=SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
+                                hostfile=MPI_HOSTFILE, np=spec.workers * spec.slots)
+
+
+def pytorchjob_torchrun_argv(spec: ManifestSpec) -> list[str]:
+    """torchrun on every replica; the operator sets RANK (0 on the Master) and MASTER_* per pod."""
+    return commands.torchrun_argv(spec.workers, "$(RANK)", spec.slots, "$(MASTER_ADDR)", "$(MASTER_PORT)",
+                                  list(spec.command))
+
+
+def _single_node_argv(spec: ManifestSpec, launcher: str) -> tuple[list[str], dict[str, str]]:
+    """Launch command and env for one machine (SageMaker's single instance)."""
+    if launcher == "torchrun":
+        argv = commands.torchrun_argv(1, 0, spec.slots, "localhost", 29500, list(spec.command))
+        return argv, {**commands.torchrun_env(POD_IFACE), **spec.env}
+    argv = commands.mpirun_argv([Node("localhost", spec.slots)], list(spec.command), iface=POD_IFACE,
+                                env=spec.env, ssh_port=SSH_PORT)
+    return argv, {}
+
+
+def _ecs_command(spec: ManifestSpec) -> list[str]:
+    """Install the job key from the secret env var, drop the variable, then sshd on 2022."""
+    script = ("set -eu; umask 077; mkdir -p /root/.ssh; "
+              'printf "%s\\n" "$DTRAIN_SSH_KEY" > /root/.ssh/id_ed25519; '
+              "ssh-keygen -y -f /root/.ssh/id_ed25519 > /root/.ssh/authorized_keys; "
+              f"unset DTRAIN_SSH_KEY; exec {ENTRYPOINT}")
+    return ["/bin/bash", "-c", script]
+
+
+def context(spec: ManifestSpec) -> dict[str, Any]:
+    """Everything a template needs, derived from one checked spec."""
+    _check(spec)
+    ctx: dict[str, Any] = {"spec": spec, "name": spec.name, "image": spec.image, "slots": spec.slots,
+                           "entrypoint": ENTRYPOINT, "ssh_port": SSH_PORT,
+                           "resources": _resources(spec.gpus_per_worker),
+                           "node_selector": dict(spec.node_selector), "namespace": spec.namespace}
+    if spec.target == "mpijob":
+        ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT,
+                "env": commands.training_env(POD_IFACE) | spec.env}
+    elif spec.target == "pytorchjob":
+        ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": TORCH_MASTER_PORT,
+                "env": commands.torchrun_env(POD_IFACE) | spec.env}
+    elif spec.target == "ecs":
+        ctx |= {"command": _ecs_command(spec), "env": spec.env}
+    else:
+        argv, env = _single_node_argv(spec, spec.launcher or "mpirun")
+        ctx |= {"argv": argv, "env": env,
+                "instance_type": spec.instance_type or SAGEMAKER_INSTANCE[spec.gpus_per_worker]}
+    return ctx
+
+
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
+    return env
+
+
+def render(spec: ManifestSpec) -> str:
+    """The document's text, validated (ManifestError names every field at fault)."""
+    ctx = context(spec)
+    text = _jinja().get_template(f"{spec.target}.j2").render(ctx)
+    validate(spec.target, load(spec.target, text))
+    return text
+
+
+def load_target(path: Path) -> str:
+    """The target of a file named as in FILENAMES (docs/examples)."""
+    return next(t for t, f in FILENAMES.items() if f == Path(path).name)
+
+
+def load(target: str, text: str) -> dict[str, Any]:
+    return yaml.safe_load(text) if target in ("mpijob", "pytorchjob") else json.loads(text)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _strict(node: Any, podspec: dict[str, Any]) -> Any:
+    """CRD schema -> JSON Schema that refuses unknown fields, with the strict PodSpec spliced in."""
+    if isinstance(node, list):
+        return [_strict(n, podspec) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("x-dtrain-podspec"):
+        return copy.deepcopy(podspec)
+    out = {k: _strict(v, podspec) for k, v in node.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def crd_schema(target: str) -> dict[str, Any]:
+    """The JSON Schema a Kubernetes document of `target` is checked against."""
+    file = {"mpijob": "mpijob-v2beta1.yaml", "pytorchjob": "pytorchjob-v1.yaml"}[target]
+    k8s = json.loads((SCHEMAS / "k8s-1.27-podtemplatespec.json").read_text())
+    crd = yaml.safe_load((SCHEMAS / file).read_text())
+    schema = _strict(crd, {"$ref": "#/$defs/V1PodSpec"})
+    schema["properties"]["metadata"] = {"$ref": "#/$defs/V1ObjectMeta"}
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    schema["$defs"] = k8s["$defs"]
+    return schema
+
+
+_BOTO_OPERATIONS = {"ecs": ("ecs", "RegisterTaskDefinition"), "sagemaker": ("sagemaker", "CreateTrainingJob")}
+_API = {"mpijob": ("kubeflow.org/v2beta1", "MPIJob"), "pytorchjob": ("kubeflow.org/v1", "PyTorchJob")}
+
+
+def _path(parts) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(document)"
+
+
+def problems(target: str, doc: Any) -> list[str]:
+    """Every schema problem of a document, one line each, naming the field; [] when valid."""
+    if target in _BOTO_OPERATIONS:
+        import botocore.session
+        from botocore.exceptions import ParamValidationError
+        from botocore.validate import validate_parameters
+
+        service, op = _BOTO_OPERATIONS[target]
+        model = botocore.session.get_session().get_service_model(service).operation_model(op)
+        try:
+            validate_parameters(doc, model.input_shape)
+        except ParamValidationError as e:
+            report = str(e.kwargs.get("report", e))
+            return [line.strip() for line in report.splitlines() if line.strip()]
+        return []
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(crd_schema(target))
+    out = []
+    for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        where = _path(err.absolute_path)
+        if err.validator == "additionalProperties" and err.validator_value is False:
+            known = set(err.schema.get("properties", {}))
+            for extra in sorted(set(err.instance) - known):
+                out.append(f"{_path([*err.absolute_path, extra])}: unknown field {extra!r}")
+        elif err.validator == "pattern" and "KMGTPE" in err.validator_value:
+            out.append(f"{where}: {err.instance!r} is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)")
+        else:
+            out.append(f"{where}: {err.message}")
+    api, kind = _API[target]
+    if isinstance(doc, dict) and (doc.get("apiVersion"), doc.get("kind")) != (api, kind):
+        out.append(f"apiVersion/kind: expected {api} {kind}, got {doc.get('apiVersion')} {doc.get('kind')}")
+    return out
+
+
+def validate(target: str, doc: Any) -> None:
+    found = problems(target, doc)
+    if found:
+        what = {"mpijob": "MPIJob (mpi-operator v0.4 CRD)", "pytorchjob": "PyTorchJob (training-operator v1.7.0 CRD)",
+                "ecs": "ECS RegisterTaskDefinition", "sagemaker": "SageMaker CreateTrainingJob"}[target]
+        raise ManifestError(f"{what}: {len(found)} problem(s):\n" + "\n".join(f"  {p}" for p in found))
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for kv in items or []:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise LaunchError(f"{what} {kv!r}: expected K=V")
+        out[k] = v
+    return out
+
+
+def spec_from_args(target: str, image: str | None, command: list[str], *, workers: int | str = 2,
+                   gpus_per_worker: int | str = 0, name: str = "dtrain-job", env: list[str] | None = None,
+                   node_selector: list[str] | None = None, **options: Any) -> ManifestSpec:
+    """ManifestSpec from `invoke manifest` flags (strings, repeatable K=V lists); the rest of
+    ManifestSpec's fields pass through by name (None means the default)."""
+    if not image:
+        raise LaunchError("--image is required")
+    try:
+        nums = {"workers": int(workers), "gpus_per_worker": int(gpus_per_worker)}
+        for key in ("slots_per_worker", "shm_size_mib", "memory_reservation_mib", "volume_gb", "max_runtime_s"):
+            if options.get(key) is not None:
+                options[key] = int(options[key])
+    except ValueError as e:
+        raise LaunchError(f"expected a number: {e}") from None
+    known = set(ManifestSpec.__dataclass_fields__)
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"spec_from_args: unknown options {sorted(unknown)}")
+    return ManifestSpec(target, image, tuple(command), name=name, env=_pairs(env, "--env"),
+                        node_selector=_pairs(node_selector, "--node-selector"), **nums,
+                        **{k: v for k, v in options.items() if v is not None})
+
+
+# ---------------------------------------------------------------- examples (docs/examples)
+
+EXAMPLE_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/{family}:{tag}"
+
+
+def examples() -> dict[Path, str]:
+    """docs/examples/<file>: one worked example per tool, as `invoke manifest` writes them."""
+    hvd = EXAMPLE_IMAGE.format(family="horovod-pytorch", tag="2.11.0-hvd0.28.1-cu128-cudnn9-py310-ubuntu22.04")
+    ddp = EXAMPLE_IMAGE.format(family="pytorch-ddp", tag="2.11.0-cu128-cudnn9-py310-ubuntu22.04")
+    specs = [
+        ManifestSpec("mpijob", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
+                     name="hvd-allreduce", workers=2, gpus_per_worker=8,
+                     node_selector={"node.kubernetes.io/instance-type": "p4d.24xlarge"}),
+        ManifestSpec("pytorchjob", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
+                     workers=2, gpus_per_worker=8),
+        ManifestSpec("ecs", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
+                     name="hvd-allreduce", workers=2, gpus_per_worker=8),
+        ManifestSpec("sagemaker", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
+                     workers=1, gpus_per_worker=8, launcher="torchrun"),
+    ]
+    return {EXAMPLES / FILENAMES[s.target]: render(s) for s in specs}
+
+
+def write_examples() -> list[Path]:
+    changed = []
+    for path, text in examples().items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":  # python -m launch.manifests: rewrite docs/examples
+    for p in write_examples():
+        print(f"wrote {p.relative_to(ROOT)}")

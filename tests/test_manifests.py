@@ -1,0 +1,292 @@
+"""Job descriptions for Kubeflow, ECS and SageMaker: real schemas, same launch flags, no drift."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from launch import commands, k8s_schema
+from launch import manifests as m
+from launch.errors import LaunchError
+from launch.hosts import Node
+
+HVD = "registry.example.com/dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu-py311-debian12"
+DDP = "registry.example.com/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
+CMD = ("python", "train.py", "--epochs", "3")
+
+
+def spec(target, **kw):
+    base = dict(image=DDP if target in ("pytorchjob",) else HVD, command=CMD, name="job-1",
+                workers=3, gpus_per_worker=4)
+    if target == "pytorchjob":
+        base["command"] = ("train.py", "--epochs", "3")
+    if target == "sagemaker":
+        base["workers"] = 1
+    return m.ManifestSpec(target, **{**base, **kw})
+
+
+def doc(target, **kw):
+    return m.load(target, m.render(spec(target, **kw)))
+
+
+VARIANTS = [(t, kw) for t in m.TARGETS for kw in (
+    {}, {"gpus_per_worker": 0}, {"gpus_per_worker": 8, "node_selector": {"pool": "gpu"}, "namespace": "ml",
+                                  "env": {"WANDB_MODE": "offline"}})]
+
+
+@pytest.mark.parametrize("target,kw", VARIANTS, ids=[f"{t}-{i % 3}" for i, (t, _) in enumerate(VARIANTS)])
+def test_every_generated_document_is_schema_valid(target, kw):
+    d = doc(target, **kw)
+    assert m.problems(target, d) == []
+
+
+# ---------------------------------------------------------------- Kubernetes schemas
+
+
+def _worker_pod(d):
+    return d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def test_pod_template_typos_are_rejected_by_name():
+    d = doc("mpijob")
+    pod = _worker_pod(d)
+    pod["contaners"] = pod.pop("containers")
+    pod["nodeSelecter"] = {"a": "b"}
+    d["spec"]["slotsPerWorker"] = "4"
+    found = m.problems("mpijob", d)
+    where = "spec.mpiReplicaSpecs.Worker.template.spec"
+    assert f"{where}.contaners: unknown field 'contaners'" in found
+    assert f"{where}.nodeSelecter: unknown field 'nodeSelecter'" in found
+    assert f"{where}: 'containers' is a required property" in found
+    assert "spec.slotsPerWorker: '4' is not of type 'integer'" in found
+    with pytest.raises(m.ManifestError, match="contaners"):
+        m.validate("mpijob", d)
+
+
+def test_deep_and_operator_level_typos_are_rejected():
+    d = doc("pytorchjob")
+    master = d["spec"]["pytorchReplicaSpecs"]["Master"]
+    c = master["template"]["spec"]["containers"][0]
+    c["imagePullPolcy"] = c.pop("imagePullPolicy")
+    c["resources"]["limits"]["nvidia.com/gpu"] = "four"
+    master["template"]["spec"]["volumes"][0]["emptyDir"]["medum"] = "Memory"
+    d["spec"]["runPolicy"]["cleanPodPolcy"] = "All"
+    d["metadata"]["nme"] = "x"
+    found = m.problems("pytorchjob", d)
+    pod = "spec.pytorchReplicaSpecs.Master.template.spec"
+    assert found == [
+        "metadata.nme: unknown field 'nme'",
+        f"{pod}.containers[0].imagePullPolcy: unknown field 'imagePullPolcy'",
+        f"{pod}.containers[0].resources.limits.nvidia.com/gpu: 'four' is not a Kubernetes quantity "
+        "(e.g. 8, 500m, 16Gi)",
+        f"{pod}.volumes[0].emptyDir.medum: unknown field 'medum'",
+        "spec.runPolicy.cleanPodPolcy: unknown field 'cleanPodPolcy'",
+    ]
+
+
+def test_wrong_kind_is_named():
+    d = doc("mpijob")
+    d["apiVersion"] = "kubeflow.org/v1"
+    assert m.problems("mpijob", d) == ["apiVersion/kind: expected kubeflow.org/v2beta1 MPIJob, got kubeflow.org/v1 MPIJob"]
+
+
+def test_stored_schemas_name_their_source():
+    for name in ("mpijob-v2beta1.yaml", "pytorchjob-v1.yaml"):
+        head = (m.SCHEMAS / name).read_text().split("\nproperties:")[0]
+        assert "Source: https://github.com/kubeflow/" in head and "Apache-2.0" in head
+    assert "mpi-operator/blob/v0.4.0/" in (m.SCHEMAS / "mpijob-v2beta1.yaml").read_text()
+    assert "training-operator/blob/v1.7.0/" in (m.SCHEMAS / "pytorchjob-v1.yaml").read_text()
+    total = sum(p.stat().st_size for p in m.SCHEMAS.iterdir())
+    assert total < 2_000_000
+
+
+def test_k8s_podspec_schema_matches_the_pinned_client():
+    """The stored strict PodSpec is exactly what the kubernetes 27.2.0 client's models give."""
+    assert k8s_schema.OUTPUT.read_text() == k8s_schema.render(), "run python -m launch.k8s_schema"
+
+
+def _fields(schema):
+    return set(schema.get("properties", {}))
+
+
+def test_pytorchjob_schema_fields_equal_training_operator_v1_7_0_sdk():
+    from kubeflow.training import models as sdk
+
+    def names(cls):
+        return {cls.attribute_map[a] for a in cls.openapi_types}
+
+    crd = yaml.safe_load((m.SCHEMAS / "pytorchjob-v1.yaml").read_text())
+    s = crd["properties"]["spec"]
+    assert _fields(crd) == names(sdk.KubeflowOrgV1PyTorchJob)
+    assert _fields(s) == names(sdk.KubeflowOrgV1PyTorchJobSpec)
+    sp = s["properties"]
+    assert _fields(sp["runPolicy"]) == names(sdk.KubeflowOrgV1RunPolicy)
+    assert _fields(sp["runPolicy"]["properties"]["schedulingPolicy"]) == names(sdk.KubeflowOrgV1SchedulingPolicy)
+    assert _fields(sp["elasticPolicy"]) == names(sdk.KubeflowOrgV1ElasticPolicy)
+    assert _fields(sp["pytorchReplicaSpecs"]["additionalProperties"]) == names(sdk.KubeflowOrgV1ReplicaSpec)
+
+
+# ---------------------------------------------------------------- AWS request shapes (botocore)
+
+
+def test_ecs_broken_documents_name_the_field():
+    d = doc("ecs")
+    c = d["containerDefinitions"][0]
+    c["ulimit"] = c.pop("ulimits")
+    c["memoryReservation"] = "4096"
+    found = m.problems("ecs", d)
+    assert any(p.startswith('Unknown parameter in containerDefinitions[0]: "ulimit"') for p in found)
+    assert any(p.startswith("Invalid type for parameter containerDefinitions[0].memoryReservation")
+               for p in found)
+    with pytest.raises(m.ManifestError, match="RegisterTaskDefinition"):
+        m.validate("ecs", d)
+
+
+def test_sagemaker_broken_documents_name_the_field():
+    d = doc("sagemaker")
+    d["ResourceConfig"]["InstanceCount"] = "1"
+    d["StopingCondition"] = d.pop("StoppingCondition")
+    del d["RoleArn"]
+    found = m.problems("sagemaker", d)
+    assert any(p.startswith('Unknown parameter in input: "StopingCondition"') for p in found)
+    assert any(p.startswith("Invalid type for parameter ResourceConfig.InstanceCount") for p in found)
+    assert 'Missing required parameter in input: "RoleArn"' in found
+
+
+# ---------------------------------------------------------------- the contract inside
+
+
+def test_mpijob_mpirun_is_launch_commands_output():
+    d = doc("mpijob", env={"WANDB_MODE": "offline"})
+    launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    expected = commands.mpirun_argv(None, list(CMD), iface="eth0", env={"WANDB_MODE": "offline"},
+                                    ssh_port=2022, ssh_options=["-o ConnectionAttempts=10"],
+                                    hostfile="/etc/mpi/hostfile", np=12)
+    assert launcher["command"] == ["/opt/dtrain/node/entrypoint.sh"]
+    assert launcher["args"] == expected
+    # The flags are exactly mpi_flags, the ones `invoke launch` passes, in the same order.
+    flags = commands.mpi_flags(iface="eth0", env={"WANDB_MODE": "offline"}, ssh_port=2022,
+                               ssh_options=["-o ConnectionAttempts=10"])
+    assert expected == ["mpirun", "--allow-run-as-root", "-np", "12", "--hostfile", "/etc/mpi/hostfile",
+                        *flags, *CMD]
+    assert "-H" not in expected
+    i = expected.index("plm_rsh_args")
+    assert expected[i + 1].startswith("-p 2022")
+    assert expected[expected.index("btl_tcp_if_include") + 1] == "eth0"
+    assert expected[expected.index("oob_tcp_if_include") + 1] == "eth0"
+    assert "NCCL_SOCKET_IFNAME=eth0" in expected
+
+
+def test_mpijob_workers_run_sshd_on_2022_with_gpus():
+    d = doc("mpijob", gpus_per_worker=8, node_selector={"pool": "p4d"})
+    s = d["spec"]
+    assert s["slotsPerWorker"] == 8 and s["sshAuthMountPath"] == "/root/.ssh"
+    w = s["mpiReplicaSpecs"]["Worker"]
+    assert w["replicas"] == 3
+    c = w["template"]["spec"]["containers"][0]
+    assert c["command"] == ["/opt/dtrain/node/entrypoint.sh"] and "args" not in c
+    assert c["ports"] == [{"name": "ssh", "containerPort": 2022}]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert w["template"]["spec"]["nodeSelector"] == {"pool": "p4d"}
+    assert w["template"]["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    launcher = s["mpiReplicaSpecs"]["Launcher"]
+    assert launcher["replicas"] == 1 and "resources" not in launcher["template"]["spec"]["containers"][0]
+    cpu = doc("mpijob", gpus_per_worker=0)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "resources" not in cpu["containers"][0]
+
+
+def test_pytorchjob_torchrun_and_env():
+    d = doc("pytorchjob")
+    specs = d["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 2
+    assert d["spec"]["nprocPerNode"] == "4"
+    for role in ("Master", "Worker"):
+        c = specs[role]["template"]["spec"]["containers"][0]
+        assert c["name"] == "pytorch"  # the only container the operator gives RANK/MASTER_* to
+        assert c["args"] == commands.torchrun_argv(3, "$(RANK)", 4, "$(MASTER_ADDR)", "$(MASTER_PORT)",
+                                                   ["train.py", "--epochs", "3"])
+        assert {e["name"]: e["value"] for e in c["env"]} == commands.torchrun_env("eth0")
+    single = doc("pytorchjob", workers=1)["spec"]["pytorchReplicaSpecs"]
+    assert list(single) == ["Master"]
+
+
+def test_ecs_task_definition_contract():
+    d = doc("ecs", gpus_per_worker=8)
+    assert d["networkMode"] == "host" and d["requiresCompatibilities"] == ["EC2"]
+    c = d["containerDefinitions"][0]
+    assert c["resourceRequirements"] == [{"type": "GPU", "value": "8"}]
+    assert c["ulimits"] == [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
+    assert c["linuxParameters"]["sharedMemorySize"] == 16384
+    assert c["portMappings"][0]["containerPort"] == 2022
+    script = c["command"][0]
+    assert c["entryPoint"] == ["/bin/bash", "-c"]
+    assert script.endswith("unset DTRAIN_SSH_KEY; exec /opt/dtrain/node/entrypoint.sh")  # sshd -D on 2022
+    assert c["secrets"][0]["name"] == "DTRAIN_SSH_KEY"
+    assert "resourceRequirements" not in doc("ecs", gpus_per_worker=0)["containerDefinitions"][0]
+
+
+def test_sagemaker_request_contract():
+    d = doc("sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://b/out",
+            gpus_per_worker=8)
+    a = d["AlgorithmSpecification"]
+    assert a["TrainingImage"] == HVD and a["TrainingInputMode"] == "File"
+    assert a["ContainerEntrypoint"] == ["/opt/dtrain/node/entrypoint.sh"]
+    assert a["ContainerArguments"] == commands.mpirun_argv([Node("localhost", 8)], list(CMD), iface="eth0")
+    assert d["ResourceConfig"] == {"InstanceCount": 1, "InstanceType": "ml.p4d.24xlarge", "VolumeSizeInGB": 100}
+    assert d["RoleArn"] == "arn:aws:iam::111122223333:role/Train"
+    assert d["OutputDataConfig"] == {"S3OutputPath": "s3://b/out"}
+    t = doc("sagemaker", launcher="torchrun", command=("train.py",))["AlgorithmSpecification"]
+    assert t["ContainerArguments"][:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"target": "sagemaker", "workers": 2}, "single-instance"),
+    ({"target": "mpijob", "command": ()}, "no command"),
+    ({"target": "mpijob", "name": "Bad_Name"}, "bad job name"),
+    ({"target": "mpijob", "workers": 0}, "at least 1 worker"),
+    ({"target": "helm"}, "--for helm"),
+    ({"target": "sagemaker", "workers": 1, "gpus_per_worker": 3}, "--instance-type"),
+])
+def test_bad_specs_are_refused(kw, msg):
+    target = kw.pop("target")
+    base = dict(image=HVD, command=CMD, workers=2)
+    with pytest.raises(LaunchError, match=msg):
+        m.render(m.ManifestSpec(target, **{**base, **kw}))
+
+
+# ---------------------------------------------------------------- docs/examples
+
+
+def test_examples_no_drift():
+    """docs/examples/ is exactly what `python -m launch.manifests` writes."""
+    rendered = m.examples()
+    assert sorted(rendered) == sorted(m.EXAMPLES.iterdir()), "stale or missing: python -m launch.manifests"
+    for path, text in rendered.items():
+        assert path.read_text() == text, f"{path.name} drifted: python -m launch.manifests"
+        assert m.problems(m.load_target(path), m.load(m.load_target(path), text)) == []
+
+
+def test_docs_show_every_example():
+    text = (m.ROOT / "docs" / "other-tools.md").read_text()
+    for path in m.examples():
+        assert f"examples/{path.name}" in text
+
+
+def test_deterministic():
+    assert m.render(spec("mpijob")) == m.render(spec("mpijob"))
+    json.loads(m.render(spec("ecs")))
+    assert copy.deepcopy(doc("mpijob")) == doc("mpijob")
+
+
+def test_spec_from_args_for_the_task():
+    s = m.spec_from_args("mpijob", HVD, ["python", "t.py"], workers="3", gpus_per_worker="8",
+                         env=["A=1"], node_selector=["pool=gpu"], namespace=None, shm_size_mib="1024")
+    assert (s.workers, s.gpus_per_worker, s.env, s.node_selector, s.namespace, s.shm_size_mib) == \
+        (3, 8, {"A": "1"}, {"pool": "gpu"}, None, 1024)
+    with pytest.raises(LaunchError, match="--env 'A': expected K=V"):
+        m.spec_from_args("mpijob", HVD, ["t"], env=["A"])
+    with pytest.raises(LaunchError, match="--image is required"):
+        m.spec_from_args("mpijob", None, ["t"])
