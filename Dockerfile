@@ -48,7 +48,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 # sshd on 2022 (the host keeps 22). StrictModes off and known_hosts in /dev/null because the
 # Kubeflow MPI operator mounts .ssh read-only with root-owned 0644 files. Host keys are made
-# when a container starts (entrypoint), never at build time; no user key is in the image.
+# when a container starts (the entrypoint, or the sshd wrapper when sshd is started directly),
+# never at build time; no user key is in the image.
 RUN printf '%s\n' \
       'Port 2022' \
       'PermitRootLogin prohibit-password' \
@@ -69,6 +70,16 @@ RUN printf '%s\n' \
       '    UserKnownHostsFile /dev/null' \
       '    LogLevel ERROR' \
       > /etc/ssh/ssh_config \
+ && dpkg-divert --quiet --local --rename --divert /usr/sbin/sshd.real --add /usr/sbin/sshd \
+ && printf '%s\n' \
+      '#!/bin/sh' \
+      '# dtrain: sshd started directly (as an MPI operator may: /usr/sbin/sshd -De) still gets' \
+      '# host keys of its own, made here; none ship in the image.' \
+      'ssh-keygen -A -q >/dev/null 2>&1' \
+      'mkdir -p /run/sshd' \
+      "exec /usr/sbin/sshd.real \"\$@\"" \
+      > /usr/sbin/sshd \
+ && chmod 755 /usr/sbin/sshd \
  && mkdir -p /run/sshd /root/.ssh /etc/ssh/sshd_config.d \
  && chmod 700 /root/.ssh \
  && rm -f /etc/ssh/ssh_host_*
@@ -79,6 +90,7 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONUNBUFFERED=1 \
     OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \
     GOTO_NUM_THREADS=1 \
@@ -87,7 +99,7 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 # Non-interactive ssh sessions (how mpirun starts orted) get the same variables, so orted and
 # python are found on every node. Runtime additions (docker run -e) are added by the entrypoint.
 RUN printf 'SetEnv' > /etc/ssh/sshd_config.d/00-image-env.conf \
- && printf ' %s' 'PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openmpi/lib' 'LANG=C.UTF-8' 'PYTHONUNBUFFERED=1' 'OMPI_ALLOW_RUN_AS_ROOT=1' 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1' 'OMP_NUM_THREADS=1' 'OPENBLAS_NUM_THREADS=1' 'GOTO_NUM_THREADS=1' 'NCCL_SOCKET_IFNAME=^docker0,lo' 'NCCL_DEBUG=WARN' >> /etc/ssh/sshd_config.d/00-image-env.conf \
+ && printf ' %s' 'PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openmpi/lib' 'LANG=C.UTF-8' 'PYTHONUNBUFFERED=1' 'OMPI_ALLOW_RUN_AS_ROOT=1' 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1' 'OMPI_MCA_btl_vader_single_copy_mechanism=none' 'OMP_NUM_THREADS=1' 'OPENBLAS_NUM_THREADS=1' 'GOTO_NUM_THREADS=1' 'NCCL_SOCKET_IFNAME=^docker0,lo' 'NCCL_DEBUG=WARN' >> /etc/ssh/sshd_config.d/00-image-env.conf \
  && echo >> /etc/ssh/sshd_config.d/00-image-env.conf
 COPY --from=builder /opt/venv /opt/venv
 # Smoke test at build time: a broken image fails here, not on the cluster.

@@ -42,6 +42,8 @@ def _env(img: Image) -> dict[str, str]:
         # Open MPI refuses root without these; containers run as root.
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # Shared-memory transport without CMA (process_vm_readv), which containers forbid.
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
         # One BLAS/OpenMP thread per rank: avoids "BLAS : Program is Terminated. Because you
         # tried to allocate too many memory regions" and oversubscription.
         "OMP_NUM_THREADS": "1",

@@ -246,11 +246,12 @@ class Job:
         if dup:
             raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "
                               "one hostname per node")
-        for f in self.facts:
-            if f.memlock >= 0:
-                self.say(f"[launch] warning: {f.node.host}: dockerd cannot lift the memlock limit "
-                         f"({f.memlock // 1024} KiB); containers get that, not unlimited (EFA needs "
-                         "unlimited: see docs/troubleshooting.md#memlock)")
+        capped = [f for f in self.facts if f.memlock >= 0]
+        if capped:
+            self.say(f"[launch] warning: dockerd cannot lift the memlock limit on "
+                     f"{', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
+                     "containers get that, not unlimited; EFA needs unlimited "
+                     "(docs/troubleshooting.md#memlock)")
         self.say(f"[launch] {len(self.facts)} node(s) ready: NIC {self.facts[0].iface}, "
                  f"{sum(f.gpus for f in self.facts)} GPU(s) ({time.monotonic() - t0:.1f} s)")
 
