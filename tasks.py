@@ -301,6 +301,29 @@ def demo(c, nodes=2, keep=False, epochs=3):
 # ---------------------------------------------------------------- troubleshooting
 
 
+@task(iterable=["ssh_opt"], help={
+    **NODE_HELP,
+    "image": "image to check with (digest on every node, and the in-container checks)",
+    "iface": "network interface to check (default: the NIC of each node's address)",
+    "shm_size": "as `invoke launch --shm-size` (default --ipc host)",
+    "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
+    "job": "a running job whose container may hold port 2022",
+})
+def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
+           ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
+           min_free_gb=10.0, job=None):
+    """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
+    from launch import doctor as dr
+
+    with user_errors():
+        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
+        rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
+                                        min_free_gb=float(min_free_gb),
+                                        ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))
+        print(dr.format_table(rows))
+        sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
+
+
 @task(help={"log": "a job's output file, or a job name from `invoke status` (default: the latest job)"})
 def diagnose(c, log=None):
     """Match a failed job's output against the known failure signatures (docs/troubleshooting.md)."""

@@ -1,0 +1,344 @@
+"""`invoke doctor`: the troubleshooting checklist as checks, run on every node in parallel.
+
+Two passes. The host pass (one ssh per node) reads what a launch depends on: engine, GPUs
+and driver, NVIDIA runtime, port 2022, the NIC, hostname, image, disk, clock, EFA. With an
+image, the container pass starts a short-lived container per node exactly as `invoke launch`
+does and checks from inside: every peer's sshd on 2022, /dev/shm, memlock. Containers are
+removed afterwards, whatever happened. `evaluate` is pure: facts in, rows out.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
+
+from launch import checklist, commands
+from launch.fanout import run_all
+from launch.hosts import Node, ssh_argv
+from launch.job import Job, JobSpec, NodeFacts, container_name, parse_probe
+
+Status = Literal["PASS", "WARN", "FAIL"]
+CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
+          "image-digest", "disk", "clock", "efa", "peer-2022", "shm", "memlock")
+
+# EC2 instance types with EFA. Source: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html
+# ("Supported instance types", accelerated computing).
+EFA_TYPES = {
+    "p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge",
+    "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal",
+    "g5.8xlarge", "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge",
+    "g6.8xlarge", "g6.12xlarge", "g6.16xlarge", "g6.24xlarge", "g6.48xlarge",
+    "trn1.32xlarge", "trn1n.32xlarge",
+}
+SHM_MIN_KB = 1024 * 1024  # 1 GiB: NCCL and DataLoader workers use /dev/shm
+SHM_FAIL_KB = 256 * 1024
+CLOCK_WARN_S, CLOCK_FAIL_S = 1.0, 5.0
+
+
+@dataclass(frozen=True)
+class Row:
+    node: str
+    check: str
+    status: Status
+    detail: str
+
+
+@dataclass(frozen=True)
+class Options:
+    image: str | None = None
+    iface: str | None = None
+    shm_size: str | None = None  # as `invoke launch --shm-size`; None: --ipc host
+    min_free_gb: float = 10.0  # free space wanted on Docker's data root besides the image
+    ssh_opts: tuple[str, ...] = ()
+    job: str = ""  # port 2022 held by this job's container is fine
+
+
+_HOST = r"""
+set -u
+echo "t=$(date +%s.%N)"
+echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
+echo "hostname=$(hostname)"
+if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}' 2>&1); then
+  echo "docker=ok"; echo "docker_info=$info"
+else echo "docker=$(echo "$info" | tail -1)"; fi
+echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+echo "jobs=$(timeout 10 docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
+root=$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
+echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
+echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
+echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"
+echo "memlock=$(cat /proc/$(pgrep -o dockerd)/limits 2>/dev/null | awk '/Max locked memory/ {print $5}')"
+IMAGE_PART
+echo "ipjson=$(ip -j addr 2>/dev/null)"
+"""
+
+_IMAGE = r"""
+if id=$(timeout 20 docker image inspect -f '{{.Id}}' IMAGE 2>/dev/null); then
+  echo "image_id=$id"
+  echo "image_size=$(docker image inspect -f '{{.Size}}' IMAGE)"
+  echo "image_labels=$(docker image inspect -f '{{json .Config.Labels}}' IMAGE)"
+else echo "image_id="; fi
+"""
+
+
+def host_script(image: str | None) -> str:
+    part = _IMAGE.replace("IMAGE", shlex.quote(image)) if image else ""
+    return _HOST.replace("IMAGE_PART", part)
+
+
+def container_script(peers: Sequence[str]) -> str:
+    # Each peer gets ~10 s: the containers' sshd may still be starting.
+    lines = ["set -u", "try() { for i in $(seq 20); do out=$(timeout 15 ssh -p 2022 -o BatchMode=yes "
+             "-o ConnectTimeout=5 root@$1 'command -v orted python' 2>&1) && return 0; sleep 0.5; done; "
+             "return 1; }"]
+    for p in peers:
+        q = shlex.quote(p)
+        lines.append(f"if try {q}; then echo \"peer {p}=ok\"; "
+                     f"else echo \"peer {p}=$(echo \"$out\" | tail -1)\"; fi")
+    lines += ["echo \"shm_kb=$(df -Pk /dev/shm | awk 'NR==2 {print $2}')\"",
+              "echo \"memlock=$(ulimit -l)\""]
+    return "\n".join(lines)
+
+
+def _version(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.split("."))
+    except ValueError:
+        return ()
+
+
+# ---------------------------------------------------------------- pure evaluation
+
+
+def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors: dict[str, str],
+             clock_skew: dict[str, float], containers: dict[str, dict[str, str]] | None,
+             opts: Options) -> list[Row]:
+    """Facts per node (host: parse_probe output; containers: container pass output, or None
+    when it did not run) -> one row per node and check."""
+    rows: list[Row] = []
+    add = lambda n, c, s, d: rows.append(Row(n, c, s, d))  # noqa: E731
+    reachable = [n.host for n in nodes if n.host not in ssh_errors]
+
+    # NIC: the interface of each node's address; one name and one MTU on all nodes.
+    nic: dict[str, tuple[str, int]] = {}
+    for h in reachable:
+        f = host[h]
+        try:
+            ifaces = json.loads(f.get("ipjson") or "[]")
+            name = opts.iface or commands.interface_for_address(f.get("ipjson", ""), f.get("addr") or h, host=h)
+            iface = next((i for i in ifaces if i.get("ifname") == name), None)
+            nic[h] = (name, int(iface.get("mtu", 0)) if iface else -1)
+        except Exception as e:  # noqa: BLE001 - a node's odd output is that node's FAIL
+            nic[h] = (f"error: {e}", 0)
+    names = {v[0] for v in nic.values()}
+    mtus = {v[1] for v in nic.values()}
+    hostnames = [host[h].get("hostname", "") for h in reachable]
+
+    digests = {h: host[h].get("image_id", "") for h in reachable} if opts.image else {}
+    common = max(set(digests.values()) - {""}, key=list(digests.values()).count, default="")
+
+    for n in nodes:
+        h = n.host
+        if h in ssh_errors:
+            add(h, "ssh", "FAIL", ssh_errors[h])
+            continue
+        f = host[h]
+        add(h, "ssh", "PASS", f"reached {f.get('hostname', h)} ({f.get('addr') or h})")
+        docker_ok = f.get("docker") == "ok"
+        add(h, "docker", "PASS" if docker_ok else "FAIL",
+            f"engine {f.get('docker_info', '').split('|')[0]}" if docker_ok else
+            f"engine not answering: {f.get('docker') or 'no answer'}")
+
+        labels = json.loads(f.get("image_labels") or "{}") if opts.image else {}
+        gpus, driver = int(f.get("gpus") or 0), f.get("driver", "")
+        need = labels.get("dtrain.min-driver", "")
+        if labels.get("dtrain.kind") == "gpu" and not gpus:
+            add(h, "gpu-driver", "FAIL", f"GPU image (needs driver >= {need}) but no NVIDIA GPU/driver here")
+        elif gpus and need and _version(driver) < _version(need):
+            add(h, "gpu-driver", "FAIL", f"driver {driver} < {need}, the image's CUDA minimum")
+        elif gpus:
+            add(h, "gpu-driver", "PASS", f"{gpus} GPU(s), driver {driver}" + (f" >= {need}" if need else ""))
+        else:
+            add(h, "gpu-driver", "PASS", "no NVIDIA GPU; CPU image" if opts.image else "no NVIDIA GPU")
+
+        runtimes = f.get("docker_info", "").split("|")[1] if "|" in f.get("docker_info", "") else ""
+        if gpus and "nvidia" not in runtimes:
+            add(h, "nvidia-runtime", "FAIL", "GPUs present but Docker has no nvidia runtime "
+                "(install nvidia-container-toolkit, then `nvidia-ctk runtime configure`)")
+        else:
+            add(h, "nvidia-runtime", "PASS", "nvidia runtime present" if gpus else "not needed: no GPUs")
+
+        port, jobs = f.get("port", ""), f.get("jobs", "").split()
+        if not port:
+            add(h, "port-2022", "PASS", "free")
+        elif opts.job and opts.job in jobs:
+            add(h, "port-2022", "PASS", f"held by job {opts.job}'s container")
+        else:
+            add(h, "port-2022", "FAIL", f"taken: {port}" + (f" (dtrain jobs running: {' '.join(jobs)})" if jobs else ""))
+
+        name, mtu = nic.get(h, ("?", 0))
+        if name.startswith("error"):
+            add(h, "nic", "FAIL", name)
+        elif len(names) > 1 or len(mtus) > 1:
+            others = ", ".join(f"{k}={v[0]}/mtu {v[1]}" for k, v in nic.items())
+            add(h, "nic", "FAIL", f"{name} mtu {mtu}; nodes differ: {others}")
+        else:
+            add(h, "nic", "PASS", f"{name} mtu {mtu}")
+
+        hn = f.get("hostname", "")
+        add(h, "hostnames", "FAIL" if hostnames.count(hn) > 1 else "PASS",
+            f"{hn} is also the hostname of another node: Open MPI needs one per node"
+            if hostnames.count(hn) > 1 else f"{hn} (unique)")
+
+        if opts.image:
+            d = digests.get(h, "")
+            if not d:
+                add(h, "image-digest", "WARN", f"{opts.image} not on this node yet (launch pulls it)")
+            elif d != common:
+                add(h, "image-digest", "FAIL", f"{d[:19]} differs from the other nodes' {common[:19]}")
+            else:
+                add(h, "image-digest", "PASS", d[:19])
+        else:
+            add(h, "image-digest", "WARN", "skipped: give --image")
+
+        free_gb = int(f.get("disk_kb") or 0) / 1024**2
+        image_gb = int(f.get("image_size") or 0) / 1024**3 if not digests.get(h) else 0.0
+        want = opts.min_free_gb + image_gb
+        add(h, "disk", "PASS" if free_gb >= want else "FAIL",
+            f"{free_gb:.1f} GiB free on Docker's data root (want {want:.1f})")
+
+        skew = clock_skew.get(h, 0.0)
+        status: Status = "FAIL" if abs(skew) > CLOCK_FAIL_S else "WARN" if abs(skew) > CLOCK_WARN_S else "PASS"
+        ntp = {"yes": ", NTP synchronised", "no": ", NTP not synchronised"}.get(f.get("ntp", ""), "")
+        add(h, "clock", status, f"{skew:+.2f} s from this machine{ntp}")
+
+        itype, efa = f.get("instance_type", ""), f.get("efa", "").split()
+        if itype in EFA_TYPES and not efa:
+            add(h, "efa", "FAIL", f"{itype} supports EFA but no /dev/infiniband/uverbs* (attach an EFA interface)")
+        elif efa:
+            add(h, "efa", "PASS", f"{len(efa)} EFA device(s)")
+        else:
+            add(h, "efa", "PASS", f"not an EFA instance type ({itype or 'not EC2'})")
+
+        c = (containers or {}).get(h)
+        if containers is None:
+            for check in ("peer-2022", "shm", "memlock"):
+                add(h, check, "WARN", "skipped: give --image")
+            continue
+        if c is None:
+            for check in ("peer-2022", "shm", "memlock"):
+                add(h, check, "FAIL", "no container could run on this node (see the failures above)")
+            continue
+        bad = {k[5:]: v for k, v in c.items() if k.startswith("peer ") and v != "ok"}
+        npeers = sum(1 for k in c if k.startswith("peer "))
+        add(h, "peer-2022", "FAIL" if bad else "PASS",
+            "; ".join(f"{p}: {v}" for p, v in bad.items()) if bad else f"ssh -p 2022 to all {npeers} node(s)")
+        shm = int(c.get("shm_kb") or 0)
+        add(h, "shm", "FAIL" if shm < SHM_FAIL_KB else "WARN" if shm < SHM_MIN_KB else "PASS",
+            f"/dev/shm {shm // 1024} MiB" + ("" if shm >= SHM_MIN_KB else " (want >= 1024 MiB: --ipc host or --shm-size)"))
+        lock = c.get("memlock", "")
+        if lock == "unlimited":
+            add(h, "memlock", "PASS", "unlimited")
+        else:
+            add(h, "memlock", "FAIL" if efa else "WARN",
+                f"{lock} KiB, not unlimited" + (": EFA will fail to register memory" if efa else
+                                               "; fine without EFA"))
+    return rows
+
+
+def entries_for(check: str) -> list[checklist.Entry]:
+    return [e for e in checklist.ENTRIES if check in e.doctor_checks and not e.catch_all]
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    order = {c: i for i, c in enumerate(CHECKS)}
+    rows = sorted(rows, key=lambda r: (r.node, order.get(r.check, 99)))
+    widths = [max(len(x) for x in col) for col in zip(("node", "check", "status"),
+                                                        *[(r.node, r.check, r.status) for r in rows])]
+    out = ["  ".join(h.ljust(w) for h, w in zip(("node", "check", "status"), widths)) + "  detail"]
+    out += ["  ".join(x.ljust(w) for x, w in zip((r.node, r.check, r.status), widths)) + "  " + r.detail
+            for r in rows]
+    failed = sorted({r.check for r in rows if r.status == "FAIL"}, key=lambda c: order.get(c, 99))
+    for check in failed:
+        out.append(f"\n{check} FAILED: see docs/troubleshooting.md")
+        for e in entries_for(check):
+            out.append(f"  #{e.id}: {e.title}")
+    counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "WARN", "FAIL")}
+    out.append(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['WARN']} warnings")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- running it
+
+
+def run(nodes: list[Node], opts: Options, say: Callable[[str], None] = print) -> list[Row]:
+    ssh = lambda n, argv: ssh_argv(n, argv, extra_opts=list(opts.ssh_opts))  # noqa: E731
+    sent = time.time()
+    results = run_all(nodes, lambda n: ssh(n, ["bash", "-c", host_script(opts.image)]), timeout=60, retries=1)
+    host: dict[str, dict[str, str]] = {}
+    errors: dict[str, str] = {}
+    skew: dict[str, float] = {}
+    for n, r in zip(nodes, results):
+        if not r.ok and "docker=" not in r.stdout:
+            errors[n.host] = r.error or "no answer"
+            continue
+        host[n.host] = parse_probe(r.stdout)
+        # The node read its clock between sending and receiving: compare with the midpoint.
+        remote = float(host[n.host].get("t") or 0)
+        midpoint = sent + r.seconds / 2
+        skew[n.host] = remote - midpoint if remote else 0.0
+        if abs(skew[n.host]) < r.seconds / 2:  # within the measurement's own uncertainty
+            skew[n.host] = 0.0
+    containers = None
+    if opts.image:
+        containers = _container_pass(nodes, host, errors, opts, say)
+    return evaluate(nodes, host, errors, skew, containers, opts)
+
+
+def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: dict[str, str],
+                    opts: Options, say: Callable[[str], None]) -> dict[str, dict[str, str]]:
+    """Start the image on every node whose engine answers and port 2022 is free, as a launch
+    would; check from inside; always remove the containers."""
+    usable = [n for n in nodes if n.host not in errors and host[n.host].get("docker") == "ok"
+              and not host[n.host].get("port")]
+    if not usable:
+        return {}
+    name = time.strftime("doctor-%Y%m%d-%H%M%S")
+    spec = JobSpec(image=opts.image or "", command=("true",), name=name, iface=opts.iface,
+                   shm_size=opts.shm_size, ssh_opts=opts.ssh_opts, ready_timeout=20)
+    job = Job(spec, usable, say=lambda m: None)
+    facts = []
+    for n in usable:
+        f = host[n.host]
+        lock = f.get("memlock", "")
+        facts.append(NodeFacts(n, f.get("addr") or n.host, f.get("hostname", n.host),
+                               opts.iface or "", int(f.get("gpus") or 0), tuple(f.get("efa", "").split()), "",
+                               int(lock) if lock.isdigit() else -1))
+    job.facts = facts
+    out: dict[str, dict[str, str]] = {}
+    try:
+        job._record(name=name, image=spec.image, launcher="doctor", command=[], nodes=[], state="doctor")
+        say(f"[doctor] starting {opts.image} on {len(usable)} node(s) for the in-container checks")
+        job.pull()
+        job.start_containers()
+        peers = [f.address for f in facts]
+        script = container_script(peers)
+        results = run_all(usable, lambda n: ssh_argv(n, ["docker", "exec", container_name(name), "bash", "-c", script],
+                                                     extra_opts=list(opts.ssh_opts)), timeout=120, retries=1)
+        for n, r in zip(usable, results):
+            if r.ok:
+                out[n.host] = {k: v for line in r.stdout.splitlines()
+                               for k, sep, v in [line.partition("=")] if sep}
+    except Exception as e:  # noqa: BLE001 - reported per node below, never half-done
+        say(f"[doctor] container checks could not run: {e}")
+    finally:
+        job.teardown()
+        shutil.rmtree(job.dir, ignore_errors=True)
+    return out

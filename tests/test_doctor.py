@@ -1,0 +1,237 @@
+"""invoke doctor: each check FAILs for a real cause made on the simulated cluster, and PASSes
+once it is fixed. GPU, EFA and clock causes cannot be made on this machine: their rules are
+tested on `evaluate` with recorded facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import doctor as dr
+from launch.hosts import Node, parse_hostfile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nodes(cluster, n=3):
+    return parse_hostfile(cluster.hostfile)[:n]
+
+
+def check(cluster, image=None, n=3, **kw) -> dict[tuple[str, str], dr.Row]:
+    rows = dr.run(nodes(cluster, n), dr.Options(image=image, ssh_opts=("-F", cluster.ssh_config), **kw),
+                  say=lambda m: None)
+    return {(r.node, r.check): r for r in rows}
+
+
+def status(rows, node, name) -> str:
+    return rows[(node, name)].status
+
+
+def on_node(cluster, i, script, check=True):
+    r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", script], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 or not check, r.stderr
+    return r
+
+
+def addr(cluster, i) -> str:
+    return cluster.nodes[i - 1].address
+
+
+@pytest.mark.cluster
+def test_healthy_cluster_passes(cluster, remote_images):
+    rows = check(cluster, remote_images["horovod-tensorflow"])
+    fails = [r for r in rows.values() if r.status == "FAIL"]
+    assert not fails, fails
+    assert {r.check for r in rows.values()} == set(dr.CHECKS)
+
+
+@pytest.mark.cluster
+def test_docker_engine_down(cluster):
+    state = json.loads(Path(cluster.state_dir, "state.json").read_text())
+    pid = state["pids"]["node-2/dockerd"]
+    os.kill(pid, signal.SIGSTOP)  # the engine stops answering, as a hung or dead dockerd
+    try:
+        rows = check(cluster, n=2)
+        assert status(rows, addr(cluster, 2), "docker") == "FAIL"
+        assert status(rows, addr(cluster, 1), "docker") == "PASS"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status(check(cluster, n=2), addr(cluster, 2), "docker") == "PASS"
+
+
+@pytest.mark.cluster
+def test_port_2022_taken(cluster):
+    a = addr(cluster, 2)
+    on_node(cluster, 2, f"setsid nohup python3 -m http.server 2022 --bind {a} >/dev/null 2>&1 & sleep 1")
+    try:
+        r = check(cluster, n=2)[(a, "port-2022")]
+        assert r.status == "FAIL" and "python3" in r.detail
+    finally:
+        on_node(cluster, 2, "pkill -f 'http.server 2022'", check=False)
+    time.sleep(0.5)
+    assert status(check(cluster, n=2), a, "port-2022") == "PASS"
+
+
+@pytest.mark.cluster
+def test_nic_mtu_differs(cluster):
+    on_node(cluster, 3, "ip link set ens5 mtu 1400")
+    try:
+        rows = check(cluster)
+        assert all(status(rows, addr(cluster, i), "nic") == "FAIL" for i in (1, 2, 3))
+        assert "mtu 1400" in rows[(addr(cluster, 3), "nic")].detail
+    finally:
+        on_node(cluster, 3, "ip link set ens5 mtu 1500")
+    assert status(check(cluster), addr(cluster, 3), "nic") == "PASS"
+
+
+@pytest.mark.cluster
+def test_duplicate_hostnames(cluster):
+    on_node(cluster, 3, "hostname node-2")  # node-3's own UTS namespace
+    try:
+        rows = check(cluster)
+        assert status(rows, addr(cluster, 3), "hostnames") == "FAIL"
+        assert status(rows, addr(cluster, 2), "hostnames") == "FAIL"
+        assert status(rows, addr(cluster, 1), "hostnames") == "PASS"
+    finally:
+        on_node(cluster, 3, "hostname node-3")
+    assert status(check(cluster), addr(cluster, 3), "hostnames") == "PASS"
+
+
+@pytest.mark.cluster
+def test_other_image_on_one_node(cluster, remote_images):
+    tf, ddp = remote_images["horovod-tensorflow"], remote_images["pytorch-ddp"]
+    on_node(cluster, 2, f"docker pull -q {ddp} >/dev/null && docker tag {ddp} {tf}")
+    try:
+        rows = check(cluster, tf)
+        assert status(rows, addr(cluster, 2), "image-digest") == "FAIL"
+        assert status(rows, addr(cluster, 1), "image-digest") == "PASS"
+    finally:
+        on_node(cluster, 2, f"docker pull -q {tf}")
+    assert status(check(cluster, tf), addr(cluster, 2), "image-digest") == "PASS"
+
+
+@pytest.mark.cluster
+def test_small_shm_in_container(cluster, remote_images):
+    image = remote_images["pytorch-ddp"]
+    rows = check(cluster, image, n=2, shm_size="64m")
+    r = rows[(addr(cluster, 1), "shm")]
+    assert r.status == "FAIL" and "64 MiB" in r.detail
+    assert status(check(cluster, image, n=2), addr(cluster, 1), "shm") == "PASS"
+
+
+@pytest.mark.cluster
+def test_memlock_reflects_the_node(cluster, remote_images):
+    rows = check(cluster, remote_images["pytorch-ddp"], n=1)
+    r = rows[(addr(cluster, 1), "memlock")]
+    real = on_node(cluster, 1, "cat /proc/$(pgrep -o dockerd)/limits | awk '/Max locked/ {print $5}'").stdout.strip()
+    if real == "unlimited":
+        assert r.status == "PASS"
+    else:  # this machine's dockerd cannot lift the limit: a real cause, a WARN without EFA
+        assert r.status == "WARN" and str(int(real) // 1024) in r.detail
+
+
+@pytest.mark.cluster
+def test_peer_2022_blocked(cluster, remote_images):
+    rule = "INPUT -p tcp --dport 2022 -j DROP -m comment --comment dtrain-test"
+    on_node(cluster, 3, f"iptables -I {rule}")
+    try:
+        rows = check(cluster, remote_images["pytorch-ddp"])
+        r = rows[(addr(cluster, 1), "peer-2022")]
+        assert r.status == "FAIL" and addr(cluster, 3) in r.detail and addr(cluster, 2) not in r.detail
+    finally:
+        on_node(cluster, 3, f"iptables -D {rule}")
+    assert status(check(cluster, remote_images["pytorch-ddp"]), addr(cluster, 1), "peer-2022") == "PASS"
+
+
+@pytest.mark.cluster
+def test_disk_requirement(cluster):
+    rows = check(cluster, n=1, min_free_gb=10**6)
+    assert status(rows, addr(cluster, 1), "disk") == "FAIL"
+    assert status(check(cluster, n=1), addr(cluster, 1), "disk") == "PASS"
+
+
+@pytest.mark.cluster
+def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path):
+    """A node that does not answer, and a GPU image on nodes without GPUs."""
+    docker = engine.docker_cli()
+    ref = f"{cluster.registry}/dtrain/doctor-gpu-label:1"
+    subprocess.run(f"tar -cf - -T /dev/null | {docker} import --change 'LABEL dtrain.kind=gpu' "
+                   f"--change 'LABEL dtrain.min-driver=570.124.06' - {ref} && {docker} push -q {ref}",
+                   shell=True, check=True, capture_output=True)
+    ns = nodes(cluster, 1) + [Node("10.213.0.99", 1, 22, "root")]
+    rows = {(r.node, r.check): r for r in dr.run(ns, dr.Options(image=ref, ssh_opts=("-F", cluster.ssh_config)),
+                                                  say=lambda m: None)}
+    assert status(rows, "10.213.0.99", "ssh") == "FAIL"
+    r = rows[(addr(cluster, 1), "gpu-driver")]
+    assert r.status == "FAIL" and "570.124.06" in r.detail
+    # The CLI: exit non-zero, the failing row, and the checklist entries that explain it.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{addr(cluster, 1)} slots=1 port=22 user=root\n10.213.0.99 slots=1 port=22 user=root\n")
+    out = subprocess.run(["python", "-m", "invoke", "doctor", "--hostfile", str(hostfile),
+                          "--ssh-config", cluster.ssh_config], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "10.213.0.99  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout
+
+
+# ---------------------------------------------------------------- rules without a real cause here
+
+
+def facts(**over) -> dict[str, str]:
+    ipjson = json.dumps([{"ifname": "ens5", "mtu": 9001, "addr_info": [{"family": "inet", "local": "10.0.0.1"}]}])
+    base = {"addr": "10.0.0.1", "hostname": "ip-10-0-0-1", "docker": "ok",
+            "docker_info": '24.0|{"runc":{}}|/var/lib/docker', "gpus": "0", "driver": "", "port": "",
+            "jobs": "", "disk_kb": str(200 * 1024**2), "instance_type": "", "efa": "", "ntp": "yes",
+            "ipjson": ipjson}
+    return base | over
+
+
+def one(f, containers=None, skew=0.0, **opts):
+    n = Node("10.0.0.1", 8)
+    rows = dr.evaluate([n], {"10.0.0.1": f}, {}, {"10.0.0.1": skew}, containers, dr.Options(**opts))
+    return {r.check: r for r in rows}
+
+
+def test_driver_older_than_image_needs():
+    f = facts(gpus="8", driver="535.104.05", docker_info='24.0|{"nvidia":{},"runc":{}}|/x',
+              image_id="sha256:aa", image_labels=json.dumps({"dtrain.kind": "gpu", "dtrain.min-driver": "560.35.05"}))
+    r = one(f, image="img")["gpu-driver"]
+    assert r.status == "FAIL" and "535.104.05 < 560.35.05" in r.detail
+    f["driver"] = "570.86.15"
+    assert one(f, image="img")["gpu-driver"].status == "PASS"
+
+
+def test_gpus_without_nvidia_runtime():
+    assert one(facts(gpus="4", driver="570.1"))["nvidia-runtime"].status == "FAIL"
+    assert one(facts(gpus="4", driver="570.1", docker_info='24|{"nvidia":{}}|/x'))["nvidia-runtime"].status == "PASS"
+
+
+def test_efa_instance_without_devices():
+    assert one(facts(instance_type="p4d.24xlarge"))["efa"].status == "FAIL"
+    assert one(facts(instance_type="p4d.24xlarge", efa="/dev/infiniband/uverbs0"))["efa"].status == "PASS"
+    assert one(facts(instance_type="g5.xlarge"))["efa"].status == "PASS"
+
+
+def test_memlock_fails_with_efa():
+    c = {"peer 10.0.0.1": "ok", "shm_kb": str(4 * 1024**2), "memlock": "64"}
+    assert one(facts(efa="/dev/infiniband/uverbs0"), containers={"10.0.0.1": c}, image="i")["memlock"].status == "FAIL"
+    assert one(facts(), containers={"10.0.0.1": c}, image="i")["memlock"].status == "WARN"
+
+
+def test_clock_skew():
+    assert one(facts(), skew=0.3)["clock"].status == "PASS"
+    assert one(facts(), skew=2.5)["clock"].status == "WARN"
+    assert one(facts(), skew=-30)["clock"].status == "FAIL"
+
+
+def test_table_names_checklist_entries():
+    rows = [dr.Row("n1", "port-2022", "FAIL", "taken"), dr.Row("n1", "ssh", "PASS", "ok")]
+    text = dr.format_table(rows)
+    assert "port-2022 FAILED" in text and "#sshd-port-busy" in text
+    assert text.strip().endswith("1 passed, 1 failed, 0 warnings")
