@@ -1,0 +1,62 @@
+"""Image build benchmark: cold build vs rebuild after touching only launch/node/, and sizes.
+
+    python bench/bench_build.py [--cold]
+
+--cold rebuilds every CPU image with --no-cache first (minutes: compiles Horovod). Without it
+the "cold" column is left empty and only the rebuild and sizes are measured. Prints a table;
+docs/benchmarks.md records the results with this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from images import build as b  # noqa: E402
+from launch import engine  # noqa: E402
+
+WHEELS = Path("/opt/wheels")
+
+
+def build_all(opts: b.BuildOptions) -> dict[str, b.BuildResult]:
+    quiet = lambda msg: None  # noqa: E731
+    return {r.family: r for r in b.build(None, None, False, opts, say=quiet)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cold", action="store_true", help="also time a --no-cache build of each image")
+    args = ap.parse_args()
+    engine.ensure_all()
+    base = dict(base_image=engine.BASE_IMAGE, ca_bundle=b.default_ca_bundle(),
+                wheelhouse=WHEELS if WHEELS.is_dir() else None)
+    cold = build_all(b.BuildOptions(**base, no_cache=True)) if args.cold else {}
+    warm = build_all(b.BuildOptions(**base))  # make sure everything is cached
+    marker = ROOT / "launch" / "node" / ".bench-touch"
+    marker.write_text(f"{time.time()}\n")  # a change in launch/node/ only
+    try:
+        touched = build_all(b.BuildOptions(**base))
+    finally:
+        marker.unlink()
+    build_all(b.BuildOptions(**base))  # back to the committed state
+    rows = [("image", "size", "cold build", "rebuild after launch/node/ change", "ratio", "layers cached")]
+    for fam, r in warm.items():
+        c = cold.get(fam)
+        t = touched[fam]
+        rows.append((f"{fam}:{r.tag}", b.human_size(r.size), f"{c.seconds:.0f} s" if c else "-",
+                     f"{t.seconds:.1f} s", f"{100 * t.seconds / c.seconds:.1f}%" if c else "-",
+                     f"{t.cached}/{t.steps}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(x.ljust(w) for x, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+if __name__ == "__main__":
+    main()

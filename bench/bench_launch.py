@@ -1,0 +1,103 @@
+"""Launch benchmark on the simulated cluster: time from `invoke launch` to all ranks running,
+for 1, 2, 4 and 8 nodes, beside the two ways people do it by hand (image already on nodes):
+
+- sequential: `while read host; do ssh $host docker run -d ... ; done` (one node after another)
+- parallel:   the same `ssh host docker run -d` to every node at once, nothing else
+
+The dtrain column is the whole launch: probe, pull check, containers, per-job keys, sshd
+reachable node to node, and mpirun starting one rank per node (each rank prints its start
+time; the slowest counts).
+
+    python bench/bench_launch.py [--nodes 1,2,4,8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from images import push as p  # noqa: E402
+from images.spec import load_all  # noqa: E402
+from launch import cluster, engine  # noqa: E402
+from launch.hosts import parse_hostfile  # noqa: E402
+from launch.job import Job, JobSpec, job_log  # noqa: E402
+
+FAMILY = "pytorch-ddp"
+
+
+def ssh(info, host: str, cmd: str) -> None:
+    subprocess.run(["ssh", "-F", info.ssh_config, host, cmd], check=True, capture_output=True)
+
+
+def by_hand(info, image: str, hosts: list[str], parallel: bool) -> float:
+    run = f"docker run -d --name bench-hand --network host {image} >/dev/null"
+    t0 = time.monotonic()
+    if parallel:
+        with ThreadPoolExecutor(len(hosts)) as ex:
+            list(ex.map(lambda h: ssh(info, h, run), hosts))
+    else:
+        for h in hosts:
+            ssh(info, h, run)
+    seconds = time.monotonic() - t0
+    with ThreadPoolExecutor(len(hosts)) as ex:
+        list(ex.map(lambda h: ssh(info, h, "docker rm -f bench-hand >/dev/null"), hosts))
+    return seconds
+
+
+def dtrain(info, image: str, n: int, i: int) -> float:
+    name = f"bench-{n}-{i}"
+    spec = JobSpec(image=image, command=("bash", "-c", "date +%s.%N"), name=name,
+                   ssh_opts=("-F", info.ssh_config))
+    t0 = time.time()
+    code = Job(spec, parse_hostfile(info.hostfile)[:n], say=lambda m: None).run()
+    if code != 0:
+        raise SystemExit(f"launch on {n} nodes failed: {job_log(name).read_text()[-2000:]}")
+    starts = [float(line.rsplit(" ", 1)[1]) for line in job_log(name).read_text().splitlines()
+              if line.startswith("[node-")]
+    assert len(starts) == n, starts
+    return max(starts) - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="1,2,4,8")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    counts = [int(x) for x in args.nodes.split(",")]
+    engine.ensure_dockerd()
+    info = cluster.up(max(counts), recreate=True, quiet=True)
+    try:
+        engine.allow_insecure_registry(info.registry)
+        img = next(i for i in load_all([FAMILY]) if not i.gpu)
+        image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
+        with ThreadPoolExecutor(len(info.nodes)) as ex:  # image already on every node, as measured by hand
+            list(ex.map(lambda h: ssh(info, h, f"docker pull -q {image} >/dev/null"), info.names))
+        dtrain(info, image, 1, 0)  # warm-up
+        rows = [("nodes", "sequential ssh loop", "bare parallel ssh", "dtrain launch (all ranks running)",
+                 "vs parallel", "vs sequential")]
+        for n in counts:
+            hosts = list(info.names[:n])
+            seq = statistics.median(by_hand(info, image, hosts, False) for _ in range(args.repeat))
+            par = statistics.median(by_hand(info, image, hosts, True) for _ in range(args.repeat))
+            dt = statistics.median(dtrain(info, image, n, i) for i in range(args.repeat))
+            rows.append((str(n), f"{seq:.2f} s", f"{par:.2f} s", f"{dt:.2f} s", f"{dt / par:.2f}x",
+                         f"{seq / dt:.2f}x faster"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for i, r in enumerate(rows):
+            print("| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |")
+            if i == 0:
+                print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    finally:
+        cluster.down(quiet=True)
+
+
+if __name__ == "__main__":
+    main()
