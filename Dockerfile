@@ -41,11 +41,12 @@ RUN --mount=type=secret,id=ca --mount=type=secret,id=pipconf --mount=type=bind,s
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-# Identical in every CPU family, so the three images share these layers.
+# Identical in every CPU family, so the three images share these layers. openssh-server's
+# install makes host keys: removed in the same step, or they would stay in this layer.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3 openmpi-bin openssh-server openssh-client iproute2 procps \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 # sshd on 2022 (the host keeps 22). StrictModes off and known_hosts in /dev/null because the
 # Kubeflow MPI operator mounts .ssh read-only with root-owned 0644 files. Host keys are made
 # when a container starts (the entrypoint, or the sshd wrapper when sshd is started directly),

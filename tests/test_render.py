@@ -104,7 +104,10 @@ def test_sshd_and_ssh_client(image):
     for line in ("Port 2022", "StrictHostKeyChecking no", "UserKnownHostsFile /dev/null"):
         assert f"'    {line}'" in client, line
     # Host keys: every RUN that makes them removes them again; the entrypoint makes them.
+    # (Installing openssh-server makes them too: a later `rm` would leave them in that layer.)
     for run in [i["value"] for i in runtime if i["instruction"] == "RUN"]:
+        if "openssh-server" in run:
+            assert "/etc/ssh/ssh_host_*" in run
         if "ssh-keygen" in run:
             assert "rm -f /etc/ssh/ssh_host_*" in run.split("ssh-keygen", 1)[1]
     entry = (ROOT / "launch/node/entrypoint.sh").read_text()
