@@ -132,6 +132,9 @@ def rank_nodes(facts: Sequence[NodeFacts]) -> list[str]:
 
 
 _MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:\s?(.*)$")
+# mpirun tags every chunk a rank writes; unbuffered Python writes a line's text and its
+# newline separately, so a tag can land at the end of a line: `loss 0.1[1,1]<stdout>:`.
+_MID_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 _TORCH_TAG = re.compile(r"^\[?[A-Za-z_]*?(\d+)\]?:(.*)$")
 
 
@@ -142,7 +145,7 @@ def prefix_line(line: str, *, ranks: list[str], default_node: str,
     if torch_base is None and (m := _MPI_TAG.match(line)):
         r = int(m.group(1))
         node = ranks[r] if r < len(ranks) else "?"
-        return f"[{node} r{r}] {m.group(2)}"
+        return f"[{node} r{r}] {_MID_TAG.sub('', m.group(2))}"
     if torch_base is not None and (m := re.match(r"^\[default(\d+)\]:(.*)$", line)):
         return f"[{default_node} r{torch_base + int(m.group(1))}] {m.group(2)}"
     return f"[{default_node}] {line}"

@@ -1,0 +1,87 @@
+"""The launcher's pure pieces: probe parsing, rank mapping, output prefixes, job argv."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch.errors import LaunchError
+from launch.hosts import Node
+from launch.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
+                        rank_nodes, torchrun_node_argv)
+
+IPJSON = json.dumps([
+    {"ifname": "lo", "mtu": 65536, "addr_info": [{"family": "inet", "local": "127.0.0.1"}]},
+    {"ifname": "ens5", "mtu": 9001, "addr_info": [{"family": "inet", "local": "10.0.0.11"}]},
+    {"ifname": "docker0", "mtu": 1500, "addr_info": [{"family": "inet", "local": "172.17.0.1"}]},
+])
+
+
+def probe(**over) -> str:
+    d = {"addr": "10.0.0.11", "hostname": "ip-10-0-0-11", "docker": "ok", "gpus": "8",
+         "efa": "/dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "port": "", "memlock": "unlimited",
+         "ipjson": IPJSON} | over
+    return "\n".join(f"{k}={v}" for k, v in d.items())
+
+
+def test_probe_to_facts():
+    f = facts_from_probe(Node("ip-10-0-0-11.ec2.internal", 8), probe(), None)
+    assert (f.address, f.iface, f.gpus, f.memlock) == ("10.0.0.11", "ens5", 8, -1)
+    assert f.efa == ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1")
+    assert facts_from_probe(Node("h", 1), probe(memlock="8388608"), None).memlock == 8388608
+
+
+def test_probe_errors_name_the_node():
+    with pytest.raises(LaunchError, match="h1: Docker engine not reachable: Cannot connect"):
+        facts_from_probe(Node("h1", 1), probe(docker="Cannot connect to the Docker daemon"), None)
+    with pytest.raises(LaunchError, match="h1: --iface eth9 does not exist .*ens5"):
+        facts_from_probe(Node("h1", 1), probe(), "eth9")
+
+
+def test_parse_probe_ignores_noise():
+    assert parse_probe("motd line\naddr=1.2.3.4\n=x\n") == {"addr": "1.2.3.4"}
+
+
+def facts(n: int, slots: int = 2) -> list[NodeFacts]:
+    return [NodeFacts(Node(f"h{i}", slots), f"10.0.0.{i}", f"node-{i}", "ens5", 0, (), "")
+            for i in range(1, n + 1)]
+
+
+def test_ranks_fill_nodes_in_order():
+    assert rank_nodes(facts(2, slots=2)) == ["node-1", "node-1", "node-2", "node-2"]
+
+
+@pytest.mark.parametrize("line, want", [
+    ("[1,3]<stdout>:loss 0.1", "[node-2 r3] loss 0.1"),
+    ("[1,0]<stderr>:warning", "[node-1 r0] warning"),
+    ("[1,2]<stdout>:loss 0.1[1,2]<stdout>:", "[node-2 r2] loss 0.1"),  # split write
+    ("mpirun noticed that process rank 1 ...", "[node-1] mpirun noticed that process rank 1 ..."),
+])
+def test_mpirun_lines(line, want):
+    assert prefix_line(line, ranks=["node-1", "node-1", "node-2", "node-2"], default_node="node-1") == want
+
+
+def test_torchrun_lines_get_global_rank():
+    assert prefix_line("[default1]:step 3", ranks=[], default_node="node-2", torch_base=4) == "[node-2 r5] step 3"
+    assert prefix_line("W1121 warning", ranks=[], default_node="node-2", torch_base=4) == "[node-2] W1121 warning"
+
+
+def test_job_argv_uses_addresses_and_tags_output():
+    spec = JobSpec(image="img", command=("python", "t.py"), name="j", env={"A": "1"})
+    argv = job_argv(spec, facts(2), "ens5")
+    assert argv[:3] == ["mpirun", "--tag-output", "--allow-run-as-root"]
+    assert argv[argv.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:2"
+    assert ["--mca", "btl_tcp_if_include", "ens5"] == argv[argv.index("btl_tcp_if_include") - 1:][:3]
+    assert "A=1" in argv and argv[-2:] == ["python", "t.py"]
+    hv = job_argv(JobSpec(image="i", command=("python", "t.py"), name="j", launcher="horovodrun"), facts(2), "ens5")
+    assert "horovodrun" in hv and hv[hv.index("-p") + 1] == "2022" and "--network-interface" in hv
+
+
+def test_torchrun_per_node():
+    spec = JobSpec(image="img", command=("python", "t.py"), name="j", launcher="torchrun")
+    argv = torchrun_node_argv(spec, facts(3), 2, "ens5")
+    assert argv[:2] == ["docker", "exec"] and "NCCL_SOCKET_IFNAME=ens5" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
+    run = argv[argv.index("torchrun"):]
+    assert run[run.index("--node_rank") + 1] == "2" and run[run.index("--master_addr") + 1] == "10.0.0.1"
+    assert run[-1] == "t.py"
