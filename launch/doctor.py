@@ -327,6 +327,13 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
         job._record(name=name, image=spec.image, launcher="doctor", command=[], nodes=[], state="doctor")
         say(f"[doctor] starting {opts.image} on {len(usable)} node(s) for the in-container checks")
         job.pull()
+        # Labels (GPU kind, min driver) of an image that was not on a node before the pull;
+        # the digest check keeps what the node held before.
+        labels = run_all(usable, lambda n: ssh_argv(n, ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
+                                                        opts.image or ""], extra_opts=list(opts.ssh_opts)), timeout=60)
+        for n, r in zip(usable, labels):
+            if r.ok and not host[n.host].get("image_labels"):
+                host[n.host]["image_labels"] = r.stdout.strip()
         job.start_containers()
         peers = [f.address for f in facts]
         script = container_script(peers)

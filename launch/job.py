@@ -281,6 +281,7 @@ class Job:
 
     def start_containers(self) -> None:
         t0 = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
         key = self.keydir / "id_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",

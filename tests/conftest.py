@@ -69,16 +69,25 @@ def cpu_images(engine, ca_bundle, pip_conf):
 
 
 @pytest.fixture(scope="session")
-def cluster(engine):
+def _cluster_session(engine):
     from launch import cluster as cl
 
-    info = cl.up(CLUSTER_NODES, recreate=True)
-    engine.allow_insecure_registry(info.registry)
-    yield info
+    yield
     cl.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
+def cluster(_cluster_session, engine):
+    """The shared 3-node cluster, (re)made if another test module took it down: `up` is a
+    no-op when it is already healthy with this size."""
+    from launch import cluster as cl
+
+    info = cl.up(CLUSTER_NODES, recreate=True, quiet=True)
+    engine.allow_insecure_registry(info.registry)
+    return info
+
+
+@pytest.fixture
 def remote_images(cluster, cpu_images):
     """CPU images pushed to the cluster's registry: {family: remote ref}."""
     from images import push as p

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.diagnose import diagnose
 from launch.errors import LaunchError
 from launch.hosts import Node, parse_hostfile
 from launch.job import Job, JobSpec, container_name, job_argv, job_log
@@ -111,14 +113,16 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
         first = job.facts[0].node
 
         def in_first(argv: list[str], limit: int) -> subprocess.CompletedProcess:
-            cmd = ["timeout", "-s", "KILL", str(limit), *argv]
-            return subprocess.run(["ssh", "-F", cluster.ssh_config, first.host, "docker", "exec",
-                                   container_name("t-btl"), *cmd],
+            remote = ["docker", "exec", container_name("t-btl"), "timeout", "-s", "KILL", str(limit), *argv]
+            return subprocess.run(["ssh", "-F", cluster.ssh_config, first.host, shlex.join(remote)],
                                   capture_output=True, text=True, timeout=limit + 30)
 
         t0 = time.monotonic()
         without = in_first(bad, 45)
         assert without.returncode != 0, "expected a hang or failure without the flags:\n" + without.stdout
+        assert "Bad port" not in without.stdout + without.stderr  # failed for the right reason
+        keep_log("btl-iface", without.stdout + without.stderr)
+        assert "btl-iface" in [f.entry.id for f in diagnose(without.stdout + without.stderr)]
         assert without.stdout.count("allreduce OK") < 2
         assert time.monotonic() - t0 < 90
         with_flags = in_first(good, 120)
@@ -127,6 +131,54 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
     finally:
         job.teardown()
     assert containers_left(cluster, "t-btl") == []
+
+
+def keep_log(entry_id: str, text: str) -> None:
+    """Keep a real failure's output (build/real-logs/) for tests/logs/ samples."""
+    d = ROOT / "build" / "real-logs"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{entry_id}-sim.log").write_text(text)
+
+
+def test_diagnose_on_real_failures(cluster, remote_images):
+    """Failures made for real on the cluster, each recognised by `invoke diagnose`."""
+    job = Job(spec(cluster, remote_images["horovod-tensorflow"], ["true"], "t-diag"),
+              nodes_of(cluster, 2), say=lambda m: None)
+    try:
+        job.probe()
+        job.pull()
+        job.start_containers()
+        job.wait_ready()
+        good = job_argv(job.spec, job.facts, job.facts[0].iface)
+
+        def in_first(argv: list[str], env: str = "") -> str:
+            remote = ["docker", "exec", *(["-e", env] if env else []), container_name("t-diag"),
+                      "timeout", "-s", "KILL", "60", *argv]
+            r = subprocess.run(["ssh", "-F", cluster.ssh_config, job.facts[0].node.host, shlex.join(remote)],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode != 0, r.stdout
+            return r.stdout + r.stderr
+
+        # ssh to the nodes' own sshd on 22 (the host), not the containers' 2022
+        argv = list(good)
+        argv[argv.index("plm_rsh_args") + 1] = "-p 22"
+        out = in_first(argv)
+        keep_log("ssh-port-22", out)
+        ids = [f.entry.id for f in diagnose(out)]
+        assert "ssh-auth" in ids or "ssh-port-22" in ids, out
+        assert "orte-daemons" in ids, out
+
+        # a variable the job needs, set where mpirun runs but not forwarded with -x
+        script = "import os; print(os.environ['DTRAIN_DATA_DIR'])"
+        argv = good[:-1] + ["python", "-c", script]  # the job command ("true") is last
+        out = in_first(argv, env="DTRAIN_DATA_DIR=/fsx/data")
+        keep_log("env-not-forwarded", out)
+        findings = {f.entry.id: f for f in diagnose(out)}
+        assert "env-not-forwarded" in findings, out
+        assert "node-2" in findings["env-not-forwarded"].nodes or 1 in findings["env-not-forwarded"].ranks
+    finally:
+        job.teardown()
+    assert containers_left(cluster, "t-diag") == []
 
 
 # ---------------------------------------------------------------- failure paths
@@ -178,6 +230,9 @@ def test_rank_killed_mid_job_fails_fast(cluster, remote_images):
     assert elapsed < 120, f"the job did not fail fast ({elapsed:.0f} s)"
     assert re.search(r"rank 1 .*node-2|node-2.*rank 1", out, re.S), out[-2000:]
     assert containers_left(cluster, "t-kill") == []
+    keep_log("rank-exit", out)
+    found = {f.entry.id: f for f in diagnose(out)}
+    assert "rank-exit" in found and 1 in found["rank-exit"].ranks, out[-2000:]
 
 
 def test_torchrun_node_failure_stops_the_others(cluster, remote_images):
