@@ -70,6 +70,12 @@ RUN printf '%s\n' \
       '    StrictHostKeyChecking no' \
       '    UserKnownHostsFile /dev/null' \
       '    LogLevel ERROR' \
+      '    IdentityFile /run/dtrain-ssh/id_ed25519' \
+      '    IdentityFile /run/dtrain-ssh/id_ecdsa' \
+      '    IdentityFile /run/dtrain-ssh/id_rsa' \
+      '    IdentityFile ~/.ssh/id_ed25519' \
+      '    IdentityFile ~/.ssh/id_ecdsa' \
+      '    IdentityFile ~/.ssh/id_rsa' \
       > /etc/ssh/ssh_config \
  && dpkg-divert --quiet --local --rename --divert /usr/sbin/sshd.real --add /usr/sbin/sshd \
  && printf '%s\n' \

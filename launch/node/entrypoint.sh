@@ -7,6 +7,17 @@ set -euo pipefail
 
 ssh-keygen -A -q
 
+# A private key mounted read-only and readable by others (a Kubernetes Secret without
+# defaultMode 0600, as the MPI operator may mount it) is ignored by the ssh client
+# ("UNPROTECTED PRIVATE KEY FILE!"): use a private copy, listed first in ssh_config.
+for key in /root/.ssh/id_rsa /root/.ssh/id_ecdsa /root/.ssh/id_ed25519; do
+  [ -f "$key" ] || continue
+  case "$(stat -c %a "$key")" in
+    600|400) ;;
+    *) install -d -m 700 /run/dtrain-ssh && install -m 600 "$key" "/run/dtrain-ssh/${key##*/}" ;;
+  esac
+done
+
 # sshd gives non-interactive sessions (mpirun's orted) the environment in SetEnv: the image's
 # ENV plus anything `docker run -e` added. Values holding a double quote cannot be expressed.
 conf=/etc/ssh/sshd_config.d/00-image-env.conf
