@@ -129,15 +129,22 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
 
 @task(help={"k": "only tests matching this pytest -k expression",
-            "unit": "skip tests that need Docker or the simulated cluster"})
+            "unit": "only the tests that need neither Docker nor the simulated cluster"})
 def test(c, k=None, unit=False):
-    """Run the test suite (installs and starts what the integration tests need: root, Linux)."""
-    args = ["python", "-m", "pytest", "-q"]
+    """Run the test suite. Installs and starts what the integration tests need (root, Linux):
+    Debian packages, the Docker engine, the debootstrapped base image."""
+    import subprocess
+
+    args = [sys.executable, "-m", "pytest", "-q"]
     if unit:
         args += ["-m", "not docker and not cluster"]
+    else:
+        from launch import engine
+
+        engine.ensure_all()
     if k:
         args += ["-k", k]
-    c.run(" ".join(args), pty=False)
+    sys.exit(subprocess.call(args))
 
 
 # ---------------------------------------------------------------- running jobs
