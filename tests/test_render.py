@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
 import subprocess
@@ -19,7 +20,8 @@ IDS = [f"{i.family}:{i.tag}" for i in IMAGES]
 
 
 def parse(text: str) -> list[dict]:
-    p = DockerfileParser(fileobj=None)
+    # An in-memory file: without fileobj, setting .content writes ./Dockerfile.
+    p = DockerfileParser(fileobj=io.BytesIO())
     p.content = text
     return p.structure
 
