@@ -36,6 +36,12 @@ def minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
+def same_major_at_least(have: str, want: str) -> bool:
+    """'12.6' serves what was built for '12.5' (NVIDIA minor-version compatibility); '11.8' does not."""
+    h, w = vtuple(have), vtuple(want)
+    return h[0] == w[0] and h >= w
+
+
 def in_range(version: str, bounds: list[str]) -> bool:
     lo, hi = bounds
     return vtuple(lo) <= vtuple(minor(version)) <= vtuple(hi)
@@ -384,11 +390,11 @@ def _check_cuda(img: Image) -> list[Problem]:
         out.append(("os", "compat.cuda_bases",
                     f"nvidia/cuda:{v.cuda}-{base.cudnn_tag}-runtime-{v.os} does not exist "
                     f"(CUDA {v.cuda} comes for {', '.join(base.os)})"))
-    if vtuple(v.cudnn)[0] != vtuple(base.cudnn)[0] or vtuple(v.cudnn) < vtuple(base.cudnn):
+    if not same_major_at_least(v.cudnn, base.cudnn):
         out.append(("cudnn", "compat.cuda_bases",
                     f"cuDNN {v.cudnn} cannot replace the {base.cudnn} in the CUDA {v.cuda} base "
                     f"(same major, same or newer)"))
-    if vtuple(v.nccl)[0] != vtuple(base.nccl)[0] or vtuple(v.nccl) < vtuple(base.nccl):
+    if not same_major_at_least(v.nccl, base.nccl):
         out.append(("nccl", "compat.cuda_bases",
                     f"NCCL {v.nccl} is older than the {base.nccl} in the CUDA {v.cuda} base"))
     for t in v.targets:
@@ -398,25 +404,30 @@ def _check_cuda(img: Image) -> list[Problem]:
     return out
 
 
+def _framework_row(img: Image, key: str, name: str, table: dict) -> tuple[Any, list[Problem]]:
+    """The compat row of the variant's framework version, and the Python range check."""
+    version = getattr(img.variant, key)
+    row = table.get(minor(version))
+    if row is None:
+        return None, [(key, f"compat.{key}", f"{name} {version} is not in compat.yaml (known: {', '.join(table)})")]
+    py = img.variant.python
+    if in_range(py, row.python):
+        return row, []
+    return row, [("python", f"compat.{key}",
+                  f"{name} {minor(version)} supports Python {row.python[0]}-{row.python[1]}, not {py}")]
+
+
 def _check_tensorflow(img: Image) -> list[Problem]:
     v, c = img.variant, img.compat
-    assert v.tensorflow
-    row = c.tensorflow.get(minor(v.tensorflow))
+    row, out = _framework_row(img, "tensorflow", "TensorFlow", c.tensorflow)
     if row is None:
-        return [("tensorflow", "compat.tensorflow",
-                 f"TensorFlow {v.tensorflow} is not in compat.yaml (known: {', '.join(c.tensorflow)})")]
-    out: list[Problem] = []
-    if not in_range(v.python, row.python):
-        out.append(("python", "compat.tensorflow",
-                    f"TensorFlow {minor(v.tensorflow)} supports Python {row.python[0]}-{row.python[1]}, not {v.python}"))
+        return out
     if img.gpu and v.cuda in c.cuda_bases:
-        have, want = vtuple(img.cuda_mm), vtuple(row.cuda)
-        if have[0] != want[0] or have < want:
+        if not same_major_at_least(img.cuda_mm, row.cuda):
             out.append(("cuda", "compat.tensorflow",
                         f"TensorFlow {minor(v.tensorflow)} was built with CUDA {row.cuda}; CUDA {v.cuda} "
-                        f"is not compatible (needs CUDA {want[0]}.x, at least {row.cuda})"))
-        have_dnn, want_dnn = vtuple(minor(v.cudnn or "0.0")), vtuple(row.cudnn)
-        if have_dnn[0] != want_dnn[0] or have_dnn < want_dnn:
+                        f"is not compatible (needs CUDA {vtuple(row.cuda)[0]}.x, at least {row.cuda})"))
+        if not same_major_at_least(minor(v.cudnn or "0.0"), row.cudnn):
             out.append(("cudnn", "compat.tensorflow",
                         f"TensorFlow {minor(v.tensorflow)} was built with cuDNN {row.cudnn}; "
                         f"cuDNN {v.cudnn} is not compatible"))
@@ -425,15 +436,9 @@ def _check_tensorflow(img: Image) -> list[Problem]:
 
 def _check_pytorch(img: Image) -> list[Problem]:
     v, c = img.variant, img.compat
-    assert v.pytorch
-    row = c.pytorch.get(minor(v.pytorch))
+    row, out = _framework_row(img, "pytorch", "PyTorch", c.pytorch)
     if row is None:
-        return [("pytorch", "compat.pytorch",
-                 f"PyTorch {v.pytorch} is not in compat.yaml (known: {', '.join(c.pytorch)})")]
-    out: list[Problem] = []
-    if not in_range(v.python, row.python):
-        out.append(("python", "compat.pytorch",
-                    f"PyTorch {minor(v.pytorch)} supports Python {row.python[0]}-{row.python[1]}, not {v.python}"))
+        return out
     if img.gpu and v.cuda in c.cuda_bases:
         if img.cuda_mm not in row.cuda:
             out.append(("cuda", "compat.pytorch",

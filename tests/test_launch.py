@@ -47,6 +47,14 @@ def on_node(cluster, i: int, script: str, check=True) -> subprocess.CompletedPro
     return r
 
 
+def exec_first(cluster, job: Job, argv: list[str], limit: int, env: str = "") -> subprocess.CompletedProcess:
+    """Run argv in the job's first container, killed after `limit` seconds."""
+    remote = ["docker", "exec", *(["-e", env] if env else []), container_name(job.spec.name),
+              "timeout", "-s", "KILL", str(limit), *argv]
+    return subprocess.run(["ssh", "-F", cluster.ssh_config, job.facts[0].node.host, shlex.join(remote)],
+                          capture_output=True, text=True, timeout=limit + 60)
+
+
 def containers_left(cluster, name: str) -> list[str]:
     left = []
     for i in range(1, len(cluster.nodes) + 1):
@@ -110,22 +118,15 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
         for flag in ("btl_tcp_if_include", "oob_tcp_if_include"):
             i = bad.index(flag)
             del bad[i - 1:i + 2]  # --mca NAME VALUE
-        first = job.facts[0].node
-
-        def in_first(argv: list[str], limit: int) -> subprocess.CompletedProcess:
-            remote = ["docker", "exec", container_name("t-btl"), "timeout", "-s", "KILL", str(limit), *argv]
-            return subprocess.run(["ssh", "-F", cluster.ssh_config, first.host, shlex.join(remote)],
-                                  capture_output=True, text=True, timeout=limit + 30)
-
         t0 = time.monotonic()
-        without = in_first(bad, 45)
+        without = exec_first(cluster, job, bad, 45)
         assert without.returncode != 0, "expected a hang or failure without the flags:\n" + without.stdout
         assert "Bad port" not in without.stdout + without.stderr  # failed for the right reason
         keep_log("btl-iface", without.stdout + without.stderr)
         assert "btl-iface" in [f.entry.id for f in diagnose(without.stdout + without.stderr)]
         assert without.stdout.count("allreduce OK") < 2
         assert time.monotonic() - t0 < 90
-        with_flags = in_first(good, 120)
+        with_flags = exec_first(cluster, job, good, 120)
         assert with_flags.returncode == 0, with_flags.stdout + with_flags.stderr
         assert with_flags.stdout.count("allreduce OK") == 2
     finally:
@@ -152,10 +153,7 @@ def test_diagnose_on_real_failures(cluster, remote_images):
         good = job_argv(job.spec, job.facts, job.facts[0].iface)
 
         def in_first(argv: list[str], env: str = "") -> str:
-            remote = ["docker", "exec", *(["-e", env] if env else []), container_name("t-diag"),
-                      "timeout", "-s", "KILL", "60", *argv]
-            r = subprocess.run(["ssh", "-F", cluster.ssh_config, job.facts[0].node.host, shlex.join(remote)],
-                               capture_output=True, text=True, timeout=120)
+            r = exec_first(cluster, job, argv, 60, env)
             assert r.returncode != 0, r.stdout
             return r.stdout + r.stderr
 
