@@ -29,22 +29,19 @@ DOC = ROOT / "docs" / "troubleshooting.md"
 DOCTOR_CHECKS: dict[str, str] = {
     "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh",
     "docker": "the Docker engine runs and the launcher's user may use it",
-    "nvidia-runtime": "`docker run --gpus all <image> nvidia-smi -L` lists every GPU of the node",
+    "nvidia-runtime": "where the node has NVIDIA GPUs, Docker has the nvidia runtime (`--gpus all` works)",
     "gpu-driver": "the host driver is at least the image CUDA's min_driver (images/compat.yaml)",
     "port-2022": "nothing but the dtrain container's sshd listens on port 2022 of the node",
     "peer-2022": "from each node's container, `ssh -p 2022 <peer> command -v orted python` "
                  "succeeds for every peer, without prompts",
-    "nic": "the chosen interface exists on every node with a routable address (not lo, "
-           "docker0, br-*, veth*) and every node reaches every other over it",
-    "hostnames": "node hostnames are unique and every node resolves every other node's name "
-                 "to its address on the chosen interface (not 127.0.x.x)",
-    "mpirun-args": "the launch command carries the flags for the image's Open MPI major version "
-                   "(plm_rsh_args or plm_ssh_args, btl/oob_tcp_if_include, -x for the job env)",
+    "nic": "the interface carrying each node's address (never lo, docker0, br-*, veth*) has the "
+           "same name and MTU on every node",
+    "hostnames": "node hostnames are unique (the launcher also writes every node's name and "
+                 "address into each container's /etc/hosts)",
     "image-digest": "every node runs the same image digest (same Horovod, framework, NCCL)",
-    "shm": "/dev/shm in the container is at least the recommended size",
+    "shm": "/dev/shm in the container is at least 1 GiB (FAIL under 256 MiB)",
     "memlock": "`ulimit -l` in the container is unlimited",
-    "efa": "on EFA instance types: the container sees the EFA devices and `fi_info -p efa` "
-           "lists them; the security group allows all traffic between the nodes",
+    "efa": "EFA instance types (read from DMI, no network) have /dev/infiniband/uverbs* devices",
     "clock": "node clocks agree within a few seconds and are synchronised",
     "disk": "Docker's data root has room for the image and the job",
 }
@@ -117,7 +114,7 @@ ENTRIES: tuple[Entry, ...] = (
                 "If ssh did reach the container and `orted` is still missing, see "
                 "[remote-path](#remote-path).",
         source=(HVD_DOCKER, OMPI_FAQ_RSH),
-        doctor_checks=("port-2022", "peer-2022", "mpirun-args"),
+        doctor_checks=("port-2022", "peer-2022"),
         related=("remote-path", "ompi5-plm-args"),
     ),
     Entry(
@@ -140,10 +137,11 @@ ENTRIES: tuple[Entry, ...] = (
         fix="`invoke launch` reads the image's Open MPI major version (`mpirun --version`) and "
             "passes `--mca plm_ssh_args \"-p 2022\"` for 5, `--mca plm_rsh_args \"-p 2022\"` "
             "for 4. dtrain's GPU images ship Open MPI 4 (EFA installer `--mpi=openmpi4`).",
-        confirm="`invoke doctor` check `mpirun-args`; `mpirun --version` in the image.",
+        confirm="`invoke launch` prints the mpirun command it runs and the Open MPI version it "
+                "found in the image; `mpirun --version` in the image.",
         source=("https://docs.open-mpi.org/en/v5.0.x/launching-apps/ssh.html",
                 "https://docs.open-mpi.org/en/v5.0.x/mca.html"),
-        doctor_checks=("mpirun-args",),
+        doctor_checks=(),
         related=("ssh-port-22",),
     ),
     Entry(
@@ -328,12 +326,13 @@ ENTRIES: tuple[Entry, ...] = (
               "advertise it, peers connect to it and reach themselves or nothing. A node whose "
               "name resolves to 127.0.1.1 (Debian/Ubuntu `/etc/hosts`) advertises loopback.",
         fix="`invoke launch` passes `--mca btl_tcp_if_include <nic>` (and the same for oob) "
-            "with the node's routable interface or its CIDR (`10.0.0.0/16`), which is the same "
-            "on every node even when interface names differ.",
+            "with the interface that carries each node's address, after checking it has the "
+            "same name on every node (`--iface` overrides). By hand, a CIDR (`10.0.0.0/16`) "
+            "also works when interface names differ.",
         confirm="`invoke doctor` check `nic`; rerun with `--mca btl_base_verbose 30` to see "
                 "the interfaces each rank uses.",
         source=(OMPI_FAQ_TCP, HVD_MPI),
-        doctor_checks=("nic", "mpirun-args"),
+        doctor_checks=("nic",),
         related=("oob-iface", "nccl-iface"),
     ),
     Entry(
@@ -361,7 +360,7 @@ ENTRIES: tuple[Entry, ...] = (
             "(`ens5` vs `eth0`).",
         confirm="`invoke doctor` check `nic`; rerun with `--mca oob_base_verbose 10`.",
         source=(OMPI_FAQ_TCP,),
-        doctor_checks=("nic", "mpirun-args"),
+        doctor_checks=("nic",),
         related=("btl-iface",),
     ),
     Entry(
@@ -382,13 +381,13 @@ ENTRIES: tuple[Entry, ...] = (
         cause="mpirun does not copy the caller's environment to remote processes: only "
               "variables named with `-x NAME` (or `-x NAME=value`) are exported. Remote ranks "
               "get the container's environment instead.",
-        fix="`invoke launch` passes `-x` for every variable of the job's env (and the NCCL_*, "
-            "HOROVOD_*, OMPI_* and PYTHON* variables it sets). Add variables to the job's env, "
-            "not to your shell.",
-        confirm="`invoke doctor` check `mpirun-args` lists what is forwarded; in the job, "
+        fix="`invoke launch` passes `-x` for PATH, LD_LIBRARY_PATH, NCCL_DEBUG, "
+            "NCCL_SOCKET_IFNAME, the BLAS thread variables, and every `--env K=V` and every "
+            "variable of `--env-file`. Add variables to the job's env, not to your shell.",
+        confirm="`invoke launch` prints the mpirun command with every `-x`; in the job, "
                 "print the variable from every rank.",
         source=(OMPI_MPIRUN4, HVD_MPI),
-        doctor_checks=("mpirun-args",),
+        doctor_checks=(),
     ),
     Entry(
         id="mpirun-root",
@@ -400,9 +399,9 @@ ENTRIES: tuple[Entry, ...] = (
         fix="dtrain images set `OMPI_ALLOW_RUN_AS_ROOT=1` and "
             "`OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`. With another image add "
             "`--allow-run-as-root`.",
-        confirm="`invoke doctor` check `mpirun-args`; `docker inspect` shows the image's Env.",
+        confirm="`docker inspect` shows the image's Env; `invoke launch` prints the mpirun command.",
         source=(OMPI_MPIRUN4,),
-        doctor_checks=("mpirun-args",),
+        doctor_checks=(),
     ),
     Entry(
         id="hostnames-dup",
@@ -475,7 +474,8 @@ ENTRIES: tuple[Entry, ...] = (
               "flow (evaluation or checkpointing on rank 0 only while others continue), a "
               "different number of batches per rank, or a rank that died or is stuck (see the "
               "listed missing ranks).",
-        fix="Run one image digest on every node (`invoke launch` pins the digest it pulled). "
+        fix="Run one image on every node (`invoke launch` pulls, then refuses to start when "
+            "the nodes hold different image IDs). "
             "Give every rank the same number of steps (shard the data evenly, "
             "`drop_remainder`), and do rank-0-only work outside collectives.",
         confirm="`invoke doctor` check `image-digest`; the warning lists the missing ranks: "
@@ -599,7 +599,8 @@ ENTRIES: tuple[Entry, ...] = (
         cause="RDMA (EFA, verbs) pins the buffers it registers; the container's `memlock` "
               "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "
               "and below, and only for non-root).",
-        fix="`invoke launch` runs node containers with `--ulimit memlock=-1:-1`.",
+        fix="`invoke launch` runs node containers with `--ulimit memlock=-1` (unlimited); where "
+            "dockerd itself cannot lift the limit it uses dockerd's ceiling and warns.",
         confirm="`invoke doctor` check `memlock` (`ulimit -l` in the container is "
                 "`unlimited`).",
         source=(EFA_NCCL, "https://www.open-mpi.org/faq/?category=openfabrics#ib-locked-pages",
@@ -632,8 +633,8 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         cause="Docker gives containers a 64 MiB `/dev/shm`. NCCL's shared-memory transport, "
               "PyTorch DataLoader workers and Open MPI's vader BTL all allocate there.",
-        fix="`invoke launch` runs node containers with `--ipc=host` (or `--shm-size` of half "
-            "the node's memory when host IPC is not allowed).",
+        fix="`invoke launch` runs node containers with `--ipc=host` (the host's /dev/shm), or "
+            "`--shm-size` when you pass one.",
         confirm="`invoke doctor` check `shm` (`df -h /dev/shm` in the container).",
         source=(NCCL_TROUBLE, DOCKER_RUN,
                 "https://github.com/pytorch/pytorch#using-pre-built-images"),
@@ -660,7 +661,7 @@ ENTRIES: tuple[Entry, ...] = (
               "container was started without `--gpus`.",
         fix="Install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
             "--runtime=docker` then restart Docker (the EC2 Deep Learning AMIs ship it). "
-            "`invoke launch` always passes `--gpus all` for GPU images.",
+            "`invoke launch` passes `--gpus all` on every node where `nvidia-smi` finds GPUs.",
         confirm="`invoke doctor` check `nvidia-runtime`.",
         source=("https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
                 "install-guide.html",
@@ -695,7 +696,7 @@ ENTRIES: tuple[Entry, ...] = (
               "GPUs; on others CUDA reports \"forward compatibility was attempted on non "
               "supported HW\".",
         fix="Pick the image whose CUDA the node's driver supports (`invoke launch` refuses an "
-            "image whose `min_driver` is above the node's driver), or update the driver.",
+            "image whose `dtrain.min-driver` label is above a node's driver), or update the driver.",
         confirm="`invoke doctor` check `gpu-driver` (compares `nvidia-smi` with the image's "
                 "`dtrain.version.*` labels).",
         source=(CUDA_COMPAT,
@@ -730,8 +731,9 @@ ENTRIES: tuple[Entry, ...] = (
               "(a short hostname only the master knows, `localhost`) or reach (security group, "
               "the master's address on docker0), or the rendezvous port is closed or the "
               "master never started.",
-        fix="`invoke launch` uses the first node's routable IP address and a fixed port for "
-            "`--rdzv-endpoint` and starts the master first. Allow traffic between the nodes.",
+        fix="`invoke launch` passes the first node's address (never a name) and a fixed port: "
+            "`--master_addr/--master_port`, or `--rdzv_endpoint` with `--rdzv c10d`. Allow "
+            "traffic between the nodes.",
         confirm="`invoke doctor` checks `hostnames` and `nic`; from a worker: "
                 "`python -c \"import socket; socket.create_connection(('node-1', 29500), 5)\"`.",
         source=(TORCHRUN,

@@ -73,6 +73,7 @@ class NodeFacts:
     efa: tuple[str, ...]
     port_holder: str  # "" when port 2022 is free
     memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
+    driver: str = ""  # NVIDIA driver version, "" without GPUs
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -83,6 +84,7 @@ echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
 echo "hostname=$(hostname)"
 if docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; then echo docker=ok; else echo "docker=$(docker info 2>&1 | tail -1)"; fi
 echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
 echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
 echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
 echo "memlock=$(cat /proc/$(pgrep -o dockerd)/limits 2>/dev/null | awk '/Max locked memory/ {print $5}')"
@@ -116,7 +118,20 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     lock = p.get("memlock", "")
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
-                     int(lock) if lock.isdigit() else -1)
+                     int(lock) if lock.isdigit() else -1, p.get("driver", ""))
+
+
+def _vt(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version))
+
+
+def check_driver(facts: Sequence[NodeFacts], need: dict[str, str]) -> None:
+    """Refuse GPU nodes whose driver is older than the image's CUDA needs (label dtrain.min-driver)."""
+    old = [f"{f.node.host}: driver {f.driver} < {need[f.node.host]}" for f in facts
+           if f.gpus and f.driver and need.get(f.node.host) and _vt(f.driver) < _vt(need[f.node.host])]
+    if old:
+        raise LaunchError("the image's CUDA needs a newer NVIDIA driver (docs/troubleshooting.md#cuda-driver):\n  "
+                          + "\n  ".join(old))
 
 
 def container_name(job: str) -> str:
@@ -151,12 +166,21 @@ def prefix_line(line: str, *, ranks: list[str], default_node: str,
     return f"[{default_node}] {line}"
 
 
-def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str) -> list[str]:
-    """mpirun / horovodrun argv run in the first node's container."""
+def ompi_major(version_output: str) -> int:
+    """`mpirun --version` -> 4 for 'mpirun (Open MPI) 4.1.4'; 5 for PRRTE's 'mpirun (Open MPI) 5.0.3'."""
+    m = re.search(r"\(Open MPI\) (\d+)\.", version_output)
+    if not m:
+        raise LaunchError(f"the image's mpirun is not Open MPI: {version_output.strip()[:200]!r}")
+    return int(m.group(1))
+
+
+def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4) -> list[str]:
+    """mpirun / horovodrun argv run in the first node's container (ompi: Open MPI's major
+    version in the image: 5 renamed plm_rsh_args to plm_ssh_args)."""
     nodes = [Node(f.address, f.node.slots) for f in facts]
     if spec.launcher == "mpirun":
         argv = commands.mpirun_argv(nodes, list(spec.command), iface=iface, env=spec.env,
-                                    forward=list(spec.forward), ssh_port=SSH_PORT,
+                                    forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
                                     extra_mca=list(spec.extra_mca))
         return [argv[0], "--tag-output", *argv[1:]]
     return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=SSH_PORT,
@@ -194,6 +218,7 @@ class Job:
         self.facts: list[NodeFacts] = []
         self.started: list[Node] = []  # nodes where a container may exist
         self.keydir: Path | None = None
+        self.ompi = 4  # Open MPI major version in the image, read once the containers run
         self._out_lock = threading.Lock()
         self._log = None
 
@@ -265,13 +290,16 @@ class Job:
         pull = (f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
                 f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; "
                 if self.spec.pull else "")
-        script = (f"{pull}docker image inspect -f '{{{{.Id}}}}' {q} 2>/dev/null "
+        script = (f"{pull}docker image inspect -f '{{{{index .Config.Labels \"dtrain.min-driver\"}}}} {{{{.Id}}}}' {q} 2>/dev/null "
                   f"|| {{ echo \"image {image} is not on this node and could not be pulled"
                   f"$(tail -1 /tmp/dtrain-pull.err 2>/dev/null | sed 's/^/: /')\" >&2; exit 1; }}")
         login = _ecr_login_script(image)
         results = self._on_all(f"pulling {image}", lambda n: ["sh", "-c", login.script + script],
                                timeout=1800, stdin=(lambda n: login.password) if login.password else None)
-        ids = {r.host: r.stdout.strip().splitlines()[-1] for r in results}
+        last = {r.host: r.stdout.strip().splitlines()[-1].split() for r in results}
+        ids = {h: v[-1] for h, v in last.items()}
+        need = {h: v[0] for h, v in last.items() if len(v) == 2 and v[0] != "<no"}
+        check_driver(self.facts, need)
         if len(set(ids.values())) > 1:
             lines = "\n".join(f"  {h}: {i[:19]}" for h, i in ids.items())
             raise LaunchError(f"nodes hold different images for {image}; all must run the same:\n{lines}")
@@ -316,10 +344,12 @@ class Job:
                   "if [ $(date +%s) -ge $deadline ]; then echo \"sshd on $h:2022 not reachable: "
                   "$(tail -1 /tmp/ssh.err)\" >&2; exit 1; fi; sleep 0.2; done; done")
         first = self.facts[0].node
-        self._on_all("waiting for sshd on 2022", lambda n: ["docker", "exec", container_name(self.spec.name),
-                                                            "bash", "-c", script],
-                     nodes=[first], timeout=self.spec.ready_timeout + 30)
-        self.say(f"[launch] sshd reachable on every node ({time.monotonic() - t0:.1f} s)")
+        r = self._on_all("waiting for sshd on 2022", lambda n: ["docker", "exec", container_name(self.spec.name),
+                                                                "bash", "-c", script + "; mpirun --version"],
+                         nodes=[first], timeout=self.spec.ready_timeout + 30)
+        self.ompi = ompi_major(r[0].stdout)
+        self.say(f"[launch] sshd reachable on every node; Open MPI {self.ompi} in the image "
+                 f"({time.monotonic() - t0:.1f} s)")
 
     def run_job(self) -> int:
         iface = self.facts[0].iface
@@ -327,7 +357,7 @@ class Job:
         self._record(state="running", ranks=ranks)
         if self.spec.launcher == "torchrun":
             return self._run_torchrun(iface)
-        argv = ["docker", "exec", container_name(self.spec.name), *job_argv(self.spec, self.facts, iface)]
+        argv = ["docker", "exec", container_name(self.spec.name), *job_argv(self.spec, self.facts, iface, self.ompi)]
         self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(argv[3:])}")
         first = self.facts[0]
         results = run_all([first.node], lambda n: self._ssh(n, argv), timeout=self.spec.job_timeout,

@@ -292,7 +292,7 @@ def test_report_shows_title_lines_cause_fix_and_link():
 def test_report_has_doctor_checks_and_plain_text():
     report = format_report(diagnose_file(LOGS / "ssh-port-22.log"))
     assert report.index("[ssh-port-22]") < report.index("[orte-daemons]")
-    assert "check: invoke doctor (port-2022, peer-2022, mpirun-args)" in report
+    assert "check: invoke doctor (port-2022, peer-2022)" in report
     assert "](#" not in report and "**" not in report
 
 

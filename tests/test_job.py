@@ -85,3 +85,27 @@ def test_torchrun_per_node():
     run = argv[argv.index("torchrun"):]
     assert run[run.index("--node_rank") + 1] == "2" and run[run.index("--master_addr") + 1] == "10.0.0.1"
     assert run[-1] == "t.py"
+
+
+def test_open_mpi_version_picks_the_ssh_parameter():
+    from launch.job import ompi_major
+
+    assert ompi_major("mpirun (Open MPI) 4.1.4\n\nReport bugs to ...") == 4
+    assert ompi_major("mpirun (Open MPI) 5.0.3\n") == 5
+    with pytest.raises(LaunchError, match="not Open MPI"):
+        ompi_major("HYDRA build details: MPICH")
+    spec = JobSpec(image="img", command=("python", "t.py"), name="j")
+    five = job_argv(spec, facts(2), "ens5", ompi=5)
+    assert five[five.index("plm_ssh_args") + 1] == "-p 2022" and "plm_rsh_args" not in five
+
+
+def test_driver_older_than_the_image_needs_is_refused():
+    from launch.job import check_driver
+
+    gpu = [NodeFacts(Node("h1", 8), "10.0.0.1", "n1", "ens5", 8, (), "", -1, "535.104.05"),
+           NodeFacts(Node("h2", 8), "10.0.0.2", "n2", "ens5", 8, (), "", -1, "570.86.15")]
+    with pytest.raises(LaunchError, match="h1: driver 535.104.05 < 560.35.05") as e:
+        check_driver(gpu, {"h1": "560.35.05", "h2": "560.35.05"})
+    assert "h2" not in str(e.value)
+    check_driver(gpu, {"h1": "530.30.02", "h2": "530.30.02"})  # new enough
+    check_driver(facts(2), {"h1": "560.35.05"})  # CPU nodes: nothing to check

@@ -250,3 +250,59 @@ def test_cli_bad_hostfile_line(tmp_path):
                         "--image", "x", "--", "true"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0
     assert f"{hostfile}:2" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- the CLI around a running job
+
+
+def _start_cli_job(cluster, image, name, env):
+    argv = [sys.executable, "-m", "invoke", "launch", "--hostfile", cluster.hostfile,
+            "--ssh-config", cluster.ssh_config, "--image", image, "--name", name, "--",
+            "bash", "-c", "echo rank $OMPI_COMM_WORLD_RANK started; sleep 300"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = Path(env["DTRAIN_HOME"]) / "jobs" / name / "output.log"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count(" started") == len(cluster.nodes):
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("the job's ranks did not start")
+
+
+def _cli(env, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_ctrl_c_tears_down_every_node(cluster, remote_images, tmp_path):
+    import os
+    import signal
+
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path)}
+    proc = _start_cli_job(cluster, remote_images["pytorch-ddp"], "t-ctrlc", env)
+    status = _cli(env, "status").stdout
+    assert re.search(r"t-ctrlc\s+running\s+mpirun\s+3", status), status
+    logs = _cli(env, "logs", "--job", "t-ctrlc").stdout
+    assert "[node-3 r2] rank 2 started" in logs
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert time.monotonic() - t0 < 60
+    assert containers_left(cluster, "t-ctrlc") == []
+    assert re.search(r"t-ctrlc\s+interrupted", _cli(env, "status").stdout)
+
+
+def test_stop_from_another_terminal(cluster, remote_images, tmp_path):
+    import os
+
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path)}
+    proc = _start_cli_job(cluster, remote_images["pytorch-ddp"], "t-stop", env)
+    r = _cli(env, "stop", "--job", "t-stop")
+    assert r.returncode == 0 and "stopped t-stop" in r.stdout, r.stdout + r.stderr
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert containers_left(cluster, "t-stop") == []
