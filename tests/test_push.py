@@ -201,26 +201,6 @@ def _ok(*cmd: str, timeout: float = 20) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def engine():
-    """The host Docker engine, started if nobody has (another process may have: then use it)."""
-    if not Path(DOCKER).exists():
-        pytest.skip("no /usr/bin/docker (apt-get install docker.io)")
-    if not _ok(DOCKER, "info"):
-        if os.geteuid() != 0:
-            pytest.skip("Docker engine not running and not root")
-        if not _ok("pgrep", "-x", "dockerd"):
-            with open("/tmp/dockerd.log", "ab") as log:
-                subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not _ok(DOCKER, "info"):
-            if time.monotonic() > deadline:
-                pytest.fail("dockerd did not come up in 60s (see /tmp/dockerd.log)")
-            time.sleep(0.5)
-    return DOCKER
-
-
 @pytest.fixture
 def docker_config(tmp_path, monkeypatch):
     """Keep `docker login` state out of ~/.docker."""
@@ -253,8 +233,7 @@ def test_image(engine, tmp_path_factory):
 def registry(engine, tmp_path_factory):
     """Debian's docker-registry with htpasswd (bcrypt) auth on 127.0.0.1:<free port>."""
     exe = shutil.which("docker-registry")
-    if not exe or not shutil.which("htpasswd"):
-        pytest.skip("needs docker-registry and apache2-utils")
+    assert exe and shutil.which("htpasswd"), "launch.engine.ensure_packages installs docker-registry and apache2-utils"
     d = tmp_path_factory.mktemp("registry")
     ht = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, check=True, text=True)
     (d / "htpasswd").write_text(ht.stdout)
@@ -527,3 +506,37 @@ def test_select_images_by_ref():
     assert P.select_images("pytorch-ddp:any-tag") == ([LocalImage("pytorch-ddp", "any-tag")], [])
     with pytest.raises(PushError, match="unknown image family"):
         P.select_images("no-such-family")
+
+
+# ================================================================ build cache in a registry
+
+
+def _registry_get(registry: str, path: str, accept: str = "") -> bytes:
+    req = urllib.request.Request(f"http://{registry}/v2/{path}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+    if accept:
+        req.add_header("Accept", accept)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+@pytest.mark.docker
+def test_build_pushes_inline_cache_with_the_builder_stage(engine, registry, docker_config, cpu_images):
+    """`invoke build --push-cache REPO` pushes the runtime image and the builder stage, each
+    carrying BuildKit's inline cache, so a CI machine without local cache reuses the compile."""
+    from images import build as b
+
+    subprocess.run([DOCKER, "login", "-u", USER, "--password-stdin", registry], input=PASSWORD,
+                   text=True, check=True, capture_output=True)
+    repo = f"{registry}/dtrain-cache/pytorch-ddp"
+    wheels = Path("/opt/wheels")
+    opts = b.BuildOptions(base_image=engine.BASE_IMAGE, ca_bundle=b.default_ca_bundle(),
+                          wheelhouse=wheels if wheels.is_dir() else None, push_cache=repo)
+    said: list[str] = []
+    [result] = b.build(["pytorch-ddp"], None, False, opts, say=said.append)
+    assert any("build cache pushed" in line for line in said)
+    manifest_type = "application/vnd.docker.distribution.manifest.v2+json"
+    for tag in (f"{result.tag}-builder", result.tag):
+        manifest = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/manifests/{tag}", manifest_type))
+        config = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/blobs/{manifest['config']['digest']}"))
+        assert "moby.buildkit.cache.v0" in config, f"{tag}: no inline cache in the image config"
