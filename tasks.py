@@ -131,7 +131,8 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 @task(help={"k": "only tests matching this pytest -k expression",
             "unit": "only the tests that need neither Docker nor the simulated cluster"})
 def test(c, k=None, unit=False):
-    """Run the test suite. Installs and starts what the integration tests need (root, Linux):
+    """Run the tests; installs and starts what they need (root, Linux).
+
     Debian packages, the Docker engine, the debootstrapped base image."""
     import subprocess
 
@@ -371,7 +372,8 @@ def manifest(c, for_=None, image=None, workers=2, gpus_per_worker=0, name="dtrai
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
              output=None):
-    """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, validated against its schema:
+    """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
+
     invoke manifest --for mpijob --image REF -- CMD"""
     from pathlib import Path
 
