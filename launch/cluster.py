@@ -24,7 +24,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from launch import netns as nx
-from launch.netns import CommandError, sh
+from launch.netns import sh
 
 # --------------------------------------------------------------------------
 # fixed layout

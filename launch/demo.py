@@ -7,7 +7,6 @@ registry -> a real Horovod training over mpirun across the nodes -> cluster down
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from images import build as b
 from images import push as p

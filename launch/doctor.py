@@ -13,7 +13,7 @@ import json
 import shlex
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 from launch import checklist, commands

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
@@ -211,7 +211,7 @@ class Job:
         name = spec.name or time.strftime("job-%Y%m%d-%H%M%S")
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
             raise LaunchError(f"bad job name {name!r} (letters, digits, _ . -)")
-        self.spec = JobSpec(**{**asdict_shallow(spec), "name": name})
+        self.spec = replace(spec, name=name)
         self.nodes = nodes
         self.say = say
         self.dir = jobs_dir() / name
@@ -456,10 +456,6 @@ class Job:
                 self._log.close()
             restore()
             self._record(ended=time.time())
-
-
-def asdict_shallow(spec: JobSpec) -> dict:
-    return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
 
 
 def _exit_code(r: NodeResult) -> int:

@@ -99,7 +99,7 @@ def add_node_netns(netns: str, bridge: str, host_veth: str, node_ifname: str,
     sh(["ip", "link", "set", host_veth, "master", bridge])
     sh(["ip", "link", "set", host_veth, "up"])
     batch = [
-        f"link set lo up",
+        "link set lo up",
         f"link set {tmp_peer} name {node_ifname}",
         f"addr add {cidr} dev {node_ifname}",
         f"link set {node_ifname} up",

@@ -7,7 +7,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 

@@ -6,7 +6,6 @@ import io
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
