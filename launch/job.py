@@ -35,6 +35,11 @@ from launch.hosts import Node, ssh_argv
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
 SSH_PORT = 2022
 LABEL = "dtrain.job"
+# ssh inside the first container: the readiness check opens one master connection per node
+# and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
+CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
+                     "-o", "ControlPersist=600")
+READY_FAILED = 97  # exit code of the readiness check inside the job command
 
 
 def jobs_dir() -> Path:
@@ -181,7 +186,8 @@ def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 
     if spec.launcher == "mpirun":
         argv = commands.mpirun_argv(nodes, list(spec.command), iface=iface, env=spec.env,
                                     forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
-                                    extra_mca=list(spec.extra_mca))
+                                    ssh_options=CONTAINER_SSH_MUX,
+                                    extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
         return [argv[0], "--tag-output", *argv[1:]]
     return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=SSH_PORT,
                                     env=spec.env)
@@ -218,14 +224,34 @@ class Job:
         self.facts: list[NodeFacts] = []
         self.started: list[Node] = []  # nodes where a container may exist
         self.keydir: Path | None = None
-        self.ompi = 4  # Open MPI major version in the image, read once the containers run
+        self.ompi: int | None = None  # Open MPI major in the image: label, else `mpirun --version`
+        self._mux: Path | None = None
+        self._ready = False
         self._out_lock = threading.Lock()
         self._log = None
 
     # -- helpers
 
     def _ssh(self, node: Node, argv: list[str]) -> list[str]:
-        return ssh_argv(node, argv, extra_opts=list(self.spec.ssh_opts))
+        return ssh_argv(node, argv, extra_opts=[*self.spec.ssh_opts, *self._mux_opts])
+
+    @property
+    def _mux_opts(self) -> list[str]:
+        """One ssh connection per node for the whole job: every later step reuses it."""
+        if self._mux is None:
+            self._mux = Path(tempfile.mkdtemp(prefix="dtrain-ssh-", dir="/tmp"))
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux}/%C", "-o", "ControlPersist=120"]
+
+    def _close_mux(self) -> None:
+        if self._mux is None:
+            return
+        procs = [subprocess.Popen(["ssh", *self.spec.ssh_opts, "-o", f"ControlPath={self._mux}/%C", "-O", "exit",
+                                   f"{n.user}@{n.host}" if n.user else n.host, *(["-p", str(n.port)] if n.port else [])],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in self.nodes]
+        for p in procs:
+            p.wait()
+        shutil.rmtree(self._mux, ignore_errors=True)
+        self._mux = None
 
     def _on_all(self, what: str, make: Callable[[Node], list[str]], nodes: Sequence[Node] | None = None,
                 timeout: float | None = 120, stdin: Callable[[Node], str | None] | None = None,
@@ -257,14 +283,18 @@ class Job:
     # -- steps
 
     def probe(self) -> None:
+        """One round per node: replace a stale container of this job, read the node's facts,
+        pull the image (so a node that cannot is named before anything starts)."""
         t0 = time.monotonic()
         name = container_name(self.spec.name)
+        login = _ecr_login_script(self.spec.image)
         # A stale container of the same job is replaced: remove it before looking at port 2022.
-        self._on_all("removing stale containers",
-                     lambda n: ["sh", "-c", f"docker rm -f {name} >/dev/null 2>&1; true"])
-        results = self._on_all("probing nodes", lambda n: ["sh", "-c", _PROBE])
+        script = f"docker rm -f {name} >/dev/null 2>&1\n{_PROBE}\n{login.script}{self._pull_script()}"
+        results = self._on_all("probing nodes and pulling the image", lambda n: ["sh", "-c", script],
+                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
         self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
                       for n, r in zip(self.nodes, results)]
+        self._check_images(results)
         commands.check_same_iface({f.node.host: f.iface for f in self.facts})
         taken = [f for f in self.facts if f.port_holder]
         if taken:
@@ -281,30 +311,44 @@ class Job:
                      "containers get that, not unlimited; EFA needs unlimited "
                      "(docs/troubleshooting.md#memlock)")
         self.say(f"[launch] {len(self.facts)} node(s) ready: NIC {self.facts[0].iface}, "
-                 f"{sum(f.gpus for f in self.facts)} GPU(s) ({time.monotonic() - t0:.1f} s)")
+                 f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]} on every node "
+                 f"({time.monotonic() - t0:.1f} s)")
 
-    def pull(self) -> None:
-        t0 = time.monotonic()
+    def _pull_script(self) -> str:
+        """Pull (unless --no-pull), then print `image=<min-driver label> <openmpi label> <id>`."""
         image = self.spec.image
         q = shlex.quote(image)
         pull = (f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
                 f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; "
                 if self.spec.pull else "")
-        script = (f"{pull}docker image inspect -f '{{{{index .Config.Labels \"dtrain.min-driver\"}}}} {{{{.Id}}}}' {q} 2>/dev/null "
-                  f"|| {{ echo \"image {image} is not on this node and could not be pulled"
-                  f"$(tail -1 /tmp/dtrain-pull.err 2>/dev/null | sed 's/^/: /')\" >&2; exit 1; }}")
-        login = _ecr_login_script(image)
-        results = self._on_all(f"pulling {image}", lambda n: ["sh", "-c", login.script + script],
-                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
-        last = {r.host: r.stdout.strip().splitlines()[-1].split() for r in results}
-        ids = {h: v[-1] for h, v in last.items()}
-        need = {h: v[0] for h, v in last.items() if len(v) == 2 and v[0] != "<no"}
-        check_driver(self.facts, need)
+        fmt = ('{{index .Config.Labels "dtrain.min-driver"}} {{index .Config.Labels "dtrain.openmpi-major"}} '
+               '{{.Id}}')
+        return (f"{pull}echo \"image=$(docker image inspect -f '{fmt}' {q} 2>/dev/null)\"; "
+                f"docker image inspect {q} >/dev/null 2>&1 || {{ echo \"image {image} is not on this node and "
+                f"could not be pulled$(tail -1 /tmp/dtrain-pull.err 2>/dev/null | sed 's/^/: /')\" >&2; exit 1; }}")
+
+    def _check_images(self, results: Sequence[NodeResult]) -> None:
+        """Same image ID on every node; GPU drivers new enough; the image's Open MPI major."""
+        info = {r.host: parse_probe(r.stdout).get("image", "").replace("<no value>", "-").split()
+                for r in results}
+        ids = {h: v[-1] for h, v in info.items()}
         if len(set(ids.values())) > 1:
             lines = "\n".join(f"  {h}: {i[:19]}" for h, i in ids.items())
-            raise LaunchError(f"nodes hold different images for {image}; all must run the same:\n{lines}")
+            raise LaunchError(f"nodes hold different images for {self.spec.image}; all must run the same:\n{lines}")
+        check_driver(self.facts, {h: v[0] for h, v in info.items() if len(v) == 3 and v[0] != "-"})
         self.image_id = next(iter(ids.values()))
-        self.say(f"[launch] image {image} ({self.image_id[:19]}) on every node "
+        label = next(iter(info.values()))
+        if len(label) == 3 and label[1].isdigit():
+            self.ompi = int(label[1])
+
+    def pull(self) -> None:
+        """Pull and check the image on every node (doctor, which has its own probe)."""
+        t0 = time.monotonic()
+        login = _ecr_login_script(self.spec.image)
+        results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", login.script + self._pull_script()],
+                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
+        self._check_images(results)
+        self.say(f"[launch] image {self.spec.image} ({self.image_id[:19]}) on every node "
                  f"({time.monotonic() - t0:.1f} s)")
 
     def start_containers(self) -> None:
@@ -335,19 +379,32 @@ class Job:
         self._on_all("starting containers", make, stdin=lambda n: private)
         self.say(f"[launch] containers {name} started, job key installed ({time.monotonic() - t0:.1f} s)")
 
+    def _ready_script(self) -> str:
+        """Run in the first container: ssh to every node's 2022 at once, leaving a master
+        connection per node (CONTAINER_SSH_MUX) that mpirun's daemon launch reuses."""
+        targets = " ".join(shlex.quote(f.address) for f in self.facts)
+        mux = " ".join(CONTAINER_SSH_MUX)
+        return (f"deadline=$(( $(date +%s) + {int(self.spec.ready_timeout)} )); pids=; for h in {targets}; do "
+                f"( until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 {mux} root@$h true "
+                f"</dev/null >/dev/null 2>/tmp/ssh-$h.err; do "
+                "if [ $(date +%s) -ge $deadline ]; then echo \"dtrain-ready: sshd on $h:2022 not reachable: "
+                "$(tail -1 /tmp/ssh-$h.err)\" >&2; exit 1; fi; sleep 0.2; done ) & pids=\"$pids $!\"; done; "
+                f"for p in $pids; do wait $p || exit {READY_FAILED}; done")
+
     def wait_ready(self) -> None:
         """From the first node's container, ssh to every node's container on 2022."""
         t0 = time.monotonic()
-        targets = " ".join(shlex.quote(f.address) for f in self.facts)
-        script = (f"deadline=$(( $(date +%s) + {int(self.spec.ready_timeout)} )); for h in {targets}; do "
-                  f"until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 root@$h true 2>/tmp/ssh.err; do "
-                  "if [ $(date +%s) -ge $deadline ]; then echo \"sshd on $h:2022 not reachable: "
-                  "$(tail -1 /tmp/ssh.err)\" >&2; exit 1; fi; sleep 0.2; done; done")
         first = self.facts[0].node
-        r = self._on_all("waiting for sshd on 2022", lambda n: ["docker", "exec", container_name(self.spec.name),
-                                                                "bash", "-c", script + "; mpirun --version"],
-                         nodes=[first], timeout=self.spec.ready_timeout + 30)
-        self.ompi = ompi_major(r[0].stdout)
+        version = "" if self.ompi else "; mpirun --version"
+        results = run_all([first], lambda n: self._ssh(n, ["docker", "exec", container_name(self.spec.name),
+                                                           "bash", "-c", self._ready_script() + version]),
+                          timeout=self.spec.ready_timeout + 30)
+        if not results[0].ok:
+            raise LaunchError(_ready_error(results[0].stdout + results[0].stderr, results[0].error))
+        r = results
+        self._ready = True
+        if not self.ompi:
+            self.ompi = ompi_major(r[0].stdout)
         self.say(f"[launch] sshd reachable on every node; Open MPI {self.ompi} in the image "
                  f"({time.monotonic() - t0:.1f} s)")
 
@@ -357,13 +414,25 @@ class Job:
         self._record(state="running", ranks=ranks)
         if self.spec.launcher == "torchrun":
             return self._run_torchrun(iface)
-        argv = ["docker", "exec", container_name(self.spec.name), *job_argv(self.spec, self.facts, iface, self.ompi)]
-        self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(argv[3:])}")
+        job = job_argv(self.spec, self.facts, iface, self.ompi or 4)
+        self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(job)}")
+        # Unless done already, the readiness check runs in the same command, just before the job.
+        ready = "" if self._ready else self._ready_script() + " && "
+        argv = ["docker", "exec", container_name(self.spec.name), "bash", "-c", ready + "exec " + shlex.join(job)]
         first = self.facts[0]
+        ready_lines: list[str] = []
+
+        def on_line(n: Node, line: str) -> None:
+            line = line.rstrip("\n")
+            if line.startswith("dtrain-ready: "):
+                ready_lines.append(line)
+            else:
+                self._emit(prefix_line(line, ranks=ranks, default_node=first.hostname))
+
         results = run_all([first.node], lambda n: self._ssh(n, argv), timeout=self.spec.job_timeout,
-                          retries=0,
-                          on_line=lambda n, line: self._emit(prefix_line(line.rstrip("\n"), ranks=ranks,
-                                                                         default_node=first.hostname)))
+                          retries=0, on_line=on_line)
+        if results[0].returncode == READY_FAILED and ready_lines:
+            raise LaunchError(_ready_error("\n".join(ready_lines), None))
         return _exit_code(results[0])
 
     def _run_torchrun(self, iface: str) -> int:
@@ -423,6 +492,7 @@ class Job:
             self.started = []
         if self.keydir and self.keydir.exists():
             shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
+        self._close_mux()
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -436,9 +506,9 @@ class Job:
         restore = _sigterm_as_interrupt()
         try:
             self.probe()
-            self.pull()
             self.start_containers()
-            self.wait_ready()
+            if self.spec.launcher == "torchrun" or self.ompi is None:
+                self.wait_ready()
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self.run_job()
             self._record(state="succeeded" if code == 0 else "failed", exit_code=code)
@@ -456,6 +526,12 @@ class Job:
                 self._log.close()
             restore()
             self._record(ended=time.time())
+
+
+def _ready_error(output: str, error: str | None) -> str:
+    lines = [ln.removeprefix("dtrain-ready: ") for ln in output.splitlines() if ln.startswith("dtrain-ready: ")]
+    return "containers started, but not every node's sshd answers on 2022:\n  " + "\n  ".join(
+        lines or [error or "no answer"])
 
 
 def _exit_code(r: NodeResult) -> int:

@@ -109,7 +109,6 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
               nodes_of(cluster, 2), say=lambda m: None)
     try:
         job.probe()
-        job.pull()
         job.start_containers()
         job.wait_ready()
         good = job_argv(job.spec, job.facts, job.facts[0].iface)
@@ -146,7 +145,6 @@ def test_diagnose_on_real_failures(cluster, remote_images):
               nodes_of(cluster, 2), say=lambda m: None)
     try:
         job.probe()
-        job.pull()
         job.start_containers()
         job.wait_ready()
         good = job_argv(job.spec, job.facts, job.facts[0].iface)
