@@ -176,8 +176,15 @@ def _candidates(text: str) -> dict[int, set[int]]:
     return cand
 
 
+# `mpirun --tag-output` tags every chunk a rank writes; unbuffered output splits a line into
+# chunks, so tags land mid-line: `KeyError[1,1]<stderr>:: [1,1]<stderr>:'X'`. Only the first
+# tag of a line is kept. Seen in real failures on the simulated cluster.
+_MID_TAG = re.compile(r"(?<=[^\n])\[\d+,\d+\]<std(?:out|err)>:")
+
+
 def diagnose(text: str) -> list[Finding]:
     """Every checklist entry the log shows, ordered as described in the module docstring."""
+    text = _MID_TAG.sub("", text)
     cand = _candidates(text)
     found: dict[str, list[Line]] = {}
     number, pos = 1, 0

@@ -361,3 +361,13 @@ def test_doc_and_checklist_agree_on_ids_titles_and_sources():
     for cid in DOCTOR_CHECKS:
         assert f"| `{cid}` |" in doc
     assert "invoke doctor" in doc and "invoke diagnose" in doc
+
+
+def test_mpirun_tags_in_the_middle_of_a_line():
+    """Unbuffered stderr reaches mpirun in chunks, each tagged (seen on the simulated cluster)."""
+    from launch.diagnose import diagnose
+
+    log = ("[1,1]<stderr>:Traceback (most recent call last):\n"
+           "[1,1]<stderr>:KeyError[1,1]<stderr>:: [1,1]<stderr>:'DTRAIN_DATA_DIR'[1,1]<stderr>:\n")
+    [f] = [f for f in diagnose(log) if f.entry.id == "env-not-forwarded"]
+    assert f.ranks == (1,) and f.lines[0].number == 2
