@@ -186,13 +186,13 @@ def _ssh_opts(ssh_opt, ssh_config=None):
     "shm_size": "container /dev/shm size, e.g. 16g (default: --ipc host)",
     "master_port": "torchrun master port (default 29500)",
     "rdzv": "torchrun rendezvous: static (default) or c10d",
-    "no_pull": "use the image already on the nodes",
+    "pull": "always (default: pull the tag on every node), missing (only where absent) or never",
     "timeout": "stop the job after this many seconds",
 })
 def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=None, ec2_tag=None,
            region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
            env_file=None, iface=None, mount=None, shm_size=None, master_port=29500, rdzv="static",
-           no_pull=False, timeout=None):
+           pull="always", timeout=None):
     """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
     from launch import commands
     from launch.errors import LaunchError
@@ -202,6 +202,8 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
         command = tuple(_remainder())
+        if pull not in ("always", "missing", "never"):
+            raise LaunchError(f"--pull {pull}: use always, missing or never")
         if launcher not in ("mpirun", "horovodrun", "torchrun"):
             raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun or torchrun")
         envs = dict(commands.parse_env_file(env_file)) if env_file else {}
@@ -212,7 +214,7 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
             envs[k] = v
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
-                       shm_size=shm_size, master_port=int(master_port), rdzv=rdzv, pull=not no_pull,
+                       shm_size=shm_size, master_port=int(master_port), rdzv=rdzv, pull=pull,
                        job_timeout=float(timeout) if timeout else None, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key))
         code = job.run()

@@ -59,7 +59,7 @@ class JobSpec:
     shm_size: str | None = None  # None: --ipc host
     master_port: int = 29500
     rdzv: Literal["static", "c10d"] = "static"
-    pull: bool = True
+    pull: Literal["always", "missing", "never"] = "always"  # as docker's --pull
     ready_timeout: float = 60
     job_timeout: float | None = None
     ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes
@@ -87,7 +87,7 @@ _PROBE = r"""
 set -u
 echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
 echo "hostname=$(hostname)"
-if docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; then echo docker=ok; else echo "docker=$(docker info 2>&1 | tail -1)"; fi
+if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then echo docker=ok; else echo "docker=$(docker version 2>&1 | tail -1)"; fi
 echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
 echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
 echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
@@ -318,9 +318,12 @@ class Job:
         """Pull (unless --no-pull), then print `image=<min-driver label> <openmpi label> <id>`."""
         image = self.spec.image
         q = shlex.quote(image)
-        pull = (f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
-                f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; "
-                if self.spec.pull else "")
+        pull = {
+            "always": f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
+                      f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; ",
+            "missing": f"docker image inspect {q} >/dev/null 2>&1 || docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err; ",
+            "never": "",
+        }[self.spec.pull]
         fmt = ('{{index .Config.Labels "dtrain.min-driver"}} {{index .Config.Labels "dtrain.openmpi-major"}} '
                '{{.Id}}')
         return (f"{pull}echo \"image=$(docker image inspect -f '{fmt}' {q} 2>/dev/null)\"; "
