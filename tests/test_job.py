@@ -109,3 +109,15 @@ def test_driver_older_than_the_image_needs_is_refused():
     assert "h2" not in str(e.value)
     check_driver(gpu, {"h1": "530.30.02", "h2": "530.30.02"})  # new enough
     check_driver(facts(2), {"h1": "560.35.05"})  # CPU nodes: nothing to check
+
+
+@pytest.mark.parametrize("policy, pulls, checks_first", [("always", True, False), ("missing", True, True),
+                                                          ("never", False, False)])
+def test_pull_policies(policy, pulls, checks_first):
+    from launch.job import Job
+
+    job = Job(JobSpec(image="reg:5000/dtrain/x:1", command=("true",), name="j", pull=policy), [Node("h", 1)])
+    script = job._pull_script()
+    assert ("docker pull -q reg:5000/dtrain/x:1" in script) == pulls
+    assert script.startswith("docker image inspect reg:5000/dtrain/x:1 >/dev/null 2>&1 ||") == checks_first
+    assert "image=$(docker image inspect -f" in script  # every policy reports the image it will run
