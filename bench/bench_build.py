@@ -2,7 +2,10 @@
 
     python bench/bench_build.py [--cold]
 
---cold rebuilds every CPU image with --no-cache first (minutes: compiles Horovod). Without it
+--cold empties the BuildKit cache first (`docker builder prune -af`) and builds every CPU image
+from nothing but the base image (minutes: compiles Horovod). An empty cache rather than
+--no-cache: --no-cache leaves one copy of each identical step per image in the cache, and
+later builds then stop sharing the common runtime layers between families. Without it
 the "cold" column is left empty and only the rebuild and sizes are measured. Prints a table;
 docs/benchmarks.md records the results with this command.
 """
@@ -10,6 +13,7 @@ docs/benchmarks.md records the results with this command.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +39,9 @@ def main() -> None:
     engine.ensure_all()
     base = dict(base_image=engine.BASE_IMAGE, ca_bundle=b.default_ca_bundle(),
                 wheelhouse=WHEELS if WHEELS.is_dir() else None)
-    cold = build_all(b.BuildOptions(**base, no_cache=True)) if args.cold else {}
+    if args.cold:
+        subprocess.run([engine.docker_cli(), "builder", "prune", "-af"], check=True, capture_output=True)
+    cold = build_all(b.BuildOptions(**base)) if args.cold else {}
     warm = build_all(b.BuildOptions(**base))  # make sure everything is cached
     marker = ROOT / "launch" / "node" / ".bench-touch"
     marker.write_text(f"{time.time()}\n")  # a change in launch/node/ only

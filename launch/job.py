@@ -151,22 +151,10 @@ def rank_nodes(facts: Sequence[NodeFacts]) -> list[str]:
     return out
 
 
-_MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:\s?(.*)$")
-# mpirun tags every chunk a rank writes; unbuffered Python writes a line's text and its
-# newline separately, so a tag can land at the end of a line: `loss 0.1[1,1]<stdout>:`.
-_MID_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
-_TORCH_TAG = re.compile(r"^\[?[A-Za-z_]*?(\d+)\]?:(.*)$")
-
-
-def prefix_line(line: str, *, ranks: list[str], default_node: str,
-                torch_base: int | None = None) -> str:
-    """'[1,3]<stdout>:loss 0.1' -> '[node-2 r3] loss 0.1' (mpirun --tag-output lines);
-    torchrun's '[default1]:...' lines get the global rank from the node's first rank."""
-    if torch_base is None and (m := _MPI_TAG.match(line)):
-        r = int(m.group(1))
-        node = ranks[r] if r < len(ranks) else "?"
-        return f"[{node} r{r}] {_MID_TAG.sub('', m.group(2))}"
-    if torch_base is not None and (m := re.match(r"^\[default(\d+)\]:(.*)$", line)):
+def prefix_line(line: str, *, default_node: str, torch_base: int) -> str:
+    """torchrun's '[default1]:text' -> '[node-2 r5] text' (the node's first global rank + local
+    rank); other lines get the node. mpirun's output goes through MpiOutput."""
+    if m := re.match(r"^\[default(\d+)\]:(.*)$", line):
         return f"[{default_node} r{torch_base + int(m.group(1))}] {m.group(2)}"
     return f"[{default_node}] {line}"
 
@@ -177,6 +165,44 @@ def ompi_major(version_output: str) -> int:
     if not m:
         raise LaunchError(f"the image's mpirun is not Open MPI: {version_output.strip()[:200]!r}")
     return int(m.group(1))
+
+
+class MpiOutput:
+    """Turns `mpirun --tag-output` lines into `[node r<rank>] text` lines.
+
+    Open MPI tags every chunk a rank writes. Unbuffered output (PYTHONUNBUFFERED=1) writes a
+    line's text and its newline separately, so chunks of different ranks share one physical
+    line: `[1,2]<stdout>:loss 0.3[1,1]<stdout>:loss 0.4` then `[1,2]<stdout>:`. Each tagged
+    segment before the last one of a line is an unfinished line of its rank: kept until that
+    rank's newline arrives."""
+
+    _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
+
+    def __init__(self, ranks: list[str], default_node: str):
+        self.ranks, self.default_node = ranks, default_node
+        self.pending: dict[int, str] = {}
+
+    def _fmt(self, rank: int, text: str) -> str:
+        node = self.ranks[rank] if rank < len(self.ranks) else "?"
+        return f"[{node} r{rank}] {text}"
+
+    def feed(self, line: str) -> list[str]:
+        parts = self._TAG.split(line)  # [before, rank, text, rank, text, ...]
+        out = [f"[{self.default_node}] {parts[0]}"] if parts[0] or len(parts) == 1 else []
+        segments = list(zip(parts[1::2], parts[2::2]))
+        for i, (rank_s, text) in enumerate(segments):
+            rank = int(rank_s)
+            text = self.pending.pop(rank, "") + text
+            if i < len(segments) - 1:
+                self.pending[rank] = text  # no newline yet for this rank
+            elif text or i == 0:
+                out.append(self._fmt(rank, text))
+        return out
+
+    def flush(self) -> list[str]:
+        out = [self._fmt(r, t) for r, t in sorted(self.pending.items())]
+        self.pending.clear()
+        return out
 
 
 def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4) -> list[str]:
@@ -425,15 +451,20 @@ class Job:
         first = self.facts[0]
         ready_lines: list[str] = []
 
+        out = MpiOutput(ranks, first.hostname)
+
         def on_line(n: Node, line: str) -> None:
             line = line.rstrip("\n")
             if line.startswith("dtrain-ready: "):
                 ready_lines.append(line)
             else:
-                self._emit(prefix_line(line, ranks=ranks, default_node=first.hostname))
+                for shown in out.feed(line):
+                    self._emit(shown)
 
         results = run_all([first.node], lambda n: self._ssh(n, argv), timeout=self.spec.job_timeout,
                           retries=0, on_line=on_line)
+        for shown in out.flush():
+            self._emit(shown)
         if results[0].returncode == READY_FAILED and ready_lines:
             raise LaunchError(_ready_error("\n".join(ready_lines), None))
         return _exit_code(results[0])
@@ -482,7 +513,7 @@ class Job:
     def _pump(self, proc: subprocess.Popen, hostname: str, base: int) -> None:
         assert proc.stdout
         for line in proc.stdout:
-            self._emit(prefix_line(line.rstrip("\n"), ranks=[], default_node=hostname, torch_base=base))
+            self._emit(prefix_line(line.rstrip("\n"), default_node=hostname, torch_base=base))
 
     def teardown(self) -> None:
         name = container_name(self.spec.name)

@@ -148,7 +148,8 @@ def test_cpu_families_share_base_layers(cpu_images):
     while shared < min(map(len, (a, b, c))) and a[shared] == b[shared] == c[shared]:
         shared += 1
     # base image + OS packages + ssh config + env: at least the first 4 layers are the same blobs
-    assert shared >= 4, layers
+    assert shared >= 4, f"only {shared} shared layer(s): " + "; ".join(
+        f"{f}: {' '.join(x[7:19] for x in ls[:5])}" for f, ls in layers.items())
 
 
 def test_labels_name_every_pin(cpu_images):

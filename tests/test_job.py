@@ -59,12 +59,15 @@ def test_ranks_fill_nodes_in_order():
     ("mpirun noticed that process rank 1 ...", "[node-1] mpirun noticed that process rank 1 ..."),
 ])
 def test_mpirun_lines(line, want):
-    assert prefix_line(line, ranks=["node-1", "node-1", "node-2", "node-2"], default_node="node-1") == want
+    from launch.job import MpiOutput
+
+    out = MpiOutput(["node-1", "node-1", "node-2", "node-2"], "node-1")
+    assert out.feed(line) + out.flush() == [want]
 
 
 def test_torchrun_lines_get_global_rank():
-    assert prefix_line("[default1]:step 3", ranks=[], default_node="node-2", torch_base=4) == "[node-2 r5] step 3"
-    assert prefix_line("W1121 warning", ranks=[], default_node="node-2", torch_base=4) == "[node-2] W1121 warning"
+    assert prefix_line("[default1]:step 3", default_node="node-2", torch_base=4) == "[node-2 r5] step 3"
+    assert prefix_line("W1121 warning", default_node="node-2", torch_base=4) == "[node-2] W1121 warning"
 
 
 def test_job_argv_uses_addresses_and_tags_output():
@@ -121,3 +124,25 @@ def test_pull_policies(policy, pulls, checks_first):
     assert ("docker pull -q reg:5000/dtrain/x:1" in script) == pulls
     assert script.startswith("docker image inspect reg:5000/dtrain/x:1 >/dev/null 2>&1 ||") == checks_first
     assert "image=$(docker image inspect -f" in script  # every policy reports the image it will run
+
+
+def test_interleaved_mpirun_chunks_are_reassembled_per_rank():
+    """Seen on the simulated cluster: rank 1's line lands inside rank 2's unfinished one."""
+    from launch.job import MpiOutput
+
+    out = MpiOutput(["node-1", "node-2", "node-3"], "node-1")
+    shown = []
+    for line in ["[1,2]<stdout>:allreduce OK rank=2[1,1]<stdout>:allreduce OK rank=1",
+                 "[1,2]<stdout>:",
+                 "[1,0]<stdout>:allreduce OK rank=0",
+                 "[1,1]<stderr>:KeyError[1,1]<stderr>:: [1,1]<stderr>:'X'",
+                 "--------------------------------------------------------------------------",
+                 "[1,0]<stdout>:"]:
+        shown += out.feed(line)
+    shown += out.flush()
+    assert shown == ["[node-2 r1] allreduce OK rank=1",
+                     "[node-3 r2] allreduce OK rank=2",
+                     "[node-1 r0] allreduce OK rank=0",
+                     "[node-2 r1] KeyError: 'X'",
+                     "[node-1] --------------------------------------------------------------------------",
+                     "[node-1 r0] "]
