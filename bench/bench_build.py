@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from images import build as b  # noqa: E402
 from launch import engine  # noqa: E402
+from table import markdown  # noqa: E402
 
 WHEELS = Path("/opt/wheels")
 
@@ -57,11 +58,7 @@ def main() -> None:
         rows.append((f"{fam}:{r.tag}", b.human_size(r.size), f"{c.seconds:.0f} s" if c else "-",
                      f"{t.seconds:.1f} s", f"{100 * t.seconds / c.seconds:.1f}%" if c else "-",
                      f"{t.cached}/{t.steps}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for i, row in enumerate(rows):
-        print("| " + " | ".join(x.ljust(w) for x, w in zip(row, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print(markdown(rows))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from images.spec import load_all  # noqa: E402
 from launch import cluster, engine  # noqa: E402
 from launch.hosts import parse_hostfile  # noqa: E402
 from launch.job import Job, JobSpec, job_log  # noqa: E402
+from table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"
 
@@ -91,11 +92,7 @@ def main() -> None:
             dt = statistics.median(dtrain(info, image, n, i) for i in range(args.repeat))
             rows.append((str(n), f"{seq:.2f} s", f"{par:.2f} s", f"{dt:.2f} s", f"{dt / par:.2f}x",
                          f"{seq / dt:.2f}x faster"))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for i, r in enumerate(rows):
-            print("| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |")
-            if i == 0:
-                print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        print(markdown(rows))
     finally:
         cluster.down(quiet=True)
 
