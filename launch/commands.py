@@ -299,6 +299,10 @@ def parse_mount(spec: str) -> Mount:
     return Mount(posixpath.normpath(src), posixpath.normpath(dst), readonly=mode == "ro")
 
 
+# Where a launch mounts the job's SSH key pair; launch/node/entrypoint.sh reads it.
+JOB_KEY_MOUNT = "/run/dtrain-job"
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     """The whole container contract of a training node (the image runs sshd on 2022)."""
@@ -312,6 +316,7 @@ class ContainerSpec:
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
     memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
     hosts: Mapping[str, str] = field(default_factory=dict)  # hostname -> address, for /etc/hosts
+    key_dir: str | None = None  # node directory with the job's key pair, mounted at JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
 
@@ -346,6 +351,10 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
     for name, addr in spec.hosts.items():  # every node's hostname resolves in every container
         argv += ["--add-host", f"{name}:{addr}"]
+    if spec.key_dir:  # the entrypoint installs the pair as root's before starting sshd
+        if not spec.key_dir.startswith("/") or "," in spec.key_dir:
+            raise LaunchError(f"bad key directory {spec.key_dir!r}")
+        argv += ["--mount", f"type=bind,src={spec.key_dir},dst={JOB_KEY_MOUNT},readonly"]
     argv += ["--label", f"dtrain.job={spec.job}"]
     for k, v in spec.env.items():
         argv += ["-e", f"{k}={v}"]

@@ -83,16 +83,21 @@ class NodeFacts:
 
 # ---------------------------------------------------------------- pure helpers
 
+# Shell builtins where they do (a node may run this with the launch's other steps on few cores).
 _PROBE = r"""
 set -u
-echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
-echo "hostname=$(hostname)"
-if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then echo docker=ok; else echo "docker=$(docker version 2>&1 | tail -1)"; fi
-echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
-echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
-echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
-echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
-echo "memlock=$(cat /proc/$(pgrep -o dockerd)/limits 2>/dev/null | awk '/Max locked memory/ {print $5}')"
+set -- ${SSH_CONNECTION:-}; echo "addr=${3:-}"
+read -r h < /proc/sys/kernel/hostname; echo "hostname=$h"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+  echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+fi
+efa=; for d in /dev/infiniband/uverbs*; do [ -e "$d" ] && efa="$efa $d"; done; echo "efa=$efa"
+# 2022 = 0x07E6; st 0A = LISTEN. ss -p (slow: it reads every process) only to name a holder.
+if grep -qs ':07E6 [0-9A-F:]* 0A ' /proc/net/tcp /proc/net/tcp6; then
+  echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+fi
+echo "memlock=$(awk '/Max locked memory/ {print $5}' /proc/$(pgrep -o dockerd)/limits 2>/dev/null)"
 echo "ipjson=$(ip -j addr 2>/dev/null)"
 """
 
@@ -141,6 +146,83 @@ def check_driver(facts: Sequence[NodeFacts], need: dict[str, str]) -> None:
 
 def container_name(job: str) -> str:
     return f"dtrain-{job}"
+
+
+def node_key_dir(job: str) -> str:
+    """The job's key pair on a node: tmpfs (never on disk), 0700, removed with the container."""
+    return f"/dev/shm/{container_name(job)}"
+
+
+def remove_script(job: str) -> str:
+    """Remove a job's container and key directory from a node; fine if neither is there."""
+    return f"docker rm -f {container_name(job)} >/dev/null 2>&1; rm -rf {node_key_dir(job)}; true"
+
+
+# One `docker inspect` answers three questions: does the engine answer, is the image here (and
+# its labels), is a container of this job left over. Image IDs start with sha256:, container
+# IDs are bare hex. A docker CLI call costs ~40 ms of CPU: on a busy node that adds up.
+_INSPECT_FMT = '{{.Id}} {{index .Config.Labels "dtrain.min-driver"}} {{index .Config.Labels "dtrain.openmpi-major"}}'
+
+
+def image_script(image: str, pull: str, job: str | None = None) -> str:
+    """sh for a node: inspect the image (and the job's stale container, removed if there, with
+    its key directory), pull per policy (always|missing|never), then print `docker=ok` (or the
+    engine's error, and stop) and `image=<min-driver> <openmpi-major> <id>`. Exits 1 naming the
+    image when it is neither on the node nor pullable."""
+    q = shlex.quote(image)
+    again = f'out=$(docker image inspect -f "$fmt" {q} 2>&1)'
+    pulled = f'perr=$(docker pull -q {q} 2>&1 >/dev/null)'
+    lines = [
+        f"fmt={shlex.quote(_INSPECT_FMT)}; perr=",
+        f'out=$(docker inspect -f "$fmt" {q}{" " + container_name(job) if job else ""} 2>&1)',
+        "err=$(printf '%s\\n' \"$out\" | grep -v -e '^sha256:' -e '^[0-9a-f]\\{64\\} ' "
+        "-e '^Error: No such object: ' -e '^$' | tail -1)",
+        'if [ -n "$err" ]; then echo "docker=$err"; exit 0; fi',
+        "echo docker=ok",
+    ]
+    if job:
+        lines += [f"printf '%s\\n' \"$out\" | grep -q '^[0-9a-f]\\{{64\\}} ' && "
+                  f"docker rm -f {container_name(job)} >/dev/null 2>&1",
+                  f"rm -rf {node_key_dir(job)}"]
+    have = "printf '%s\\n' \"$out\" | grep -q '^sha256:'"
+    lines += {
+        "always": [f'{pulled} || echo "pull failed ($(printf %s "$perr" | tail -1)); using the local image" >&2',
+                   again],
+        "missing": [f"{have} || {{ {pulled}; {again}; }}"],
+        "never": [],
+    }[pull]
+    lines += [
+        "line=$(printf '%s\\n' \"$out\" | grep '^sha256:' | head -1 | sed 's/<no value>/-/g')",
+        f'[ -n "$line" ] || {{ echo "image {image} is not on this node and could not be pulled'
+        '${perr:+: $(printf %s "$perr" | tail -1)}" >&2; exit 1; }',
+        'set -- $line; echo "image=$2 $3 $1"',
+    ]
+    return "\n".join(lines)
+
+
+def start_script(run: Sequence[str], name: str, key_dir: str, public_key: str, timeout: float) -> str:
+    """bash run on a node with the private key on stdin: write the pair to key_dir, start the
+    container (run: docker_run_argv), wait until its sshd listens on 2022. Fails with the
+    container's last log lines if it exits, or after `timeout` seconds."""
+    q = shlex.quote
+    return "\n".join([
+        "set -u; umask 077",
+        f"d={q(key_dir)}",
+        'rm -rf "$d" && mkdir "$d" && cat > "$d/id_ed25519" && '
+        f'printf "%s\\n" {q(public_key)} > "$d/authorized_keys" '
+        '|| { echo "cannot write the job key to $d" >&2; exit 1; }',
+        f"{shlex.join(run)} >/dev/null || exit 1",
+        f"end=$(( $(date +%s) + {int(timeout)} )); i=0",
+        f"until grep -qs ':{SSH_PORT:04X} [0-9A-F:]* 0A ' /proc/net/tcp /proc/net/tcp6; do",
+        "  i=$((i + 1))",
+        f"  if [ $((i % 10)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
+        f"    echo \"container {name} exited: $(docker logs --tail 3 {name} 2>&1 | tr '\\n' ' ')\" >&2; exit 1",
+        "  fi",
+        f"  if [ $(date +%s) -ge $end ]; then echo \"sshd in {name} not listening on {SSH_PORT} after "
+        f"{int(timeout)} s\" >&2; exit 1; fi",
+        "  sleep 0.05",
+        "done",
+    ])
 
 
 def rank_nodes(facts: Sequence[NodeFacts]) -> list[str]:
@@ -312,10 +394,9 @@ class Job:
         """One round per node: replace a stale container of this job, read the node's facts,
         pull the image (so a node that cannot is named before anything starts)."""
         t0 = time.monotonic()
-        name = container_name(self.spec.name)
         login = _ecr_login_script(self.spec.image)
-        # A stale container of the same job is replaced: remove it before looking at port 2022.
-        script = f"docker rm -f {name} >/dev/null 2>&1\n{_PROBE}\n{login.script}{self._pull_script()}"
+        # A stale container of the same job is replaced: removed before port 2022 is looked at.
+        script = f"{login.script}{image_script(self.spec.image, self.spec.pull, self.spec.name)}\n{_PROBE}"
         results = self._on_all("probing nodes and pulling the image", lambda n: ["sh", "-c", script],
                                timeout=1800, stdin=(lambda n: login.password) if login.password else None)
         self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
@@ -340,22 +421,6 @@ class Job:
                  f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]} on every node "
                  f"({time.monotonic() - t0:.1f} s)")
 
-    def _pull_script(self) -> str:
-        """Pull (unless --no-pull), then print `image=<min-driver label> <openmpi label> <id>`."""
-        image = self.spec.image
-        q = shlex.quote(image)
-        pull = {
-            "always": f"docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err || "
-                      f"echo \"pull failed ($(tail -1 /tmp/dtrain-pull.err)); using the local image\" >&2; ",
-            "missing": f"docker image inspect {q} >/dev/null 2>&1 || docker pull -q {q} >/dev/null 2>/tmp/dtrain-pull.err; ",
-            "never": "",
-        }[self.spec.pull]
-        fmt = ('{{index .Config.Labels "dtrain.min-driver"}} {{index .Config.Labels "dtrain.openmpi-major"}} '
-               '{{.Id}}')
-        return (f"{pull}echo \"image=$(docker image inspect -f '{fmt}' {q} 2>/dev/null)\"; "
-                f"docker image inspect {q} >/dev/null 2>&1 || {{ echo \"image {image} is not on this node and "
-                f"could not be pulled$(tail -1 /tmp/dtrain-pull.err 2>/dev/null | sed 's/^/: /')\" >&2; exit 1; }}")
-
     def _check_images(self, results: Sequence[NodeResult]) -> None:
         """Same image ID on every node; GPU drivers new enough; the image's Open MPI major."""
         info = {r.host: parse_probe(r.stdout).get("image", "").replace("<no value>", "-").split()
@@ -374,13 +439,16 @@ class Job:
         """Pull and check the image on every node (doctor, which has its own probe)."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
-        results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", login.script + self._pull_script()],
+        script = login.script + image_script(self.spec.image, self.spec.pull)
+        results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", script],
                                timeout=1800, stdin=(lambda n: login.password) if login.password else None)
         self._check_images(results)
         self.say(f"[launch] image {self.spec.image} ({self.image_id[:19]}) on every node "
                  f"({time.monotonic() - t0:.1f} s)")
 
     def start_containers(self) -> None:
+        """One round per node: the job's key pair into the node's /dev/shm, `docker run`, then
+        wait until the container's sshd listens on 2022 (it installs the key before it starts)."""
         t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
@@ -396,17 +464,16 @@ class Job:
             run = commands.docker_run_argv(commands.ContainerSpec(
                 job=self.spec.name, image=self.spec.image, gpus=f.gpus > 0, efa_devices=f.efa,
                 mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size,
-                memlock=f.memlock, hosts={g.hostname: g.address for g in self.facts}))
-            install = ("umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/id_ed25519 && "
-                       f"echo {shlex.quote(public)} > /root/.ssh/authorized_keys && "
-                       "chmod 600 /root/.ssh/id_ed25519 && chmod 644 /root/.ssh/authorized_keys && "
-                       "chown -R root:root /root/.ssh")
-            return ["sh", "-c", f"{shlex.join(run)} >/dev/null && "
-                                f"docker exec -i {name} sh -c {shlex.quote(install)}"]
+                memlock=f.memlock, hosts={g.hostname: g.address for g in self.facts},
+                key_dir=node_key_dir(self.spec.name)))
+            return ["bash", "-c", start_script(run, name, node_key_dir(self.spec.name), public,
+                                               self.spec.ready_timeout)]
 
         self.started = list(self.nodes)
-        self._on_all("starting containers", make, stdin=lambda n: private)
-        self.say(f"[launch] containers {name} started, job key installed ({time.monotonic() - t0:.1f} s)")
+        self._on_all("starting containers", make, stdin=lambda n: private,
+                     timeout=self.spec.ready_timeout + 120)
+        self.say(f"[launch] containers {name} started with the job key, sshd listening "
+                 f"({time.monotonic() - t0:.1f} s)")
 
     def _ready_script(self) -> str:
         """Run in the first container: ssh to every node's 2022 at once, leaving a master
@@ -518,7 +585,7 @@ class Job:
     def teardown(self) -> None:
         name = container_name(self.spec.name)
         if self.started:
-            results = run_all(self.started, lambda n: self._ssh(n, ["sh", "-c", f"docker rm -f {name} >/dev/null 2>&1; true"]),
+            results = run_all(self.started, lambda n: self._ssh(n, ["sh", "-c", remove_script(self.spec.name)]),
                               timeout=60)
             bad = [r for r in results if not r.ok]
             for r in bad:
@@ -541,8 +608,8 @@ class Job:
         try:
             self.probe()
             self.start_containers()
-            if self.spec.launcher == "torchrun" or self.ompi is None:
-                self.wait_ready()
+            if self.spec.launcher != "torchrun" and self.ompi is None:
+                self.wait_ready()  # no Open MPI label in the image: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self.run_job()
             self._record(state="succeeded" if code == 0 else "failed", exit_code=code)
@@ -613,7 +680,8 @@ def _ecr_login_script(image: str) -> _Login:
         raise LaunchError(f"ECR login for {image} failed: {e}") from None
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     registry = image.split("/", 1)[0]
-    script = f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null && "
+    script = (f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null "
+              f"|| {{ echo 'docker login to {registry} failed' >&2; exit 1; }}\n")
     return _Login(script, password)
 
 
@@ -684,10 +752,9 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
                 break
             time.sleep(0.2)
     nodes = [Node(**n) for n in job.get("nodes", [])]
-    cname = container_name(job["name"])
     opts = list(ssh_opts or job.get("ssh_opts", []))
-    results = run_all(nodes, lambda n: ssh_argv(n, ["sh", "-c", f"docker rm -f {cname} >/dev/null 2>&1; true"],
-                                                extra_opts=opts), timeout=60)
+    results = run_all(nodes, lambda n: ssh_argv(n, ["sh", "-c", remove_script(job["name"])], extra_opts=opts),
+                      timeout=60)
     bad = [r for r in results if not r.ok]
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +

@@ -8,7 +8,9 @@ nothing is Docker- or ssh-specific (that lives in :mod:`launch.cluster`).
 Why ``nsenter --net=/run/netns/X unshare --uts`` and not ``ip netns exec X``:
 ``ip netns exec`` also unshares the mount namespace and remounts /sys for the
 new netns, which hides the cgroup v1 hierarchy, and dockerd then dies with
-"Devices cgroup isn't mounted".  nsenter only switches the network namespace.
+"Devices cgroup isn't mounted".  nsenter only switches the network namespace,
+and the node's own mount namespace (:func:`add_node_mntns`), which differs from the
+host's by one thing: a private /dev/shm, as each real machine has its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 NETNS_DIR = Path("/run/netns")
+MNTNS_DIR = Path("/run/dtrain-mntns")
 IPT_COMMENT = "dtrain-cluster"
 
 
@@ -109,6 +112,37 @@ def add_node_netns(netns: str, bridge: str, host_veth: str, node_ifname: str,
     sh(["ip", "-n", netns, "-batch", "-"], input="\n".join(batch) + "\n")
 
 
+def add_node_mntns(name: str, shm_size: str = "1g", binds: Sequence[tuple[str, str]] = ()) -> None:
+    """Pin a mount namespace for a node at MNTNS_DIR/name, with a tmpfs of its own on /dev/shm
+    and the files in binds (src, dst) mounted over the host's; everything else stays shared
+    with the host. The pin file must sit on a private mount."""
+    MNTNS_DIR.mkdir(parents=True, exist_ok=True)
+    if not _mounted(MNTNS_DIR):
+        sh(["mount", "--bind", str(MNTNS_DIR), str(MNTNS_DIR)])
+        sh(["mount", "--make-private", str(MNTNS_DIR)])
+    del_node_mntns(name)
+    pin = MNTNS_DIR / name
+    pin.touch()
+    script = f"mount -t tmpfs -o mode=1777,size={shlex.quote(shm_size)} dtrain-shm /dev/shm"
+    for src, dst in binds:
+        script += f" && mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
+    sh(["unshare", f"--mount={pin}", "--propagation", "private", "sh", "-c", script])
+
+
+def del_node_mntns(name: str) -> None:
+    """Unpin a node's mount namespace (it ends with its last process)."""
+    pin = MNTNS_DIR / name
+    if _mounted(pin):
+        sh(["umount", str(pin)], check=False)
+    pin.unlink(missing_ok=True)
+
+
+def _mounted(path: Path) -> bool:
+    """A mount point (os.path.ismount misses a bind mount of a directory onto itself)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
 def del_netns(netns: str) -> None:
     if netns_exists(netns):
         sh(["ip", "netns", "del", netns], check=False)
@@ -176,11 +210,12 @@ def ipt_remove_tagged(table: str = "filter") -> int:
 
 
 def node_argv(netns: str, hostname: str, argv: Sequence[str]) -> list[str]:
-    """argv that runs ``argv`` in ``netns`` in a fresh UTS namespace named ``hostname``.
+    """argv that runs ``argv`` in ``netns`` and the node's mount namespace (same name), in a
+    fresh UTS namespace named ``hostname``.
 
     nsenter and unshare (without --fork) exec, so the resulting pid *is* the
     final program's pid."""
-    return ["nsenter", f"--net={NETNS_DIR / netns}", "unshare", "--uts", "sh", "-c",
+    return ["nsenter", f"--net={NETNS_DIR / netns}", f"--mount={MNTNS_DIR / netns}", "unshare", "--uts", "sh", "-c",
             'hostname "$0" && exec "$@"', hostname, *argv]
 
 

@@ -114,16 +114,17 @@ def test_driver_older_than_the_image_needs_is_refused():
     check_driver(facts(2), {"h1": "560.35.05"})  # CPU nodes: nothing to check
 
 
-@pytest.mark.parametrize("policy, pulls, checks_first", [("always", True, False), ("missing", True, True),
-                                                          ("never", False, False)])
-def test_pull_policies(policy, pulls, checks_first):
-    from launch.job import Job
+@pytest.mark.parametrize("policy, pulls", [("always", True), ("missing", True), ("never", False)])
+def test_pull_policies(policy, pulls):
+    from launch.job import image_script
 
-    job = Job(JobSpec(image="reg:5000/dtrain/x:1", command=("true",), name="j", pull=policy), [Node("h", 1)])
-    script = job._pull_script()
+    script = image_script("reg:5000/dtrain/x:1", policy, "j")
     assert ("docker pull -q reg:5000/dtrain/x:1" in script) == pulls
-    assert script.startswith("docker image inspect reg:5000/dtrain/x:1 >/dev/null 2>&1 ||") == checks_first
-    assert "image=$(docker image inspect -f" in script  # every policy reports the image it will run
+    # one docker call looks at the image and the job's stale container
+    assert script.splitlines()[1].startswith('out=$(docker inspect -f "$fmt" reg:5000/dtrain/x:1 dtrain-j ')
+    if policy == "missing":  # pulls only when the inspect found no image
+        assert "grep -q '^sha256:' || { perr=$(docker pull" in script
+    assert 'echo "image=$2 $3 $1"' in script  # every policy reports the image it will run
 
 
 def test_interleaved_mpirun_chunks_are_reassembled_per_rank():

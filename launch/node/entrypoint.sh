@@ -2,10 +2,21 @@
 # Entrypoint of every dtrain image.
 #   no arguments: run sshd on port 2022 in the foreground (a node of a job)
 #   arguments:    start sshd in the background, then exec the arguments
-# Each container gets its own host keys, made here, never baked into the image.
+# Each container gets its own host key, made here, never baked into the image.
 set -euo pipefail
 
-ssh-keygen -A -q
+hostkey=/etc/ssh/ssh_host_ed25519_key
+[ -f "$hostkey" ] || ssh-keygen -q -t ed25519 -N "" -f "$hostkey"
+
+# `invoke launch` mounts the job's key pair read-only at /run/dtrain-job (a 0700 directory in
+# the node's /dev/shm, owned by whoever ran ssh there): installed as root's, 0600, before sshd
+# starts, so a node whose sshd answers already trusts the job's key.
+job=/run/dtrain-job
+if [ -f "$job/id_ed25519" ]; then
+  install -d -m 700 -o root -g root /root/.ssh
+  install -m 600 -o root -g root "$job/id_ed25519" /root/.ssh/id_ed25519
+  install -m 644 -o root -g root "$job/authorized_keys" /root/.ssh/authorized_keys
+fi
 
 # A private key mounted read-only and readable by others (a Kubernetes Secret without
 # defaultMode 0600, as the MPI operator may mount it) is ignored by the ssh client
