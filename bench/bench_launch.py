@@ -4,9 +4,10 @@ for 1, 2, 4 and 8 nodes, beside the two ways people do it by hand (image already
 - sequential: `while read host; do ssh $host docker run -d ... ; done` (one node after another)
 - parallel:   the same `ssh host docker run -d` to every node at once, nothing else
 
-The dtrain column is the whole launch: probe, pull check, containers, per-job keys, sshd
+The dtrain columns are the whole launch: probe, pull check, containers, per-job keys, sshd
 reachable node to node, and mpirun starting one rank per node (each rank prints its start
-time; the slowest counts).
+time; the slowest counts). Cold: no ssh connection to the nodes is open, as for the by-hand
+loops. Warm: the ssh master connections a launch keeps for a minute are still open.
 
     python bench/bench_launch.py [--nodes 1,2,4,8] [--repeat 3]
 """
@@ -28,7 +29,7 @@ from images import push as p  # noqa: E402
 from images.spec import load_all  # noqa: E402
 from launch import cluster, engine  # noqa: E402
 from launch.hosts import parse_hostfile  # noqa: E402
-from launch.job import Job, JobSpec, job_log  # noqa: E402
+from launch.job import Job, JobSpec, close_masters, job_log  # noqa: E402
 from table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"
@@ -53,13 +54,16 @@ def by_hand(info, image: str, hosts: list[str], parallel: bool) -> float:
     return seconds
 
 
-def dtrain(info, image: str, n: int, i: int) -> float:
-    name = f"bench-{n}-{i}"
+def dtrain(info, image: str, n: int, i: int, cold: bool) -> float:
+    name = f"bench-{n}-{i}-{'cold' if cold else 'warm'}"
+    nodes = parse_hostfile(info.hostfile)[:n]
+    if cold:
+        close_masters(nodes, ("-F", info.ssh_config))
     # --pull missing: the image is on every node, as in the by-hand runs beside it
     spec = JobSpec(image=image, command=("bash", "-c", "date +%s.%N"), name=name, pull="missing",
                    ssh_opts=("-F", info.ssh_config))
     t0 = time.time()
-    code = Job(spec, parse_hostfile(info.hostfile)[:n], say=lambda m: None).run()
+    code = Job(spec, nodes, say=lambda m: None).run()
     if code != 0:
         raise SystemExit(f"launch on {n} nodes failed: {job_log(name).read_text()[-2000:]}")
     starts = [float(line.rsplit(" ", 1)[1]) for line in job_log(name).read_text().splitlines()
@@ -82,16 +86,17 @@ def main() -> None:
         image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
         with ThreadPoolExecutor(len(info.nodes)) as ex:  # image already on every node, as measured by hand
             list(ex.map(lambda h: ssh(info, h, f"docker pull -q {image} >/dev/null"), info.names))
-        dtrain(info, image, 1, 0)  # warm-up
-        rows = [("nodes", "sequential ssh loop", "bare parallel ssh", "dtrain launch (all ranks running)",
-                 "vs parallel", "vs sequential")]
+        dtrain(info, image, 1, 0, cold=True)  # warm-up
+        rows = [("nodes", "sequential ssh loop", "bare parallel ssh", "dtrain cold (all ranks running)",
+                 "cold vs parallel", "cold vs sequential", "dtrain warm", "warm vs parallel")]
         for n in counts:
             hosts = list(info.names[:n])
             seq = statistics.median(by_hand(info, image, hosts, False) for _ in range(args.repeat))
             par = statistics.median(by_hand(info, image, hosts, True) for _ in range(args.repeat))
-            dt = statistics.median(dtrain(info, image, n, i) for i in range(args.repeat))
-            rows.append((str(n), f"{seq:.2f} s", f"{par:.2f} s", f"{dt:.2f} s", f"{dt / par:.2f}x",
-                         f"{seq / dt:.2f}x faster"))
+            cold = statistics.median(dtrain(info, image, n, i, cold=True) for i in range(args.repeat))
+            warm = statistics.median(dtrain(info, image, n, i, cold=False) for i in range(args.repeat))
+            rows.append((str(n), f"{seq:.2f} s", f"{par:.2f} s", f"{cold:.2f} s", f"{cold / par:.2f}x",
+                         f"{seq / cold:.2f}x faster", f"{warm:.2f} s", f"{warm / par:.2f}x"))
         print(markdown(rows))
     finally:
         cluster.down(quiet=True)

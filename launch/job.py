@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,34 @@ LABEL = "dtrain.job"
 CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
                      "-o", "ControlPersist=600")
 READY_FAILED = 97  # exit code of the readiness check inside the job command
+
+
+MUX_PERSIST_S = 60  # seconds an idle ssh master to a node outlives its launch (Ansible keeps 60 too)
+
+
+def mux_dir() -> tuple[Path, bool]:
+    """(directory for ssh master sockets, private?): the user's shared /tmp/dtrain-ssh-UID when
+    it is a 0700 directory of theirs; else a fresh private one, closed with the job. /tmp, not
+    ~/.dtrain: a socket path must stay under ~100 characters."""
+    d = Path(tempfile.gettempdir()) / f"dtrain-ssh-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        st = d.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700:
+            return d, False
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="dtrain-ssh-")), True
+
+
+def close_masters(nodes: Sequence[Node], ssh_opts: Sequence[str] = (), where: Path | None = None) -> None:
+    """Close the ssh master connections to nodes (default: the shared ones of mux_dir())."""
+    where = where or mux_dir()[0]
+    procs = [subprocess.Popen(["ssh", *ssh_opts, "-o", f"ControlPath={where}/%C", "-O", "exit",
+                               f"{n.user}@{n.host}" if n.user else n.host, *(["-p", str(n.port)] if n.port else [])],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in nodes]
+    for p in procs:
+        p.wait()
 
 
 def jobs_dir() -> Path:
@@ -334,6 +363,7 @@ class Job:
         self.keydir: Path | None = None
         self.ompi: int | None = None  # Open MPI major in the image: label, else `mpirun --version`
         self._mux: Path | None = None
+        self._mux_private = False
         self._ready = False
         self._out_lock = threading.Lock()
         self._log = None
@@ -345,19 +375,18 @@ class Job:
 
     @property
     def _mux_opts(self) -> list[str]:
-        """One ssh connection per node for the whole job: every later step reuses it."""
+        """One ssh connection per node, reused by every step of the job and kept for
+        MUX_PERSIST_S after it: a launch soon after the last one skips the ssh handshakes."""
         if self._mux is None:
-            self._mux = Path(tempfile.mkdtemp(prefix="dtrain-ssh-", dir="/tmp"))
-        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux}/%C", "-o", "ControlPersist=120"]
+            self._mux, self._mux_private = mux_dir()
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux}/%C",
+                "-o", f"ControlPersist={MUX_PERSIST_S}"]
 
     def _close_mux(self) -> None:
-        if self._mux is None:
+        """Masters in the shared directory stay (they exit when idle); a private one goes now."""
+        if self._mux is None or not self._mux_private:
             return
-        procs = [subprocess.Popen(["ssh", *self.spec.ssh_opts, "-o", f"ControlPath={self._mux}/%C", "-O", "exit",
-                                   f"{n.user}@{n.host}" if n.user else n.host, *(["-p", str(n.port)] if n.port else [])],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in self.nodes]
-        for p in procs:
-            p.wait()
+        close_masters(self.nodes, self.spec.ssh_opts, self._mux)
         shutil.rmtree(self._mux, ignore_errors=True)
         self._mux = None
 

@@ -179,6 +179,36 @@ def test_diagnose_on_real_failures(cluster, remote_images):
 # ---------------------------------------------------------------- failure paths
 
 
+def test_job_key_placed_with_root_ownership_and_removed_after(cluster, remote_images):
+    """The per-job key: root's and 0600 in every container, in a 0700 tmpfs directory on each
+    node during the job, gone from the nodes and from this machine afterwards."""
+    name = "t-key"
+    job = Job(spec(cluster, remote_images["pytorch-ddp"],
+                   ["bash", "-c", "echo key $(stat -c '%a %U' /root/.ssh/id_ed25519 /root/.ssh/authorized_keys "
+                    "/run/dtrain-job) $(grep -c dtrain-t-key /root/.ssh/authorized_keys)"], name),
+              nodes_of(cluster, 2), say=lambda m: None)
+    assert job.run() == 0
+    lines = [ln for ln in job_log(name).read_text().splitlines() if " key " in ln]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert line.endswith("key 600 root 644 root 700 root 1"), line
+    assert job.keydir is not None and not job.keydir.exists()
+    for i in (1, 2):
+        assert "dtrain-" not in on_node(cluster, i, "ls /dev/shm").stdout
+
+
+def test_relaunch_replaces_a_stale_container_of_the_same_job(cluster, remote_images):
+    """A container of the same job left on node-2 (holding port 2022) and its key directory
+    are replaced, not reported as a taken port."""
+    image = remote_images["pytorch-ddp"]
+    on_node(cluster, 2, f"mkdir -p /dev/shm/dtrain-t-stale && docker run -d --name dtrain-t-stale --network host "
+                        f"--label dtrain.job=t-stale {image} >/dev/null && sleep 1")
+    code, log = run(cluster, image, ["true"], "t-stale")
+    assert code == 0, log
+    assert containers_left(cluster, "t-stale") == []
+    assert "dtrain-" not in on_node(cluster, 2, "ls /dev/shm").stdout
+
+
 def test_unreachable_node_fails_and_leaves_nothing(cluster, remote_images):
     nodes = nodes_of(cluster, 2) + [Node("10.213.0.99", 1, 22, "root")]
     job = Job(spec(cluster, remote_images["pytorch-ddp"], ["true"], "t-unreach"), nodes, say=lambda m: None)
