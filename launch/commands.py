@@ -19,6 +19,10 @@ from launch.hosts import Node, hosts_list
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# What `mpirun --tag-output` puts before each chunk a rank writes: `[1,3]<stdout>:` (job,
+# rank; the job part is absent in some versions). Group 1 is the rank.
+MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"
+
 # Forwarded by name from the launcher's environment to every rank.
 MPI_FORWARD = ("NCCL_DEBUG", "PATH", "LD_LIBRARY_PATH")
 

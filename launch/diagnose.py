@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.checklist import ENTRIES, Entry
+from launch.commands import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
 _LINE_WIDTH = 200  # log lines longer than this are clipped in the report
@@ -179,7 +180,7 @@ def _candidates(text: str) -> dict[int, set[int]]:
 # `mpirun --tag-output` tags every chunk a rank writes; unbuffered output splits a line into
 # chunks, so tags land mid-line: `KeyError[1,1]<stderr>:: [1,1]<stderr>:'X'`. Only the first
 # tag of a line is kept. Seen in real failures on the simulated cluster.
-_MID_TAG = re.compile(r"(?<=[^\n])\[\d+,\d+\]<std(?:out|err)>:")
+_MID_TAG = re.compile(r"(?<=[^\n])" + MPI_OUTPUT_TAG)
 
 
 def diagnose(text: str) -> list[Finding]:

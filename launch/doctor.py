@@ -19,7 +19,7 @@ from typing import Callable, Literal, Sequence
 from launch import checklist, commands
 from launch.fanout import run_all
 from launch.hosts import Node, ssh_argv
-from launch.job import Job, JobSpec, NodeFacts, container_name, parse_probe
+from launch.job import _PROBE, Job, JobSpec, NodeFacts, container_name, parse_probe
 
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
@@ -57,26 +57,19 @@ class Options:
     job: str = ""  # port 2022 held by this job's container is fine
 
 
+# The launch's own probe (launch.job._PROBE: address, hostname, GPUs and driver, EFA, port
+# 2022, memlock, interfaces), then what only the doctor asks.
 _HOST = r"""
-set -u
 echo "t=$(date +%s.%N)"
-echo "addr=$(echo "${SSH_CONNECTION:-}" | awk '{print $3}')"
-echo "hostname=$(hostname)"
 if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}' 2>&1); then
   echo "docker=ok"; echo "docker_info=$info"
 else echo "docker=$(echo "$info" | tail -1)"; fi
-echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
-echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
-echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
 echo "jobs=$(timeout 10 docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
-root=$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+root=$(echo "${info:-}" | awk -F'|' 'NF == 3 {print $3}'); root=${root:-/var/lib/docker}
 echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
 echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
-echo "efa=$(ls /dev/infiniband/uverbs* 2>/dev/null | tr '\n' ' ')"
 echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"
-echo "memlock=$(cat /proc/$(pgrep -o dockerd)/limits 2>/dev/null | awk '/Max locked memory/ {print $5}')"
 IMAGE_PART
-echo "ipjson=$(ip -j addr 2>/dev/null)"
 """
 
 _IMAGE = r"""
@@ -90,7 +83,7 @@ else echo "image_id="; fi
 
 def host_script(image: str | None) -> str:
     part = _IMAGE.replace("IMAGE", shlex.quote(image)) if image else ""
-    return _HOST.replace("IMAGE_PART", part)
+    return _HOST.replace("IMAGE_PART", part) + _PROBE
 
 
 def container_script(peers: Sequence[str]) -> str:

@@ -242,9 +242,13 @@ def start_script(run: Sequence[str], name: str, key_dir: str, public_key: str, t
         '|| { echo "cannot write the job key to $d" >&2; exit 1; }',
         f"{shlex.join(run)} >/dev/null || exit 1",
         f"end=$(( $(date +%s) + {int(timeout)} )); i=0",
-        f"until grep -qs ':{SSH_PORT:04X} [0-9A-F:]* 0A ' /proc/net/tcp /proc/net/tcp6; do",
+        # listening on SSH_PORT? (st 0A = LISTEN), with builtins only: this loop polls
+        "listening() { local f sl a rem st; for f in /proc/net/tcp /proc/net/tcp6; do "
+        f"while read -r sl a rem st _; do [[ $a == *:{SSH_PORT:04X} && $st == 0A ]] && return 0; "
+        "done < $f; done 2>/dev/null; return 1; }",
+        "until listening; do",
         "  i=$((i + 1))",
-        f"  if [ $((i % 10)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
+        f"  if [ $((i % 20)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
         f"    echo \"container {name} exited: $(docker logs --tail 3 {name} 2>&1 | tr '\\n' ' ')\" >&2; exit 1",
         "  fi",
         f"  if [ $(date +%s) -ge $end ]; then echo \"sshd in {name} not listening on {SSH_PORT} after "
@@ -287,7 +291,7 @@ class MpiOutput:
     segment before the last one of a line is an unfinished line of its rank: kept until that
     rank's newline arrives."""
 
-    _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
+    _TAG = re.compile(commands.MPI_OUTPUT_TAG)
 
     def __init__(self, ranks: list[str], default_node: str):
         self.ranks, self.default_node = ranks, default_node
