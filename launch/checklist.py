@@ -220,9 +220,10 @@ ENTRIES: tuple[Entry, ...] = (
         cause="With `--network host` the container shares the host's ports. Another process "
               "on the host (a stale dtrain container, a second job, an sshd of the host "
               "configured for 2022) already listens on 2022.",
-        fix="`invoke launch` removes the previous dtrain container of the node before "
-            "starting one, and refuses to start when another process holds 2022. Find it with "
-            "`ss -ltnp 'sport = :2022'`.",
+        fix="`invoke launch` replaces a leftover container of the same job name, and refuses "
+            "to start when another process holds 2022, naming any other dtrain job running on "
+            "that node (one job per node at a time: `invoke stop --job NAME`). Find other "
+            "holders with `ss -ltnp 'sport = :2022'`.",
         confirm="`invoke doctor` check `port-2022`.",
         source=(SSHD_CONFIG, "https://docs.docker.com/engine/network/drivers/host/"),
         doctor_checks=("port-2022",),

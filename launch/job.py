@@ -108,6 +108,7 @@ class NodeFacts:
     port_holder: str  # "" when port 2022 is free
     memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
     driver: str = ""  # NVIDIA driver version, "" without GPUs
+    port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when port 2022 is taken
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -125,6 +126,7 @@ efa=; for d in /dev/infiniband/uverbs*; do [ -e "$d" ] && efa="$efa $d"; done; e
 # 2022 = 0x07E6; st 0A = LISTEN. ss -p (slow: it reads every process) only to name a holder.
 if grep -qs ':07E6 [0-9A-F:]* 0A ' /proc/net/tcp /proc/net/tcp6; then
   echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+  echo "port_jobs=$(docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
 fi
 echo "memlock=$(awk '/Max locked memory/ {print $5}' /proc/$(pgrep -o dockerd)/limits 2>/dev/null)"
 echo "ipjson=$(ip -j addr 2>/dev/null)"
@@ -157,7 +159,17 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     lock = p.get("memlock", "")
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
-                     int(lock) if lock.isdigit() else -1, p.get("driver", ""))
+                     int(lock) if lock.isdigit() else -1, p.get("driver", ""),
+                     tuple(p.get("port_jobs", "").split()))
+
+
+def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
+    """When other dtrain jobs run where 2022 is taken, the likely holder and how to stop it."""
+    jobs = sorted({j for f in taken for j in f.port_jobs})
+    if not jobs:
+        return ""
+    return (f"\n  other dtrain job(s) running there: {', '.join(jobs)}; one job per node at a time "
+            f"(invoke stop --job {jobs[0]})")
 
 
 def _vt(version: str) -> tuple[int, ...]:
@@ -439,7 +451,7 @@ class Job:
         taken = [f for f in self.facts if f.port_holder]
         if taken:
             raise LaunchError("port 2022 is taken (the containers' sshd needs it):\n" + "\n".join(
-                f"  {f.node.host}: {f.port_holder}" for f in taken))
+                f"  {f.node.host}: {f.port_holder}" for f in taken) + port_jobs_hint(taken))
         dup = {h for h in (f.hostname for f in self.facts) if [g.hostname for g in self.facts].count(h) > 1}
         if dup:
             raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "

@@ -147,3 +147,13 @@ def test_interleaved_mpirun_chunks_are_reassembled_per_rank():
                      "[node-2 r1] KeyError: 'X'",
                      "[node-1] --------------------------------------------------------------------------",
                      "[node-1 r0] "]
+
+
+def test_port_taken_by_another_dtrain_job_names_it():
+    from launch.job import port_jobs_hint
+
+    f = facts_from_probe(Node("h1", 1), probe(port="LISTEN 0 128 0.0.0.0:2022 users:((\"sshd.real\"))",
+                                              port_jobs="train-a "), None)
+    assert f.port_jobs == ("train-a",)
+    assert "train-a" in port_jobs_hint([f]) and "invoke stop --job train-a" in port_jobs_hint([f])
+    assert port_jobs_hint([facts_from_probe(Node("h1", 1), probe(port="LISTEN python3"), None)]) == ""

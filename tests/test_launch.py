@@ -209,6 +209,21 @@ def test_relaunch_replaces_a_stale_container_of_the_same_job(cluster, remote_ima
     assert "dtrain-" not in on_node(cluster, 2, "ls /dev/shm").stdout
 
 
+def test_port_held_by_another_job_names_that_job(cluster, remote_images):
+    image = remote_images["pytorch-ddp"]
+    on_node(cluster, 2, f"docker run -d --name dtrain-t-other --network host --label dtrain.job=t-other "
+                        f"{image} >/dev/null && sleep 1")
+    try:
+        with pytest.raises(LaunchError) as e:
+            run(cluster, image, ["true"], "t-mine")
+        msg = str(e.value)
+        assert "port 2022 is taken" in msg and cluster.nodes[1].address in msg
+        assert "invoke stop --job t-other" in msg
+    finally:
+        on_node(cluster, 2, "docker rm -f dtrain-t-other >/dev/null")
+    assert containers_left(cluster, "t-mine") == []
+
+
 def test_unreachable_node_fails_and_leaves_nothing(cluster, remote_images):
     nodes = nodes_of(cluster, 2) + [Node("10.213.0.99", 1, 22, "root")]
     job = Job(spec(cluster, remote_images["pytorch-ddp"], ["true"], "t-unreach"), nodes, say=lambda m: None)
