@@ -19,7 +19,7 @@ from typing import Callable, Literal, Sequence
 from launch import checklist, commands
 from launch.fanout import run_all
 from launch.hosts import Node, ssh_argv
-from launch.job import _PROBE, Job, JobSpec, NodeFacts, container_name, parse_probe
+from launch.job import PROBE_SCRIPT, Job, JobSpec, NodeFacts, container_name, parse_probe
 
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
@@ -57,7 +57,7 @@ class Options:
     job: str = ""  # port 2022 held by this job's container is fine
 
 
-# The launch's own probe (launch.job._PROBE: address, hostname, GPUs and driver, EFA, port
+# The launch's own probe (launch.job.PROBE_SCRIPT: address, hostname, GPUs and driver, EFA, port
 # 2022, memlock, interfaces), then what only the doctor asks.
 _HOST = r"""
 echo "t=$(date +%s.%N)"
@@ -83,7 +83,7 @@ else echo "image_id="; fi
 
 def host_script(image: str | None) -> str:
     part = _IMAGE.replace("IMAGE", shlex.quote(image)) if image else ""
-    return _HOST.replace("IMAGE_PART", part) + _PROBE
+    return _HOST.replace("IMAGE_PART", part) + PROBE_SCRIPT
 
 
 def container_script(peers: Sequence[str]) -> str:

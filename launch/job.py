@@ -114,7 +114,7 @@ class NodeFacts:
 # ---------------------------------------------------------------- pure helpers
 
 # Shell builtins where they do (a node may run this with the launch's other steps on few cores).
-_PROBE = r"""
+PROBE_SCRIPT = r"""
 set -u
 set -- ${SSH_CONNECTION:-}; echo "addr=${3:-}"
 read -r h < /proc/sys/kernel/hostname; echo "hostname=$h"
@@ -441,7 +441,7 @@ class Job:
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
         # A stale container of the same job is replaced: removed before port 2022 is looked at.
-        script = f"{login.script}{image_script(self.spec.image, self.spec.pull, self.spec.name)}\n{_PROBE}"
+        script = f"{login.script}{image_script(self.spec.image, self.spec.pull, self.spec.name)}\n{PROBE_SCRIPT}"
         results = self._on_all("probing nodes and pulling the image", lambda n: ["sh", "-c", script],
                                timeout=1800, stdin=(lambda n: login.password) if login.password else None)
         self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
@@ -468,8 +468,7 @@ class Job:
 
     def _check_images(self, results: Sequence[NodeResult]) -> None:
         """Same image ID on every node; GPU drivers new enough; the image's Open MPI major."""
-        info = {r.host: parse_probe(r.stdout).get("image", "").replace("<no value>", "-").split()
-                for r in results}
+        info = {r.host: parse_probe(r.stdout).get("image", "").split() for r in results}
         ids = {h: v[-1] for h, v in info.items()}
         if len(set(ids.values())) > 1:
             lines = "\n".join(f"  {h}: {i[:19]}" for h, i in ids.items())
