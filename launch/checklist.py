@@ -820,6 +820,29 @@ ENTRIES: tuple[Entry, ...] = (
         related=("rank-exit",),
     ),
     Entry(
+        id="pg-exit-abort",
+        title="a rank aborts at exit after its last step (process group not left together)",
+        symptom="Every step ran and printed, then one rank (not always the same one, not on "
+                "every run) dies with SIGABRT as the job ends; mpirun reports `exited on signal "
+                "6 (Aborted)`, torchrun `exitcode: -6`, and the job fails.",
+        messages=("terminate called without an active exception",),
+        signatures=_re(r"terminate called without an active exception"),
+        cause="A C++ thread was still running when its process exited. At the end of a "
+              "torch.distributed job this is a rank tearing down its process group (or "
+              "exiting without `destroy_process_group`) while a peer still talks to it. With "
+              "gloo on torch 2.13, two ranks that skip the barrier fail this way in about 1 run "
+              "in 4 (dtrain's own `ddp_grads.py` did, found by CI).",
+        fix="End the training script with `dist.barrier()` then `dist.destroy_process_group()`"
+            ", on every rank, on the success path. The examples in "
+            "`/opt/dtrain/node/examples` do. If the message appears mid-training, it is "
+            "another thread: read that rank's earlier lines.",
+        confirm="`invoke diagnose` reports it as `pg-exit-abort`; every step line is present "
+                "on every rank before the abort.",
+        source=("https://pytorch.org/docs/stable/distributed.html#shutdown",),
+        doctor_checks=(),
+        related=("rank-exit",),
+    ),
+    Entry(
         id="gpu-oom",
         title="a rank ran out of GPU memory",
         symptom="A rank raises an out-of-memory error, usually at the first step or the "

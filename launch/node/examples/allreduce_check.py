@@ -38,6 +38,8 @@ else:
     t = torch.tensor(float(rank + 1))
     dist.all_reduce(t)
     total = float(t)
+    dist.barrier()  # leave together, or a rank may abort at exit (see ddp_grads.py)
+    dist.destroy_process_group()
 
 expected = size * (size + 1) / 2
 status = "OK" if total == expected else "MISMATCH"
