@@ -821,24 +821,29 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         id="pg-exit-abort",
-        title="a rank aborts at exit after its last step (process group not left together)",
+        title="a rank aborts at exit after its last step (torch worker thread vs interpreter shutdown)",
         symptom="Every step ran and printed, then one rank (not always the same one, not on "
                 "every run) dies with SIGABRT as the job ends; mpirun reports `exited on signal "
                 "6 (Aborted)`, torchrun `exitcode: -6`, and the job fails.",
         messages=("terminate called without an active exception",),
         signatures=_re(r"terminate called without an active exception"),
-        cause="A C++ thread was still running when its process exited. At the end of a "
-              "torch.distributed job this is a rank tearing down its process group (or "
-              "exiting without `destroy_process_group`) while a peer still talks to it. With "
-              "gloo on torch 2.13, two ranks that skip the barrier fail this way in about 1 run "
-              "in 4 (dtrain's own `ddp_grads.py` did, found by CI).",
-        fix="End the training script with `dist.barrier()` then `dist.destroy_process_group()`"
-            ", on every rank, on the success path. The examples in "
-            "`/opt/dtrain/node/examples` do. If the message appears mid-training, it is "
-            "another thread: read that rank's earlier lines.",
+        cause="A torch.distributed worker thread (gloo's `pt_gloo_runloop`) was still "
+              "releasing the last collective when Python began to shut down; it needs the GIL, "
+              "and a thread that asks for it during interpreter finalization is killed, which "
+              "aborts the process (pytorch/pytorch#190489, open in torch 2.13). It happens when "
+              "the process group is still alive at exit: no `destroy_process_group()`, or "
+              "something (a DDP model) still holds the group. dtrain's own `ddp_grads.py` "
+              "failed this way in about 1 run in 4 on 2 CPU cores, found by CI.",
+        fix="Call `dist.destroy_process_group()` on every rank once training is done: with "
+            "nothing else holding the group it joins the worker threads. A DDP model keeps the "
+            "group alive, so there flush stdout/stderr and end with `os._exit(0)` after "
+            "`destroy_process_group()`, as `/opt/dtrain/node/examples/ddp_grads.py` does. If "
+            "the message appears mid-training, it is another thread: read that rank's earlier "
+            "lines.",
         confirm="`invoke diagnose` reports it as `pg-exit-abort`; every step line is present "
                 "on every rank before the abort.",
-        source=("https://pytorch.org/docs/stable/distributed.html#shutdown",),
+        source=("https://github.com/pytorch/pytorch/issues/190489",
+                "https://pytorch.org/docs/stable/distributed.html#shutdown"),
         doctor_checks=(),
         related=("rank-exit",),
     ),

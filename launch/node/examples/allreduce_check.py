@@ -38,7 +38,8 @@ else:
     t = torch.tensor(float(rank + 1))
     dist.all_reduce(t)
     total = float(t)
-    dist.barrier()  # leave together, or a rank may abort at exit (see ddp_grads.py)
+    # Joins gloo's worker threads while Python is alive: left to interpreter exit, one still
+    # releasing the allreduce can abort the process (see ddp_grads.py).
     dist.destroy_process_group()
 
 expected = size * (size + 1) / 2

@@ -6,30 +6,40 @@ and under mpirun (ranks taken from Open MPI's variables; MASTER_ADDR/PORT must b
 
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
-    os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
-    os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
 
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(16, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
-for step in range(3):
-    x = torch.randn(8, 16, generator=gen)
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    checksum = sum(float(p.grad.double().sum()) for p in model.parameters())
-    print(f"step {step} rank {rank}/{size} host {socket.gethostname()} grad-checksum {checksum:.10f}", flush=True)
-    opt.step()
-# Leave together: a rank that tears down its gloo group while a peer is still using it
-# aborts ("terminate called without an active exception"), about 1 run in 4 here.
-dist.barrier()
-dist.destroy_process_group()
+def train(rank: int, size: int) -> None:
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
+    for step in range(3):
+        x = torch.randn(8, 16, generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        checksum = sum(float(p.grad.double().sum()) for p in model.parameters())
+        print(f"step {step} rank {rank}/{size} host {socket.gethostname()} grad-checksum {checksum:.10f}",
+              flush=True)
+        opt.step()
+
+
+if __name__ == "__main__":
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    dist.init_process_group("gloo")
+    train(dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
+    # Exit without interpreter finalization. DDP keeps the gloo group alive past
+    # destroy_process_group, so its worker threads are not joined; one still releasing the
+    # last collective then needs the GIL while Python finalizes, and torch 2.13 aborts the
+    # process ("terminate called without an active exception", pytorch/pytorch#190489).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
