@@ -10,6 +10,7 @@ import ipaddress
 import json
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,7 +320,6 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
     memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
-    hosts: Mapping[str, str] = field(default_factory=dict)  # hostname -> address, for /etc/hosts
     key_dir: str | None = None  # node directory with the job's key pair, mounted at JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
@@ -329,40 +329,66 @@ class ContainerSpec:
         return self.name or f"dtrain-{self.job}"
 
 
-def docker_run_argv(spec: ContainerSpec) -> list[str]:
-    """`docker run -d` for one node: host network, shared IPC, unlimited memlock, GPUs, EFA."""
+def _run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
+    """docker run's argv around the node-dependent flags (node_flags): (head, rest)."""
     for what, value in (("job", spec.job), ("container name", spec.container_name)):
         if not _NAME_RE.match(value):
             raise LaunchError(f"bad {what} {value!r} (letters, digits, _ . -; starting alphanumeric)")
     if not spec.image or spec.image.startswith("-"):
         raise LaunchError(f"bad image {spec.image!r}")
     _check_env_names(spec.env, "container env")
-    argv = ["docker", "run", "-d", "--name", spec.container_name, "--network", "host"]
+    head = ["docker", "run", "-d", "--name", spec.container_name, "--network", "host"]
     if spec.shm_size is None:
-        argv += ["--ipc", "host"]
+        head += ["--ipc", "host"]
     elif _SHM_RE.match(spec.shm_size):
-        argv += ["--shm-size", spec.shm_size]
+        head += ["--shm-size", spec.shm_size]
     else:
         raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
-    argv += ["--ulimit", f"memlock={spec.memlock}" if spec.memlock < 0 else f"memlock={spec.memlock}:{spec.memlock}"]
-    if spec.gpus:
-        argv += ["--gpus", "all"]
-    for dev in spec.efa_devices:
-        if not dev.startswith("/dev/"):
-            raise LaunchError(f"bad device {dev!r} (expected a /dev path)")
-        argv += ["--device", dev]
+    rest: list[str] = []
     for m in spec.mounts:
-        argv += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
-    for name, addr in spec.hosts.items():  # every node's hostname resolves in every container
-        argv += ["--add-host", f"{name}:{addr}"]
+        rest += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
     if spec.key_dir:  # the entrypoint installs the pair as root's before starting sshd
         if not spec.key_dir.startswith("/") or "," in spec.key_dir:
             raise LaunchError(f"bad key directory {spec.key_dir!r}")
-        argv += ["--mount", f"type=bind,src={spec.key_dir},dst={JOB_KEY_MOUNT},readonly"]
-    argv += ["--label", f"dtrain.job={spec.job}"]
+        rest += ["--mount", f"type=bind,src={spec.key_dir},dst={JOB_KEY_MOUNT},readonly"]
+    rest += ["--label", f"dtrain.job={spec.job}"]
     for k, v in spec.env.items():
-        argv += ["-e", f"{k}={v}"]
-    return argv + [spec.image, *spec.command]
+        rest += ["-e", f"{k}={v}"]
+    return head, rest + [spec.image, *spec.command]
+
+
+def node_flags(gpus: bool, efa_devices: Sequence[str], memlock: int) -> list[str]:
+    """The flags that depend on the node: unlimited (or the host's cap of) locked memory, GPUs, EFA."""
+    argv = ["--ulimit", f"memlock={memlock}" if memlock < 0 else f"memlock={memlock}:{memlock}"]
+    if gpus:
+        argv += ["--gpus", "all"]
+    for dev in efa_devices:
+        if not dev.startswith("/dev/"):
+            raise LaunchError(f"bad device {dev!r} (expected a /dev path)")
+        argv += ["--device", dev]
+    return argv
+
+
+def docker_run_argv(spec: ContainerSpec) -> list[str]:
+    """`docker run -d` for one node: host network, shared IPC, unlimited memlock, GPUs, EFA."""
+    head, rest = _run_parts(spec)
+    return head + node_flags(spec.gpus, spec.efa_devices, spec.memlock) + rest
+
+
+# node_flags in sh, from the node's own probe (launch.job.PROBE_SCRIPT): $gpus (a count),
+# $efa (device paths), $memlock (dockerd's hard limit in bytes; anything else: unlimited).
+NODE_FLAGS_SH = """\
+set --
+case ${memlock:-} in ''|*[!0-9]*) set -- --ulimit memlock=-1 ;; *) set -- --ulimit "memlock=$memlock:$memlock" ;; esac
+case ${gpus:-0} in ''|0|*[!0-9]*) ;; *) set -- "$@" --gpus all ;; esac
+for d in ${efa:-}; do set -- "$@" --device "$d"; done"""
+
+
+def docker_run_script(spec: ContainerSpec) -> str:
+    """sh: docker_run_argv(spec) with the GPU, EFA and memlock flags chosen on the node
+    (spec.gpus, efa_devices and memlock are ignored): a launch needs no probe round first."""
+    head, rest = _run_parts(spec)
+    return f'{NODE_FLAGS_SH}\n{shlex.join(head)} "$@" {shlex.join(rest)}'
 
 
 # --- network interface ---------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Run a job: host-network containers on every node, then mpirun, horovodrun or torchrun.
 
-    nodes -> probe (docker, NIC, GPUs, EFA, port 2022) -> pull + same digest everywhere
-          -> containers + a fresh SSH key -> sshd reachable node to node -> the job -> teardown
+    one ssh session per node: probe (docker, NIC, GPUs, EFA, port 2022) + pull + a fresh SSH
+    key + the container (flags chosen by the node) + sshd listening
+    -> checks across nodes (same image, NIC name, hostnames, driver) -> the job, whose first
+    step from the first container is sshd reachable node to node (and /etc/hosts filled)
+    -> teardown
 
 Every step runs on all nodes in parallel (launch.fanout). A failure at any step names the
 node and the reason, and removes whatever was already started on every node. Ctrl-C does
@@ -30,7 +33,7 @@ from typing import Callable, Literal, Sequence
 
 from launch import commands
 from launch.errors import LaunchError
-from launch.fanout import NodeResult, run_all
+from launch.fanout import NodeResult, is_connection_error, run_all
 from launch.hosts import Node, ssh_argv
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
@@ -116,19 +119,25 @@ class NodeFacts:
 # Shell builtins where they do (a node may run this with the launch's other steps on few cores).
 PROBE_SCRIPT = r"""
 set -u
-set -- ${SSH_CONNECTION:-}; echo "addr=${3:-}"
+set -- ${SSH_CONNECTION:-}; addr=${3:-}; echo "addr=$addr"
 read -r h < /proc/sys/kernel/hostname; echo "hostname=$h"
+gpus=0 driver=
 if command -v nvidia-smi >/dev/null 2>&1; then
-  echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
-  echo "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+  echo "gpus=$gpus"; echo "driver=$driver"
 fi
 efa=; for d in /dev/infiniband/uverbs*; do [ -e "$d" ] && efa="$efa $d"; done; echo "efa=$efa"
-# 2022 = 0x07E6; st 0A = LISTEN. ss -p (slow: it reads every process) only to name a holder.
-if grep -qs ':07E6 [0-9A-F:]* 0A ' /proc/net/tcp /proc/net/tcp6; then
-  echo "port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)"
+# ss filters in the kernel (reading /proc/net/tcp costs ~10x more); -p, slow (it reads every
+# process), only to name a holder.
+port=$(ss -Hltn 'sport = :2022' 2>/dev/null | head -1)
+if [ -n "$port" ]; then
+  port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)
+  echo "port=$port"
   echo "port_jobs=$(docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
 fi
-echo "memlock=$(awk '/Max locked memory/ {print $5}' /proc/$(pgrep -o dockerd)/limits 2>/dev/null)"
+dpid=; read -r dpid 2>/dev/null < /var/run/docker.pid || dpid=$(pgrep -o dockerd)
+memlock=$(awk '/Max locked memory/ {print $5}' /proc/${dpid:-0}/limits 2>/dev/null); echo "memlock=$memlock"
 echo "ipjson=$(ip -j addr 2>/dev/null)"
 """
 
@@ -236,38 +245,66 @@ def image_script(image: str, pull: str, job: str | None = None) -> str:
         "line=$(printf '%s\\n' \"$out\" | grep '^sha256:' | head -1 | sed 's/<no value>/-/g')",
         f'[ -n "$line" ] || {{ echo "image {image} is not on this node and could not be pulled'
         '${perr:+: $(printf %s "$perr" | tail -1)}" >&2; exit 1; }',
-        'set -- $line; echo "image=$2 $3 $1"',
+        'set -- $line; min_driver=$2; echo "image=$2 $3 $1"',
     ]
     return "\n".join(lines)
 
 
-def start_script(run: Sequence[str], name: str, key_dir: str, public_key: str, timeout: float) -> str:
-    """bash run on a node with the private key on stdin: write the pair to key_dir, start the
-    container (run: docker_run_argv), wait until its sshd listens on 2022. Fails with the
-    container's last log lines if it exits, or after `timeout` seconds."""
+def start_script(container: commands.ContainerSpec, public_key: str, timeout: float) -> str:
+    """bash for a node, after the probe's variables ($gpus $efa $memlock: PROBE_SCRIPT) and the
+    private key ($key) are set: write the pair to container.key_dir, start the container with
+    flags for this node, wait until its sshd listens on 2022. Fails with the container's last
+    log lines if it exits, or after `timeout` seconds."""
     q = shlex.quote
+    name = container.container_name
     return "\n".join([
-        "set -u; umask 077",
-        f"d={q(key_dir)}",
-        'rm -rf "$d" && mkdir "$d" && cat > "$d/id_ed25519" && '
-        f'printf "%s\\n" {q(public_key)} > "$d/authorized_keys" '
-        '|| { echo "cannot write the job key to $d" >&2; exit 1; }',
-        f"{shlex.join(run)} >/dev/null || exit 1",
-        f"end=$(( $(date +%s) + {int(timeout)} )); i=0",
-        # listening on SSH_PORT? (st 0A = LISTEN), with builtins only: this loop polls
-        "listening() { local f sl a rem st; for f in /proc/net/tcp /proc/net/tcp6; do "
-        f"while read -r sl a rem st _; do [[ $a == *:{SSH_PORT:04X} && $st == 0A ]] && return 0; "
-        "done < $f; done 2>/dev/null; return 1; }",
-        "until listening; do",
+        "echo started=1",  # from here on, the launcher removes what may be on this node
+        "umask 077",
+        f"kd={q(container.key_dir or '')}",
+        'rm -rf "$kd" && mkdir "$kd" && printf "%s\\n" "$key" > "$kd/id_ed25519" && '
+        f'printf "%s\\n" {q(public_key)} > "$kd/authorized_keys" '
+        '|| { echo "cannot write the job key to $kd" >&2; exit 1; }',
+        f"{commands.docker_run_script(container)} >/dev/null || exit 1",
+        # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
+        f"SECONDS=0; i=0; until [ -n \"$(ss -Hltn 'sport = :{SSH_PORT}' 2>/dev/null)\" ]; do",
         "  i=$((i + 1))",
-        f"  if [ $((i % 20)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
+        f"  if [ $((i % 10)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
         f"    echo \"container {name} exited: $(docker logs --tail 3 {name} 2>&1 | tr '\\n' ' ')\" >&2; exit 1",
         "  fi",
-        f"  if [ $(date +%s) -ge $end ]; then echo \"sshd in {name} not listening on {SSH_PORT} after "
+        f"  if [ $SECONDS -ge {int(timeout)} ]; then echo \"sshd in {name} not listening on {SSH_PORT} after "
         f"{int(timeout)} s\" >&2; exit 1; fi",
-        "  sleep 0.05",
+        "  sleep 0.1",
         "done",
     ])
+
+
+# Where the node itself declines to start (the launcher then names every such node at once):
+# port 2022 taken, or a GPU driver older than the image's label dtrain.min-driver.
+_GATE = r"""
+[ -z "$port" ] || exit 0
+if [ "$gpus" != 0 ] && [ -n "$driver" ] && [ "${min_driver:--}" != - ] &&
+   [ "$(printf '%s\n' "$min_driver" "$driver" | sort -V | head -1)" != "$min_driver" ]; then exit 0; fi
+"""
+
+
+def up_script(login: str, image: str, pull: str, container: commands.ContainerSpec,
+              public_key: str, timeout: float) -> str:
+    """The whole launch on one node, in one ssh session: stdin carries the registry password
+    line (when `login`) then the job's private key. Prints the probe's key=value facts and
+    `image=...`; then, unless the node declines (_GATE), `started=1` and starts the container."""
+    return "\n".join([
+        "key=$(cat)" if not login else "IFS= read -r pw; key=$(cat)",
+        login, image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
+        start_script(container, public_key, timeout),
+    ])
+
+
+def hosts_script(facts: Sequence[NodeFacts]) -> str:
+    """sh, run in each container: every node's hostname resolves to its address there
+    (appended to the container's own /etc/hosts once; the node's file is not touched)."""
+    lines = ["# dtrain job nodes", *(f"{f.address} {f.hostname}" for f in facts)]
+    return ("grep -qx '# dtrain job nodes' /etc/hosts || printf '%s\\n' "
+            + " ".join(shlex.quote(x) for x in lines) + " >> /etc/hosts")
 
 
 def rank_nodes(facts: Sequence[NodeFacts]) -> list[str]:
@@ -353,7 +390,7 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
                                  list(spec.command), rdzv=spec.rdzv, job_id=spec.name)
     run = [run[0], "--tee", "3", *run[1:]]
     return ["docker", "exec", *sum((["-e", f"{k}={v}"] for k, v in env.items()), []),
-            container_name(spec.name), *run]
+            container_name(spec.name), "bash", "-c", hosts_script(facts) + '; exec "$@"', "dtrain-torchrun", *run]
 
 
 # ---------------------------------------------------------------- the run
@@ -435,15 +472,43 @@ class Job:
 
     # -- steps
 
-    def probe(self) -> None:
-        """One round per node: replace a stale container of this job, read the node's facts,
-        pull the image (so a node that cannot is named before anything starts)."""
+    def _keypair(self) -> tuple[str, str]:
+        """A fresh ed25519 pair for this job only: (private, public)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
+        key = self.keydir / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",
+                        "-f", str(key)], check=True)
+        return key.read_text(), (self.keydir / "id_ed25519.pub").read_text().strip()
+
+    def _container(self, f: NodeFacts | None = None) -> commands.ContainerSpec:
+        """The job's container; f: the node's facts where known here (else the node decides)."""
+        return commands.ContainerSpec(
+            job=self.spec.name, image=self.spec.image, mounts=self.spec.mounts, env=self.spec.env,
+            shm_size=self.spec.shm_size, key_dir=node_key_dir(self.spec.name),
+            **({"gpus": f.gpus > 0, "efa_devices": f.efa, "memlock": f.memlock} if f else {}))
+
+    def up(self) -> None:
+        """One ssh session per node: replace a stale container of this job, read the node's
+        facts, pull the image, write the job key, start the container with the node's own
+        GPU/EFA/memlock flags and wait for its sshd. A node with port 2022 taken or an old GPU
+        driver starts nothing. Then the checks across nodes; any failure leaves teardown() to
+        remove what started."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
-        # A stale container of the same job is replaced: removed before port 2022 is looked at.
-        script = f"{login.script}{image_script(self.spec.image, self.spec.pull, self.spec.name)}\n{PROBE_SCRIPT}"
-        results = self._on_all("probing nodes and pulling the image", lambda n: ["sh", "-c", script],
-                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
+        private, public = self._keypair()
+        script = up_script(login.script, self.spec.image, self.spec.pull, self._container(), public,
+                           self.spec.ready_timeout)
+        secret = (login.password + "\n" if login.password is not None else "") + private
+        results = run_all(self.nodes, lambda n: self._ssh(n, ["bash", "-c", script]), timeout=1800,
+                          stdin=lambda n: secret)
+        # Where ssh never connected nothing started; anywhere else a container may exist.
+        self.started = [n for n, r in zip(self.nodes, results)
+                        if not is_connection_error(r.returncode, r.stderr)]
+        failed = [r for r in results if not r.ok]
+        if failed:
+            lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
+            raise LaunchError(f"starting containers failed on {len(failed)} of {len(self.nodes)} node(s):\n{lines}")
         self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
                       for n, r in zip(self.nodes, results)]
         self._check_images(results)
@@ -456,14 +521,18 @@ class Job:
         if dup:
             raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "
                               "one hostname per node")
+        missing = [r.host for r in results if "started=1" not in r.stdout.splitlines()]
+        if missing:  # every reason a node declines is checked above; this is a safety net
+            raise LaunchError(f"no container started on {', '.join(missing)}")
         capped = [f for f in self.facts if f.memlock >= 0]
         if capped:
             self.say(f"[launch] warning: dockerd cannot lift the memlock limit on "
                      f"{', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
                      "containers get that, not unlimited; EFA needs unlimited "
                      "(docs/troubleshooting.md#memlock)")
-        self.say(f"[launch] {len(self.facts)} node(s) ready: NIC {self.facts[0].iface}, "
-                 f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]} on every node "
+        self.say(f"[launch] {len(self.facts)} node(s): NIC {self.facts[0].iface}, "
+                 f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]}; containers "
+                 f"{container_name(self.spec.name)} started with the job key, sshd listening "
                  f"({time.monotonic() - t0:.1f} s)")
 
     def _check_images(self, results: Sequence[NodeResult]) -> None:
@@ -483,52 +552,44 @@ class Job:
         """Pull and check the image on every node (doctor, which has its own probe)."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
-        script = login.script + image_script(self.spec.image, self.spec.pull)
+        script = ("IFS= read -r pw\n" + login.script if login.script else "") + image_script(self.spec.image, self.spec.pull)
         results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", script],
-                               timeout=1800, stdin=(lambda n: login.password) if login.password else None)
+                               timeout=1800, stdin=(lambda n: login.password + "\n") if login.password else None)
         self._check_images(results)
         self.say(f"[launch] image {self.spec.image} ({self.image_id[:19]}) on every node "
                  f"({time.monotonic() - t0:.1f} s)")
 
     def start_containers(self) -> None:
-        """One round per node: the job's key pair into the node's /dev/shm, `docker run`, then
-        wait until the container's sshd listens on 2022 (it installs the key before it starts)."""
+        """For facts known here (doctor, which has its own probe): per node, the job key into
+        its /dev/shm, `docker run`, wait until the container's sshd listens on 2022."""
         t0 = time.monotonic()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
-        key = self.keydir / "id_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",
-                        "-f", str(key)], check=True)
-        private, public = key.read_text(), (self.keydir / "id_ed25519.pub").read_text().strip()
-        name = container_name(self.spec.name)
+        private, public = self._keypair()
         by_host = {f.node.host: f for f in self.facts}
 
         def make(n: Node) -> list[str]:
             f = by_host[n.host]
-            run = commands.docker_run_argv(commands.ContainerSpec(
-                job=self.spec.name, image=self.spec.image, gpus=f.gpus > 0, efa_devices=f.efa,
-                mounts=self.spec.mounts, env=self.spec.env, shm_size=self.spec.shm_size,
-                memlock=f.memlock, hosts={g.hostname: g.address for g in self.facts},
-                key_dir=node_key_dir(self.spec.name)))
-            return ["bash", "-c", start_script(run, name, node_key_dir(self.spec.name), public,
-                                               self.spec.ready_timeout)]
+            known = (f"key=$(cat); gpus={f.gpus}; efa={shlex.quote(' '.join(f.efa))}; "
+                     f"memlock={f.memlock if f.memlock >= 0 else 'unlimited'}\n")
+            return ["bash", "-c", known + start_script(self._container(f), public, self.spec.ready_timeout)]
 
         self.started = list(self.nodes)
         self._on_all("starting containers", make, stdin=lambda n: private,
                      timeout=self.spec.ready_timeout + 120)
-        self.say(f"[launch] containers {name} started with the job key, sshd listening "
-                 f"({time.monotonic() - t0:.1f} s)")
+        self.say(f"[launch] containers {container_name(self.spec.name)} started with the job key, "
+                 f"sshd listening ({time.monotonic() - t0:.1f} s)")
 
     def _ready_script(self) -> str:
         """Run in the first container: ssh to every node's 2022 at once, leaving a master
-        connection per node (CONTAINER_SSH_MUX) that mpirun's daemon launch reuses."""
+        connection per node (CONTAINER_SSH_MUX) that mpirun's daemon launch reuses; each
+        session fills that container's /etc/hosts (hosts_script)."""
         targets = " ".join(shlex.quote(f.address) for f in self.facts)
         mux = " ".join(CONTAINER_SSH_MUX)
+        hosts = shlex.quote(hosts_script(self.facts))
         return (f"deadline=$(( $(date +%s) + {int(self.spec.ready_timeout)} )); pids=; for h in {targets}; do "
-                f"( until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 {mux} root@$h true "
+                f"( until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 {mux} root@$h {hosts} "
                 f"</dev/null >/dev/null 2>/tmp/ssh-$h.err; do "
                 "if [ $(date +%s) -ge $deadline ]; then echo \"dtrain-ready: sshd on $h:2022 not reachable: "
-                "$(tail -1 /tmp/ssh-$h.err)\" >&2; exit 1; fi; sleep 0.2; done ) & pids=\"$pids $!\"; done; "
+                "$(tail -1 /tmp/ssh-$h.err)\" >&2; exit 1; fi; sleep 0.1; done ) & pids=\"$pids $!\"; done; "
                 f"for p in $pids; do wait $p || exit {READY_FAILED}; done")
 
     def wait_ready(self) -> None:
@@ -650,8 +711,7 @@ class Job:
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()
         try:
-            self.probe()
-            self.start_containers()
+            self.up()
             if self.spec.launcher != "torchrun" and self.ompi is None:
                 self.wait_ready()  # no Open MPI label in the image: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
@@ -710,7 +770,7 @@ class _Login:
 
 def _ecr_login_script(image: str) -> _Login:
     """For ECR images: a token fetched here with boto3, handed to `docker login` on each node
-    through stdin (never argv, never printed)."""
+    through stdin (never argv, never printed): the script expects it in $pw."""
     m = _ECR.match(image)
     if not m:
         return _Login()
@@ -724,7 +784,8 @@ def _ecr_login_script(image: str) -> _Login:
         raise LaunchError(f"ECR login for {image} failed: {e}") from None
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     registry = image.split("/", 1)[0]
-    script = (f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null "
+    script = (f"printf '%s\\n' \"$pw\" | "  # $pw: read from stdin by the script (up_script)
+              f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null "
               f"|| {{ echo 'docker login to {registry} failed' >&2; exit 1; }}\n")
     return _Login(script, password)
 

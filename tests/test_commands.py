@@ -347,13 +347,28 @@ def test_torchrun_drops_leading_python():
     assert torchrun_argv(1, 0, 1, "h", 1, ["train.py"])[-1] == "train.py"
 
 
-def test_docker_run_adds_node_hostnames():
-    from launch.commands import ContainerSpec, docker_run_argv
+@pytest.mark.parametrize("gpus, efa, memlock", [
+    (0, "", "unlimited"),
+    (8, " /dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "unlimited"),
+    (1, "", "65536"),
+    (0, "", ""),
+])
+def test_docker_run_script_picks_node_flags_like_docker_run_argv(gpus, efa, memlock):
+    """The node-side script, given a probe's values, runs exactly docker_run_argv's argv."""
+    import subprocess
 
-    argv = docker_run_argv(ContainerSpec(job="j", image="img", gpus=False,
-                                         hosts={"node-1": "10.0.0.1", "node-2": "10.0.0.2"}))
-    assert argv[argv.index("--add-host") + 1] == "node-1:10.0.0.1"
-    assert "node-2:10.0.0.2" in argv
+    from launch.commands import ContainerSpec, docker_run_argv, docker_run_script
+
+    base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), env={"MSG": "a b"},
+                key_dir="/dev/shm/dtrain-j", command=("sleep", "1"))
+    script = docker_run_script(ContainerSpec(**base))
+    fake = 'docker() { printf "%s\\n" docker "$@"; }\n'
+    out = subprocess.run(["bash", "-c", f"gpus={gpus}; efa='{efa}'; memlock='{memlock}'\n{fake}{script}"],
+                         capture_output=True, text=True, check=True).stdout
+    want = docker_run_argv(ContainerSpec(**base, gpus=gpus > 0, efa_devices=tuple(efa.split()),
+                                         memlock=int(memlock) if memlock.isdigit() else -1))
+    assert out.splitlines() == want
+
 
 # --- hostfile, ssh options, pod env references ----------------------------------------------
 

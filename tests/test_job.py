@@ -157,3 +157,45 @@ def test_port_taken_by_another_dtrain_job_names_it():
     assert f.port_jobs == ("train-a",)
     assert "train-a" in port_jobs_hint([f]) and "invoke stop --job train-a" in port_jobs_hint([f])
     assert port_jobs_hint([facts_from_probe(Node("h1", 1), probe(port="LISTEN python3"), None)]) == ""
+
+
+@pytest.mark.parametrize("port, gpus, driver, min_driver, starts", [
+    ("", "0", "", "-", True),                       # CPU node
+    ("", "8", "570.86.15", "560.35.05", True),      # driver new enough
+    ("", "8", "560.35.05", "560.35.05", True),
+    ("", "8", "535.104.05", "560.35.05", False),    # too old: the launcher names it
+    ("", "8", "535.104.05", "-", True),             # image without the label
+    ("LISTEN 0 128 *:2022 users:((\"sshd\"))", "0", "", "-", False),
+])
+def test_node_declines_to_start_where_the_launcher_would_refuse(port, gpus, driver, min_driver, starts):
+    import subprocess
+
+    from launch.job import _GATE
+
+    pre = f"port='{port}' gpus={gpus} driver='{driver}' min_driver='{min_driver}'\n"
+    out = subprocess.run(["bash", "-c", pre + _GATE + "\necho go"], capture_output=True, text=True).stdout
+    assert (out.strip() == "go") == starts
+
+
+def test_hosts_script_appends_once():
+    import subprocess
+    import tempfile
+
+    from launch.job import hosts_script
+
+    script = hosts_script(facts(2))
+    with tempfile.NamedTemporaryFile("w+", suffix=".hosts") as f:
+        f.write("127.0.0.1 localhost\n")
+        f.flush()
+        for _ in range(2):
+            subprocess.run(["bash", "-c", script.replace("/etc/hosts", f.name)], check=True)
+        assert open(f.name).read().splitlines() == [
+            "127.0.0.1 localhost", "# dtrain job nodes", "10.0.0.1 node-1", "10.0.0.2 node-2"]
+
+
+def test_torchrun_fills_hosts_before_it_starts():
+    spec = JobSpec(image="img", command=("python", "t.py"), name="j", launcher="torchrun")
+    argv = torchrun_node_argv(spec, facts(2), 0, "ens5")
+    i = argv.index("bash")
+    assert argv[i + 1] == "-c" and "10.0.0.2 node-2" in argv[i + 2] and argv[i + 2].endswith('exec "$@"')
+    assert argv[i + 4] == "torchrun"

@@ -83,6 +83,19 @@ def _checksums(out: str) -> dict[str, set[str]]:
     return sums
 
 
+def test_nodes_resolve_each_other_in_every_container(cluster, remote_images):
+    """The readiness ssh from the first container fills each container's /etc/hosts with every
+    node's hostname and address; the nodes' own /etc/hosts stay as they were."""
+    before = on_node(cluster, 2, "cat /etc/hosts").stdout
+    code, out = run(cluster, remote_images["pytorch-ddp"],
+                    ["bash", "-c", "echo $(getent hosts node-1 node-2 node-3 | sort)"], "t-hosts")
+    assert code == 0, out
+    want = " ".join(f"{n.address} {n.name}" for n in cluster.nodes[:3])
+    lines = [ln for ln in out.splitlines() if ln.startswith("[node-")]
+    assert len(lines) == 3 and all(ln.endswith("] " + want) for ln in lines), out
+    assert on_node(cluster, 2, "cat /etc/hosts").stdout == before
+
+
 def test_ddp_torchrun_on_2_nodes(cluster, remote_images):
     code, out = run(cluster, remote_images["pytorch-ddp"], ["python", f"{EX}/ddp_grads.py"],
                     "t-ddp-torchrun", n=2, launcher="torchrun")
@@ -108,8 +121,7 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
                    ["python", f"{EX}/allreduce_check.py", "tensorflow"], "t-btl"),
               nodes_of(cluster, 2), say=lambda m: None)
     try:
-        job.probe()
-        job.start_containers()
+        job.up()
         job.wait_ready()
         good = job_argv(job.spec, job.facts, job.facts[0].iface)
         bad = [a for a in good]
@@ -144,8 +156,7 @@ def test_diagnose_on_real_failures(cluster, remote_images):
     job = Job(spec(cluster, remote_images["horovod-tensorflow"], ["true"], "t-diag"),
               nodes_of(cluster, 2), say=lambda m: None)
     try:
-        job.probe()
-        job.start_containers()
+        job.up()
         job.wait_ready()
         good = job_argv(job.spec, job.facts, job.facts[0].iface)
 
