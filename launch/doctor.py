@@ -64,7 +64,6 @@ echo "t=$(date +%s.%N)"
 if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}' 2>&1); then
   echo "docker=ok"; echo "docker_info=$info"
 else echo "docker=$(echo "$info" | tail -1)"; fi
-echo "jobs=$(timeout 10 docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
 root=$(echo "${info:-}" | awk -F'|' 'NF == 3 {print $3}'); root=${root:-/var/lib/docker}
 echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
 echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
@@ -168,7 +167,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         else:
             add(h, "nvidia-runtime", "PASS", "nvidia runtime present" if gpus else "not needed: no GPUs")
 
-        port, jobs = f.get("port", ""), f.get("jobs", "").split()
+        port, jobs = f.get("port", ""), f.get("port_jobs", "").split()  # jobs: only when taken
         if not port:
             add(h, "port-2022", "PASS", "free")
         elif opts.job and opts.job in jobs:

@@ -187,7 +187,7 @@ def facts(**over) -> dict[str, str]:
     ipjson = json.dumps([{"ifname": "ens5", "mtu": 9001, "addr_info": [{"family": "inet", "local": "10.0.0.1"}]}])
     base = {"addr": "10.0.0.1", "hostname": "ip-10-0-0-1", "docker": "ok",
             "docker_info": '24.0|{"runc":{}}|/var/lib/docker', "gpus": "0", "driver": "", "port": "",
-            "jobs": "", "disk_kb": str(200 * 1024**2), "instance_type": "", "efa": "", "ntp": "yes",
+            "disk_kb": str(200 * 1024**2), "instance_type": "", "efa": "", "ntp": "yes",
             "ipjson": ipjson}
     return base | over
 
@@ -216,6 +216,13 @@ def test_efa_instance_without_devices():
     assert one(facts(instance_type="p4d.24xlarge"))["efa"].status == "FAIL"
     assert one(facts(instance_type="p4d.24xlarge", efa="/dev/infiniband/uverbs0"))["efa"].status == "PASS"
     assert one(facts(instance_type="g5.xlarge"))["efa"].status == "PASS"
+
+
+def test_port_2022_held_by_the_named_job_passes():
+    taken = facts(port="LISTEN 0 128 *:2022 users:((\"sshd.real\"))", port_jobs="train-a ")
+    assert one(taken, job="train-a")["port-2022"].status == "PASS"
+    r = one(taken)["port-2022"]
+    assert r.status == "FAIL" and "dtrain jobs running: train-a" in r.detail
 
 
 def test_memlock_fails_with_efa():
