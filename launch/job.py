@@ -33,7 +33,7 @@ from typing import Callable, Literal, Sequence
 
 from launch import commands
 from launch.errors import LaunchError
-from launch.fanout import NodeResult, is_connection_error, run_all
+from launch.fanout import NodeResult, is_connection_error, raise_on_failure, run_all
 from launch.hosts import Node, ssh_argv
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
@@ -290,11 +290,10 @@ if [ "$gpus" != 0 ] && [ -n "$driver" ] && [ "${min_driver:--}" != - ] &&
 def up_script(login: str, image: str, pull: str, container: commands.ContainerSpec,
               public_key: str, timeout: float) -> str:
     """The whole launch on one node, in one ssh session: stdin carries the registry password
-    line (when `login`) then the job's private key. Prints the probe's key=value facts and
+    line (read by `login`, _Login.script) then the job's private key. Prints the probe's key=value facts and
     `image=...`; then, unless the node declines (_GATE), `started=1` and starts the container."""
     return "\n".join([
-        "key=$(cat)" if not login else "IFS= read -r pw; key=$(cat)",
-        login, image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
+        login, "key=$(cat)", image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
         start_script(container, public_key, timeout),
     ])
 
@@ -448,10 +447,7 @@ class Job:
                 ) -> list[NodeResult]:
         nodes = list(nodes or self.nodes)
         results = run_all(nodes, lambda n: self._ssh(n, make(n)), timeout=timeout, stdin=stdin)
-        failed = [r for r in results if not r.ok]
-        if failed:
-            lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
-            raise LaunchError(f"{what} failed on {len(failed)} of {len(nodes)} node(s):\n{lines}")
+        raise_on_failure(results, what)
         return results
 
     def _emit(self, line: str) -> None:
@@ -499,16 +495,13 @@ class Job:
         private, public = self._keypair()
         script = up_script(login.script, self.spec.image, self.spec.pull, self._container(), public,
                            self.spec.ready_timeout)
-        secret = (login.password + "\n" if login.password is not None else "") + private
+        secret = login.stdin + private
         results = run_all(self.nodes, lambda n: self._ssh(n, ["bash", "-c", script]), timeout=1800,
                           stdin=lambda n: secret)
         # Where ssh never connected nothing started; anywhere else a container may exist.
         self.started = [n for n, r in zip(self.nodes, results)
                         if not is_connection_error(r.returncode, r.stderr)]
-        failed = [r for r in results if not r.ok]
-        if failed:
-            lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
-            raise LaunchError(f"starting containers failed on {len(failed)} of {len(self.nodes)} node(s):\n{lines}")
+        raise_on_failure(results, "starting containers")
         self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
                       for n, r in zip(self.nodes, results)]
         self._check_images(results)
@@ -552,9 +545,9 @@ class Job:
         """Pull and check the image on every node (doctor, which has its own probe)."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
-        script = ("IFS= read -r pw\n" + login.script if login.script else "") + image_script(self.spec.image, self.spec.pull)
+        script = login.script + image_script(self.spec.image, self.spec.pull)
         results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", script],
-                               timeout=1800, stdin=(lambda n: login.password + "\n") if login.password else None)
+                               timeout=1800, stdin=(lambda n: login.stdin) if login.stdin else None)
         self._check_images(results)
         self.say(f"[launch] image {self.spec.image} ({self.image_id[:19]}) on every node "
                  f"({time.monotonic() - t0:.1f} s)")
@@ -764,13 +757,18 @@ _ECR = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?/")
 
 @dataclass(frozen=True)
 class _Login:
-    script: str = ""
+    script: str = ""  # reads the password line from stdin, then `docker login`
     password: str | None = None
+
+    @property
+    def stdin(self) -> str:
+        """What the script reads first from its standard input."""
+        return "" if self.password is None else self.password + "\n"
 
 
 def _ecr_login_script(image: str) -> _Login:
     """For ECR images: a token fetched here with boto3, handed to `docker login` on each node
-    through stdin (never argv, never printed): the script expects it in $pw."""
+    through stdin (never argv, never printed): the script reads it as its first line."""
     m = _ECR.match(image)
     if not m:
         return _Login()
@@ -784,7 +782,8 @@ def _ecr_login_script(image: str) -> _Login:
         raise LaunchError(f"ECR login for {image} failed: {e}") from None
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     registry = image.split("/", 1)[0]
-    script = (f"printf '%s\\n' \"$pw\" | "  # $pw: read from stdin by the script (up_script)
+    script = ("IFS= read -r pw\n"
+              f"printf '%s\\n' \"$pw\" | "
               f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} >/dev/null "
               f"|| {{ echo 'docker login to {registry} failed' >&2; exit 1; }}\n")
     return _Login(script, password)

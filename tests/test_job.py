@@ -199,3 +199,17 @@ def test_torchrun_fills_hosts_before_it_starts():
     i = argv.index("bash")
     assert argv[i + 1] == "-c" and "10.0.0.2 node-2" in argv[i + 2] and argv[i + 2].endswith('exec "$@"')
     assert argv[i + 4] == "torchrun"
+
+
+def test_registry_password_then_key_share_stdin():
+    """The login script reads the password line; the key is the rest of stdin (up_script)."""
+    import subprocess
+
+    from launch.job import _Login
+
+    login = _Login("IFS= read -r pw\nprintf '%s\\n' \"$pw\" | docker login --password-stdin reg >/dev/null\n", "s3cr3t")
+    fake = 'docker() { echo "login got $(cat)" >&2; }\n'
+    r = subprocess.run(["bash", "-c", fake + login.script + 'key=$(cat); printf "%s" "$key"'],
+                       input=login.stdin + "PRIVATE\nKEY\n", capture_output=True, text=True, check=True)
+    assert r.stderr.strip() == "login got s3cr3t" and r.stdout == "PRIVATE\nKEY"
+    assert _Login().stdin == ""
