@@ -84,13 +84,13 @@ class _Children:
         self._live: set[subprocess.Popen] = set()
         self.cancelled = threading.Event()
 
-    def start(self, argv: list[str], stdin: str | None = None) -> subprocess.Popen | None:
+    def start(self, argv: list[str], piped: bool = False) -> subprocess.Popen | None:
         with self._lock:
             if self.cancelled.is_set():
                 return None
             proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stdin=subprocess.PIPE if piped else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -98,13 +98,6 @@ class _Children:
                 start_new_session=True,  # own process group: killpg reaches grandchildren, Ctrl-C doesn't
             )
             self._live.add(proc)
-        if stdin is not None:
-            assert proc.stdin
-            try:  # small payloads (a key, a token): never in argv, where `ps` shows them
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
         return proc
 
     def finished(self, proc: subprocess.Popen) -> None:
@@ -134,13 +127,22 @@ def _pump(stream, sink: list[str], node: Node, emit: Callable[[Node, str], None]
         raise failure  # reported by threading.excepthook
 
 
+def _feed(proc: subprocess.Popen, stdin: str) -> None:
+    assert proc.stdin
+    try:  # small payloads (a key, a token): never in argv, where `ps` shows them
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
 def _attempt(
     children: _Children, node: Node, argv: list[str], timeout: float | None, emit,
     stdin: str | None = None,
 ) -> tuple[int | None, str, str, str | None]:
     """One run: (returncode, stdout, stderr, error-or-None for timeouts/start failures)."""
     try:
-        proc = children.start(argv, stdin)
+        proc = children.start(argv, stdin is not None)
     except OSError as e:
         return None, "", "", f"could not start {argv[0]}: {e.strerror or e}"
     if proc is None:
@@ -153,6 +155,8 @@ def _attempt(
     ]
     for t in pumps:
         t.start()
+    if stdin is not None:
+        _feed(proc, stdin)
     error = None
     try:
         proc.wait(timeout)
@@ -198,59 +202,81 @@ def _run_node(
     return NodeResult(node.host, rc, out, err, attempts, time.monotonic() - start, error)
 
 
-def run_all(
-    nodes: Sequence[Node],
-    make_argv: Callable[[Node], list[str]],
-    *,
-    concurrency: int = 32,
-    timeout: float | None = 60,
-    retries: int = 2,
-    backoff: float = 0.5,
-    on_line: Callable[[Node, str], None] | None = None,
-    stdin: Callable[[Node], str | None] | None = None,
-) -> list[NodeResult]:
-    """Run make_argv(node) for every node, at most `concurrency` at once; results in node order.
+class Fanout:
+    """make_argv(node) running for every node in the background, at most `concurrency` at once.
+    results() waits for all (node order); cancel() kills what still runs.
 
     timeout: seconds per attempt (None: no limit). retries: extra attempts after an ssh
     connection failure, sleeping backoff, 2*backoff, ... between them. on_line(node, line)
     gets each stdout/stderr line as it arrives (one call at a time; the caller prefixes).
     stdin(node): text written to that node's standard input (secrets go here, not in argv).
     """
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be > 0, got {concurrency}")
-    nodes = list(nodes)
-    argvs = [make_argv(n) for n in nodes]  # fail fast, before anything runs
-    if not nodes:
-        return []
-    emit = None
-    if on_line is not None:
-        lock = threading.Lock()
 
-        def emit(node: Node, line: str) -> None:
-            with lock:
-                on_line(node, line)
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        make_argv: Callable[[Node], list[str]],
+        *,
+        concurrency: int = 32,
+        timeout: float | None = 60,
+        retries: int = 2,
+        backoff: float = 0.5,
+        on_line: Callable[[Node, str], None] | None = None,
+        stdin: Callable[[Node], str | None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be > 0, got {concurrency}")
+        nodes = list(nodes)
+        argvs = [make_argv(n) for n in nodes]  # fail fast, before anything runs
+        emit = None
+        if on_line is not None:
+            lock = threading.Lock()
 
-    children = _Children()
-    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(nodes)), thread_name_prefix="fanout")
-    try:
-        futures = [
-            pool.submit(
-                _run_node, n, a, children, timeout=timeout, retries=retries, backoff=backoff,
+            def emit(node: Node, line: str) -> None:
+                with lock:
+                    on_line(node, line)
+
+        self.nodes = nodes
+        self._children = _Children()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes))),
+                                        thread_name_prefix="fanout")
+        self._futures = [
+            self._pool.submit(
+                _run_node, n, a, self._children, timeout=timeout, retries=retries, backoff=backoff,
                 emit=emit, stdin=stdin(n) if stdin else None,
             )
             for n, a in zip(nodes, argvs)
         ]
-        # Poll rather than block: the main thread then notices Ctrl-C promptly on every OS.
-        pending = set(futures)
-        while pending:
-            pending = wait(pending, timeout=0.2).not_done
-        results = [f.result() for f in futures]
-    except BaseException:  # KeyboardInterrupt above all: no child may outlive us
-        children.kill_all()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return results
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def ended(self) -> list[str]:
+        """Hosts whose command has ended (every line it printed already passed on_line)."""
+        return [n.host for n, f in zip(self.nodes, self._futures) if f.done()]
+
+    def results(self) -> list[NodeResult]:
+        try:
+            # Poll rather than block: the main thread then notices Ctrl-C promptly on every OS.
+            pending = set(self._futures)
+            while pending:
+                pending = wait(pending, timeout=0.2).not_done
+            results = [f.result() for f in self._futures]
+        except BaseException:  # KeyboardInterrupt above all: no child may outlive us
+            self.cancel()
+            raise
+        self._pool.shutdown()
+        return results
+
+    def cancel(self) -> None:
+        self._children.kill_all()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_all(nodes: Sequence[Node], make_argv: Callable[[Node], list[str]], **options) -> list[NodeResult]:
+    """Run make_argv(node) on every node and wait for all: Fanout(...).results(), with
+    Fanout's options (concurrency, timeout, retries, backoff, on_line, stdin)."""
+    return Fanout(nodes, make_argv, **options).results()
 
 
 def raise_on_failure(results: Sequence[NodeResult], what: str) -> None:

@@ -1,9 +1,10 @@
 """Run a job: host-network containers on every node, then mpirun, horovodrun or torchrun.
 
     one ssh session per node: probe (docker, NIC, GPUs, EFA, port 2022) + pull + a fresh SSH
-    key + the container (flags chosen by the node) + sshd listening
+    key + the container (flags chosen by the node); once every container runs:
     -> checks across nodes (same image, NIC name, hostnames, driver) -> the job, whose first
-    step from the first container is sshd reachable node to node (and /etc/hosts filled)
+    step from the first container is sshd reachable node to node (and /etc/hosts filled),
+    while each node's session waits for its own sshd (a crash there ends the job)
     -> teardown
 
 Every step runs on all nodes in parallel (launch.fanout). A failure at any step names the
@@ -33,8 +34,8 @@ from typing import Callable, Literal, Sequence
 
 from launch import commands
 from launch.errors import LaunchError
-from launch.fanout import NodeResult, is_connection_error, raise_on_failure, run_all
-from launch.hosts import Node, ssh_argv
+from launch.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure, run_all
+from launch.hosts import Node, kex_opts, ssh_argv
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
 SSH_PORT = 2022
@@ -130,14 +131,16 @@ fi
 efa=; for d in /dev/infiniband/uverbs*; do [ -e "$d" ] && efa="$efa $d"; done; echo "efa=$efa"
 # ss filters in the kernel (reading /proc/net/tcp costs ~10x more); -p, slow (it reads every
 # process), only to name a holder.
-port=$(ss -Hltn 'sport = :2022' 2>/dev/null | head -1)
+port=$(ss -Hltn 'sport = :2022' 2>/dev/null)
 if [ -n "$port" ]; then
   port=$(ss -Hltnp 'sport = :2022' 2>/dev/null | head -1)
   echo "port=$port"
   echo "port_jobs=$(docker ps --filter label=dtrain.job --format '{{.Label "dtrain.job"}}' 2>/dev/null | tr '\n' ' ')"
 fi
-dpid=; read -r dpid 2>/dev/null < /var/run/docker.pid || dpid=$(pgrep -o dockerd)
-memlock=$(awk '/Max locked memory/ {print $5}' /proc/${dpid:-0}/limits 2>/dev/null); echo "memlock=$memlock"
+# dockerd writes its pid without a newline: read fails at EOF but sets dpid.
+dpid=; read -r dpid 2>/dev/null < /var/run/docker.pid; [ -n "$dpid" ] || dpid=$(pgrep -o dockerd)
+memlock=; while read -r a b c d e f; do [ "$a $b $c" != "Max locked memory" ] || memlock=$e; done \
+  2>/dev/null < /proc/${dpid:-0}/limits; echo "memlock=$memlock"
 echo "ipjson=$(ip -j addr 2>/dev/null)"
 """
 
@@ -208,43 +211,67 @@ def remove_script(job: str) -> str:
     return f"docker rm -f {container_name(job)} >/dev/null 2>&1; rm -rf {node_key_dir(job)}; true"
 
 
-# One `docker inspect` answers three questions: does the engine answer, is the image here (and
-# its labels), is a container of this job left over. Image IDs start with sha256:, container
-# IDs are bare hex. A docker CLI call costs ~40 ms of CPU: on a busy node that adds up.
-_INSPECT_FMT = '{{.Id}} {{index .Config.Labels "dtrain.min-driver"}} {{index .Config.Labels "dtrain.openmpi-major"}}'
+# Where a node has no Engine API path (commands.DOCKER_API_SH), one `docker inspect` answers
+# three questions: does the engine answer, is the image here (and its labels), is a container
+# of this job left over. Image IDs start with sha256:, container IDs are bare hex.
+# `with`: an image without any label has no Labels map, and `index` of it fails the command.
+_INSPECT_FMT = ('{{.Id}} {{with .Config.Labels}}{{or (index . "dtrain.min-driver") "-"}} '
+                '{{or (index . "dtrain.openmpi-major") "-"}}{{else}}- -{{end}}')
 
 
 def image_script(image: str, pull: str, job: str | None = None) -> str:
-    """sh for a node: inspect the image (and the job's stale container, removed if there, with
-    its key directory), pull per policy (always|missing|never), then print `docker=ok` (or the
-    engine's error, and stop) and `image=<min-driver> <openmpi-major> <id>`. Exits 1 naming the
-    image when it is neither on the node nor pullable."""
+    """bash for a node, after commands.DOCKER_API_SH: inspect the image (and the job's stale
+    container, removed if there), pull per policy (always|missing|never), then print
+    `docker=ok` (or the engine's error, and stop) and `image=<min-driver> <openmpi-major> <id>`.
+    Exits 1 naming the image when it is neither on the node nor pullable. The engine is asked
+    through its API where it can be (curl), and answers are parsed with builtins: a process
+    costs ~1-2 ms of CPU, a docker CLI call 20-35, and a launch runs this on every node at once."""
     q = shlex.quote(image)
-    again = f'out=$(docker image inspect -f "$fmt" {q} 2>&1)'
+    name = f" {container_name(job)}" if job else ""
     pulled = f'perr=$(docker pull -q {q} 2>&1 >/dev/null)'
     lines = [
         f"fmt={shlex.quote(_INSPECT_FMT)}; perr=",
-        f'out=$(docker inspect -f "$fmt" {q}{" " + container_name(job) if job else ""} 2>&1)',
-        "err=$(printf '%s\\n' \"$out\" | grep -v -e '^sha256:' -e '^[0-9a-f]\\{64\\} ' "
-        "-e '^Error: No such object: ' -e '^$' | tail -1)",
+        # $out as `docker inspect -f "$fmt" IMAGE [CONTAINER]` prints it
+        "inspect() {",
+        '  if [ -z "$sock" ]; then out=$(docker inspect -f "$fmt" "$@" 2>&1); return; fi',
+        '  out=; api GET "/images/$1/json"',
+        "  case $code in",
+        "    200) local id=${body#*\\\"Id\\\":\\\"} cfg=${body#*\\\"Config\\\":} md=- om=-",
+        '      [[ $cfg =~ $re_md ]] && md=${BASH_REMATCH[1]}; [[ $cfg =~ $re_om ]] && om=${BASH_REMATCH[1]}',
+        '      out="${id%%\\"*} $md $om" ;;',
+        "    404) ;;",
+        '    *) out=$(apierr) ;;',
+        "  esac",
+        '  [ -n "${2:-}" ] || return 0',
+        '  api GET "/containers/$2/json"',
+        "  case $code in",
+        "    200) local cid=${body#*\\\"Id\\\":\\\"}; out+=$'\\n'\"${cid%%\\\"*} -\" ;;",
+        "    404) ;;",
+        "    *) out+=$'\\n'\"$(apierr)\" ;;",
+        "  esac",
+        "}",
+        """re_md='"dtrain\\.min-driver":"([^"]*)"'; re_om='"dtrain\\.openmpi-major":"([^"]*)"'""",
+        # the image's line (sha256:...), a stale container's (bare hex id), or the engine's error
+        "scan() { line= stale= err=; while IFS= read -r l; do case $l in",
+        "  sha256:*) [ -n \"$line\" ] || line=$l ;; 'Error: No such object: '*|'') ;;",
+        "  *) if [[ $l =~ ^[0-9a-f]{64}\\  ]]; then stale=1; else err=$l; fi ;;",
+        '  esac; done <<< "$out"; }',
+        f"inspect {q}{name}; scan",
         'if [ -n "$err" ]; then echo "docker=$err"; exit 0; fi',
         "echo docker=ok",
     ]
     if job:
-        lines += [f"printf '%s\\n' \"$out\" | grep -q '^[0-9a-f]\\{{64\\}} ' && "
-                  f"docker rm -f {container_name(job)} >/dev/null 2>&1",
-                  f"rm -rf {node_key_dir(job)}"]
-    have = "printf '%s\\n' \"$out\" | grep -q '^sha256:'"
+        lines += [f'[ -z "$stale" ] || docker rm -f {container_name(job)} >/dev/null 2>&1']
+    again = f"inspect {q}; scan"
     lines += {
-        "always": [f'{pulled} || echo "pull failed ($(printf %s "$perr" | tail -1)); using the local image" >&2',
+        "always": [f'{pulled} || echo "pull failed (${{perr##*$\'\\n\'}}); using the local image" >&2',
                    again],
-        "missing": [f"{have} || {{ {pulled}; {again}; }}"],
+        "missing": [f'[ -n "$line" ] || {{ {pulled}; {again}; }}'],
         "never": [],
     }[pull]
     lines += [
-        "line=$(printf '%s\\n' \"$out\" | grep '^sha256:' | head -1 | sed 's/<no value>/-/g')",
         f'[ -n "$line" ] || {{ echo "image {image} is not on this node and could not be pulled'
-        '${perr:+: $(printf %s "$perr" | tail -1)}" >&2; exit 1; }',
+        '${perr:+: ${perr##*$\'\\n\'}}" >&2; exit 1; }',
         'set -- $line; min_driver=$2; echo "image=$2 $3 $1"',
     ]
     return "\n".join(lines)
@@ -264,7 +291,8 @@ def start_script(container: commands.ContainerSpec, public_key: str, timeout: fl
         'rm -rf "$kd" && mkdir "$kd" && printf "%s\\n" "$key" > "$kd/id_ed25519" && '
         f'printf "%s\\n" {q(public_key)} > "$kd/authorized_keys" '
         '|| { echo "cannot write the job key to $kd" >&2; exit 1; }',
-        f"{commands.docker_run_script(container)} >/dev/null || exit 1",
+        commands.docker_create_script(container),
+        "echo run=1",  # the launcher may go on now; this session still reports sshd (or a crash)
         # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
         f"SECONDS=0; i=0; until [ -n \"$(ss -Hltn 'sport = :{SSH_PORT}' 2>/dev/null)\" ]; do",
         "  i=$((i + 1))",
@@ -293,7 +321,7 @@ def up_script(login: str, image: str, pull: str, container: commands.ContainerSp
     line (read by `login`, _Login.script) then the job's private key. Prints the probe's key=value facts and
     `image=...`; then, unless the node declines (_GATE), `started=1` and starts the container."""
     return "\n".join([
-        login, "key=$(cat)", image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
+        login, "IFS= read -r -d '' key; key=${key%$'\\n'}", commands.DOCKER_API_SH, image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
         start_script(container, public_key, timeout),
     ])
 
@@ -416,14 +444,24 @@ class Job:
         self.ompi: int | None = None  # Open MPI major in the image: label, else `mpirun --version`
         self._mux: Path | None = None
         self._mux_private = False
+        self._kex: list[str] | None = None
+        self._kex_lock = threading.Lock()
         self._ready = False
+        self._up: Fanout | None = None  # the nodes' launch sessions (up())
+        self._up_watch: threading.Thread | None = None
+        self._up_failure: LaunchError | None = None
+        self._teardown_lock = threading.Lock()
+        self._closing = False
         self._out_lock = threading.Lock()
         self._log = None
 
     # -- helpers
 
     def _ssh(self, node: Node, argv: list[str]) -> list[str]:
-        return ssh_argv(node, argv, extra_opts=[*self.spec.ssh_opts, *self._mux_opts])
+        with self._kex_lock:  # asked once, for the first node (ssh -G)
+            if self._kex is None:
+                self._kex = kex_opts(self.nodes[0], self.spec.ssh_opts)
+        return ssh_argv(node, argv, extra_opts=[*self.spec.ssh_opts, *self._kex, *self._mux_opts])
 
     @property
     def _mux_opts(self) -> list[str]:
@@ -487,24 +525,45 @@ class Job:
     def up(self) -> None:
         """One ssh session per node: replace a stale container of this job, read the node's
         facts, pull the image, write the job key, start the container with the node's own
-        GPU/EFA/memlock flags and wait for its sshd. A node with port 2022 taken or an old GPU
-        driver starts nothing. Then the checks across nodes; any failure leaves teardown() to
-        remove what started."""
+        GPU/EFA/memlock flags. A node with port 2022 taken or an old GPU driver starts nothing.
+        Returns once every node's container runs and the checks across nodes pass; each node's
+        session then goes on waiting for its container's sshd (_watch_up), while the job's
+        first step waits for every sshd too. Any failure leaves teardown() to remove what
+        started."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
         private, public = self._keypair()
         script = up_script(login.script, self.spec.image, self.spec.pull, self._container(), public,
                            self.spec.ready_timeout)
         secret = login.stdin + private
-        results = run_all(self.nodes, lambda n: self._ssh(n, ["bash", "-c", script]), timeout=1800,
-                          stdin=lambda n: secret)
-        # Where ssh never connected nothing started; anywhere else a container may exist.
-        self.started = [n for n, r in zip(self.nodes, results)
-                        if not is_connection_error(r.returncode, r.stderr)]
-        raise_on_failure(results, "starting containers")
-        self.facts = [facts_from_probe(n, r.stdout, self.spec.iface)
-                      for n, r in zip(self.nodes, results)]
-        self._check_images(results)
+        lines: dict[str, list[str]] = {n.host: [] for n in self.nodes}
+        running: set[str] = set()
+        news = threading.Condition()
+
+        def on_line(n: Node, line: str) -> None:
+            with news:
+                lines[n.host].append(line)
+                if line == "run=1":
+                    running.add(n.host)
+                    news.notify_all()
+
+        fan = Fanout(self.nodes, lambda n: self._ssh(n, ["bash", "-c", script]), timeout=1800,
+                     stdin=lambda n: secret, on_line=on_line)
+        self._up = fan
+        self.started = list(self.nodes)  # until the sessions say otherwise
+        with news:  # until every container runs, or a session ended before starting its own
+            while len(running) < len(self.nodes) and not set(fan.ended()) - running:
+                news.wait(0.05)
+        if len(running) < len(self.nodes):
+            results = fan.results()
+            # Where ssh never connected nothing started; anywhere else a container may exist.
+            self.started = [n for n, r in zip(self.nodes, results)
+                            if not is_connection_error(r.returncode, r.stderr)]
+            raise_on_failure(results, "starting containers")
+        with news:
+            out = {h: "\n".join(v) for h, v in lines.items()}
+        self.facts = [facts_from_probe(n, out[n.host], self.spec.iface) for n in self.nodes]
+        self._check_images(out)
         commands.check_same_iface({f.node.host: f.iface for f in self.facts})
         taken = [f for f in self.facts if f.port_holder]
         if taken:
@@ -514,7 +573,7 @@ class Job:
         if dup:
             raise LaunchError(f"nodes share a hostname ({', '.join(sorted(dup))}): Open MPI needs "
                               "one hostname per node")
-        missing = [r.host for r in results if "started=1" not in r.stdout.splitlines()]
+        missing = [n.host for n in self.nodes if n.host not in running]
         if missing:  # every reason a node declines is checked above; this is a safety net
             raise LaunchError(f"no container started on {', '.join(missing)}")
         capped = [f for f in self.facts if f.memlock >= 0]
@@ -523,14 +582,34 @@ class Job:
                      f"{', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
                      "containers get that, not unlimited; EFA needs unlimited "
                      "(docs/troubleshooting.md#memlock)")
+        self._up_watch = threading.Thread(target=self._watch_up, name="dtrain-up", daemon=True)
+        self._up_watch.start()
         self.say(f"[launch] {len(self.facts)} node(s): NIC {self.facts[0].iface}, "
                  f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]}; containers "
-                 f"{container_name(self.spec.name)} started with the job key, sshd listening "
+                 f"{container_name(self.spec.name)} running with the job key "
                  f"({time.monotonic() - t0:.1f} s)")
 
-    def _check_images(self, results: Sequence[NodeResult]) -> None:
-        """Same image ID on every node; GPU drivers new enough; the image's Open MPI major."""
-        info = {r.host: parse_probe(r.stdout).get("image", "").split() for r in results}
+    def _watch_up(self) -> None:
+        """The nodes' sessions after their container started: each ends when its sshd listens.
+        One that fails instead (the container exited, sshd never listened) ends the job."""
+        assert self._up is not None
+        failed = [r for r in self._up.results() if not r.ok]
+        if failed and not self._closing:
+            self._up_failure = LaunchError(
+                "containers started, but not every node's sshd came up:\n" +
+                "\n".join(f"  {r.host}: {r.error}" for r in failed))
+            self.teardown()
+
+    def up_failure(self, timeout: float) -> LaunchError | None:
+        """After the job: wait for the nodes' sessions to end; the failure of one, if any."""
+        if self._up_watch is not None:
+            self._up_watch.join(timeout)
+        return self._up_failure
+
+    def _check_images(self, out: dict[str, str]) -> None:
+        """Same image ID on every node; GPU drivers new enough; the image's Open MPI major.
+        out: each node's probe output, by host."""
+        info = {h: parse_probe(text).get("image", "").split() for h, text in out.items()}
         ids = {h: v[-1] for h, v in info.items()}
         if len(set(ids.values())) > 1:
             lines = "\n".join(f"  {h}: {i[:19]}" for h, i in ids.items())
@@ -545,10 +624,10 @@ class Job:
         """Pull and check the image on every node (doctor, which has its own probe)."""
         t0 = time.monotonic()
         login = _ecr_login_script(self.spec.image)
-        script = login.script + image_script(self.spec.image, self.spec.pull)
-        results = self._on_all(f"pulling {self.spec.image}", lambda n: ["sh", "-c", script],
+        script = login.script + commands.DOCKER_API_SH + "\n" + image_script(self.spec.image, self.spec.pull)
+        results = self._on_all(f"pulling {self.spec.image}", lambda n: ["bash", "-c", script],
                                timeout=1800, stdin=(lambda n: login.stdin) if login.stdin else None)
-        self._check_images(results)
+        self._check_images({r.host: r.stdout for r in results})
         self.say(f"[launch] image {self.spec.image} ({self.image_id[:19]}) on every node "
                  f"({time.monotonic() - t0:.1f} s)")
 
@@ -563,7 +642,8 @@ class Job:
             f = by_host[n.host]
             known = (f"key=$(cat); gpus={f.gpus}; efa={shlex.quote(' '.join(f.efa))}; "
                      f"memlock={f.memlock if f.memlock >= 0 else 'unlimited'}\n")
-            return ["bash", "-c", known + start_script(self._container(f), public, self.spec.ready_timeout)]
+            return ["bash", "-c", known + commands.DOCKER_API_SH + "\n" +
+                    start_script(self._container(f), public, self.spec.ready_timeout)]
 
         self.started = list(self.nodes)
         self._on_all("starting containers", make, stdin=lambda n: private,
@@ -681,6 +761,14 @@ class Job:
             self._emit(prefix_line(line.rstrip("\n"), default_node=hostname, torch_base=base))
 
     def teardown(self) -> None:
+        """Remove the job's containers and keys everywhere (from any thread; once)."""
+        with self._teardown_lock:
+            self._closing = True
+            if self._up is not None and not self._up.done():
+                self._up.cancel()  # launch sessions still waiting for a node's sshd
+            self._teardown()
+
+    def _teardown(self) -> None:
         name = container_name(self.spec.name)
         if self.started:
             results = run_all(self.started, lambda n: self._ssh(n, ["sh", "-c", remove_script(self.spec.name)]),
@@ -692,6 +780,19 @@ class Job:
         if self.keydir and self.keydir.exists():
             shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
         self._close_mux()
+
+    def _job(self) -> int:
+        """run_job(); but where a node's sshd never came up (_watch_up ended the job), that is
+        the error."""
+        try:
+            code = self.run_job()
+        except LaunchError:
+            if failure := self.up_failure(self.spec.ready_timeout + 30):
+                raise failure from None
+            raise
+        if failure := self.up_failure(self.spec.ready_timeout + 30):
+            raise failure
+        return code
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -708,7 +809,7 @@ class Job:
             if self.spec.launcher != "torchrun" and self.ompi is None:
                 self.wait_ready()  # no Open MPI label in the image: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self.run_job()
+            code = self._job()
             self._record(state="succeeded" if code == 0 else "failed", exit_code=code)
             return code
         except KeyboardInterrupt:

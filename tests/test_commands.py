@@ -408,3 +408,15 @@ def test_torchrun_pod_env_references():
         torchrun_argv(2, "1", 8, "h", 29500, ["t.py"])
     with pytest.raises(ValueError, match="master_port"):
         torchrun_argv(2, 0, 8, "h", "$RANK", ["t.py"])
+
+
+@pytest.mark.parametrize("gpus, efa, memlock", [(0, "", "unlimited"), (8, "/dev/infiniband/uverbs0 /dev/x", "65536")])
+def test_node_host_config_sh_builds_node_host_config(gpus, efa, memlock):
+    import subprocess
+
+    from launch import commands as c
+
+    r = subprocess.run(["bash", "-c", f"gpus={gpus} efa='{efa}' memlock={memlock}\n" + c.NODE_HOST_CONFIG_SH +
+                        '\nprintf "{%s}" "$node_hc"'], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout) == c.node_host_config(gpus > 0, tuple(efa.split()),
+                                                      int(memlock) if memlock.isdigit() else -1)

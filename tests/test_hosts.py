@@ -308,3 +308,42 @@ def test_known_gpu_table():
     assert hosts.KNOWN_GPU_COUNTS["p5.48xlarge"] == 8
     assert hosts.KNOWN_GPU_COUNTS["g4dn.12xlarge"] == 4
     assert hosts.KNOWN_GPU_COUNTS["p3.8xlarge"] == 4
+
+
+# --- key exchange ---------------------------------------------------------------------------
+
+
+def test_fast_kex_first_keeps_every_default_algorithm():
+    from launch.hosts import fast_kex_order
+
+    default = ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256", "curve25519-sha256@libssh.org",
+               "ecdh-sha2-nistp256", "diffie-hellman-group14-sha256"]
+    assert fast_kex_order(default) == ["curve25519-sha256", "curve25519-sha256@libssh.org",
+                                       "sntrup761x25519-sha512@openssh.com", "ecdh-sha2-nistp256",
+                                       "diffie-hellman-group14-sha256"]
+    ten = ["mlkem768x25519-sha256", "sntrup761x25519-sha512", "curve25519-sha256"]  # OpenSSH 10
+    assert fast_kex_order(ten) == ["mlkem768x25519-sha256", "curve25519-sha256", "sntrup761x25519-sha512"]
+    assert fast_kex_order(["ecdh-sha2-nistp256"]) == ["ecdh-sha2-nistp256"]  # nothing to promote
+
+
+def test_kex_option_only_where_ssh_config_leaves_kex_alone(tmp_path):
+    """With this machine's ssh: the fast exchanges go first; a config that sets KexAlgorithms
+    (for that host, or on the command line) is left alone."""
+    import subprocess
+
+    from launch.hosts import fast_kex_order, kex_opts
+
+    g = subprocess.run(["ssh", "-G", "-F", "none", "10.0.0.1"], capture_output=True, text=True).stdout
+    default = next(line.split()[1] for line in g.splitlines() if line.startswith("kexalgorithms ")).split(",")
+    plain = tmp_path / "plain"
+    plain.write_text("Host *\n  User root\n")
+    opts = kex_opts(Node("10.0.0.1"), ["-F", str(plain)])
+    if fast_kex_order(default) == default:  # OpenSSH 10: already fast first, nothing to say
+        assert opts == []
+    else:
+        assert opts == ["-o", "KexAlgorithms=" + ",".join(fast_kex_order(default))]
+        assert sorted(fast_kex_order(default)) == sorted(default)
+    set_here = tmp_path / "set"
+    set_here.write_text("Host 10.0.0.*\n  KexAlgorithms ecdh-sha2-nistp256\n")
+    assert kex_opts(Node("10.0.0.1"), ["-F", str(set_here)]) == []
+    assert kex_opts(Node("10.0.0.2"), ["-F", str(plain), "-o", "KexAlgorithms=curve25519-sha256"]) == []

@@ -114,17 +114,69 @@ def test_driver_older_than_the_image_needs_is_refused():
     check_driver(facts(2), {"h1": "560.35.05"})  # CPU nodes: nothing to check
 
 
-@pytest.mark.parametrize("policy, pulls", [("always", True), ("missing", True), ("never", False)])
-def test_pull_policies(policy, pulls):
+IMG_ID = "sha256:" + "a" * 64
+CONTAINER_ID = "b" * 64
+
+
+def run_image_script(policy: str, inspect: str, pull_rc: int = 0, after_pull: str = "") -> tuple[int, str, str, list[str]]:
+    """image_script's docker CLI path (no Engine API socket: sock=) in bash against a stand-in
+    `docker` (a shell function) that answers the first inspect with `inspect`, `docker pull`
+    with exit pull_rc, later inspects with after_pull. (returncode, stdout, stderr, docker
+    calls). The API path, against a real engine: test_image_script_api_path_answers_as_the_cli."""
+    import subprocess
+    import tempfile
+
     from launch.job import image_script
 
-    script = image_script("reg:5000/dtrain/x:1", policy, "j")
-    assert ("docker pull -q reg:5000/dtrain/x:1" in script) == pulls
-    # one docker call looks at the image and the job's stale container
-    assert script.splitlines()[1].startswith('out=$(docker inspect -f "$fmt" reg:5000/dtrain/x:1 dtrain-j ')
-    if policy == "missing":  # pulls only when the inspect found no image
-        assert "grep -q '^sha256:' || { perr=$(docker pull" in script
-    assert 'echo "image=$2 $3 $1"' in script  # every policy reports the image it will run
+    fake = ("sock=\ndocker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in\n"
+            "  inspect) if [ \"$(wc -l < \"$CALLS\")\" = 1 ]; then printf '%s\\n' \"$INSPECT\"; "
+            "else printf '%s\\n' \"$AFTER\"; fi ;;\n"
+            "  pull) echo 'Error response from daemon: manifest unknown' >&2; return $PULL_RC ;;\n"
+            "  esac; }\n")
+    with tempfile.NamedTemporaryFile("r") as calls:
+        r = subprocess.run(["bash", "-c", fake + image_script("reg:5000/dtrain/x:1", policy, "j")],
+                           capture_output=True, text=True,
+                           env={"INSPECT": inspect, "AFTER": after_pull, "PULL_RC": str(pull_rc),
+                                "CALLS": calls.name, "PATH": "/usr/bin:/bin"})
+        return r.returncode, r.stdout, r.stderr, calls.read().splitlines()
+
+
+def test_image_script_reads_image_and_stale_container_from_one_inspect():
+    here = f"{IMG_ID} 560.35.05 4\n{CONTAINER_ID} - -"
+    rc, out, err, calls = run_image_script("missing", here)
+    assert rc == 0 and out.splitlines() == ["docker=ok", f"image=560.35.05 4 {IMG_ID}"]
+    assert calls == ["inspect -f", "rm -f"]  # no pull: the image is there; the stale container goes
+    rc, out, _, calls = run_image_script("missing", f"{IMG_ID} - -\n"
+                                                    "Error: No such object: dtrain-j")
+    assert out.splitlines()[-1] == f"image=- - {IMG_ID}" and calls == ["inspect -f"]
+
+
+def test_image_script_reports_the_engine_error_and_stops():
+    rc, out, _, calls = run_image_script("always", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.")
+    assert rc == 0 and out.strip() == "docker=Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+    assert calls == ["inspect -f"]
+
+
+@pytest.mark.parametrize("policy, present, pull_rc, calls, ok", [
+    ("missing", False, 0, ["inspect -f", "pull -q", "inspect -f"], True),
+    ("missing", False, 1, ["inspect -f", "pull -q", "inspect -f"], False),
+    ("always", True, 0, ["inspect -f", "pull -q", "inspect -f"], True),
+    ("always", True, 1, ["inspect -f", "pull -q", "inspect -f"], True),  # warns, runs the local one
+    ("never", False, 0, ["inspect -f"], False),
+    ("never", True, 0, ["inspect -f"], True),
+])
+def test_image_script_pull_policies(policy, present, pull_rc, calls, ok):
+    missing = "Error: No such object: reg:5000/dtrain/x:1\nError: No such object: dtrain-j"
+    line = f"{IMG_ID} - 5"
+    rc, out, err, seen = run_image_script(policy, line if present else missing, pull_rc,
+                                          after_pull=line if (present or pull_rc == 0) else missing)
+    assert seen == calls
+    if ok:
+        assert rc == 0 and out.splitlines()[-1] == f"image=- 5 {IMG_ID}"
+        assert ("pull failed (Error response from daemon: manifest unknown); using the local image" in err) == (pull_rc != 0)
+    else:
+        assert rc == 1 and "image reg:5000/dtrain/x:1 is not on this node and could not be pulled" in err
+        assert ("manifest unknown" in err) == (policy != "never")
 
 
 def test_interleaved_mpirun_chunks_are_reassembled_per_rank():

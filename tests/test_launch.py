@@ -257,6 +257,25 @@ def test_sshd_unreachable_after_start_removes_started_containers(cluster, remote
     assert containers_left(cluster, "t-blocked") == []
 
 
+def test_node_whose_sshd_never_listens_ends_the_running_job(cluster, remote_images):
+    """The launcher goes on once every container runs; each node's session still waits for
+    its sshd. Where that never comes (node-3's `ss` made blind, in its own mount namespace),
+    the job already running elsewhere is ended, node-3 named, nothing left."""
+    on_node(cluster, 3, "mount --bind /bin/false /usr/bin/ss")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LaunchError) as e:
+            run(cluster, remote_images["pytorch-ddp"], ["sleep", "120"], "t-nosshd", ready_timeout=6)
+        elapsed = time.monotonic() - t0
+    finally:
+        on_node(cluster, 3, "umount /usr/bin/ss")
+    msg = str(e.value)
+    assert "sshd came up" in msg and "10.213.0.13" in msg and "not listening on 2022 after 6 s" in msg, msg
+    assert "10.213.0.11" not in msg and "10.213.0.12" not in msg
+    assert elapsed < 60, f"the job was not ended ({elapsed:.0f} s)"
+    assert containers_left(cluster, "t-nosshd") == []
+
+
 def test_port_2022_taken_on_one_node(cluster, remote_images):
     addr = cluster.nodes[1].address
     on_node(cluster, 2, f"setsid nohup python3 -m http.server 2022 --bind {addr} >/dev/null 2>&1 & sleep 1")
