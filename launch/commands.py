@@ -433,14 +433,17 @@ node_hc="\"Ulimits\":[{\"Name\":\"memlock\",\"Soft\":$ml,\"Hard\":$ml}],\"Device
 
 # How a node script reaches its Docker engine: the Engine API over the unix socket with curl
 # (a docker CLI call costs ~20-35 ms of CPU, curl ~5) where it can; else the docker CLI, as
-# for DOCKER_HOST=tcp://..., a docker context, no curl, or DTRAIN_DOCKER_CLI=1. Sets $sock
+# for DOCKER_HOST=tcp://..., a docker context, proxies in ~/.docker/config.json (the CLI puts
+# them in the container's env), no curl, or DTRAIN_DOCKER_CLI=1. Sets $sock
 # ("" means the CLI) and api(): `api METHOD PATH [JSON]` sets $body and $code (000: no
 # answer), apierr prints the engine's message.
 DOCKER_API_SH = r"""
 sock=/var/run/docker.sock
 case ${DOCKER_HOST:-} in unix://*) sock=${DOCKER_HOST#unix://} ;; ?*) sock= ;; esac
 if [ -n "${DTRAIN_DOCKER_CLI:-}${DOCKER_CONTEXT:-}" ] || [ ! -w "$sock" ] || ! command -v curl >/dev/null 2>&1 ||
-   { [ -f ~/.docker/config.json ] && grep -qs '"currentContext"' ~/.docker/config.json; }; then sock=; fi
+   { [ -f ~/.docker/config.json ] && grep -qs -e '"currentContext"' -e '"proxies"' ~/.docker/config.json; }; then
+  sock=
+fi
 api() {
   local r
   r=$(curl -sS --unix-socket "$sock" -X "$1" ${3:+-H 'Content-Type: application/json' --data-binary "$3"} \

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Sequence
 
 from launch import checklist, commands
 from launch.fanout import run_all
-from launch.hosts import Node, ssh_argv
+from launch.hosts import Node, kex_opts, ssh_argv
 from launch.job import PROBE_SCRIPT, Job, JobSpec, NodeFacts, container_name, parse_probe
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -271,7 +271,8 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def run(nodes: list[Node], opts: Options, say: Callable[[str], None] = print) -> list[Row]:
-    ssh = lambda n, argv: ssh_argv(n, argv, extra_opts=list(opts.ssh_opts))  # noqa: E731
+    kex = kex_opts(nodes[0], opts.ssh_opts) if nodes else []
+    ssh = lambda n, argv: ssh_argv(n, argv, extra_opts=[*opts.ssh_opts, *kex])  # noqa: E731
     sent = time.time()
     results = run_all(nodes, lambda n: ssh(n, ["bash", "-c", host_script(opts.image)]), timeout=60, retries=1)
     host: dict[str, dict[str, str]] = {}
@@ -321,16 +322,16 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
         job.pull()
         # Labels (GPU kind, min driver) of an image that was not on a node before the pull;
         # the digest check keeps what the node held before.
-        labels = run_all(usable, lambda n: ssh_argv(n, ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
-                                                        opts.image or ""], extra_opts=list(opts.ssh_opts)), timeout=60)
+        labels = run_all(usable, lambda n: job._ssh(n, ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
+                                                        opts.image or ""]), timeout=60)
         for n, r in zip(usable, labels):
             if r.ok and not host[n.host].get("image_labels"):
                 host[n.host]["image_labels"] = r.stdout.strip()
         job.start_containers()
         peers = [f.address for f in facts]
         script = container_script(peers)
-        results = run_all(usable, lambda n: ssh_argv(n, ["docker", "exec", container_name(name), "bash", "-c", script],
-                                                     extra_opts=list(opts.ssh_opts)), timeout=120, retries=1)
+        results = run_all(usable, lambda n: job._ssh(n, ["docker", "exec", container_name(name), "bash", "-c", script]),
+                          timeout=120, retries=1)
         for n, r in zip(usable, results):
             if r.ok:
                 out[n.host] = {k: v for line in r.stdout.splitlines()

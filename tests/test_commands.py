@@ -420,3 +420,32 @@ def test_node_host_config_sh_builds_node_host_config(gpus, efa, memlock):
                         '\nprintf "{%s}" "$node_hc"'], capture_output=True, text=True, check=True)
     assert json.loads(r.stdout) == c.node_host_config(gpus > 0, tuple(efa.split()),
                                                       int(memlock) if memlock.isdigit() else -1)
+
+
+@pytest.mark.parametrize("env, config, want", [
+    ({}, None, "api"),
+    ({"DTRAIN_DOCKER_CLI": "1"}, None, "cli"),
+    ({"DOCKER_HOST": "tcp://10.0.0.1:2375"}, None, "cli"),
+    ({"DOCKER_CONTEXT": "remote"}, None, "cli"),
+    ({}, '{"currentContext": "rootless"}', "cli"),
+    ({}, '{"proxies": {"default": {"httpProxy": "http://proxy:3128"}}}', "cli"),  # the CLI adds them to the env
+    ({}, '{"auths": {"123456789012.dkr.ecr.us-east-1.amazonaws.com": {}}}', "api"),
+])
+def test_nodes_use_the_engine_api_only_where_it_makes_what_the_cli_makes(tmp_path, env, config, want):
+    import os
+    import socket
+    import subprocess
+
+    from launch.commands import DOCKER_API_SH
+
+    sock = tmp_path / "docker.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()
+    if config:
+        (tmp_path / ".docker").mkdir()
+        (tmp_path / ".docker" / "config.json").write_text(config)
+    e = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DOCKER_HOST": f"unix://{sock}", **env}
+    out = subprocess.run(["bash", "-c", DOCKER_API_SH + '\necho "${sock:-cli}"'], env=e,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == (str(sock) if want == "api" else "cli")
