@@ -1,6 +1,7 @@
 """The node list: hostfiles, --hosts, EC2 discovery, and the ssh argv that reaches a node.
 
-Everything here is pure except `parse_hostfile` (reads one file) and `discover_ec2` (AWS API).
+Everything here is pure except `parse_hostfile` (reads one file), `discover_ec2` (AWS API)
+and `kex_opts` (asks the local ssh client, `ssh -G`).
 """
 
 from __future__ import annotations

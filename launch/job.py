@@ -315,13 +315,17 @@ if [ "$gpus" != 0 ] && [ -n "$driver" ] && [ "${min_driver:--}" != - ] &&
 """
 
 
+# The job's private key, the rest of a node script's stdin, into $key (builtins: no process).
+_READ_KEY = "IFS= read -r -d '' key; key=${key%$'\\n'}"
+
+
 def up_script(login: str, image: str, pull: str, container: commands.ContainerSpec,
               public_key: str, timeout: float) -> str:
     """The whole launch on one node, in one ssh session: stdin carries the registry password
     line (read by `login`, _Login.script) then the job's private key. Prints the probe's key=value facts and
     `image=...`; then, unless the node declines (_GATE), `started=1` and starts the container."""
     return "\n".join([
-        login, "IFS= read -r -d '' key; key=${key%$'\\n'}", commands.DOCKER_API_SH, image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
+        login, _READ_KEY, commands.DOCKER_API_SH, image_script(image, pull, container.job), PROBE_SCRIPT, _GATE,
         start_script(container, public_key, timeout),
     ])
 
@@ -640,7 +644,7 @@ class Job:
 
         def make(n: Node) -> list[str]:
             f = by_host[n.host]
-            known = (f"key=$(cat); gpus={f.gpus}; efa={shlex.quote(' '.join(f.efa))}; "
+            known = (f"{_READ_KEY}; gpus={f.gpus}; efa={shlex.quote(' '.join(f.efa))}; "
                      f"memlock={f.memlock if f.memlock >= 0 else 'unlimited'}\n")
             return ["bash", "-c", known + commands.DOCKER_API_SH + "\n" +
                     start_script(self._container(f), public, self.spec.ready_timeout)]
