@@ -19,14 +19,14 @@ def task(*args, **kwargs):
 @contextmanager
 def user_errors():
     """Known errors print one readable message and exit non-zero, without a traceback."""
-    from images.build import BuildError
-    from images.push import PushError
-    from images.spec import SpecError
-    from launch.diagnose import DiagnoseError
-    from launch.errors import LaunchError
+    from dtrain.images.build import BuildError
+    from dtrain.images.push import PushError
+    from dtrain.images.spec import SpecError
+    from dtrain.launch.troubleshoot.diagnose import DiagnoseError
+    from dtrain.launch.errors import LaunchError
 
     try:
-        from launch.cluster import ClusterError
+        from dtrain.launch.infra.cluster import ClusterError
     except ImportError:  # before the cluster module lands
         ClusterError = LaunchError
 
@@ -41,7 +41,7 @@ def user_errors():
             "check": "do not write; fail if dockerfiles/ differs from the specs"})
 def render(c, image=None, check=False):
     """Validate images/*.yaml against compat.yaml and write dockerfiles/<family>/<tag>/Dockerfile."""
-    from images import render as r
+    from dtrain.images import render as r
 
     with user_errors():
         families = [image] if image else None
@@ -80,7 +80,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     """Build images with BuildKit from dockerfiles/ (run `invoke render` first)."""
     from pathlib import Path
 
-    from images import build as b
+    from dtrain.images import build as b
 
     with user_errors():
         opts = b.BuildOptions(
@@ -109,7 +109,7 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
     """Push built images to ECR or a registry, verify the digest by pulling it back, record it in the catalog."""
     from pathlib import Path
 
-    from images import push as p
+    from dtrain.images import push as p
 
     with user_errors():
         if ecr == bool(registry):
@@ -140,7 +140,7 @@ def test(c, k=None, unit=False):
     if unit:
         args += ["-m", "not docker and not cluster"]
     else:
-        from launch import engine
+        from dtrain.launch.infra import engine
 
         engine.ensure_all()
     if k:
@@ -164,7 +164,7 @@ NODE_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key):
-    from launch.hosts import nodes_from_args
+    from dtrain.launch.jobs.hosts import nodes_from_args
 
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
                            slots=int(slots) if slots else None, ssh_user=ssh_user, ssh_key=ssh_key)
@@ -194,9 +194,9 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
            env_file=None, iface=None, mount=None, shm_size=None, master_port=29500, rdzv="static",
            pull="always", timeout=None):
     """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
-    from launch import commands
-    from launch.errors import LaunchError
-    from launch.job import Job, JobSpec
+    from dtrain.launch.jobs import commands
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs.job import Job, JobSpec
 
     with user_errors():
         if not image:
@@ -231,8 +231,8 @@ def _remainder():
 def _report_failure(name, code):
     print(f"[launch] job {name} failed with exit code {code}; output: invoke logs --job {name}",
           file=sys.stderr)
-    from launch import diagnose
-    from launch.job import job_log
+    from dtrain.launch.troubleshoot import diagnose
+    from dtrain.launch.jobs.job import job_log
 
     print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
@@ -240,7 +240,7 @@ def _report_failure(name, code):
 @task
 def status(c):
     """Recent jobs and their state."""
-    from launch.job import status_rows
+    from dtrain.launch.jobs.job import status_rows
 
     rows = status_rows()
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -251,7 +251,7 @@ def status(c):
 @task(help={"job": "job name (default: the latest)", "follow": "keep printing while it runs"})
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
-    from launch.job import follow as follow_log, job_log, load_job
+    from dtrain.launch.jobs.job import follow as follow_log, job_log, load_job
 
     with user_errors():
         j = load_job(job)
@@ -266,7 +266,7 @@ def logs(c, job=None, follow=False):
                                   "ssh_config": NODE_HELP["ssh_config"]})
 def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
-    from launch.job import stop as stop_job
+    from dtrain.launch.jobs.job import stop as stop_job
 
     with user_errors():
         print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
@@ -279,7 +279,7 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
             "recreate": "with up: replace a cluster of another size"})
 def cluster(c, action, nodes=2, recreate=False):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
-    from launch import cluster as cl
+    from dtrain.launch.infra import cluster as cl
 
     with user_errors():
         if action == "up":
@@ -302,7 +302,7 @@ def cluster(c, action, nodes=2, recreate=False):
             "epochs": "training epochs (default 3)"})
 def demo(c, nodes=2, keep=False, epochs=3):
     """The main job end to end: build the CPU Horovod image, simulated cluster, real training, teardown."""
-    from launch import demo as d
+    from dtrain.launch import demo as d
 
     with user_errors():
         sys.exit(d.run(int(nodes), keep, int(epochs)))
@@ -323,7 +323,7 @@ def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, 
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
            min_free_gb=10.0, job=None):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
-    from launch import doctor as dr
+    from dtrain.launch.troubleshoot import doctor as dr
 
     with user_errors():
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
@@ -339,8 +339,8 @@ def diagnose(c, log=None):
     """Match a failed job's output against the known failure signatures (docs/troubleshooting.md)."""
     from pathlib import Path
 
-    from launch import diagnose as dg
-    from launch.job import job_log, load_job
+    from dtrain.launch.troubleshoot import diagnose as dg
+    from dtrain.launch.jobs.job import job_log, load_job
 
     with user_errors():
         path = Path(log) if log and Path(log).exists() else job_log(load_job(log)["name"])
@@ -379,7 +379,7 @@ def manifest(c, for_=None, image=None, workers=2, gpus_per_worker=0, name="dtrai
     invoke manifest --for mpijob --image REF -- CMD"""
     from pathlib import Path
 
-    from launch import manifests as mf
+    from dtrain.launch.other_tools import manifests as mf
 
     with user_errors():
         text = mf.render(mf.spec_from_args(

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from images import build as b  # noqa: E402
-from launch import engine  # noqa: E402
+from dtrain.images import build as b  # noqa: E402
+from dtrain.launch.infra import engine  # noqa: E402
 from table import markdown  # noqa: E402
 
 WHEELS = Path("/opt/wheels")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.diagnose import diagnose  # noqa: E402
+from dtrain.launch.troubleshoot.diagnose import diagnose  # noqa: E402
 
 FAILURES = [
     "BLAS : Program is Terminated. Because you tried to allocate too many memory regions.",

@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from images import push as p  # noqa: E402
-from images.spec import load_all  # noqa: E402
-from launch import cluster, engine  # noqa: E402
-from launch.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
-from launch.job import Job, JobSpec, close_masters, job_log  # noqa: E402
+from dtrain.images import push as p  # noqa: E402
+from dtrain.images.spec import load_all  # noqa: E402
+from dtrain.launch.infra import cluster, engine  # noqa: E402
+from dtrain.launch.jobs.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
+from dtrain.launch.jobs.job import Job, JobSpec, close_masters, job_log  # noqa: E402
 from table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from images.render import ROOT, image_repo, output_path, render
-from images.spec import Image, SpecError, load_all
+from dtrain.images.render import ROOT, image_repo, output_path, render
+from dtrain.images.spec import Image, SpecError, load_all
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 LOG_DIR = ROOT / "build" / "logs"
@@ -287,7 +287,7 @@ def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
 def build(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
           say: Callable[[str], None] = print) -> list[BuildResult]:
     """Build the selected variants one after the other; print a summary table."""
-    from launch import engine
+    from dtrain.launch.infra import engine
 
     try:
         images = select(load_all(families), tag, all_variants)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from images.render import REPO_PREFIX, ROOT
+from dtrain.images.render import REPO_PREFIX, ROOT
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
 CATALOG = ROOT / "build" / "catalog.json"
@@ -174,7 +174,7 @@ def parse_push_digest(output: str) -> str | None:
 
 def _engine_trusts_plain_http(registry: str) -> bool:
     """The engine lists this registry under insecure-registries (e.g. the local cluster's)."""
-    from launch.engine import _registry_trusted
+    from dtrain.launch.infra.engine import _registry_trusted
 
     return _registry_trusted(registry)
 
@@ -636,7 +636,7 @@ def select_images(image: str | None = None) -> tuple[list[ImageLike], list[str]]
     """--image value -> (images to push, notes). None: every spec image that is built;
     'FAMILY': that family's spec images that are built; 'FAMILY:TAG': exactly that one
     (it must be built, any tag). Unbuilt images are skipped with a note unless named."""
-    from images.spec import SpecError, load_all
+    from dtrain.images.spec import SpecError, load_all
 
     if image and ":" in image:
         family, _, tag = image.partition(":")

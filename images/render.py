@@ -12,9 +12,9 @@ from typing import Any
 
 import jinja2
 
-from images.spec import Image, load_all, minor, vtuple
+from dtrain.images.spec import Image, load_all, minor, vtuple
 
-ROOT = Path(__file__).resolve().parent.parent
+from dtrain import ROOT
 TEMPLATES = ROOT / "templates"
 OUTPUT = ROOT / "dockerfiles"
 REPO_PREFIX = "dtrain"  # local image names: dtrain/<family>:<tag>

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 
-from images import build as b
-from images import push as p
-from images.spec import load_all
-from launch import cluster, engine
-from launch.hosts import parse_hostfile
-from launch.job import Job, JobSpec
+from dtrain.images import build as b
+from dtrain.images import push as p
+from dtrain.images.spec import load_all
+from dtrain.launch.infra import cluster, engine
+from dtrain.launch.jobs.hosts import parse_hostfile
+from dtrain.launch.jobs.job import Job, JobSpec
 
 FAMILY = "horovod-tensorflow"
 TRAIN = ("python", "/opt/dtrain/node/examples/hvd_tf_synthetic.py", "--epochs", "3")

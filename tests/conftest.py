@@ -27,7 +27,7 @@ def dtrain_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def engine():
-    from launch import engine as e
+    from dtrain.launch.infra import engine as e
 
     e.ensure_all()
     return e
@@ -37,7 +37,7 @@ def engine():
 def ca_bundle(tmp_path_factory) -> Path:
     """The host's CA bundle plus a freshly generated marker CA: the secret-scan test looks
     for the marker in every layer, so a leak of the bundle cannot go unnoticed."""
-    from images.build import default_ca_bundle
+    from dtrain.images.build import default_ca_bundle
 
     d = tmp_path_factory.mktemp("ca")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "1",
@@ -60,7 +60,7 @@ def pip_conf(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def cpu_images(engine, ca_bundle, pip_conf):
     """Build the CPU variant of every family; returns {family: BuildResult}."""
-    from images import build as b
+    from dtrain.images import build as b
 
     opts = b.BuildOptions(base_image=engine.BASE_IMAGE, ca_bundle=ca_bundle, pip_conf=pip_conf,
                           wheelhouse=WHEELS if WHEELS.is_dir() else None)
@@ -70,7 +70,7 @@ def cpu_images(engine, ca_bundle, pip_conf):
 
 @pytest.fixture(scope="session")
 def _cluster_session(engine):
-    from launch import cluster as cl
+    from dtrain.launch.infra import cluster as cl
 
     yield
     cl.down()
@@ -80,7 +80,7 @@ def _cluster_session(engine):
 def cluster(_cluster_session, engine):
     """The shared 3-node cluster, (re)made if another test module took it down: `up` is a
     no-op when it is already healthy with this size."""
-    from launch import cluster as cl
+    from dtrain.launch.infra import cluster as cl
 
     info = cl.up(CLUSTER_NODES, recreate=True, quiet=True)
     engine.allow_insecure_registry(info.registry)
@@ -90,8 +90,8 @@ def cluster(_cluster_session, engine):
 @pytest.fixture
 def remote_images(cluster, cpu_images):
     """CPU images pushed to the cluster's registry: {family: remote ref}."""
-    from images import push as p
-    from images.spec import load_all
+    from dtrain.images import push as p
+    from dtrain.images.spec import load_all
 
     imgs = [i for i in load_all() if not i.gpu]
     results = p.push_registry(imgs, cluster.registry, catalog_path=ROOT / "build" / "test-catalog.json")

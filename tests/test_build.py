@@ -177,7 +177,7 @@ def test_cpu_families_share_base_layers(cpu_images):
 
 
 def test_labels_name_every_pin(cpu_images):
-    from images.spec import load_all
+    from dtrain.images.spec import load_all
 
     for img in (i for i in load_all() if not i.gpu):
         out = sh(DOCKER, "image", "inspect", "-f", "{{json .Config.Labels}}", cpu_images[img.family].ref).stdout

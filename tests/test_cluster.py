@@ -1,4 +1,4 @@
-"""Tests for the local simulated cluster (launch/cluster.py).
+"""Tests for the local simulated cluster (launch/infra/cluster.py).
 
 Real components only: network namespaces, dockerd/containerd per node, sshd,
 the registry, ssh.  Needs root on Linux with iproute2, iptables, docker.io,
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import cluster
-from launch import netns as nx
+from dtrain.launch.infra import cluster
+from dtrain.launch.infra import netns as nx
 
 pytestmark = pytest.mark.cluster
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from launch.commands import (
+from dtrain.launch.jobs.commands import (
     ContainerSpec,
     Mount,
     check_same_iface,
@@ -16,8 +16,8 @@ from launch.commands import (
     torchrun_argv,
     torchrun_env,
 )
-from launch.errors import LaunchError
-from launch.hosts import Node
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node
 
 NODES = [Node("10.0.0.1", 4), Node("10.0.0.2", 4)]
 TAIL = [
@@ -338,7 +338,7 @@ def test_check_same_iface():
 
 
 def test_torchrun_drops_leading_python():
-    from launch.commands import torchrun_argv
+    from dtrain.launch.jobs.commands import torchrun_argv
 
     argv = torchrun_argv(2, 0, 1, "10.0.0.1", 29500, ["python3", "train.py", "--lr", "1"])
     assert argv[-3:] == ["train.py", "--lr", "1"]
@@ -357,7 +357,7 @@ def test_docker_run_script_picks_node_flags_like_docker_run_argv(gpus, efa, meml
     """The node-side script, given a probe's values, runs exactly docker_run_argv's argv."""
     import subprocess
 
-    from launch.commands import ContainerSpec, docker_run_argv, docker_run_script
+    from dtrain.launch.jobs.commands import ContainerSpec, docker_run_argv, docker_run_script
 
     base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), env={"MSG": "a b"},
                 key_dir="/dev/shm/dtrain-j", command=("sleep", "1"))
@@ -414,7 +414,7 @@ def test_torchrun_pod_env_references():
 def test_node_host_config_sh_builds_node_host_config(gpus, efa, memlock):
     import subprocess
 
-    from launch import commands as c
+    from dtrain.launch.jobs import commands as c
 
     r = subprocess.run(["bash", "-c", f"gpus={gpus} efa='{efa}' memlock={memlock}\n" + c.NODE_HOST_CONFIG_SH +
                         '\nprintf "{%s}" "$node_hc"'], capture_output=True, text=True, check=True)
@@ -436,7 +436,7 @@ def test_nodes_use_the_engine_api_only_where_it_makes_what_the_cli_makes(tmp_pat
     import socket
     import subprocess
 
-    from launch.commands import DOCKER_API_SH
+    from dtrain.launch.jobs.commands import DOCKER_API_SH
 
     sock = tmp_path / "docker.sock"
     s = socket.socket(socket.AF_UNIX)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launch import checklist, diagnose as dg
-from launch.checklist import BY_ID, DOC, DOCTOR_CHECKS, ENTRIES, render_markdown
-from launch.diagnose import Finding, diagnose, diagnose_file, format_report
+from dtrain.launch.troubleshoot import checklist, diagnose as dg
+from dtrain.launch.troubleshoot.checklist import BY_ID, DOC, DOCTOR_CHECKS, ENTRIES, render_markdown
+from dtrain.launch.troubleshoot.diagnose import Finding, diagnose, diagnose_file, format_report
 
 LOGS = Path(__file__).parent / "logs"
 ALL_LOGS = sorted(LOGS.glob("*.log"))
@@ -339,10 +339,10 @@ def test_main_exit_codes(tmp_path, capsys):
 
 
 def test_doc_is_the_render_of_the_checklist():
-    """No drift: the committed doc is exactly `python -m launch.checklist --write`."""
-    assert DOC.exists(), "run `python -m launch.checklist --write`"
+    """No drift: the committed doc is exactly `python -m dtrain.launch.troubleshoot.checklist --write`."""
+    assert DOC.exists(), "run `python -m dtrain.launch.troubleshoot.checklist --write`"
     assert DOC.read_text() == render_markdown(), \
-        "docs/troubleshooting.md drifted: run `python -m launch.checklist --write`"
+        "docs/troubleshooting.md drifted: run `python -m dtrain.launch.troubleshoot.checklist --write`"
     assert checklist.main(["--check"]) == 0
 
 
@@ -365,7 +365,7 @@ def test_doc_and_checklist_agree_on_ids_titles_and_sources():
 
 def test_mpirun_tags_in_the_middle_of_a_line():
     """Unbuffered stderr reaches mpirun in chunks, each tagged (seen on the simulated cluster)."""
-    from launch.diagnose import diagnose
+    from dtrain.launch.troubleshoot.diagnose import diagnose
 
     log = ("[1,1]<stderr>:Traceback (most recent call last):\n"
            "[1,1]<stderr>:KeyError[1,1]<stderr>:: [1,1]<stderr>:'DTRAIN_DATA_DIR'[1,1]<stderr>:\n")

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from launch import commands as c
-from launch.job import image_script
+from dtrain.launch.jobs import commands as c
+from dtrain.launch.jobs.job import image_script
 
 pytestmark = pytest.mark.docker
 

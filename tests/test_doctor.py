@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import doctor as dr
-from launch.hosts import Node, parse_hostfile
+from dtrain.launch.troubleshoot import doctor as dr
+from dtrain.launch.jobs.hosts import Node, parse_hostfile
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from launch import engine
+from dtrain.launch.infra import engine
 
 pytestmark = pytest.mark.docker
 

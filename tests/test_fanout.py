@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.errors import LaunchError
-from launch.fanout import NodeResult, raise_on_failure, run_all
-from launch.hosts import Node, ssh_argv
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.fanout import NodeResult, raise_on_failure, run_all
+from dtrain.launch.jobs.hosts import Node, ssh_argv
 
 NODES = [Node("n1", 1), Node("n2", 1), Node("n3", 1)]
 

@@ -4,9 +4,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from launch import hosts
-from launch.errors import LaunchError
-from launch.hosts import (
+from dtrain.launch.jobs import hosts
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import (
     Node,
     apply_ssh_defaults,
     discover_ec2,
@@ -314,7 +314,7 @@ def test_known_gpu_table():
 
 
 def test_fast_kex_first_keeps_every_default_algorithm():
-    from launch.hosts import fast_kex_order
+    from dtrain.launch.jobs.hosts import fast_kex_order
 
     default = ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256", "curve25519-sha256@libssh.org",
                "ecdh-sha2-nistp256", "diffie-hellman-group14-sha256"]
@@ -331,7 +331,7 @@ def test_kex_option_only_where_ssh_config_leaves_kex_alone(tmp_path):
     (for that host, or on the command line) is left alone."""
     import subprocess
 
-    from launch.hosts import fast_kex_order, kex_opts
+    from dtrain.launch.jobs.hosts import fast_kex_order, kex_opts
 
     g = subprocess.run(["ssh", "-G", "-F", "none", "10.0.0.1"], capture_output=True, text=True).stdout
     default = next(line.split()[1] for line in g.splitlines() if line.startswith("kexalgorithms ")).split(",")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from launch.errors import LaunchError
-from launch.hosts import Node
-from launch.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
                         rank_nodes, torchrun_node_argv)
 
 IPJSON = json.dumps([
@@ -59,7 +59,7 @@ def test_ranks_fill_nodes_in_order():
     ("mpirun noticed that process rank 1 ...", "[node-1] mpirun noticed that process rank 1 ..."),
 ])
 def test_mpirun_lines(line, want):
-    from launch.job import MpiOutput
+    from dtrain.launch.jobs.job import MpiOutput
 
     out = MpiOutput(["node-1", "node-1", "node-2", "node-2"], "node-1")
     assert out.feed(line) + out.flush() == [want]
@@ -91,7 +91,7 @@ def test_torchrun_per_node():
 
 
 def test_open_mpi_version_picks_the_ssh_parameter():
-    from launch.job import ompi_major
+    from dtrain.launch.jobs.job import ompi_major
 
     assert ompi_major("mpirun (Open MPI) 4.1.4\n\nReport bugs to ...") == 4
     assert ompi_major("mpirun (Open MPI) 5.0.3\n") == 5
@@ -103,7 +103,7 @@ def test_open_mpi_version_picks_the_ssh_parameter():
 
 
 def test_driver_older_than_the_image_needs_is_refused():
-    from launch.job import check_driver
+    from dtrain.launch.jobs.job import check_driver
 
     gpu = [NodeFacts(Node("h1", 8), "10.0.0.1", "n1", "ens5", 8, (), "", -1, "535.104.05"),
            NodeFacts(Node("h2", 8), "10.0.0.2", "n2", "ens5", 8, (), "", -1, "570.86.15")]
@@ -126,7 +126,7 @@ def run_image_script(policy: str, inspect: str, pull_rc: int = 0, after_pull: st
     import subprocess
     import tempfile
 
-    from launch.job import image_script
+    from dtrain.launch.jobs.job import image_script
 
     fake = ("sock=\ndocker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in\n"
             "  inspect) if [ \"$(wc -l < \"$CALLS\")\" = 1 ]; then printf '%s\\n' \"$INSPECT\"; "
@@ -181,7 +181,7 @@ def test_image_script_pull_policies(policy, present, pull_rc, calls, ok):
 
 def test_interleaved_mpirun_chunks_are_reassembled_per_rank():
     """Seen on the simulated cluster: rank 1's line lands inside rank 2's unfinished one."""
-    from launch.job import MpiOutput
+    from dtrain.launch.jobs.job import MpiOutput
 
     out = MpiOutput(["node-1", "node-2", "node-3"], "node-1")
     shown = []
@@ -202,7 +202,7 @@ def test_interleaved_mpirun_chunks_are_reassembled_per_rank():
 
 
 def test_port_taken_by_another_dtrain_job_names_it():
-    from launch.job import port_jobs_hint
+    from dtrain.launch.jobs.job import port_jobs_hint
 
     f = facts_from_probe(Node("h1", 1), probe(port="LISTEN 0 128 0.0.0.0:2022 users:((\"sshd.real\"))",
                                               port_jobs="train-a "), None)
@@ -222,7 +222,7 @@ def test_port_taken_by_another_dtrain_job_names_it():
 def test_node_declines_to_start_where_the_launcher_would_refuse(port, gpus, driver, min_driver, starts):
     import subprocess
 
-    from launch.job import _GATE
+    from dtrain.launch.jobs.job import _GATE
 
     pre = f"port='{port}' gpus={gpus} driver='{driver}' min_driver='{min_driver}'\n"
     out = subprocess.run(["bash", "-c", pre + _GATE + "\necho go"], capture_output=True, text=True).stdout
@@ -233,7 +233,7 @@ def test_hosts_script_appends_once():
     import subprocess
     import tempfile
 
-    from launch.job import hosts_script
+    from dtrain.launch.jobs.job import hosts_script
 
     script = hosts_script(facts(2))
     with tempfile.NamedTemporaryFile("w+", suffix=".hosts") as f:
@@ -257,7 +257,7 @@ def test_registry_password_then_key_share_stdin():
     """The login script reads the password line; the key is the rest of stdin (up_script)."""
     import subprocess
 
-    from launch.job import _Login
+    from dtrain.launch.jobs.job import _Login
 
     login = _Login("IFS= read -r pw\nprintf '%s\\n' \"$pw\" | docker login --password-stdin reg >/dev/null\n", "s3cr3t")
     fake = 'docker() { echo "login got $(cat)" >&2; }\n'

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.diagnose import diagnose
-from launch.errors import LaunchError
-from launch.hosts import Node, parse_hostfile
-from launch.job import Job, JobSpec, container_name, job_argv, job_log
+from dtrain.launch.troubleshoot.diagnose import diagnose
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node, parse_hostfile
+from dtrain.launch.jobs.job import Job, JobSpec, container_name, job_argv, job_log
 
 pytestmark = pytest.mark.cluster
 

@@ -8,10 +8,12 @@ import json
 import pytest
 import yaml
 
-from launch import commands, k8s_schema
-from launch import manifests as m
-from launch.errors import LaunchError
-from launch.hosts import Node
+from dtrain.launch.jobs import commands
+
+from dtrain.launch.other_tools import k8s_schema
+from dtrain.launch.other_tools import manifests as m
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node
 
 HVD = "registry.example.com/dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu-py311-debian12"
 DDP = "registry.example.com/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
@@ -105,7 +107,7 @@ def test_stored_schemas_name_their_source():
 
 def test_k8s_podspec_schema_matches_the_pinned_client():
     """The stored strict PodSpec is exactly what the kubernetes 27.2.0 client's models give."""
-    assert k8s_schema.OUTPUT.read_text() == k8s_schema.render(), "run python -m launch.k8s_schema"
+    assert k8s_schema.OUTPUT.read_text() == k8s_schema.render(), "run python -m dtrain.launch.other_tools.k8s_schema"
 
 
 def _fields(schema):
@@ -261,11 +263,11 @@ def test_bad_specs_are_refused(kw, msg):
 
 
 def test_examples_no_drift():
-    """docs/examples/ is exactly what `python -m launch.manifests` writes."""
+    """docs/examples/ is exactly what `python -m dtrain.launch.other_tools.manifests` writes."""
     rendered = m.examples()
-    assert sorted(rendered) == sorted(m.EXAMPLES.iterdir()), "stale or missing: python -m launch.manifests"
+    assert sorted(rendered) == sorted(m.EXAMPLES.iterdir()), "stale or missing: python -m dtrain.launch.other_tools.manifests"
     for path, text in rendered.items():
-        assert path.read_text() == text, f"{path.name} drifted: python -m launch.manifests"
+        assert path.read_text() == text, f"{path.name} drifted: python -m dtrain.launch.other_tools.manifests"
         assert m.problems(m.load_target(path), m.load(m.load_target(path), text)) == []
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launch import manifests
+from dtrain.launch.other_tools import manifests
 
 pytestmark = pytest.mark.cluster
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
-from images import push as P
-from images.push import LocalImage, PushError, Target
+from dtrain.images import push as P
+from dtrain.images.push import LocalImage, PushError, Target
 
 DOCKER = "/usr/bin/docker"
 USER, PASSWORD = "pusher", "s3cret-Pa55word"
@@ -523,7 +523,7 @@ def _registry_get(registry: str, path: str, accept: str = "") -> bytes:
 def test_build_pushes_inline_cache_with_the_builder_stage(engine, registry, docker_config, cpu_images):
     """`invoke build --push-cache REPO` pushes the runtime image and the builder stage, each
     carrying BuildKit's inline cache, so a CI machine without local cache reuses the compile."""
-    from images import build as b
+    from dtrain.images import build as b
 
     subprocess.run([DOCKER, "login", "-u", USER, "--password-stdin", registry], input=PASSWORD,
                    text=True, check=True, capture_output=True)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from images.render import OUTPUT, ROOT, context, output_path, render, render_all
-from images.spec import load_all
+from dtrain.images.render import OUTPUT, ROOT, context, output_path, render, render_all
+from dtrain.images.spec import load_all
 
 IMAGES = load_all()
 IDS = [f"{i.family}:{i.tag}" for i in IMAGES]

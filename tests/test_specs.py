@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from images.spec import FAMILIES, SpecError, load_all, load_family
+from dtrain.images.spec import FAMILIES, SpecError, load_all, load_family
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,7 +191,7 @@ def test_anchored_defaults_report_the_anchor_line(tmp_path):
 
 def _copy_project(tmp_path: Path) -> Path:
     dst = tmp_path / "proj"
-    for name in ("images", "templates", "launch"):
+    for name in ("dtrain", "images", "templates", "launch"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "tasks.py", dst / "tasks.py")
     return dst

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
-from launch import checklist, commands
-from launch.fanout import run_all
-from launch.hosts import Node, kex_opts, ssh_argv
-from launch.job import PROBE_SCRIPT, Job, JobSpec, NodeFacts, container_name, parse_probe
+from dtrain.launch.troubleshoot import checklist
+
+from dtrain.launch.jobs import commands
+from dtrain.launch.jobs.fanout import run_all
+from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
+from dtrain.launch.jobs.job import PROBE_SCRIPT, Job, JobSpec, NodeFacts, container_name, parse_probe
 
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",

@@ -36,8 +36,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.checklist import ENTRIES, Entry
-from launch.commands import MPI_OUTPUT_TAG
+from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
+from dtrain.launch.jobs.commands import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
 _LINE_WIDTH = 200  # log lines longer than this are clipped in the report
@@ -315,10 +315,10 @@ def _plain(md: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m launch.diagnose LOG`: exit 0 when nothing matched, 1 on findings, 2 on error."""
+    """`python -m dtrain.launch.troubleshoot.diagnose LOG`: exit 0 when nothing matched, 1 on findings, 2 on error."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m launch.diagnose LOG", file=sys.stderr)
+        print("usage: python -m dtrain.launch.troubleshoot.diagnose LOG", file=sys.stderr)
         return 2
     try:
         findings = diagnose_file(args[0])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.errors import LaunchError
+from dtrain.launch.errors import LaunchError
 
 # Host names and IPv4 addresses. No leading "-" (it would become an ssh option), no ":"
 # (it is the slots separator of -H lists, so IPv6 literals are out: use a name).

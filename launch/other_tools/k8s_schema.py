@@ -7,8 +7,8 @@ would vanish instead of failing. This generator turns the `kubernetes` client's 
 a strict JSON Schema: every object lists its fields with `additionalProperties: false`,
 required fields come from the models' own client-side checks.
 
-    python -m launch.k8s_schema          # rewrite the stored file (needs the pinned client)
-    python -m launch.k8s_schema --check  # fail if the stored file differs
+    python -m dtrain.launch.other_tools.k8s_schema          # rewrite the stored file (needs the pinned client)
+    python -m dtrain.launch.other_tools.k8s_schema --check  # fail if the stored file differs
 
 Only needed when changing the Kubernetes version; the stored JSON is what validation uses.
 """
@@ -97,7 +97,7 @@ def build() -> dict[str, Any]:
     return {
         "$comment": (f"GENERATED FILE, DO NOT EDIT. core/v1 PodTemplateSpec and ObjectMeta of Kubernetes "
                      f"1.27, from the models of the official client (PyPI kubernetes=={K8S_CLIENT}) by "
-                     "`python -m launch.k8s_schema`. Strict: unknown fields are errors."),
+                     "`python -m dtrain.launch.other_tools.k8s_schema`. Strict: unknown fields are errors."),
         "$defs": dict(sorted(defs.items())),
     }
 
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not OUTPUT.exists() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is out of date: run python -m launch.k8s_schema", file=sys.stderr)
+            print(f"{OUTPUT} is out of date: run python -m dtrain.launch.other_tools.k8s_schema", file=sys.stderr)
             return 1
         return 0
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,9 @@ it), how to confirm it (`invoke doctor` check ids, `invoke diagnose` signatures)
 
 Two consumers read these entries:
 
-- `launch/diagnose.py` matches `Entry.signatures` against job logs (`invoke diagnose`);
+- `launch/troubleshoot/diagnose.py` matches `Entry.signatures` against job logs (`invoke diagnose`);
 - `render_markdown()` writes docs/troubleshooting.md. The committed file must equal the render
-  (tests/test_diagnose.py), so edit this file and run `python -m launch.checklist --write`.
+  (tests/test_diagnose.py), so edit this file and run `python -m dtrain.launch.troubleshoot.checklist --write`.
 
 Signatures are matched one log line at a time: they must not span lines (no `\\s` that could
 eat a newline; use a space or `[ \\t]`). Named groups `rank`, `local_rank` and `node` in a
@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from dtrain import ROOT
 DOC = ROOT / "docs" / "troubleshooting.md"
 
 # The `invoke doctor` checks the entries refer to: id -> what the check verifies on every node.
@@ -982,8 +982,8 @@ BY_ID: dict[str, Entry] = {e.id: e for e in ENTRIES}
 _INTRO = """\
 # Troubleshooting multi-node jobs
 
-<!-- GENERATED FILE, DO NOT EDIT. Generated from launch/checklist.py by
-     `python -m launch.checklist --write`; a test fails if the two differ. -->
+<!-- GENERATED FILE, DO NOT EDIT. Generated from launch/troubleshoot/checklist.py by
+     `python -m dtrain.launch.troubleshoot.checklist --write`; a test fails if the two differ. -->
 
 Every entry below is a failure that cost someone days. Each has a stable id, the symptom with
 the exact messages the tools print, the cause, the fix (what dtrain does to prevent it), how to
@@ -996,7 +996,7 @@ confirm it, and a source. The same entries drive two commands:
   messages appear in it, with the matching lines (and their rank and node when the line says),
   the cause and the fix. Specific causes come first, in the order they appear in the log;
   consequences such as "a rank exited non-zero" come last. Without Invoke:
-  `python -m launch.diagnose LOG`.
+  `python -m dtrain.launch.troubleshoot.diagnose LOG`.
 
 Logs are easiest to read with every line attributed: dtrain's launcher prefixes lines with
 `[<node> r<rank>] `, and Open MPI's `--tag-output` with `[<job>,<rank>]<stderr>:`; `invoke
@@ -1060,13 +1060,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args == ["--check"]:
         if not DOC.exists() or DOC.read_text() != text:
             print(f"error: {DOC.relative_to(ROOT)} is out of date; run "
-                  "`python -m launch.checklist --write`", file=sys.stderr)
+                  "`python -m dtrain.launch.troubleshoot.checklist --write`", file=sys.stderr)
             return 1
-        print(f"{DOC.relative_to(ROOT)} matches launch/checklist.py")
+        print(f"{DOC.relative_to(ROOT)} matches launch/troubleshoot/checklist.py")
     elif not args:
         sys.stdout.write(text)
     else:
-        print("usage: python -m launch.checklist [--write | --check]", file=sys.stderr)
+        print("usage: python -m dtrain.launch.troubleshoot.checklist [--write | --check]", file=sys.stderr)
         return 2
     return 0
 

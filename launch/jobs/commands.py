@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.errors import LaunchError
-from launch.hosts import Node, hosts_list
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node, hosts_list
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
-from launch import commands
-from launch.errors import LaunchError
-from launch.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure, run_all
-from launch.hosts import Node, kex_opts, ssh_argv
+from dtrain.launch.jobs import commands
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure, run_all
+from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
 SSH_PORT = 2022

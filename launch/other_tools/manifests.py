@@ -22,11 +22,11 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
-from launch import commands
-from launch.errors import LaunchError
-from launch.hosts import Node
+from dtrain.launch.jobs import commands
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node
 
-ROOT = Path(__file__).resolve().parent.parent
+from dtrain import ROOT
 TEMPLATES = ROOT / "templates" / "manifests"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 EXAMPLES = ROOT / "docs" / "examples"
@@ -342,6 +342,6 @@ def write_examples() -> list[Path]:
     return changed
 
 
-if __name__ == "__main__":  # python -m launch.manifests: rewrite docs/examples
+if __name__ == "__main__":  # python -m dtrain.launch.other_tools.manifests: rewrite docs/examples
     for p in write_examples():
         print(f"wrote {p.relative_to(ROOT)}")

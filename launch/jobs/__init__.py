@@ -1,0 +1,1 @@
+"""Running jobs: hosts, parallel ssh, command builders, the job's lifecycle."""

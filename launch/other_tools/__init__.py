@@ -1,0 +1,1 @@
+"""Descriptions for other tools: Kubeflow, ECS and SageMaker manifests, and their schemas."""

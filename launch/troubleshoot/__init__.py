@@ -1,0 +1,1 @@
+"""Troubleshooting: the checklist, doctor (checks on nodes), diagnose (checks on logs)."""
