@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from dtrain import contract
 from dtrain.images.render import REPO_PREFIX, ROOT
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -43,7 +44,6 @@ CATALOG_VERSION = 1
 PASSWORD_ENV = "DTRAIN_REGISTRY_PASSWORD"
 # How the user makes a missing image; the build task owns the exact flags.
 BUILD_HINT = "invoke build --image {family} --tag {tag}"
-VERSION_LABEL = "dtrain.version."
 
 
 class PushError(Exception):
@@ -188,8 +188,8 @@ def is_loopback(registry: str) -> bool:
 
 def versions_from_labels(labels: dict[str, str] | None) -> dict[str, str]:
     """{'dtrain.version.python': '3.11', 'x': 'y'} -> {'python': '3.11'} (sorted)."""
-    return {k[len(VERSION_LABEL):]: v for k, v in sorted((labels or {}).items())
-            if k.startswith(VERSION_LABEL)}
+    return {k[len(contract.LABEL_VERSION_PREFIX):]: v for k, v in sorted((labels or {}).items())
+            if k.startswith(contract.LABEL_VERSION_PREFIX)}
 
 
 def utc_now() -> str:

@@ -12,13 +12,13 @@ from typing import Any
 
 import jinja2
 
+from dtrain import contract
 from dtrain.images.spec import Image, load_all, minor, vtuple
 
 from dtrain import ROOT
 TEMPLATES = ROOT / "templates"
 OUTPUT = ROOT / "dockerfiles"
 REPO_PREFIX = "dtrain"  # local image names: dtrain/<family>:<tag>
-SSH_PORT = 2022
 CPU_BASE = "debian:bookworm-slim"  # CPU default base; `invoke build --base-image` overrides it
 
 _BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -105,18 +105,18 @@ def _labels(img: Image) -> dict[str, str]:
         "dtrain.family": img.family,
         "dtrain.kind": v.kind,
         "dtrain.os": v.os,
-        "dtrain.ssh-port": str(SSH_PORT),
-        "dtrain.openmpi-major": "4",
-        "dtrain.version.python": v.python,
+        contract.LABEL_SSH_PORT: str(contract.SSH_PORT),
+        contract.LABEL_OPENMPI_MAJOR: "4",
+        f"{contract.LABEL_VERSION_PREFIX}python": v.python,
     }
     pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "cuda", "cudnn", "nccl",
             "efa_installer", "aws_ofi_nccl"]
     for key in pins:
         value = getattr(v, key)
         if value:
-            labels[f"dtrain.version.{key.replace('_', '-')}"] = value
+            labels[f"{contract.LABEL_VERSION_PREFIX}{key.replace('_', '-')}"] = value
     if img.gpu:
-        labels["dtrain.min-driver"] = img.cuda_base.min_driver
+        labels[contract.LABEL_MIN_DRIVER] = img.cuda_base.min_driver
         labels["dtrain.targets"] = ",".join(v.targets or [])
     return labels
 
@@ -138,6 +138,7 @@ def context(img: Image) -> dict[str, Any]:
     ctx: dict[str, Any] = {
         "img": img,
         "v": v,
+        "contract": contract.jinja(),
         "gpu": img.gpu,
         "tag": img.tag,
         "repo": image_repo(img),

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.hosts import Node, hosts_list
 
@@ -64,7 +65,7 @@ def mpi_flags(
     ompi_major: int = 4,
     env: Mapping[str, str] | None = None,
     forward: Sequence[str] = (),
-    ssh_port: int | None = 2022,
+    ssh_port: int | None = contract.SSH_PORT,
     extra_mca: Sequence[tuple[str, str]] = (),
     ssh_options: Sequence[str] = (),
 ) -> list[str]:
@@ -114,7 +115,7 @@ def mpirun_argv(
     ompi_major: int = 4,
     env: Mapping[str, str] | None = None,
     forward: Sequence[str] = (),
-    ssh_port: int | None = 2022,
+    ssh_port: int | None = contract.SSH_PORT,
     extra_mca: Sequence[tuple[str, str]] = (),
     ssh_options: Sequence[str] = (),
     hostfile: str | None = None,
@@ -153,7 +154,7 @@ def horovodrun_argv(
     command: Sequence[str],
     *,
     iface: str,
-    ssh_port: int | None = 2022,
+    ssh_port: int | None = contract.SSH_PORT,
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """`env K=V... horovodrun -np N -H h:s,... -p 2022 --network-interface IFACE command...`.
@@ -304,10 +305,6 @@ def parse_mount(spec: str) -> Mount:
     return Mount(posixpath.normpath(src), posixpath.normpath(dst), readonly=mode == "ro")
 
 
-# Where a launch mounts the job's SSH key pair; launch/node/entrypoint.sh reads it.
-JOB_KEY_MOUNT = "/run/dtrain-job"
-
-
 @dataclass(frozen=True)
 class ContainerSpec:
     """The whole container contract of a training node (the image runs sshd on 2022)."""
@@ -320,13 +317,13 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
     memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
-    key_dir: str | None = None  # node directory with the job's key pair, mounted at JOB_KEY_MOUNT
+    key_dir: str | None = None  # node directory with the job's key pair, mounted at contract.JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
 
     @property
     def container_name(self) -> str:
-        return self.name or f"dtrain-{self.job}"
+        return self.name or contract.container_name(self.job)
 
 
 def _run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
@@ -350,8 +347,8 @@ def _run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
     if spec.key_dir:  # the entrypoint installs the pair as root's before starting sshd
         if not spec.key_dir.startswith("/") or "," in spec.key_dir:
             raise LaunchError(f"bad key directory {spec.key_dir!r}")
-        rest += ["--mount", f"type=bind,src={spec.key_dir},dst={JOB_KEY_MOUNT},readonly"]
-    rest += ["--label", f"dtrain.job={spec.job}"]
+        rest += ["--mount", f"type=bind,src={spec.key_dir},dst={contract.JOB_KEY_MOUNT},readonly"]
+    rest += ["--label", f"{contract.LABEL_JOB}={spec.job}"]
     for k, v in spec.env.items():
         rest += ["-e", f"{k}={v}"]
     return head, rest + [spec.image, *spec.command]
@@ -405,10 +402,10 @@ def create_body(spec: ContainerSpec) -> dict:
         host["ShmSize"] = int(spec.shm_size.rstrip("bkmgBKMG")) * _SHM_UNITS[spec.shm_size.lstrip("0123456789").lower()]
     mounts = [{"Type": "bind", "Source": m.src, "Target": m.dst, "ReadOnly": m.readonly} for m in spec.mounts]
     if spec.key_dir:
-        mounts.append({"Type": "bind", "Source": spec.key_dir, "Target": JOB_KEY_MOUNT, "ReadOnly": True})
+        mounts.append({"Type": "bind", "Source": spec.key_dir, "Target": contract.JOB_KEY_MOUNT, "ReadOnly": True})
     if mounts:
         host["Mounts"] = mounts
-    body: dict = {"Image": spec.image, "Labels": {"dtrain.job": spec.job},
+    body: dict = {"Image": spec.image, "Labels": {contract.LABEL_JOB: spec.job},
                   "Env": [f"{k}={v}" for k, v in spec.env.items()], "HostConfig": host}
     if spec.command:
         body["Cmd"] = list(spec.command)

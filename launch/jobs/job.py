@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
+from dtrain import contract
+from dtrain.contract import container_name, node_key_dir
 from dtrain.launch.jobs import commands
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure, run_all
 from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun"]
-SSH_PORT = 2022
-LABEL = "dtrain.job"
 # ssh inside the first container: the readiness check opens one master connection per node
 # and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
 CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
@@ -197,15 +197,6 @@ def check_driver(facts: Sequence[NodeFacts], need: dict[str, str]) -> None:
                           + "\n  ".join(old))
 
 
-def container_name(job: str) -> str:
-    return f"dtrain-{job}"
-
-
-def node_key_dir(job: str) -> str:
-    """The job's key pair on a node: tmpfs (never on disk), 0700, removed with the container."""
-    return f"/dev/shm/{container_name(job)}"
-
-
 def remove_script(job: str) -> str:
     """Remove a job's container and key directory from a node; fine if neither is there."""
     return f"docker rm -f {container_name(job)} >/dev/null 2>&1; rm -rf {node_key_dir(job)}; true"
@@ -294,12 +285,12 @@ def start_script(container: commands.ContainerSpec, public_key: str, timeout: fl
         commands.docker_create_script(container),
         "echo run=1",  # the launcher may go on now; this session still reports sshd (or a crash)
         # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
-        f"SECONDS=0; i=0; until [ -n \"$(ss -Hltn 'sport = :{SSH_PORT}' 2>/dev/null)\" ]; do",
+        f"SECONDS=0; i=0; until [ -n \"$(ss -Hltn 'sport = :{contract.SSH_PORT}' 2>/dev/null)\" ]; do",
         "  i=$((i + 1))",
         f"  if [ $((i % 10)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" != true ]; then",
         f"    echo \"container {name} exited: $(docker logs --tail 3 {name} 2>&1 | tr '\\n' ' ')\" >&2; exit 1",
         "  fi",
-        f"  if [ $SECONDS -ge {int(timeout)} ]; then echo \"sshd in {name} not listening on {SSH_PORT} after "
+        f"  if [ $SECONDS -ge {int(timeout)} ]; then echo \"sshd in {name} not listening on {contract.SSH_PORT} after "
         f"{int(timeout)} s\" >&2; exit 1; fi",
         "  sleep 0.1",
         "done",
@@ -406,11 +397,11 @@ def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 
     nodes = [Node(f.address, f.node.slots) for f in facts]
     if spec.launcher == "mpirun":
         argv = commands.mpirun_argv(nodes, list(spec.command), iface=iface, env=spec.env,
-                                    forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
+                                    forward=list(spec.forward), ssh_port=contract.SSH_PORT, ompi_major=ompi,
                                     ssh_options=CONTAINER_SSH_MUX,
                                     extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
         return [argv[0], "--tag-output", *argv[1:]]
-    return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=SSH_PORT,
+    return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=contract.SSH_PORT,
                                     env=spec.env)
 
 
@@ -663,7 +654,7 @@ class Job:
         mux = " ".join(CONTAINER_SSH_MUX)
         hosts = shlex.quote(hosts_script(self.facts))
         return (f"deadline=$(( $(date +%s) + {int(self.spec.ready_timeout)} )); pids=; for h in {targets}; do "
-                f"( until ssh -p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 {mux} root@$h {hosts} "
+                f"( until ssh -p {contract.SSH_PORT} -o BatchMode=yes -o ConnectTimeout=3 {mux} root@$h {hosts} "
                 f"</dev/null >/dev/null 2>/tmp/ssh-$h.err; do "
                 "if [ $(date +%s) -ge $deadline ]; then echo \"dtrain-ready: sshd on $h:2022 not reachable: "
                 "$(tail -1 /tmp/ssh-$h.err)\" >&2; exit 1; fi; sleep 0.1; done ) & pids=\"$pids $!\"; done; "

@@ -26,7 +26,7 @@ from dtrain.launch.jobs import commands
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.hosts import Node
 
-from dtrain import ROOT
+from dtrain import ROOT, contract
 TEMPLATES = ROOT / "templates" / "manifests"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 EXAMPLES = ROOT / "docs" / "examples"
@@ -36,8 +36,6 @@ TARGETS: tuple[str, ...] = ("mpijob", "pytorchjob", "ecs", "sagemaker")
 FILENAMES = {"mpijob": "mpijob.yaml", "pytorchjob": "pytorchjob.yaml",
              "ecs": "ecs-task-definition.json", "sagemaker": "sagemaker-training-job.json"}
 
-SSH_PORT = 2022  # the images' sshd and ssh client (images/render.py)
-ENTRYPOINT = "/opt/dtrain/node/entrypoint.sh"  # no args: sshd -D on 2022; args: sshd, then exec them
 POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
 SSH_MOUNT = "/root/.ssh"  # where the MPI operator mounts the job's key Secret
@@ -115,7 +113,7 @@ def _resources(gpus: int) -> dict[str, Any]:
 def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
     """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port."""
     return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env=spec.env,
-                                ssh_port=SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
+                                ssh_port=contract.SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
                                 hostfile=MPI_HOSTFILE, np=spec.workers * spec.slots)
 
 
@@ -131,7 +129,7 @@ def _single_node_argv(spec: ManifestSpec, launcher: str) -> tuple[list[str], dic
         argv = commands.torchrun_argv(1, 0, spec.slots, "localhost", 29500, list(spec.command))
         return argv, {**commands.torchrun_env(POD_IFACE), **spec.env}
     argv = commands.mpirun_argv([Node("localhost", spec.slots)], list(spec.command), iface=POD_IFACE,
-                                env=spec.env, ssh_port=SSH_PORT)
+                                env=spec.env, ssh_port=contract.SSH_PORT)
     return argv, {}
 
 
@@ -140,7 +138,7 @@ def _ecs_command(spec: ManifestSpec) -> list[str]:
     script = ("set -eu; umask 077; mkdir -p /root/.ssh; "
               'printf "%s\\n" "$DTRAIN_SSH_KEY" > /root/.ssh/id_ed25519; '
               "ssh-keygen -y -f /root/.ssh/id_ed25519 > /root/.ssh/authorized_keys; "
-              f"unset DTRAIN_SSH_KEY; exec {ENTRYPOINT}")
+              f"unset DTRAIN_SSH_KEY; exec {contract.ENTRYPOINT}")
     return ["/bin/bash", "-c", script]
 
 
@@ -148,7 +146,7 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
     """Everything a template needs, derived from one checked spec."""
     _check(spec)
     ctx: dict[str, Any] = {"spec": spec, "name": spec.name, "image": spec.image, "slots": spec.slots,
-                           "entrypoint": ENTRYPOINT, "ssh_port": SSH_PORT,
+                           "entrypoint": contract.ENTRYPOINT, "ssh_port": contract.SSH_PORT,
                            "resources": _resources(spec.gpus_per_worker),
                            "node_selector": dict(spec.node_selector), "namespace": spec.namespace}
     if spec.target == "mpijob":

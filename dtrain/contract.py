@@ -1,0 +1,51 @@
+"""What images, templates, node scripts and the launcher must agree on, in one place.
+
+images/render.py passes `jinja()` into the templates (templates/partials/ssh.j2 reads the port
+from it); the launcher passes these values to the node scripts (launch/node/*.sh) as arguments.
+Change a value here, re-render (`invoke render`) and rebuild the images.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SSH_PORT = 2022  # the containers' sshd (the host keeps 22)
+
+# Image and container labels.
+LABEL_JOB = "dtrain.job"  # on every container a launch starts: the job's name
+LABEL_MIN_DRIVER = "dtrain.min-driver"  # GPU images: the oldest NVIDIA driver their CUDA runs on
+LABEL_OPENMPI_MAJOR = "dtrain.openmpi-major"  # Open MPI's major version in the image
+LABEL_SSH_PORT = "dtrain.ssh-port"
+LABEL_VERSION_PREFIX = "dtrain.version."  # dtrain.version.<pin>: python, pytorch, cuda, ...
+
+NODE_DIR = "/opt/dtrain/node"  # launch/node/ inside every image
+ENTRYPOINT = f"{NODE_DIR}/entrypoint.sh"  # no args: sshd -D on SSH_PORT; args: sshd, then exec them
+JOB_KEY_MOUNT = "/run/dtrain-job"  # the job's key pair in the container; the entrypoint installs it
+ENV_FILE = "env"  # in JOB_KEY_MOUNT: the job's --env values, NAME=base64(value) lines (0600)
+
+# launch/node/ on this machine: the node scripts the launcher sends over ssh.
+NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"
+if not NODE_SCRIPTS.is_dir():  # installed: dtrain/launch/node
+    NODE_SCRIPTS = Path(__file__).resolve().parent / "launch" / "node"
+
+
+def container_name(job: str) -> str:
+    """The container of a job on every node."""
+    return f"dtrain-{job}"
+
+
+def node_key_dir(job: str) -> str:
+    """The job's key pair on a node: tmpfs (never on disk), 0700, removed with the container."""
+    return f"/dev/shm/{container_name(job)}"
+
+
+def node_script(name: str) -> str:
+    """The text of launch/node/<name>, sent to a node over ssh."""
+    return (NODE_SCRIPTS / name).read_text()
+
+
+def jinja() -> dict[str, object]:
+    """The contract as the templates see it: `contract.ssh_port`, `contract.entrypoint`, ..."""
+    return {"ssh_port": SSH_PORT, "entrypoint": ENTRYPOINT, "node_dir": NODE_DIR,
+            "job_key_mount": JOB_KEY_MOUNT, "label_job": LABEL_JOB,
+            "label_min_driver": LABEL_MIN_DRIVER, "label_openmpi_major": LABEL_OPENMPI_MAJOR}
