@@ -232,7 +232,7 @@ def _report_failure(name, code):
     print(f"[launch] job {name} failed with exit code {code}; output: invoke logs --job {name}",
           file=sys.stderr)
     from dtrain.launch.troubleshoot import diagnose
-    from dtrain.launch.jobs.job import job_log
+    from dtrain.launch.jobs.store import job_log
 
     print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
@@ -240,7 +240,7 @@ def _report_failure(name, code):
 @task
 def status(c):
     """Recent jobs and their state."""
-    from dtrain.launch.jobs.job import status_rows
+    from dtrain.launch.jobs.store import status_rows
 
     rows = status_rows()
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -251,7 +251,7 @@ def status(c):
 @task(help={"job": "job name (default: the latest)", "follow": "keep printing while it runs"})
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
-    from dtrain.launch.jobs.job import follow as follow_log, job_log, load_job
+    from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job
 
     with user_errors():
         j = load_job(job)
@@ -266,7 +266,7 @@ def logs(c, job=None, follow=False):
                                   "ssh_config": NODE_HELP["ssh_config"]})
 def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
-    from dtrain.launch.jobs.job import stop as stop_job
+    from dtrain.launch.jobs.store import stop as stop_job
 
     with user_errors():
         print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
@@ -340,7 +340,7 @@ def diagnose(c, log=None):
     from pathlib import Path
 
     from dtrain.launch.troubleshoot import diagnose as dg
-    from dtrain.launch.jobs.job import job_log, load_job
+    from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
         path = Path(log) if log and Path(log).exists() else job_log(load_job(log)["name"])

@@ -31,7 +31,9 @@ from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
 from dtrain.launch.jobs.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec, close_masters, job_log  # noqa: E402
+from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
+from dtrain.launch.jobs.store import job_log  # noqa: E402
+from dtrain.launch.jobs.transport import close_masters  # noqa: E402
 from table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"

@@ -17,7 +17,6 @@ error message, as a second line of defence.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from dtrain import contract
+from dtrain import contract, ecr
 from dtrain.images.render import REPO_PREFIX, ROOT
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -522,9 +521,9 @@ def ecr_login_target(client, account: str | None = None) -> EcrTarget:
     data = resp["authorizationData"][0]
     token = _secret(data["authorizationToken"])
     try:
-        user, password = base64.b64decode(token).decode().split(":", 1)
-    except ValueError:
-        raise PushError("ECR returned an authorization token that is not base64 'user:password'") from None
+        user, password = ecr.decode_token(token)
+    except ValueError as e:
+        raise PushError(str(e)) from None
     _secret(password)
     registry = registry_host(data["proxyEndpoint"])
     return EcrTarget(registry=registry, user=user, password=password,

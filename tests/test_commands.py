@@ -347,29 +347,6 @@ def test_torchrun_drops_leading_python():
     assert torchrun_argv(1, 0, 1, "h", 1, ["train.py"])[-1] == "train.py"
 
 
-@pytest.mark.parametrize("gpus, efa, memlock", [
-    (0, "", "unlimited"),
-    (8, " /dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "unlimited"),
-    (1, "", "65536"),
-    (0, "", ""),
-])
-def test_docker_run_script_picks_node_flags_like_docker_run_argv(gpus, efa, memlock):
-    """The node-side script, given a probe's values, runs exactly docker_run_argv's argv."""
-    import subprocess
-
-    from dtrain.launch.jobs.commands import ContainerSpec, docker_run_argv, docker_run_script
-
-    base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), env={"MSG": "a b"},
-                key_dir="/dev/shm/dtrain-j", command=("sleep", "1"))
-    script = docker_run_script(ContainerSpec(**base))
-    fake = 'docker() { printf "%s\\n" docker "$@"; }\n'
-    out = subprocess.run(["bash", "-c", f"gpus={gpus}; efa='{efa}'; memlock='{memlock}'\n{fake}{script}"],
-                         capture_output=True, text=True, check=True).stdout
-    want = docker_run_argv(ContainerSpec(**base, gpus=gpus > 0, efa_devices=tuple(efa.split()),
-                                         memlock=int(memlock) if memlock.isdigit() else -1))
-    assert out.splitlines() == want
-
-
 # --- hostfile, ssh options, pod env references ----------------------------------------------
 
 
@@ -408,44 +385,3 @@ def test_torchrun_pod_env_references():
         torchrun_argv(2, "1", 8, "h", 29500, ["t.py"])
     with pytest.raises(ValueError, match="master_port"):
         torchrun_argv(2, 0, 8, "h", "$RANK", ["t.py"])
-
-
-@pytest.mark.parametrize("gpus, efa, memlock", [(0, "", "unlimited"), (8, "/dev/infiniband/uverbs0 /dev/x", "65536")])
-def test_node_host_config_sh_builds_node_host_config(gpus, efa, memlock):
-    import subprocess
-
-    from dtrain.launch.jobs import commands as c
-
-    r = subprocess.run(["bash", "-c", f"gpus={gpus} efa='{efa}' memlock={memlock}\n" + c.NODE_HOST_CONFIG_SH +
-                        '\nprintf "{%s}" "$node_hc"'], capture_output=True, text=True, check=True)
-    assert json.loads(r.stdout) == c.node_host_config(gpus > 0, tuple(efa.split()),
-                                                      int(memlock) if memlock.isdigit() else -1)
-
-
-@pytest.mark.parametrize("env, config, want", [
-    ({}, None, "api"),
-    ({"DTRAIN_DOCKER_CLI": "1"}, None, "cli"),
-    ({"DOCKER_HOST": "tcp://10.0.0.1:2375"}, None, "cli"),
-    ({"DOCKER_CONTEXT": "remote"}, None, "cli"),
-    ({}, '{"currentContext": "rootless"}', "cli"),
-    ({}, '{"proxies": {"default": {"httpProxy": "http://proxy:3128"}}}', "cli"),  # the CLI adds them to the env
-    ({}, '{"auths": {"123456789012.dkr.ecr.us-east-1.amazonaws.com": {}}}', "api"),
-])
-def test_nodes_use_the_engine_api_only_where_it_makes_what_the_cli_makes(tmp_path, env, config, want):
-    import os
-    import socket
-    import subprocess
-
-    from dtrain.launch.jobs.commands import DOCKER_API_SH
-
-    sock = tmp_path / "docker.sock"
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(sock))
-    s.close()
-    if config:
-        (tmp_path / ".docker").mkdir()
-        (tmp_path / ".docker" / "config.json").write_text(config)
-    e = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DOCKER_HOST": f"unix://{sock}", **env}
-    out = subprocess.run(["bash", "-c", DOCKER_API_SH + '\necho "${sock:-cli}"'], env=e,
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert out == (str(sock) if want == "api" else "cli")

@@ -10,7 +10,6 @@ import ipaddress
 import json
 import posixpath
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,16 +67,20 @@ def mpi_flags(
     ssh_port: int | None = contract.SSH_PORT,
     extra_mca: Sequence[tuple[str, str]] = (),
     ssh_options: Sequence[str] = (),
+    env_names: Sequence[str] = (),
 ) -> list[str]:
     """Every mpirun flag but -np/-H: the one place the MPI contract lives (Open MPI 4 or 5).
 
     ssh_port: the containers' sshd port; None leaves ssh's default. ssh_options: more ssh
     arguments after `-p PORT` in the same MCA value (e.g. `-o ConnectionAttempts=10`). User env
     overrides the built-in values in place; extra_mca overrides built-in MCA params of the same name.
+    env_names: user variables whose values mpirun takes from its own environment (`-x NAME`, so
+    no value is in the argv), replacing built-in values in place as env does.
     """
     env = dict(env or {})
     _check_env_names(env, "env")
     _check_env_names(forward, "forward")
+    _check_env_names(env_names, "env")
     if ompi_major < 3:
         raise ValueError(f"Open MPI {ompi_major} is not supported (3, 4 or 5)")
     mca: dict[str, str] = {
@@ -95,6 +98,7 @@ def mpi_flags(
     exports: dict[str, str | None] = dict.fromkeys(MPI_FORWARD)
     exports.update(training_env(iface))
     exports.update(env)  # a user value replaces a default, keeping its position
+    exports.update(dict.fromkeys(env_names))
     for name in forward:
         exports.setdefault(name, None)
 
@@ -120,6 +124,7 @@ def mpirun_argv(
     ssh_options: Sequence[str] = (),
     hostfile: str | None = None,
     np: int | None = None,
+    env_names: Sequence[str] = (),
 ) -> list[str]:
     """`mpirun --allow-run-as-root -np N -H h:s,... <mpi_flags> command...` (no shell).
 
@@ -141,7 +146,7 @@ def mpirun_argv(
     return [
         "mpirun", "--allow-run-as-root", "-np", str(np), *hosts,
         *mpi_flags(iface=iface, ompi_major=ompi_major, env=env, forward=forward,
-                   ssh_port=ssh_port, extra_mca=extra_mca, ssh_options=ssh_options),
+                   ssh_port=ssh_port, extra_mca=extra_mca, ssh_options=ssh_options, env_names=env_names),
         *command,
     ]  # fmt: skip
 
@@ -156,6 +161,7 @@ def horovodrun_argv(
     iface: str,
     ssh_port: int | None = contract.SSH_PORT,
     env: Mapping[str, str] | None = None,
+    env_names: Sequence[str] = (),
 ) -> list[str]:
     """`env K=V... horovodrun -np N -H h:s,... -p 2022 --network-interface IFACE command...`.
 
@@ -163,12 +169,17 @@ def horovodrun_argv(
     each exportable variable, or the Gloo env), and with --network-interface it sets
     btl_tcp_if_include and NCCL_SOCKET_IFNAME itself. So env goes into horovodrun's own
     environment via env(1); NCCL_SOCKET_IFNAME is set there too, for the Gloo path.
+    env_names: user variables already in horovodrun's environment (their values are not in
+    the argv); a built-in value of the same name is left out.
     """
     _check_command(command, "horovodrun_argv")
     np = _total_slots(nodes, "horovodrun_argv")
     variables = training_env(iface)
     variables.update(env or {})
     _check_env_names(variables, "env")
+    _check_env_names(env_names, "env")
+    for name in env_names:
+        variables.pop(name, None)
     argv = ["env", *(f"{k}={v}" for k, v in variables.items())]
     argv += ["horovodrun", "-np", str(np), "-H", hosts_list(nodes)]
     if ssh_port is not None:
@@ -326,8 +337,9 @@ class ContainerSpec:
         return self.name or contract.container_name(self.job)
 
 
-def _run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
-    """docker run's argv around the node-dependent flags (node_flags): (head, rest)."""
+def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
+    """docker run's argv around the node-dependent flags (node_flags): (head, rest). A launch
+    sends both to the node, which puts its own node_flags between them (launch/node/host/start.sh)."""
     for what, value in (("job", spec.job), ("container name", spec.container_name)):
         if not _NAME_RE.match(value):
             raise LaunchError(f"bad {what} {value!r} (letters, digits, _ . -; starting alphanumeric)")
@@ -368,108 +380,8 @@ def node_flags(gpus: bool, efa_devices: Sequence[str], memlock: int) -> list[str
 
 def docker_run_argv(spec: ContainerSpec) -> list[str]:
     """`docker run -d` for one node: host network, shared IPC, unlimited memlock, GPUs, EFA."""
-    head, rest = _run_parts(spec)
+    head, rest = docker_run_parts(spec)
     return head + node_flags(spec.gpus, spec.efa_devices, spec.memlock) + rest
-
-
-# node_flags in sh, from the node's own probe (launch.job.PROBE_SCRIPT): $gpus (a count),
-# $efa (device paths), $memlock (dockerd's hard limit in bytes; anything else: unlimited).
-NODE_FLAGS_SH = """\
-set --
-case ${memlock:-} in ''|*[!0-9]*) set -- --ulimit memlock=-1 ;; *) set -- --ulimit "memlock=$memlock:$memlock" ;; esac
-case ${gpus:-0} in ''|0|*[!0-9]*) ;; *) set -- "$@" --gpus all ;; esac
-for d in ${efa:-}; do set -- "$@" --device "$d"; done"""
-
-
-def docker_run_script(spec: ContainerSpec) -> str:
-    """sh: docker_run_argv(spec) with the GPU, EFA and memlock flags chosen on the node
-    (spec.gpus, efa_devices and memlock are ignored): a launch needs no probe round first."""
-    head, rest = _run_parts(spec)
-    return f'{NODE_FLAGS_SH}\n{shlex.join(head)} "$@" {shlex.join(rest)}'
-
-
-_SHM_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def create_body(spec: ContainerSpec) -> dict:
-    """The Engine API's POST /containers/create body that docker_run_argv(spec) makes, without
-    the node's flags (node_flags: HostConfig Ulimits, DeviceRequests, Devices)."""
-    _run_parts(spec)  # the same validation
-    host: dict = {"NetworkMode": "host", "RestartPolicy": {"Name": "no"}}
-    if spec.shm_size is None:
-        host["IpcMode"] = "host"
-    else:
-        host["ShmSize"] = int(spec.shm_size.rstrip("bkmgBKMG")) * _SHM_UNITS[spec.shm_size.lstrip("0123456789").lower()]
-    mounts = [{"Type": "bind", "Source": m.src, "Target": m.dst, "ReadOnly": m.readonly} for m in spec.mounts]
-    if spec.key_dir:
-        mounts.append({"Type": "bind", "Source": spec.key_dir, "Target": contract.JOB_KEY_MOUNT, "ReadOnly": True})
-    if mounts:
-        host["Mounts"] = mounts
-    body: dict = {"Image": spec.image, "Labels": {contract.LABEL_JOB: spec.job},
-                  "Env": [f"{k}={v}" for k, v in spec.env.items()], "HostConfig": host}
-    if spec.command:
-        body["Cmd"] = list(spec.command)
-    return body
-
-
-def node_host_config(gpus: bool, efa_devices: Sequence[str], memlock: int) -> dict:
-    """node_flags as HostConfig fields (what the docker CLI sends for those flags)."""
-    return {"Ulimits": [{"Name": "memlock", "Soft": memlock, "Hard": memlock}],
-            "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"} for d in efa_devices],
-            "DeviceRequests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]],
-                                "Options": {}}] if gpus else None}
-
-
-# node_host_config in sh, from the same variables as NODE_FLAGS_SH: sets $node_hc (JSON members).
-NODE_HOST_CONFIG_SH = r"""
-case ${memlock:-} in ''|*[!0-9]*) ml=-1 ;; *) ml=$memlock ;; esac
-dr=null; case ${gpus:-0} in ''|0|*[!0-9]*) ;; *) dr='[{"Driver":"","Count":-1,"DeviceIDs":null,"Capabilities":[["gpu"]],"Options":{}}]' ;; esac
-dv=; for d in ${efa:-}; do dv="$dv${dv:+,}{\"PathOnHost\":\"$d\",\"PathInContainer\":\"$d\",\"CgroupPermissions\":\"rwm\"}"; done
-node_hc="\"Ulimits\":[{\"Name\":\"memlock\",\"Soft\":$ml,\"Hard\":$ml}],\"Devices\":[$dv],\"DeviceRequests\":$dr"
-""".strip()
-
-# How a node script reaches its Docker engine: the Engine API over the unix socket with curl
-# (a docker CLI call costs ~20-35 ms of CPU, curl ~5) where it can; else the docker CLI, as
-# for DOCKER_HOST=tcp://..., a docker context, proxies in ~/.docker/config.json (the CLI puts
-# them in the container's env), no curl, or DTRAIN_DOCKER_CLI=1. Sets $sock
-# ("" means the CLI) and api(): `api METHOD PATH [JSON]` sets $body and $code (000: no
-# answer), apierr prints the engine's message.
-DOCKER_API_SH = r"""
-sock=/var/run/docker.sock
-case ${DOCKER_HOST:-} in unix://*) sock=${DOCKER_HOST#unix://} ;; ?*) sock= ;; esac
-if [ -n "${DTRAIN_DOCKER_CLI:-}${DOCKER_CONTEXT:-}" ] || [ ! -w "$sock" ] || ! command -v curl >/dev/null 2>&1 ||
-   { [ -f ~/.docker/config.json ] && grep -qs -e '"currentContext"' -e '"proxies"' ~/.docker/config.json; }; then
-  sock=
-fi
-api() {
-  local r
-  r=$(curl -sS --unix-socket "$sock" -X "$1" ${3:+-H 'Content-Type: application/json' --data-binary "$3"} \
-    -w '\n%{http_code}' "http://docker$2" 2>&1) || { code=000; body="Cannot connect to the Docker engine at $sock: ${r%%$'\n'*}"; return 0; }
-  code=${r##*$'\n'}; body=${r%$'\n'*}
-}
-apierr() { local m=${body#*\"message\":\"}; [ "$m" != "$body" ] && m=${m%\"*}; printf '%s\n' "$m"; }
-""".strip()
-
-
-def docker_create_script(spec: ContainerSpec) -> str:
-    """bash, after DOCKER_API_SH: docker_run_script(spec) through the Engine API where $sock is
-    set (create, then start: the same container, see create_body), else docker_run_script.
-    Fails with the engine's message, as `docker run` would."""
-    body = create_body(spec)
-    body["HostConfig"]["__node__"] = 0
-    before, after = json.dumps(body, separators=(",", ":")).split('"__node__":0')
-    name = spec.container_name
-    return "\n".join([
-        'if [ -n "$sock" ]; then',
-        NODE_HOST_CONFIG_SH,
-        f'api POST "/containers/create?name={name}" {shlex.quote(before)}"$node_hc"{shlex.quote(after)}',
-        '[ "$code" = 201 ] || { echo "docker: $(apierr)" >&2; exit 1; }',
-        f"api POST /containers/{name}/start",
-        '[ "$code" = 204 ] || [ "$code" = 304 ] || { echo "docker: $(apierr)" >&2; exit 1; }',
-        "else",
-        docker_run_script(spec) + " >/dev/null || exit 1",
-        "fi",
-    ])
 
 
 # --- network interface ---------------------------------------------------------------------

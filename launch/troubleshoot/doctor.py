@@ -10,18 +10,18 @@ removed afterwards, whatever happened. `evaluate` is pure: facts in, rows out.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
+from dtrain import contract
+from dtrain.contract import container_name
+from dtrain.launch.jobs import commands, node_programs
+from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
+from dtrain.launch.jobs.transport import SshTransport
 from dtrain.launch.troubleshoot import checklist
-
-from dtrain.launch.jobs import commands
-from dtrain.launch.jobs.fanout import run_all
-from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
-from dtrain.launch.jobs.job import PROBE_SCRIPT, Job, JobSpec, NodeFacts, container_name, parse_probe
 
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
@@ -59,53 +59,10 @@ class Options:
     job: str = ""  # port 2022 held by this job's container is fine
 
 
-# The launch's own probe (launch.job.PROBE_SCRIPT: address, hostname, GPUs and driver, EFA, port
-# 2022, memlock, interfaces), then what only the doctor asks.
-_HOST = r"""
-echo "t=$(date +%s.%N)"
-if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}' 2>&1); then
-  echo "docker=ok"; echo "docker_info=$info"
-else echo "docker=$(echo "$info" | tail -1)"; fi
-root=$(echo "${info:-}" | awk -F'|' 'NF == 3 {print $3}'); root=${root:-/var/lib/docker}
-echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
-echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
-echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"
-IMAGE_PART
-"""
-
-_IMAGE = r"""
-if id=$(timeout 20 docker image inspect -f '{{.Id}}' IMAGE 2>/dev/null); then
-  echo "image_id=$id"
-  echo "image_size=$(docker image inspect -f '{{.Size}}' IMAGE)"
-  echo "image_labels=$(docker image inspect -f '{{json .Config.Labels}}' IMAGE)"
-else echo "image_id="; fi
-"""
-
-
-def host_script(image: str | None) -> str:
-    part = _IMAGE.replace("IMAGE", shlex.quote(image)) if image else ""
-    return _HOST.replace("IMAGE_PART", part) + PROBE_SCRIPT
-
-
-def container_script(peers: Sequence[str]) -> str:
-    # Each peer gets ~10 s: the containers' sshd may still be starting.
-    lines = ["set -u", "try() { for i in $(seq 20); do out=$(timeout 15 ssh -p 2022 -o BatchMode=yes "
-             "-o ConnectTimeout=5 root@$1 'command -v orted python' 2>&1) && return 0; sleep 0.5; done; "
-             "return 1; }"]
-    for p in peers:
-        q = shlex.quote(p)
-        lines.append(f"if try {q}; then echo \"peer {p}=ok\"; "
-                     f"else echo \"peer {p}=$(echo \"$out\" | tail -1)\"; fi")
-    lines += ["echo \"shm_kb=$(df -Pk /dev/shm | awk 'NR==2 {print $2}')\"",
-              "echo \"memlock=$(ulimit -l)\""]
-    return "\n".join(lines)
-
-
-def _version(v: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in v.split("."))
-    except ValueError:
-        return ()
+def host_argv(image: str | None) -> list[str]:
+    """The host pass on one node: launch/node/host/doctor.sh (the launch's probe, then what only
+    the doctor asks)."""
+    return node_programs.host_argv("doctor", str(contract.SSH_PORT), *([image] if image else []))
 
 
 # ---------------------------------------------------------------- pure evaluation
@@ -155,7 +112,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         need = labels.get("dtrain.min-driver", "")
         if labels.get("dtrain.kind") == "gpu" and not gpus:
             add(h, "gpu-driver", "FAIL", f"GPU image (needs driver >= {need}) but no NVIDIA GPU/driver here")
-        elif gpus and need and _version(driver) < _version(need):
+        elif gpus and driver_too_old(driver, need):
             add(h, "gpu-driver", "FAIL", f"driver {driver} < {need}, the image's CUDA minimum")
         elif gpus:
             add(h, "gpu-driver", "PASS", f"{gpus} GPU(s), driver {driver}" + (f" >= {need}" if need else ""))
@@ -273,10 +230,9 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def run(nodes: list[Node], opts: Options, say: Callable[[str], None] = print) -> list[Row]:
-    kex = kex_opts(nodes[0], opts.ssh_opts) if nodes else []
-    ssh = lambda n, argv: ssh_argv(n, argv, extra_opts=[*opts.ssh_opts, *kex])  # noqa: E731
+    ssh = SshTransport(nodes, opts.ssh_opts, multiplex=False)
     sent = time.time()
-    results = run_all(nodes, lambda n: ssh(n, ["bash", "-c", host_script(opts.image)]), timeout=60, retries=1)
+    results = ssh.run(nodes, lambda n: host_argv(opts.image), timeout=60, retries=1)
     host: dict[str, dict[str, str]] = {}
     errors: dict[str, str] = {}
     skew: dict[str, float] = {}
@@ -299,8 +255,8 @@ def run(nodes: list[Node], opts: Options, say: Callable[[str], None] = print) ->
 
 def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: dict[str, str],
                     opts: Options, say: Callable[[str], None]) -> dict[str, dict[str, str]]:
-    """Start the image on every node whose engine answers and port 2022 is free, as a launch
-    would; check from inside; always remove the containers."""
+    """Start the image on every node whose engine answers and whose port is free, with the
+    launch's own step (Job.up); check from inside; always remove the containers."""
     usable = [n for n in nodes if n.host not in errors and host[n.host].get("docker") == "ok"
               and not host[n.host].get("port")]
     if not usable:
@@ -309,31 +265,20 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
     spec = JobSpec(image=opts.image or "", command=("true",), name=name, iface=opts.iface,
                    shm_size=opts.shm_size, ssh_opts=opts.ssh_opts, ready_timeout=20)
     job = Job(spec, usable, say=lambda m: None)
-    facts = []
-    for n in usable:
-        f = host[n.host]
-        lock = f.get("memlock", "")
-        facts.append(NodeFacts(n, f.get("addr") or n.host, f.get("hostname", n.host),
-                               opts.iface or "", int(f.get("gpus") or 0), tuple(f.get("efa", "").split()), "",
-                               int(lock) if lock.isdigit() else -1))
-    job.facts = facts
     out: dict[str, dict[str, str]] = {}
     try:
-        job._record(name=name, image=spec.image, launcher="doctor", command=[], nodes=[], state="doctor")
         say(f"[doctor] starting {opts.image} on {len(usable)} node(s) for the in-container checks")
-        job.pull()
+        started = job.up()
         # Labels (GPU kind, min driver) of an image that was not on a node before the pull;
         # the digest check keeps what the node held before.
-        labels = run_all(usable, lambda n: job._ssh(n, ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
-                                                        opts.image or ""]), timeout=60)
+        labels = job.ssh.run(usable, lambda n: ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
+                                                opts.image or ""], timeout=60)
         for n, r in zip(usable, labels):
             if r.ok and not host[n.host].get("image_labels"):
                 host[n.host]["image_labels"] = r.stdout.strip()
-        job.start_containers()
-        peers = [f.address for f in facts]
-        script = container_script(peers)
-        results = run_all(usable, lambda n: job._ssh(n, ["docker", "exec", container_name(name), "bash", "-c", script]),
-                          timeout=120, retries=1)
+        check = ["docker", "exec", container_name(name), *node_programs.container_argv(
+            "doctor-container.sh", [str(contract.SSH_PORT), *(f.address for f in started.facts)])]
+        results = job.ssh.run(usable, lambda n: check, timeout=120, retries=1)
         for n, r in zip(usable, results):
             if r.ok:
                 out[n.host] = {k: v for line in r.stdout.splitlines()

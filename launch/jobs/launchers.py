@@ -1,0 +1,84 @@
+"""One small class per launcher (as DeepSpeed's multinode_runner.py): the same job description
+and the nodes' facts in, the command to run in a node's container out.
+
+    name       what --launcher names
+    per_node   False: one command in the first node's container starts every rank over ssh
+               (mpirun, horovodrun); True: one command in every node's container (torchrun)
+    needs_ssh  the containers' sshd must answer node to node before the command (readiness
+               check), and the image's Open MPI major version matters
+    argv(spec, facts, rank, iface, ompi)  the command for node `rank` (0 when not per_node)
+    exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
+               them, from the job's env file: launch/node/run.sh)
+
+The user's --env values never appear here: commands name the variables (`-x NAME`), and the
+values reach the command's environment from a file (env_file).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from dtrain import contract
+from dtrain.launch.jobs import commands
+from dtrain.launch.jobs.hosts import Node
+
+if TYPE_CHECKING:
+    from dtrain.launch.jobs.job import JobSpec, NodeFacts
+
+# ssh inside the first container: the readiness check opens one master connection per node
+# and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
+CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
+                     "-o", "ControlPersist=600")
+
+
+def env_file(env: Mapping[str, str]) -> str:
+    """The job's --env values as the container reads them (launch/node/run.sh): NAME=base64 lines."""
+    return "".join(f"{k}={base64.b64encode(v.encode()).decode()}\n" for k, v in env.items())
+
+
+def _addresses(facts: Sequence[NodeFacts]) -> list[Node]:
+    return [Node(f.address, f.node.slots) for f in facts]
+
+
+class Mpirun:
+    name = "mpirun"
+    per_node = False
+    needs_ssh = True
+
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
+        """mpirun in the first container (ompi: 5 renamed plm_rsh_args to plm_ssh_args)."""
+        argv = commands.mpirun_argv(_addresses(facts), list(spec.command), iface=iface,
+                                    env_names=list(spec.env), forward=list(spec.forward),
+                                    ssh_port=contract.SSH_PORT, ompi_major=ompi, ssh_options=CONTAINER_SSH_MUX,
+                                    extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
+        return [argv[0], "--tag-output", *argv[1:]]
+
+    def exec_env(self, iface: str) -> dict[str, str]:
+        return {}
+
+
+class Horovodrun(Mpirun):
+    name = "horovodrun"
+
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
+        return commands.horovodrun_argv(_addresses(facts), list(spec.command), iface=iface,
+                                        ssh_port=contract.SSH_PORT, env_names=list(spec.env))
+
+
+class Torchrun:
+    name = "torchrun"
+    per_node = True
+    needs_ssh = False
+
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
+        run = commands.torchrun_argv(len(facts), rank, facts[rank].node.slots, facts[0].address, spec.master_port,
+                                     list(spec.command), rdzv=spec.rdzv, job_id=spec.name)
+        return [run[0], "--tee", "3", *run[1:]]
+
+    def exec_env(self, iface: str) -> dict[str, str]:
+        return commands.torchrun_env(iface)
+
+
+LAUNCHERS = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun)}

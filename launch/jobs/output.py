@@ -1,0 +1,69 @@
+"""A job's output: each line prefixed with the node and global rank that wrote it."""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, Sequence
+
+from dtrain.launch.jobs import commands
+
+
+class _Facts(Protocol):
+    hostname: str
+
+    @property
+    def node(self): ...
+
+
+def rank_nodes(facts: Sequence[_Facts]) -> list[str]:
+    """Global rank -> hostname, as `--map-by slot` fills the -H list in order."""
+    out = []
+    for f in facts:
+        out += [f.hostname] * f.node.slots
+    return out
+
+
+def prefix_line(line: str, *, default_node: str, torch_base: int) -> str:
+    """torchrun's '[default1]:text' -> '[node-2 r5] text' (the node's first global rank + local
+    rank); other lines get the node. mpirun's output goes through MpiOutput."""
+    if m := re.match(r"^\[default(\d+)\]:(.*)$", line):
+        return f"[{default_node} r{torch_base + int(m.group(1))}] {m.group(2)}"
+    return f"[{default_node}] {line}"
+
+
+class MpiOutput:
+    """Turns `mpirun --tag-output` lines into `[node r<rank>] text` lines.
+
+    Open MPI tags every chunk a rank writes. Unbuffered output (PYTHONUNBUFFERED=1) writes a
+    line's text and its newline separately, so chunks of different ranks share one physical
+    line: `[1,2]<stdout>:loss 0.3[1,1]<stdout>:loss 0.4` then `[1,2]<stdout>:`. Each tagged
+    segment before the last one of a line is an unfinished line of its rank: kept until that
+    rank's newline arrives."""
+
+    _TAG = re.compile(commands.MPI_OUTPUT_TAG)
+
+    def __init__(self, ranks: list[str], default_node: str):
+        self.ranks, self.default_node = ranks, default_node
+        self.pending: dict[int, str] = {}
+
+    def _fmt(self, rank: int, text: str) -> str:
+        node = self.ranks[rank] if rank < len(self.ranks) else "?"
+        return f"[{node} r{rank}] {text}"
+
+    def feed(self, line: str) -> list[str]:
+        parts = self._TAG.split(line)  # [before, rank, text, rank, text, ...]
+        out = [f"[{self.default_node}] {parts[0]}"] if parts[0] or len(parts) == 1 else []
+        segments = list(zip(parts[1::2], parts[2::2]))
+        for i, (rank_s, text) in enumerate(segments):
+            rank = int(rank_s)
+            text = self.pending.pop(rank, "") + text
+            if i < len(segments) - 1:
+                self.pending[rank] = text  # no newline yet for this rank
+            elif text or i == 0:
+                out.append(self._fmt(rank, text))
+        return out
+
+    def flush(self) -> list[str]:
+        out = [self._fmt(r, t) for r, t in sorted(self.pending.items())]
+        self.pending.clear()
+        return out

@@ -1,0 +1,56 @@
+# shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
+# The job's secrets, the rest of the session's stdin (after a login's password line): the
+# private key (up to its END line) into $key, then the job's env file (NAME=base64(value)
+# lines) into $envs. Builtins only.
+read_secrets() {
+  local l
+  key=
+  while IFS= read -r l; do
+    key+=$l$'\n'
+    [[ $l != *"END OPENSSH PRIVATE KEY"* ]] || break
+  done
+  envs=
+  IFS= read -r -d '' envs || true
+}
+
+# node_flags: docker run's flags that depend on this node, from the probe's $gpus (a count),
+# $efa (device paths) and $memlock (dockerd's hard limit in bytes; anything else: unlimited),
+# into the array $flags. The same flags as commands.node_flags (tests/test_node_scripts.py).
+node_flags() {
+  local d
+  case ${memlock:-} in
+    ''|*[!0-9]*) flags=(--ulimit memlock=-1) ;;
+    *) flags=(--ulimit "memlock=$memlock:$memlock") ;;
+  esac
+  case ${gpus:-0} in ''|0|*[!0-9]*) ;; *) flags+=(--gpus all) ;; esac
+  for d in ${efa:-}; do flags+=(--device "$d"); done
+}
+
+# start KEYDIR PUBLIC_KEY TIMEOUT PORT NAME NHEAD ARGV...: write the job's key pair and env
+# file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
+# its first NHEAD words, then node_flags, then the rest), wait until the container's sshd
+# listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
+start() {
+  local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0
+  shift 6
+  echo started=1  # from here on, the launcher removes what may be on this node
+  umask 077
+  { rm -rf "$kd" && mkdir "$kd" && printf '%s' "$key" > "$kd/id_ed25519" &&
+    printf '%s\n' "$pub" > "$kd/authorized_keys" && printf '%s' "$envs" > "$kd/env"; } \
+    || { echo "cannot write the job key to $kd" >&2; exit 1; }
+  node_flags
+  "${@:1:nhead}" "${flags[@]}" "${@:nhead+1}" >/dev/null || exit 1
+  echo run=1  # the launcher may go on now; this session still reports sshd (or a crash)
+  # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
+  SECONDS=0
+  until [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]; do
+    i=$((i + 1))
+    if [ $((i % 10)) = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
+      echo "container $name exited: $(docker logs --tail 3 "$name" 2>&1 | tr '\n' ' ')" >&2; exit 1
+    fi
+    if [ "$SECONDS" -ge "$timeout" ]; then
+      echo "sshd in $name not listening on $port after $timeout s" >&2; exit 1
+    fi
+    sleep 0.1
+  done
+}

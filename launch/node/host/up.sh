@@ -1,0 +1,31 @@
+# shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
+# up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NHEAD ARGV...: the whole launch
+# on one node, in one ssh session. stdin: the registry password line (where REGISTRY is set),
+# the job's private key, its env file. Prints the probe's facts and `image=...`; then, unless
+# the node declines (gate), `started=1` and starts the container (start).
+up() {
+  local port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
+  shift 9
+  login "$registry" "$user"
+  read_secrets
+  image "$ref" "$pull" "$name"
+  probe "$port"
+  gate || exit 0
+  start "$kd" "$pub" "$timeout" "$port" "$name" "$@"
+}
+
+# Where the node itself declines to start (the launcher then names every such node at once,
+# job.check_driver): port taken, or a GPU driver older than the image's label.
+gate() {
+  [ -z "$port" ] || return 1
+  if [ "$gpus" != 0 ] && [ -n "$driver" ] && [ "${min_driver:--}" != - ] &&
+     [ "$(printf '%s\n' "$min_driver" "$driver" | sort -V | head -1)" != "$min_driver" ]; then
+    return 1
+  fi
+}
+
+# pull REGISTRY USER IMAGE PULL: login and image only (doctor).
+pull() {
+  login "$1" "$2"
+  image "$3" "$4"
+}

@@ -1,0 +1,62 @@
+#!/bin/bash
+# Runs in a job's container, before the job's command (launch/jobs/job.py sends it with
+# `docker exec NAME bash -c "$(cat run.sh)" dtrain-run OPTIONS -- COMMAND...`):
+#   --env FILE         export the job's --env values: NAME=base64(value) lines (0600, in the
+#                      job key mount); values never travel in argv or get printed
+#   --host ADDR NAME   a node of the job (repeat); its hostname resolves to ADDR in each container
+#   --fill-hosts       add the nodes to this container's /etc/hosts (torchrun: one per node)
+#   --ready SECONDS    ssh to every node's container at once (filling its /etc/hosts), leaving a
+#                      master connection per node that mpirun's daemon launch reuses; exits 97
+#                      naming the node whose sshd does not answer within SECONDS
+#   --port PORT        the containers' sshd port (--ready)
+#   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
+# then execs COMMAND.
+set -u
+READY_FAILED=97
+envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --env) envfile=$2; shift 2 ;;
+    --host) hosts+=("$2" "$3"); shift 3 ;;
+    --fill-hosts) fill=1; shift ;;
+    --ready) ready=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
+    --) shift; break ;;
+    *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+if [ -n "$envfile" ] && [ -s "$envfile" ]; then
+  while IFS='=' read -r name value; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    export "$name=$(printf '%s' "$value" | base64 -d)"
+  done < "$envfile"
+fi
+
+# The lines every container's /etc/hosts gets once (the node's own file is not touched).
+list=$(mktemp)
+{
+  echo "# dtrain job nodes"
+  for ((i = 0; i < ${#hosts[@]}; i += 2)); do printf '%s %s\n' "${hosts[i]}" "${hosts[i + 1]}"; done
+} > "$list"
+add_hosts='grep -qx "# dtrain job nodes" /etc/hosts || cat >> /etc/hosts'
+if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
+
+if [ -n "$ready" ]; then
+  deadline=$(( $(date +%s) + ready )); pids=()
+  for ((i = 0; i < ${#hosts[@]}; i += 2)); do
+    h=${hosts[i]}
+    ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
+            < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+          echo "dtrain-ready: sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
+        fi
+        sleep 0.1
+      done ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || exit "$READY_FAILED"; done
+fi
+rm -f "$list"
+exec "$@"

@@ -1,0 +1,95 @@
+"""The node programs' docker steps (launch/node/host/) against this machine's real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from dtrain import contract
+from dtrain.launch.jobs import commands as c
+from dtrain.launch.jobs import node_programs
+
+pytestmark = pytest.mark.docker
+
+MEMLOCK = 8 << 20  # at most what this machine's dockerd may set (its own hard limit)
+LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
+LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "
+          f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR}\n")
+
+
+def host(call: str, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"} | env
+    return subprocess.run(["bash", "-c", LIBRARY + "\n" + LABELS + call, "t", *args], input=stdin,
+                          capture_output=True, text=True, env=e, timeout=120)
+
+
+def docker(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture
+def names():
+    made: list[str] = []
+    yield made
+    for n in made:
+        docker("rm", "-f", n, check=False)
+
+
+def test_image_step_reads_labels_and_removes_a_stale_container(engine, cpu_images, names):
+    labelled = cpu_images["pytorch-ddp"].ref  # carries dtrain.openmpi-major
+    name = f"dtrain-t-img-{uuid.uuid4().hex[:6]}"
+    names.append(name)
+    docker("create", "--name", name, engine.BASE_IMAGE, "true")  # a stale container of the job
+    r = host('image "$@"', labelled, "never", name)
+    assert r.returncode == 0, r.stderr
+    assert docker("inspect", name, check=False).returncode != 0  # removed
+    image_id = docker("image", "inspect", "-f", "{{.Id}}", labelled).stdout.strip()
+    labels = json.loads(docker("image", "inspect", "-f", "{{json .Config.Labels}}", labelled).stdout)
+    assert r.stdout.splitlines() == ["docker=ok", f"image={labels.get(contract.LABEL_MIN_DRIVER, '-')} "
+                                                  f"{labels[contract.LABEL_OPENMPI_MAJOR]} {image_id}"]
+    missing = host('image "$@"', "dtrain/not-here:1", "never", name)
+    assert missing.returncode == 1 and "dtrain/not-here:1 is not on this node" in missing.stderr
+
+
+def test_image_step_reports_an_engine_that_does_not_answer():
+    r = host('image "$@"', "x:1", "missing", "dtrain-j", DOCKER_HOST="unix:///tmp/dtrain-no-such.sock")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 1 and lines[0].startswith("docker=")  # nothing after: no pull
+
+
+@pytest.mark.parametrize("kw", [
+    dict(mounts=(c.Mount("/etc", "/mnt/etc", True), c.Mount("/tmp", "/mnt/tmp")), command=("sleep", "60")),
+    dict(shm_size="64m", command=("sh", "-c", "sleep 60")),
+])
+def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp_path, kw):
+    """start.sh (the node's flags from its probe) and docker_run_argv (the same flags given
+    here): the engine records the same Config and HostConfig (the name and IDs aside)."""
+    made = {}
+    for how in ("node", "argv"):
+        name = f"t-start-{how}-{uuid.uuid4().hex[:6]}"
+        names.append(name)
+        kd = tmp_path / how
+        spec = c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(kd), **kw)
+        if how == "argv":
+            kd.mkdir()
+            docker(*c.docker_run_argv(c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, gpus=False,
+                                                      key_dir=str(kd), memlock=MEMLOCK, **kw))[1:])
+        else:
+            head, rest = c.docker_run_parts(spec)
+            r = host(f'gpus=0 efa= memlock={MEMLOCK}; ss() {{ echo LISTEN; }}; read_secrets; start "$@"',
+                     str(kd), "ssh-ed25519 AAA", "5", "2022", name, str(len(head)), *head, *rest,
+                     stdin="-----END OPENSSH PRIVATE KEY-----\n")
+            assert r.returncode == 0, r.stderr
+        made[how] = json.loads(docker("inspect", name).stdout)[0]
+    for key in ("Config", "HostConfig"):
+        node, argv = ({k: v for k, v in made[how][key].items() if k != "Hostname"} for how in ("node", "argv"))
+        for d in (node, argv):  # the key directories differ by path only
+            for m in d.get("Mounts") or []:
+                if m["Target"] == contract.JOB_KEY_MOUNT:
+                    m["Source"] = "KEYDIR"
+        assert node == argv, key
+    assert made["node"]["State"]["Running"] and made["argv"]["State"]["Running"]

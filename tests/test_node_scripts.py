@@ -1,0 +1,202 @@
+"""The node programs (launch/node/) as files: run in bash with stand-in `docker`/`ss` shell
+functions where a test must not touch an engine, and checked by shellcheck."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dtrain import contract
+from dtrain.launch.jobs import node_programs
+from dtrain.launch.jobs.commands import ContainerSpec, docker_run_argv, docker_run_parts, parse_mount
+from dtrain.launch.jobs.launchers import env_file
+
+NODE = contract.NODE_SCRIPTS
+LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
+LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "
+          f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR}\n")
+
+
+def host(call: str, *args: str, fake: str = "", stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
+    """The host library's functions, then `call` (e.g. 'image "$@"') with args."""
+    return subprocess.run(["bash", "-c", LIBRARY + "\n" + LABELS + fake + "\n" + call, "t", *args],
+                          input=stdin, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_every_node_program_passes_shellcheck():
+    files = sorted(str(p) for p in NODE.rglob("*.sh"))
+    assert len(files) >= 10, files
+    r = subprocess.run(["shellcheck", "-x", *files], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    # what a node runs: every host file together
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
+        f.write(node_programs.host_program())
+        f.flush()
+        r = subprocess.run(["shellcheck", "-s", "bash", f.name], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout
+
+
+def test_unknown_step_is_refused():
+    r = subprocess.run(node_programs.host_argv("rm -rf /"), capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown step rm -rf /" in r.stderr
+
+
+IMG_ID = "sha256:" + "a" * 64
+CONTAINER_ID = "b" * 64
+
+
+def run_image(policy: str, inspect: str, pull_rc: int = 0, after_pull: str = "") -> tuple[int, str, str, list[str]]:
+    """image() against a stand-in `docker` that answers the first inspect with `inspect`,
+    `docker pull` with exit pull_rc, later inspects with after_pull. (returncode, stdout,
+    stderr, docker calls)."""
+    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in\n"
+            "  inspect) if [ \"$(wc -l < \"$CALLS\")\" = 1 ]; then printf '%s\\n' \"$INSPECT\"; "
+            "else printf '%s\\n' \"$AFTER\"; fi ;;\n"
+            "  pull) echo 'Error response from daemon: manifest unknown' >&2; return $PULL_RC ;;\n"
+            "  esac; }\n")
+    with tempfile.NamedTemporaryFile("r") as calls:
+        r = host('image "$@"', "reg:5000/dtrain/x:1", policy, "dtrain-j", fake=fake,
+                 env={"INSPECT": inspect, "AFTER": after_pull, "PULL_RC": str(pull_rc),
+                      "CALLS": calls.name, "PATH": "/usr/bin:/bin"})
+        return r.returncode, r.stdout, r.stderr, calls.read().splitlines()
+
+
+def test_image_reads_image_and_stale_container_from_one_inspect():
+    here = f"{IMG_ID} 560.35.05 4\n{CONTAINER_ID} - -"
+    rc, out, err, calls = run_image("missing", here)
+    assert rc == 0 and out.splitlines() == ["docker=ok", f"image=560.35.05 4 {IMG_ID}"]
+    assert calls == ["inspect -f", "rm -f"]  # no pull: the image is there; the stale container goes
+    rc, out, _, calls = run_image("missing", f"{IMG_ID} - -\nError: No such object: dtrain-j")
+    assert out.splitlines()[-1] == f"image=- - {IMG_ID}" and calls == ["inspect -f"]
+
+
+def test_image_reports_the_engine_error_and_stops():
+    rc, out, _, calls = run_image("always", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.")
+    assert rc == 0 and out.strip() == "docker=Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+    assert calls == ["inspect -f"]
+
+
+@pytest.mark.parametrize("policy, present, pull_rc, calls, ok", [
+    ("missing", False, 0, ["inspect -f", "pull -q", "inspect -f"], True),
+    ("missing", False, 1, ["inspect -f", "pull -q", "inspect -f"], False),
+    ("always", True, 0, ["inspect -f", "pull -q", "inspect -f"], True),
+    ("always", True, 1, ["inspect -f", "pull -q", "inspect -f"], True),  # warns, runs the local one
+    ("never", False, 0, ["inspect -f"], False),
+    ("never", True, 0, ["inspect -f"], True),
+])
+def test_image_pull_policies(policy, present, pull_rc, calls, ok):
+    missing = "Error: No such object: reg:5000/dtrain/x:1\nError: No such object: dtrain-j"
+    line = f"{IMG_ID} - 5"
+    rc, out, err, seen = run_image(policy, line if present else missing, pull_rc,
+                                   after_pull=line if (present or pull_rc == 0) else missing)
+    assert seen == calls
+    if ok:
+        assert rc == 0 and out.splitlines()[-1] == f"image=- 5 {IMG_ID}"
+        assert ("pull failed (Error response from daemon: manifest unknown); using the local image" in err) == (pull_rc != 0)
+    else:
+        assert rc == 1 and "image reg:5000/dtrain/x:1 is not on this node and could not be pulled" in err
+        assert ("manifest unknown" in err) == (policy != "never")
+
+
+@pytest.mark.parametrize("port, gpus, driver, min_driver, starts", [
+    ("", "0", "", "-", True),                       # CPU node
+    ("", "8", "570.86.15", "560.35.05", True),      # driver new enough
+    ("", "8", "560.35.05", "560.35.05", True),
+    ("", "8", "535.104.05", "560.35.05", False),    # too old: the launcher names it
+    ("", "8", "535.104.05", "-", True),             # image without the label
+    ("LISTEN 0 128 *:2022 users:((\"sshd\"))", "0", "", "-", False),
+])
+def test_node_declines_to_start_where_the_launcher_would_refuse(port, gpus, driver, min_driver, starts):
+    from dtrain.launch.jobs.job import driver_too_old
+
+    pre = f"port='{port}' gpus={gpus} driver='{driver}' min_driver='{min_driver}'\n"
+    out = host(pre + "gate && echo go").stdout
+    assert (out.strip() == "go") == starts
+    if not port and gpus != "0" and min_driver != "-":  # the launcher's own check agrees
+        assert starts == (not driver_too_old(driver, min_driver))
+
+
+@pytest.mark.parametrize("gpus, efa, memlock", [
+    (0, "", "unlimited"),
+    (8, " /dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "unlimited"),
+    (1, "", "65536"),
+    (0, "", ""),
+])
+def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, memlock):
+    """start.sh, given a probe's values, runs exactly commands.docker_run_argv's argv, and
+    writes the key pair and env file 0600 in a 0700 directory."""
+    base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), key_dir=str(tmp_path / "kd"),
+                command=("sleep", "1"))
+    head, rest = docker_run_parts(ContainerSpec(**base))
+    fake = ('docker() { printf "%s\\n" docker "$@" > "$OUT"; }\n'
+            'ss() { echo LISTEN; }\n'
+            f"gpus={gpus}; efa='{efa}'; memlock='{memlock}'\n")
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n"
+    envs = env_file({"TOKEN": "s3cr3t"})
+    r = host('read_secrets; start "$@"', str(tmp_path / "kd"), "ssh-ed25519 AAA", "5", "2022", "dtrain-j",
+             str(len(head)), *head, *rest, fake=fake, stdin=key + envs,
+             env={**os.environ, "OUT": str(tmp_path / "argv")})
+    assert r.returncode == 0, r.stderr
+    want = docker_run_argv(ContainerSpec(**base, gpus=gpus > 0, efa_devices=tuple(efa.split()),
+                                         memlock=int(memlock) if memlock.isdigit() else -1))
+    assert (tmp_path / "argv").read_text().splitlines() == want
+    kd = tmp_path / "kd"
+    assert (kd / "id_ed25519").read_text() == key and (kd / "env").read_text() == envs
+    assert (kd / "authorized_keys").read_text() == "ssh-ed25519 AAA\n"
+    assert oct(kd.stat().st_mode & 0o777) == "0o700" and oct((kd / "env").stat().st_mode & 0o777) == "0o600"
+
+
+def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
+    """The registry password is the first stdin line; the login and the pull see a fresh
+    DOCKER_CONFIG, gone after the pull; the key and env file are the rest of stdin."""
+    fake = ('docker() { echo "$1 cfg=${DOCKER_CONFIG:-none} $(ls -ld "${DOCKER_CONFIG:-/nonexistent}" 2>/dev/null | cut -c1-10)'
+            ' stdin=$( [ "$1" = login ] && cat)" >> "$OUT";'
+            ' case $1 in inspect) echo "$LINE" ;; esac; }\n')
+    line = f"{IMG_ID} - 4"
+    r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; printf "%s" "$key$envs"',
+             "reg.example:5000", "AWS", "reg.example:5000/x:1", fake=fake,
+             stdin="s3cr3t\n-----BEGIN OPENSSH PRIVATE KEY-----\nk\n-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n",
+             env={**os.environ, "OUT": str(tmp_path / "calls"), "LINE": line})
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    login, inspect, pull = calls[0], calls[1], calls[2]
+    cfg = login.split()[1].removeprefix("cfg=")
+    assert login.startswith("login cfg=/dev/shm/dtrain-docker-") and "drwx------" in login and login.endswith("stdin=s3cr3t")
+    assert pull.startswith(f"pull cfg={cfg} ") and inspect.startswith("inspect cfg=none")
+    assert not Path(cfg).exists() and "cfg_left=\n" in r.stdout
+    assert r.stdout.endswith("-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n")
+
+
+HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a; touch /tmp/pwned", "it's \"quoted\"",
+           "two\nlines", "back\\slash", "  spaced  ", ""]
+
+
+def test_run_sh_exports_env_values_exactly_and_fills_hosts_once(tmp_path):
+    env = {f"V{i}": v for i, v in enumerate(HOSTILE)}
+    (tmp_path / "env").write_text(env_file(env))
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    script = contract.node_script("run.sh").replace("/etc/hosts", str(hosts))
+    for _ in range(2):
+        r = subprocess.run(["bash", "-c", script, "dtrain-run", "--env", str(tmp_path / "env"),
+                            "--host", "10.0.0.1", "node-1", "--host", "10.0.0.2", "node-2", "--fill-hosts",
+                            "--", "python3", "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    import json
+
+    got = json.loads(r.stdout)
+    assert {k: got.get(k) for k in env} == env
+    assert hosts.read_text().splitlines() == ["127.0.0.1 localhost", "# dtrain job nodes",
+                                              "10.0.0.1 node-1", "10.0.0.2 node-2"]
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_env_file_is_names_and_base64():
+    text = env_file({"A": "x\ny", "B": '"'})
+    assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"
