@@ -25,10 +25,7 @@ def user_errors():
     from dtrain.launch.troubleshoot.diagnose import DiagnoseError
     from dtrain.launch.errors import LaunchError
 
-    try:
-        from dtrain.launch.infra.cluster import ClusterError
-    except ImportError:  # before the cluster module lands
-        ClusterError = LaunchError
+    from dtrain.launch.infra.cluster import ClusterError
 
     try:
         yield
@@ -242,10 +239,9 @@ def status(c):
     """Recent jobs and their state."""
     from dtrain.launch.jobs.store import status_rows
 
-    rows = status_rows()
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    from dtrain.table import text
+
+    print(text(status_rows()))
 
 
 @task(help={"job": "job name (default: the latest)", "follow": "keep printing while it runs"})

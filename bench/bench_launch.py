@@ -34,7 +34,7 @@ from dtrain.launch.jobs.hosts import Node, kex_opts, parse_hostfile  # noqa: E40
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.launch.jobs.transport import close_masters  # noqa: E402
-from table import markdown  # noqa: E402
+from dtrain.table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dtrain.images.render import ROOT, image_repo, output_path, render
+from dtrain import table
+from dtrain.images.render import ROOT, local_ref, output_path, render  # noqa: F401 (local_ref: build.local_ref)
 from dtrain.images.spec import Image, SpecError, load_all
 
 WHEELHOUSE = ROOT / ".wheelhouse"
@@ -60,10 +61,6 @@ class _Progress:
 
 
 # ---------------------------------------------------------------- pure parts
-
-
-def local_ref(img: Image) -> str:
-    return f"{image_repo(img)}:{img.tag}"
 
 
 def select(images: list[Image], tag: str | None, all_variants: bool) -> list[Image]:
@@ -146,10 +143,7 @@ def summary_table(results: list[BuildResult]) -> str:
     for r in results:
         rows.append((f"dtrain/{r.family}", r.tag, human_size(r.size), f"{r.seconds:.1f} s",
                      f"{r.cached}/{r.steps}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table.text(rows, rule=True)
 
 
 # ---------------------------------------------------------------- side effects

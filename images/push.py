@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from dtrain import contract, ecr
-from dtrain.images.render import REPO_PREFIX, ROOT
+from dtrain import contract, ecr, table
+from dtrain.images.render import REPO_PREFIX, ROOT, local_ref
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
 CATALOG = ROOT / "build" / "catalog.json"
@@ -128,11 +128,6 @@ def registry_host(value: str) -> str:
     return host
 
 
-def local_ref(img: ImageLike) -> str:
-    """The name `invoke build` gives an image: dtrain/<family>:<tag>."""
-    return f"{REPO_PREFIX}/{img.family}:{img.tag}"
-
-
 def repo_name(prefix: str, family: str) -> str:
     """Repository path inside the registry: 'dtrain' + 'pytorch-ddp' -> 'dtrain/pytorch-ddp'."""
     name = f"{prefix.strip('/')}/{family}" if prefix.strip("/") else family
@@ -173,9 +168,9 @@ def parse_push_digest(output: str) -> str | None:
 
 def _engine_trusts_plain_http(registry: str) -> bool:
     """The engine lists this registry under insecure-registries (e.g. the local cluster's)."""
-    from dtrain.launch.infra.engine import _registry_trusted
+    from dtrain.launch.infra.engine import registry_trusted
 
-    return _registry_trusted(registry)
+    return registry_trusted(registry)
 
 
 def is_loopback(registry: str) -> bool:
@@ -568,8 +563,7 @@ def summary_table(results: Sequence[PushResult]) -> str:
     for r in results:
         e = r.entry
         rows.append((e["image"], e["tag"], r.remote, r.digest[:19], f"{r.seconds:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return table.text(rows)
 
 
 def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREFIX,

@@ -132,6 +132,11 @@ def image_repo(img: Image) -> str:
     return f"{REPO_PREFIX}/{img.family}"
 
 
+def local_ref(img: Any) -> str:
+    """The name `invoke build` gives an image: dtrain/<family>:<tag> (anything with .family, .tag)."""
+    return f"{REPO_PREFIX}/{img.family}:{img.tag}"
+
+
 def context(img: Image) -> dict[str, Any]:
     """Everything the templates need, derived from one validated Image."""
     v = img.variant
@@ -223,4 +228,4 @@ def write_all(families: list[str] | None = None, root: Path = OUTPUT) -> tuple[l
     return changed, removed
 
 
-__all__ = ["context", "render", "render_all", "write_all", "output_path", "image_repo", "minor"]
+__all__ = ["context", "render", "render_all", "write_all", "output_path", "image_repo", "local_ref", "minor"]

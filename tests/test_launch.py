@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,11 @@ def on_node(cluster, i: int, script: str, check=True) -> subprocess.CompletedPro
     return r
 
 
-def exec_first(cluster, job: Job, argv: list[str], limit: int, env: str = "") -> subprocess.CompletedProcess:
+def exec_first(cluster, job: Job, facts, argv: list[str], limit: int, env: str = "") -> subprocess.CompletedProcess:
     """Run argv in the job's first container, killed after `limit` seconds."""
     remote = ["docker", "exec", *(["-e", env] if env else []), container_name(job.spec.name),
               "timeout", "-s", "KILL", str(limit), *argv]
-    return subprocess.run(["ssh", "-F", cluster.ssh_config, job.facts[0].node.host, shlex.join(remote)],
+    return subprocess.run(["ssh", "-F", cluster.ssh_config, facts[0].node.host, shlex.join(remote)],
                           capture_output=True, text=True, timeout=limit + 60)
 
 
@@ -121,22 +122,22 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
                    ["python", f"{EX}/allreduce_check.py", "tensorflow"], "t-btl"),
               nodes_of(cluster, 2), say=lambda m: None)
     try:
-        job.up()
-        job.wait_ready()
-        good = job_argv(job.spec, job.facts, job.facts[0].iface)
+        facts = job.up().facts
+        job.wait_ready(facts)
+        good = job_argv(job.spec, facts, facts[0].iface)
         bad = [a for a in good]
         for flag in ("btl_tcp_if_include", "oob_tcp_if_include"):
             i = bad.index(flag)
             del bad[i - 1:i + 2]  # --mca NAME VALUE
         t0 = time.monotonic()
-        without = exec_first(cluster, job, bad, 45)
+        without = exec_first(cluster, job, facts, bad, 45)
         assert without.returncode != 0, "expected a hang or failure without the flags:\n" + without.stdout
         assert "Bad port" not in without.stdout + without.stderr  # failed for the right reason
         keep_log("btl-iface", without.stdout + without.stderr)
         assert "btl-iface" in [f.entry.id for f in diagnose(without.stdout + without.stderr)]
         assert without.stdout.count("allreduce OK") < 2
         assert time.monotonic() - t0 < 90
-        with_flags = exec_first(cluster, job, good, 120)
+        with_flags = exec_first(cluster, job, facts, good, 120)
         assert with_flags.returncode == 0, with_flags.stdout + with_flags.stderr
         assert with_flags.stdout.count("allreduce OK") == 2
     finally:
@@ -156,12 +157,12 @@ def test_diagnose_on_real_failures(cluster, remote_images):
     job = Job(spec(cluster, remote_images["horovod-tensorflow"], ["true"], "t-diag"),
               nodes_of(cluster, 2), say=lambda m: None)
     try:
-        job.up()
-        job.wait_ready()
-        good = job_argv(job.spec, job.facts, job.facts[0].iface)
+        facts = job.up().facts
+        job.wait_ready(facts)
+        good = job_argv(job.spec, facts, facts[0].iface)
 
         def in_first(argv: list[str], env: str = "") -> str:
-            r = exec_first(cluster, job, argv, 60, env)
+            r = exec_first(cluster, job, facts, argv, 60, env)
             assert r.returncode != 0, r.stdout
             return r.stdout + r.stderr
 
@@ -378,3 +379,88 @@ def test_stop_from_another_terminal(cluster, remote_images, tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert containers_left(cluster, "t-stop") == []
+
+
+# ---------------------------------------------------------------- user values are data
+
+
+def test_hostile_values_reach_the_ranks_as_data(cluster, remote_images):
+    """Shell syntax in every user value that reaches a node or container (env names and
+    values, mount paths, command arguments, ssh options, image, job name, hostname) is data:
+    each rank sees the exact values, and the marker file exists nowhere."""
+    import uuid
+
+    from dtrain.launch.jobs.commands import Mount
+
+    mark = f"/tmp/dtrain-pwned-{uuid.uuid4().hex[:8]}"
+    evil = [f"$(touch {mark})", f"`touch {mark}`", f"x; touch {mark}", f"'\"; touch {mark} #",
+            f"a\ntouch {mark}", f"\\\"$(touch {mark})\\\"", "  spaced  "]
+    env = {f"EVIL{i}": v for i, v in enumerate(evil)}
+    d = f"/tmp/dtrain-evil $(touch {mark});`touch {mark}`"
+    for i in (1, 2):
+        on_node(cluster, i, f"mkdir -p -- {shlex.quote(d)} && echo in > {shlex.quote(d + '/f')}")
+    script = ("import json, os, sys; print('ARGS', json.dumps(sys.argv[1:])); "
+              "print('ENV', json.dumps({k: v for k, v in os.environ.items() if k.startswith('EVIL')}, sort_keys=True)); "
+              f"print('MOUNT', open('/mnt/evil/f').read().strip()); print('MARK', os.path.exists({mark!r}))")
+    s = JobSpec(image=remote_images["pytorch-ddp"], command=("python", "-c", script, *evil), name="t-evil",
+                env=env, mounts=(Mount(d, "/mnt/evil", True),),
+                ssh_opts=("-F", cluster.ssh_config, "-o", f'SetEnv=DTRAIN_X="$(touch {mark});`touch {mark}`"'))
+    try:
+        for launcher in ("mpirun", "torchrun"):
+            job = Job(replace(s, launcher=launcher), nodes_of(cluster, 2), say=lambda m: None)
+            assert job.run() == 0, job_log("t-evil").read_text()
+            out = job_log("t-evil").read_text()
+            import json
+
+            args = [json.loads(ln.split("ARGS ", 1)[1]) for ln in out.splitlines() if " ARGS " in ln]
+            envs = [json.loads(ln.split("ENV ", 1)[1]) for ln in out.splitlines() if " ENV " in ln]
+            assert len(args) == 2 and all(a == evil for a in args), out
+            assert len(envs) == 2 and all(e == env for e in envs), out
+            assert out.count("MOUNT in") == 2 and out.count("MARK False") == 2, out
+        # an image reference, a job name and a hostname with shell syntax: refused, nothing runs
+        with pytest.raises(LaunchError):
+            Job(replace(s, image=f"{remote_images['pytorch-ddp']}$(touch {mark})", name="t-evil-img"),
+                nodes_of(cluster, 2), say=lambda m: None).run()
+        with pytest.raises(LaunchError, match="bad job name"):
+            Job(replace(s, name=f"x;touch {mark}"), nodes_of(cluster, 2), say=lambda m: None)
+        with pytest.raises(ValueError, match="bad host"):
+            Node(f"$(touch {mark})")
+    finally:
+        for i in (1, 2):
+            on_node(cluster, i, f"rm -rf -- {shlex.quote(d)}", check=False)
+    assert not Path(mark).exists()
+    for i in (1, 2, 3):
+        assert on_node(cluster, i, f"ls {mark} 2>&1 || true").stdout.strip().endswith("No such file or directory")
+    assert containers_left(cluster, "t-evil") == [] and containers_left(cluster, "t-evil-img") == []
+
+
+def test_env_file_values_are_never_printed_nor_in_argv(cluster, remote_images, tmp_path):
+    """--env-file values (tokens) reach every rank, but the console, the job log and every
+    process's argv on the launcher and the nodes show names only."""
+    import hashlib
+    import os
+
+    secret = 'tok"en-' + os.urandom(6).hex()
+    (tmp_path / "secrets.env").write_text(f"HF_TOKEN='{secret}'\n")
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "invoke", "launch", "--hostfile", cluster.hostfile,
+            "--ssh-config", cluster.ssh_config, "--image", remote_images["pytorch-ddp"], "--name", "t-secret",
+            "--env-file", str(tmp_path / "secrets.env"), "--",
+            "python", "-c", "import hashlib, os, time; print('sha', hashlib.sha256(os.environ['HF_TOKEN'].encode())"
+            ".hexdigest(), flush=True); time.sleep(15)"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "jobs" / "t-secret" / "output.log"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (log.exists() and log.read_text().count(" sha ") == 3):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    seen = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    seen += "".join(on_node(cluster, i, "ps -eo args").stdout for i in (1, 2, 3))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    want = hashlib.sha256(secret.encode()).hexdigest()
+    assert log.read_text().count(f" sha {want}") == 3, log.read_text()
+    assert "-x HF_TOKEN" in out  # the mpirun line names the variable
+    for where, text in (("console", out), ("job log", log.read_text()), ("ps", seen)):
+        assert secret not in text and secret.split('"')[1] not in text, where
+    assert containers_left(cluster, "t-secret") == []

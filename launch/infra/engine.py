@@ -23,6 +23,7 @@ PACKAGES: tuple[str, ...] = (
     "iproute2",
     "iptables",  # dockerd needs working iptables for its bridge network
     "apache2-utils",  # htpasswd for registry auth
+    "shellcheck",  # tests check the node programs (launch/node/)
 )
 
 DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in
@@ -243,7 +244,7 @@ def allow_insecure_registry(registry: str, timeout: float = 20) -> None:
 
     conf = json.loads(DAEMON_JSON.read_text()) if DAEMON_JSON.exists() else {}
     regs = conf.setdefault("insecure-registries", [])
-    if registry in regs and _registry_trusted(registry):
+    if registry in regs and registry_trusted(registry):
         return
     if registry not in regs:
         regs.append(registry)
@@ -254,14 +255,15 @@ def allow_insecure_registry(registry: str, timeout: float = 20) -> None:
         os.kill(int(pid.read_text().strip()), 1)  # SIGHUP: reload configuration
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _registry_trusted(registry):
+        if registry_trusted(registry):
             _say(f"docker engine trusts plain-HTTP registry {registry}")
             return
         time.sleep(0.5)
     raise RuntimeError(f"dockerd did not pick up insecure registry {registry} from {DAEMON_JSON}")
 
 
-def _registry_trusted(registry: str) -> bool:
+def registry_trusted(registry: str) -> bool:
+    """The engine reaches this registry over plain HTTP (it is in insecure-registries)."""
     import json
 
     out = subprocess.run([docker_cli(), "info", "--format", "{{json .RegistryConfig.IndexConfigs}}"],

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
-from dtrain import contract
+from dtrain import contract, table
 from dtrain.contract import container_name
 from dtrain.launch.jobs import commands, node_programs
 from dtrain.launch.jobs.hosts import Node
@@ -211,11 +211,8 @@ def entries_for(check: str) -> list[checklist.Entry]:
 def format_table(rows: Sequence[Row]) -> str:
     order = {c: i for i, c in enumerate(CHECKS)}
     rows = sorted(rows, key=lambda r: (r.node, order.get(r.check, 99)))
-    widths = [max(len(x) for x in col) for col in zip(("node", "check", "status"),
-                                                        *[(r.node, r.check, r.status) for r in rows])]
-    out = ["  ".join(h.ljust(w) for h, w in zip(("node", "check", "status"), widths)) + "  detail"]
-    out += ["  ".join(x.ljust(w) for x, w in zip((r.node, r.check, r.status), widths)) + "  " + r.detail
-            for r in rows]
+    out = [table.text([("node", "check", "status", "detail"),
+                       *[(r.node, r.check, r.status, r.detail) for r in rows]])]
     failed = sorted({r.check for r in rows if r.status == "FAIL"}, key=lambda c: order.get(c, 99))
     for check in failed:
         out.append(f"\n{check} FAILED: see docs/troubleshooting.md")
