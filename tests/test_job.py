@@ -154,3 +154,13 @@ def test_driver_check_is_one_comparison():
 
     assert driver_too_old("535.104.05", "560.35.05") and not driver_too_old("570.86.15", "560.35.05")
     assert not driver_too_old("", "560.35.05") and not driver_too_old("535.104.05", "")
+
+
+def test_job_store_records_and_lists(tmp_path, monkeypatch):
+    from dtrain.launch.jobs import store
+
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path))
+    store.record("j1", name="j1", launcher="mpirun", nodes=[{}], image="img", state="starting", pid=0)
+    store.record("j1", state="succeeded", exit_code=0)
+    assert store.load_job("j1")["state"] == "succeeded" and store.load_job(None)["name"] == "j1"
+    assert store.status_rows()[1] == ("j1", "succeeded", "mpirun", "1", "img", "0")

@@ -29,9 +29,9 @@ def job_log(name: str) -> Path:
     return job_dir(name) / "output.log"
 
 
-def record(name: str, **fields) -> None:
-    """Merge fields into the job's job.json (atomically)."""
-    d = job_dir(name)
+def record(job: str, /, **fields) -> None:
+    """Merge fields into job.json of the job named `job` (atomically)."""
+    d = job_dir(job)
     d.mkdir(parents=True, exist_ok=True)
     path = d / "job.json"
     data = json.loads(path.read_text()) if path.exists() else {}
