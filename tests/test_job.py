@@ -164,3 +164,22 @@ def test_job_store_records_and_lists(tmp_path, monkeypatch):
     store.record("j1", state="succeeded", exit_code=0)
     assert store.load_job("j1")["state"] == "succeeded" and store.load_job(None)["name"] == "j1"
     assert store.status_rows()[1] == ("j1", "succeeded", "mpirun", "1", "img", "0")
+
+
+def test_ecr_login_for_the_nodes_decodes_the_token_once(monkeypatch):
+    """An ECR image gets a login (user, password from the one decoder, dtrain.ecr); the
+    password travels on stdin only; any other image gets none."""
+    from moto import mock_aws
+
+    from dtrain import ecr
+    from dtrain.launch.jobs.login import login_for
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert login_for("10.213.0.1:5000/dtrain/x:1").args == ["", ""]
+    with mock_aws():
+        login = login_for("123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/x:1")
+    assert login.args == ["123456789012.dkr.ecr.us-east-1.amazonaws.com", "AWS"]
+    assert login.password and login.stdin == login.password + "\n"
+    with pytest.raises(ValueError, match="not base64"):
+        ecr.decode_token("%%%")

@@ -464,3 +464,25 @@ def test_env_file_values_are_never_printed_nor_in_argv(cluster, remote_images, t
     for where, text in (("console", out), ("job log", log.read_text()), ("ps", seen)):
         assert secret not in text and secret.split('"')[1] not in text, where
     assert containers_left(cluster, "t-secret") == []
+
+
+def test_registry_login_leaves_no_credential_on_the_nodes(cluster, remote_images):
+    """The nodes' pull step with a login (as for ECR): `docker login` to the cluster registry
+    goes into a Docker config of its own, deleted after the pull; the node's own
+    ~/.docker/config.json is as it was, and no config directory is left in /dev/shm."""
+    import base64
+
+    from dtrain.launch.jobs import node_programs
+
+    image = remote_images["pytorch-ddp"]
+    registry = image.split("/", 1)[0]
+    auth = base64.b64encode(b"dtrain-test:s3cr3t-pw").decode()
+    look = "cat ~/.docker/config.json 2>/dev/null; ls -d /dev/shm/dtrain-docker-* 2>/dev/null; true"
+    for i in (1, 2, 3):
+        before = on_node(cluster, i, look).stdout
+        step = node_programs.host_argv("pull", registry, "dtrain-test", image, "always")
+        r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", shlex.join(step)], input="s3cr3t-pw\n",
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "image=" in r.stdout and "pull failed" not in r.stderr, r.stderr
+        after = on_node(cluster, i, look).stdout
+        assert after == before and auth not in after and "s3cr3t" not in after, after

@@ -30,7 +30,9 @@ for key in /root/.ssh/id_rsa /root/.ssh/id_ecdsa /root/.ssh/id_ed25519; do
 done
 
 # sshd gives non-interactive sessions (mpirun's orted) the environment in SetEnv: the image's
-# ENV plus anything `docker run -e` added. Values holding a double quote cannot be expressed.
+# ENV plus anything `docker run -e` added. Values holding a double quote or a newline cannot be
+# expressed there (a newline would end the line, and sshd refuse the file). A launch's --env
+# values are not in this environment: mpirun forwards them by name (launch/node/run.sh).
 conf=/etc/ssh/sshd_config.d/00-image-env.conf
 line="SetEnv"
 while IFS= read -r -d '' kv; do
@@ -39,8 +41,8 @@ while IFS= read -r -d '' kv; do
     HOSTNAME|HOME|PWD|OLDPWD|SHLVL|_|TERM|SSH_*|BASH_FUNC_*) continue ;;
   esac
   [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
-  if [[ "$kv" == *'"'* ]]; then
-    echo "entrypoint: not forwarding $name to ssh sessions (value holds a double quote)" >&2
+  if [[ "$kv" == *'"'* || "$kv" == *$'\n'* ]]; then
+    echo "entrypoint: not forwarding $name to ssh sessions (value holds a double quote or a newline)" >&2
     continue
   fi
   line+=" \"$kv\""
