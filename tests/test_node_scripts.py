@@ -173,7 +173,7 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
 
 
 HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a; touch /tmp/pwned", "it's \"quoted\"",
-           "two\nlines", "back\\slash", "  spaced  ", ""]
+           "two\nlines", "back\\slash", "  spaced  ", "", "ab", "a", "ends with newline\n\n", "x=y=="]
 
 
 def test_run_sh_exports_env_values_exactly_and_fills_hosts_once(tmp_path):

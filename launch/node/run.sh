@@ -28,9 +28,11 @@ while [ $# -gt 0 ]; do
 done
 
 if [ -n "$envfile" ] && [ -s "$envfile" ]; then
-  while IFS='=' read -r name value; do
+  while IFS= read -r line; do
+    name=${line%%=*}
     [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
-    export "$name=$(printf '%s' "$value" | base64 -d)"
+    value=$(printf '%s' "${line#*=}" | base64 -d && echo x)  # x: keeps trailing newlines
+    export "$name=${value%x}"
   done < "$envfile"
 fi
 
