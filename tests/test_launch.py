@@ -397,12 +397,13 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, remote_images):
             f"a\ntouch {mark}", f"\\\"$(touch {mark})\\\"", "  spaced  "]
     env = {f"EVIL{i}": v for i, v in enumerate(evil)}
     d = f"/tmp/dtrain-evil $(touch {mark});`touch {mark}`"
-    for i in (1, 2):
-        on_node(cluster, i, f"mkdir -p -- {shlex.quote(d)} && echo in > {shlex.quote(d + '/f')}")
     script = ("import json, os, sys; print('ARGS', json.dumps(sys.argv[1:])); "
               "print('ENV', json.dumps({k: v for k, v in os.environ.items() if k.startswith('EVIL')}, sort_keys=True)); "
               f"print('MOUNT', open('/mnt/evil/f').read().strip()); print('MARK', os.path.exists({mark!r}))")
-    s = JobSpec(image=remote_images["pytorch-ddp"], command=("python", "-c", script, *evil), name="t-evil",
+    for i in (1, 2):  # the script in the mounted directory: torchrun takes a file, not -c
+        on_node(cluster, i, f"mkdir -p -- {shlex.quote(d)} && echo in > {shlex.quote(d + '/f')} && "
+                            f"printf '%s\\n' {shlex.quote(script)} > {shlex.quote(d + '/check.py')}")
+    s = JobSpec(image=remote_images["pytorch-ddp"], command=("python", "/mnt/evil/check.py", *evil), name="t-evil",
                 env=env, mounts=(Mount(d, "/mnt/evil", True),),
                 ssh_opts=("-F", cluster.ssh_config, "-o", f'SetEnv=DTRAIN_X="$(touch {mark});`touch {mark}`"'))
     try:
