@@ -268,7 +268,7 @@ def test_refuses_without_root_or_bad_size():
         cluster.up(0)
     if shutil.which("setpriv"):
         cp = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                  "/usr/bin/python3", "-c", "from launch import cluster; cluster.up(2)"],
+                  "/usr/bin/python3", "-c", "from dtrain.launch.infra import cluster; cluster.up(2)"],
                  check=False, cwd=str(Path(__file__).resolve().parents[1]),
                  env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         assert cp.returncode != 0 and "needs root" in cp.stderr, cp.stderr

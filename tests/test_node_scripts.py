@@ -200,3 +200,16 @@ def test_run_sh_exports_env_values_exactly_and_fills_hosts_once(tmp_path):
 def test_env_file_is_names_and_base64():
     text = env_file({"A": "x\ny", "B": '"'})
     assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"
+
+
+def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
+    """up passes the sshd port to start (the probe's $port is the port's holder, not the port)."""
+    head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
+    fake = ('docker() { case $1 in inspect) echo "' + IMG_ID + ' - 4" ;; esac; }\n'
+            'ss() { case "$*" in *"sport = :2022"*) [ -e "$SEEN" ] && echo LISTEN; : > "$SEEN" ;; esac; }\n'
+            'nvidia-smi() { return 1; }\n')
+    r = host('up "$@"', "2022", "", "", "img:1", "never", "5",
+             str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", str(len(head)), *head, *rest, fake=fake,
+             stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "SEEN": str(tmp_path / "seen")})
+    assert r.returncode == 0, r.stderr
+    assert "started=1" in r.stdout and "run=1" in r.stdout

@@ -265,14 +265,16 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
     out: dict[str, dict[str, str]] = {}
     try:
         say(f"[doctor] starting {opts.image} on {len(usable)} node(s) for the in-container checks")
-        started = job.up()
-        # Labels (GPU kind, min driver) of an image that was not on a node before the pull;
-        # the digest check keeps what the node held before.
-        labels = job.ssh.run(usable, lambda n: ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
-                                                opts.image or ""], timeout=60)
-        for n, r in zip(usable, labels):
-            if r.ok and not host[n.host].get("image_labels"):
-                host[n.host]["image_labels"] = r.stdout.strip()
+        try:
+            started = job.up()
+        finally:
+            # Labels (GPU kind, min driver) of an image that was not on a node before the pull,
+            # also where no container could start; the digest check keeps what the node held before.
+            labels = job.ssh.run(usable, lambda n: ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
+                                                    opts.image or ""], timeout=60)
+            for n, r in zip(usable, labels):
+                if r.ok and not host[n.host].get("image_labels"):
+                    host[n.host]["image_labels"] = r.stdout.strip()
         check = ["docker", "exec", container_name(name), *node_programs.container_argv(
             "doctor-container.sh", [str(contract.SSH_PORT), *(f.address for f in started.facts)])]
         results = job.ssh.run(usable, lambda n: check, timeout=120, retries=1)

@@ -4,14 +4,14 @@
 # the job's private key, its env file. Prints the probe's facts and `image=...`; then, unless
 # the node declines (gate), `started=1` and starts the container (start).
 up() {
-  local port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
+  local ssh_port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
   shift 9
   login "$registry" "$user"
   read_secrets
   image "$ref" "$pull" "$name"
-  probe "$port"
+  probe "$ssh_port"
   gate || exit 0
-  start "$kd" "$pub" "$timeout" "$port" "$name" "$@"
+  start "$kd" "$pub" "$timeout" "$ssh_port" "$name" "$@"
 }
 
 # Where the node itself declines to start (the launcher then names every such node at once,
