@@ -101,6 +101,16 @@ def container_script(peers: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def image_labels(text: str | None) -> dict[str, str]:
+    """`docker image inspect -f '{{json .Config.Labels}}'` output as a dict: an image built
+    elsewhere has no labels (`null`) or not ours; both mean "nothing known", not an error."""
+    try:
+        labels = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
 def _version(v: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in v.split("."))
@@ -150,7 +160,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
             f"engine {f.get('docker_info', '').split('|')[0]}" if docker_ok else
             f"engine not answering: {f.get('docker') or 'no answer'}")
 
-        labels = json.loads(f.get("image_labels") or "{}") if opts.image else {}
+        labels = image_labels(f.get("image_labels")) if opts.image else {}
         gpus, driver = int(f.get("gpus") or 0), f.get("driver", "")
         need = labels.get("dtrain.min-driver", "")
         if labels.get("dtrain.kind") == "gpu" and not gpus:
@@ -327,7 +337,7 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
         labels = run_all(usable, lambda n: job._ssh(n, ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
                                                         opts.image or ""]), timeout=60)
         for n, r in zip(usable, labels):
-            if r.ok and not host[n.host].get("image_labels"):
+            if r.ok and not image_labels(host[n.host].get("image_labels")):
                 host[n.host]["image_labels"] = r.stdout.strip()
         job.start_containers()
         peers = [f.address for f in facts]
