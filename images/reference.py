@@ -80,7 +80,7 @@ def _why(ref: str) -> str:
     bad = sorted({c for c in ref if not (c.isascii() and (c.isalnum() or c in "._-/:@[]"))})
     if bad:
         return "character(s) not allowed: " + " ".join(repr(c) for c in bad)
-    return "not REGISTRY[:PORT]/PATH[:TAG][@sha256:DIGEST] (lower-case path components)"
+    return "does not match Docker's reference grammar (lower-case path components, tag of word characters)"
 
 
 def check(ref: str, flag: str = "--image") -> Reference:
