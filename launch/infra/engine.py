@@ -19,12 +19,20 @@ PACKAGES: tuple[str, ...] = (
     "openssh-server",
     "openssh-client",
     "openmpi-bin",
-    "libopenmpi-dev",  # mpicc and mpi.h: tests/test_cluster.py compiles an MPI program
+    "libopenmpi-dev",  # mpi.h for mpicc: tests/test_cluster.py compiles an MPI program
+    "gcc",  # the C compiler mpicc wraps (libopenmpi-dev pulls only gfortran-12)
     "docker-registry",  # local registry for the simulated cluster
     "iproute2",
     "iptables",  # dockerd needs working iptables for its bridge network
     "apache2-utils",  # htpasswd for registry auth
+    "containerd",  # dockerd's runtime (a docker.io dependency; the cluster starts its own)
+    "runc",
+    "openssl",  # the tests' throw-away CA (conftest.ca_bundle)
+    "procps",  # ps: the cluster tests look for leftover processes
 )
+# Programs from the base system (Debian Essential/required: bash, coreutils, tar, util-linux,
+# mount, dpkg, apt) are not listed; tests/test_host_packages.py checks every program the
+# tests, benches and the demo run against this list and that base.
 
 DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in
 DOCKER_SOCK = Path("/var/run/docker.sock")
