@@ -386,16 +386,20 @@ def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, 
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
 
 
-@task(help={"log": "a job's output file, or a job name from `invoke status` (default: the latest job)"})
+@task(positional=["log"], help={"log": "a job's output file, a job name from `invoke status`, "
+                                        "or `latest` (the latest job)"})
 def diagnose(c, log=None):
-    """Match a failed job's output against the known failure signatures (docs/troubleshooting.md)."""
+    """Match a failed job's output against the known failure signatures: invoke diagnose LOG|JOB|latest."""
     from pathlib import Path
 
     from dtrain.launch.troubleshoot import diagnose as dg
     from dtrain.launch.jobs.job import job_log, load_job
 
     with user_errors():
-        path = Path(log) if log and Path(log).exists() else job_log(load_job(log)["name"])
+        if Path(log).exists():
+            path = Path(log)
+        else:
+            path = job_log(load_job(None if log == "latest" else log)["name"])
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)
