@@ -120,15 +120,27 @@ def render(c, image=None, check=False):
     "wheelhouse": "directory of wheels offered to pip first (offline builds)",
     "push_cache": "registry repository to pull and push inline build cache",
     "no_cache": "ignore the layer cache",
+    "project": "a project directory: build FROM a family image with its requirements.txt and code "
+               "(docs/images.md)",
+    "from_": "with --project: FAMILY or FAMILY:TAG to build from (default: `from:` in DIR/dtrain.yaml)",
 })
 def build(c, image=None, tag=None, all=False, base_image=None, builder_image=None, ca_bundle=None,
-          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False):
-    """Build images with BuildKit from dockerfiles/ (run `invoke render` first)."""
+          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False, project=None, from_=None):
+    """Build images with BuildKit from dockerfiles/ (run `invoke render` first), or a project image."""
     from pathlib import Path
 
     from dtrain.images import build as b
 
     with user_errors():
+        if project or from_:
+            from dtrain.images import project as pj
+
+            if not project:
+                raise b.BuildError("--from goes with --project DIR")
+            opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
+                                  pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache)
+            pj.build(Path(project), from_, opts)
+            return
         opts = b.BuildOptions(
             base_image=base_image, builder_image=builder_image,
             ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
