@@ -139,3 +139,12 @@ def test_cli_conflict_is_one_line_per_requirement_and_builds_nothing(tmp_path):
         f"error: {tmp_path}/requirements.txt:1: torch==2.0.0 conflicts with dtrain/pytorch-ddp:"
         "2.13.0-cpu-py311-debian12, which pins torch==2.13.0; drop it, allow 2.13.0, or build --from a "
         "variant with the version you need"]
+
+
+def test_project_dockerfile_passes_hadolint(tmp_path):
+    (tmp_path / "requirements.txt").write_text("tabulate==0.9.0\n")
+    path = tmp_path / "Dockerfile"
+    path.write_text(pj.dockerfile(pj.plan(tmp_path, "horovod-tensorflow", IMAGES)))
+    r = subprocess.run(["hadolint", "--config", str(ROOT / ".hadolint.yaml"), str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
