@@ -23,15 +23,64 @@ def user_errors():
     from dtrain.images.push import PushError
     from dtrain.images.spec import SpecError
     from dtrain.launch.troubleshoot.diagnose import DiagnoseError
+    from dtrain.images.reference import BadReference
     from dtrain.launch.errors import LaunchError
-
     from dtrain.launch.infra.cluster import ClusterError
+    from dtrain.launch.infra.engine import EngineError
 
     try:
         yield
-    except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError) as e:
+    except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
+            EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+# ---------------------------------------------------------------- flag parsing (pure)
+
+
+def _int_flag(name: str, value, lo: int, hi: int | None = None) -> int:
+    """`--name VALUE` as a whole number in lo..hi, or a one-line error naming the flag."""
+    from dtrain.launch.errors import LaunchError
+
+    text = str(value).strip()
+    n = int(text) if text.isascii() and text.isdigit() and not isinstance(value, bool) else None
+    if n is None or n < lo or (hi is not None and n > hi):
+        accepted = f"a whole number from {lo} to {hi}" if hi is not None else f"a whole number >= {lo}"
+        raise LaunchError(f"{name} {value!r}: expected {accepted}")
+    return n
+
+
+def _float_flag(name: str, value, lo: float = 0.0, *, or_equal: bool = False) -> float:
+    """`--name VALUE` as a finite number > lo (>= lo with or_equal), or a one-line error."""
+    import math
+
+    from dtrain.launch.errors import LaunchError
+
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or x < lo or (x == lo and not or_equal):
+        raise LaunchError(f"{name} {value!r}: expected a number {'>=' if or_equal else '>'} {lo:g}")
+    return x
+
+
+def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
+    from dtrain.launch.errors import LaunchError
+
+    if value not in choices:
+        raise LaunchError(f"{name} {value}: use {', '.join(choices[:-1])} or {choices[-1]}")
+    return value
+
+
+def _image_flag(value: str | None, name: str = "--image") -> str | None:
+    """An image reference checked against Docker's grammar before anything runs."""
+    from dtrain.images.reference import check
+
+    if value is not None:
+        check(value, name)
+    return value
 
 
 @task(help={"image": "one family (horovod-tensorflow, horovod-pytorch, pytorch-ddp); default all",
@@ -71,15 +120,27 @@ def render(c, image=None, check=False):
     "wheelhouse": "directory of wheels offered to pip first (offline builds)",
     "push_cache": "registry repository to pull and push inline build cache",
     "no_cache": "ignore the layer cache",
+    "project": "a project directory: build FROM a family image with its requirements.txt and code "
+               "(docs/images.md)",
+    "from_": "with --project: FAMILY or FAMILY:TAG to build from (default: `from:` in DIR/dtrain.yaml)",
 })
 def build(c, image=None, tag=None, all=False, base_image=None, builder_image=None, ca_bundle=None,
-          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False):
-    """Build images with BuildKit from dockerfiles/ (run `invoke render` first)."""
+          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False, project=None, from_=None):
+    """Build images with BuildKit from dockerfiles/ (run `invoke render` first), or a project image."""
     from pathlib import Path
 
     from dtrain.images import build as b
 
     with user_errors():
+        if project or from_:
+            from dtrain.images import project as pj
+
+            if not project:
+                raise b.BuildError("--from goes with --project DIR")
+            opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
+                                  pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache)
+            pj.build(Path(project), from_, opts)
+            return
         opts = b.BuildOptions(
             base_image=base_image, builder_image=builder_image,
             ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
@@ -139,7 +200,8 @@ def test(c, k=None, unit=False):
     else:
         from dtrain.launch.infra import engine
 
-        engine.ensure_all()
+        with user_errors():
+            engine.ensure_all()
     if k:
         args += ["-k", k]
     sys.exit(subprocess.call(args))
@@ -164,7 +226,8 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key):
     from dtrain.launch.jobs.hosts import nodes_from_args
 
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
-                           slots=int(slots) if slots else None, ssh_user=ssh_user, ssh_key=ssh_key)
+                           slots=_int_flag("--slots", slots, 1, 4096) if slots else None,
+                           ssh_user=ssh_user, ssh_key=ssh_key)
 
 
 def _ssh_opts(ssh_opt, ssh_config=None):
@@ -188,7 +251,7 @@ def _ssh_opts(ssh_opt, ssh_config=None):
 })
 def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=None, ec2_tag=None,
            region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
-           env_file=None, iface=None, mount=None, shm_size=None, master_port=29500, rdzv="static",
+           env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
            pull="always", timeout=None):
     """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
     from dtrain.launch.jobs import commands
@@ -198,11 +261,13 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
     with user_errors():
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
+        _image_flag(image)
         command = tuple(_remainder())
-        if pull not in ("always", "missing", "never"):
-            raise LaunchError(f"--pull {pull}: use always, missing or never")
-        if launcher not in ("mpirun", "horovodrun", "torchrun"):
-            raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun or torchrun")
+        _choice_flag("--pull", pull, ("always", "missing", "never"))
+        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+        _choice_flag("--rdzv", rdzv, ("static", "c10d"))
+        port = _int_flag("--master-port", master_port, 1, 65535)
+        seconds = _float_flag("--timeout", timeout) if timeout is not None else None
         envs = dict(commands.parse_env_file(env_file)) if env_file else {}
         for kv in env or []:
             k, sep, v = kv.partition("=")
@@ -211,8 +276,8 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
             envs[k] = v
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
-                       shm_size=shm_size, master_port=int(master_port), rdzv=rdzv, pull=pull,
-                       job_timeout=float(timeout) if timeout else None, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
+                       shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
+                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key))
         code = job.run()
         if code != 0:
@@ -273,13 +338,13 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
 
 @task(help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size"})
-def cluster(c, action, nodes=2, recreate=False):
+def cluster(c, action, nodes="2", recreate=False):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
         if action == "up":
-            info = cl.up(int(nodes), recreate=recreate)
+            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
@@ -296,12 +361,12 @@ def cluster(c, action, nodes=2, recreate=False):
 
 @task(help={"nodes": "nodes in the simulated cluster (default 2)", "keep": "leave the cluster up",
             "epochs": "training epochs (default 3)"})
-def demo(c, nodes=2, keep=False, epochs=3):
+def demo(c, nodes="2", keep=False, epochs="3"):
     """The main job end to end: build the CPU Horovod image, simulated cluster, real training, teardown."""
     from dtrain.launch import demo as d
 
     with user_errors():
-        sys.exit(d.run(int(nodes), keep, int(epochs)))
+        sys.exit(d.run(_int_flag("--nodes", nodes, 1, 64), keep, _int_flag("--epochs", epochs, 1)))
 
 
 # ---------------------------------------------------------------- troubleshooting
@@ -317,29 +382,35 @@ def demo(c, nodes=2, keep=False, epochs=3):
 })
 def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb=10.0, job=None):
+           min_free_gb="10", job=None):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
 
     with user_errors():
+        _image_flag(image)
+        free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
-                                        min_free_gb=float(min_free_gb),
+                                        min_free_gb=free,
                                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))
         print(dr.format_table(rows))
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
 
 
-@task(help={"log": "a job's output file, or a job name from `invoke status` (default: the latest job)"})
+@task(positional=["log"], help={"log": "a job's output file, a job name from `invoke status`, "
+                                        "or `latest` (the latest job)"})
 def diagnose(c, log=None):
-    """Match a failed job's output against the known failure signatures (docs/troubleshooting.md)."""
+    """Match a failed job's output against the known failure signatures: invoke diagnose LOG|JOB|latest."""
     from pathlib import Path
 
     from dtrain.launch.troubleshoot import diagnose as dg
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
-        path = Path(log) if log and Path(log).exists() else job_log(load_job(log)["name"])
+        if Path(log).exists():
+            path = Path(log)
+        else:
+            path = job_log(load_job(None if log == "latest" else log)["name"])
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)
@@ -366,7 +437,7 @@ def diagnose(c, log=None):
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
     "output": "write to this file instead of stdout",
 })
-def manifest(c, for_=None, image=None, workers=2, gpus_per_worker=0, name="dtrain-job", launcher=None,
+def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
              output=None):
@@ -378,8 +449,10 @@ def manifest(c, for_=None, image=None, workers=2, gpus_per_worker=0, name="dtrai
     from dtrain.launch.other_tools import manifests as mf
 
     with user_errors():
+        _image_flag(image)
         text = mf.render(mf.spec_from_args(
-            for_, image, _remainder(), workers=workers, gpus_per_worker=gpus_per_worker, name=name,
+            for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
+            gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
             env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,

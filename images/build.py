@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from dtrain import table
-from dtrain.images.render import ROOT, local_ref, output_path, render  # noqa: F401 (local_ref: build.local_ref)
-from dtrain.images.spec import Image, SpecError, load_all
+from dtrain.images.render import ROOT, image_repo, local_ref, output_path, render  # noqa: F401 (local_ref: build.local_ref)
+from dtrain.images.spec import Image, SpecError, load_all, size_over_budget
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 LOG_DIR = ROOT / "build" / "logs"
@@ -301,5 +301,8 @@ def build(families: list[str] | None, tag: str | None, all_variants: bool, opts:
         say(f"[build] ({n}/{len(images)}) {local_ref(img)}")
         results.append(build_one(img, opts, docker=docker, wheels=wheels, say=say))
         say(f"[build] {local_ref(img)} built in {results[-1].seconds:.1f} s")
+        over = size_over_budget(results[-1].ref, results[-1].size, img.variant.size_gib)
+        if over:
+            raise BuildError(over)
     say("\n" + summary_table(results))
     return results

@@ -145,10 +145,18 @@ def remote_ref(registry: str, prefix: str, family: str, tag: str) -> str:
 
 
 def split_ref(ref: str) -> tuple[str, str, str]:
-    """'host:5000/a/b:tag' -> ('host:5000', 'a/b', 'tag')."""
-    registry, _, rest = ref.partition("/")
-    repo, _, tag = rest.rpartition(":")
-    return registry, repo, tag
+    """'host:5000/a/b:tag' -> ('host:5000', 'a/b', 'tag'); a reference outside Docker's
+    grammar is a PushError (images/reference.py)."""
+    from dtrain.images.reference import BadReference, parse
+
+    try:
+        r = parse(ref)
+    except BadReference as e:
+        raise PushError(f"image reference {ref!r}: {e}") from None
+    if not r.domain:  # our refs always name a registry; keep the first component as one
+        first, _, rest = r.path.partition("/")
+        return first, rest, r.tag
+    return r.domain, r.path, r.tag
 
 
 def repository_of(ref: str) -> str:

@@ -69,6 +69,9 @@ class Variant(_Strict):
     efa_installer: str | None = None
     aws_ofi_nccl: str | None = None
     targets: list[str] | None = None
+    # Recorded image size in GiB (docs/benchmarks.md); `invoke build` fails past
+    # SIZE_BUDGET_FACTOR times it, as AWS Deep Learning Containers do.
+    size_gib: float | None = None
 
 
 class FamilySpec(_Strict):
@@ -329,6 +332,27 @@ def load_all(families: list[str] | None = None) -> list[Image]:
     return out
 
 
+# ---------------------------------------------------------------- size budget
+
+SIZE_BUDGET_FACTOR = 1.2
+GIB = 1024**3
+
+
+def size_over_budget(ref: str, size_bytes: int, recorded_gib: float | None,
+                     factor: float = SIZE_BUDGET_FACTOR) -> str | None:
+    """None when the image is within `factor` x its recorded size (or none is recorded),
+    else the message naming the image, its size and the budget."""
+    if recorded_gib is None:
+        return None
+    budget = recorded_gib * factor
+    if size_bytes <= budget * GIB:
+        return None
+    return (f"{ref} is {size_bytes / GIB:.2f} GiB, over its budget of {budget:.2f} GiB "
+            f"({factor:g} x the recorded size_gib {recorded_gib:g} in its images/*.yaml variant); "
+            "find what grew (a CUDA framework wheel in a CPU image?) or, if the growth is wanted, "
+            "record the new size")
+
+
 # ---------------------------------------------------------------- rules (meaning)
 
 Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message)
@@ -359,6 +383,9 @@ def check_variant(img: Image) -> list[Problem]:
             out.append((None, "gpu", f"GPU variants need '{key}'"))
         if not img.gpu and getattr(v, key) is not None:
             out.append((key, "cpu", f"CPU variants do not take '{key}'"))
+    if v.size_gib is not None and not 0.01 <= v.size_gib <= 100:
+        out.append(("size_gib", "size-budget", f"size_gib {v.size_gib:g}: expected the image's "
+                    "recorded size in GiB, between 0.01 and 100"))
     if out:
         return out
 

@@ -186,3 +186,27 @@ def test_labels_name_every_pin(cpu_images):
         assert labels["dtrain.version.python"] == img.variant.python
         assert labels[f"dtrain.version.{img.framework}"] == img.framework_version
         assert re.match(r"[0-9a-f]{40}", labels["org.opencontainers.image.revision"])
+
+
+def test_cpu_images_are_cpu_builds_within_their_size_budget(cpu_images, tmp_path):
+    """The build-time CPU check passes in the real images and fails there for a CUDA torch
+    (a stub `torch` with version.cuda set, first on PYTHONPATH); every size is in budget."""
+    from dtrain.images.spec import load_all, size_over_budget
+    from dtrain.launch.infra import engine
+
+    for img in (i for i in load_all() if not i.gpu):
+        r = cpu_images[img.family]
+        assert size_over_budget(r.ref, r.size, img.variant.size_gib) is None
+        fw = "tensorflow" if img.framework == "tensorflow" else "torch"
+        ok = subprocess.run([engine.docker_cli(), "run", "--rm", "--entrypoint", "python", r.ref,
+                             "/opt/dtrain/node/cpu_build_check.py", fw], capture_output=True, text=True)
+        assert ok.returncode == 0 and ok.stdout.strip() == f"{fw}: CPU build", ok.stdout + ok.stderr
+    stub = tmp_path / "stub" / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("__version__ = '2.13.0+cu121'\nfrom torch import version\n")
+    (stub / "version.py").write_text("cuda = '12.1'\n")
+    bad = subprocess.run([engine.docker_cli(), "run", "--rm", "-v", f"{stub.parent}:/stub:ro", "-e",
+                          "PYTHONPATH=/stub", "--entrypoint", "python", cpu_images["pytorch-ddp"].ref,
+                          "/opt/dtrain/node/cpu_build_check.py", "torch"], capture_output=True, text=True)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "CUDA 12.1 build" in bad.stderr and "--wheelhouse" in bad.stderr

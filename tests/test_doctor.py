@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path):
     # The CLI: exit non-zero, the failing row, and the checklist entries that explain it.
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"{addr(cluster, 1)} slots=1 port=22 user=root\n10.213.0.99 slots=1 port=22 user=root\n")
-    out = subprocess.run(["python", "-m", "invoke", "doctor", "--hostfile", str(hostfile),
+    out = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--hostfile", str(hostfile),
                           "--ssh-config", cluster.ssh_config], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "10.213.0.99  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout

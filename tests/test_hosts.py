@@ -232,7 +232,7 @@ def test_discover_ec2_nothing_matches(fleet):
 
 
 def test_discover_ec2_bad_tag():
-    with pytest.raises(LaunchError, match=re.escape("--tag: expected KEY=VALUE, got 'dtrain'")):
+    with pytest.raises(LaunchError, match=re.escape("--ec2-tag: expected KEY=VALUE, got 'dtrain'")):
         discover_ec2("dtrain")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from dtrain.images import push as P
 from dtrain.images.push import LocalImage, PushError, Target
 
 DOCKER = "/usr/bin/docker"
+ROOT = Path(__file__).resolve().parent.parent
 USER, PASSWORD = "pusher", "s3cret-Pa55word"
 MOTO_ACCOUNT = "123456789012"
 MOTO_PASSWORD = f"{MOTO_ACCOUNT}-auth-token"  # what moto's GetAuthorizationToken decodes to
@@ -539,3 +541,53 @@ def test_build_pushes_inline_cache_with_the_builder_stage(engine, registry, dock
         manifest = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/manifests/{tag}", manifest_type))
         config = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/blobs/{manifest['config']['digest']}"))
         assert "moby.buildkit.cache.v0" in config, f"{tag}: no inline cache in the image config"
+
+
+# ================================================================ project images (issue 13)
+
+
+@pytest.mark.docker
+def test_project_image_builds_imports_and_pushes(cpu_images, ca_bundle, registry, docker_config, tmp_path):
+    """A real project build FROM the pytorch-ddp CPU image with a small requirements.txt:
+    the package and the project's module import in the image, in /workdir; editing only the
+    code keeps the requirements layer cached; `invoke push --image project-NAME:TAG` pushes it."""
+    import os
+    import sys
+
+    from dtrain.images import project as pj
+    from dtrain.images.build import BuildOptions
+
+    proj = tmp_path / "mnist-demo"
+    proj.mkdir()
+    (proj / "requirements.txt").write_text("tabulate==0.9.0\n")
+    (proj / "mymodule.py").write_text("import tabulate\nTABLE = tabulate.tabulate([[1, 2]])\n")
+    lines: list[str] = []
+    ref = pj.build(proj, "pytorch-ddp", BuildOptions(ca_bundle=ca_bundle), say=lines.append)
+    assert ref.startswith("dtrain/project-mnist-demo:")
+    out = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "python", ref, "-c",
+                          "import os, mymodule, torch; print(os.getcwd(), torch.__version__); print(mymodule.TABLE)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "/workdir 2.13.0+cpu"  # the framework pin did not move
+    assert "1  2" in out.stdout
+    labels = P.inspect_image(ref)["Config"]["Labels"]
+    assert labels["dtrain.family"] == "pytorch-ddp" and labels["dtrain.project"] == "mnist-demo"
+
+    # Only the code changed: the pip layer comes from the cache.
+    (proj / "mymodule.py").write_text("import tabulate\nTABLE = tabulate.tabulate([[3, 4]])\n")
+    lines.clear()
+    ref2 = pj.build(proj, "pytorch-ddp", BuildOptions(ca_bundle=ca_bundle), say=lines.append)
+    assert ref2 != ref
+    log = (pj.LOG_DIR / "project-mnist-demo.log").read_text()
+    assert re.search(r"#(\d+) \[\d/\d\] RUN --mount=type=secret,id=ca.*\n(?:#\1 sha256:\w+\n)?#\1 CACHED", log), \
+        log[-2000:]
+
+    name, tag = ref2.split("/", 1)[1].split(":")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "invoke", "push", "--registry", registry, "--image", f"{name}:{tag}",
+                        "--user", USER, "--password", "-", "--catalog", str(tmp_path / "catalog.json")],
+                       input=PASSWORD + "\n", cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [entry] = json.loads((tmp_path / "catalog.json").read_text())["images"]
+    assert entry["ref"] == f"{registry}/dtrain/{name}:{tag}"
+    assert _manifest_digest(registry, f"dtrain/{name}", tag) == entry["digest"]

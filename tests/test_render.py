@@ -178,6 +178,10 @@ def test_build_time_smoke_step(image):
         assert f"import {module} as hvd; hvd.init()" in rt
     else:
         assert "torchrun --help" in rt
+    check = "python /tmp/cpu_build_check.py " + ("tensorflow" if img.framework == "tensorflow" else "torch")
+    assert (check in rt) == (not img.gpu)  # CPU images refuse a CUDA framework build
+    if not img.gpu:
+        assert "source=launch/node/cpu_build_check.py" in rt
 
 
 def test_pins_in_labels(image):

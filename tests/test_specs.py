@@ -220,3 +220,37 @@ def test_cli_unknown_family(tmp_path):
     assert result.returncode != 0
     assert "unknown image family nosuch" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- size budget
+
+
+def test_cpu_variants_record_their_size():
+    for img in load_all():
+        if not img.gpu:
+            assert img.variant.size_gib and 0.5 < img.variant.size_gib < 3, img.tag
+
+
+@pytest.mark.parametrize("value", [0, -1, 500])
+def test_size_budget_out_of_range(tmp_path, value):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0", "size_gib": value}])
+    assert f"variants[0].size_gib: [size-budget] size_gib {value:g}: expected" in error_of(path)
+
+
+def test_size_budget_not_a_number(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0", "size_gib": "big"}])
+    assert "variants[0].size_gib" in error_of(path)
+
+
+def test_size_over_budget_is_a_pure_check():
+    from dtrain.images.spec import GIB, size_over_budget
+
+    ref = "dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
+    assert size_over_budget(ref, int(1.11 * GIB), 1.11) is None
+    assert size_over_budget(ref, int(1.33 * GIB), 1.11) is None  # within 1.2x (1.332 GiB)
+    assert size_over_budget(ref, 5 * GIB, None) is None  # nothing recorded: no budget
+    msg = size_over_budget(ref, int(5.1 * GIB), 1.11)
+    assert msg and msg.startswith(f"{ref} is 5.10 GiB, over its budget of 1.33 GiB (1.2 x")
+    assert size_over_budget(ref, int(1.34 * GIB), 1.11)

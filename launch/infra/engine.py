@@ -19,12 +19,21 @@ PACKAGES: tuple[str, ...] = (
     "openssh-server",
     "openssh-client",
     "openmpi-bin",
+    "libopenmpi-dev",  # mpi.h for mpicc: tests/test_cluster.py compiles an MPI program
+    "gcc",  # the C compiler mpicc wraps (libopenmpi-dev pulls only gfortran-12)
     "docker-registry",  # local registry for the simulated cluster
     "iproute2",
     "iptables",  # dockerd needs working iptables for its bridge network
     "apache2-utils",  # htpasswd for registry auth
     "shellcheck",  # tests check the node programs (launch/node/)
+    "containerd",  # dockerd's runtime (a docker.io dependency; the cluster starts its own)
+    "runc",
+    "openssl",  # the tests' throw-away CA (conftest.ca_bundle)
+    "procps",  # ps: the cluster tests look for leftover processes
 )
+# Programs from the base system (Debian Essential/required: bash, coreutils, tar, util-linux,
+# mount, dpkg, apt) are not listed; tests/test_host_packages.py checks every program the
+# tests, benches and the demo run against this list and that base.
 
 DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in
 DOCKER_SOCK = Path("/var/run/docker.sock")
@@ -56,12 +65,24 @@ _IMPORT_CHANGES = (
 )
 
 
+class EngineError(RuntimeError):
+    """Host set-up failed (a package, dockerd, the base image); str() says what to look at."""
+
+
 def _say(msg: str) -> None:
     print(f"[dtrain] {msg}", flush=True)
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, **kw)
+    """Run cmd (check=True); a failure or a missing program becomes an EngineError."""
+    try:
+        return subprocess.run(cmd, check=True, **kw)
+    except subprocess.CalledProcessError as e:
+        err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or "").strip()
+        raise EngineError(f"`{' '.join(cmd[:3])}` failed with exit code {e.returncode}"
+                          + (f": {err.splitlines()[-1]}" if err else "")) from None
+    except FileNotFoundError:
+        raise EngineError(f"{cmd[0]}: not found (Debian bookworm with apt-get is expected)") from None
 
 
 def _quiet_ok(cmd: list[str], timeout: float = 20) -> bool:
@@ -97,7 +118,7 @@ def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> None:
     _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
     still = missing_packages(packages)
     if still:
-        raise RuntimeError(f"apt-get did not install: {' '.join(still)}")
+        raise EngineError(f"apt-get did not install: {' '.join(still)}")
     _say("host packages installed")
 
 
@@ -110,7 +131,7 @@ def docker_cli() -> str:
     so `docker build` there fails; always call this path explicitly.
     """
     if not DOCKER_CLI.exists():
-        raise RuntimeError(f"{DOCKER_CLI} missing: run ensure_packages() (docker.io)")
+        raise EngineError(f"{DOCKER_CLI} missing: run ensure_packages() (docker.io)")
     return str(DOCKER_CLI)
 
 
@@ -141,7 +162,7 @@ def _select_iptables() -> None:
             _run(["update-alternatives", "--set", tool, f"/usr/sbin/{tool}-legacy"],
                  stdout=subprocess.DEVNULL)
         return
-    raise RuntimeError("neither iptables-nft nor iptables-legacy works; dockerd needs one")
+    raise EngineError("neither iptables-nft nor iptables-legacy works; dockerd needs one")
 
 
 def ensure_dockerd(timeout: float = 60) -> None:
@@ -166,9 +187,9 @@ def ensure_dockerd(timeout: float = 60) -> None:
             _say("docker engine is up")
             return
         if proc.poll() is not None:
-            raise RuntimeError(f"dockerd exited with code {proc.returncode}; see {DOCKERD_LOG}")
+            raise EngineError(f"dockerd exited with code {proc.returncode}; see {DOCKERD_LOG}")
         time.sleep(1)
-    raise RuntimeError(f"dockerd did not answer within {timeout:.0f}s; see {DOCKERD_LOG}")
+    raise EngineError(f"dockerd did not answer within {timeout:.0f}s; see {DOCKERD_LOG}")
 
 
 def _pid_alive(pidfile: Path) -> bool:
@@ -259,7 +280,7 @@ def allow_insecure_registry(registry: str, timeout: float = 20) -> None:
             _say(f"docker engine trusts plain-HTTP registry {registry}")
             return
         time.sleep(0.5)
-    raise RuntimeError(f"dockerd did not pick up insecure registry {registry} from {DAEMON_JSON}")
+    raise EngineError(f"dockerd did not pick up insecure registry {registry} from {DAEMON_JSON}")
 
 
 def registry_trusted(registry: str) -> bool:

@@ -181,7 +181,7 @@ KNOWN_GPU_COUNTS: dict[str, int] = {
 def _parse_tag(tag: str) -> tuple[str, str]:
     key, eq, value = tag.partition("=")
     if not eq or not key or not value:
-        raise LaunchError(f"--tag: expected KEY=VALUE, got {tag!r}")
+        raise LaunchError(f"--ec2-tag: expected KEY=VALUE, got {tag!r}")
     return key, value
 
 

@@ -65,6 +65,16 @@ def host_argv(image: str | None) -> list[str]:
     return node_programs.host_argv("doctor", str(contract.SSH_PORT), *([image] if image else []))
 
 
+def image_labels(text: str | None) -> dict[str, str]:
+    """`docker image inspect -f '{{json .Config.Labels}}'` output as a dict: an image built
+    elsewhere has no labels (`null`) or not ours; both mean "nothing known", not an error."""
+    try:
+        labels = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
 # ---------------------------------------------------------------- pure evaluation
 
 
@@ -107,7 +117,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
             f"engine {f.get('docker_info', '').split('|')[0]}" if docker_ok else
             f"engine not answering: {f.get('docker') or 'no answer'}")
 
-        labels = json.loads(f.get("image_labels") or "{}") if opts.image else {}
+        labels = image_labels(f.get("image_labels")) if opts.image else {}
         gpus, driver = int(f.get("gpus") or 0), f.get("driver", "")
         need = labels.get("dtrain.min-driver", "")
         if labels.get("dtrain.kind") == "gpu" and not gpus:
@@ -273,7 +283,7 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
             labels = job.ssh.run(usable, lambda n: ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}",
                                                     opts.image or ""], timeout=60)
             for n, r in zip(usable, labels):
-                if r.ok and not host[n.host].get("image_labels"):
+                if r.ok and not image_labels(host[n.host].get("image_labels")):
                     host[n.host]["image_labels"] = r.stdout.strip()
         check = ["docker", "exec", container_name(name), *node_programs.container_argv(
             "doctor-container.sh", [str(contract.SSH_PORT), *(f.address for f in started.facts)])]
