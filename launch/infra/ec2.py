@@ -3,7 +3,8 @@
 Data flows one way: flags -> NodesSpec -> preflight (read-only AWS calls; every bad input is
 an error here, before anything is created) -> Resolved -> stack_template (pure dict) ->
 create_stack -> wait_capacity -> capacity_decision (pure) -> hostfile. Everything the
-cluster owns sits in the stack, so `nodes down` (delete_stack) leaves nothing behind.
+cluster owns sits in the stack, so `nodes down` (delete_stack) leaves nothing behind; the one
+exception, `invoke volume create`'s volumes, carry the cluster's tag and are deleted with it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dtrain.launch.infra.instance_types import efa_supported, is_nitro
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 DLAMI_USER = "ubuntu"
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `invoke launch --ec2-tag dtrain:cluster=C`
+DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 
 
@@ -374,12 +376,32 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             if status == "DELETE_FAILED" or time.monotonic() > deadline:
                 raise LaunchError(f"stack {stack_name(name)}: {status}; see the CloudFormation console's events")
             time.sleep(poll)
+        if wait:
+            delete_volumes(session, name)
     except ClientError as e:
         raise _client_error(e, f"DeleteStack {stack_name(name)}") from None
     for f in ("cluster.json", "hostfile"):
         (cluster_dir(name) / f).unlink(missing_ok=True)
     if cluster_dir(name).is_dir() and not any(cluster_dir(name).iterdir()):
         cluster_dir(name).rmdir()
+
+
+def delete_volumes(session: Any, name: str) -> list[str]:
+    """Delete the dataset volumes `volume create` made for the cluster (tagged with it; the
+    only things a cluster owns outside its stack). Call once the instances are gone."""
+    from botocore.exceptions import ClientError
+
+    ec2 = session.client("ec2")
+    vols = ec2.describe_volumes(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [name]},
+                                         {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
+    for v in vols:
+        for a in v.get("Attachments", []):  # left from terminated instances, usually none
+            try:
+                ec2.detach_volume(VolumeId=v["VolumeId"], InstanceId=a["InstanceId"], Force=True)
+            except ClientError:
+                pass  # already detached
+        ec2.delete_volume(VolumeId=v["VolumeId"])
+    return [v["VolumeId"] for v in vols]
 
 
 def list_clusters(session: Any) -> list[tuple[str, str]]:
