@@ -250,3 +250,65 @@ def test_hostfile_public_addresses():
                     user="ubuntu", identity=None, instances=inst)
     assert ec2.hostfile_text(c, "public").splitlines()[1:] == ["198.51.100.5 slots=1 user=ubuntu",
                                                               "10.0.0.6 slots=1 user=ubuntu"]
+
+
+# --- the CLI: one-line errors, exit 2, nothing created; launch --cluster ----------------------
+
+
+@pytest.fixture
+def moto_server(monkeypatch, tmp_path):
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION=REGION, AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+               AWS_CONFIG_FILE="/nonexistent", AWS_EC2_METADATA_DISABLED="true", DTRAIN_HOME=str(tmp_path / "home"))
+    yield url, env
+    server.stop()
+
+
+def invoke(env, *args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=root, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(root)}, timeout=120)
+
+
+def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
+    url, env = moto_server
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p9.huge",
+               "--ssh-cidr", CIDR)
+    assert r.returncode == 2 and r.stderr == "error: --instance-type p9.huge: no such instance type in us-east-1 " \
+        "(see `aws ec2 describe-instance-types`)\n", r.stderr
+    s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"] == []
+    r = invoke(env, "nodes", "list")
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkeypatch):
+    import tasks
+
+    _, env = moto_server
+    d = tmp_path / "home" / "clusters" / "c9"
+    d.mkdir(parents=True)
+    (d / "hostfile").write_text("10.0.0.5 slots=2 user=ubuntu\n10.0.0.6 slots=2 user=ubuntu\n")
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
+    nodes = tasks._nodes(None, None, None, None, None, None, "/k/id", cluster="c9")
+    assert [(n.host, n.slots, n.user, n.identity) for n in nodes] == \
+        [("10.0.0.5", 2, "ubuntu", "/k/id"), ("10.0.0.6", 2, "ubuntu", "/k/id")]
+    r = invoke(env, "launch", "--cluster", "c9", "--hostfile", "/x", "--image", "img", "--", "true")
+    assert r.returncode == 2 and "give --cluster or one of --hostfile" in r.stderr
+    r = invoke(env, "launch", "--cluster", "nope", "--image", "img", "--", "true")
+    assert r.returncode == 2 and r.stderr.startswith("error: --cluster nope: no hostfile at ")

@@ -524,3 +524,28 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
             raise LaunchError(f"{len(failed)} node(s) not ready (ssh + docker) after {timeout:.0f}s: {detail}")
         say(f"[nodes] waiting for ssh and docker on {', '.join(n.host for n in pending)}")
         time.sleep(poll)
+
+
+def ssh_ready(identity: str | None, address: str = "private", ssh_opts: Sequence[str] = (),
+              timeout: float = 600) -> Callable[[Sequence[Instance]], None]:
+    """finish()'s ready step: wait_ready on the instances as the hostfile will name them."""
+    from dtrain.launch.jobs.hosts import Node
+
+    def ready(instances: Sequence[Instance]) -> None:
+        nodes = [Node(host=i.public_ip if address == "public" and i.public_ip else i.private_ip,
+                      user=DLAMI_USER, identity=identity) for i in instances]
+        wait_ready(nodes, ssh_opts=ssh_opts, timeout=timeout)
+
+    return ready
+
+
+def caller_cidr(timeout: float = 10) -> str:
+    """This machine's public IPv4 address as a /32 (https://checkip.amazonaws.com), for --ssh-cidr."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=timeout) as r:
+            addr = ipaddress.IPv4Address(r.read().decode().strip())
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"cannot tell this machine's public address ({e}); pass --ssh-cidr A.B.C.D/32") from None
+    return f"{addr}/32"
