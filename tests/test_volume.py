@@ -197,10 +197,12 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
                                capture_output=True, text=True, timeout=60)
             assert re.match(r"^ro,", r.stdout), r.stdout + r.stderr
             assert "Read-only file system" in r.stderr
-        # again: idempotent, and the existing filesystem is not formatted over
+        # formatting while a node has it mounted is refused; mounting again is a no-op
+        with pytest.raises(LaunchError, match="is mounted on node-1; unmount it on every node first"):
+            volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append)
         said.clear()
-        volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append)
-        assert any("already holds ext4; not formatting" in m for m in said), said
+        volume._run_script(nodes, "volume-mount.sh", ["ebs", loop_device, MOUNT], opts, "mount", said.append)
+        assert sum(f"already has {loop_device}" in m for m in said) == 3, said
 
         # a 3-node job reads the same file through it; the bind mount is rw, the filesystem refuses
         name = "t-volume"
@@ -214,6 +216,16 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
         assert sorted(r for r, _ in sums) == ["0", "1", "2"], out
         assert {s for _, s in sums} == {hashlib.sha256(data).hexdigest()}, out
         assert len(re.findall(r"rank \d write refused: Read-only file system", out)) == 3, out
+
+        # unmounted everywhere, prepared again: the filesystem (and its data) is not formatted over
+        for i in range(1, 4):
+            subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT}"], check=True, timeout=60)
+        said.clear()
+        volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append)
+        assert any("already holds ext4; not formatting" in m for m in said), said
+        r = subprocess.run(["ssh", "-F", cluster.ssh_config, "node-3", f"sha256sum {MOUNT}/shard-0.bin"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
     finally:
         for i in range(1, 4):
             subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT} && rmdir {MOUNT}"],
