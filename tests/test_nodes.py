@@ -312,3 +312,18 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
     assert r.returncode == 2 and "give --cluster or one of --hostfile" in r.stderr
     r = invoke(env, "launch", "--cluster", "nope", "--image", "img", "--", "true")
     assert r.returncode == 2 and r.stderr.startswith("error: --cluster nope: no hostfile at ")
+
+
+# --- waiting for ssh + docker, on the simulated cluster's real sshd and dockerd -------------
+
+
+@pytest.mark.cluster
+def test_wait_ready_on_real_nodes(cluster):
+    nodes = parse_hostfile(cluster.hostfile)
+    ec2.wait_ready(nodes, ssh_opts=("-F", cluster.ssh_config), timeout=60, say=quiet)
+    from dtrain.launch.jobs.hosts import Node
+
+    gone = Node("10.213.0.99", user="root")  # no node there
+    with pytest.raises(LaunchError, match=r"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: 10.213.0.99: "):
+        ec2.wait_ready([*nodes, gone], ssh_opts=("-F", cluster.ssh_config),
+                       timeout=1, say=quiet)
