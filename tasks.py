@@ -210,6 +210,7 @@ def test(c, k=None, unit=False):
 # ---------------------------------------------------------------- running jobs
 
 NODE_HELP = {
+    "cluster": "a cluster made by `invoke nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)",
     "hostfile": "lines `HOST slots=N [port=22] [user=U] [identity=KEY]`",
     "hosts": "h1:4,h2:4",
     "ec2_tag": "Key=Value: running instances with this tag (private IPs; slots = GPUs)",
@@ -222,9 +223,16 @@ NODE_HELP = {
 }
 
 
-def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key):
+def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
     from dtrain.launch.jobs.hosts import nodes_from_args
 
+    if cluster:
+        from dtrain.launch.errors import LaunchError
+        from dtrain.launch.infra.ec2 import cluster_hostfile
+
+        if hostfile or hosts or ec2_tag:
+            raise LaunchError("give --cluster or one of --hostfile, --hosts, --ec2-tag, not both")
+        hostfile = str(cluster_hostfile(cluster))
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
                            slots=_int_flag("--slots", slots, 1, 4096) if slots else None,
                            ssh_user=ssh_user, ssh_key=ssh_key)
@@ -249,7 +257,7 @@ def _ssh_opts(ssh_opt, ssh_config=None):
     "pull": "always (default: pull the tag on every node), missing (only where absent) or never",
     "timeout": "stop the job after this many seconds",
 })
-def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=None, ec2_tag=None,
+def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None,
            region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
            env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
            pull="always", timeout=None):
@@ -278,7 +286,7 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
                        shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
                        job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
-        job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key))
+        job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))
         code = job.run()
         if code != 0:
             _report_failure(job.spec.name, code)
@@ -333,6 +341,93 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
         print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
 
 
+# ---------------------------------------------------------------- EC2 nodes and a dataset volume
+
+
+def _aws(profile, region):
+    import boto3
+
+    return boto3.Session(profile_name=profile, region_name=region)
+
+
+@task(iterable=["ssh_opt"], help={
+    "action": "up, down or list",
+    "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
+    "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
+    "instance_type": "EC2 instance type, e.g. p4d.24xlarge", "spot": "spot instances (launch template)",
+    "subnet": "subnet for the nodes (default: the default VPC's first zone)", "new_vpc": "make a VPC in the stack",
+    "key_name": "EC2 key pair for ssh", "ssh_key": "its private key file here (written into the hostfile)",
+    "ssh_cidr": "who may ssh in (default: this machine's public address /32, from checkip.amazonaws.com)",
+    "efs": "an EFS file system in the stack (`invoke volume create --efs` mounts it)",
+    "address": "hostfile addresses: private (default; reach the VPC) or public",
+    "ssh_opt": NODE_HELP["ssh_opt"], "region": "AWS region", "profile": "AWS profile",
+    "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
+})
+def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
+          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="private", ssh_opt=None,
+          region=None, profile=None, timeout=900):
+    """EC2 nodes from one CloudFormation stack: invoke nodes up --name C --count 4 --instance-type T | down | list."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.infra import ec2
+
+    with user_errors():
+        session = _aws(profile, region)
+        if action == "list":
+            for cluster_name, st in ec2.list_clusters(session):
+                print(f"{cluster_name}  {st}")
+            return
+        if not name:
+            raise LaunchError(f"nodes {action}: --name is required")
+        if action == "down":
+            ec2.delete_stack(session, name)
+            print(f"deleted stack {ec2.stack_name(name)} (and the cluster's dataset volumes)")
+            return
+        if action != "up":
+            raise LaunchError(f"unknown action {action!r}: use up, down or list")
+        if not count or not instance_type:
+            raise LaunchError("nodes up: --count and --instance-type are required")
+        if address not in ("private", "public"):
+            raise LaunchError(f"--address {address}: use private or public")
+        spec = ec2.NodesSpec(name=name, count=int(count), instance_type=instance_type,
+                             ssh_cidr=ssh_cidr or ec2.caller_cidr(),
+                             min_count=int(min_count) if min_count else None, spot=spot, subnet=subnet,
+                             new_vpc=new_vpc, key_name=key_name, efs=efs)
+        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=float(timeout),
+                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=float(timeout)))
+        print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")
+        print(f"launch with: invoke launch --cluster {name} --image IMAGE -- CMD")
+
+
+@task(iterable=["ssh_opt"], help={
+    "action": "create",
+    "cluster": "a cluster made by `invoke nodes up`",
+    "size": "GiB (io2, 4 to 16384)", "from_snapshot": "snapshot id to make the volume from",
+    "iops": "provisioned IOPS (default 3000)", "path": "mount path on every node (default /data)",
+    "fill_from": "a directory on the first node copied onto a new volume before it goes read-only",
+    "efs": "mount the cluster's EFS (nodes up --efs) read-write instead",
+    "ssh_opt": NODE_HELP["ssh_opt"], "ssh_config": NODE_HELP["ssh_config"], "profile": "AWS profile",
+})
+def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, path="/data", fill_from=None,
+           efs=False, ssh_opt=None, ssh_config=None, profile=None):
+    """A dataset volume on every node of a cluster: io2 Multi-Attach, read-only (or EFS, read-write)."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.infra import ec2, volume as vol
+
+    with user_errors():
+        if action != "create":
+            raise LaunchError(f"unknown action {action!r}: use create")
+        if not cluster:
+            raise LaunchError("volume create: --cluster is required")
+        spec = vol.VolumeSpec(cluster=cluster, size_gb=int(size) if size else None, snapshot=from_snapshot,
+                              iops=int(iops), mount_path=path, efs=efs, fill_from=fill_from)
+        info = ec2.load_cluster(cluster)
+        nodes = _nodes(None, None, None, None, None, None, None, cluster)
+        made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
+        mode = "read-write" if efs else "read-only"
+        print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
+              f"use it with: invoke launch --cluster {cluster} --mount {path}:ro ...")
+
+
 # ---------------------------------------------------------------- local simulated cluster
 
 
@@ -380,7 +475,7 @@ def demo(c, nodes="2", keep=False, epochs="3"):
     "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
     "job": "a running job whose container may hold port 2022",
 })
-def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
+def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
            min_free_gb="10", job=None):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
@@ -389,7 +484,7 @@ def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, 
     with user_errors():
         _image_flag(image)
         free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
-        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
+        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
                                         min_free_gb=free,
                                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))

@@ -21,21 +21,13 @@ from dtrain.launch.jobs import commands, node_programs
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.infra.instance_types import EFA_TYPES
 from dtrain.launch.troubleshoot import checklist
 
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
           "image-digest", "disk", "clock", "efa", "peer-2022", "shm", "memlock")
 
-# EC2 instance types with EFA. Source: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html
-# ("Supported instance types", accelerated computing).
-EFA_TYPES = {
-    "p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge",
-    "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal",
-    "g5.8xlarge", "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge",
-    "g6.8xlarge", "g6.12xlarge", "g6.16xlarge", "g6.24xlarge", "g6.48xlarge",
-    "trn1.32xlarge", "trn1n.32xlarge",
-}
 SHM_MIN_KB = 1024 * 1024  # 1 GiB: NCCL and DataLoader workers use /dev/shm
 SHM_FAIL_KB = 256 * 1024
 CLOCK_WARN_S, CLOCK_FAIL_S = 1.0, 5.0

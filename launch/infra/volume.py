@@ -1,0 +1,204 @@
+"""A shared dataset volume for a cluster made by `nodes up`.
+
+EBS: one io2 volume with Multi-Attach in the nodes' zone, attached to every node, formatted
+once from the first node, mounted read-only on every node (ext4 is not a cluster filesystem:
+several writers, or one writer and several readers, corrupt it or read garbage). EFS (the
+cluster's stack made it with `nodes up --efs`): mounted read-write on every node.
+
+Requests are pure functions (values in, boto3 kwargs out; the tests check them against
+botocore's models); the node-side steps are launch/node/volume-format.sh and volume-mount.sh,
+sent on ssh's stdin with their arguments quoted.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dtrain import ROOT
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster
+from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
+from dtrain.launch.jobs.hosts import Node
+
+NODE_DIR = ROOT / "launch" / "node"
+DEVICE_NAME = "/dev/sdf"  # the attachment's name; Nitro shows the volume as an NVMe disk instead
+IO2_SIZE_GB = (4, 16384)
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    cluster: str
+    size_gb: int | None = None  # None with a snapshot: the snapshot's size
+    snapshot: str | None = None
+    iops: int = 3000
+    mount_path: str = "/data"
+    efs: bool = False
+    fill_from: str | None = None  # a directory on the first node copied onto a new volume
+
+    def __post_init__(self) -> None:
+        if not self.mount_path.startswith("/"):
+            raise LaunchError(f"--path {self.mount_path!r}: must be absolute")
+        if self.efs and (self.size_gb or self.snapshot):
+            raise LaunchError("--efs takes no --size or --from-snapshot (EFS grows as you write)")
+        if not self.efs and self.size_gb is None and not self.snapshot:
+            raise LaunchError("--size GiB is required (or --from-snapshot SNAPSHOT-ID)")
+        lo, hi = IO2_SIZE_GB
+        if self.size_gb is not None and not lo <= self.size_gb <= hi:
+            raise LaunchError(f"--size {self.size_gb}: io2 volumes are {lo} to {hi} GiB")
+
+
+def zone_of(cluster: Cluster) -> str:
+    """The one availability zone of every node; errors where Multi-Attach cannot work."""
+    zones = sorted({i.availability_zone for i in cluster.instances})
+    if len(zones) != 1:
+        raise LaunchError(f"cluster {cluster.name}: nodes span zones {', '.join(zones)}; a Multi-Attach volume "
+                          "attaches in one zone only (use --efs)")
+    if not cluster.nitro:
+        raise LaunchError(f"cluster {cluster.name}: {cluster.instance_type} is not a Nitro instance type; "
+                          "EBS Multi-Attach needs Nitro (use --efs)")
+    if len(cluster.instances) > MULTI_ATTACH_MAX:
+        raise LaunchError(f"cluster {cluster.name}: {len(cluster.instances)} nodes; a Multi-Attach volume "
+                          f"attaches to at most {MULTI_ATTACH_MAX} (use --efs)")
+    return zones[0]
+
+
+def create_volume_request(cluster: Cluster, spec: VolumeSpec, zone: str) -> dict[str, Any]:
+    """CreateVolume kwargs: io2, Multi-Attach, in the nodes' zone, tagged with the cluster."""
+    req: dict[str, Any] = {
+        "AvailabilityZone": zone, "VolumeType": "io2", "Iops": spec.iops, "MultiAttachEnabled": True,
+        "Encrypted": True,
+        "TagSpecifications": [{"ResourceType": "volume", "Tags": [
+            {"Key": CLUSTER_TAG, "Value": cluster.name}, {"Key": DATASET_TAG[0], "Value": DATASET_TAG[1]},
+            {"Key": "Name", "Value": f"dtrain-{cluster.name}-data"}]}],
+    }
+    if spec.size_gb is not None:
+        req["Size"] = spec.size_gb
+    if spec.snapshot:
+        req["SnapshotId"] = spec.snapshot
+    return req
+
+
+def attach_requests(volume_id: str, cluster: Cluster) -> list[dict[str, Any]]:
+    return [{"VolumeId": volume_id, "InstanceId": i.id, "Device": DEVICE_NAME} for i in cluster.instances]
+
+
+def nvme_device(volume_id: str) -> str:
+    """Where a Nitro instance shows an EBS volume: its serial is the id without the dash."""
+    return f"/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{volume_id.replace('-', '')}"
+
+
+def efs_dns(file_system: str, region: str) -> str:
+    return f"{file_system}.efs.{region}.amazonaws.com"
+
+
+def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeout: float = 300,
+                      poll: float = 5, say: Callable[[str], None] = print) -> str:
+    """Create the volume and attach it to every node; on failure detach and delete it."""
+    from botocore.exceptions import ClientError
+
+    zone = zone_of(cluster)
+    ec2 = session.client("ec2")
+    try:
+        vol = ec2.create_volume(**create_volume_request(cluster, spec, zone))["VolumeId"]
+    except ClientError as e:
+        err = e.response["Error"]
+        raise LaunchError(f"CreateVolume in {zone}: {err.get('Code')}: {err.get('Message')}") from None
+    say(f"[volume] {vol}: io2 Multi-Attach in {zone}; attaching to {len(cluster.instances)} nodes")
+    try:
+        _wait(lambda: ec2.describe_volumes(VolumeIds=[vol])["Volumes"][0]["State"] == "available",
+              vol, timeout, poll, "available")
+        for req in attach_requests(vol, cluster):
+            ec2.attach_volume(**req)
+        ids = [i.id for i in cluster.instances]
+        _wait(lambda: attached_to(ec2, vol, ids) == set(ids), vol, timeout, poll, "attached to every node")
+    except BaseException as e:
+        _remove(ec2, vol, cluster)
+        if isinstance(e, ClientError):
+            err = e.response["Error"]
+            raise LaunchError(f"volume {vol}: {err.get('Code')}: {err.get('Message')}; volume deleted") from None
+        raise
+    return vol
+
+
+def _wait(ok: Callable[[], bool], vol: str, timeout: float, poll: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise LaunchError(f"volume {vol}: not {what} after {timeout:.0f}s")
+        time.sleep(poll)
+
+
+def attached_to(ec2: Any, vol: str, instance_ids: Sequence[str]) -> set[str]:
+    """The instances that show vol as attached (each instance's block device mappings)."""
+    res = ec2.describe_instances(InstanceIds=list(instance_ids))["Reservations"]
+    return {i["InstanceId"] for r in res for i in r["Instances"]
+            for b in i.get("BlockDeviceMappings", [])
+            if b.get("Ebs", {}).get("VolumeId") == vol and b["Ebs"].get("Status") == "attached"}
+
+
+def _remove(ec2: Any, vol: str, cluster: Cluster) -> None:
+    for i in cluster.instances:
+        try:
+            ec2.detach_volume(VolumeId=vol, InstanceId=i.id, Force=True)
+        except Exception:  # noqa: BLE001 - not attached there; nothing to undo
+            pass
+    try:
+        ec2.get_waiter("volume_available").wait(VolumeIds=[vol], WaiterConfig={"Delay": 2, "MaxAttempts": 60})
+    except Exception:  # noqa: BLE001 - delete_volume below says what is wrong
+        pass
+    ec2.delete_volume(VolumeId=vol)
+
+
+# --- node side --------------------------------------------------------------------------------
+
+
+def script_argv(node: Node, script: str, args: Sequence[str], ssh_opts: Sequence[str] = ()) -> list[str]:
+    """ssh argv running launch/node/SCRIPT (sent on stdin) with args, quoted; sudo for a non-root user."""
+    from dtrain.launch.jobs.hosts import ssh_argv
+
+    sudo = ["sudo", "-n"] if node.user not in (None, "root") else []
+    return ssh_argv(node, [*sudo, "sh", "-s", "--", *args], extra_opts=ssh_opts)
+
+
+def _run_script(nodes: Sequence[Node], script: str, args: Sequence[str], ssh_opts: Sequence[str],
+                what: str, say: Callable[[str], None]) -> None:
+    from dtrain.launch.jobs.fanout import raise_on_failure, run_all
+
+    text = (NODE_DIR / script).read_text()
+    results = run_all(nodes, lambda n: script_argv(n, script, args, ssh_opts), stdin=lambda n: text,
+                      timeout=600, retries=2)
+    for n, r in zip(nodes, results):
+        for line in r.stdout.splitlines():
+            say(f"[{n.host}] {line}")
+    raise_on_failure(results, what)
+
+
+def prepare(nodes: Sequence[Node], source: str, mount_path: str, *, kind: str = "ebs",
+            fill_from: str | None = None, ssh_opts: Sequence[str] = (),
+            say: Callable[[str], None] = print) -> None:
+    """EBS: format once on the first node (copying fill_from there onto it), then mount
+    read-only on every node. EFS: mount read-write on every node."""
+    if kind == "ebs":
+        _run_script(nodes[:1], "volume-format.sh", [source, *([fill_from] if fill_from else [])], ssh_opts,
+                    "formatting the volume", say)
+    _run_script(nodes, "volume-mount.sh", [kind, source, mount_path], ssh_opts,
+                f"mounting {shlex.quote(source)} on {mount_path}", say)
+
+
+def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSpec, *,
+           ssh_opts: Sequence[str] = (), say: Callable[[str], None] = print) -> str:
+    """The whole of `invoke volume create`: the volume (or the cluster's EFS), on every node."""
+    if spec.efs:
+        if not cluster.file_system:
+            raise LaunchError(f"cluster {cluster.name} has no EFS file system: make it with "
+                              f"`invoke nodes up --name {cluster.name} --efs ...`")
+        prepare(nodes, efs_dns(cluster.file_system, cluster.region), spec.mount_path, kind="efs",
+                ssh_opts=ssh_opts, say=say)
+        return cluster.file_system
+    vol = create_and_attach(session, cluster, spec, say=say)
+    prepare(nodes, nvme_device(vol), spec.mount_path, fill_from=spec.fill_from, ssh_opts=ssh_opts, say=say)
+    return vol

@@ -1,0 +1,329 @@
+"""`invoke nodes`: the generated CloudFormation template (cfn-lint), and the stack deployed
+against moto's CloudFormation, EC2 and Auto Scaling APIs: create, partial capacity, delete,
+and every bad input refused before anything is created."""
+
+from __future__ import annotations
+
+import json
+import boto3
+import cfnlint.api
+import pytest
+from moto import mock_aws
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra import ec2
+from dtrain.launch.infra.instance_types import EFA_TYPES
+from dtrain.launch.jobs.hosts import discover_ec2, parse_hostfile
+
+REGION = "us-east-1"
+AMI_PARAM = "/dtrain-test/dlami"  # moto reserves /aws/...; the real default is ec2.DLAMI_PARAMETER
+CIDR = "203.0.113.7/32"
+
+
+@pytest.fixture
+def aws(monkeypatch, tmp_path):
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        session = boto3.Session(region_name=REGION)
+        session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-12c6146b", Type="String")
+        yield session
+
+
+def spec(**kw) -> ec2.NodesSpec:
+    base = dict(name="c1", count=3, instance_type="g5.12xlarge", ssh_cidr=CIDR, ami_parameter=AMI_PARAM)
+    return ec2.NodesSpec(**{**base, **kw})
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+def stacks(session) -> list[str]:
+    return [s["StackName"] for s in session.client("cloudformation").describe_stacks()["Stacks"]
+            if s["StackStatus"] != "DELETE_COMPLETE"]
+
+
+def running(session) -> list[dict]:
+    """Instances not terminated (running, pending, stopped)."""
+    res = session.client("ec2").describe_instances(
+        Filters=[{"Name": "instance-state-name", "Values": ["running", "pending", "stopped"]}])["Reservations"]
+    return [i for r in res for i in r["Instances"]]
+
+
+# --- template ------------------------------------------------------------------------------
+
+
+RESOLVED = {
+    "efa": ec2.Resolved(efa=True, nitro=True, gpus=4, vpc_id=None, subnet_id=None, availability_zone=None),
+    "plain": ec2.Resolved(efa=False, nitro=True, gpus=1, vpc_id="vpc-0123456789abcdef0",
+                          subnet_id="subnet-0123456789abcdef0", availability_zone="us-east-1a"),
+}
+
+
+@pytest.mark.parametrize("case", ["new-vpc-efa-spot-efs", "subnet-plain-key"])
+def test_template_passes_cfn_lint(case):
+    if case.startswith("new-vpc"):
+        s, res = spec(new_vpc=True, spot=True, efs=True), RESOLVED["efa"]
+    else:
+        s, res = spec(instance_type="c5.xlarge", subnet="subnet-0123456789abcdef0", key_name="k"), RESOLVED["plain"]
+    matches = cfnlint.api.lint(json.dumps(ec2.stack_template(s, res), indent=1),
+                               config=cfnlint.api.ManualArgs(regions=[REGION]))
+    assert [str(m) for m in matches] == []
+
+
+def test_cfn_lint_catches_a_broken_template():
+    t = ec2.stack_template(spec(), RESOLVED["plain"])
+    t["Resources"]["Nodes"]["Properties"]["MaxSize"] = {"Ref": "NoSuchParameter"}
+    matches = cfnlint.api.lint(json.dumps(t), config=cfnlint.api.ManualArgs(regions=[REGION]))
+    assert any("NoSuchParameter" in str(m) for m in matches)
+
+
+def test_template_content():
+    t = ec2.stack_template(spec(new_vpc=True, spot=True), RESOLVED["efa"])
+    r = t["Resources"]
+    data = r["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+    assert t["Parameters"]["AmiId"]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert ec2.DLAMI_PARAMETER.startswith("/aws/service/deeplearning/ami/")
+    sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
+    assert r["SelfEgress"]["Properties"]["DestinationSecurityGroupId"] == sg  # EFA's rule
+    assert r["SelfIngress"]["Properties"]["SourceSecurityGroupId"] == sg
+    assert r["PlacementGroup"]["Properties"]["Strategy"] == "cluster"
+    assert r["Nodes"]["Properties"]["PlacementGroup"] == {"Ref": "PlacementGroup"}
+    plain = ec2.stack_template(spec(instance_type="c5.xlarge", subnet="subnet-0123456789abcdef0"), RESOLVED["plain"])
+    lt = plain["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
+    assert "InterfaceType" not in lt["NetworkInterfaces"][0] and "InstanceMarketOptions" not in lt
+    assert "Vpc" not in plain["Resources"] and "FileSystem" not in plain["Resources"]
+
+
+def test_capacity_decision():
+    assert ec2.capacity_decision(4, 2, 4) == "all"
+    assert ec2.capacity_decision(4, 2, 3) == "partial"
+    assert ec2.capacity_decision(4, 2, 2) == "partial"
+    assert ec2.capacity_decision(4, 2, 1) == "rollback"
+    assert ec2.capacity_decision(4, 4, 3) == "rollback"
+
+
+def test_doctor_uses_the_shared_efa_table():
+    from dtrain.launch.troubleshoot import doctor
+
+    assert doctor.EFA_TYPES is EFA_TYPES
+
+
+# --- deployed against moto -------------------------------------------------------------------
+
+
+def test_up_default_vpc_then_down_leaves_nothing(aws):
+    cluster, hostfile = ec2.up(aws, spec(key_name=None, spot=True), identity="/k/id", poll=0.05, timeout=5, say=quiet)
+    assert stacks(aws) == ["dtrain-c1"]
+    nodes = parse_hostfile(hostfile)
+    assert len(nodes) == 3 and all(n.slots == 4 and n.user == "ubuntu" and n.identity == "/k/id" for n in nodes)
+    # the launcher's --ec2-tag finds the same nodes
+    found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
+    assert [n.host for n in found] == [n.host for n in nodes]
+    assert ec2.cluster_hostfile("c1") == hostfile
+    assert ec2.load_cluster("c1") == cluster and cluster.nitro
+    lts = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")
+    data = lts["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"  # g5.12xlarge has EFA
+    sg = aws.client("ec2").describe_security_groups(GroupIds=[cluster.security_group])["SecurityGroups"][0]
+    perms = sg["IpPermissions"]
+    assert any(p.get("FromPort") == 22 and [r["CidrIp"] for r in p["IpRanges"]] == [CIDR]
+               for p in perms)
+    assert any(p["IpProtocol"] == "-1" and p["UserIdGroupPairs"] for p in perms)  # all among members
+    assert ec2.list_clusters(aws) == [("c1", "CREATE_COMPLETE")]
+
+    ec2.delete_stack(aws, "c1", poll=0.05)
+    assert stacks(aws) == [] and running(aws) == []
+    assert aws.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    assert aws.client("ec2").describe_launch_templates()["LaunchTemplates"] == []
+    assert [g["GroupName"] for g in aws.client("ec2").describe_security_groups()["SecurityGroups"]] == ["default"]
+    assert not ec2.cluster_dir("c1").exists()
+    with pytest.raises(LaunchError, match="no such cluster"):
+        ec2.load_cluster("c1")
+
+
+def test_up_new_vpc_with_efs(aws):
+    cluster, _ = ec2.up(aws, spec(new_vpc=True, efs=True, count=2, instance_type="c5.xlarge"),
+                        poll=0.05, timeout=5, say=quiet)
+    assert len(cluster.instances) == 2 and cluster.slots == 1 and cluster.file_system
+    vpcs = aws.client("ec2").describe_vpcs(Filters=[{"Name": "cidr", "Values": ["10.0.0.0/16"]}])["Vpcs"]
+    assert len(vpcs) == 1 and all(i.private_ip.startswith("10.0.") for i in cluster.instances)
+    lt = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")
+    assert lt["LaunchTemplateVersions"][0]["LaunchTemplateData"]["NetworkInterfaces"][0]["AssociatePublicIpAddress"]
+    targets = aws.client("efs").describe_mount_targets(FileSystemId=cluster.file_system)["MountTargets"]
+    assert len(targets) == 1
+    # (moto leaves a terminated instance's network interfaces behind, so deleting a new VPC's
+    # stack fails there with DependencyViolation; the default-VPC test above covers delete.)
+
+
+def test_partial_capacity_continues_with_what_started(aws):
+    s = spec(count=4, min_count=2)
+    res = ec2.start(aws, s, say=quiet)
+    ids = sorted(i["InstanceId"] for i in running(aws))
+    # 2 of 4 do not run (moto's group replaces terminated instances at once; stopped ones are
+    # to the cluster what instances that never started are: not running)
+    aws.client("ec2").stop_instances(InstanceIds=ids[:2])
+    said: list[str] = []
+    cluster, hostfile = ec2.finish(aws, s, res, poll=0.05, timeout=0.5, say=said.append)
+    assert len(cluster.instances) == 2 and len(parse_hostfile(hostfile)) == 2
+    assert any("partial capacity: 2 of 4" in m for m in said)
+    group = aws.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"][0]
+    assert group["DesiredCapacity"] == 2 and group["MinSize"] == 2
+    assert stacks(aws) == ["dtrain-c1"]
+
+
+def test_below_min_count_rolls_back(aws):
+    s = spec(count=3, min_count=2)
+    res = ec2.start(aws, s, say=quiet)
+    ids = sorted(i["InstanceId"] for i in running(aws))
+    aws.client("ec2").stop_instances(InstanceIds=ids[:2])
+    with pytest.raises(LaunchError, match=r"only 1 of 3 instances started \(--min-count 2\); rolled back"):
+        ec2.finish(aws, s, res, poll=0.05, timeout=0.5, say=quiet)
+    assert stacks(aws) == [] and running(aws) == []
+    assert not (ec2.cluster_dir("c1") / "hostfile").exists()
+
+
+def test_ready_failure_rolls_back(aws):
+    def not_ready(_instances):
+        raise LaunchError("2 node(s) not ready (ssh + docker)")
+
+    with pytest.raises(LaunchError, match="not ready"):
+        ec2.up(aws, spec(count=2), ready=not_ready, poll=0.05, timeout=5, say=quiet)
+    assert stacks(aws) == [] and running(aws) == []
+
+
+def _no_default_vpc(session):
+    c = session.client("ec2")
+    vpc = c.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    for sub in c.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
+        c.delete_subnet(SubnetId=sub["SubnetId"])
+    for igw in c.describe_internet_gateways()["InternetGateways"]:
+        c.detach_internet_gateway(InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc)
+        c.delete_internet_gateway(InternetGatewayId=igw["InternetGatewayId"])
+    c.delete_vpc(VpcId=vpc)
+
+
+@pytest.mark.parametrize("kw, setup, message", [
+    ({"instance_type": "p9.huge"}, None, r"^--instance-type p9.huge: no such instance type in us-east-1"),
+    ({"key_name": "missing"}, None, r"^--key-name missing: no such key pair in us-east-1"),
+    ({"subnet": "subnet-0000000000000000f"}, None, r"^--subnet subnet-0000000000000000f: no such subnet"),
+    ({}, _no_default_vpc, r"^no default VPC in us-east-1: pass --subnet SUBNET-ID or --new-vpc$"),
+])
+def test_bad_input_is_refused_before_anything_is_created(aws, kw, setup, message):
+    if setup:
+        setup(aws)
+    with pytest.raises(LaunchError, match=message) as e:
+        ec2.up(aws, spec(**kw), poll=0.05, timeout=5, say=quiet)
+    assert "\n" not in str(e.value)
+    assert stacks(aws) == [] and running(aws) == []
+
+
+def test_existing_cluster_name_is_refused(aws):
+    ec2.up(aws, spec(count=1), poll=0.05, timeout=5, say=quiet)
+    with pytest.raises(LaunchError, match="^--name c1: cluster exists"):
+        ec2.up(aws, spec(count=1), poll=0.05, timeout=5, say=quiet)
+    assert len(running(aws)) == 1
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"name": "1bad"}, "--name '1bad'"), ({"count": 0}, "--count 0"), ({"min_count": 5}, "--min-count 5"),
+    ({"ssh_cidr": "me"}, "--ssh-cidr 'me'"), ({"subnet": "subnet-1", "new_vpc": True}, "not both"),
+])
+def test_bad_flags(kw, message):
+    with pytest.raises(LaunchError, match=message):
+        spec(**kw)
+
+
+def test_hostfile_public_addresses():
+    inst = (ec2.Instance("i-1", "10.0.0.5", "198.51.100.5", "us-east-1a", "c5.xlarge"),
+            ec2.Instance("i-2", "10.0.0.6", None, "us-east-1a", "c5.xlarge"))
+    c = ec2.Cluster(name="c", region=REGION, stack="dtrain-c", instance_type="c5.xlarge", nitro=True, slots=1,
+                    user="ubuntu", identity=None, instances=inst)
+    assert ec2.hostfile_text(c, "public").splitlines()[1:] == ["198.51.100.5 slots=1 user=ubuntu",
+                                                              "10.0.0.6 slots=1 user=ubuntu"]
+
+
+# --- the CLI: one-line errors, exit 2, nothing created; launch --cluster ----------------------
+
+
+@pytest.fixture
+def moto_server(monkeypatch, tmp_path):
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION=REGION, AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+               AWS_CONFIG_FILE="/nonexistent", AWS_EC2_METADATA_DISABLED="true", DTRAIN_HOME=str(tmp_path / "home"))
+    yield url, env
+    server.stop()
+
+
+def invoke(env, *args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=root, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(root)}, timeout=120)
+
+
+def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
+    url, env = moto_server
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p9.huge",
+               "--ssh-cidr", CIDR)
+    assert r.returncode == 2 and r.stderr == "error: --instance-type p9.huge: no such instance type in us-east-1 " \
+        "(see `aws ec2 describe-instance-types`)\n", r.stderr
+    s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"] == []
+    r = invoke(env, "nodes", "list")
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkeypatch):
+    import tasks
+
+    _, env = moto_server
+    d = tmp_path / "home" / "clusters" / "c9"
+    d.mkdir(parents=True)
+    (d / "hostfile").write_text("10.0.0.5 slots=2 user=ubuntu\n10.0.0.6 slots=2 user=ubuntu\n")
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
+    nodes = tasks._nodes(None, None, None, None, None, None, "/k/id", cluster="c9")
+    assert [(n.host, n.slots, n.user, n.identity) for n in nodes] == \
+        [("10.0.0.5", 2, "ubuntu", "/k/id"), ("10.0.0.6", 2, "ubuntu", "/k/id")]
+    r = invoke(env, "launch", "--cluster", "c9", "--hostfile", "/x", "--image", "img", "--", "true")
+    assert r.returncode == 2 and "give --cluster or one of --hostfile" in r.stderr
+    r = invoke(env, "launch", "--cluster", "nope", "--image", "img", "--", "true")
+    assert r.returncode == 2 and r.stderr.startswith("error: --cluster nope: no hostfile at ")
+
+
+# --- waiting for ssh + docker, on the simulated cluster's real sshd and dockerd -------------
+
+
+@pytest.mark.cluster
+def test_wait_ready_on_real_nodes(cluster):
+    nodes = parse_hostfile(cluster.hostfile)
+    ec2.wait_ready(nodes, ssh_opts=("-F", cluster.ssh_config), timeout=60, say=quiet)
+    from dtrain.launch.jobs.hosts import Node
+
+    gone = Node("10.213.0.99", user="root")  # no node there
+    with pytest.raises(LaunchError, match=r"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: 10.213.0.99: "):
+        ec2.wait_ready([*nodes, gone], ssh_opts=("-F", cluster.ssh_config),
+                       timeout=1, say=quiet)
