@@ -113,6 +113,7 @@ class NodeFacts:
     memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
     driver: str = ""  # NVIDIA driver version, "" without GPUs
     port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when port 2022 is taken
+    network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -169,10 +170,14 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     else:
         chosen = commands.interface_for_address(ipjson, address, host=node.host)
     lock = p.get("memlock", "")
+    try:
+        network = commands.interface_network(ipjson, address, host=node.host)
+    except LaunchError:
+        network = ""
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
-                     tuple(p.get("port_jobs", "").split()))
+                     tuple(p.get("port_jobs", "").split()), network)
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
@@ -400,12 +405,16 @@ class MpiOutput:
         return out
 
 
-def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4) -> list[str]:
+def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4,
+             subnet: str | None = None) -> list[str]:
     """mpirun / horovodrun argv run in the first node's container (ompi: Open MPI's major
-    version in the image: 5 renamed plm_rsh_args to plm_ssh_args)."""
+    version in the image: 5 renamed plm_rsh_args to plm_ssh_args). subnet: where nodes name
+    their NICs differently (commands.tcp_include), mpirun by subnet, each rank on its node's NIC."""
     nodes = [Node(f.address, f.node.slots) for f in facts]
     if spec.launcher == "mpirun":
-        argv = commands.mpirun_argv(nodes, list(spec.command), iface=iface, env=spec.env,
+        build = (commands.mpirun_argv if subnet is None else
+                 lambda *a, **k: commands.mpirun_mixed_argv(*a, subnet=subnet, **k))
+        argv = build(nodes, list(spec.command), iface=iface, env=spec.env,
                                     forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
                                     ssh_options=CONTAINER_SSH_MUX,
                                     extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
@@ -451,6 +460,7 @@ class Job:
         self._kex: list[str] | None = None
         self._kex_lock = threading.Lock()
         self._ready = False
+        self.subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
         self._up: Fanout | None = None  # the nodes' launch sessions (up())
         self._up_watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
@@ -568,7 +578,9 @@ class Job:
             out = {h: "\n".join(v) for h, v in lines.items()}
         self.facts = [facts_from_probe(n, out[n.host], self.spec.iface) for n in self.nodes]
         self._check_images(out)
-        commands.check_same_iface({f.node.host: f.iface for f in self.facts})
+        if self.spec.launcher == "horovodrun":  # one --network-interface for all nodes
+            commands.check_same_iface({f.node.host: f.iface for f in self.facts})
+        self.subnet = commands.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in self.facts})
         taken = [f for f in self.facts if f.port_holder]
         if taken:
             raise LaunchError("port 2022 is taken (the containers' sshd needs it):\n" + "\n".join(
@@ -588,10 +600,23 @@ class Job:
                      "(docs/troubleshooting.md#memlock)")
         self._up_watch = threading.Thread(target=self._watch_up, name="dtrain-up", daemon=True)
         self._up_watch.start()
-        self.say(f"[launch] {len(self.facts)} node(s): NIC {self.facts[0].iface}, "
+        if self.subnet is not None:
+            self._write_node_env()
+        nic = self.facts[0].iface if self.subnet is None else \
+            f"{'/'.join(sorted({f.iface for f in self.facts}))} (subnet {self.subnet})"
+        self.say(f"[launch] {len(self.facts)} node(s): NIC {nic}, "
                  f"{sum(f.gpus for f in self.facts)} GPU(s), image {self.image_id[:19]}; containers "
                  f"{container_name(self.spec.name)} running with the job key "
                  f"({time.monotonic() - t0:.1f} s)")
+
+    def _write_node_env(self) -> None:
+        """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
+        directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
+        path = f"{node_key_dir(self.spec.name)}/{commands.NODE_ENV_FILE}"
+        by_host = {f.node.host: f for f in self.facts}
+        self._on_all("writing each node's NIC", lambda n: ["sh", "-c", 'umask 077; cat > "$1"', "sh", path],
+                     stdin=lambda n: commands.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
+                     timeout=60)
 
     def _watch_up(self) -> None:
         """The nodes' sessions after their container started: each ends when its sshd listens.
@@ -692,7 +717,7 @@ class Job:
         self._record(state="running", ranks=ranks)
         if self.spec.launcher == "torchrun":
             return self._run_torchrun(iface)
-        job = job_argv(self.spec, self.facts, iface, self.ompi or 4)
+        job = job_argv(self.spec, self.facts, iface, self.ompi or 4, subnet=self.subnet)
         self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(job)}")
         # Unless done already, the readiness check runs in the same command, just before the job.
         ready = "" if self._ready else self._ready_script() + " && "
@@ -726,7 +751,8 @@ class Job:
                  f"{self.spec.master_port}")
         procs = []
         for i, f in enumerate(self.facts):
-            argv = self._ssh(f.node, torchrun_node_argv(self.spec, self.facts, i, iface))
+            # each node's own NIC (they may be named differently: NCCL/Gloo take a name)
+            argv = self._ssh(f.node, torchrun_node_argv(self.spec, self.facts, i, f.iface))
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, errors="replace",
                                     start_new_session=True)
