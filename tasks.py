@@ -311,27 +311,80 @@ def demo(c, nodes=2, keep=False, epochs=3):
 # ---------------------------------------------------------------- troubleshooting
 
 
-@task(iterable=["ssh_opt"], help={
+NETWORK_HELP = {
+    "image": "the job's image: the sweep runs inside it",
+    "gpu": "GPU image: nccl-tests all_reduce_perf, one GPU per slot (default: CPU, allreduce_bw.py)",
+    "launcher": "mpirun, horovodrun or torchrun (default: torchrun for pytorch-ddp on CPU, else mpirun)",
+    "max_bytes": "largest message in bytes (default 1 GiB; smaller keeps a slow network's run short)",
+    "iters": "timed allreduces per size (default 5)",
+    "instance_type": "EC2 instance type to compare with (default: instance metadata, IMDSv2)",
+    "env": "K=V for every rank (repeatable), e.g. NCCL_NSOCKS_PERTHREAD=4",
+    "iface": "network interface (default: the NIC of each node's address)",
+    "tcp_streams": "TCP connections per node pair for the raw throughput figure (default 1)",
+}
+
+
+def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams, nodes, ssh_opts):
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.troubleshoot import network
+
+    if not image:
+        raise LaunchError("--image is required: the sweep runs inside the job's image")
+    envs = {}
+    for kv in env or []:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise LaunchError(f"--env {kv}: expected K=V")
+        envs[k] = v
+    result = network.bandwidth(nodes, image=image, gpu=bool(gpu), launcher=launcher,
+                               max_bytes=int(max_bytes), iters=int(iters), instance_type=instance_type,
+                               env=envs, iface=iface, tcp_streams=int(tcp_streams), ssh_opts=ssh_opts)
+    print(network.report(result))
+    if result.exit_code != 0:
+        raise LaunchError(f"the sweep job failed with exit code {result.exit_code}; output: invoke logs")
+    return result
+
+
+@task(iterable=["ssh_opt", "env"], help={
     **NODE_HELP,
     "image": "image to check with (digest on every node, and the in-container checks)",
     "iface": "network interface to check (default: the NIC of each node's address)",
     "shm_size": "as `invoke launch --shm-size` (default --ipc host)",
     "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
     "job": "a running job whose container may hold port 2022",
+    "bandwidth": "run the allreduce bandwidth sweep instead (as `invoke bench-network`; needs --image)",
+    **{k: v for k, v in NETWORK_HELP.items() if k not in ("image", "iface")},
 })
 def doctor(c, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb=10.0, job=None):
+           min_free_gb=10.0, job=None, bandwidth=False, gpu=False, launcher=None, max_bytes=1 << 30,
+           iters=5, instance_type=None, env=None, tcp_streams=1):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
 
     with user_errors():
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
+        if bandwidth:
+            r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
+                           nodes, _ssh_opts(ssh_opt, ssh_config))
+            sys.exit(1 if r.verdict.status == "FAIL" else 0)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
                                         min_free_gb=float(min_free_gb),
                                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))
         print(dr.format_table(rows))
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
+
+
+@task(iterable=["env", "ssh_opt"], help={**NODE_HELP, **NETWORK_HELP})
+def bench_network(c, image=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None,
+                  ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, gpu=False, launcher=None,
+                  max_bytes=1 << 30, iters=5, instance_type=None, env=None, iface=None, tcp_streams=1):
+    """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
+    with user_errors():
+        r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
+                       _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key),
+                       _ssh_opts(ssh_opt, ssh_config))
+        sys.exit(1 if r.verdict.status == "FAIL" else 0)
 
 
 @task(help={"log": "a job's output file, or a job name from `invoke status` (default: the latest job)"})
