@@ -68,6 +68,7 @@ class Variant(_Strict):
     nccl: str | None = None
     efa_installer: str | None = None
     aws_ofi_nccl: str | None = None
+    nccl_tests: str | None = None  # NVIDIA/nccl-tests release: all_reduce_perf (invoke doctor --bandwidth)
     targets: list[str] | None = None
 
 
@@ -333,7 +334,7 @@ def load_all(families: list[str] | None = None) -> list[Image]:
 
 Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message)
 
-_GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "targets")
+_GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "nccl_tests", "targets")
 _FAMILY_KEYS = {
     "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch"}),
     "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras"}),
