@@ -266,3 +266,14 @@ def test_cpu_sweep_on_2_nodes(cluster, remote_images):
     assert all(row.busbw > 0 for row in r.rows) and r.tcp_gbs and r.tcp_gbs > 0
     assert r.verdict.status in ("PASS", "WARN", "FAIL")
     assert "busbw/TCP" in network.report(r)
+
+
+@pytest.mark.cluster
+def test_doctor_nic_warns_on_mixed_names_with_a_shared_subnet(mixed_nics):
+    from dtrain.launch.troubleshoot import doctor as dr
+
+    info = mixed_nics
+    rows = {(r.node, r.check): r for r in dr.run(parse_hostfile(info.hostfile)[:3],
+                                                  dr.Options(ssh_opts=("-F", info.ssh_config)), say=lambda m: None)}
+    nic = rows[(info.nodes[1].address, "nic")]
+    assert nic.status == "WARN" and "subnet 10.213.0.0/24" in nic.detail, nic

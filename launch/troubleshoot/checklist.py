@@ -35,7 +35,8 @@ DOCTOR_CHECKS: dict[str, str] = {
     "peer-2022": "from each node's container, `ssh -p 2022 <peer> command -v orted python` "
                  "succeeds for every peer, without prompts",
     "nic": "the interface carrying each node's address (never lo, docker0, br-*, veth*) has the "
-           "same name and MTU on every node",
+           "same MTU on every node, and the same name (WARN where names differ but the nodes "
+           "share a subnet: mpirun and torchrun handle that, horovodrun does not)",
     "hostnames": "node hostnames are unique (the launcher also writes every node's name and "
                  "address into each container's /etc/hosts)",
     "image-digest": "every node runs the same image digest (same Horovod, framework, NCCL)",
