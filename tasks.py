@@ -275,15 +275,22 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
-            "recreate": "with up: replace a cluster of another size"})
-def cluster(c, action, nodes=2, recreate=False):
+@task(iterable=["nic"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+            "recreate": "with up: replace a cluster of another size",
+            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
+def cluster(c, action, nodes=2, recreate=False, nic=None):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
         if action == "up":
-            info = cl.up(int(nodes), recreate=recreate)
+            names = {}
+            for kv in nic or []:
+                i, sep, name = kv.partition("=")
+                if not sep or not i.isdigit():
+                    raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
+                names[int(i)] = name
+            info = cl.up(int(nodes), recreate=recreate, nic_names=names)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
