@@ -5,7 +5,7 @@ next), and their ratio. --env K=V (repeatable) runs the same sweep with more var
 compare a setting before/after.
 
     python bench/bench_network.py [--nodes 2,4] [--family pytorch-ddp] [--max-bytes 67108864]
-                                  [--iters 5] [--tcp-streams 1] [--env K=V ...]
+                                  [--iters 5] [--tcp-streams 1] [--env K=V ...] [--mca K=V ...]
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ def main() -> None:
     ap.add_argument("--tcp-streams", type=int, default=1)
     ap.add_argument("--launcher", default=None)
     ap.add_argument("--env", action="append", default=[])
+    ap.add_argument("--mca", action="append", default=[], help="K=V: an Open MPI MCA parameter (mpirun)")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
     env = dict(kv.split("=", 1) for kv in args.env)
+    mca = tuple(tuple(kv.split("=", 1)) for kv in args.mca)
     engine.ensure_dockerd()
     info = cluster.up(max(counts), recreate=True, quiet=True)
     try:
@@ -48,7 +50,7 @@ def main() -> None:
         for n in counts:
             r = network.bandwidth(parse_hostfile(info.hostfile)[:n], image=image, launcher=args.launcher,
                                   max_bytes=args.max_bytes, iters=args.iters, tcp_streams=args.tcp_streams,
-                                  env=env, ssh_opts=("-F", info.ssh_config), name=f"bench-net-{n}",
+                                  env=env, extra_mca=mca, ssh_opts=("-F", info.ssh_config), name=f"bench-net-{n}",
                                   say=lambda m: None)
             if r.exit_code != 0 or not r.rows or not r.tcp_gbs:
                 raise SystemExit(f"{n} nodes: the sweep failed (exit {r.exit_code}):\n{r.log[-3000:]}")
@@ -58,7 +60,7 @@ def main() -> None:
             peak = max(x.busbw for x in r.rows)
             summary.append((str(n), f"{peak:.3f}", f"{r.tcp_gbs:.3f}", f"{peak / r.tcp_gbs:.2f}",
                             r.verdict.status))
-        print(f"family {args.family}, env {env or '-'}, tcp streams {args.tcp_streams}\n")
+        print(f"family {args.family}, env {env or '-'}, mca {dict(mca) or '-'}, tcp streams {args.tcp_streams}\n")
         print(markdown(summary))
         print()
         print(markdown(rows))

@@ -260,7 +260,8 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
               max_bytes: int = MAX_BYTES, min_bytes: int = MIN_BYTES, iters: int = 5,
               tcp_seconds: float = 2.0, tcp_streams: int = 1, instance_type: str | None = None,
               env: dict[str, str] | None = None, iface: str | None = None,
-              ssh_opts: tuple[str, ...] = (), name: str = "", say: Callable[[str], None] = print) -> Result:
+              ssh_opts: tuple[str, ...] = (), name: str = "", extra_mca: tuple[tuple[str, str], ...] = (),
+              say: Callable[[str], None] = print) -> Result:
     """The sweep as a job of `image` on `nodes`: all_reduce_perf under mpirun on GPU images;
     on CPU images allreduce_bw.py with the family's backend (torchrun for gloo, mpirun for
     Horovod) unless launcher says otherwise."""
@@ -275,5 +276,5 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
     command = sweep_command(gpu=gpu, backend=backend, min_bytes=min_bytes, max_bytes=max_bytes, iters=iters,
                             tcp_seconds=tcp_seconds, tcp_streams=tcp_streams)
     spec = JobSpec(image=image, command=tuple(command), launcher=launcher, name=name, env=dict(env or {}),
-                   iface=iface, ssh_opts=ssh_opts, job_timeout=1800)
+                   iface=iface, ssh_opts=ssh_opts, job_timeout=1800, extra_mca=tuple(extra_mca))
     return run_sweep(spec, nodes, gpu=gpu, instance_type=instance_type, say=say)
