@@ -163,6 +163,11 @@ def test_tcp_include_no_shared_subnet_is_a_clear_error():
                               "b": ("eth0", "10.0.2.5", "10.0.2.0/24")})
 
 
+def test_tcp_include_unknown_subnet_is_an_error():
+    with pytest.raises(LaunchError, match="b: no subnet found"):
+        commands.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.0.0/16"), "b": ("eth0", "10.0.2.5", "")})
+
+
 def test_mixed_mpirun_argv_uses_subnet_and_the_wrapper():
     argv = commands.mpirun_mixed_argv([Node("10.0.0.1"), Node("10.0.0.2")], ["python", "t.py"],
                                       subnet="10.0.0.0/16", iface="ens5")

@@ -558,6 +558,10 @@ def tcp_include(per_node: Mapping[str, tuple[str, str, str]]) -> str | None:
         raise ValueError("tcp_include: no nodes")
     if len({iface for iface, _, _ in per_node.values()}) == 1:
         return None
+    unknown = [h for h, (_, _, net) in per_node.items() if not net]
+    if unknown:
+        raise LaunchError(f"{', '.join(unknown)}: no subnet found for the node's address, and NIC names differ "
+                          f"({', '.join(sorted({i for i, _, _ in per_node.values()}))}); give the nodes one NIC name")
     nets = sorted({ipaddress.ip_network(net) for _, _, net in per_node.values()},
                   key=lambda n: n.prefixlen)
     addrs = [ipaddress.ip_address(a) for _, a, _ in per_node.values()]

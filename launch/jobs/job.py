@@ -415,9 +415,9 @@ def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 
         build = (commands.mpirun_argv if subnet is None else
                  lambda *a, **k: commands.mpirun_mixed_argv(*a, subnet=subnet, **k))
         argv = build(nodes, list(spec.command), iface=iface, env=spec.env,
-                                    forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
-                                    ssh_options=CONTAINER_SSH_MUX,
-                                    extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
+                     forward=list(spec.forward), ssh_port=SSH_PORT, ompi_major=ompi,
+                     ssh_options=CONTAINER_SSH_MUX,
+                     extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
         return [argv[0], "--tag-output", *argv[1:]]
     return commands.horovodrun_argv(nodes, list(spec.command), iface=iface, ssh_port=SSH_PORT,
                                     env=spec.env)
