@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dtrain.images import build as b  # noqa: E402
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
@@ -40,6 +41,11 @@ def main() -> None:
     env = dict(kv.split("=", 1) for kv in args.env)
     mca = tuple(tuple(kv.split("=", 1)) for kv in args.mca)
     engine.ensure_dockerd()
+    # this tree's launch/node/ (allreduce_bw.py) in the image: a cached build, the last layer at most
+    wheels = Path("/opt/wheels")
+    b.build([args.family], None, False, b.BuildOptions(base_image=engine.BASE_IMAGE, ca_bundle=b.default_ca_bundle(),
+                                                         wheelhouse=wheels if wheels.is_dir() else None),
+            say=lambda m: None)
     info = cluster.up(max(counts), recreate=True, quiet=True)
     try:
         engine.allow_insecure_registry(info.registry)
