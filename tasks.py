@@ -431,15 +431,22 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, pa
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
-            "recreate": "with up: replace a cluster of another size"})
-def cluster(c, action, nodes="2", recreate=False):
+@task(iterable=["nic"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+            "recreate": "with up: replace a cluster of another size",
+            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
+def cluster(c, action, nodes="2", recreate=False, nic=None):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
         if action == "up":
-            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate)
+            names = {}
+            for kv in nic or []:
+                i, sep, name = kv.partition("=")
+                if not sep or not i.isdigit():
+                    raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
+                names[int(i)] = name
+            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate, nic_names=names)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
@@ -467,17 +474,56 @@ def demo(c, nodes="2", keep=False, epochs="3"):
 # ---------------------------------------------------------------- troubleshooting
 
 
-@task(iterable=["ssh_opt"], help={
+NETWORK_HELP = {
+    "image": "the job's image: the sweep runs inside it",
+    "gpu": "GPU image: nccl-tests all_reduce_perf, one GPU per slot (default: CPU, allreduce_bw.py)",
+    "launcher": "mpirun, horovodrun or torchrun (default: torchrun for pytorch-ddp on CPU, else mpirun)",
+    "max_bytes": "largest message in bytes (default 1 GiB; smaller keeps a slow network's run short)",
+    "iters": "timed allreduces per size (default 5)",
+    "instance_type": "EC2 instance type to compare with (default: instance metadata, IMDSv2)",
+    "env": "K=V for every rank (repeatable), e.g. NCCL_NSOCKS_PERTHREAD=4",
+    "iface": "network interface (default: the NIC of each node's address)",
+    "tcp_streams": "TCP connections per node pair for the raw throughput figure (default 1)",
+}
+
+
+def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams, nodes, ssh_opts):
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.troubleshoot import network
+
+    if not image:
+        raise LaunchError("--image is required: the sweep runs inside the job's image")
+    _image_flag(image)
+    envs = {}
+    for kv in env or []:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise LaunchError(f"--env {kv}: expected K=V")
+        envs[k] = v
+    result = network.bandwidth(nodes, image=image, gpu=bool(gpu), launcher=launcher,
+                               max_bytes=_int_flag("--max-bytes", max_bytes, 8), iters=_int_flag("--iters", iters, 1),
+                               instance_type=instance_type, env=envs, iface=iface,
+                               tcp_streams=_int_flag("--tcp-streams", tcp_streams, 1, 64), ssh_opts=ssh_opts)
+    print(network.report(result))
+    if result.exit_code != 0:
+        raise LaunchError(f"the sweep job failed with exit code {result.exit_code}; output: invoke logs")
+    return result
+
+
+@task(iterable=["ssh_opt", "env"], help={
     **NODE_HELP,
     "image": "image to check with (digest on every node, and the in-container checks)",
     "iface": "network interface to check (default: the NIC of each node's address)",
     "shm_size": "as `invoke launch --shm-size` (default --ipc host)",
     "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
     "job": "a running job whose container may hold port 2022",
+    "bandwidth": "run the allreduce bandwidth sweep instead (as `invoke bench-network`; needs --image)",
+    **{k: v for k, v in NETWORK_HELP.items() if k not in ("image", "iface")},
 })
 def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb="10", job=None):
+           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes=1 << 30,
+           iters=5, instance_type=None, env=None, tcp_streams=1):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
 
@@ -485,11 +531,27 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
         _image_flag(image)
         free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
+        if bandwidth:
+            r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
+                           nodes, _ssh_opts(ssh_opt, ssh_config))
+            sys.exit(1 if r.verdict.status == "FAIL" else 0)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
                                         min_free_gb=free,
                                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))
         print(dr.format_table(rows))
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
+
+
+@task(iterable=["env", "ssh_opt"], help={**NODE_HELP, **NETWORK_HELP})
+def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None,
+                  ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, gpu=False, launcher=None,
+                  max_bytes=1 << 30, iters=5, instance_type=None, env=None, iface=None, tcp_streams=1):
+    """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
+    with user_errors():
+        r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
+                       _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
+                       _ssh_opts(ssh_opt, ssh_config))
+        sys.exit(1 if r.verdict.status == "FAIL" else 0)
 
 
 @task(positional=["log"], help={"log": "a job's output file, a job name from `invoke status`, "

@@ -68,6 +68,7 @@ class Variant(_Strict):
     nccl: str | None = None
     efa_installer: str | None = None
     aws_ofi_nccl: str | None = None
+    nccl_tests: str | None = None  # NVIDIA/nccl-tests release: all_reduce_perf (invoke doctor --bandwidth)
     targets: list[str] | None = None
     # Recorded image size in GiB (docs/benchmarks.md); `invoke build` fails past
     # SIZE_BUDGET_FACTOR times it, as AWS Deep Learning Containers do.
@@ -357,7 +358,7 @@ def size_over_budget(ref: str, size_bytes: int, recorded_gib: float | None,
 
 Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message)
 
-_GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "targets")
+_GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "nccl_tests", "targets")
 _FAMILY_KEYS = {
     "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch"}),
     "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras"}),

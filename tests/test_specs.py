@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 GPU = {
     "kind": "gpu", "os": "ubuntu22.04", "python": "3.10",
-    "efa_installer": "1.38.0", "aws_ofi_nccl": "1.14.0",
+    "efa_installer": "1.38.0", "aws_ofi_nccl": "1.14.0", "nccl_tests": "2.13.13",
 }
 
 
@@ -176,6 +176,7 @@ def test_anchored_defaults_report_the_anchor_line(tmp_path):
         "  python: '3.11'\n"
         "  efa_installer: '1.38.0'\n"
         "  aws_ofi_nccl: '1.14.0'\n"
+        "  nccl_tests: '2.13.13'\n"
         "variants:\n"
         "  - <<: *gpu\n"
         "    pytorch: '2.11.0'\n"

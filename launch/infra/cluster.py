@@ -77,6 +77,7 @@ class NodeInfo:
     state_dir: str        # /var/lib/dtrain-cluster/node1
     ssh_port: int = 22
     user: str = "root"
+    ifname: str = NODE_IFNAME  # the node's NIC (rename_nic; up(nic_names=...))
 
     @property
     def docker_host(self) -> str:
@@ -367,8 +368,12 @@ def _hostfile(info: ClusterInfo) -> str:
 
 
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
-       timeout: float = 90.0) -> ClusterInfo:
+       timeout: float = 90.0, nic_names: dict[int, str] | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
+
+    nic_names: {node index: NIC name} for nodes whose NIC is not NODE_IFNAME (e.g. {2: "eth0"}:
+    mixed instance generations/AMIs); a running cluster's NICs are renamed to match, the
+    others back to NODE_IFNAME.
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -382,8 +387,8 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
         st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
-                _log(quiet, f"already up with {nodes} node(s); nothing to do")
-                return st.info
+                _log(quiet, f"already up with {nodes} node(s)")
+                return _name_nics(st.info, nic_names or {}, quiet)
             if st.nodes != nodes and not recreate:
                 raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
                                    f"'cluster down' first (or up(..., recreate=True))")
@@ -406,7 +411,39 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             raise ClusterError(f"cluster up failed: {e}") from e
         _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
                     f"ssh -F {info.ssh_config} node-1")
+        return _name_nics(info, nic_names or {}, quiet)
+
+
+def _check_ifname(name: str) -> None:
+    # Linux: at most 15 bytes; ours are also plain (no / : or spaces), and not the host veths'.
+    if not (name and len(name) <= 15 and name.replace("_", "").replace("-", "").isalnum()
+            and not name.startswith(VETH_PREFIX) and name not in ("lo", "docker0")):
+        raise ClusterError(f"bad NIC name {name!r} (letters, digits, - _; at most 15; not lo/docker0/{VETH_PREFIX}*)")
+
+
+def _name_nics(info: ClusterInfo, names: dict[int, str], quiet: bool) -> ClusterInfo:
+    """Rename each node's NIC to names.get(index, NODE_IFNAME) where it differs (link down,
+    rename, up: the address stays; the subnet route comes back with the link). Records it."""
+    for i in names:
+        if not 1 <= i <= len(info.nodes):
+            raise ClusterError(f"nic_names: no node {i} (nodes 1..{len(info.nodes)})")
+    nodes = []
+    for node in info.nodes:
+        want = names.get(node.index, NODE_IFNAME)
+        _check_ifname(want)
+        if want != node.ifname:
+            _log(quiet, f"{node.name}: NIC {node.ifname} -> {want}")
+            sh(["ip", "-n", node.netns, "-batch", "-"], input=(
+                f"link set {node.ifname} down\nlink set {node.ifname} name {want}\nlink set {want} up\n"))
+            _wait(f"{node.name}: sshd on {want}", lambda: nx.tcp_open(node.address, 22), 10)
+        nodes.append(dataclasses.replace(node, ifname=want))
+    if tuple(nodes) == info.nodes:
         return info
+    info = dataclasses.replace(info, nodes=tuple(nodes))
+    state = _load_state() or {}
+    state["info"] = info.to_dict()
+    _save_state(state)
+    return info
 
 
 def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
@@ -449,7 +486,7 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
     nx.ipt_ensure("FORWARD", ["-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"])
     nx.ipt_ensure("INPUT", ["-i", BRIDGE, "-p", "tcp", "--dport", str(REGISTRY_PORT), "-j", "ACCEPT"])
     for node in info.nodes:
-        nx.add_node_netns(node.netns, BRIDGE, f"{VETH_PREFIX}{node.index}", NODE_IFNAME,
+        nx.add_node_netns(node.netns, BRIDGE, f"{VETH_PREFIX}{node.index}", node.ifname,
                           f"{node.address}/{PREFIXLEN}")
         nx.add_node_mntns(node.netns, binds=_node_home_binds())
 

@@ -428,3 +428,80 @@ def check_same_iface(per_node: Mapping[str, str]) -> str:
         return next(iter(by_iface))
     groups = "; ".join(f"{iface} on {', '.join(hosts)}" for iface, hosts in by_iface.items())
     raise LaunchError(f"nodes disagree on the network interface: {groups} (use one instance type/AMI, or name the NIC)")
+
+
+# --- nodes whose NICs are named differently ------------------------------------------------
+
+# In every image (templates/Dockerfile.j2 copies launch/node/ to /opt/dtrain/node/): sources
+# the node's own env file (node_env_text, written by the launch into the job's key directory,
+# mounted at JOB_KEY_MOUNT), then runs the rank's command.
+NODE_ENV_WRAPPER = "/opt/dtrain/node/node_env.sh"
+NODE_ENV_FILE = "node.env"  # in the job's key directory
+
+
+def interface_network(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
+    """The network (e.g. `10.0.0.0/16`) of the address/prefix `address` holds, from `ip -j addr`."""
+    where = f"{host}: " if host else ""
+    try:
+        links = json.loads(ip_addr_json)
+        want = ipaddress.ip_address(address)
+    except ValueError as e:
+        raise LaunchError(f"{where}cannot read `ip -j addr` output / address {address!r}: {e}") from None
+    for link in links if isinstance(links, list) else []:
+        for info in link.get("addr_info") or []:
+            try:
+                iface = ipaddress.ip_interface(f"{info.get('local')}/{info.get('prefixlen')}")
+            except ValueError:
+                continue
+            if iface.ip == want:
+                return str(iface.network)
+    raise LaunchError(f"{where}no interface carries {address}")
+
+
+def tcp_include(per_node: Mapping[str, tuple[str, str, str]]) -> str | None:
+    """Open MPI's btl/oob_tcp_if_include for nodes given as {host: (iface, address, network)}:
+    None when every node names its NIC alike (the name is the value, as before); else the one
+    subnet that holds every node's address (Open MPI matches each node's own NIC by it).
+    LaunchError when the NICs differ and no node's subnet holds all the others."""
+    if not per_node:
+        raise ValueError("tcp_include: no nodes")
+    if len({iface for iface, _, _ in per_node.values()}) == 1:
+        return None
+    unknown = [h for h, (_, _, net) in per_node.items() if not net]
+    if unknown:
+        raise LaunchError(f"{', '.join(unknown)}: no subnet found for the node's address, and NIC names differ "
+                          f"({', '.join(sorted({i for i, _, _ in per_node.values()}))}); give the nodes one NIC name")
+    nets = sorted({ipaddress.ip_network(net) for _, _, net in per_node.values()},
+                  key=lambda n: n.prefixlen)
+    addrs = [ipaddress.ip_address(a) for _, a, _ in per_node.values()]
+    for net in nets:  # the widest first
+        if all(a.version == net.version and a in net for a in addrs):
+            return str(net)
+    groups = "; ".join(f"{h} {a} on {n} ({i})" for h, (i, a, n) in per_node.items())
+    raise LaunchError(f"nodes name their NICs differently and share no subnet: {groups} "
+                      "(put the nodes in one subnet, or give them one NIC name)")
+
+
+def node_env_text(iface: str, skip: Sequence[str] = ()) -> str:
+    """The per-node env file: NCCL and Gloo on this node's own NIC (names in skip are left to
+    the user's value)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", iface):
+        raise LaunchError(f"bad interface name {iface!r}")
+    return "".join(f"{k}={v}\n" for k, v in torchrun_env(iface).items() if k not in skip)
+
+
+def mpirun_mixed_argv(
+    nodes: Sequence[Node],
+    command: Sequence[str],
+    *,
+    subnet: str,
+    iface: str,
+    **kw,
+) -> list[str]:
+    """mpirun_argv for nodes whose NICs are named differently: Open MPI's TCP paths by subnet
+    (btl/oob_tcp_if_include SUBNET), and each rank's command run through NODE_ENV_WRAPPER,
+    which sets NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME to its node's own NIC. iface: the value
+    every rank gets before the wrapper replaces it (the first node's NIC)."""
+    ipaddress.ip_network(subnet)  # ValueError: a programming mistake
+    extra = [("btl_tcp_if_include", subnet), ("oob_tcp_if_include", subnet), *kw.pop("extra_mca", ())]
+    return mpirun_argv(nodes, [NODE_ENV_WRAPPER, *command], iface=iface, extra_mca=extra, **kw)

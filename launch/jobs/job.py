@@ -83,6 +83,7 @@ class NodeFacts:
     memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
     driver: str = ""  # NVIDIA driver version, "" without GPUs
     port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when the port is taken
+    network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Started:
     facts: list[NodeFacts]
     image_id: str
     ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
+    subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
 
 
 class StartFailed(LaunchError):
@@ -129,10 +131,14 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     else:
         chosen = commands.interface_for_address(ipjson, address, host=node.host)
     lock = p.get("memlock", "")
+    try:
+        network = commands.interface_network(ipjson, address, host=node.host)
+    except LaunchError:
+        network = ""
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
-                     tuple(p.get("port_jobs", "").split()))
+                     tuple(p.get("port_jobs", "").split()), network)
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
@@ -203,9 +209,11 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
             *node_programs.container_argv("run.sh", [*opts, "--", *command])]
 
 
-def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4) -> list[str]:
-    """mpirun / horovodrun argv run in the first node's container."""
-    return LAUNCHERS[spec.launcher].argv(spec, facts, 0, iface, ompi)
+def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4,
+             subnet: str | None = None) -> list[str]:
+    """mpirun / horovodrun argv run in the first node's container. subnet: where nodes name
+    their NICs differently (commands.tcp_include), mpirun by subnet, each rank on its node's NIC."""
+    return LAUNCHERS[spec.launcher].argv(spec, facts, 0, iface, ompi, subnet=subnet)
 
 
 def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
@@ -268,7 +276,9 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
         say(f"[launch] warning: dockerd cannot lift the memlock limit on "
             f"{', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
             "containers get that, not unlimited; EFA needs unlimited (docs/troubleshooting.md#memlock)")
-    say(f"[launch] {len(result.facts)} node(s): NIC {result.facts[0].iface}, "
+    nic = result.facts[0].iface if result.subnet is None else \
+        f"{'/'.join(sorted({f.iface for f in result.facts}))} (subnet {result.subnet})"
+    say(f"[launch] {len(result.facts)} node(s): NIC {nic}, "
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
         f"{container_name(spec.name)} running with the job key ({time.monotonic() - t0:.1f} s)")
     return result, sessions
@@ -285,7 +295,9 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
         raise LaunchError(f"nodes hold different images for {spec.image}; all must run the same:\n{lines}")
     check_driver(facts, {h: v[0] for h, v in info.items() if len(v) == 3 and v[0] != "-"})
     label = next(iter(info.values()))
-    commands.check_same_iface({f.node.host: f.iface for f in facts})
+    if spec.launcher == "horovodrun":  # one --network-interface for all nodes
+        commands.check_same_iface({f.node.host: f.iface for f in facts})
+    subnet = commands.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in facts})
     taken = [f for f in facts if f.port_holder]
     if taken:
         raise LaunchError(f"port {contract.SSH_PORT} is taken (the containers' sshd needs it):\n" + "\n".join(
@@ -299,7 +311,7 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
     if missing:  # every reason a node declines is checked above; this is a safety net
         raise LaunchError(f"no container started on {', '.join(missing)}")
     ompi = int(label[1]) if len(label) == 3 and label[1].isdigit() else None
-    return Started(facts, next(iter(ids.values())), ompi)
+    return Started(facts, next(iter(ids.values())), ompi, subnet)
 
 
 # ---------------------------------------------------------------- the run
@@ -326,6 +338,7 @@ class Job:
         self.started: list[Node] = []  # nodes where a container may exist
         self.keydir: Path | None = None
         self._sessions: Fanout | None = None  # the nodes' launch sessions (up())
+        self.subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
         self._watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
@@ -364,7 +377,20 @@ class Job:
             raise
         self._watch = threading.Thread(target=self._watch_up, name="dtrain-up", daemon=True)
         self._watch.start()
+        self.subnet = started.subnet
+        if started.subnet is not None:
+            self._write_node_env(started.facts)
         return started
+
+    def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
+        """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
+        directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
+        path = f"{node_key_dir(self.spec.name)}/{commands.NODE_ENV_FILE}"
+        by_host = {f.node.host: f for f in facts}
+        results = self.ssh.run(self.nodes, lambda n: ["sh", "-c", 'umask 077; cat > "$1"', "sh", path],
+                               stdin=lambda n: commands.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
+                               timeout=60)
+        raise_on_failure(results, "writing each node's NIC")
 
     def _watch_up(self) -> None:
         """The nodes' sessions after their container started: each ends when its sshd listens.
@@ -402,7 +428,7 @@ class Job:
         iface = facts[0].iface
         if self.launcher.per_node:
             return self._run_per_node(facts, iface)
-        job = self.launcher.argv(self.spec, facts, 0, iface, ompi)
+        job = self.launcher.argv(self.spec, facts, 0, iface, ompi, subnet=self.subnet)
         self.say(f"[launch] {self.launcher.name} on {facts[0].hostname}: {shlex.join(job)}")
         argv = run_argv(self.spec, facts, job, ready=ready, fill_hosts=False,
                         exec_env=self.launcher.exec_env(iface))
@@ -433,8 +459,9 @@ class Job:
                  f"{self.spec.master_port}")
         procs = []
         for i, f in enumerate(facts):
-            cmd = run_argv(self.spec, facts, self.launcher.argv(self.spec, facts, i, iface), ready=False,
-                           fill_hosts=True, exec_env=self.launcher.exec_env(iface))
+            # each node's own NIC (they may be named differently: NCCL/Gloo take a name)
+            cmd = run_argv(self.spec, facts, self.launcher.argv(self.spec, facts, i, f.iface), ready=False,
+                           fill_hosts=True, exec_env=self.launcher.exec_env(f.iface))
             proc = subprocess.Popen(self.ssh.argv(f.node, cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
             pump = threading.Thread(target=self._pump, args=(proc, f.hostname, bases[i]), daemon=True)

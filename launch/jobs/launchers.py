@@ -6,7 +6,7 @@ and the nodes' facts in, the command to run in a node's container out.
                (mpirun, horovodrun); True: one command in every node's container (torchrun)
     needs_ssh  the containers' sshd must answer node to node before the command (readiness
                check), and the image's Open MPI major version matters
-    argv(spec, facts, rank, iface, ompi)  the command for node `rank` (0 when not per_node)
+    argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node)
     exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
                them, from the job's env file: launch/node/run.sh)
 
@@ -47,12 +47,16 @@ class Mpirun:
     per_node = False
     needs_ssh = True
 
-    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
-        """mpirun in the first container (ompi: 5 renamed plm_rsh_args to plm_ssh_args)."""
-        argv = commands.mpirun_argv(_addresses(facts), list(spec.command), iface=iface,
-                                    env_names=list(spec.env), forward=list(spec.forward),
-                                    ssh_port=contract.SSH_PORT, ompi_major=ompi, ssh_options=CONTAINER_SSH_MUX,
-                                    extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
+             subnet: str | None = None) -> list[str]:
+        """mpirun in the first container (ompi: 5 renamed plm_rsh_args to plm_ssh_args; subnet:
+        where nodes name their NICs differently, Open MPI by subnet and each rank on its own NIC)."""
+        build = commands.mpirun_argv if subnet is None else \
+            (lambda *a, **k: commands.mpirun_mixed_argv(*a, subnet=subnet, **k))
+        argv = build(_addresses(facts), list(spec.command), iface=iface,
+                     env_names=list(spec.env), forward=list(spec.forward),
+                     ssh_port=contract.SSH_PORT, ompi_major=ompi, ssh_options=CONTAINER_SSH_MUX,
+                     extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
         return [argv[0], "--tag-output", *argv[1:]]
 
     def exec_env(self, iface: str) -> dict[str, str]:
@@ -62,7 +66,8 @@ class Mpirun:
 class Horovodrun(Mpirun):
     name = "horovodrun"
 
-    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
+             subnet: str | None = None) -> list[str]:
         return commands.horovodrun_argv(_addresses(facts), list(spec.command), iface=iface,
                                         ssh_port=contract.SSH_PORT, env_names=list(spec.env))
 
@@ -72,7 +77,8 @@ class Torchrun:
     per_node = True
     needs_ssh = False
 
-    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4) -> list[str]:
+    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
+             subnet: str | None = None) -> list[str]:
         run = commands.torchrun_argv(len(facts), rank, facts[rank].node.slots, facts[0].address, spec.master_port,
                                      list(spec.command), rdzv=spec.rdzv, job_id=spec.name)
         return [run[0], "--tee", "3", *run[1:]]

@@ -35,7 +35,8 @@ DOCTOR_CHECKS: dict[str, str] = {
     "peer-2022": "from each node's container, `ssh -p 2022 <peer> command -v orted python` "
                  "succeeds for every peer, without prompts",
     "nic": "the interface carrying each node's address (never lo, docker0, br-*, veth*) has the "
-           "same name and MTU on every node",
+           "same MTU on every node, and the same name (WARN where names differ but the nodes "
+           "share a subnet: mpirun and torchrun handle that, horovodrun does not)",
     "hostnames": "node hostnames are unique (the launcher also writes every node's name and "
                  "address into each container's /etc/hosts)",
     "image-digest": "every node runs the same image digest (same Horovod, framework, NCCL)",
@@ -80,6 +81,7 @@ HVD_MPI = "https://horovod.readthedocs.io/en/stable/mpi_include.html"
 HVD_TROUBLE = "https://horovod.readthedocs.io/en/stable/troubleshooting_include.html"
 NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 NCCL_TROUBLE = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
+AWS_EFA_NCCL = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html"
 DOCKER_RUN = "https://docs.docker.com/reference/cli/docker/container/run/"
 SSHD_CONFIG = "https://man.openbsd.org/sshd_config"
 SSH_CONFIG = "https://man.openbsd.org/ssh_config"
@@ -580,6 +582,47 @@ ENTRIES: tuple[Entry, ...] = (
         source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
         doctor_checks=("efa",),
         related=("memlock", "nccl-iface"),
+    ),
+    Entry(
+        id="efa-not-selected",
+        title="aws-ofi-nccl loaded but chose a provider other than EFA",
+        symptom="On an EFA instance type the job runs, `invoke doctor --bandwidth` says WARN or "
+                "FAIL, and NCCL's log (`NCCL_DEBUG=INFO`) has no `Selected Provider is efa` line; "
+                "it names another libfabric provider instead.",
+        messages=(
+            "node-1:1234:1234 [0] NCCL INFO NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)",
+        ),
+        signatures=_re(r"NET/OFI Selected [Pp]rovider is (?!efa\b)\w+"),
+        cause="libfabric found no usable EFA device in the container (devices not passed, EFA "
+              "not enabled on the instance, the security group blocks traffic from itself), or "
+              "`FI_PROVIDER` names another provider, so the plugin runs over TCP.",
+        fix="Launch with dtrain (it passes `/dev/infiniband/uverbs*` on EFA types), enable EFA "
+            "at instance launch, allow all traffic within the security group, and leave "
+            "`FI_PROVIDER` unset or `efa`.",
+        confirm="`invoke doctor --bandwidth` (reads NCCL's log for `Selected Provider is efa`); "
+                "`invoke doctor` check `efa`; `fi_info -p efa` in the container.",
+        source=(AWS_EFA_NCCL,),
+        doctor_checks=("efa",),
+        related=("efa-unused",),
+    ),
+    Entry(
+        id="nccl-few-sockets",
+        title="NCCL on TCP with one socket per thread: a fraction of the link",
+        symptom="On an instance type without EFA (or with EFA unused) `invoke doctor --bandwidth` "
+                "reports busbw far below the TCP throughput between the nodes; NCCL's log says "
+                "`NET/Socket : Using 1 threads and 1 sockets per thread`.",
+        messages=("node-1:1234:1290 [0] NCCL INFO NET/Socket : Using 1 threads and 1 sockets per thread",),
+        signatures=_re(r"NET/Socket ?: Using [12] threads? and 1 sockets? per thread"),
+        cause="NCCL's socket transport opens `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD` "
+              "connections per peer. One TCP flow on EC2 is limited to about 5 Gbit/s outside a "
+              "placement group (10 inside), so one or two sockets leave most of a 25-100 Gbit/s "
+              "link unused.",
+        fix="On TCP-only types set e.g. `-e NCCL_SOCKET_NTHREADS=4 -e NCCL_NSOCKS_PERTHREAD=4` "
+            "(their product at most 64), and put the nodes in a cluster placement group.",
+        confirm="`invoke doctor --bandwidth` before and after; the `NET/Socket : Using N threads "
+                "and M sockets per thread` line of NCCL's log.",
+        source=(NCCL_ENV, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html"),
+        related=("efa-unused", "nccl-iface"),
     ),
     Entry(
         id="memlock",

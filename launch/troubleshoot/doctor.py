@@ -24,6 +24,8 @@ from dtrain.launch.jobs.transport import SshTransport
 from dtrain.launch.infra.instance_types import EFA_TYPES
 from dtrain.launch.troubleshoot import checklist
 
+from dtrain.launch.errors import LaunchError
+
 Status = Literal["PASS", "WARN", "FAIL"]
 CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
           "image-digest", "disk", "clock", "efa", "peer-2022", "shm", "memlock")
@@ -91,6 +93,13 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         except Exception as e:  # noqa: BLE001 - a node's odd output is that node's FAIL
             nic[h] = (f"error: {e}", 0)
     names = {v[0] for v in nic.values()}
+    shared, shared_error = None, ""
+    if len(names) > 1 and not any(n.startswith("error") for n in names):
+        try:  # nodes whose NICs are named differently work where they share a subnet
+            shared = commands.tcp_include({h: (nic[h][0], host[h].get("addr") or h, commands.interface_network(
+                host[h].get("ipjson", ""), host[h].get("addr") or h, host=h)) for h in nic})
+        except LaunchError as e:
+            shared_error = str(e)
     mtus = {v[1] for v in nic.values()}
     hostnames = [host[h].get("hostname", "") for h in reachable]
 
@@ -139,9 +148,12 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         name, mtu = nic.get(h, ("?", 0))
         if name.startswith("error"):
             add(h, "nic", "FAIL", name)
-        elif len(names) > 1 or len(mtus) > 1:
+        elif len(mtus) > 1 or (len(names) > 1 and not shared):
             others = ", ".join(f"{k}={v[0]}/mtu {v[1]}" for k, v in nic.items())
-            add(h, "nic", "FAIL", f"{name} mtu {mtu}; nodes differ: {others}")
+            add(h, "nic", "FAIL", f"{name} mtu {mtu}; nodes differ: {others}" + (f" ({shared_error})" if shared_error else ""))
+        elif len(names) > 1:  # launch handles it: Open MPI by subnet, NCCL/Gloo per node
+            add(h, "nic", "WARN", f"{name} mtu {mtu}; NIC names differ ({', '.join(sorted(names))}): mpirun and "
+                f"torchrun use subnet {shared} and each node's own NIC; horovodrun needs one name")
         else:
             add(h, "nic", "PASS", f"{name} mtu {mtu}")
 
