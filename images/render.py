@@ -55,6 +55,9 @@ def _env(img: Image) -> dict[str, str]:
     }
     if img.variant.tf_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
+    if img.variant.ray:
+        # Ray reports usage to Anyscale unless told not to; training nodes stay quiet.
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
 
 
@@ -109,7 +112,7 @@ def _labels(img: Image) -> dict[str, str]:
         "dtrain.openmpi-major": "4",
         "dtrain.version.python": v.python,
     }
-    pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "cuda", "cudnn", "nccl",
+    pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "ray", "cuda", "cudnn", "nccl",
             "efa_installer", "aws_ofi_nccl"]
     for key in pins:
         value = getattr(v, key)
@@ -123,7 +126,12 @@ def _labels(img: Image) -> dict[str, str]:
 
 def _description(img: Image) -> str:
     fw = {"tensorflow": "TensorFlow", "pytorch": "PyTorch"}[img.framework]
-    what = f"Horovod {img.variant.horovod} + {fw}" if img.variant.horovod else f"{fw} (torchrun/DDP)"
+    if img.variant.horovod:
+        what = f"Horovod {img.variant.horovod} + {fw}"
+    elif img.variant.ray:
+        what = f"Ray {img.variant.ray} (Ray Train) + {fw}"
+    else:
+        what = f"{fw} (torchrun/DDP)"
     where = f"CUDA {img.variant.cuda}" if img.gpu else "CPU"
     return f"{what} {img.framework_version}, {where}, Python {img.variant.python}, {img.variant.os}"
 
