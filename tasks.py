@@ -177,7 +177,8 @@ def _ssh_opts(ssh_opt, ssh_config=None):
 @task(iterable=["env", "mount", "ssh_opt"], help={
     **NODE_HELP,
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
-    "launcher": "mpirun (default), horovodrun or torchrun",
+    "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
+                "as its driver; image: ray-train)",
     "name": "job name (default job-YYYYmmdd-HHMMSS); re-using a name replaces its containers",
     "env": "K=V for every rank (repeatable)",
     "env_file": "file of K=V lines; every variable is forwarded to every rank",
@@ -204,8 +205,8 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
         command = tuple(_remainder())
         if pull not in ("always", "missing", "never"):
             raise LaunchError(f"--pull {pull}: use always, missing or never")
-        if launcher not in ("mpirun", "horovodrun", "torchrun"):
-            raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun or torchrun")
+        if launcher not in ("mpirun", "horovodrun", "torchrun", "ray"):
+            raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun, torchrun or ray")
         envs = dict(commands.parse_env_file(env_file)) if env_file else {}
         for kv in env or []:
             k, sep, v = kv.partition("=")

@@ -378,3 +378,21 @@ def test_stop_from_another_terminal(cluster, remote_images, tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert containers_left(cluster, "t-stop") == []
+
+
+# ---------------------------------------------------------------- Ray
+
+def test_ray_train_torchtrainer_on_2_nodes(cluster, remote_images):
+    """invoke launch --launcher ray: a head on node-1, a worker on node-2, then a TorchTrainer
+    with one gloo worker per node; each worker's rank, host and allreduced sum (1+2)."""
+    code, out = run(cluster, remote_images["ray-train"], ["python", f"{EX}/ray_train_check.py", "--workers", "2"],
+                    "t-ray2", n=2, launcher="ray")
+    assert code == 0, out
+    rows = re.findall(r"^\[node-1\] ray-train OK rank=(\d) size=2 host=(node-\d) sum=(\d+)$", out, re.M)
+    assert sorted(rows) == [("0", "node-1", "3"), ("1", "node-2", "3")] or \
+        sorted(r[0] for r in rows) == ["0", "1"] and sorted(r[1] for r in rows) == ["node-1", "node-2"], out
+    assert all(r[2] == "3" for r in rows), out
+    # the workers' own lines, forwarded by Ray to the driver: gloo, one per node
+    workers = re.findall(r"ray-train worker rank=(\d) size=2 host=(node-\d) backend=gloo sum=3", out)
+    assert sorted(workers) in ([("0", "node-1"), ("1", "node-2")], [("0", "node-2"), ("1", "node-1")]), out
+    assert containers_left(cluster, "t-ray2") == []

@@ -37,7 +37,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure, run_all
 from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
 
-Launcher = Literal["mpirun", "horovodrun", "torchrun"]
+Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
 SSH_PORT = 2022
 LABEL = "dtrain.job"
 # ssh inside the first container: the readiness check opens one master connection per node
@@ -424,6 +424,25 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
             container_name(spec.name), "bash", "-c", hosts_script(facts) + '; exec "$@"', "dtrain-torchrun", *run]
 
 
+def _in_container(job: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """`docker exec [-e K=V...] CONTAINER argv...` for the job's container on a node."""
+    return ["docker", "exec", *sum((["-e", f"{k}={v}"] for k, v in (env or {}).items()), []),
+            container_name(job), *argv]
+
+
+def ray_node_argvs(spec: JobSpec, facts: Sequence[NodeFacts], iface: str) -> dict[str, list[str]]:
+    """Per node (by host): `ray start` in its container: the head on the first node, workers
+    joining FIRST_ADDRESS:6379 on the others, each at its own address, on the job's NIC."""
+    head = f"{facts[0].address}:{commands.RAY_PORT}"
+    env = {**commands.ray_env(iface), **spec.env}
+    out = {}
+    for i, f in enumerate(facts):
+        argv = (commands.ray_head_argv(commands.RAY_PORT, node_ip=f.address) if i == 0 else
+                commands.ray_worker_argv(head, node_ip=f.address))
+        out[f.node.host] = _in_container(spec.name, argv, env)
+    return out
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -692,6 +711,8 @@ class Job:
         self._record(state="running", ranks=ranks)
         if self.spec.launcher == "torchrun":
             return self._run_torchrun(iface)
+        if self.spec.launcher == "ray":
+            return self._run_ray(iface)
         job = job_argv(self.spec, self.facts, iface, self.ompi or 4)
         self.say(f"[launch] {self.spec.launcher} on {self.facts[0].hostname}: {shlex.join(job)}")
         # Unless done already, the readiness check runs in the same command, just before the job.
@@ -759,6 +780,35 @@ class Job:
             return first_failure
         return next((p.returncode for _, p, _ in procs if p.returncode != 0), 0)
 
+    def _run_ray(self, iface: str) -> int:
+        """Ray: a head in the first node's container, a worker in each other one (`ray start`
+        through docker exec; Ray's daemons stay in the container), wait until the head sees
+        every node, then the command as a Ray driver in the head's container (RAY_ADDRESS set),
+        its output streamed. Ray stops everywhere afterwards (the containers go anyway)."""
+        ray = ray_node_argvs(self.spec, self.facts, iface)
+        head = f"{self.facts[0].address}:{commands.RAY_PORT}"
+        first = self.facts[0]
+        self.say(f"[launch] ray: head {head} on {first.hostname}, {len(self.facts) - 1} worker node(s)")
+        try:
+            t0 = time.monotonic()
+            self._on_all("starting the Ray head", lambda n: ray[n.host],
+                         nodes=[first.node], timeout=self.spec.ready_timeout + 30)
+            if len(self.facts) > 1:
+                self._on_all("starting Ray workers", lambda n: ray[n.host], nodes=[f.node for f in self.facts[1:]],
+                             timeout=self.spec.ready_timeout + 30)
+            wait = commands.ray_wait_argv(head, len(self.facts), self.spec.ready_timeout)
+            self._on_all("waiting for every Ray node", lambda n: _in_container(self.spec.name, wait),
+                         nodes=[first.node], timeout=self.spec.ready_timeout + 60)
+            self.say(f"[launch] ray cluster of {len(self.facts)} node(s) up ({time.monotonic() - t0:.1f} s)")
+            job = _in_container(self.spec.name, commands.ray_job_argv(head, list(self.spec.command)))
+            results = run_all([first.node], lambda n: self._ssh(n, job), timeout=self.spec.job_timeout,
+                              retries=0, on_line=lambda n, line: self._emit(f"[{first.hostname}] {line.rstrip()}"))
+            return _exit_code(results[0])
+        finally:
+            if not self._closing:
+                stop = _in_container(self.spec.name, commands.ray_stop_argv())
+                run_all([f.node for f in self.facts], lambda n: self._ssh(n, stop), timeout=60)
+
     def _pump(self, proc: subprocess.Popen, hostname: str, base: int) -> None:
         assert proc.stdout
         for line in proc.stdout:
@@ -810,7 +860,7 @@ class Job:
         restore = _sigterm_as_interrupt()
         try:
             self.up()
-            if self.spec.launcher != "torchrun" and self.ompi is None:
+            if self.spec.launcher not in ("torchrun", "ray") and self.ompi is None:
                 self.wait_ready()  # no Open MPI label in the image: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self._job()
