@@ -55,9 +55,6 @@ def _env(img: Image) -> dict[str, str]:
     }
     if img.variant.tf_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
-    if img.variant.ray:
-        # Ray reports usage to Anyscale unless told not to; training nodes stay quiet.
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
 
 
