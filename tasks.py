@@ -245,7 +245,8 @@ def _ssh_opts(ssh_opt, ssh_config=None):
 @task(iterable=["env", "mount", "ssh_opt"], help={
     **NODE_HELP,
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
-    "launcher": "mpirun (default), horovodrun or torchrun",
+    "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
+                "as its driver; image: ray-train)",
     "name": "job name (default job-YYYYmmdd-HHMMSS); re-using a name replaces its containers",
     "env": "K=V for every rank (repeatable)",
     "env_file": "file of K=V lines; every variable is forwarded to every rank",
@@ -272,7 +273,7 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         _image_flag(image)
         command = tuple(_remainder())
         _choice_flag("--pull", pull, ("always", "missing", "never"))
-        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun", "ray"))
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
         port = _int_flag("--master-port", master_port, 1, 65535)
         seconds = _float_flag("--timeout", timeout) if timeout is not None else None
@@ -582,7 +583,11 @@ def diagnose(c, log=None):
     "workers": "workers / replicas / instances (default 2)",
     "gpus_per_worker": "GPUs per worker (0: CPU)",
     "name": "job name (default dtrain-job)",
-    "launcher": "mpirun or torchrun where the tool allows both",
+    "launcher": "mpirun or torchrun where the tool allows both; ray with --for ecs (Ray head and "
+                "worker services, seed 001)",
+    "ray_head_address": "ECS + ray: DNS name or IP the workers join the head at "
+                        "(default ray-head.dtrain.internal; docs/other-tools.md)",
+    "ecs_cluster": "ECS + ray: cluster of the services (default dtrain)",
     "env": "K=V for every rank (repeatable)",
     "node_selector": "K=V Kubernetes nodeSelector (repeatable)",
     "namespace": "Kubernetes namespace",
@@ -597,7 +602,7 @@ def diagnose(c, log=None):
 def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None):
+             output=None, ray_head_address=None, ecs_cluster=None):
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     invoke manifest --for mpijob --image REF -- CMD"""
@@ -613,7 +618,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
-            ssh_key_secret_arn=ssh_key_secret_arn))
+            ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
+            ecs_cluster=ecs_cluster))
         if output:
             Path(output).write_text(text)
             print(f"wrote {output}")

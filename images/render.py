@@ -109,7 +109,7 @@ def _labels(img: Image) -> dict[str, str]:
         contract.LABEL_OPENMPI_MAJOR: "4",
         f"{contract.LABEL_VERSION_PREFIX}python": v.python,
     }
-    pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "cuda", "cudnn", "nccl",
+    pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "ray", "cuda", "cudnn", "nccl",
             "efa_installer", "aws_ofi_nccl", "nccl_tests"]
     for key in pins:
         value = getattr(v, key)
@@ -123,7 +123,12 @@ def _labels(img: Image) -> dict[str, str]:
 
 def _description(img: Image) -> str:
     fw = {"tensorflow": "TensorFlow", "pytorch": "PyTorch"}[img.framework]
-    what = f"Horovod {img.variant.horovod} + {fw}" if img.variant.horovod else f"{fw} (torchrun/DDP)"
+    if img.variant.horovod:
+        what = f"Horovod {img.variant.horovod} + {fw}"
+    elif img.variant.ray:
+        what = f"Ray {img.variant.ray} (Ray Train) + {fw}"
+    else:
+        what = f"{fw} (torchrun/DDP)"
     where = f"CUDA {img.variant.cuda}" if img.gpu else "CPU"
     return f"{what} {img.framework_version}, {where}, Python {img.variant.python}, {img.variant.os}"
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 IMAGES_DIR = Path(__file__).resolve().parent
 COMPAT_FILE = IMAGES_DIR / "compat.yaml"
-FAMILIES = ("horovod-tensorflow", "horovod-pytorch", "pytorch-ddp")
+FAMILIES = ("horovod-tensorflow", "horovod-pytorch", "pytorch-ddp", "ray-train")
 
 
 class SpecError(Exception):
@@ -62,6 +62,7 @@ class Variant(_Strict):
     tf_keras: str | None = None
     pytorch: str | None = None
     horovod: str | None = None
+    ray: str | None = None
     # GPU only
     cuda: str | None = None
     cudnn: str | None = None
@@ -116,6 +117,11 @@ class _HorovodRow(_Strict):
     torch_cxx: int
 
 
+class _RayRow(_Strict):
+    python: list[str]
+    pytorch: list[str]
+
+
 class Compat(_Strict):
     os_python: dict[str, str]
     cuda_bases: dict[str, _CudaBase]
@@ -124,6 +130,7 @@ class Compat(_Strict):
     pytorch: dict[str, _TorchRow]
     torch_wheel_min_sm: dict[str, int]
     horovod: dict[str, _HorovodRow]
+    ray: dict[str, _RayRow]
 
 
 # ---------------------------------------------------------------- the validated image
@@ -171,6 +178,8 @@ class Image:
         parts = [self.framework_version]
         if v.horovod:
             parts.append(f"hvd{v.horovod}")
+        if v.ray:
+            parts.append(f"ray{v.ray}")
         if self.gpu:
             parts += [self.cuda_short, f"cudnn{vtuple(v.cudnn or '0')[0]}"]
         else:
@@ -360,9 +369,10 @@ Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message
 
 _GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "nccl_tests", "targets")
 _FAMILY_KEYS = {
-    "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch"}),
-    "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras"}),
-    "pytorch-ddp": ({"pytorch"}, {"tensorflow", "tf_keras", "horovod"}),
+    "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch", "ray"}),
+    "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras", "ray"}),
+    "pytorch-ddp": ({"pytorch"}, {"tensorflow", "tf_keras", "horovod", "ray"}),
+    "ray-train": ({"pytorch", "ray"}, {"tensorflow", "tf_keras", "horovod"}),
 }
 
 
@@ -403,6 +413,8 @@ def check_variant(img: Image) -> list[Problem]:
         out += _check_pytorch(img)
     if v.horovod:
         out += _check_horovod(img)
+    if v.ray:
+        out += _check_ray(img)
     return out
 
 
@@ -508,4 +520,20 @@ def _check_horovod(img: Image) -> list[Problem]:
         if v.tf_keras and keras3 and minor(v.tf_keras) != minor(v.tensorflow):
             out.append(("tf_keras", "compat.horovod.keras3",
                         f"tf_keras {v.tf_keras} does not match TensorFlow {minor(v.tensorflow)}"))
+    return out
+
+
+def _check_ray(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    assert v.ray and v.pytorch
+    row = c.ray.get(v.ray)
+    if row is None:
+        return [("ray", "compat.ray", f"Ray {v.ray} is not in compat.yaml (known: {', '.join(c.ray)})")]
+    out: list[Problem] = []
+    if not in_range(v.python, row.python):
+        out.append(("python", "compat.ray",
+                    f"Ray {v.ray} has wheels for Python {row.python[0]}-{row.python[1]}, not {v.python}"))
+    if not in_range(v.pytorch, row.pytorch):
+        out.append(("pytorch", "compat.ray",
+                    f"Ray Train {v.ray} is tested with PyTorch {row.pytorch[0]}-{row.pytorch[1]}, not {v.pytorch}"))
     return out

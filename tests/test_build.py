@@ -57,7 +57,7 @@ SSH_SELF = ("ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519 && "
             "cp /root/.ssh/id_ed25519.pub /root/.ssh/authorized_keys && ")
 
 
-@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp"])
+@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp", "ray-train"])
 def test_smoke(family, container, cpu_images):
     name = container(family)
     wait_sshd(name)
@@ -83,6 +83,9 @@ def test_smoke(family, container, cpu_images):
     else:
         out = dexec(name, "torchrun --nproc_per_node 2 /opt/dtrain/node/examples/allreduce_check.py ddp")
         assert out.count("allreduce OK") == 2
+    if family == "ray-train":
+        out = dexec(name, "ray --version; python -c 'from ray.train.torch import TorchTrainer; print(\"train ok\")'")
+        assert re.search(r"ray, version 2\.60\.0", out) and "train ok" in out
 
 
 def test_host_keys_differ_per_container(container):
@@ -138,7 +141,7 @@ def _layer_members(image_ref: str):
                 yield layer, m.name, inner.extractfile(m).read()
 
 
-@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp"])
+@pytest.mark.parametrize("family", ["horovod-tensorflow", "horovod-pytorch", "pytorch-ddp", "ray-train"])
 def test_no_secret_in_any_layer(family, cpu_images, ca_bundle, pip_conf):
     marker_cert = ca_bundle.read_text().split("-----BEGIN CERTIFICATE-----")[-1].split("-----END")[0]
     marker_body = "".join(marker_cert.split()[:3]).encode()  # first lines of the marker CA
@@ -167,9 +170,9 @@ def test_cpu_families_share_base_layers(cpu_images):
     for family, r in cpu_images.items():
         out = sh(DOCKER, "image", "inspect", "-f", "{{json .RootFS.Layers}}", r.ref).stdout
         layers[family] = json.loads(out)
-    a, b, c = layers.values()
+    stacks = list(layers.values())
     shared = 0
-    while shared < min(map(len, (a, b, c))) and a[shared] == b[shared] == c[shared]:
+    while shared < min(map(len, stacks)) and len({ls[shared] for ls in stacks}) == 1:
         shared += 1
     # base image + OS packages + ssh config + env: at least the first 4 layers are the same blobs
     assert shared >= 4, f"only {shared} shared layer(s): " + "; ".join(

@@ -385,3 +385,58 @@ def test_torchrun_pod_env_references():
         torchrun_argv(2, "1", 8, "h", 29500, ["t.py"])
     with pytest.raises(ValueError, match="master_port"):
         torchrun_argv(2, 0, 8, "h", "$RANK", ["t.py"])
+
+
+# ---------------------------------------------------------------- Ray
+
+def test_ray_head_and_worker():
+    from dtrain.launch.jobs import commands as c
+
+    assert c.ray_head_argv(node_ip="10.0.0.1") == [
+        "ray", "start", "--head", "--port=6379", "--include-dashboard=false", "--disable-usage-stats",
+        "--node-ip-address=10.0.0.1"]
+    assert c.ray_head_argv(6380, num_cpus=0, block=True)[-2:] == ["--num-cpus=0", "--block"]
+    assert c.ray_worker_argv("head.example:6379", num_gpus=4, block=True) == [
+        "ray", "start", "--address=head.example:6379", "--disable-usage-stats", "--num-gpus=4", "--block"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.ray_head_argv(0),
+    lambda c: c.ray_head_argv(num_cpus=-1),
+    lambda c: c.ray_worker_argv("head-without-port"),
+    lambda c: c.ray_worker_argv("--address=x:1"),
+    lambda c: c.ray_wait_argv("h:1", 0, 10),
+    lambda c: c.ray_job_argv("h:1", []),
+])
+def test_ray_rejects(call):
+    from dtrain.launch.jobs import commands as c
+
+    with pytest.raises(ValueError):
+        call(c)
+
+
+def test_ray_job_and_wait():
+    from dtrain.launch.jobs import commands as c
+
+    assert c.ray_job_argv("10.0.0.1:6379", ["python", "t.py", "--x", "a b"]) == [
+        "env", "RAY_ADDRESS=10.0.0.1:6379", "python", "t.py", "--x", "a b"]
+    assert c.ray_wait_argv("10.0.0.1:6379", 3, 60) == [
+        "python", "/opt/dtrain/node/ray_wait.py", "--address", "10.0.0.1:6379", "--nodes", "3", "--timeout", "60"]
+    assert c.ray_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+
+
+def test_ray_node_argvs_head_first_workers_join_it():
+    from dtrain.launch.jobs.job import JobSpec, NodeFacts
+    from dtrain.launch.jobs.launchers import LAUNCHERS
+
+    facts = [NodeFacts(Node(f"node-{i}"), f"10.213.0.{10 + i}", f"node-{i}", "ens5", 0, (), "")
+             for i in (1, 2)]
+    spec = JobSpec(image="img", command=("python", "t.py"), launcher="ray", name="j", env={"K": "s3cret"})
+    ray = LAUNCHERS["ray"]
+    assert ray.node_argv(facts, 0) == ["ray", "start", "--head", "--port=6379", "--include-dashboard=false",
+                                       "--disable-usage-stats", "--node-ip-address=10.213.0.11"]
+    assert ray.node_argv(facts, 1) == ["ray", "start", "--address=10.213.0.11:6379", "--disable-usage-stats",
+                                       "--node-ip-address=10.213.0.12"]
+    assert ray.argv(spec, facts, 0, "ens5") == ["env", "RAY_ADDRESS=10.213.0.11:6379", "python", "t.py"]
+    assert ray.exec_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert "s3cret" not in str([ray.node_argv(facts, 0), ray.argv(spec, facts, 0, "ens5")])  # --env values: a file

@@ -487,3 +487,21 @@ def test_registry_login_leaves_no_credential_on_the_nodes(cluster, remote_images
         assert r.returncode == 0 and "image=" in r.stdout and "pull failed" not in r.stderr, r.stderr
         after = on_node(cluster, i, look).stdout
         assert after == before and auth not in after and "s3cr3t" not in after, after
+
+
+# ---------------------------------------------------------------- Ray
+
+def test_ray_train_torchtrainer_on_2_nodes(cluster, remote_images):
+    """invoke launch --launcher ray: a head on node-1, a worker on node-2, then a TorchTrainer
+    with one gloo worker per node; each worker's rank, host and allreduced sum (1+2)."""
+    code, out = run(cluster, remote_images["ray-train"], ["python", f"{EX}/ray_train_check.py", "--workers", "2"],
+                    "t-ray2", n=2, launcher="ray")
+    assert code == 0, out
+    rows = re.findall(r"^\[node-1\] ray-train OK rank=(\d) size=2 host=(node-\d) sum=(\d+)$", out, re.M)
+    assert sorted(r[0] for r in rows) == ["0", "1"], out
+    assert sorted(r[1] for r in rows) == ["node-1", "node-2"], "one Ray Train worker per node"
+    assert all(r[2] == "3" for r in rows), out
+    # the workers' own lines, forwarded by Ray to the driver (Ray Train may repeat them): gloo
+    workers = set(re.findall(r"ray-train worker rank=(\d) size=2 host=(node-\d) backend=gloo sum=3", out))
+    assert workers == {(r[0], r[1]) for r in rows}, out
+    assert containers_left(cluster, "t-ray2") == []

@@ -292,3 +292,60 @@ def test_spec_from_args_for_the_task():
         m.spec_from_args("mpijob", HVD, ["t"], env=["A"])
     with pytest.raises(LaunchError, match="--image is required"):
         m.spec_from_args("mpijob", None, ["t"])
+
+
+# ---------------------------------------------------------------- ECS: Ray head and workers (seed 001)
+
+RAY = "registry.example.com/dtrain/ray-train:2.13.0-ray2.60.0-cpu-py311-debian12"
+
+
+def ray_doc(**kw):
+    s = m.ManifestSpec("ecs", **{**dict(image=RAY, command=CMD, name="job-1", workers=3, gpus_per_worker=1,
+                                        launcher="ray"), **kw})
+    return m.load("ecs-ray", m.render(s))
+
+
+def test_ecs_ray_head_and_worker_services():
+    d = ray_doc(ray_head_address="ray-head.example.internal", ecs_cluster="ml")
+    assert m.problems("ecs-ray", d) == []
+    head, worker = (d[k]["containerDefinitions"][0] for k in ("headTaskDefinition", "workerTaskDefinition"))
+    for part in ("headTaskDefinition", "workerTaskDefinition"):
+        assert d[part]["networkMode"] == "host" and d[part]["requiresCompatibilities"] == ["EC2"]
+    # the same builders as `invoke launch --launcher ray`, blocking as the task's main process
+    assert head["entryPoint"] == ["/opt/dtrain/node/entrypoint.sh"]
+    assert head["command"] == commands.ray_head_argv(6379, num_gpus=0, block=True)
+    assert worker["command"] == commands.ray_worker_argv("ray-head.example.internal:6379", num_gpus=1, block=True)
+    assert head["dockerLabels"]["dtrain.ray-job"] == (
+        "env RAY_ADDRESS=ray-head.example.internal:6379 python train.py --epochs 3")
+    assert worker["resourceRequirements"] == [{"type": "GPU", "value": "1"}]
+    assert "resourceRequirements" not in head
+    assert d["headService"]["desiredCount"] == 1 and d["workerService"]["desiredCount"] == 3
+    assert d["workerService"]["taskDefinition"] == d["workerTaskDefinition"]["family"] == "job-1-ray-worker"
+    assert d["workerService"]["cluster"] == "ml"
+    assert d["workerService"]["placementConstraints"] == [{"type": "distinctInstance"}]
+    assert "resourceRequirements" not in ray_doc(gpus_per_worker=0)["workerTaskDefinition"]["containerDefinitions"][0]
+
+
+def test_ecs_ray_broken_parts_name_the_request_and_field():
+    d = ray_doc()
+    d["workerService"]["desiredCount"] = "three"
+    d["headTaskDefinition"]["containerDefinitions"][0]["memoryReservaton"] = 1
+    del d["headService"]
+    d["extra"] = {}
+    found = "\n".join(m.problems("ecs-ray", d))
+    assert "workerService (CreateService): Invalid type for parameter desiredCount" in found
+    assert "headTaskDefinition (RegisterTaskDefinition): Unknown parameter in containerDefinitions[0]" in found
+    assert "memoryReservaton" in found
+    assert "headService: missing (CreateService request)" in found
+    assert "extra: unknown part" in found
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"target": "mpijob"}, "--launcher ray: only for --for ecs"),
+    ({"ray_head_address": "head; rm -rf /"}, "--ray-head-address"),
+])
+def test_ecs_ray_rejects(kw, message):
+    base = dict(target="ecs", image=RAY, command=CMD, launcher="ray")
+    with pytest.raises(LaunchError) as e:
+        m.render(m.ManifestSpec(**{**base, **kw}))
+    assert message in str(e.value)

@@ -176,6 +176,9 @@ def test_build_time_smoke_step(image):
         assert "horovodrun --check-build" in rt
         module = "horovod.tensorflow" if img.framework == "tensorflow" else "horovod.torch"
         assert f"import {module} as hvd; hvd.init()" in rt
+    elif img.variant.ray:
+        assert "ray --version" in rt
+        assert "from ray.train.torch import TorchTrainer" in rt
     else:
         assert "torchrun --help" in rt
     check = "python /tmp/cpu_build_check.py " + ("tensorflow" if img.framework == "tensorflow" else "torch")

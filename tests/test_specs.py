@@ -37,9 +37,10 @@ def error_of(path: Path) -> str:
 def test_shipped_specs_are_valid():
     images = load_all()
     assert {i.family for i in images} == set(FAMILIES)
+    min_gpu = {"ray-train": 1}  # one CUDA line for Ray; two for the others
     for fam in FAMILIES:
         kinds = [i.variant.kind for i in images if i.family == fam]
-        assert kinds.count("gpu") >= 2 and kinds.count("cpu") == 1, fam
+        assert kinds.count("gpu") >= min_gpu.get(fam, 2) and kinds.count("cpu") == 1, fam
 
 
 def test_tags_spell_the_stack():
@@ -255,3 +256,45 @@ def test_size_over_budget_is_a_pure_check():
     msg = size_over_budget(ref, int(5.1 * GIB), 1.11)
     assert msg and msg.startswith(f"{ref} is 5.10 GiB, over its budget of 1.33 GiB (1.2 x")
     assert size_over_budget(ref, int(1.34 * GIB), 1.11)
+
+
+# ---------------------------------------------------------------- ray-train
+
+RAY_CPU = {"kind": "cpu", "os": "debian12", "python": "3.11", "pytorch": "2.13.0", "ray": "2.60.0"}
+
+
+def test_ray_tag_and_labels_spell_ray():
+    from dtrain.images.render import context
+
+    img = next(i for i in load_all(["ray-train"]) if not i.gpu)
+    assert img.tag == "2.13.0-ray2.60.0-cpu-py311-debian12"
+    assert context(img)["labels"]["dtrain.version.ray"] == "2.60.0"
+
+
+def test_ray_needs_ray_and_pytorch(tmp_path):
+    path = write_spec(tmp_path, "ray-train", [{k: v for k, v in RAY_CPU.items() if k != "ray"}])
+    assert "variants[0]: [family] ray-train images need 'ray'" in error_of(path)
+
+
+def test_ray_not_in_pytorch_ddp(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [RAY_CPU])
+    assert "variants[0].ray: [family] pytorch-ddp images do not take 'ray'" in error_of(path)
+
+
+def test_ray_unknown_version(tmp_path):
+    path = write_spec(tmp_path, "ray-train", [{**RAY_CPU, "ray": "1.13.0"}])
+    assert "variants[0].ray: [compat.ray] Ray 1.13.0 is not in compat.yaml" in error_of(path)
+
+
+def test_ray_python_without_wheels(tmp_path):
+    path = write_spec(tmp_path, "ray-train", [{**GPU, "os": "ubuntu20.04", "python": "3.8",
+                                               "pytorch": "2.11.0", "ray": "2.60.0", "cuda": "12.8.1",
+                                               "cudnn": "9.8.0.87", "nccl": "2.25.1", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "variants[0].python: [compat.ray] Ray 2.60.0 has wheels for Python 3.10-3.14, not 3.8" in msg
+
+
+def test_ray_torch_outside_tested_range(tmp_path):
+    path = write_spec(tmp_path, "ray-train", [{**RAY_CPU, "pytorch": "2.4.1"}])
+    assert ("variants[0].pytorch: [compat.ray] Ray Train 2.60.0 is tested with PyTorch 2.9-2.13, "
+            "not 2.4.1") in error_of(path)

@@ -45,7 +45,7 @@ from dtrain.launch.jobs.output import MpiOutput, prefix_line, rank_nodes
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F401
 
-Launcher = Literal["mpirun", "horovodrun", "torchrun"]
+Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
 READY_FAILED = 97  # exit code of the readiness check inside the job command (launch/node/run.sh)
 
 
@@ -428,6 +428,8 @@ class Job:
         iface = facts[0].iface
         if self.launcher.per_node:
             return self._run_per_node(facts, iface)
+        if self.launcher.name == "ray":
+            return self._run_ray(facts, iface)
         job = self.launcher.argv(self.spec, facts, 0, iface, ompi, subnet=self.subnet)
         self.say(f"[launch] {self.launcher.name} on {facts[0].hostname}: {shlex.join(job)}")
         argv = run_argv(self.spec, facts, job, ready=ready, fill_hosts=False,
@@ -492,6 +494,42 @@ class Job:
         if first_failure is not None:
             return first_failure
         return next((p.returncode for _, p, _ in procs if p.returncode != 0), 0)
+
+    def _run_ray(self, facts: Sequence[NodeFacts], iface: str) -> int:
+        """Ray: a head in the first node's container, a worker in each other one (`ray start`;
+        Ray's daemons stay in the container), wait until the head sees every node, then the
+        command as a Ray driver in the head's container (RAY_ADDRESS set), its output streamed.
+        Every step goes through run.sh, so the job's --env values come from its file. Ray
+        stops everywhere afterwards (the containers go anyway)."""
+        ray = self.launcher
+        first = facts[0]
+        head = ray.head_address(facts)
+        env = ray.exec_env(iface)
+
+        def in_container(argv: Sequence[str]) -> list[str]:
+            return run_argv(self.spec, facts, argv, ready=False, fill_hosts=True, exec_env=env)
+
+        self.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)")
+        try:
+            t0 = time.monotonic()
+            by_host = {f.node.host: i for i, f in enumerate(facts)}
+            self.ssh.run([first.node], lambda n: in_container(ray.node_argv(facts, 0)),
+                         timeout=self.spec.ready_timeout + 30, what="starting the Ray head")
+            if len(facts) > 1:
+                self.ssh.run([f.node for f in facts[1:]], lambda n: in_container(ray.node_argv(facts, by_host[n.host])),
+                             timeout=self.spec.ready_timeout + 30, what="starting Ray workers")
+            wait = commands.ray_wait_argv(head, len(facts), self.spec.ready_timeout)
+            self.ssh.run([first.node], lambda n: in_container(wait), timeout=self.spec.ready_timeout + 60,
+                         what="waiting for every Ray node")
+            self.say(f"[launch] ray cluster of {len(facts)} node(s) up ({time.monotonic() - t0:.1f} s)")
+            job = in_container(ray.argv(self.spec, facts, 0, iface))
+            result = self.ssh.run([first.node], lambda n: job, timeout=self.spec.job_timeout, retries=0,
+                                  on_line=lambda n, line: self._emit(f"[{first.hostname}] {line.rstrip()}"))[0]
+            return _exit_code(result)
+        finally:
+            if not self._closing:
+                stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
+                self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
 
     def _pump(self, proc: subprocess.Popen, hostname: str, base: int) -> None:
         assert proc.stdout

@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +35,8 @@ EXAMPLES = ROOT / "docs" / "examples"
 Target = Literal["mpijob", "pytorchjob", "ecs", "sagemaker"]
 TARGETS: tuple[str, ...] = ("mpijob", "pytorchjob", "ecs", "sagemaker")
 FILENAMES = {"mpijob": "mpijob.yaml", "pytorchjob": "pytorchjob.yaml",
-             "ecs": "ecs-task-definition.json", "sagemaker": "sagemaker-training-job.json"}
+             "ecs": "ecs-task-definition.json", "sagemaker": "sagemaker-training-job.json",
+             "ecs-ray": "ecs-ray.json"}  # ecs-ray: --for ecs --launcher ray (template_name)
 
 POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
@@ -63,7 +65,10 @@ class ManifestSpec:
     workers: int = 2  # nodes (pods, ECS tasks, SageMaker instances)
     gpus_per_worker: int = 0  # 0: CPU
     slots_per_worker: int | None = None  # ranks per worker; default: the GPUs, or 1 on CPU
-    launcher: Literal["mpirun", "torchrun"] | None = None  # ecs/sagemaker; default by target
+    launcher: Literal["mpirun", "torchrun", "ray"] | None = None  # ecs/sagemaker; default by target
+    # ECS with launcher ray: the DNS name workers join the head at (see ecs_ray_context)
+    ray_head_address: str = "ray-head.dtrain.internal"
+    ecs_cluster: str = "dtrain"  # ECS: the cluster the Ray services run in
     env: dict[str, str] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)  # Kubernetes
     namespace: str | None = None  # Kubernetes
@@ -94,8 +99,12 @@ def _check(spec: ManifestSpec) -> None:
     if spec.workers < 1 or spec.gpus_per_worker < 0 or spec.slots < 1:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
-    if spec.launcher not in (None, "mpirun", "torchrun"):
-        raise LaunchError(f"--launcher {spec.launcher}: use mpirun or torchrun")
+    if spec.launcher not in (None, "mpirun", "torchrun", "ray"):
+        raise LaunchError(f"--launcher {spec.launcher}: use mpirun, torchrun or ray (ECS)")
+    if spec.launcher == "ray" and spec.target != "ecs":
+        raise LaunchError(f"--launcher ray: only for --for ecs (a Ray head and worker services), not {spec.target}")
+    if spec.launcher == "ray" and not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$", spec.ray_head_address):
+        raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
     if spec.target == "sagemaker" and spec.workers > 1:
         raise LaunchError(
             "SageMaker: dtrain images run single-instance training jobs only (--workers 1): "
@@ -142,6 +151,26 @@ def _ecs_command(spec: ManifestSpec) -> list[str]:
     return ["/bin/bash", "-c", script]
 
 
+def ecs_ray_context(spec: ManifestSpec) -> dict[str, Any]:
+    """Seed 001 on ECS: a head service (1 task, no GPU) and a worker service (spec.workers tasks,
+    one per instance, spec.gpus_per_worker GPUs each), host networking, the same `ray start`
+    argv as `invoke launch --launcher ray` (blocking: the task's main process).
+
+    Workers find the head by a DNS name (spec.ray_head_address) that the user points at the
+    head's instance (a Route 53 private record, or the instance's private DNS name): ECS
+    service discovery (Cloud Map) registers host-network tasks as SRV records only, which
+    `ray start --address` cannot read (A records need awsvpc networking). A worker that
+    starts before the head fails and ECS starts it again, until it joins."""
+    head = f"{spec.ray_head_address}:{commands.RAY_PORT}"
+    return {
+        "env": spec.env,
+        "ray_head": commands.ray_head_argv(commands.RAY_PORT, num_gpus=0, block=True),
+        "ray_worker": commands.ray_worker_argv(head, num_gpus=spec.gpus_per_worker, block=True),
+        "ray_job": shlex.join(commands.ray_job_argv(head, list(spec.command))),
+        "ray_port": commands.RAY_PORT,
+    }
+
+
 def context(spec: ManifestSpec) -> dict[str, Any]:
     """Everything a template needs, derived from one checked spec."""
     _check(spec)
@@ -155,6 +184,8 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
     elif spec.target == "pytorchjob":
         ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": TORCH_MASTER_PORT,
                 "env": commands.torchrun_env(POD_IFACE) | spec.env}
+    elif spec.target == "ecs" and spec.launcher == "ray":
+        ctx |= ecs_ray_context(spec)
     elif spec.target == "ecs":
         ctx |= {"command": _ecs_command(spec), "env": spec.env}
     else:
@@ -172,11 +203,16 @@ def _jinja() -> jinja2.Environment:
     return env
 
 
+def template_name(spec: ManifestSpec) -> str:
+    return "ecs-ray" if spec.target == "ecs" and spec.launcher == "ray" else spec.target
+
+
 def render(spec: ManifestSpec) -> str:
     """The document's text, validated (ManifestError names every field at fault)."""
     ctx = context(spec)
-    text = _jinja().get_template(f"{spec.target}.j2").render(ctx)
-    validate(spec.target, load(spec.target, text))
+    name = template_name(spec)
+    text = _jinja().get_template(f"{name}.j2").render(ctx)
+    validate(name, load(name, text))
     return text
 
 
@@ -221,6 +257,9 @@ def crd_schema(target: str) -> dict[str, Any]:
 
 
 _BOTO_OPERATIONS = {"ecs": ("ecs", "RegisterTaskDefinition"), "sagemaker": ("sagemaker", "CreateTrainingJob")}
+# ecs-ray: one document of four ECS requests, each checked against its own operation's model.
+ECS_RAY_PARTS = {"headTaskDefinition": "RegisterTaskDefinition", "workerTaskDefinition": "RegisterTaskDefinition",
+                 "headService": "CreateService", "workerService": "CreateService"}
 _API = {"mpijob": ("kubeflow.org/v2beta1", "MPIJob"), "pytorchjob": ("kubeflow.org/v1", "PyTorchJob")}
 
 
@@ -233,6 +272,8 @@ def _path(parts) -> str:
 
 def problems(target: str, doc: Any) -> list[str]:
     """Every schema problem of a document, one line each, naming the field; [] when valid."""
+    if target == "ecs-ray":
+        return _ecs_ray_problems(doc)
     if target in _BOTO_OPERATIONS:
         import botocore.session
         from botocore.exceptions import ParamValidationError
@@ -266,11 +307,38 @@ def problems(target: str, doc: Any) -> list[str]:
     return out
 
 
+def _boto_problems(service: str, op: str, params: Any) -> list[str]:
+    import botocore.session
+    from botocore.exceptions import ParamValidationError
+    from botocore.validate import validate_parameters
+
+    model = botocore.session.get_session().get_service_model(service).operation_model(op)
+    try:
+        validate_parameters(params, model.input_shape)
+    except ParamValidationError as e:
+        report = str(e.kwargs.get("report", e))
+        return [line.strip() for line in report.splitlines() if line.strip()]
+    return []
+
+
+def _ecs_ray_problems(doc: Any) -> list[str]:
+    if not isinstance(doc, dict):
+        return ["(document): expected an object with " + ", ".join(ECS_RAY_PARTS)]
+    out = [f"{k}: unknown part (known: {', '.join(ECS_RAY_PARTS)})" for k in doc if k not in ECS_RAY_PARTS]
+    for part, op in ECS_RAY_PARTS.items():
+        if part not in doc:
+            out.append(f"{part}: missing ({op} request)")
+        else:
+            out += [f"{part} ({op}): {p}" for p in _boto_problems("ecs", op, doc[part])]
+    return out
+
+
 def validate(target: str, doc: Any) -> None:
     found = problems(target, doc)
     if found:
         what = {"mpijob": "MPIJob (mpi-operator v0.4 CRD)", "pytorchjob": "PyTorchJob (training-operator v1.7.0 CRD)",
-                "ecs": "ECS RegisterTaskDefinition", "sagemaker": "SageMaker CreateTrainingJob"}[target]
+                "ecs": "ECS RegisterTaskDefinition", "sagemaker": "SageMaker CreateTrainingJob",
+                "ecs-ray": "ECS Ray head/worker (RegisterTaskDefinition, CreateService)"}[target]
         raise ManifestError(f"{what}: {len(found)} problem(s):\n" + "\n".join(f"  {p}" for p in found))
 
 
@@ -316,6 +384,7 @@ def examples() -> dict[Path, str]:
     """docs/examples/<file>: one worked example per tool, as `invoke manifest` writes them."""
     hvd = EXAMPLE_IMAGE.format(family="horovod-pytorch", tag="2.11.0-hvd0.28.1-cu128-cudnn9-py310-ubuntu22.04")
     ddp = EXAMPLE_IMAGE.format(family="pytorch-ddp", tag="2.11.0-cu128-cudnn9-py310-ubuntu22.04")
+    ray = EXAMPLE_IMAGE.format(family="ray-train", tag="2.11.0-ray2.60.0-cu128-cudnn9-py310-ubuntu22.04")
     specs = [
         ManifestSpec("mpijob", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
                      name="hvd-allreduce", workers=2, gpus_per_worker=8,
@@ -324,10 +393,13 @@ def examples() -> dict[Path, str]:
                      workers=2, gpus_per_worker=8),
         ManifestSpec("ecs", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
                      name="hvd-allreduce", workers=2, gpus_per_worker=8),
+        ManifestSpec("ecs", ray, ("python", "/opt/dtrain/node/examples/ray_train_check.py", "--workers", "2",
+                                  "--storage", "s3://my-bucket/dtrain/ray-results"),
+                     name="ray-train", workers=2, gpus_per_worker=1, launcher="ray"),
         ManifestSpec("sagemaker", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
                      workers=1, gpus_per_worker=8, launcher="torchrun"),
     ]
-    return {EXAMPLES / FILENAMES[s.target]: render(s) for s in specs}
+    return {EXAMPLES / FILENAMES[template_name(s)]: render(s) for s in specs}
 
 
 def write_examples() -> list[Path]:
