@@ -186,7 +186,13 @@ def run_tee(argv: list[str], cwd: str | None, env: dict[str, str]) -> tuple[int,
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     # SageMaker stops a job with SIGTERM: pass it on to the whole launch (mpirun, torchrun).
-    signal.signal(signal.SIGTERM, lambda *_: os.killpg(proc.pid, signal.SIGTERM))
+    def stop(*_: object) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
     assert proc.stdout is not None
     for raw in proc.stdout:
         sys.stdout.buffer.write(raw)
@@ -230,7 +236,8 @@ def main(ml: Path = ML) -> int:
     if job.launcher == "torchrun":
         extra |= commands.torchrun_env(c.iface)
     env = {**os.environ, **extra}
-    argv = launch_argv(c, job, forward=sorted(extra))
+    # Every rank gets the SM_* variables, whether SageMaker or this program set them.
+    argv = launch_argv(c, job, forward=sorted(k for k in env if k.startswith("SM_")))
     if argv is None:
         code = wait_for_first_host(c.hosts[0])
         if code != 0:
@@ -252,4 +259,6 @@ def main(ml: Path = ML) -> int:
 
 
 if __name__ == "__main__":
+    # PID 1 in the container ignores SIGTERM without a handler: end promptly when SageMaker stops us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
