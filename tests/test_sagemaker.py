@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -237,3 +238,11 @@ def test_run_no_wait_returns_the_name_and_keeps_the_key(aws, tmp_path):
     body = s3.get_object(Bucket="my-bucket", Key="x/dtrain-nowait/dtrain/id_ed25519")
     assert body["ServerSideEncryption"] == "AES256" and b"OPENSSH PRIVATE KEY" in body["Body"].read()
     assert not any("PRIVATE KEY" in line for line in printed)
+
+
+def test_task_errors_are_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "invoke", "sagemaker", "run", "--image", "img:1", "--input", "data",
+                        "--role", ROLE, "--", "python", "main.py"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --input 'data': expected NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr
