@@ -205,10 +205,14 @@ def notify_hosts(hosts: tuple[str, ...], code: int) -> None:
     """Leave the job's exit code on every other host; their `train` waits for it."""
     script = f"mkdir -p {DONE_DIR} && cat > {DONE_DIR}/exit.tmp && mv {DONE_DIR}/exit.tmp {DONE_DIR}/exit"
     for host in hosts:
-        r = subprocess.run(["ssh", "-p", str(SSH_PORT), "-o", "ConnectionAttempts=5", host, script],
-                           input=f"{code}\n", text=True, capture_output=True, timeout=120)
-        if r.returncode != 0:
-            print(f"dtrain sagemaker: {host}: cannot report the exit code: {r.stderr.strip()}", file=sys.stderr)
+        try:
+            r = subprocess.run(["ssh", "-p", str(SSH_PORT), "-o", "ConnectionAttempts=5", host, script],
+                               input=f"{code}\n", text=True, capture_output=True, timeout=120)
+            problem = r.stderr.strip() if r.returncode != 0 else ""
+        except (OSError, subprocess.TimeoutExpired) as e:
+            problem = str(e)
+        if problem:  # SageMaker ends that host's container when this one exits anyway
+            print(f"dtrain sagemaker: {host}: cannot report the exit code: {problem}", file=sys.stderr)
 
 
 def wait_for_first_host(first: str) -> int:
