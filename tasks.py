@@ -577,6 +577,49 @@ def diagnose(c, log=None):
 # ---------------------------------------------------------------- other tools
 
 
+@task(iterable=["input", "env"], help={
+    "action": "run",
+    "instances": "number of instances (default 1)",
+    "instance_type": "e.g. ml.p3.2xlarge (default ml.m5.2xlarge)",
+    "image": "image reference in ECR (built and pushed here)",
+    "role": "SageMaker execution role ARN",
+    "input": "NAME=s3://BUCKET/PREFIX: an input channel at /opt/ml/input/data/NAME, $SM_CHANNEL_NAME (repeatable)",
+    "spot": "managed spot training (checkpoints kept in S3 under the job's prefix)",
+    "output": "S3 path for code, key, checkpoints and the model (default s3://sagemaker-REGION-ACCOUNT/dtrain)",
+    "workdir": "directory uploaded as the `code` channel; the command runs there (default: .)",
+    "launcher": "mpirun or torchrun (default: torchrun for pytorch-ddp images, else mpirun)",
+    "slots": "processes per instance (default: its GPUs, or 1)",
+    "name": "training job name (default dtrain-YYYYmmdd-HHMMSS)",
+    "env": "K=V in the containers' environment (repeatable)",
+    "wait": "stream the logs until the job ends, then download the output (default; --no-wait: print the name)",
+    "download": "local directory for the output (default ./output)",
+    "region": "AWS region", "profile": "AWS profile",
+})
+def sagemaker(c, action, instances=1, instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
+              spot=False, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
+              download="output", region=None, profile=None):
+    """Run a command as a distributed SageMaker training job: invoke sagemaker run --instances 2 ... -- python train.py"""
+    from pathlib import Path
+
+    import boto3
+
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.other_tools import sagemaker as sm
+
+    with user_errors():
+        if action != "run":
+            raise LaunchError(f"unknown action {action!r}: use run")
+        opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
+                             instances=int(instances), instance_type=instance_type, name=name, launcher=launcher,
+                             slots=int(slots) if slots else None, inputs=sm.parse_inputs(input or []),
+                             env=sm.env_pairs(env or []), spot=spot, output_s3=output, workdir=Path(workdir),
+                             download=Path(download), wait=wait)
+        job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
+        if not wait:
+            print(job)
+        sys.exit(code)
+
+
 @task(iterable=["env", "node_selector"], help={
     "for_": "mpijob, pytorchjob, ecs or sagemaker",
     "image": "image reference (built here, pushed with invoke push)",

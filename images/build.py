@@ -3,8 +3,8 @@
 `build_argv` is pure (options in, argv out). `build_one` runs it, shows one line per build
 step (the full BuildKit log goes to build/logs/), and measures time, size and cache hits.
 Secrets (CA bundle, pip config) only ever reach the build as `--secret`, never as files in
-the context. The context is the repository root, narrowed by .dockerignore to launch/node/
-and .wheelhouse/.
+the context. The context is the repository root, narrowed by .dockerignore to launch/node/,
+the pure command builders (IMAGE_SOURCES) and .wheelhouse/.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from dtrain.images.render import ROOT, image_repo, local_ref, output_path, rende
 from dtrain.images.spec import Image, SpecError, load_all, size_over_budget
 
 WHEELHOUSE = ROOT / ".wheelhouse"
+# What the images copy from the checkout besides the wheels (.dockerignore lets these through).
+IMAGE_SOURCES = ("launch/node", "dtrain/__init__.py", "launch/__init__.py", "launch/errors.py",
+                 "launch/jobs/__init__.py", "launch/jobs/commands.py", "launch/jobs/hosts.py")
 LOG_DIR = ROOT / "build" / "logs"
 
 
@@ -161,7 +164,7 @@ def source_stamp() -> tuple[str, str]:
     """(revision, created) for the OCI labels: the commit and its time, so the same sources
     give the same image config (no wall-clock time in labels)."""
     rev = _git("rev-parse", "HEAD") or "unknown"
-    if rev != "unknown" and _git("status", "--porcelain", "--", "images", "templates", "launch/node"):
+    if rev != "unknown" and _git("status", "--porcelain", "--", "images", "templates", *IMAGE_SOURCES):
         rev += "-dirty"
     created = _git("log", "-1", "--format=%cI") or "unknown"
     return rev, created

@@ -231,21 +231,32 @@ def test_ecs_task_definition_contract():
 
 
 def test_sagemaker_request_contract():
-    d = doc("sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://b/out",
+    """`IMAGE train` (no ContainerEntrypoint): the image's sagemaker_train.py reads the dtrain_*
+    hyperparameters; the request is the one `invoke sagemaker run` sends (one builder)."""
+    d = doc("sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://bkt/out",
             gpus_per_worker=8)
     a = d["AlgorithmSpecification"]
-    assert a["TrainingImage"] == HVD and a["TrainingInputMode"] == "File"
-    assert a["ContainerEntrypoint"] == ["/opt/dtrain/node/entrypoint.sh"]
-    assert a["ContainerArguments"] == commands.mpirun_argv([Node("localhost", 8)], list(CMD), iface="eth0")
+    assert a == {"TrainingImage": HVD, "TrainingInputMode": "File"}
+    assert d["HyperParameters"] == {"dtrain_command": json.dumps(list(CMD)), "dtrain_launcher": "mpirun",
+                                    "dtrain_workdir": "code", "dtrain_slots": "8"}
     assert d["ResourceConfig"] == {"InstanceCount": 1, "InstanceType": "ml.p4d.24xlarge", "VolumeSizeInGB": 100}
     assert d["RoleArn"] == "arn:aws:iam::111122223333:role/Train"
-    assert d["OutputDataConfig"] == {"S3OutputPath": "s3://b/out"}
-    t = doc("sagemaker", launcher="torchrun", command=("train.py",))["AlgorithmSpecification"]
-    assert t["ContainerArguments"][:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
+    assert d["OutputDataConfig"] == {"S3OutputPath": "s3://bkt/out"}
+    assert "InputDataConfig" not in d  # one instance: mpirun needs no ssh key
+    assert d == m.sagemaker.create_training_job_request(m.sagemaker_job(spec(
+        "sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://bkt/out", gpus_per_worker=8)))
+
+
+def test_sagemaker_multi_instance():
+    d = doc("sagemaker", workers=3, output_s3="s3://bkt/out")
+    assert d["ResourceConfig"]["InstanceCount"] == 3
+    assert d["InputDataConfig"] == [{"ChannelName": "dtrain", "InputMode": "File", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://bkt/out/job-1/dtrain/", "S3DataDistributionType": "FullyReplicated"}}}]
+    t = doc("sagemaker", workers=2, launcher="torchrun", command=("train.py",))
+    assert t["HyperParameters"]["dtrain_launcher"] == "torchrun" and "InputDataConfig" not in t  # no ssh
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"target": "sagemaker", "workers": 2}, "single-instance"),
     ({"target": "mpijob", "command": ()}, "no command"),
     ({"target": "mpijob", "name": "Bad_Name"}, "bad job name"),
     ({"target": "mpijob", "workers": 0}, "at least 1 worker"),

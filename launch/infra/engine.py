@@ -30,6 +30,7 @@ PACKAGES: tuple[str, ...] = (
     "runc",
     "openssl",  # the tests' throw-away CA (conftest.ca_bundle)
     "procps",  # ps: the cluster tests look for leftover processes
+    "git",  # tests make throw-away repositories (SageMaker's source upload, workdir sync)
 )
 # Programs from the base system (Debian Essential/required: bash, coreutils, tar, util-linux,
 # mount, dpkg, apt) are not listed; tests/test_host_packages.py checks every program the

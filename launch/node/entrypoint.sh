@@ -2,6 +2,8 @@
 # Entrypoint of every dtrain image.
 #   no arguments: run sshd on port 2022 in the foreground (a node of a job)
 #   arguments:    start sshd in the background, then exec the arguments
+#   train:        a SageMaker training job (`docker run IMAGE train`): the job key from the
+#                 `dtrain` channel, sshd, then sagemaker_train.py (reads /opt/ml, runs the job)
 # Each container gets its own host key, made here, never baked into the image.
 set -euo pipefail
 
@@ -16,6 +18,20 @@ if [ -f "$job/id_ed25519" ]; then
   install -d -m 700 -o root -g root /root/.ssh
   install -m 600 -o root -g root "$job/id_ed25519" /root/.ssh/id_ed25519
   install -m 644 -o root -g root "$job/authorized_keys" /root/.ssh/authorized_keys
+fi
+
+# SageMaker has no way to hand a secret to a container at launch: `invoke sagemaker run` puts
+# the job's private key in the `dtrain` input channel (S3, never a hyperparameter); every
+# instance gets the same copy and trusts its public half.
+if [ "$#" -eq 1 ] && [ "$1" = train ]; then
+  sm_key=/opt/ml/input/data/dtrain/id_ed25519
+  if [ -f "$sm_key" ]; then
+    install -d -m 700 -o root -g root /root/.ssh
+    install -m 600 -o root -g root "$sm_key" /root/.ssh/id_ed25519
+    ssh-keygen -y -f /root/.ssh/id_ed25519 > /root/.ssh/authorized_keys
+    chmod 644 /root/.ssh/authorized_keys
+  fi
+  set -- python3 /opt/dtrain/node/sagemaker_train.py
 fi
 
 # A private key mounted read-only and readable by others (a Kubernetes Secret without

@@ -25,7 +25,7 @@ import yaml
 
 from dtrain.launch.jobs import commands
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.other_tools import sagemaker
 
 from dtrain import ROOT, contract
 TEMPLATES = ROOT / "templates" / "manifests"
@@ -105,12 +105,6 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"--launcher ray: only for --for ecs (a Ray head and worker services), not {spec.target}")
     if spec.launcher == "ray" and not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$", spec.ray_head_address):
         raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
-    if spec.target == "sagemaker" and spec.workers > 1:
-        raise LaunchError(
-            "SageMaker: dtrain images run single-instance training jobs only (--workers 1): "
-            "multi-instance needs a `train` program that reads /opt/ml/input/config/"
-            "resourceconfig.json and a shared ssh key, which the images do not have yet "
-            "(docs/other-tools.md)")
     if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
         raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
 
@@ -132,14 +126,18 @@ def pytorchjob_torchrun_argv(spec: ManifestSpec) -> list[str]:
                                   list(spec.command))
 
 
-def _single_node_argv(spec: ManifestSpec, launcher: str) -> tuple[list[str], dict[str, str]]:
-    """Launch command and env for one machine (SageMaker's single instance)."""
-    if launcher == "torchrun":
-        argv = commands.torchrun_argv(1, 0, spec.slots, "localhost", 29500, list(spec.command))
-        return argv, {**commands.torchrun_env(POD_IFACE), **spec.env}
-    argv = commands.mpirun_argv([Node("localhost", spec.slots)], list(spec.command), iface=POD_IFACE,
-                                env=spec.env, ssh_port=contract.SSH_PORT)
-    return argv, {}
+def sagemaker_job(spec: ManifestSpec) -> sagemaker.TrainingJob:
+    """The training job `invoke sagemaker run` would create, for an image path command (no
+    workdir upload). Across instances mpirun needs the job key: the `dtrain` channel points at
+    OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
+    launcher = spec.launcher or "mpirun"
+    needs_key = spec.workers > 1 and launcher == "mpirun"
+    return sagemaker.TrainingJob(
+        name=spec.name, image=spec.image, role_arn=spec.role_arn, command=spec.command,
+        output_s3=spec.output_s3, instances=spec.workers,
+        instance_type=spec.instance_type or SAGEMAKER_INSTANCE[spec.gpus_per_worker], launcher=launcher,
+        slots=spec.slots, key_s3=f"{spec.output_s3.rstrip('/')}/{spec.name}/{sagemaker.KEY_CHANNEL}/" if needs_key else None,
+        env=spec.env, volume_gb=spec.volume_gb, max_runtime_s=spec.max_runtime_s)
 
 
 def _ecs_command(spec: ManifestSpec) -> list[str]:
@@ -189,9 +187,7 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
     elif spec.target == "ecs":
         ctx |= {"command": _ecs_command(spec), "env": spec.env}
     else:
-        argv, env = _single_node_argv(spec, spec.launcher or "mpirun")
-        ctx |= {"argv": argv, "env": env,
-                "instance_type": spec.instance_type or SAGEMAKER_INSTANCE[spec.gpus_per_worker]}
+        ctx |= {"request": sagemaker.create_training_job_request(sagemaker_job(spec))}
     return ctx
 
 
@@ -200,6 +196,7 @@ def _jinja() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
+    env.filters["json_block"] = lambda v: json.dumps(v, ensure_ascii=False, indent=2)
     return env
 
 
@@ -397,7 +394,7 @@ def examples() -> dict[Path, str]:
                                   "--storage", "s3://my-bucket/dtrain/ray-results"),
                      name="ray-train", workers=2, gpus_per_worker=1, launcher="ray"),
         ManifestSpec("sagemaker", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
-                     workers=1, gpus_per_worker=8, launcher="torchrun"),
+                     workers=2, gpus_per_worker=8, launcher="torchrun"),
     ]
     return {EXAMPLES / FILENAMES[template_name(s)]: render(s) for s in specs}
 

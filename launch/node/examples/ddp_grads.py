@@ -2,6 +2,7 @@
 
 All ranks must print the same checksum: DDP averaged their gradients. Works under torchrun
 and under mpirun (ranks taken from Open MPI's variables; MASTER_ADDR/PORT must be set).
+Under SageMaker (SM_MODEL_DIR set) rank 0 saves the model there.
 """
 
 import os
@@ -27,6 +28,10 @@ def train(rank: int, size: int) -> None:
         print(f"step {step} rank {rank}/{size} host {socket.gethostname()} grad-checksum {checksum:.10f}",
               flush=True)
         opt.step()
+    model_dir = os.environ.get("SM_MODEL_DIR")  # SageMaker's model directory (uploaded at the end)
+    if model_dir and rank == 0:
+        torch.save(model.module.state_dict(), os.path.join(model_dir, "model.pt"))
+        print(f"rank 0 saved the model to {model_dir}/model.pt", flush=True)
 
 
 if __name__ == "__main__":

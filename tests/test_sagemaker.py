@@ -1,0 +1,248 @@
+"""SageMaker: the container's `train` program (pure parts), the CreateTrainingJob request checked
+against botocore's model, and `invoke sagemaker run` against moto (S3, SageMaker, CloudWatch Logs).
+The container side runs for real in tests/test_sagemaker_rehearsal.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import commands
+from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.other_tools import sagemaker as sm
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+
+
+def _load_train():
+    spec = importlib.util.spec_from_file_location("sagemaker_train", ROOT / "launch/node/sagemaker_train.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sagemaker_train"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+train = _load_train()
+
+
+def _ml(tmp_path: Path, current: str, hosts=("algo-2", "algo-1"), hps=None, channels=("code", "dtrain", "train")):
+    (tmp_path / "input/config").mkdir(parents=True)
+    (tmp_path / "input/config/resourceconfig.json").write_text(json.dumps(
+        {"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}))
+    (tmp_path / "input/config/hyperparameters.json").write_text(json.dumps(
+        hps if hps is not None else sm.hyperparameters(["python", "train.py", "--epochs", "3"], "mpirun", 8)))
+    for c in channels:
+        (tmp_path / "input/data" / c).mkdir(parents=True)
+    return tmp_path
+
+
+# ---------------------------------------------------------------- the container's `train`
+
+
+def test_contract_hosts_sorted_and_first_host_runs_the_builders_mpirun(tmp_path):
+    c = train.read_contract(_ml(tmp_path, "algo-1"))
+    assert c.hosts == ("algo-1", "algo-2") and c.rank == 0 and c.iface == "eth0"
+    job = train.job_args(c.hyperparameters, gpus=0)
+    assert job == train.JobArgs(("python", "train.py", "--epochs", "3"), "mpirun", 8, "code")
+    argv = train.launch_argv(c, job, forward=["SM_MODEL_DIR"])
+    assert argv == commands.mpirun_argv([Node("algo-1", 8), Node("algo-2", 8)], ["python", "train.py", "--epochs", "3"],
+                                        iface="eth0", forward=["SM_MODEL_DIR"], ssh_port=2022,
+                                        ssh_options=("-o ConnectionAttempts=10",))
+
+
+def test_other_hosts_only_serve_ssh_for_mpirun(tmp_path):
+    c = train.read_contract(_ml(tmp_path, "algo-2"))
+    assert train.launch_argv(c, train.job_args(c.hyperparameters, 0), []) is None
+
+
+def test_every_host_runs_torchrun_with_its_rank(tmp_path):
+    hps = sm.hyperparameters(["python", "main.py", "--resume"], "torchrun", None)
+    c = train.read_contract(_ml(tmp_path, "algo-3", hosts=("algo-3", "algo-1", "algo-2"), hps=hps))
+    job = train.job_args(c.hyperparameters, gpus=4)
+    assert job.slots == 4  # the instance's GPUs
+    assert train.launch_argv(c, job, []) == commands.torchrun_argv(3, 2, 4, "algo-1", 29500, ["python", "main.py", "--resume"])
+
+
+def test_sm_env_like_the_training_toolkit(tmp_path):
+    hps = {**sm.hyperparameters(["x"], "mpirun", 1), "lr": "0.1"}
+    c = train.read_contract(_ml(tmp_path, "algo-1", hps=hps))
+    env = train.sm_env(c, 0, tmp_path)
+    assert env["SM_HOSTS"] == '["algo-1", "algo-2"]' and env["SM_CURRENT_HOST"] == "algo-1"
+    assert env["SM_MODEL_DIR"] == str(tmp_path / "model")
+    assert env["SM_CHANNEL_TRAIN"] == str(tmp_path / "input/data/train")
+    assert json.loads(env["SM_CHANNELS"]) == ["code", "train"]  # not the key channel
+    assert json.loads(env["SM_HPS"]) == {"lr": "0.1"} and env["SM_HP_LR"] == "0.1"
+
+
+@pytest.mark.parametrize("rc, hps, message", [
+    ({"current_host": "algo-9", "hosts": ["algo-1"]}, None, "current_host 'algo-9' is not in hosts"),
+    ({"current_host": "algo-1", "hosts": []}, None, "hosts must be a non-empty list"),
+    ({"current_host": "algo-1", "hosts": ["algo-1"]}, {}, "hyperparameter dtrain_command is missing"),
+    ({"current_host": "algo-1", "hosts": ["algo-1"]}, {"dtrain_command": "python train.py"}, "expected a non-empty JSON list"),
+    ({"current_host": "algo-1", "hosts": ["algo-1"]}, {"dtrain_command": '["x"]', "dtrain_launcher": "srun"},
+     "dtrain_launcher: 'srun'"),
+])
+def test_contract_errors_go_to_the_failure_file(tmp_path, rc, hps, message):
+    _ml(tmp_path, "algo-1", hps=hps if hps is not None else sm.hyperparameters(["x"], "mpirun", 1))
+    (tmp_path / "input/config/resourceconfig.json").write_text(json.dumps(rc))
+    assert train.main(tmp_path) == 2
+    assert message in (tmp_path / "output/failure").read_text()
+
+
+def test_node_program_is_shellcheck_and_entrypoint_runs_it_for_train():
+    entry = (ROOT / "launch/node/entrypoint.sh").read_text()
+    assert 'set -- python3 /opt/dtrain/node/sagemaker_train.py' in entry
+    assert "/opt/ml/input/data/dtrain/id_ed25519" in entry
+    subprocess.run(["shellcheck", str(ROOT / "launch/node/entrypoint.sh")], check=True)
+
+
+def test_image_gets_the_builders_the_train_program_imports():
+    docker = (ROOT / "templates/Dockerfile.j2").read_text()
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    for path in ("launch/jobs/commands.py", "launch/jobs/hosts.py", "launch/errors.py"):
+        assert path in docker and f"!{path}" in ignore
+
+
+# ---------------------------------------------------------------- the request
+
+
+def _job(**kw):
+    base = dict(name="ddp-imagenet", image="123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/pytorch-ddp:t",
+                role_arn=ROLE, command=("python", "main.py"), output_s3="s3://my-bucket/dtrain", instances=3,
+                instance_type="ml.p3.2xlarge", launcher="torchrun", key_s3="s3://my-bucket/dtrain/j/dtrain/",
+                code_s3="s3://my-bucket/dtrain/j/code/", inputs={"imagenet": "s3://bucket/imagenet-data"})
+    return sm.TrainingJob(**{**base, **kw})
+
+
+def test_request_is_valid_for_botocore_with_channels_and_spot():
+    req = sm.create_training_job_request(_job(spot=True, checkpoint_s3="s3://my-bucket/dtrain/j/checkpoints/"))
+    assert sm.request_problems(req) == []
+    assert "ContainerEntrypoint" not in req["AlgorithmSpecification"]  # SageMaker runs `IMAGE train`
+    assert [c["ChannelName"] for c in req["InputDataConfig"]] == ["imagenet", "code", "dtrain"]
+    assert req["HyperParameters"] == {"dtrain_command": '["python", "main.py"]', "dtrain_launcher": "torchrun",
+                                      "dtrain_workdir": "code"}
+    assert req["EnableManagedSpotTraining"] is True
+    assert req["StoppingCondition"] == {"MaxRuntimeInSeconds": 86400, "MaxWaitTimeInSeconds": 172800}
+    assert req["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+
+
+def test_botocore_catches_a_broken_request():
+    req = sm.create_training_job_request(_job())
+    req["ResourceConfig"]["InstanceCount"] = "3"
+    req["AlgorithmSpecification"]["TrainingImag"] = "x"
+    found = sm.request_problems(req)
+    assert any("ResourceConfig.InstanceCount" in p for p in found)
+    assert any('Unknown parameter in AlgorithmSpecification: "TrainingImag"' in p for p in found)
+
+
+def test_request_refusals():
+    with pytest.raises(LaunchError, match="--spot needs a checkpoint"):
+        sm.create_training_job_request(_job(spot=True))
+    with pytest.raises(LaunchError, match="needs the job key channel"):
+        sm.create_training_job_request(_job(launcher="mpirun", key_s3=None))
+    with pytest.raises(LaunchError, match="bad training job name"):
+        sm.create_training_job_request(_job(name="under_score"))
+    with pytest.raises(LaunchError, match="channel 'dtrain' is taken"):
+        sm.parse_inputs(["dtrain=s3://bucket/x"])
+    with pytest.raises(LaunchError, match="expected NAME=s3://"):
+        sm.parse_inputs(["imagenet"])
+
+
+def test_workdir_honours_gitignore_and_size_limit(tmp_path):
+    (tmp_path / "main.py").write_text("print(1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/big.bin").write_bytes(b"x" * 2048)
+    (tmp_path / ".gitignore").write_text("data/\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    files = sm.workdir_files(tmp_path)
+    assert files == [Path(".gitignore"), Path("main.py")]
+    with pytest.raises(LaunchError, match="put data in S3"):
+        sm.check_workdir(tmp_path, [Path("data/big.bin")], max_bytes=1024)
+
+
+# ---------------------------------------------------------------- invoke sagemaker run, against moto
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        yield boto3.session.Session(region_name="us-east-1")
+
+
+def _workdir(tmp_path: Path) -> Path:
+    wd = tmp_path / "work"
+    wd.mkdir()
+    (wd / "main.py").write_text("print('train')\n")
+    (wd / "lib").mkdir()
+    (wd / "lib/util.py").write_text("X = 1\n")
+    return wd
+
+
+def test_run_uploads_creates_streams_logs_and_downloads(aws, tmp_path):
+    s3, logs = aws.client("s3"), aws.client("logs")
+    s3.create_bucket(Bucket="my-bucket")
+    name = "dtrain-test-1"
+    # What SageMaker itself would do while the job runs: logs per instance (recent: CloudWatch
+    # drops events older than 14 days), the model archive.
+    logs.create_log_group(logGroupName=sm.LOG_GROUP)
+    for host, line in (("algo-1", "epoch 1 loss 0.5"), ("algo-2", "rank 1 ready")):
+        logs.create_log_stream(logGroupName=sm.LOG_GROUP, logStreamName=f"{name}/{host}-1700000000")
+        logs.put_log_events(logGroupName=sm.LOG_GROUP, logStreamName=f"{name}/{host}-1700000000",
+                            logEvents=[{"timestamp": int(time.time() * 1000), "message": line}])
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(_workdir(tmp_path) / "main.py", arcname="model.pt")
+    s3.upload_file(str(archive), "my-bucket", f"dtrain/{name}/output/model.tar.gz")
+
+    printed: list[str] = []
+    opts = sm.RunOptions(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/horovod-pytorch:t", role_arn=ROLE,
+                         command=("python", "main.py"), instances=2, instance_type="ml.g5.12xlarge", name=name,
+                         inputs={"train": "s3://my-bucket/data/train"}, spot=True, output_s3="s3://my-bucket/dtrain",
+                         workdir=tmp_path / "work", download=tmp_path / "out")
+    assert sm.run(opts, session=aws, out=printed.append, poll_s=0) == (name, 0)
+
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="my-bucket", Prefix=f"dtrain/{name}/")["Contents"]}
+    assert {f"dtrain/{name}/code/main.py", f"dtrain/{name}/code/lib/util.py"} <= keys
+    assert f"dtrain/{name}/dtrain/id_ed25519" not in keys  # removed once the job ended
+    d = aws.client("sagemaker").describe_training_job(TrainingJobName=name)
+    assert d["HyperParameters"]["dtrain_command"] == '["python", "main.py"]'
+    assert d["HyperParameters"]["dtrain_launcher"] == "mpirun"
+    assert d["ResourceConfig"]["InstanceCount"] == 2 and d["EnableManagedSpotTraining"] is True
+    assert not any("BEGIN OPENSSH" in v for v in d["HyperParameters"].values())
+    assert "[algo-1] epoch 1 loss 0.5" in printed and "[algo-2] rank 1 ready" in printed
+    assert (tmp_path / "out" / name / "model.tar.gz").read_bytes() == archive.read_bytes()
+
+
+def test_run_no_wait_returns_the_name_and_keeps_the_key(aws, tmp_path):
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="my-bucket")
+    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2,
+                         name="dtrain-nowait", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), wait=False)
+    printed: list[str] = []
+    assert sm.run(opts, session=aws, out=printed.append) == ("dtrain-nowait", 0)
+    body = s3.get_object(Bucket="my-bucket", Key="x/dtrain-nowait/dtrain/id_ed25519")
+    assert body["ServerSideEncryption"] == "AES256" and b"OPENSSH PRIVATE KEY" in body["Body"].read()
+    assert not any("PRIVATE KEY" in line for line in printed)
+
+
+def test_task_errors_are_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "invoke", "sagemaker", "run", "--image", "img:1", "--input", "data",
+                        "--role", ROLE, "--", "python", "main.py"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --input 'data': expected NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr
