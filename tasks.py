@@ -223,6 +223,27 @@ def launch(c, image=None, launcher="mpirun", name=None, hostfile=None, hosts=Non
         sys.exit(code)
 
 
+@task(iterable=["ssh_opt"], help={
+    **NODE_HELP,
+    "image": "image reference to bring onto every node",
+    "pull": "always (default: unless the node holds the registry's digest; one manifest request) "
+            "or missing (only where no image of that name is)",
+})
+def pull(c, image=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
+         ssh_key=None, ssh_opt=None, ssh_config=None, pull="always"):
+    """Pre-stage an image on nodes ahead of a launch, with per-node progress: invoke pull --hosts h1,h2 --image REF"""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import pull as pl
+
+    with user_errors():
+        if not image:
+            raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/pytorch-ddp:TAG)")
+        if pull not in pl.POLICIES:
+            raise LaunchError(f"--pull {pull}: use always or missing")
+        pl.pull_on_nodes(_nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key), image, pull,
+                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), out=sys.stdout)
+
+
 def _remainder():
     argv = sys.argv
     return argv[argv.index("--") + 1:] if "--" in argv else []
@@ -276,14 +297,15 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
 
 
 @task(help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
-            "recreate": "with up: replace a cluster of another size"})
-def cluster(c, action, nodes=2, recreate=False):
+            "recreate": "with up: replace a cluster of another size",
+            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit (default: no limit)"})
+def cluster(c, action, nodes=2, recreate=False, link_rate=None):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
         if action == "up":
-            info = cl.up(int(nodes), recreate=recreate)
+            info = cl.up(int(nodes), recreate=recreate, link_rate=link_rate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")

@@ -262,7 +262,7 @@ def _registry_config(regdir: Path) -> str:
 log:
   level: warn
   accesslog:
-    disabled: true
+    disabled: false  # one line per request in registry.log (tests count manifest requests)
 storage:
   filesystem:
     rootdirectory: {regdir / 'data'}
@@ -367,8 +367,12 @@ def _hostfile(info: ClusterInfo) -> str:
 
 
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
-       timeout: float = 90.0) -> ClusterInfo:
+       timeout: float = 90.0, link_rate: str | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
+
+    ``link_rate`` (tc units: ``1gbit``, ``500mbit``) limits each node's link both ways, as
+    a NIC of that speed would (ECR throughput for benchmarks); None (default) removes any
+    limit. It is (re)applied on every call, also to a cluster that is already up.
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -378,11 +382,16 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     _check_platform()
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes must be an integer in 1..{MAX_NODES}, got {nodes!r}")
+    try:
+        rate = nx.parse_rate(link_rate) if link_rate is not None else None
+    except ValueError as e:
+        raise ClusterError(f"--link-rate: {e}") from None
     with _locked():
         st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
                 _log(quiet, f"already up with {nodes} node(s); nothing to do")
+                _set_link_rates(st.info, rate, quiet)
                 return st.info
             if st.nodes != nodes and not recreate:
                 raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
@@ -404,9 +413,20 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             if isinstance(e, (ClusterError, KeyboardInterrupt)):
                 raise
             raise ClusterError(f"cluster up failed: {e}") from e
+        _set_link_rates(info, rate, quiet)
         _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
                     f"ssh -F {info.ssh_config} node-1")
         return info
+
+
+def _set_link_rates(info: ClusterInfo, bits_per_s: int | None, quiet: bool) -> None:
+    """Each node's link limited to bits_per_s both ways: the host end of its veth (what
+    reaches the node: pulls) and its ens5 (what it sends); None: unlimited."""
+    if bits_per_s is not None:
+        _log(quiet, f"links limited to {bits_per_s / 1e6:g} Mbit/s per node")
+    for node in info.nodes:
+        nx.set_link_rate(f"{VETH_PREFIX}{node.index}", bits_per_s)
+        nx.set_link_rate(NODE_IFNAME, bits_per_s, netns=node.netns)
 
 
 def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
@@ -710,12 +730,13 @@ if __name__ == "__main__":  # tiny CLI for manual use: python -m dtrain.launch.i
     p = sub.add_parser("up")
     p.add_argument("--nodes", "-n", type=int, default=2)
     p.add_argument("--recreate", action="store_true")
+    p.add_argument("--link-rate", help="limit each node's link, e.g. 1gbit (default: none)")
     sub.add_parser("down")
     sub.add_parser("status")
     a = ap.parse_args()
     try:
         if a.cmd == "up":
-            print(json.dumps(up(a.nodes, recreate=a.recreate).to_dict(), indent=2))
+            print(json.dumps(up(a.nodes, recreate=a.recreate, link_rate=a.link_rate).to_dict(), indent=2))
         elif a.cmd == "down":
             down()
         else:

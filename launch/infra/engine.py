@@ -23,6 +23,7 @@ PACKAGES: tuple[str, ...] = (
     "iproute2",
     "iptables",  # dockerd needs working iptables for its bridge network
     "apache2-utils",  # htpasswd for registry auth
+    "shellcheck",  # the node scripts in launch/node/ are checked by the tests
 )
 
 DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in

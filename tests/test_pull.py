@@ -1,0 +1,177 @@
+"""Pulling an image onto nodes: pull.sh's lines, the progress board, and `invoke pull` on the
+simulated cluster (real dockerd per node, real registry, real ssh)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import pull as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+
+def test_parse_line_events():
+    assert pl.parse_line("present sha256:abc") == pl.Event("present", image_id="sha256:abc")
+    assert pl.parse_line("pulling") == pl.Event("pulling")
+    assert pl.parse_line("progress 10 100 4") == pl.Event("progress", downloaded=10, total=100, unpacked=4)
+    assert pl.parse_line("progress 10 100") == pl.Event("progress", downloaded=10, total=100)
+    assert pl.parse_line("pulled sha256:def") == pl.Event("pulled", image_id="sha256:def")
+
+
+@pytest.mark.parametrize("line", ["", "progress", "progress 1", "progress a b", "progress 1 2 3 4",
+                                  "pulled", "present a b", "pulling now", "Warning: Permanently added"])
+def test_parse_line_ignores_noise(line):
+    assert pl.parse_line(line) is None
+
+
+@pytest.mark.parametrize("image,want", [
+    ("10.213.0.1:5000/dtrain/pytorch-ddp:2.13", pl.ImageRef("10.213.0.1:5000", "dtrain/pytorch-ddp", "2.13")),
+    ("123.dkr.ecr.us-east-1.amazonaws.com/dtrain/x", pl.ImageRef("123.dkr.ecr.us-east-1.amazonaws.com", "dtrain/x", "latest")),
+    ("ubuntu:22.04", pl.ImageRef("registry-1.docker.io", "library/ubuntu", "22.04")),
+    ("localhost/a/b:1", pl.ImageRef("localhost", "a/b", "1")),
+    ("r.io/a@sha256:" + "0" * 64, pl.ImageRef("r.io", "a", "sha256:" + "0" * 64)),
+])
+def test_parse_ref(image, want):
+    assert pl.parse_ref(image) == want
+
+
+@pytest.mark.parametrize("image", ["r.io/", "r.io/A B:1", "r.io/$(id):1"])
+def test_parse_ref_rejects(image):
+    with pytest.raises(LaunchError, match="--image"):
+        pl.parse_ref(image)
+
+
+def test_resolve_digest_of_a_digest_reference_asks_nothing():
+    d = "sha256:" + "a" * 64
+    assert pl.resolve_digest(f"nowhere.invalid/x@{d}") == d
+
+
+def test_pull_argv_passes_values_as_arguments():
+    image = "r.io/a:1; touch /tmp/pwned"
+    argv = pl.pull_argv(image, "always", None)
+    assert argv[:2] == ["bash", "-c"] and argv[2] == pl.PULL_SH.read_text()
+    assert argv[3:] == ["pull.sh", image, "always", ""]
+    with pytest.raises(LaunchError, match="--pull never"):
+        pl.pull_argv("r.io/a:1", "never", None)
+
+
+# --- progress and renderer -------------------------------------------------------------------
+
+
+def test_node_progress_rate_and_total_never_shrinks():
+    p = pl.NodeProgress("n1")
+    p.apply(pl.Event("pulling"), 10.0)
+    p.apply(pl.Event("progress", downloaded=50 * 2**20, total=200 * 2**20), 12.0)
+    p.apply(pl.Event("progress", downloaded=60 * 2**20, total=100 * 2**20), 12.5)  # a layer not sized yet
+    assert p.total == 200 * 2**20 and p.rate(12.5) == 60 * 2**20 / 2.5
+    p.apply(pl.Event("pulled", image_id="sha256:x"), 14.0)
+    assert (p.state, p.downloaded, p.seconds(99.0)) == ("pulled", 200 * 2**20, 4.0)
+
+
+def test_plain_board_prints_state_changes_and_names_the_slowest():
+    out = io.StringIO()
+    b = pl.Board(["node-1", "node-2", "node-3"], out, tty=False, every=5.0)
+    b.feed("node-1", "present sha256:1", 0.0)
+    b.feed("node-2", "pulling", 0.0)
+    b.feed("node-3", "pulling", 0.0)
+    b.feed("node-2", "progress 104857600 209715200 0", 1.0)  # within 5 s of the last line: quiet
+    b.feed("node-2", "progress 157286400 209715200 0", 6.0)
+    b.feed("node-2", "Warning: noise", 6.5)
+    b.feed("node-2", "pulled sha256:2", 8.0)
+    b.feed("node-3", "progress 209715200 209715200 209715200", 9.0)
+    b.feed("node-3", "pulled sha256:2", 10.0)
+    text = b.finish("r/img:1", 10.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "node-1  up to date, nothing pulled (0.0 s)"
+    assert "node-2  pulling 150 MiB / 200 MiB  25 MiB/s  unpacked 0%  6.0 s" in lines
+    assert not any("100 MiB / 200" in ln for ln in lines)
+    assert "node-2  pulled  200 MiB / 200 MiB  25 MiB/s  unpacked 100%  8.0 s" in lines
+    assert "\x1b" not in out.getvalue()
+    assert text == ("r/img:1: pulled on 2, already on 1 of 3 nodes; "
+                    "slowest node-3: 200 MiB in 10.0 s (20 MiB/s)")
+    assert lines[-1] == text
+
+
+def test_tty_board_redraws_one_line_per_node_in_place():
+    out = io.StringIO()
+    b = pl.Board(["a", "b"], out, tty=True, interval=0.2)
+    b.feed("a", "pulling", 0.0)  # state change: drawn
+    b.feed("a", "progress 1048576 2097152 0", 0.1)  # within the interval: not drawn
+    b.feed("a", "progress 2097152 2097152 0", 0.5)
+    b.fail("b", "ssh could not connect", 0.6)
+    b.finish("img", 1.0)
+    frames = out.getvalue().split("\x1b[2F")
+    assert len(frames) == 4  # first draw, then 3 redraws moving up 2 lines (the last one + summary)
+    assert frames[-1].startswith("\x1b[2Ka  pulling 2 MiB / 2 MiB")
+    assert "\x1b[2Kb  FAILED: ssh could not connect\n" in frames[-1]
+    assert frames[-1].endswith("img: pulled on 0, already on 0, failed on 1 (b) of 2 nodes\n")
+    assert "1 MiB / 2 MiB" not in out.getvalue()
+
+
+# --- on the simulated cluster ----------------------------------------------------------------
+
+
+def _sh(info, host, cmd):
+    return subprocess.run(["ssh", "-F", info.ssh_config, "-o", "BatchMode=yes", host, cmd],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _manifest_requests(info, repo: str) -> int:
+    log = Path(info.hostfile).parent / "registry" / "registry.log"
+    return len(re.findall(rf'"(?:HEAD|GET) /v2/{re.escape(repo)}/manifests/', log.read_text()))
+
+
+@pytest.mark.cluster
+def test_pull_sh_is_shellcheck_clean(engine):
+    subprocess.run(["shellcheck", str(pl.PULL_SH)], check=True)
+
+
+@pytest.mark.cluster
+def test_invoke_pull_shows_progress_then_pulls_nothing_on_warm_nodes(cluster, remote_images, tmp_path):
+    image = remote_images["pytorch-ddp"]
+    hosts = cluster.names[:2]
+    for h in hosts:  # fresh nodes: no image, no layer
+        _sh(cluster, h, "docker ps -aq | xargs -r docker rm -f >/dev/null; docker image prune -af >/dev/null")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(ln + "\n" for ln in Path(cluster.hostfile).read_text().splitlines()[:2]))
+    argv = [sys.executable, "-m", "invoke", "pull", "--hostfile", str(hostfile), "--ssh-config",
+            cluster.ssh_config, "--image", image]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    repo = image.split("/", 1)[1].rsplit(":", 1)[0]
+
+    cold = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert cold.returncode == 0, cold.stderr + cold.stdout
+    for addr in cluster.addresses[:2]:
+        assert re.search(rf"^{re.escape(addr)}  pulling \d+ MiB / \d+ MiB  \d+ MiB/s", cold.stdout, re.M), cold.stdout
+        assert re.search(rf"^{re.escape(addr)}  pulled  (\d+) MiB / \1 MiB", cold.stdout, re.M), cold.stdout
+    assert re.search(r"pulled on 2, already on 0 of 2 nodes; slowest 10\.213\.0\.1[12]: \d+ MiB in", cold.stdout)
+
+    before = _manifest_requests(cluster, repo)
+    warm = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert warm.returncode == 0, warm.stderr + warm.stdout
+    assert "pulled on 0, already on 2 of 2 nodes" in warm.stdout, warm.stdout
+    assert _manifest_requests(cluster, repo) - before == 1  # the launcher's HEAD, nothing from the nodes
+
+
+@pytest.mark.cluster
+def test_invoke_pull_names_the_node_and_image_that_failed(cluster, tmp_path):
+    image = f"{cluster.registry}/dtrain/does-not-exist:1"
+    r = subprocess.run([sys.executable, "-m", "invoke", "pull", "--hostfile", cluster.hostfile, "--ssh-config",
+                        cluster.ssh_config, "--image", image, "--pull", "missing"],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"pulling {image} failed on 3 of 3 nodes" in r.stderr
+    assert re.search(rf"10\.213\.0\.11: exit 1: docker pull {re.escape(image)} failed .*not found", r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
