@@ -10,8 +10,6 @@ import pytest
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.infra import netns as nx
 
-pytestmark = pytest.mark.cluster
-
 RATE = "100mbit"
 SIZE = 16 * 2**20
 
@@ -36,6 +34,7 @@ def _fetch_seconds(info) -> float:
     return seconds
 
 
+@pytest.mark.cluster
 def test_link_rate_is_applied_and_limits_a_transfer(cluster, tmp_path):
     (tmp_path / "blob").write_bytes(b"\0" * SIZE)
     node2 = cl._node(2)
