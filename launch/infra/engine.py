@@ -24,6 +24,7 @@ PACKAGES: tuple[str, ...] = (
     "iptables",  # dockerd needs working iptables for its bridge network
     "apache2-utils",  # htpasswd for registry auth
     "shellcheck",  # the node scripts in launch/node/ are checked by the tests
+    "pigz",  # dockerd decompresses layers with unpigz when it is on PATH (docs/benchmarks.md: cold pull)
 )
 
 DOCKER_CLI = Path("/usr/bin/docker")  # 20.10 from docker.io: BuildKit built in
