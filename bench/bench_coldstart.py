@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def floor(info, image: str, hosts: list[str]) -> float:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="horovod-tensorflow,pytorch-ddp")
     ap.add_argument("--nodes", default="1,2,4,8")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -149,6 +150,7 @@ def scale(counts: list[int], repeat: int) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--repeat", type=int, default=3)

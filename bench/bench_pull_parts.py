@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -84,6 +85,7 @@ def parts(info, image: str, work: Path) -> dict[str, float]:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="horovod-tensorflow,pytorch-ddp")
     ap.add_argument("--repeat", type=int, default=1)
