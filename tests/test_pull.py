@@ -175,3 +175,96 @@ def test_invoke_pull_names_the_node_and_image_that_failed(cluster, tmp_path):
     assert f"pulling {image} failed on 3 of 3 nodes" in r.stderr
     assert re.search(rf"10\.213\.0\.11: exit 1: docker pull {re.escape(image)} failed .*not found", r.stderr), r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- the registry's digest, from a real registry (docker-registry on a loopback port) ------------
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A private docker-registry on 127.0.0.1 (not the cluster's): base URL."""
+    import socket
+    import time as _time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "config.yml").write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(tmp_path / "config.yml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = _time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and _time.monotonic() < deadline, "docker-registry did not start"
+                _time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _put(url: str, body: bytes, ctype: str, method: str = "PUT") -> None:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": ctype})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (201, 202), r.status
+
+
+def _push_blob(base: str, repo: str, data: bytes) -> str:
+    import hashlib
+    import urllib.request
+
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    req = urllib.request.Request(f"http://{base}/v2/{repo}/blobs/uploads/", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        loc = r.headers["Location"]
+    loc = loc if loc.startswith("http") else f"http://{base}{loc}"
+    _put(f"{loc}{'&' if '?' in loc else '?'}digest={digest}", data, "application/octet-stream")
+    return digest
+
+
+def test_resolve_digest_matches_what_the_registry_stores_for_each_manifest_kind(registry):
+    import hashlib
+    import json
+
+    repo = "dtrain/t"
+    config = _push_blob(registry, repo, b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
+    layer = _push_blob(registry, repo, b"layer")
+
+    def manifest(media: str, cfg_media: str, layer_media: str) -> bytes:
+        return json.dumps({"schemaVersion": 2, "mediaType": media,
+                           "config": {"mediaType": cfg_media, "size": 78, "digest": config},
+                           "layers": [{"mediaType": layer_media, "size": 5, "digest": layer}]}).encode()
+
+    docker_v2 = manifest("application/vnd.docker.distribution.manifest.v2+json",
+                         "application/vnd.docker.container.image.v1+json",
+                         "application/vnd.docker.image.rootfs.diff.tar.gzip")
+    oci = manifest("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.config.v1+json",
+                   "application/vnd.oci.image.layer.v1.tar+gzip")
+    want = {}
+    for tag, body, media in (("v2", docker_v2, "application/vnd.docker.distribution.manifest.v2+json"),
+                             ("oci", oci, "application/vnd.oci.image.manifest.v1+json")):
+        _put(f"http://{registry}/v2/{repo}/manifests/{tag}", body, media)
+        want[tag] = "sha256:" + hashlib.sha256(body).hexdigest()
+    for tag, media in (("list", "application/vnd.docker.distribution.manifest.list.v2+json"),
+                       ("index", "application/vnd.oci.image.index.v1+json")):
+        child = "application/vnd.docker.distribution.manifest.v2+json" if tag == "list" else \
+            "application/vnd.oci.image.manifest.v1+json"
+        body = json.dumps({"schemaVersion": 2, "mediaType": media, "manifests": [
+            {"mediaType": child, "size": len(docker_v2 if tag == "list" else oci),
+             "digest": want["v2" if tag == "list" else "oci"], "platform": {"architecture": "amd64", "os": "linux"}}]}
+        ).encode()
+        _put(f"http://{registry}/v2/{repo}/manifests/{tag}", body, media)
+        want[tag] = "sha256:" + hashlib.sha256(body).hexdigest()
+
+    for tag, digest in want.items():  # the top-level digest, never a converted or child one
+        assert pl.resolve_digest(f"{registry}/{repo}:{tag}") == digest, tag
+    assert pl.resolve_digest(f"{registry}/{repo}:absent") is None
+    assert pl.resolve_digest("127.0.0.1:1/x/y:1", timeout=2) is None  # nothing listening
