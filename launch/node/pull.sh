@@ -58,8 +58,9 @@ BEGIN { RS = "[\r\n]+"; ld = lt = lx = -1 }
   if (!match($0, /^[0-9a-f]+: /)) { if ($0 ~ /[A-Za-z]/) last = $0; next }
   id = substr($0, 1, RLENGTH - 2); st = substr($0, RLENGTH + 1)
   if (st ~ /^Already exists/) next
+  # "Downloading [==>  ]  12.35MB/45.62MB 3s": the bar only on wide terminals, time left while < 50%
   n = split(st, f, " "); cur = 0; all = 0
-  if (n > 0 && f[n] ~ /^[0-9.]+[kMGT]?B\/[0-9.]+[kMGT]?B$/) { split(f[n], ct, "/"); cur = bytes(ct[1]); all = bytes(ct[2]) }
+  for (i = 1; i <= n; i++) if (f[i] ~ /^[0-9.]+[kMGT]?B\/[0-9.]+[kMGT]?B$/) { split(f[i], ct, "/"); cur = bytes(ct[1]); all = bytes(ct[2]) }
   if (!(id in tot)) { tot[id] = 0; dl[id] = 0; ex[id] = 0 }
   if (st ~ /^Downloading/) { if (all > 0) tot[id] = all; dl[id] = cur }
   else if (st ~ /^(Verifying Checksum|Download complete)/) dl[id] = tot[id]
