@@ -234,14 +234,17 @@ def pull(c, image=None, hostfile=None, hosts=None, ec2_tag=None, region=None, sl
     """Pre-stage an image on nodes ahead of a launch, with per-node progress: invoke pull --hosts h1,h2 --image REF"""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs import pull as pl
+    from dtrain.launch.jobs.job import _ecr_login_script
 
     with user_errors():
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/pytorch-ddp:TAG)")
         if pull not in pl.POLICIES:
             raise LaunchError(f"--pull {pull}: use always or missing")
-        pl.pull_on_nodes(_nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key), image, pull,
-                         ssh_opts=_ssh_opts(ssh_opt, ssh_config), out=sys.stdout)
+        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key)
+        login = _ecr_login_script(image)  # ECR: a token from boto3, to each node on stdin
+        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config), out=sys.stdout,
+                         login_script=login.script, login_password=login.password)
 
 
 def _remainder():

@@ -268,3 +268,9 @@ def test_resolve_digest_matches_what_the_registry_stores_for_each_manifest_kind(
         assert pl.resolve_digest(f"{registry}/{repo}:{tag}") == digest, tag
     assert pl.resolve_digest(f"{registry}/{repo}:absent") is None
     assert pl.resolve_digest("127.0.0.1:1/x/y:1", timeout=2) is None  # nothing listening
+
+
+def test_pull_argv_runs_the_login_first_with_the_same_arguments():
+    argv = pl.pull_argv("r.io/a:1", "missing", "sha256:x", login_script="IFS= read -r pw\n")
+    assert argv[2].startswith("IFS= read -r pw\n#!/usr/bin/env bash\n")
+    assert argv[3:] == ["pull.sh", "r.io/a:1", "missing", "sha256:x"]

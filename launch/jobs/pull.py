@@ -288,29 +288,36 @@ class Board:
 # --- on the nodes ----------------------------------------------------------------------------
 
 
-def pull_argv(image: str, policy: str, digest: str | None) -> list[str]:
-    """The command a node runs: pull.sh's text as bash -c's script, values as its arguments."""
+def pull_argv(image: str, policy: str, digest: str | None, login_script: str = "") -> list[str]:
+    """The command a node runs: pull.sh's text as bash -c's script, values as its arguments.
+    login_script (job's ECR login: reads the password from stdin) runs first."""
     if policy not in POLICIES:
         raise LaunchError(f"--pull {policy}: use always or missing")
-    return ["bash", "-c", PULL_SH.read_text(), "pull.sh", image, policy, digest or ""]
+    script = PULL_SH.read_text()
+    if login_script:
+        script = login_script.rstrip("\n") + "\n" + script
+    return ["bash", "-c", script, "pull.sh", image, policy, digest or ""]
 
 
 def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
                   ssh_opts: Sequence[str] = (), out: TextIO = sys.stderr, tty: bool | None = None,
                   digest: str | None = None, timeout: float = 1800,
+                  login_script: str = "", login_password: str | None = None,
                   clock: Callable[[], float] = time.monotonic) -> list[NodeProgress]:
     """Bring image onto every node (policy always|missing) with progress on `out`; raises
     LaunchError naming every node that failed. digest: the registry's, when the caller has
-    it (else resolved here, once)."""
+    it (else resolved here, once). login_script/login_password: a registry login run first on
+    each node, the password on its stdin (ECR: user AWS, as job._ecr_login_script makes it)."""
     from dtrain.launch.jobs.fanout import run_all
 
     parse_ref(image)
     if digest is None and policy == "always":
-        digest = resolve_digest(image)
-    argv = pull_argv(image, policy, digest)
+        digest = resolve_digest(image, user="AWS" if login_password else None, password=login_password)
+    argv = pull_argv(image, policy, digest, login_script)
     board = Board([n.host for n in nodes], out, tty=tty)
+    stdin = (lambda n: login_password + "\n") if login_password is not None else None
     results = run_all(nodes, lambda n: ssh_argv(n, argv, extra_opts=ssh_opts), timeout=timeout,
-                      on_line=lambda n, line: board.feed(n.host, line, clock()))
+                      on_line=lambda n, line: board.feed(n.host, line, clock()), stdin=stdin)
     for r in results:
         if not r.ok:
             board.fail(r.host, r.error or "failed", clock())
