@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dtrain.images import build as b  # noqa: E402
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
@@ -40,7 +41,8 @@ from table import markdown  # noqa: E402
 
 FRAMEWORK = {"horovod-tensorflow": "tensorflow", "horovod-pytorch": "torch", "pytorch-ddp": "torch"}
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-FLOOR_DIR = "/var/tmp/dtrain-floor"  # on the node's disk, as Docker's data root is
+FLOOR_DIR = "/var/tmp/dtrain-floor"
+WHEELS = Path("/opt/wheels")  # offered to pip first, as in tests/conftest.py  # on the node's disk, as Docker's data root is
 
 
 def first_step(family: str) -> list[str]:
@@ -121,6 +123,12 @@ def main() -> None:
     info = cluster.up(max(counts), recreate=True, quiet=True)
     try:
         engine.allow_insecure_registry(info.registry)
+        # the images as this checkout renders them (tags are shared with other checkouts)
+        built = b.build(None, None, False, b.BuildOptions(
+            base_image=engine.BASE_IMAGE, ca_bundle=b.default_ca_bundle(),
+            wheelhouse=WHEELS if WHEELS.is_dir() else None), say=lambda m: None)
+        for r in built:
+            print(f"size {r.ref} {r.size} bytes ({r.size / 1e9:.2f} GB)", file=sys.stderr, flush=True)
         imgs = [i for i in load_all(args.families.split(",")) if not i.gpu]
         pushed = p.push_registry(imgs, info.registry, out=lambda m: None)
         rows = [("image", "compressed", "link", "nodes", "dtrain cold", "by hand pull+run", "floor (curl|gzip|tar)",
