@@ -102,9 +102,10 @@ def floor(info, image: str, hosts: list[str]) -> float:
     registry, _, rest = image.partition("/")
     repo = rest.rpartition(":")[0]
     urls = [f"http://{registry}/v2/{repo}/blobs/{d}" for d, _ in layers(image)]
-    # each layer into a directory of its own: the unpacking work without overlay semantics
-    script = (f'mkdir -p {FLOOR_DIR} && printf "%s\\n" "$@" | xargs -P3 -I{{}} sh -c '
-              f'\'d={FLOOR_DIR}/$(basename "$1"); mkdir "$d" && curl -fsS "$1" | gzip -d | tar -x -C "$d"\' _ {{}}')
+    # each layer into a directory of its own (the unpacking work without overlay semantics),
+    # under the node's name: the simulated nodes share this machine's /var/tmp
+    script = (f'mkdir -p {FLOOR_DIR}/$(hostname) && printf "%s\\n" "$@" | xargs -P3 -I{{}} sh -c '
+              f'\'d={FLOOR_DIR}/$(hostname)/$(basename "$1"); mkdir "$d" && curl -fsS "$1" | gzip -d | tar -x -C "$d"\' _ {{}}')
     t0 = time.monotonic()
     on_all(info, hosts, ["bash", "-c", script, "floor", *urls])
     return time.monotonic() - t0
