@@ -294,6 +294,29 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         sys.exit(code)
 
 
+@task(iterable=["ssh_opt"], help={
+    **NODE_HELP,
+    "image": "image reference to bring onto every node",
+    "pull": "always (default: unless the node holds the registry's digest; one manifest request) "
+            "or missing (only where no image of that name is)",
+})
+def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
+         ssh_key=None, ssh_opt=None, ssh_config=None, pull="always"):
+    """Pre-stage an image on nodes ahead of a launch, with per-node progress: invoke pull --hosts h1,h2 --image REF"""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import pull as pl
+    from dtrain.launch.jobs.login import login_for
+
+    with user_errors():
+        if not image:
+            raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/pytorch-ddp:TAG)")
+        _image_flag(image)
+        _choice_flag("--pull", pull, pl.POLICIES)
+        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
+        login = login_for(image)  # ECR: a token from boto3, to each node on stdin
+        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config), out=sys.stdout, login=login)
+
+
 def _remainder():
     argv = sys.argv
     return argv[argv.index("--") + 1:] if "--" in argv else []
@@ -434,8 +457,9 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, pa
 
 @task(iterable=["nic"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size",
+            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit (default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
-def cluster(c, action, nodes="2", recreate=False, nic=None):
+def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
@@ -447,7 +471,8 @@ def cluster(c, action, nodes="2", recreate=False, nic=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate, nic_names=names)
+            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate, nic_names=names,
+                         link_rate=link_rate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")

@@ -11,12 +11,20 @@ time; the slowest counts). Cold: no ssh connection to the nodes is open, as for 
 loops. Warm: the ssh master connections a launch keeps for a minute are still open.
 
     python bench/bench_launch.py [--nodes 1,2,4,8] [--repeat 3]
+
+--scale 8,16,32 measures instead what does not depend on the simulated nodes sharing this
+machine's cores: the launcher's own CPU time (this process, and with its ssh children), the
+ssh sessions it opens per node, and the warm launch beside the bare parallel fan-out.
+
+    python bench/bench_launch.py --scale 8,16,32 [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -78,11 +86,85 @@ def dtrain(info, image: str, n: int, i: int, cold: bool) -> float:
     return max(starts) - t0
 
 
+class _CountingPopen(subprocess.Popen):
+    """subprocess.Popen that counts the ssh sessions started on nodes (`ssh -G`, which only
+    reads the config, and `ssh -O`, which talks to a local master, are not counted)."""
+
+    started: list[list[str]] = []
+
+    def __init__(self, args, *a, **kw):
+        if isinstance(args, (list, tuple)) and args and args[0] == "ssh" and not {"-G", "-O"} & set(args):
+            _CountingPopen.started.append(list(args))
+        super().__init__(args, *a, **kw)
+
+
+def _cpu() -> tuple[float, float]:
+    """(this process's user+sys seconds, its waited-for children's)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def _mem_used_gib() -> float:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    kib = lambda k: int(info[k].split()[0])  # noqa: E731
+    return (kib("MemTotal") - kib("MemAvailable")) / 2**20
+
+
+def scale(counts: list[int], repeat: int) -> None:
+    """Launcher CPU, ssh sessions per node, warm launch vs bare parallel ssh, at each count."""
+    from dtrain.launch.jobs.pull import pull_on_nodes
+
+    rows = [("nodes", "launcher CPU (own)", "launcher CPU (+ssh clients)", "ssh sessions per node",
+             "dtrain cold", "dtrain warm", "bare parallel ssh", "warm vs parallel", "memory used")]
+    mem0 = _mem_used_gib()
+    for n in counts:
+        info = cluster.up(n, recreate=True, quiet=True)
+        engine.allow_insecure_registry(info.registry)
+        img = next(i for i in load_all([FAMILY]) if not i.gpu)
+        image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
+        pull_on_nodes(parse_hostfile(info.hostfile), image, "missing", ssh_opts=("-F", info.ssh_config),
+                      out=open(os.devnull, "w"))
+        os.sync()
+        dtrain(info, image, 1, 0, cold=True)  # warm-up
+        runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par")}
+        mem = 0.0
+        for i in range(repeat):
+            subprocess.Popen = _CountingPopen  # type: ignore[misc]  # fanout starts ssh via subprocess.Popen
+            _CountingPopen.started.clear()
+            own0, kids0 = _cpu()
+            try:
+                runs["cold"].append(dtrain(info, image, n, i, cold=True))
+            finally:
+                subprocess.Popen = _CountingPopen.__mro__[1]  # type: ignore[misc]
+            own1, kids1 = _cpu()
+            runs["own"].append(own1 - own0)
+            runs["all"].append(own1 - own0 + kids1 - kids0)
+            runs["ssh"].append(len(_CountingPopen.started) / n)
+            mem = max(mem, _mem_used_gib())
+            runs["warm"].append(dtrain(info, image, n, i, cold=False))
+            runs["par"].append(by_hand(info, image, list(info.names[:n]), True))
+        m = {k: statistics.median(v) for k, v in runs.items()}
+        rows.append((str(n), f"{m['own']:.2f} s", f"{m['all']:.2f} s", f"{m['ssh']:.1f}", f"{m['cold']:.2f} s",
+                     f"{m['warm']:.2f} s", f"{m['par']:.2f} s", f"{m['warm'] / m['par']:.2f}x",
+                     f"{mem - mem0:+.1f} GiB"))
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    print(markdown(rows))
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--scale", help="node counts for the launcher-cost table instead, e.g. 8,16,32")
     args = ap.parse_args()
+    if args.scale:
+        engine.ensure_dockerd()
+        try:
+            scale([int(x) for x in args.scale.split(",")], args.repeat)
+        finally:
+            cluster.down(quiet=True)
+        return
     counts = [int(x) for x in args.nodes.split(",")]
     engine.ensure_dockerd()
     info = cluster.up(max(counts), recreate=True, quiet=True)

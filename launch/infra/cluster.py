@@ -263,7 +263,7 @@ def _registry_config(regdir: Path) -> str:
 log:
   level: warn
   accesslog:
-    disabled: true
+    disabled: false  # one line per request in registry.log (tests count manifest requests)
 storage:
   filesystem:
     rootdirectory: {regdir / 'data'}
@@ -368,12 +368,17 @@ def _hostfile(info: ClusterInfo) -> str:
 
 
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
-       timeout: float = 90.0, nic_names: dict[int, str] | None = None) -> ClusterInfo:
+       timeout: float = 90.0, nic_names: dict[int, str] | None = None,
+       link_rate: str | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
 
     nic_names: {node index: NIC name} for nodes whose NIC is not NODE_IFNAME (e.g. {2: "eth0"}:
     mixed instance generations/AMIs); a running cluster's NICs are renamed to match, the
     others back to NODE_IFNAME.
+
+    ``link_rate`` (tc units: ``1gbit``, ``500mbit``) limits each node's link both ways, as
+    a NIC of that speed would (ECR throughput for benchmarks); None (default) removes any
+    limit. It is (re)applied on every call, also to a cluster that is already up.
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -383,11 +388,16 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     _check_platform()
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes must be an integer in 1..{MAX_NODES}, got {nodes!r}")
+    try:
+        rate = nx.parse_rate(link_rate) if link_rate is not None else None
+    except ValueError as e:
+        raise ClusterError(f"--link-rate: {e}") from None
     with _locked():
         st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
                 _log(quiet, f"already up with {nodes} node(s)")
+                _set_link_rates(st.info, rate, quiet)
                 return _name_nics(st.info, nic_names or {}, quiet)
             if st.nodes != nodes and not recreate:
                 raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
@@ -409,6 +419,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             if isinstance(e, (ClusterError, KeyboardInterrupt)):
                 raise
             raise ClusterError(f"cluster up failed: {e}") from e
+        _set_link_rates(info, rate, quiet)
         _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
                     f"ssh -F {info.ssh_config} node-1")
         return _name_nics(info, nic_names or {}, quiet)
@@ -444,6 +455,16 @@ def _name_nics(info: ClusterInfo, names: dict[int, str], quiet: bool) -> Cluster
     state["info"] = info.to_dict()
     _save_state(state)
     return info
+
+
+def _set_link_rates(info: ClusterInfo, bits_per_s: int | None, quiet: bool) -> None:
+    """Each node's link limited to bits_per_s both ways: the host end of its veth (what
+    reaches the node: pulls) and its own NIC (what it sends); None: unlimited."""
+    if bits_per_s is not None:
+        _log(quiet, f"links limited to {bits_per_s / 1e6:g} Mbit/s per node")
+    for node in info.nodes:
+        nx.set_link_rate(f"{VETH_PREFIX}{node.index}", bits_per_s)
+        nx.set_link_rate(node.ifname, bits_per_s, netns=node.netns)
 
 
 def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
@@ -747,12 +768,13 @@ if __name__ == "__main__":  # tiny CLI for manual use: python -m dtrain.launch.i
     p = sub.add_parser("up")
     p.add_argument("--nodes", "-n", type=int, default=2)
     p.add_argument("--recreate", action="store_true")
+    p.add_argument("--link-rate", help="limit each node's link, e.g. 1gbit (default: none)")
     sub.add_parser("down")
     sub.add_parser("status")
     a = ap.parse_args()
     try:
         if a.cmd == "up":
-            print(json.dumps(up(a.nodes, recreate=a.recreate).to_dict(), indent=2))
+            print(json.dumps(up(a.nodes, recreate=a.recreate, link_rate=a.link_rate).to_dict(), indent=2))
         elif a.cmd == "down":
             down()
         else:

@@ -30,7 +30,9 @@ PACKAGES: tuple[str, ...] = (
     "runc",
     "openssl",  # the tests' throw-away CA (conftest.ca_bundle)
     "procps",  # ps: the cluster tests look for leftover processes
+    "curl", "zstd",  # bench/bench_pull_parts.py: the pull's parts by hand
     "git",  # tests make throw-away repositories (SageMaker's source upload, workdir sync)
+    "pigz",  # dockerd decompresses layers with unpigz when it is on PATH (docs/benchmarks.md: cold pull)
 )
 # Programs from the base system (Debian Essential/required: bash, coreutils, tar, util-linux,
 # mount, dpkg, apt) are not listed; tests/test_host_packages.py checks every program the

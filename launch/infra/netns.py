@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import signal
 import socket
@@ -110,6 +111,33 @@ def add_node_netns(netns: str, bridge: str, host_veth: str, node_ifname: str,
     if gateway:
         batch.append(f"route add default via {gateway} dev {node_ifname}")
     sh(["ip", "-n", netns, "-batch", "-"], input="\n".join(batch) + "\n")
+
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+def parse_rate(rate: str) -> int:
+    """`1gbit`, `500mbit`, `100kbit` (tc's decimal bit units) -> bits per second; ValueError else."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?bit)", rate.strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 500mbit, 100kbit")
+    return int(float(m.group(1)) * _RATE_UNITS[m.group(2)])
+
+
+def tbf_args(bits_per_s: int) -> list[str]:
+    """`tc qdisc replace ... root tbf` arguments for a rate: a bucket of 10 ms of traffic
+    (at least 64 KiB, so a 250 Hz timer can keep up) and up to 50 ms queued."""
+    burst = max(bits_per_s // 8 // 100, 64 * 1024)
+    return ["tbf", "rate", f"{bits_per_s}bit", "burst", str(burst), "latency", "50ms"]
+
+
+def set_link_rate(link: str, bits_per_s: int | None, netns: str | None = None) -> None:
+    """Limit what `link` sends to bits_per_s (token bucket); None removes the limit."""
+    where = ["-n", netns] if netns else []
+    if bits_per_s is None:
+        sh(["tc", *where, "qdisc", "del", "dev", link, "root"], check=False)
+    else:
+        sh(["tc", *where, "qdisc", "replace", "dev", link, "root", *tbf_args(bits_per_s)])
 
 
 def add_node_mntns(name: str, shm_size: str = "1g", binds: Sequence[tuple[str, str]] = ()) -> None:

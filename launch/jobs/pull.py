@@ -1,0 +1,334 @@
+"""Pull an image on many nodes at once, only where needed, with progress.
+
+The registry's manifest digest is resolved once here (one HEAD request); every node then runs
+launch/node/pull.sh, which pulls nothing when it already holds that digest and otherwise
+reports `progress DL TOTAL UNPACKED` lines. The parsers and the renderer are pure (time is
+passed in); `resolve_digest` (HTTP) and `pull_on_nodes` (ssh) are the side effects.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from dtrain import contract
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.login import Login
+
+PULL_SH = Path(__file__).resolve().parents[1] / "node" / "pull.sh"  # launch/node/pull.sh
+POLICIES = ("always", "missing")
+
+# Everything a tag can point to: OCI index, Docker manifest list, OCI and Docker v2 manifests.
+# The digest the registry answers with is the one the engine records in RepoDigests.
+MANIFEST_ACCEPT = ", ".join([
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+])
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+# --- image references ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str  # host[:port]
+    repository: str
+    reference: str  # tag or sha256:... digest
+
+
+def parse_ref(image: str) -> ImageRef:
+    """`[registry/]repo[:tag][@digest]` as the docker CLI reads it (docker.io when the first
+    part has no dot, colon or is not localhost)."""
+    name, at, digest = image.partition("@")
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "registry-1.docker.io", name
+        if "/" not in path:
+            path = "library/" + path
+    repo, colon, tag = path.rpartition(":")
+    if not colon or "/" in tag:
+        repo, tag = path, "latest"
+    if not repo or not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*$", repo):
+        raise LaunchError(f"--image {image}: not an image reference (REGISTRY/REPO:TAG)")
+    return ImageRef(registry, repo, digest if at else tag)
+
+
+# --- the registry's digest (launcher side, once) -----------------------------------------------
+
+
+def _bearer_token(challenge: str, auth: str | None, timeout: float) -> str | None:
+    """An anonymous (or Basic-authenticated) token for a `Bearer realm=...` challenge."""
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    if "realm" not in params:
+        return None
+    query = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in params.items() if k in ("service", "scope"))
+    req = urllib.request.Request(f"{params['realm']}?{query}")
+    if auth:
+        req.add_header("Authorization", auth)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = json.load(r)
+    return body.get("token") or body.get("access_token")
+
+
+def resolve_digest(image: str, *, user: str | None = None, password: str | None = None,
+                   timeout: float = 10.0) -> str | None:
+    """The registry's manifest digest for image (HEAD /v2/REPO/manifests/TAG), or None when it
+    cannot be had (no answer, auth it cannot do): the nodes then decide by themselves.
+
+    https first; plain http where https cannot connect (insecure registries as on the
+    simulated cluster). Bearer challenges (Docker Hub) get an anonymous token; user/password
+    (an ECR token) go as Basic."""
+    ref = parse_ref(image)
+    if _DIGEST_RE.match(ref.reference):
+        return ref.reference
+    basic = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()) if user else None
+    for scheme in ("https", "http"):
+        url = f"{scheme}://{ref.registry}/v2/{ref.repository}/manifests/{ref.reference}"
+        auth = basic
+        for _ in range(2):  # once plain, once with the token a 401 asked for
+            req = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_ACCEPT})
+            if auth:
+                req.add_header("Authorization", auth)
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    digest = r.headers.get("Docker-Content-Digest", "")
+                    return digest if _DIGEST_RE.match(digest) else None
+            except urllib.error.HTTPError as e:
+                challenge = e.headers.get("WWW-Authenticate", "")
+                if e.code != 401 or not challenge.lower().startswith("bearer"):
+                    return None
+                try:
+                    token = _bearer_token(challenge, basic, timeout)
+                except (OSError, ValueError):
+                    return None
+                if not token:
+                    return None
+                auth = f"Bearer {token}"
+            except (urllib.error.URLError, ssl.SSLError, OSError):
+                break  # try the next scheme
+    return None
+
+
+# --- pull.sh's lines -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # present | pulling | progress | pulled
+    image_id: str = ""
+    downloaded: int = 0
+    total: int = 0
+    unpacked: int = 0
+
+
+def parse_line(line: str) -> Event | None:
+    """One stdout line of pull.sh as an Event; None for anything else (ssh banners, noise)."""
+    parts = line.split()
+    if not parts:
+        return None
+    kind, args = parts[0], parts[1:]
+    if kind in ("present", "pulled") and len(args) == 1:
+        return Event(kind, image_id=args[0])
+    if kind == "pulling" and not args:
+        return Event(kind)
+    if kind == "progress" and len(args) in (2, 3) and all(a.isdigit() for a in args):
+        nums = [int(a) for a in args] + [0]
+        return Event(kind, downloaded=nums[0], total=nums[1], unpacked=nums[2])
+    return None
+
+
+@dataclass
+class NodeProgress:
+    """What one node has done so far; times are time.monotonic() values passed in."""
+
+    host: str
+    state: str = "waiting"  # waiting | present | pulling | pulled | failed
+    downloaded: int = 0
+    total: int = 0
+    unpacked: int = 0
+    started: float | None = None
+    ended: float | None = None
+    error: str = ""
+    image_id: str = ""
+
+    def apply(self, ev: Event, now: float) -> None:
+        if self.started is None:
+            self.started = now
+        if ev.kind == "progress":
+            self.state = "pulling"
+            # the total grows as the engine learns each layer's size; never let it shrink
+            self.downloaded, self.total = ev.downloaded, max(self.total, ev.total, ev.downloaded)
+            self.unpacked = ev.unpacked
+        elif ev.kind == "pulling":
+            self.state = "pulling"
+        else:
+            self.state, self.image_id, self.ended = ev.kind, ev.image_id, now
+            if ev.kind == "pulled":
+                self.downloaded = self.unpacked = self.total
+
+    def fail(self, error: str, now: float) -> None:
+        self.state, self.error, self.ended = "failed", error, now
+
+    def seconds(self, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended if self.ended is not None else now) - self.started
+
+    def rate(self, now: float) -> float:
+        """Bytes per second downloaded, over the node's whole pull."""
+        s = self.seconds(now)
+        return self.downloaded / s if s > 0 else 0.0
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def format_node(p: NodeProgress, now: float) -> str:
+    """One line for one node: `node-1  pulling  120/505 MiB  40 MiB/s  unpacked 12%  3.1 s`."""
+    s = f"{p.seconds(now):.1f} s"
+    if p.state == "waiting":
+        return f"{p.host}  connecting"
+    if p.state == "present":
+        return f"{p.host}  up to date, nothing pulled ({s})"
+    if p.state == "failed":
+        return f"{p.host}  FAILED: {p.error}"
+    pct = f"  unpacked {100 * p.unpacked // p.total}%" if p.total else ""
+    head = "pulled " if p.state == "pulled" else "pulling"
+    total = _mib(p.total) if p.total else "?"
+    return f"{p.host}  {head} {_mib(p.downloaded)} / {total}  {_mib(p.rate(now))}/s{pct}  {s}"
+
+
+def summary(progress: Sequence[NodeProgress], image: str, now: float) -> str:
+    """The closing line: what was pulled where, and the slowest node."""
+    pulled = [p for p in progress if p.state == "pulled"]
+    present = [p for p in progress if p.state == "present"]
+    failed = [p for p in progress if p.state == "failed"]
+    parts = [f"{image}: pulled on {len(pulled)}, already on {len(present)}"]
+    if failed:
+        parts.append(f"failed on {len(failed)} ({', '.join(p.host for p in failed)})")
+    text = ", ".join(parts) + f" of {len(progress)} nodes"
+    if pulled:
+        slow = max(pulled, key=lambda p: p.seconds(now))
+        text += (f"; slowest {slow.host}: {_mib(slow.total)} in {slow.seconds(now):.1f} s "
+                 f"({_mib(slow.rate(now))}/s)")
+    return text
+
+
+class Board:
+    """Renders every node's progress: on a terminal one line per node, redrawn in place (at
+    most every `interval` s); otherwise plain lines, on a state change and every `every` s."""
+
+    def __init__(self, hosts: Sequence[str], out: TextIO, *, tty: bool | None = None,
+                 interval: float = 0.2, every: float = 5.0) -> None:
+        self.nodes = {h: NodeProgress(h) for h in hosts}
+        self.out = out
+        self.tty = out.isatty() if tty is None else tty
+        self.interval, self.every = interval, every
+        self._drawn = 0  # lines drawn last time (tty)
+        self._last_draw = float("-inf")
+        self._last_plain: dict[str, tuple[str, float]] = {}
+
+    def feed(self, host: str, line: str, now: float) -> None:
+        ev = parse_line(line)
+        if ev is None:
+            return
+        node = self.nodes[host]
+        before = node.state
+        node.apply(ev, now)
+        self._show(host, before != node.state, now)
+
+    def fail(self, host: str, error: str, now: float) -> None:
+        self.nodes[host].fail(error, now)
+        self._show(host, True, now)
+
+    def _show(self, host: str, changed: bool, now: float) -> None:
+        if self.tty:
+            if changed or now - self._last_draw >= self.interval:
+                self.draw(now)
+            return
+        state, at = self._last_plain.get(host, ("", float("-inf")))
+        node = self.nodes[host]
+        if changed or node.state != state or now - at >= self.every:
+            self.out.write(format_node(node, now) + "\n")
+            self.out.flush()
+            self._last_plain[host] = (node.state, now)
+
+    def draw(self, now: float) -> None:
+        """Redraw every node's line in place (tty only)."""
+        lines = [format_node(p, now) for p in self.nodes.values()]
+        up = f"\x1b[{self._drawn}F" if self._drawn else ""
+        self.out.write(up + "".join(f"\x1b[2K{ln}\n" for ln in lines))
+        self.out.flush()
+        self._drawn, self._last_draw = len(lines), now
+
+    def finish(self, image: str, now: float) -> str:
+        if self.tty:
+            self.draw(now)
+        text = summary(list(self.nodes.values()), image, now)
+        self.out.write(text + "\n")
+        self.out.flush()
+        return text
+
+
+# --- on the nodes ----------------------------------------------------------------------------
+
+
+def pull_argv(image: str, policy: str, digest: str | None, login: Login | None = None) -> list[str]:
+    """The command a node runs: pull.sh's text as bash -c's script, values as its arguments.
+    login (ECR): the node logs in first (launch/node/host/login.sh), the password on stdin."""
+    if policy not in POLICIES:
+        raise LaunchError(f"--pull {policy}: use always or missing")
+    script = contract.node_script("host/login.sh") + "\n" + PULL_SH.read_text()
+    return ["bash", "-c", script, "pull.sh", image, policy, digest or "", *(login.args if login else [])]
+
+
+def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
+                  ssh_opts: Sequence[str] = (), out: TextIO = sys.stderr, tty: bool | None = None,
+                  digest: str | None = None, timeout: float = 1800, login: Login | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> list[NodeProgress]:
+    """Bring image onto every node (policy always|missing) with progress on `out`; raises
+    LaunchError naming every node that failed. digest: the registry's, when the caller has
+    it (else resolved here, once). login: a registry login run first on each node (ECR:
+    login.login_for), the password on its stdin."""
+    from dtrain.launch.jobs.transport import SshTransport
+
+    parse_ref(image)
+    password = login.password if login and login.registry else None
+    if digest is None and policy == "always":
+        digest = resolve_digest(image, user=login.user if password else None, password=password)
+    argv = pull_argv(image, policy, digest, login if password else None)
+    board = Board([n.host for n in nodes], out, tty=tty)
+    stdin = (lambda n: login.stdin) if password is not None else None
+    ssh = SshTransport(nodes, ssh_opts)
+    try:
+        results = ssh.run(nodes, lambda n: argv, timeout=timeout,
+                          on_line=lambda n, line: board.feed(n.host, line, clock()), stdin=stdin)
+    finally:
+        ssh.close()
+    for r in results:
+        if not r.ok:
+            board.fail(r.host, r.error or "failed", clock())
+    board.finish(image, clock())
+    failed = [p for p in board.nodes.values() if p.state == "failed"]
+    if failed:
+        raise LaunchError(f"pulling {image} failed on {len(failed)} of {len(nodes)} nodes:\n"
+                          + "\n".join(f"  {p.host}: {p.error}" for p in failed))
+    return list(board.nodes.values())
+

@@ -1,0 +1,304 @@
+"""Pulling an image onto nodes: pull.sh's lines, the progress board, and `invoke pull` on the
+simulated cluster (real dockerd per node, real registry, real ssh)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import pull as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+
+def test_parse_line_events():
+    assert pl.parse_line("present sha256:abc") == pl.Event("present", image_id="sha256:abc")
+    assert pl.parse_line("pulling") == pl.Event("pulling")
+    assert pl.parse_line("progress 10 100 4") == pl.Event("progress", downloaded=10, total=100, unpacked=4)
+    assert pl.parse_line("progress 10 100") == pl.Event("progress", downloaded=10, total=100)
+    assert pl.parse_line("pulled sha256:def") == pl.Event("pulled", image_id="sha256:def")
+
+
+@pytest.mark.parametrize("line", ["", "progress", "progress 1", "progress a b", "progress 1 2 3 4",
+                                  "pulled", "present a b", "pulling now", "Warning: Permanently added"])
+def test_parse_line_ignores_noise(line):
+    assert pl.parse_line(line) is None
+
+
+@pytest.mark.parametrize("image,want", [
+    ("10.213.0.1:5000/dtrain/pytorch-ddp:2.13", pl.ImageRef("10.213.0.1:5000", "dtrain/pytorch-ddp", "2.13")),
+    ("123.dkr.ecr.us-east-1.amazonaws.com/dtrain/x", pl.ImageRef("123.dkr.ecr.us-east-1.amazonaws.com", "dtrain/x", "latest")),
+    ("ubuntu:22.04", pl.ImageRef("registry-1.docker.io", "library/ubuntu", "22.04")),
+    ("localhost/a/b:1", pl.ImageRef("localhost", "a/b", "1")),
+    ("r.io/a@sha256:" + "0" * 64, pl.ImageRef("r.io", "a", "sha256:" + "0" * 64)),
+])
+def test_parse_ref(image, want):
+    assert pl.parse_ref(image) == want
+
+
+@pytest.mark.parametrize("image", ["r.io/", "r.io/A B:1", "r.io/$(id):1"])
+def test_parse_ref_rejects(image):
+    with pytest.raises(LaunchError, match="--image"):
+        pl.parse_ref(image)
+
+
+def test_resolve_digest_of_a_digest_reference_asks_nothing():
+    d = "sha256:" + "a" * 64
+    assert pl.resolve_digest(f"nowhere.invalid/x@{d}") == d
+
+
+def test_pull_argv_passes_values_as_arguments():
+    image = "r.io/a:1; touch /tmp/pwned"
+    argv = pl.pull_argv(image, "always", None)
+    assert argv[:2] == ["bash", "-c"] and argv[2].endswith(pl.PULL_SH.read_text())
+    assert argv[3:] == ["pull.sh", image, "always", ""]
+    with pytest.raises(LaunchError, match="--pull never"):
+        pl.pull_argv("r.io/a:1", "never", None)
+
+
+# --- progress and renderer -------------------------------------------------------------------
+
+
+def test_node_progress_rate_and_total_never_shrinks():
+    p = pl.NodeProgress("n1")
+    p.apply(pl.Event("pulling"), 10.0)
+    p.apply(pl.Event("progress", downloaded=50 * 2**20, total=200 * 2**20), 12.0)
+    p.apply(pl.Event("progress", downloaded=60 * 2**20, total=100 * 2**20), 12.5)  # a layer not sized yet
+    assert p.total == 200 * 2**20 and p.rate(12.5) == 60 * 2**20 / 2.5
+    p.apply(pl.Event("pulled", image_id="sha256:x"), 14.0)
+    assert (p.state, p.downloaded, p.seconds(99.0)) == ("pulled", 200 * 2**20, 4.0)
+
+
+def test_plain_board_prints_state_changes_and_names_the_slowest():
+    out = io.StringIO()
+    b = pl.Board(["node-1", "node-2", "node-3"], out, tty=False, every=5.0)
+    b.feed("node-1", "present sha256:1", 0.0)
+    b.feed("node-2", "pulling", 0.0)
+    b.feed("node-3", "pulling", 0.0)
+    b.feed("node-2", "progress 104857600 209715200 0", 1.0)  # within 5 s of the last line: quiet
+    b.feed("node-2", "progress 157286400 209715200 0", 6.0)
+    b.feed("node-2", "Warning: noise", 6.5)
+    b.feed("node-2", "pulled sha256:2", 8.0)
+    b.feed("node-3", "progress 209715200 209715200 209715200", 9.0)
+    b.feed("node-3", "pulled sha256:2", 10.0)
+    text = b.finish("r/img:1", 10.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "node-1  up to date, nothing pulled (0.0 s)"
+    assert "node-2  pulling 150 MiB / 200 MiB  25 MiB/s  unpacked 0%  6.0 s" in lines
+    assert not any("100 MiB / 200" in ln for ln in lines)
+    assert "node-2  pulled  200 MiB / 200 MiB  25 MiB/s  unpacked 100%  8.0 s" in lines
+    assert "\x1b" not in out.getvalue()
+    assert text == ("r/img:1: pulled on 2, already on 1 of 3 nodes; "
+                    "slowest node-3: 200 MiB in 10.0 s (20 MiB/s)")
+    assert lines[-1] == text
+
+
+def test_tty_board_redraws_one_line_per_node_in_place():
+    out = io.StringIO()
+    b = pl.Board(["a", "b"], out, tty=True, interval=0.2)
+    b.feed("a", "pulling", 0.0)  # state change: drawn
+    b.feed("a", "progress 1048576 2097152 0", 0.1)  # within the interval: not drawn
+    b.feed("a", "progress 2097152 2097152 0", 0.5)
+    b.fail("b", "ssh could not connect", 0.6)
+    b.finish("img", 1.0)
+    frames = out.getvalue().split("\x1b[2F")
+    assert len(frames) == 4  # first draw, then 3 redraws moving up 2 lines (the last one + summary)
+    assert frames[-1].startswith("\x1b[2Ka  pulling 2 MiB / 2 MiB")
+    assert "\x1b[2Kb  FAILED: ssh could not connect\n" in frames[-1]
+    assert frames[-1].endswith("img: pulled on 0, already on 0, failed on 1 (b) of 2 nodes\n")
+    assert "1 MiB / 2 MiB" not in out.getvalue()
+
+
+# --- on the simulated cluster ----------------------------------------------------------------
+
+
+def _sh(info, host, cmd):
+    return subprocess.run(["ssh", "-F", info.ssh_config, "-o", "BatchMode=yes", host, cmd],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _manifest_requests(info, repo: str) -> int:
+    log = Path(info.hostfile).parent / "registry" / "registry.log"
+    return len(re.findall(rf'"(?:HEAD|GET) /v2/{re.escape(repo)}/manifests/', log.read_text()))
+
+
+@pytest.mark.cluster
+def test_pull_sh_is_shellcheck_clean(engine):
+    subprocess.run(["shellcheck", str(pl.PULL_SH)], check=True)
+
+
+@pytest.mark.cluster
+def test_invoke_pull_shows_progress_then_pulls_nothing_on_warm_nodes(cluster, remote_images, tmp_path):
+    image = remote_images["pytorch-ddp"]
+    hosts = cluster.names[:2]
+    for h in hosts:  # fresh nodes: no image, no layer
+        _sh(cluster, h, "docker ps -aq | xargs -r docker rm -f >/dev/null; docker image prune -af >/dev/null")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(ln + "\n" for ln in Path(cluster.hostfile).read_text().splitlines()[:2]))
+    argv = [sys.executable, "-m", "invoke", "pull", "--hostfile", str(hostfile), "--ssh-config",
+            cluster.ssh_config, "--image", image]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    repo = image.split("/", 1)[1].rsplit(":", 1)[0]
+
+    cold = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert cold.returncode == 0, cold.stderr + cold.stdout
+    for addr in cluster.addresses[:2]:
+        assert re.search(rf"^{re.escape(addr)}  pulling \d+ MiB / \d+ MiB  \d+ MiB/s", cold.stdout, re.M), cold.stdout
+        assert re.search(rf"^{re.escape(addr)}  pulled  (\d+) MiB / \1 MiB", cold.stdout, re.M), cold.stdout
+    assert re.search(r"pulled on 2, already on 0 of 2 nodes; slowest 10\.213\.0\.1[12]: \d+ MiB in", cold.stdout)
+
+    before = _manifest_requests(cluster, repo)
+    warm = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert warm.returncode == 0, warm.stderr + warm.stdout
+    assert "pulled on 0, already on 2 of 2 nodes" in warm.stdout, warm.stdout
+    assert _manifest_requests(cluster, repo) - before == 1  # the launcher's HEAD, nothing from the nodes
+
+
+@pytest.mark.cluster
+def test_invoke_pull_names_the_node_and_image_that_failed(cluster, tmp_path):
+    image = f"{cluster.registry}/dtrain/does-not-exist:1"
+    r = subprocess.run([sys.executable, "-m", "invoke", "pull", "--hostfile", cluster.hostfile, "--ssh-config",
+                        cluster.ssh_config, "--image", image, "--pull", "missing"],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"pulling {image} failed on 3 of 3 nodes" in r.stderr
+    assert re.search(rf"10\.213\.0\.11: exit 1: docker pull {re.escape(image)} failed .*not found", r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# --- the registry's digest, from a real registry (docker-registry on a loopback port) ------------
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A private docker-registry on 127.0.0.1 (not the cluster's): base URL."""
+    import socket
+    import time as _time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "config.yml").write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(tmp_path / "config.yml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = _time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and _time.monotonic() < deadline, "docker-registry did not start"
+                _time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _put(url: str, body: bytes, ctype: str, method: str = "PUT") -> None:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": ctype})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (201, 202), r.status
+
+
+def _push_blob(base: str, repo: str, data: bytes) -> str:
+    import hashlib
+    import urllib.request
+
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    req = urllib.request.Request(f"http://{base}/v2/{repo}/blobs/uploads/", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        loc = r.headers["Location"]
+    loc = loc if loc.startswith("http") else f"http://{base}{loc}"
+    _put(f"{loc}{'&' if '?' in loc else '?'}digest={digest}", data, "application/octet-stream")
+    return digest
+
+
+def test_resolve_digest_matches_what_the_registry_stores_for_each_manifest_kind(registry):
+    import hashlib
+    import json
+
+    repo = "dtrain/t"
+    config = _push_blob(registry, repo, b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
+    layer = _push_blob(registry, repo, b"layer")
+
+    def manifest(media: str, cfg_media: str, layer_media: str) -> bytes:
+        return json.dumps({"schemaVersion": 2, "mediaType": media,
+                           "config": {"mediaType": cfg_media, "size": 78, "digest": config},
+                           "layers": [{"mediaType": layer_media, "size": 5, "digest": layer}]}).encode()
+
+    docker_v2 = manifest("application/vnd.docker.distribution.manifest.v2+json",
+                         "application/vnd.docker.container.image.v1+json",
+                         "application/vnd.docker.image.rootfs.diff.tar.gzip")
+    oci = manifest("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.config.v1+json",
+                   "application/vnd.oci.image.layer.v1.tar+gzip")
+    want = {}
+    for tag, body, media in (("v2", docker_v2, "application/vnd.docker.distribution.manifest.v2+json"),
+                             ("oci", oci, "application/vnd.oci.image.manifest.v1+json")):
+        _put(f"http://{registry}/v2/{repo}/manifests/{tag}", body, media)
+        want[tag] = "sha256:" + hashlib.sha256(body).hexdigest()
+    for tag, media in (("list", "application/vnd.docker.distribution.manifest.list.v2+json"),
+                       ("index", "application/vnd.oci.image.index.v1+json")):
+        child = "application/vnd.docker.distribution.manifest.v2+json" if tag == "list" else \
+            "application/vnd.oci.image.manifest.v1+json"
+        body = json.dumps({"schemaVersion": 2, "mediaType": media, "manifests": [
+            {"mediaType": child, "size": len(docker_v2 if tag == "list" else oci),
+             "digest": want["v2" if tag == "list" else "oci"], "platform": {"architecture": "amd64", "os": "linux"}}]}
+        ).encode()
+        _put(f"http://{registry}/v2/{repo}/manifests/{tag}", body, media)
+        want[tag] = "sha256:" + hashlib.sha256(body).hexdigest()
+
+    for tag, digest in want.items():  # the top-level digest, never a converted or child one
+        assert pl.resolve_digest(f"{registry}/{repo}:{tag}") == digest, tag
+    assert pl.resolve_digest(f"{registry}/{repo}:absent") is None
+    assert pl.resolve_digest("127.0.0.1:1/x/y:1", timeout=2) is None  # nothing listening
+
+
+def test_pull_argv_logs_in_first_into_a_config_of_its_own(tmp_path):
+    """With a login, pull.sh reads the password line from stdin, runs `docker login` with it on
+    stdin into a Docker config directory of its own, pulls with that config, and removes it."""
+    import os
+    import subprocess
+
+    from dtrain.launch.jobs.login import Login
+
+    log = tmp_path / "docker.log"
+    fake = tmp_path / "docker"
+    fake.write_text('#!/bin/bash\n'
+                    'case $1 in\n'
+                    '  login) echo "login $* cfg=$DOCKER_CONFIG pw=$(cat)" >> "$LOG" ;;\n'
+                    '  image) [ -f "$LOG.pulled" ] && echo x || exit 1 ;;\n'
+                    '  pull) echo "pull $* cfg=$DOCKER_CONFIG exists=$([ -d "$DOCKER_CONFIG" ] && echo y)" >> "$LOG"; '
+                    'touch "$LOG.pulled" ;;\n'
+                    'esac\n')
+    fake.chmod(0o755)
+    argv = pl.pull_argv("r.io/a:1", "always", "", Login("r.io", "AWS", "pw-123"))
+    assert argv[3:] == ["pull.sh", "r.io/a:1", "always", "", "r.io", "AWS"]
+    assert "pw-123" not in str(argv)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG": str(log)}
+    r = subprocess.run(argv, input="pw-123\n", env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    login, pull = log.read_text().splitlines()
+    cfg = login.split("cfg=")[1].split()[0]
+    assert login.startswith("login login -u AWS --password-stdin r.io") and login.endswith("pw=pw-123")
+    assert pull.startswith("pull pull -- r.io/a:1")
+    assert f"cfg={cfg} exists=y" in pull
+    assert cfg.startswith("/dev/shm/dtrain-docker-") and not os.path.exists(cfg)
+    no_login = pl.pull_argv("r.io/a:1", "missing", "sha256:x")
+    assert no_login[3:] == ["pull.sh", "r.io/a:1", "missing", "sha256:x"]
