@@ -257,12 +257,26 @@ def _ssh_opts(ssh_opt, ssh_config=None):
     "rdzv": "torchrun rendezvous: static (default) or c10d",
     "pull": "always (default: pull the tag on every node), missing (only where absent) or never",
     "timeout": "stop the job after this many seconds",
+    "workdir": "directory sent to every node (rsync, only what changed; .gitignore/.dtrainignore "
+               "apply), mounted at /workdir, the job's working directory",
+    "workdir_limit": "refuse a --workdir larger than this (default 1g; data belongs on a --mount)",
+    "detach": "return once the job runs; the nodes supervise it (invoke logs --follow, status, stop)",
+    "max_restarts": "restart the job after a failed rank or a lost node, this many times (default 0)",
+    "min_nodes": "restart on the nodes left while at least this many remain (default: all of them)",
+    "checkpoint_dir": "DTRAIN_CHECKPOINT_DIR for every rank: where it saves and resumes (a path "
+                      "in the containers, e.g. on a --mount)",
+    "no_spot_watch": "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice "
+                     "and leaves the job cleanly (time to checkpoint); this turns it off",
 })
 def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None,
            region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
            env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
-           pull="always", timeout=None):
+           pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts="0",
+           min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
     """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
+    import os
+    from pathlib import Path
+
     from dtrain.launch.jobs import commands
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs.job import Job, JobSpec
@@ -283,10 +297,24 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
             if not sep:
                 raise LaunchError(f"--env {kv}: expected K=V")
             envs[k] = v
+        from dtrain.launch.jobs import supervision
+        from dtrain.launch.jobs.workdir import parse_size
+
+        if workdir is not None and not Path(workdir).is_dir():
+            raise LaunchError(f"--workdir {workdir}: not a directory")
+        if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
+            raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
+        # DTRAIN_IMDS_ENDPOINT: another metadata endpoint (tests: tests/imds.py), for any nodes
+        imds = os.environ.get("DTRAIN_IMDS_ENDPOINT") or (supervision.EC2_IMDS if ec2_tag or cluster else "")
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
                        shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
-                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
+                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config),
+                       workdir=workdir, workdir_limit=parse_size(workdir_limit), detach=bool(detach),
+                       max_restarts=_int_flag("--max-restarts", max_restarts, 0, 1000),
+                       min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
+                       checkpoint_dir=checkpoint_dir,
+                       imds="" if no_spot_watch else imds)
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))
         code = job.run()
         if code != 0:
@@ -341,14 +369,18 @@ def status(c):
     print(text(status_rows()))
 
 
-@task(help={"job": "job name (default: the latest)", "follow": "keep printing while it runs"})
+@task(help={"job": "job name (default: the latest)",
+            "follow": "keep printing while it runs (a detached job: from its first node, until it ends)"})
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
-    from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job
+    from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs
 
     with user_errors():
         j = load_job(job)
         path = job_log(j["name"])
+        if j.get("detached"):  # the launch's lines, then the job's, from its first node
+            print(path.read_text(), end="", flush=True)
+            sys.exit(node_logs(j, bool(follow)))
         if follow:
             follow_log(path, j)
         else:

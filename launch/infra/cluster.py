@@ -311,12 +311,18 @@ PS1='\\u@\\h:\\w\\$ '
 """
 
 
-def _node_home_binds() -> list[tuple[str, str]]:
+def _node_home_binds(node: NodeInfo) -> list[tuple[str, str]]:
+    """A node's own ~/.dtrain (each EC2 node has its own disk: the jobs' files a launch leaves
+    there must not be shared between nodes) and a light ~/.bashrc."""
+    own = Path(node.state_dir) / "dtrain-home"
+    own.mkdir(parents=True, exist_ok=True)
+    (Path.home() / ".dtrain").mkdir(exist_ok=True)
+    binds = [(str(own), str(Path.home() / ".dtrain"))]
     rc = Path.home() / ".bashrc"
-    if not rc.exists():
-        return []
-    _write(STATE_DIR / "node-bashrc", _NODE_BASHRC)
-    return [(str(STATE_DIR / "node-bashrc"), str(rc))]
+    if rc.exists():
+        _write(STATE_DIR / "node-bashrc", _NODE_BASHRC)
+        binds.append((str(STATE_DIR / "node-bashrc"), str(rc)))
+    return binds
 
 
 def _sshd_config(n: NodeInfo) -> str:
@@ -509,7 +515,7 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
     for node in info.nodes:
         nx.add_node_netns(node.netns, BRIDGE, f"{VETH_PREFIX}{node.index}", node.ifname,
                           f"{node.address}/{PREFIXLEN}")
-        nx.add_node_mntns(node.netns, binds=_node_home_binds())
+        nx.add_node_mntns(node.netns, binds=_node_home_binds(node))
 
     # registry (host netns, bridge address only) ------------------------------
     regdir = STATE_DIR / "registry"

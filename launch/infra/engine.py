@@ -30,7 +30,8 @@ PACKAGES: tuple[str, ...] = (
     "runc",
     "openssl",  # the tests' throw-away CA (conftest.ca_bundle)
     "procps",  # ps: the cluster tests look for leftover processes
-    "curl", "zstd",  # bench/bench_pull_parts.py: the pull's parts by hand
+    "curl", "zstd",  # bench/bench_pull_parts.py: the pull's parts by hand; curl: the nodes' spot watch
+    "rsync",  # --workdir: the launcher's side and the (simulated) nodes'; EC2 AMIs ship it
     "git",  # tests make throw-away repositories (SageMaker's source upload, workdir sync)
     "pigz",  # dockerd decompresses layers with unpigz when it is on PATH (docs/benchmarks.md: cold pull)
 )

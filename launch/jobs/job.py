@@ -36,7 +36,8 @@ from dtrain import contract
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, node_programs, store
+from dtrain.launch.jobs import commands, node_programs, store, supervision
+from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file
@@ -67,6 +68,16 @@ class JobSpec:
     job_timeout: float | None = None
     ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes
     extra_mca: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None  # sent to every node, mounted at /workdir (launch.jobs.workdir)
+    workdir_limit: int = wdir.DEFAULT_LIMIT
+    detach: bool = False  # return once the job runs; its supervision stays on the nodes
+    max_restarts: int = 0  # restarts after a failed rank or a lost node
+    min_nodes: int | None = None  # fewest nodes to restart on (None: every node)
+    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
+    imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
+    health_interval: float = 5.0  # seconds between the supervisor's probes of every node
+    heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
+    spot_grace: int = 30  # seconds between a spot notice's SIGTERM and the node leaving
 
 
 @dataclass(frozen=True)
@@ -175,19 +186,34 @@ def ompi_major(version_output: str) -> int:
     return int(m.group(1))
 
 
-def container_spec(spec: JobSpec) -> commands.ContainerSpec:
+def container_spec(spec: JobSpec, node_dir: str = "") -> commands.ContainerSpec:
     """The job's container, without the node's own flags (the node adds them: start.sh).
-    The user's --env values are not in it: they go in the job's env file."""
-    return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=spec.mounts,
+    The user's --env values are not in it: they go in the job's env file. node_dir: the
+    job's directory on the nodes (supervisor, heartbeat, log; the workdir), mounted."""
+    mounts = spec.mounts
+    if node_dir:
+        mounts += (commands.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
+        if spec.workdir:
+            mounts += (commands.Mount(f"{node_dir}/workdir", "/workdir"),)
+    return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts,
                                   shm_size=spec.shm_size, key_dir=node_key_dir(spec.name))
 
 
-def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str) -> list[str]:
-    """The node step that does a whole launch on one node (launch/node/host/up.sh)."""
-    head, rest = commands.docker_run_parts(container_spec(spec))
+def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
+    """The node's watchdog for the job (launch/node/watch.sh, put in node_dir by prepare)."""
+    return [f"{node_dir}/watch.sh", container_name(spec.name), spec.image, node_dir, node_key_dir(spec.name),
+            spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout)]
+
+
+def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+    """The node step that does a whole launch on one node (launch/node/host/up.sh); with
+    node_dir, the container mounts the job's directory and the node's watchdog starts."""
+    head, rest = commands.docker_run_parts(container_spec(spec, node_dir))
+    watch = watch_argv(spec, node_dir) if node_dir else []
     return node_programs.host_argv(
         "up", str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
-        node_key_dir(spec.name), public_key, container_name(spec.name), str(len(head)), *head, *rest)
+        node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
+        str(len(head)), *head, *rest)
 
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
@@ -227,7 +253,7 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
 
 
 def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], public_key: str,
-                   secrets: str, say: Callable[[str], None]) -> tuple[Started, Fanout]:
+                   secrets: str, say: Callable[[str], None], node_dir: str = "") -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -238,7 +264,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     the nodes where a container may exist; its own sessions are ended then."""
     t0 = time.monotonic()
     login = login_for(spec.image)
-    argv = up_argv(spec, login.args, public_key)
+    argv = up_argv(spec, login.args, public_key, node_dir)
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
     news = threading.Condition()
@@ -345,6 +371,9 @@ class Job:
         self._closing = False
         self._out_lock = threading.Lock()
         self._log = None
+        self.node_dir = ""  # the job's directory on every node (absolute; prepare())
+        self.detached = False
+        self._timed_out = False
 
     def _emit(self, line: str) -> None:
         with self._out_lock:
@@ -371,7 +400,7 @@ class Job:
         self.started = list(self.nodes)
         try:
             started, self._sessions = start_on_nodes(self.ssh, self.spec, self.nodes, public,
-                                                     private + env_file(self.spec.env), self.say)
+                                                     private + env_file(self.spec.env), self.say, self.node_dir)
         except StartFailed as e:
             self.started = e.started
             raise
@@ -536,6 +565,120 @@ class Job:
         for line in proc.stdout:
             self._emit(prefix_line(line.rstrip("\n"), default_node=hostname, torch_base=base))
 
+    def prepare(self, wd: wdir.Workdir | None) -> None:
+        """Before the containers: the job's directory on every node (~/.dtrain/jobs/<job>, made
+        anew, with the node watchdog's program), then the workdir, sent to every node at once."""
+        watch = contract.node_script("watch.sh")
+        self.started = list(self.nodes)  # from here on, teardown has something to remove
+        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name))
+        results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120,
+                               what="preparing the job's directory")
+        dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
+        if len(set(dirs.values())) > 1:
+            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
+                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
+        self.node_dir = next(iter(dirs.values()))
+        if wd is not None:
+            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
+
+    def plan(self, facts: Sequence[NodeFacts], ompi: int, ready: bool) -> dict:
+        """What the supervisor runs: this job's launcher command for every node (the builders'),
+        narrowed by the supervisor to the nodes left after a loss. Every command goes through
+        launch/node/run.sh in its container: the job's --env values from its file."""
+        spec = self.spec
+        nodes = [{"address": f.address, "hostname": f.hostname, "slots": f.node.slots} for f in facts]
+        extra = {"DTRAIN_CHECKPOINT_DIR": spec.checkpoint_dir} if spec.checkpoint_dir else {}
+        policy = supervision.Policy(spec.max_restarts, spec.min_nodes or len(nodes), spec.health_interval)
+        common = dict(ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy, attached=not spec.detach)
+        if self.launcher.per_node:  # torchrun: each node's own NIC
+            node_argv = []
+            for i, f in enumerate(facts):
+                env = {**self.launcher.exec_env(f.iface), **extra}
+                cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *self.launcher.argv(spec, facts, i, f.iface)]
+                node_argv.append(run_argv(spec, facts, cmd, ready=False, fill_hosts=True)[3:])
+            return supervision.plan(spec.name, spec.launcher, nodes, node_argv=node_argv, **common)
+        argv = self.launcher.argv(replace(spec, forward=(*spec.forward, "DTRAIN_RESTART", *extra)), facts, 0,
+                                  facts[0].iface, ompi, subnet=self.subnet)
+        return supervision.plan(spec.name, spec.launcher, nodes, argv=argv, env=extra, **common)
+
+    def run_supervised(self, facts: Sequence[NodeFacts], ompi: int, ready: bool) -> int:
+        """The job under its supervisor in the first container (launch/node/supervise.py, started
+        by launch/node/host/supervise.sh): attached, its output streams here until it ends;
+        detached (--detach), this returns once the job runs, and the nodes supervise it alone."""
+        first = facts[0]
+        plan = self.plan(facts, ompi, ready)
+        store.record(self.spec.name, state="running", ranks=rank_nodes(facts), first=first.node.host)
+        self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
+                 + (f" (up to {self.spec.max_restarts} restart(s) on at least {plan['min_nodes']} node(s))"
+                    if self.spec.max_restarts else ""))
+        job_dir = supervision.CONTAINER_JOB_DIR
+        sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
+        if self.spec.detach:  # in the background, its output to its files only
+            sup = ["setsid", "-f", "sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "dtrain-supervisor", *sup]
+        # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
+        # each node; its health probes), so their sshd answers first, whatever the launcher.
+        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True)
+        if not self.spec.detach:
+            inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
+        argv = self.ssh.argv(first.node, node_programs.host_argv(
+            "supervise", self.node_dir, "detach" if self.spec.detach else "attach", *inner))
+        payload = contract.node_script("supervise.py") + "\0" + json.dumps(plan) + "\0"
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(payload)
+        proc.stdin.flush()
+        if self.spec.detach:
+            proc.stdin.close()
+        timer = None
+        if self.spec.job_timeout:
+            def expire() -> None:
+                self._timed_out = True
+                self.say(f"[launch] job timed out after {self.spec.job_timeout:g} s")
+                self.teardown()
+            timer = threading.Timer(self.spec.job_timeout, expire)
+            timer.daemon = True
+            timer.start()
+        render = supervision.Render(self.launcher.name, first.hostname)
+        ready_lines: list[str] = []
+        try:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                if line.startswith("dtrain-ready: "):
+                    ready_lines.append(line)
+                    continue
+                for shown in render.feed(line):
+                    self._emit(shown)
+            for shown in render.flush():
+                self._emit(shown)
+            proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if not self.spec.detach:
+                proc.stdin.close()
+        if self._timed_out:
+            return 124
+        final = render.final
+        if proc.returncode == READY_FAILED and ready_lines and final is None:
+            raise LaunchError(_ready_error("\n".join(ready_lines), None))
+        if self.spec.detach:
+            if final is not None or proc.returncode != 0:
+                return render.exit_code or proc.returncode or 1
+            self.detached = True
+            n = self.spec.name
+            self.say(f"[launch] job {n} detached: it runs on the nodes, supervised from {first.hostname}.\n"
+                     f"  follow: invoke logs --job {n} --follow\n  state:  invoke status\n"
+                     f"  stop:   invoke stop --job {n}")
+            return 0
+        if final is None:
+            return proc.returncode or 1
+        store.record(self.spec.name, final=final)
+        return render.exit_code or 0
+
     def teardown(self) -> None:
         """Remove the job's containers and keys everywhere (from any thread; once)."""
         with self._teardown_lock:
@@ -557,7 +700,10 @@ class Job:
         """run_job(); but where a node's sshd never came up (_watch_up ended the job), that is
         the error."""
         try:
-            code = self.run_job(facts, ompi, ready)
+            if self.node_dir and self.launcher.name != "ray":
+                code = self.run_supervised(facts, ompi, ready)
+            else:
+                code = self.run_job(facts, ompi, ready)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -567,22 +713,32 @@ class Job:
         return code
 
     def run(self) -> int:
+        wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
+        if self.spec.min_nodes is not None and not 1 <= self.spec.min_nodes <= len(self.nodes):
+            raise LaunchError(f"--min-nodes {self.spec.min_nodes}: between 1 and the {len(self.nodes)} node(s) given")
+        if self.launcher.name == "ray" and (self.spec.detach or self.spec.max_restarts):
+            raise LaunchError("--detach and --max-restarts are for mpirun, horovodrun and torchrun, not ray")
         self.dir.mkdir(parents=True, exist_ok=True)
         store.record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
                      command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
-                     ssh_opts=list(self.spec.ssh_opts),
+                     ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
                      pid=os.getpid(), started=time.time(), state="starting", exit_code=None)
         self._log = (self.dir / "output.log").open("w")
         code = 1
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()
         try:
+            self.prepare(wd)
+            store.record(self.spec.name, node_dir=self.node_dir)
             started = self.up()
             ompi, ready = started.ompi or 4, True
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi, ready = self.wait_ready(started.facts), False  # no Open MPI label: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self._job(started.facts, ompi, ready)
+            if self.detached:
+                store.record(self.spec.name, state="detached")
+                return 0
             store.record(self.spec.name, state="succeeded" if code == 0 else "failed", exit_code=code)
             return code
         except KeyboardInterrupt:
@@ -593,7 +749,12 @@ class Job:
             store.record(self.spec.name, state="failed to launch", exit_code=code)
             raise
         finally:
-            self.teardown()
+            if not self.detached:
+                self.teardown()
+            else:  # the nodes supervise it now: only this machine's copy of the key goes
+                self.ssh.close()
+                if self.keydir and self.keydir.exists():
+                    shutil.rmtree(self.keydir, ignore_errors=True)
             if self._log:
                 self._log.close()
             restore()

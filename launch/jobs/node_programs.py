@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dtrain import contract
 
 # launch/node/host/: one function per file, main.sh last (it calls the step).
-HOST_FILES = ("probe.sh", "login.sh", "image.sh", "start.sh", "up.sh", "remove.sh", "doctor.sh", "main.sh")
+HOST_FILES = ("probe.sh", "login.sh", "image.sh", "start.sh", "up.sh", "remove.sh", "doctor.sh", "prepare.sh",
+              "supervise.sh", "main.sh")
 
 
 @functools.cache
@@ -23,7 +24,7 @@ def host_program() -> str:
 
 
 def host_argv(step: str, *args: str) -> list[str]:
-    """argv for a node's shell: run STEP (up, pull, probe, remove, doctor) of launch/node/host/."""
+    """argv for a node's shell: run STEP (up, pull, probe, remove, doctor, prepare, supervise) of launch/node/host/."""
     return ["bash", "-c", host_program(), "dtrain-node",
             contract.LABEL_JOB, contract.LABEL_MIN_DRIVER, contract.LABEL_OPENMPI_MAJOR, step, *args]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,69 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
+def _first_node(job: dict) -> Node:
+    nodes = [Node(**n) for n in job.get("nodes", [])]
+    if not nodes:
+        raise LaunchError(f"job {job.get('name')}: no nodes recorded")
+    return next((n for n in nodes if n.host == job.get("first")), nodes[0])
+
+
+def node_file_argv(job: str, name: str, follow: bool = False) -> list[str]:
+    """On a node: print the job's file (output.log, state.json) from its directory there;
+    follow: keep printing what is appended (tail -F)."""
+    from dtrain.launch.jobs.workdir import node_job_dir
+
+    return ["sh", "-c", 'f="$HOME/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
+            'if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi',
+            "dtrain-job-file", node_job_dir(job), name, "1" if follow else "0"]
+
+
+def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:
+    """A detached job's state.json from its first node (where its supervisor runs); once it
+    has ended, kept in job.json too. {} where the node does not answer."""
+    if job.get("final"):
+        return job["final"]
+    ssh = SshTransport([_first_node(job)], ssh_opts or job.get("ssh_opts", []), multiplex=False)
+    r = ssh.run(ssh.nodes, lambda n: node_file_argv(job["name"], "state.json"), timeout=15)[0]
+    try:
+        state = json.loads(r.stdout) if r.ok else {}
+    except json.JSONDecodeError:
+        state = {}
+    if state.get("state") in ("succeeded", "failed"):
+        record(job["name"], final=state, exit_code=state.get("exit_code"))
+    return state
+
+
+def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...] = ()) -> int:
+    """A detached job's output as the launch shows it, read from its first node; follow:
+    until the job ends. Returns the job's exit code where it ended, else 0."""
+    from dtrain.launch.jobs.supervision import Render
+
+    first = _first_node(job)
+    ssh = SshTransport([first], ssh_opts or job.get("ssh_opts", []), multiplex=False)
+    argv = ssh.argv(first, node_file_argv(job["name"], "output.log", follow))
+    render = Render(job.get("launcher", "mpirun"), (job.get("ranks") or [first.host])[0])
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    assert proc.stdout and proc.stderr
+    try:
+        for raw in proc.stdout:
+            for shown in render.feed(raw.rstrip("\n")):
+                out.write(shown + "\n")
+            out.flush()
+            if render.final is not None:
+                break
+        for shown in render.flush():
+            out.write(shown + "\n")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()
+    if render.final is None and proc.returncode not in (0, -15):
+        raise LaunchError(f"{first.host}: cannot read the job's output: {proc.stderr.read().strip()[-300:]}")
+    return render.exit_code or 0
+
+
 def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
     rows = [("job", "state", "launcher", "nodes", "image", "exit")]
     paths = sorted(jobs_dir().glob("*/job.json"), key=lambda p: p.stat().st_mtime)[-limit:]
@@ -72,6 +136,11 @@ def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
         state = j.get("state", "?")
         if state in ("starting", "running") and not _alive(j.get("pid")):
             state += " (launcher gone)"
+        if state == "detached":  # its supervisor on the first node knows
+            now = detached_state(j)
+            j["exit_code"] = now.get("exit_code", j.get("exit_code"))
+            state = (f"detached: {now.get('state', 'no answer from its first node')}"
+                     + (f", {now['restarts']} restart(s)" if now.get("restarts") else ""))
         rows.append((j["name"], state, j.get("launcher", ""), str(len(j.get("nodes", []))),
                      j.get("image", ""), "" if j.get("exit_code") is None else str(j["exit_code"])))
     return rows
@@ -92,8 +161,12 @@ def follow(path: Path, job: dict, out=sys.stdout) -> None:
 
 
 def remove_argv(job: str) -> list[str]:
-    """The node step that removes a job's container and key directory (fine if neither is there)."""
-    return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job))
+    """The node step that removes a job's container, key directory and files (but its log
+    and state); fine if none is there."""
+    from dtrain.launch.jobs.workdir import node_job_dir
+
+    return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job),
+                                   node_job_dir(job))
 
 
 def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
@@ -109,6 +182,8 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
     ssh = SshTransport(nodes, ssh_opts or job.get("ssh_opts", []), multiplex=False)
     results = ssh.run(nodes, lambda n: remove_argv(job["name"]), timeout=60)
     bad = [r for r in results if not r.ok]
+    if job.get("state") == "detached" and not bad:
+        record(job["name"], state="stopped", ended=time.time())
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +
                           "\n".join(f"  {r.host}: {r.error}" for r in bad))

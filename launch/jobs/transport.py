@@ -80,6 +80,11 @@ class SshTransport:
         """The ssh argv that runs command (quoted for the node's shell) on node."""
         return ssh_argv(node, list(command), extra_opts=self._options())
 
+    def prefix(self, node: Node) -> list[str]:
+        """The ssh argv up to the host, without host or command (rsync's -e)."""
+        argv = self.argv(node, ["true"])
+        return argv[:argv.index("--") - 1]
+
     def start(self, nodes: Sequence[Node], command: Callable[[Node], Sequence[str]], **options) -> Fanout:
         """command(node) on every node in the background (Fanout's options: timeout, retries,
         on_line, stdin); the caller waits with .results()."""

@@ -7,7 +7,7 @@ main() {
   local step=$4
   shift 4
   case $step in
-    up|pull|probe|remove|doctor) "$step" "$@" ;;
+    up|pull|probe|remove|doctor|prepare|supervise) "$step" "$@" ;;
     *) echo "dtrain node program: unknown step $step" >&2; exit 2 ;;
   esac
 }

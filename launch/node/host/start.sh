@@ -30,6 +30,7 @@ node_flags() {
 # file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
 # its first NHEAD words, then node_flags, then the rest), wait until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
+watch=()
 start() {
   local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0
   shift 6
@@ -40,6 +41,8 @@ start() {
     || { echo "cannot write the job key to $kd" >&2; exit 1; }
   node_flags
   "${@:1:nhead}" "${flags[@]}" "${@:nhead+1}" >/dev/null || exit 1
+  # The job's watchdog (up's $watch): detached from this session, it outlives the launcher.
+  if [ "${#watch[@]}" -gt 0 ]; then setsid nohup bash "${watch[@]}" </dev/null >/dev/null 2>&1 & fi
   echo run=1  # the launcher may go on now; this session still reports sshd (or a crash)
   # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
   SECONDS=0

@@ -1,11 +1,14 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
-# up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NHEAD ARGV...: the whole launch
-# on one node, in one ssh session. stdin: the registry password line (where REGISTRY is set),
+# up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NWATCH WATCH... NHEAD ARGV...:
+# the whole launch on one node, in one ssh session. WATCH: NWATCH words, the node watchdog's
+# argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). stdin: the registry password line (where REGISTRY is set),
 # the job's private key, its env file. Prints the probe's facts and `image=...`; then, unless
 # the node declines (gate), `started=1` and starts the container (start).
 up() {
   local ssh_port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
   shift 9
+  watch=("${@:2:$1}")
+  shift $(($1 + 1))
   login "$registry" "$user"
   read_secrets
   image "$ref" "$pull" "$name"

@@ -1,0 +1,173 @@
+"""`--workdir DIR`: the job's code on every node, in parallel, before the containers start.
+
+Each node keeps the job's copy in ~/.dtrain/jobs/<job>/workdir (mounted at /workdir, the job's
+working directory) and, for the next launch, a copy of the last one sent from this directory
+in ~/.dtrain/workdir-cache/<key>: rsync hard-links what did not change from there (--link-dest),
+so a relaunch after editing one file sends about that file. The job's copy goes at teardown;
+the cache stays (`invoke stop --all-jobs` does not touch it; remove ~/.dtrain/workdir-cache).
+
+What is sent: every file under DIR but what its .gitignore and .dtrainignore files exclude
+(git's rules, per directory, deeper files winning; `.git/` never), at most `limit` bytes.
+`scan` is the only function here that reads the disk; `sync` runs rsync.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pathspec
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.fanout import NodeResult, raise_on_failure, run_all
+from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.transport import SshTransport
+
+IGNORE_FILES = (".gitignore", ".dtrainignore")
+DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
+NODE_JOBS = ".dtrain/jobs"  # on each node, relative to the ssh user's home
+NODE_CACHE = ".dtrain/workdir-cache"
+
+
+@dataclass(frozen=True)
+class Workdir:
+    root: Path
+    files: tuple[str, ...]  # relative POSIX paths of regular files and symlinks, sorted
+    size: int  # bytes
+    key: str  # this directory's cache name on the nodes
+
+
+def parse_size(text: str) -> int:
+    """`--workdir-limit` as bytes: a whole number with an optional k/m/g suffix (powers of 1024)."""
+    m = re.fullmatch(r"(\d+)([kmg]?)i?b?", str(text).strip().lower())
+    if not m or int(m.group(1)) == 0:
+        raise LaunchError(f"--workdir-limit {text!r}: expected a size such as 500m or 2g")
+    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)]
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def cache_key(root: Path) -> str:
+    """Stable per (this machine, directory): two projects never share a node cache."""
+    return hashlib.sha256(f"{socket.gethostname()}:{root.resolve()}".encode()).hexdigest()[:16]
+
+
+def _ignored(specs: list[tuple[str, pathspec.GitIgnoreSpec]], rel: str) -> bool:
+    """git's rule: the deepest directory's ignore files decide, the last matching line wins."""
+    verdict = False
+    for base, spec in specs:
+        if base and not rel.startswith(base + "/"):
+            continue
+        r = spec.check_file(rel[len(base) + 1:] if base else rel)
+        if r.include is not None:
+            verdict = r.include
+    return verdict
+
+
+def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
+    """The files --workdir sends; LaunchError if DIR is missing or over the limit."""
+    root = root.expanduser()
+    if not root.is_dir():
+        raise LaunchError(f"--workdir {root}: not a directory")
+    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
+    files: list[str] = []
+    size = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath).relative_to(root).as_posix()
+        base = "" if base == "." else base
+        for name in IGNORE_FILES:
+            f = Path(dirpath) / name
+            if f.is_file():
+                specs.append((base, pathspec.GitIgnoreSpec.from_lines(f.read_text(errors="replace").splitlines())))
+        keep = []
+        for d in sorted(dirnames):
+            rel = f"{base}/{d}" if base else d
+            if d != ".git" and not _ignored(specs, rel + "/") and not (Path(dirpath) / d).is_symlink():
+                keep.append(d)
+            elif (Path(dirpath) / d).is_symlink() and not _ignored(specs, rel):
+                files.append(rel)  # a link to a directory travels as a link
+        dirnames[:] = keep
+        for name in filenames:
+            rel = f"{base}/{name}" if base else name
+            path = Path(dirpath) / name
+            if _ignored(specs, rel) or not (path.is_file() or path.is_symlink()):
+                continue
+            files.append(rel)
+            size += path.lstat().st_size
+            if size > limit:
+                raise LaunchError(
+                    f"--workdir {root}: over the {human(limit)} limit (--workdir-limit) at {rel}; "
+                    "keep datasets and outputs out of it (.dtrainignore) and give them to the job "
+                    "with --mount instead")
+    return Workdir(root, tuple(sorted(files)), size, cache_key(root))
+
+
+def node_job_dir(job: str) -> str:
+    return f"{NODE_JOBS}/{job}"
+
+
+def rsync_argv(ssh: Sequence[str], target: str, wd: Workdir, job: str) -> list[str]:
+    """rsync of wd's files to target:~/.dtrain/jobs/<job>/workdir, hard-linking unchanged
+    files from the node's cache of this directory. ssh: the ssh argv that reaches the node,
+    without the host (rsync's -e takes it as one string, quoted as rsync splits it)."""
+    if any("\\" in a for a in ssh):
+        raise LaunchError("ssh options for --workdir cannot hold a backslash (rsync's -e)")
+    dest = f"{node_job_dir(job)}/workdir/"
+    return ["rsync", "-a", "--stats", "--files-from=-", "--from0",
+            f"--link-dest=../../../{NODE_CACHE.split('/', 1)[1]}/{wd.key}/",
+            "-e", shlex.join(ssh), f"{wd.root}/", f"{target}:{dest}"]
+
+
+_STATS = {"files": re.compile(r"Number of regular files transferred: ([\d,]+)"),
+          "bytes": re.compile(r"Total bytes sent: ([\d,]+)")}
+
+
+def parse_stats(out: str) -> tuple[int, int]:
+    """rsync --stats -> (files sent, bytes sent on the wire)."""
+    got = []
+    for rx in _STATS.values():
+        m = rx.search(out)
+        got.append(int(m.group(1).replace(",", "")) if m else 0)
+    return got[0], got[1]
+
+
+def refresh_cache_argv(job: str, key: str) -> list[str]:
+    """On the node, after the sync: the job's copy becomes the cache of the next launch
+    (hard links: no data copied). Paths are ours (job names are [A-Za-z0-9_.-])."""
+    return ["bash", "-c", 'set -e; cache="$2/$3"; rm -rf "$cache.new"; mkdir -p "$2"; '
+            'cp -al "$1/workdir" "$cache.new"; rm -rf "$cache"; mv "$cache.new" "$cache"',
+            "dtrain-workdir-cache", node_job_dir(job), NODE_CACHE, key]
+
+
+def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
+         say: Callable[[str], None] = print) -> list[NodeResult]:
+    """Send wd to every node at once (the job's directory there exists: Job.prepare); print
+    files and bytes sent per node."""
+    listing = "\0".join(wd.files) + "\0"
+
+    def target(n: Node) -> str:
+        return f"{n.user}@{n.host}" if n.user else n.host
+
+    results = run_all(nodes, lambda n: rsync_argv(ssh.prefix(n), target(n), wd, job),
+                      stdin=lambda n: listing, timeout=3600)
+    raise_on_failure(results, f"sending --workdir {wd.root}")
+    ssh.run(nodes, lambda n: refresh_cache_argv(job, wd.key), timeout=120,
+            what="keeping the workdir for the next launch")
+    sent = [(r.host, *parse_stats(r.stdout)) for r in results]
+    total = sum(b for _, _, b in sent)
+    say(f"[launch] workdir {wd.root}: {len(wd.files)} files, {human(wd.size)}; sent "
+        f"{human(total)} to {len(nodes)} node(s) ("
+        + ", ".join(f"{h}: {f} changed, {human(b)}" for h, f, b in sent) + ")")
+    return results

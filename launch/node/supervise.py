@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""The job's supervisor: runs in the first node's container, for foreground and detached jobs.
+
+    python3 supervise.py PLAN.json
+
+One attempt after another: start the launcher command (mpirun or horovodrun from here;
+torchrun on every node over the job's ssh), watch every node (an ssh to its container each
+`interval` seconds that also refreshes the heartbeat its node watchdog waits for), and when a
+rank exits non-zero or a node is lost, stop the attempt and start the next one on the nodes
+still healthy, while at least `min_nodes` remain and `max_restarts` allow. At the end every
+node's container is stopped (its watchdog removes it and the node's job files).
+
+The plan is written by the launcher (launch/jobs/supervision.py): the launcher command for
+every node, built by dtrain's own command builders; here only -np/-H (mpirun, horovodrun) and
+--nnodes/--node_rank (torchrun) change when nodes drop. Values of the job's --env come from
+its 0600 file on each node (launch/node/run.sh exports them: this program's environment, and
+torchrun's on the other nodes), never on a command line.
+
+Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's events as lines
+`dtrain-supervisor {json}` (start, lost, restart, succeeded, failed), on stdout and appended
+to output.log beside the plan; the last event is also kept in state.json. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+EVENT = "dtrain-supervisor "
+JOB_DIR = "/dtrain-job"  # the node's job directory, mounted in every container of the job
+# sh: SIGKILL every process whose environment has DTRAIN_RESTART={attempt} (the attempt's ranks)
+KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "DTRAIN_RESTART={attempt}" "$p/environ" 2>/dev/null '
+                '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true')
+
+
+# ---------------------------------------------------------------- pure: argv for the survivors
+
+
+def _replace_after(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with the value after the first `flag` replaced (the builders put their flags before
+    the user's command, so the first one is theirs)."""
+    i = argv.index(flag)
+    return argv[:i + 1] + [value] + argv[i + 2:]
+
+
+def hosts_arg(nodes: list[dict]) -> str:
+    return ",".join(f"{n['address']}:{n['slots']}" for n in nodes)
+
+
+def mpi_argv(argv: list[str], nodes: list[dict]) -> list[str]:
+    """mpirun/horovodrun argv built for every node, narrowed to `nodes`."""
+    argv = _replace_after(argv, "-np", str(sum(n["slots"] for n in nodes)))
+    return _replace_after(argv, "-H", hosts_arg(nodes))
+
+
+def torchrun_argv(argv: list[str], nnodes: int, node_rank: int) -> list[str]:
+    """One node's torchrun argv built for the full job, for a job of nnodes where it is node_rank."""
+    argv = _replace_after(argv, "--nnodes", str(nnodes))
+    return _replace_after(argv, "--node_rank", str(node_rank)) if "--node_rank" in argv else argv
+
+
+def rank_map(nodes: list[dict]) -> list[str]:
+    """Global rank -> hostname, as `--map-by slot` and torchrun's node ranks fill them."""
+    return [n["hostname"] for n in nodes for _ in range(n["slots"])]
+
+
+def next_step(alive: list[dict], lost: dict[str, str], attempt: int, code: int,
+              min_nodes: int, max_restarts: int) -> tuple[str, str]:
+    """After an attempt ended with `code` and `lost` ({hostname: reason}) among `alive`:
+    ("succeeded"|"failed"|"restart", why)."""
+    left = [n for n in alive if n["hostname"] not in lost]
+    if code == 0 and not lost:
+        return "succeeded", ""
+    what = (f"lost {', '.join(f'{h} ({r})' for h, r in lost.items())}" if lost
+            else f"the job exited {code}")
+    if len(left) < min_nodes:
+        return "failed", f"{what}: {len(left)} node(s) left, fewer than --min-nodes {min_nodes}"
+    if attempt >= max_restarts:
+        return "failed", f"{what}; no restart left (--max-restarts {max_restarts})"
+    return "restart", what
+
+
+# ---------------------------------------------------------------- the supervisor
+
+
+class Supervisor:
+    def __init__(self, plan: dict, job_dir: Path):
+        self.plan = plan
+        self.dir = job_dir
+        self.nodes: list[dict] = plan["nodes"]
+        self.me = self.nodes[0]
+        self.ssh: list[str] = plan["ssh"]  # ssh argv prefix that reaches a node's container
+        self.log = (job_dir / "output.log").open("a", buffering=1)
+        self.lock = threading.Lock()
+        self.procs: list[subprocess.Popen] = []
+        self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
+        self.state: dict = {"job": plan["job"], "launcher": plan["launcher"], "restarts": 0,
+                            "nodes": [n["hostname"] for n in self.nodes], "started": time.time()}
+
+    # -- output
+
+    def emit(self, line: str) -> None:
+        with self.lock:
+            self.log.write(line + "\n")
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # a foreground launcher that went away; the log still has it
+
+    def event(self, name: str, **fields) -> None:
+        self.state.update(state=name, **fields, updated=time.time())
+        tmp = self.dir / "state.json.tmp"
+        tmp.write_text(json.dumps(self.state))
+        tmp.replace(self.dir / "state.json")
+        self.emit(EVENT + json.dumps({"event": name, **fields}))
+
+    def _pump(self, proc: subprocess.Popen, prefix: str) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            self.emit(prefix + raw.rstrip("\r\n"))
+
+    # -- nodes
+
+    def remote(self, node: dict, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
+        opts = (["-tt"] if tty else []) + ([] if mux else ["-o", "ControlPath=none"])
+        return [*self.ssh, *opts, node["address"], command]
+
+    def probe(self, node: dict) -> str:
+        """'' when the node's container answers and is not leaving; else the reason."""
+        check = f"touch {JOB_DIR}/heartbeat && test ! -e {JOB_DIR}/leaving"
+        if node is self.me:
+            return "" if subprocess.call(["sh", "-c", check]) == 0 else "leaving (spot notice)"
+        try:
+            r = subprocess.run(self.remote(node, check, mux=False), stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=self.plan.get("probe_timeout", 8))
+        except subprocess.TimeoutExpired:
+            return "sshd on 2022 did not answer"
+        if r.returncode == 1:
+            return "leaving (spot notice)"
+        if r.returncode != 0:
+            err = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+            return f"sshd on 2022 unreachable: {err}"
+        return ""
+
+    def probe_all(self, nodes: list[dict]) -> dict[str, str]:
+        out: dict[str, str] = {}
+
+        def one(n: dict) -> None:
+            why = self.probe(n)
+            if why:
+                out[n["hostname"]] = why
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    # -- one attempt
+
+    def start(self, nodes: list[dict], attempt: int) -> None:
+        env = {**os.environ, **self.plan.get("env", {}), "DTRAIN_RESTART": str(attempt)}
+        kind = self.plan["launcher"]
+        if kind in ("mpirun", "horovodrun"):
+            argv = mpi_argv(self.plan["argv"], nodes)
+            self.procs = [self._spawn(argv, env)]
+            return
+        # torchrun: one per node over the job's ssh (a tty, so that ending this ssh ends the
+        # node's torchrun: it stops its workers on SIGHUP); its argv runs through run.sh there,
+        # which exports the job's --env values from that node's file.
+        index = {n["hostname"]: i for i, n in enumerate(self.nodes)}
+        self.procs = []
+        for rank, n in enumerate(nodes):
+            argv = torchrun_argv(self.plan["node_argv"][index[n["hostname"]]], len(nodes), rank)
+            line = f"export DTRAIN_RESTART={attempt}; cd /workdir 2>/dev/null; exec {shlex.join(argv)}"
+            self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n['hostname']}] "))
+
+    def _spawn(self, argv: list[str], env: dict, prefix: str = "") -> subprocess.Popen:
+        cwd = "/workdir" if os.path.isdir("/workdir") else None  # mpirun's ranks start there too
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True, cwd=cwd)
+        threading.Thread(target=self._pump, args=(proc, prefix), daemon=True).start()
+        return proc
+
+    def watch(self, nodes: list[dict]) -> tuple[int, dict[str, str]]:
+        """Until the attempt ends: (its exit code, the nodes lost meanwhile with why)."""
+        interval = float(self.plan.get("interval", 5))
+        strikes: dict[str, int] = {}
+        next_probe = time.monotonic() + interval
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed or all(c == 0 for c in codes):
+                return (failed[0] if failed else 0), {}
+            if self.stopping.is_set():
+                return 143, {}
+            if time.monotonic() >= next_probe:
+                bad = self.probe_all(nodes)
+                lost = {}
+                for n in nodes:
+                    host = n["hostname"]
+                    strikes[host] = strikes.get(host, 0) + 1 if host in bad else 0
+                    if host in bad and (bad[host].startswith("leaving")
+                                        or strikes[host] >= int(self.plan.get("lost_after", 2))):
+                        lost[host] = bad[host]
+                if lost:
+                    return 1, lost
+                next_probe = time.monotonic() + interval
+            time.sleep(0.2)
+
+    def stop_attempt(self) -> None:
+        """End the attempt's processes: TERM, then KILL after 10 s."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+    def kill_leftovers(self, nodes: list[dict], attempt: int) -> None:
+        """Ranks of the ended attempt that outlived their launcher (a rank orphaned on this
+        node, one whose orted missed the end): every process whose environment says this
+        attempt, on every node still there."""
+        line = KILL_ATTEMPT.format(attempt=int(attempt))
+        procs = [subprocess.Popen(["sh", "-c", line] if n is self.me else self.remote(n, line, mux=False),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for n in nodes]
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    # -- the job
+
+    def prelude(self) -> int:
+        """Once, before the first attempt: the plan's prelude commands (sshd reachable on every
+        node, their /etc/hosts), then the job's environment file on every node (torchrun)."""
+        for argv in self.plan.get("prelude", []):
+            proc = self._spawn(argv, dict(os.environ))
+            code = proc.wait()
+            if code != 0:
+                return code
+        env = self.plan.get("node_env")
+        if env is not None:
+            text = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
+            for n in self.nodes:
+                if n is self.me:
+                    path = self.dir / "env"
+                    path.write_text(text)
+                    path.chmod(0o600)
+                    continue
+                r = subprocess.run(self.remote(n, f"umask 077; cat > {JOB_DIR}/env"), input=text,
+                                   capture_output=True, text=True, timeout=60)
+                if r.returncode != 0:
+                    self.emit(f"dtrain-ready: cannot write the job's environment on {n['hostname']}: "
+                              f"{r.stderr.strip()[-200:]}")
+                    return r.returncode or 1
+        return 0
+
+    def run(self) -> int:
+        alive = list(self.nodes)
+        attempt = 0
+        code = self.prelude()
+        if code != 0:
+            self.event("failed", exit_code=code, reason="the job's nodes are not ready", at_fault=[])
+            self.teardown(alive)
+            return code
+        while True:
+            self.state["restarts"] = attempt
+            self.event("running", attempt=attempt, nodes=[n["hostname"] for n in alive],
+                       ranks=rank_map(alive))
+            self.start(alive, attempt)
+            code, lost = self.watch(alive)
+            self.stop_attempt()
+            if self.stopping.is_set():
+                self.event("failed", exit_code=code, reason="stopped: the launcher went away")
+                break
+            if code != 0:  # a rank failed: which nodes are still there?
+                time.sleep(float(self.plan.get("settle", 1)))
+                lost.update(self.probe_all([n for n in alive if n["hostname"] not in lost]))
+            if self.me["hostname"] in lost:
+                lost.pop(self.me["hostname"])  # this node answers: it is running this
+            if lost:
+                self.event("lost", nodes=lost)
+            step, why = next_step(alive, lost, attempt, code,
+                                  int(self.plan.get("min_nodes", 1)), int(self.plan.get("max_restarts", 0)))
+            alive = [n for n in alive if n["hostname"] not in lost]
+            if step == "succeeded":
+                self.event("succeeded", exit_code=0)
+                code = 0
+                break
+            if step == "failed":
+                self.event("failed", exit_code=code or 1, reason=why, at_fault=sorted(lost))
+                code = code or 1
+                break
+            self.kill_leftovers(alive, attempt)
+            attempt += 1
+            self.event("restart", attempt=attempt, reason=why, dropped=sorted(lost))
+        self.teardown(alive)
+        return code
+
+    def teardown(self, alive: list[dict]) -> None:
+        """Stop every other container still reachable (each node's watchdog then removes it and
+        the node's job files), then this one."""
+        if self.plan.get("keep_containers"):
+            return
+        procs = [subprocess.Popen(self.remote(n, "kill 1", mux=False), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for n in alive if n is not self.me]
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.log.flush()
+        os.kill(1, signal.SIGTERM)
+
+
+def _watch_stdin(sup: Supervisor) -> None:
+    """Foreground: the launcher holds our stdin open; EOF means it went away (kill -9, lost
+    network): the job stops, as a foreground job does when its terminal closes."""
+    try:
+        while sys.stdin.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    sup.stopping.set()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: supervise.py PLAN.json", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    plan = json.loads(path.read_text())
+    sup = Supervisor(plan, path.parent)
+    if plan.get("attached"):
+        threading.Thread(target=_watch_stdin, args=(sup,), daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: sup.stopping.set())
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,82 @@
+#!/bin/bash
+# The job's watchdog on one node, started by the launch and detached from its ssh session.
+#   watch.sh CONTAINER IMAGE JOB_DIR KEY_DIR [IMDS_ENDPOINT [GRACE_S [HEARTBEAT_TIMEOUT_S]]]
+# Until the job's container on this node is gone:
+# - a stopped container is removed (the supervisor stopped it at the job's end, or it died);
+# - a running one is stopped when the supervisor's heartbeat, JOB_DIR/heartbeat (refreshed
+#   from the first node every few seconds), is older than HEARTBEAT_TIMEOUT_S: the first node
+#   or the way to it is gone, and nothing else would end this node's part of the job;
+# - with IMDS_ENDPOINT (EC2's is http://169.254.169.254): the spot interruption notice is read
+#   every 5 s (IMDSv2). On a notice the node is marked leaving (JOB_DIR/leaving, which the
+#   supervisor reads: it drops the node), the job's processes in the container get SIGTERM
+#   (time to checkpoint), and the container is removed GRACE_S later.
+# Then the node's copy of the job goes: KEY_DIR and JOB_DIR, except output.log and
+# state.json (the first node's: `invoke logs` and `invoke status` read them).
+set -u
+c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90}
+
+say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
+
+remove_files() {
+  rm -rf "$keys"
+  # The job may have written root-owned files in its working directory: where this user
+  # cannot remove them, a throwaway container of the job's image (root) does.
+  if ! rm -rf "$dir/workdir" 2>/dev/null; then
+    docker run --rm --network none --entrypoint /bin/rm -v "$dir:/job" "$image" -rf /job/workdir \
+      >/dev/null 2>&1
+  fi
+  rm -f "$dir/plan.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
+    "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json"
+  rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
+}
+
+finish() {
+  say "$1"
+  # An engine that is down keeps the container (stopped) until it is back: keep trying.
+  local until=$((SECONDS + 3600))
+  while out=$(docker rm -f "$c" 2>&1) || [[ $out == *"Cannot connect"* ]]; do
+    [[ $out == *"No such container"* ]] && break
+    [ "$SECONDS" -lt "$until" ] || break
+    sleep 5
+  done
+  remove_files
+  exit 0
+}
+
+spot_notice() {
+  local token code
+  token=$(curl -s -m 2 -X PUT "$imds/latest/api/token" \
+    -H 'X-aws-ec2-metadata-token-ttl-seconds: 300') || return 1
+  code=$(curl -s -m 2 -o "$dir/spot.json" -w '%{http_code}' \
+    -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/spot/instance-action") || return 1
+  [ "$code" = 200 ]
+}
+
+touch "$dir/heartbeat"  # the supervisor must start within hb_timeout of the launch
+say "watching $c"
+next_spot=0
+while :; do
+  status=$(docker inspect -f '{{.State.Status}}' "$c" 2>&1)
+  case $status in
+    running) ;;
+    *"No such"*|exited|dead) finish "container $c is $status" ;;
+    *) ;;  # the engine does not answer: the heartbeat decides
+  esac
+  last=$(stat -c %Y "$dir/heartbeat" 2>/dev/null || echo 0)
+  if [ $(( $(date +%s) - last )) -gt "$hb_timeout" ]; then
+    finish "no heartbeat from the job's first node for over $hb_timeout s: stopping $c"
+  fi
+  if [ -n "$imds" ] && [ "$SECONDS" -ge "$next_spot" ]; then
+    next_spot=$((SECONDS + 5))
+    if spot_notice; then
+      say "spot interruption notice: $(cat "$dir/spot.json" 2>/dev/null)"
+      touch "$dir/leaving"
+      # the ranks (every process with DTRAIN_RESTART in its environment), not sshd or orted
+      # shellcheck disable=SC2016
+      docker exec "$c" sh -c 'for p in /proc/[0-9]*; do grep -qz "^DTRAIN_RESTART=" "$p/environ" 2>/dev/null && kill -TERM "${p#/proc/}"; done' >/dev/null 2>&1
+      sleep "$grace"
+      finish "spot interruption: node left the job"
+    fi
+  fi
+  sleep 2
+done

@@ -1,0 +1,52 @@
+"""A small instance metadata service (IMDSv2) for tests: a session token, then the spot
+interruption notice, given only to the nodes (source addresses) told to get one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOKEN = "dtrain-test-token"
+
+
+class Imds:
+    def __init__(self, address: str):
+        self.notice: set[str] = set()  # source addresses that get a notice
+        self.asked: dict[str, int] = {}  # notice requests per source address
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self):
+                if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._send(200, TOKEN)
+                return self._send(400)
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                    return self._send(401)
+                if self.path != "/latest/meta-data/spot/instance-action":
+                    return self._send(404)
+                src = self.client_address[0]
+                imds.asked[src] = imds.asked.get(src, 0) + 1
+                if src in imds.notice:
+                    return self._send(200, json.dumps({"action": "terminate", "time": "2026-11-23T03:00:00Z"}))
+                return self._send(404)
+
+        self.server = ThreadingHTTPServer((address, 0), Handler)
+        self.url = f"http://{address}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

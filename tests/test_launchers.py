@@ -1,0 +1,31 @@
+"""The launch paths besides mpirun + static torchrun, run end to end on the simulated cluster:
+horovodrun (Horovod's own launcher) and torchrun with c10d rendezvous, each checking every
+rank's result."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_launch import EX, containers_left, run
+
+pytestmark = pytest.mark.cluster
+
+
+def test_horovodrun_allreduce_on_2_nodes(cluster, remote_images):
+    code, out = run(cluster, remote_images["horovod-pytorch"], ["python", f"{EX}/allreduce_check.py", "torch"],
+                    "t-hvdrun", n=2, launcher="horovodrun")
+    assert code == 0, out
+    oks = re.findall(r"allreduce OK rank=(\d) size=2 host=(node-\d) sum=3", out)
+    assert sorted(oks) == [("0", "node-1"), ("1", "node-2")], out
+    assert containers_left(cluster, "t-hvdrun") == []
+
+
+def test_torchrun_c10d_on_2_nodes(cluster, remote_images):
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["python", f"{EX}/allreduce_check.py", "ddp"],
+                    "t-c10d", n=2, launcher="torchrun", rdzv="c10d")
+    assert code == 0, out
+    oks = re.findall(r"allreduce OK rank=(\d) size=2 host=(node-\d) sum=3", out)
+    assert sorted(r for r, _ in oks) == ["0", "1"] and sorted(h for _, h in oks) == ["node-1", "node-2"], out
+    assert containers_left(cluster, "t-c10d") == []

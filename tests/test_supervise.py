@@ -1,0 +1,97 @@
+"""The job supervisor's pure parts (launch/node/supervise.py runs in the first container, with
+the standard library only): the launcher command narrowed to the surviving nodes must be what
+dtrain's own builders make for those nodes, and the restart decisions."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from dtrain import ROOT
+from dtrain.launch.jobs import commands as c
+from dtrain.launch.jobs.hosts import Node
+
+_spec = importlib.util.spec_from_file_location("supervise", ROOT / "launch" / "node" / "supervise.py")
+sv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sv)
+
+NODES = [Node("10.0.0.1", 2), Node("10.0.0.2", 1), Node("10.0.0.3", 4)]
+PLAN_NODES = [{"address": n.host, "hostname": f"node-{i + 1}", "slots": n.slots} for i, n in enumerate(NODES)]
+CMD = ["python", "train.py", "-np", "9", "-H", "x:1", "--nnodes", "7"]  # the user's own look-alike flags stay
+
+
+@pytest.mark.parametrize("keep", [[0, 1, 2], [0, 2], [0, 1], [0]])
+def test_mpirun_narrowed_to_survivors_is_what_the_builder_makes_for_them(keep):
+    full = c.mpirun_argv(NODES, CMD, iface="ens5", env={"A": "1"})
+    want = c.mpirun_argv([NODES[i] for i in keep], CMD, iface="ens5", env={"A": "1"})
+    assert sv.mpi_argv(full, [PLAN_NODES[i] for i in keep]) == want
+
+
+@pytest.mark.parametrize("keep", [[0, 2], [0]])
+def test_horovodrun_narrowed_to_survivors_is_what_the_builder_makes_for_them(keep):
+    full = c.horovodrun_argv(NODES, CMD, iface="ens5")
+    assert sv.mpi_argv(full, [PLAN_NODES[i] for i in keep]) == c.horovodrun_argv(
+        [NODES[i] for i in keep], CMD, iface="ens5")
+
+
+@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+def test_torchrun_renumbered_for_survivors_is_what_the_builder_makes_for_them(rdzv):
+    full = [c.torchrun_argv(3, i, n.slots, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j") for i, n in enumerate(NODES)]
+    # node-2 lost: node-3 becomes node rank 1 of 2
+    assert sv.torchrun_argv(full[2], 2, 1) == c.torchrun_argv(2, 1, 4, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j")
+    assert sv.torchrun_argv(full[0], 2, 0) == c.torchrun_argv(2, 0, 2, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j")
+
+
+def test_rank_map_follows_slots_in_node_order():
+    assert sv.rank_map(PLAN_NODES) == ["node-1", "node-1", "node-2", "node-3", "node-3", "node-3", "node-3"]
+
+
+def test_next_step():
+    alive = PLAN_NODES
+    assert sv.next_step(alive, {}, 0, 0, 2, 1) == ("succeeded", "")
+    step, why = sv.next_step(alive, {"node-3": "sshd on 2022 unreachable: Connection refused"}, 0, 1, 2, 1)
+    assert step == "restart" and "node-3" in why and "Connection refused" in why
+    step, why = sv.next_step(alive, {"node-3": "gone"}, 1, 1, 2, 1)
+    assert step == "failed" and "--max-restarts 1" in why
+    step, why = sv.next_step(alive, {"node-2": "gone", "node-3": "gone"}, 0, 1, 2, 3)
+    assert step == "failed" and "1 node(s) left, fewer than --min-nodes 2" in why and "node-2" in why
+    step, why = sv.next_step(alive, {}, 0, 3, 1, 2)  # a rank failed, every node still there
+    assert step == "restart" and "exited 3" in why
+    assert sv.next_step(alive, {}, 2, 3, 1, 2)[0] == "failed"
+
+
+def test_render_turns_supervisor_output_into_user_lines():
+    from dtrain.launch.jobs.supervision import EVENT, Render
+
+    import json
+    r = Render("mpirun", "node-1")
+    lines = [EVENT + json.dumps({"event": "running", "attempt": 0, "nodes": ["node-1", "node-2"],
+                                 "ranks": ["node-1", "node-2"]}),
+             "[1,1]<stdout>:epoch 1", "[1,0]<stdout>:epoch 1",
+             EVENT + json.dumps({"event": "lost", "nodes": {"node-2": "sshd on 2022 unreachable"}}),
+             EVENT + json.dumps({"event": "restart", "attempt": 1, "reason": "lost node-2", "dropped": ["node-2"]}),
+             EVENT + json.dumps({"event": "running", "attempt": 1, "nodes": ["node-1"], "ranks": ["node-1"]}),
+             "[1,0]<stdout>:resuming at epoch 2",
+             EVENT + json.dumps({"event": "succeeded", "exit_code": 0})]
+    out = [shown for line in lines for shown in r.feed(line)]
+    assert out == ["[launch] job started on 2 node(s): node-1, node-2",
+                   "[node-2 r1] epoch 1", "[node-1 r0] epoch 1",
+                   "[launch] lost node-2: sshd on 2022 unreachable",
+                   "[launch] restart 1: lost node-2; dropped node-2",
+                   "[launch] job restarted (attempt 1) on 1 node(s): node-1",
+                   "[node-1 r0] resuming at epoch 2", "[launch] job succeeded"]
+    assert r.exit_code == 0
+
+
+def test_render_gives_torchrun_lines_global_ranks():
+    from dtrain.launch.jobs.supervision import EVENT, Render
+
+    import json
+    r = Render("torchrun", "node-1")
+    r.feed(EVENT + json.dumps({"event": "running", "attempt": 0, "nodes": ["node-1", "node-3"],
+                               "ranks": ["node-1", "node-1", "node-3", "node-3"]}))
+    assert r.feed("[node-3] [default1]:loss 0.5") == ["[node-3 r3] loss 0.5"]
+    assert r.feed("[node-1] torchrun warning") == ["[node-1] torchrun warning"]
+    r.feed(EVENT + json.dumps({"event": "failed", "exit_code": 1, "reason": "lost node-3"}))
+    assert r.exit_code == 1

@@ -1,0 +1,157 @@
+"""Whole runs on the simulated cluster (issue 13): the job's code on every node (--workdir),
+restarts on the nodes left after a lost one, from the last checkpoint, spot notices, and
+nothing left on any node afterwards."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dtrain.launch.jobs.commands import Mount
+from dtrain.launch.jobs.job import Job, job_log
+from imds import Imds
+from test_launch import EX, containers_left, nodes_of, on_node, spec
+
+pytestmark = pytest.mark.cluster
+
+
+def _job(cluster, image, command, name, n=3, say=None, **kw) -> tuple[int, str, Job]:
+    job = Job(spec(cluster, image, command, name, **kw), nodes_of(cluster, n), say=say or (lambda m: None))
+    code = job.run()
+    return code, job_log(name).read_text(), job
+
+
+def _node_files(cluster, name: str) -> list[str]:
+    left = []
+    for i in range(1, len(cluster.nodes) + 1):
+        r = on_node(cluster, i, f"ls -d ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null", check=False)
+        left += [f"node-{i}:{p}" for p in r.stdout.split()]
+    return left
+
+
+def _wait_clean(cluster, name: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not containers_left(cluster, name) and not _node_files(cluster, name):
+            return
+        time.sleep(2)
+    raise AssertionError(f"left on the nodes: {containers_left(cluster, name) + _node_files(cluster, name)}")
+
+
+def _when_in_log(name: str, pattern: str, action, timeout: float = 240) -> threading.Thread:
+    """Run action() once the job's log matches pattern (in a thread)."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            path = job_log(name)
+            if path.exists() and re.search(pattern, path.read_text(), re.M):
+                action()
+                return
+            time.sleep(0.2)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def _link(cluster, i: int, state: str) -> None:
+    subprocess.run(["ip", "link", "set", f"dtv{cluster.nodes[i - 1].index}", state], check=True)
+
+
+def test_workdir_reaches_every_node_and_a_relaunch_sends_only_the_change(cluster, remote_images, tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "pkg" / "__init__.py").write_text("")
+    (proj / "pkg" / "helper.py").write_text("GREETING = 'hello v1'\n")
+    (proj / "assets.bin").write_bytes(bytes(range(256)) * 2048)  # 512 KiB the job reads
+    (proj / "main.py").write_text(
+        "import hashlib, os, socket\nfrom pkg.helper import GREETING\n"
+        "print(GREETING, socket.gethostname(), os.getcwd(), hashlib.sha256(open('assets.bin','rb').read()).hexdigest()[:12])\n")
+    (proj / ".gitignore").write_text("outputs/\n")
+    (proj / "outputs").mkdir()
+    (proj / "outputs" / "big.bin").write_bytes(b"x" * (3 << 20))  # ignored: never sent
+    said: list[str] = []
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"], ["python", "main.py"], "t-wd", say=said.append,
+                        workdir=str(proj))
+    assert code == 0, out
+    hellos = re.findall(r"^\[(node-\d) r\d\] hello v1 (node-\d) /workdir ([0-9a-f]{12})$", out, re.M)
+    assert sorted(h[1] for h in hellos) == ["node-1", "node-2", "node-3"], out
+    assert len({h[2] for h in hellos}) == 1
+    first = next(m for m in said if m.startswith("[launch] workdir"))
+    sent1 = [int(b) for b in re.findall(r": (\d+) changed", first)]
+    assert sent1 == [5, 5, 5], first  # .gitignore, main.py, assets.bin, pkg/__init__.py, pkg/helper.py
+    _wait_clean(cluster, "t-wd")
+
+    (proj / "pkg" / "helper.py").write_text("GREETING = 'hello v2!'\n")
+    said.clear()
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"], ["python", "main.py"], "t-wd", say=said.append,
+                        workdir=str(proj))
+    assert code == 0, out
+    assert len(re.findall(r"hello v2! node-\d /workdir", out)) == 3, out
+    second = next(m for m in said if m.startswith("[launch] workdir"))
+    assert re.findall(r": (\d+) changed", second) == ["1", "1", "1"], second
+    units = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2}
+    sizes = [float(n) * units[u] for n, u in re.findall(r"changed, ([\d.]+) (B|KiB|MiB)\b", second)]
+    assert len(sizes) == 3 and all(s < 8 * 1024 for s in sizes), f"about the changed file, not 512 KiB: {second}"
+    _wait_clean(cluster, "t-wd")
+
+
+def _ckpt_job(cluster, remote_images, name, n, **kw):
+    ckpt = Path("/tmp") / f"dtrain-ckpt-{uuid.uuid4().hex[:8]}"
+    ckpt.mkdir()
+    master = cluster.nodes[0].address
+    return _job(cluster, remote_images["pytorch-ddp"],
+                ["python", f"{EX}/ckpt_train.py", "--epochs", "8", "--steps", "10", "--step-seconds", "0.2"],
+                name, n=n, env={"MASTER_ADDR": master, "MASTER_PORT": "29511"},
+                mounts=(Mount(str(ckpt), "/ckpt"),), checkpoint_dir="/ckpt", health_interval=1.0,
+                heartbeat_timeout=20, **kw)
+
+
+def test_a_lost_node_restarts_the_job_on_the_others_from_the_last_checkpoint(cluster, remote_images):
+    name = "t-lost"
+    _when_in_log(name, r"\] epoch 2 rank 0/3", lambda: _link(cluster, 3, "down"))
+    try:
+        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, max_restarts=1, min_nodes=2)
+    finally:
+        _link(cluster, 3, "up")
+    assert code == 0, out
+    assert "[launch] lost node-3: sshd on 2022" in out, out
+    assert "[launch] restart 1:" in out and "dropped node-3" in out, out
+    resumed = re.findall(r"rank (\d)/2 host (node-\d) restart 1: resuming at epoch (\d)", out)
+    assert sorted(r[1] for r in resumed) == ["node-1", "node-2"], out
+    assert all(int(r[2]) >= 3 for r in resumed), f"resumed from the checkpoint, not epoch 1: {resumed}"
+    assert re.search(r"\[node-1 r0\] epoch 8 rank 0/2", out) and "[launch] job succeeded" in out
+    _wait_clean(cluster, name)  # node-3's own watchdog ends its part once the heartbeat stops
+
+
+def test_fewer_nodes_than_min_nodes_fails_naming_the_lost_node(cluster, remote_images):
+    name = "t-minnodes"
+    _when_in_log(name, r"\] epoch 1 rank 0/2", lambda: on_node(cluster, 2, f"docker rm -f dtrain-{name}"))
+    code, out, _ = _ckpt_job(cluster, remote_images, name, 2, max_restarts=2, min_nodes=2)
+    assert code != 0, out
+    assert re.search(r"\[launch\] job failed \(exit \d+\): lost node-2 \(sshd on 2022 unreachable.*\): "
+                     r"1 node\(s\) left, fewer than --min-nodes 2", out), out
+    _wait_clean(cluster, name)
+
+
+def test_a_spot_notice_signals_the_ranks_and_the_node_leaves_the_job(cluster, remote_images):
+    name = "t-spot"
+    imds = Imds(cluster.bridge_address)
+    try:
+        _when_in_log(name, r"\] epoch 2 rank 0/3", lambda: imds.notice.add(cluster.nodes[2].address))
+        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, max_restarts=1, min_nodes=2,
+                                 imds=imds.url, spot_grace=5)
+    finally:
+        imds.close()
+    assert code == 0, out
+    assert all(imds.asked.get(n.address) for n in cluster.nodes[:3]), f"every node watches: {imds.asked}"
+    assert re.search(r"\[node-3 r2\] rank 2: SIGTERM in epoch \d", out), out
+    assert "[launch] lost node-3: leaving (spot notice)" in out, out
+    assert re.search(r"rank 0/2 host node-1 restart 1: resuming at epoch [3-8]", out), out
+    assert "[launch] job succeeded" in out
+    _wait_clean(cluster, name)
