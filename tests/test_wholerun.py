@@ -4,8 +4,10 @@ nothing left on any node afterwards."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -16,7 +18,7 @@ import pytest
 from dtrain.launch.jobs.commands import Mount
 from dtrain.launch.jobs.job import Job, job_log
 from imds import Imds
-from test_launch import EX, containers_left, nodes_of, on_node, spec
+from test_launch import EX, ROOT, containers_left, nodes_of, on_node, spec
 
 pytestmark = pytest.mark.cluster
 
@@ -155,3 +157,87 @@ def test_a_spot_notice_signals_the_ranks_and_the_node_leaves_the_job(cluster, re
     assert re.search(r"rank 0/2 host node-1 restart 1: resuming at epoch [3-8]", out), out
     assert "[launch] job succeeded" in out
     _wait_clean(cluster, name)
+
+
+# ---------------------------------------------------------------- detached jobs, a launcher that dies
+
+
+def _cli(cluster, remote_images, home: Path, name: str, *extra: str, command: list[str]) -> list[str]:
+    return [sys.executable, "-m", "invoke", "launch", "--hostfile", cluster.hostfile, "--ssh-config",
+            cluster.ssh_config, "--image", remote_images["pytorch-ddp"], "--name", name, *extra, "--", *command]
+
+
+def _env(home: Path) -> dict:
+    return {**os.environ, "DTRAIN_HOME": str(home)}
+
+
+TICKS = ["python", "-c", "import os, socket, time\n"
+         "for i in range(N):\n    print('tick', i, socket.gethostname(), flush=True); time.sleep(1)"]
+
+
+def _ticks(n: int) -> list[str]:
+    return [TICKS[0], TICKS[1], TICKS[2].replace("N", str(n))]
+
+
+def _invoke(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=_env(home), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster, remote_images, tmp_path):
+    name = "t-detach"
+    r = subprocess.run(_cli(cluster, remote_images, tmp_path, name, "--detach", command=_ticks(12)), cwd=ROOT,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"job {name} detached" in r.stdout and f"invoke logs --job {name} --follow" in r.stdout, r.stdout
+    status = _invoke(tmp_path, "status")
+    assert re.search(rf"{name}\s+detached: running", status.stdout), status.stdout
+    follow = _invoke(tmp_path, "logs", "--job", name, "--follow")
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    ticks = re.findall(r"^\[(node-\d) r\d\] tick 11 node-\d$", follow.stdout, re.M)
+    assert sorted(ticks) == ["node-1", "node-2", "node-3"], follow.stdout
+    assert "[launch] job succeeded" in follow.stdout, follow.stdout
+    status = _invoke(tmp_path, "status")
+    assert re.search(rf"{name}\s+detached: succeeded\s.*\s0\s*$", status.stdout, re.M), status.stdout
+    deadline = time.monotonic() + 60
+    while containers_left(cluster, name) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert containers_left(cluster, name) == []
+    for i in (1, 2, 3):  # only the first node keeps the job's log and state (invoke logs reads them)
+        kept = on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null; true").stdout.split()
+        assert kept == (["output.log", "state.json"] if i == 1 else []), (i, kept)
+    assert _invoke(tmp_path, "stop", "--job", name).returncode == 0
+    _wait_clean(cluster, name)
+
+
+def test_invoke_stop_ends_a_detached_job_on_every_node(cluster, remote_images, tmp_path):
+    name = "t-detach-stop"
+    r = subprocess.run(_cli(cluster, remote_images, tmp_path, name, "--detach", command=_ticks(600)), cwd=ROOT,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(containers_left(cluster, name)) == 3
+    stop = _invoke(tmp_path, "stop", "--job", name)
+    assert stop.returncode == 0, stop.stderr
+    assert containers_left(cluster, name) == []
+    assert "stopped" in _invoke(tmp_path, "status").stdout
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGHUP"])
+def test_a_launcher_that_dies_leaves_every_node_clean(cluster, remote_images, tmp_path, how):
+    """kill -9 (no teardown runs here): the supervisor's stdin ends, it stops the job, and each
+    node's watchdog removes what is there. SIGHUP (the terminal closed): the launcher tears down."""
+    import signal
+
+    name = "t-die-" + ("kill" if how == "kill -9" else "hup")
+    proc = subprocess.Popen(_cli(cluster, remote_images, tmp_path, name, command=_ticks(600)), cwd=ROOT,
+                            env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "jobs" / name / "output.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and log.read_text().count(" tick 1 ") == 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL if how == "kill -9" else signal.SIGHUP)
+    out, _ = proc.communicate(timeout=120)
+    if how == "SIGHUP":
+        assert proc.returncode == 130 and "interrupted" in out, out
+    _wait_clean(cluster, name, timeout=120)

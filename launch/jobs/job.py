@@ -774,12 +774,14 @@ def _exit_code(r: NodeResult) -> int:
 
 
 def _sigterm_as_interrupt() -> Callable[[], None]:
-    """`invoke stop` sends SIGTERM: treat it like Ctrl-C so teardown runs."""
+    """`invoke stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
+    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end and stops
+    the job; each node's watchdog removes what is left there.)"""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, old)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None

@@ -161,8 +161,8 @@ def follow(path: Path, job: dict, out=sys.stdout) -> None:
 
 
 def remove_argv(job: str) -> list[str]:
-    """The node step that removes a job's container, key directory and files (but its log
-    and state); fine if none is there."""
+    """The node step that removes a job's container, key directory and files (a detached
+    job's log and state too); fine if none is there."""
     from dtrain.launch.jobs.workdir import node_job_dir
 
     return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job),
