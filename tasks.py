@@ -304,8 +304,10 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
             raise LaunchError(f"--workdir {workdir}: not a directory")
         if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
             raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
-        # DTRAIN_IMDS_ENDPOINT: another metadata endpoint (tests: tests/imds.py), for any nodes
-        imds = os.environ.get("DTRAIN_IMDS_ENDPOINT") or (supervision.EC2_IMDS if ec2_tag or cluster else "")
+        # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
+        # turns the watch on for any nodes (tests: tests/imds.py)
+        imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or (
+            supervision.EC2_IMDS if ec2_tag or cluster else "")
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
                        shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,

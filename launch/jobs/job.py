@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -42,7 +41,7 @@ from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, r
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file
 from dtrain.launch.jobs.login import login_for
-from dtrain.launch.jobs.output import MpiOutput, prefix_line, rank_nodes
+from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F401
 
@@ -451,79 +450,6 @@ class Job:
                  f"({time.monotonic() - t0:.1f} s)")
         return ompi
 
-    def run_job(self, facts: Sequence[NodeFacts], ompi: int, ready: bool = True) -> int:
-        """The launcher's command; ready: run the readiness check first (in the same command)."""
-        store.record(self.spec.name, state="running", ranks=rank_nodes(facts))
-        iface = facts[0].iface
-        if self.launcher.per_node:
-            return self._run_per_node(facts, iface)
-        if self.launcher.name == "ray":
-            return self._run_ray(facts, iface)
-        job = self.launcher.argv(self.spec, facts, 0, iface, ompi, subnet=self.subnet)
-        self.say(f"[launch] {self.launcher.name} on {facts[0].hostname}: {shlex.join(job)}")
-        argv = run_argv(self.spec, facts, job, ready=ready, fill_hosts=False,
-                        exec_env=self.launcher.exec_env(iface))
-        ready_lines: list[str] = []
-        out = MpiOutput(rank_nodes(facts), facts[0].hostname)
-
-        def on_line(n: Node, line: str) -> None:
-            line = line.rstrip("\n")
-            if line.startswith("dtrain-ready: "):
-                ready_lines.append(line)
-            else:
-                for shown in out.feed(line):
-                    self._emit(shown)
-
-        result = self.ssh.run([facts[0].node], lambda n: argv, timeout=self.spec.job_timeout, retries=0,
-                              on_line=on_line)[0]
-        for shown in out.flush():
-            self._emit(shown)
-        if result.returncode == READY_FAILED and ready_lines:
-            raise LaunchError(_ready_error("\n".join(ready_lines), None))
-        return _exit_code(result)
-
-    def _run_per_node(self, facts: Sequence[NodeFacts], iface: str) -> int:
-        """One command per node (torchrun). The first node to fail stops the others (they would
-        wait on it until a collective times out), and its exit code is the job's."""
-        bases = [sum(f.node.slots for f in facts[:i]) for i in range(len(facts))]
-        self.say(f"[launch] {self.launcher.name} on {len(facts)} node(s), master {facts[0].address}:"
-                 f"{self.spec.master_port}")
-        procs = []
-        for i, f in enumerate(facts):
-            # each node's own NIC (they may be named differently: NCCL/Gloo take a name)
-            cmd = run_argv(self.spec, facts, self.launcher.argv(self.spec, facts, i, f.iface), ready=False,
-                           fill_hosts=True, exec_env=self.launcher.exec_env(f.iface))
-            proc = subprocess.Popen(self.ssh.argv(f.node, cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-            pump = threading.Thread(target=self._pump, args=(proc, f.hostname, bases[i]), daemon=True)
-            pump.start()
-            procs.append((f, proc, pump))
-        deadline = time.monotonic() + self.spec.job_timeout if self.spec.job_timeout else None
-        first_failure: int | None = None
-        try:
-            while any(p.poll() is None for _, p, _ in procs):
-                failed = [(f, p.returncode) for f, p, _ in procs if p.returncode not in (None, 0)]
-                if failed and first_failure is None:
-                    f, first_failure = failed[0]
-                    self.say(f"[launch] {self.launcher.name} on {f.hostname} exited {first_failure}: "
-                             "stopping the other nodes")
-                    self.teardown()
-                if deadline and time.monotonic() > deadline:
-                    self.say(f"[launch] job timed out after {self.spec.job_timeout:g} s")
-                    first_failure = first_failure or 124
-                    self.teardown()
-                    deadline = None
-                time.sleep(0.1)
-        finally:
-            for _, p, pump in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-                pump.join(2)
-        if first_failure is not None:
-            return first_failure
-        return next((p.returncode for _, p, _ in procs if p.returncode != 0), 0)
-
     def _run_ray(self, facts: Sequence[NodeFacts], iface: str) -> int:
         """Ray: a head in the first node's container, a worker in each other one (`ray start`;
         Ray's daemons stay in the container), wait until the head sees every node, then the
@@ -560,11 +486,6 @@ class Job:
                 stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
                 self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
 
-    def _pump(self, proc: subprocess.Popen, hostname: str, base: int) -> None:
-        assert proc.stdout
-        for line in proc.stdout:
-            self._emit(prefix_line(line.rstrip("\n"), default_node=hostname, torch_base=base))
-
     def prepare(self, wd: wdir.Workdir | None) -> None:
         """Before the containers: the job's directory on every node (~/.dtrain/jobs/<job>, made
         anew, with the node watchdog's program), then the workdir, sent to every node at once."""
@@ -581,7 +502,7 @@ class Job:
         if wd is not None:
             wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
 
-    def plan(self, facts: Sequence[NodeFacts], ompi: int, ready: bool) -> dict:
+    def plan(self, facts: Sequence[NodeFacts], ompi: int) -> dict:
         """What the supervisor runs: this job's launcher command for every node (the builders'),
         narrowed by the supervisor to the nodes left after a loss. Every command goes through
         launch/node/run.sh in its container: the job's --env values from its file."""
@@ -601,12 +522,12 @@ class Job:
                                   facts[0].iface, ompi, subnet=self.subnet)
         return supervision.plan(spec.name, spec.launcher, nodes, argv=argv, env=extra, **common)
 
-    def run_supervised(self, facts: Sequence[NodeFacts], ompi: int, ready: bool) -> int:
+    def run_supervised(self, facts: Sequence[NodeFacts], ompi: int) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
         by launch/node/host/supervise.sh): attached, its output streams here until it ends;
         detached (--detach), this returns once the job runs, and the nodes supervise it alone."""
         first = facts[0]
-        plan = self.plan(facts, ompi, ready)
+        plan = self.plan(facts, ompi)
         store.record(self.spec.name, state="running", ranks=rank_nodes(facts), first=first.node.host)
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {self.spec.max_restarts} restart(s) on at least {plan['min_nodes']} node(s))"
@@ -696,14 +617,14 @@ class Job:
                 shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
             self.ssh.close()
 
-    def _job(self, facts: Sequence[NodeFacts], ompi: int, ready: bool) -> int:
-        """run_job(); but where a node's sshd never came up (_watch_up ended the job), that is
-        the error."""
+    def _job(self, facts: Sequence[NodeFacts], ompi: int) -> int:
+        """The job: Ray's steps, or the launcher's command under its supervisor; but where a
+        node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
-            if self.node_dir and self.launcher.name != "ray":
-                code = self.run_supervised(facts, ompi, ready)
+            if self.launcher.name == "ray":
+                code = self._run_ray(facts, facts[0].iface)
             else:
-                code = self.run_job(facts, ompi, ready)
+                code = self.run_supervised(facts, ompi)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -731,11 +652,11 @@ class Job:
             self.prepare(wd)
             store.record(self.spec.name, node_dir=self.node_dir)
             started = self.up()
-            ompi, ready = started.ompi or 4, True
+            ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
-                ompi, ready = self.wait_ready(started.facts), False  # no Open MPI label: ask its mpirun
+                ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started.facts, ompi, ready)
+            code = self._job(started.facts, ompi)
             if self.detached:
                 store.record(self.spec.name, state="detached")
                 return 0

@@ -140,7 +140,8 @@ def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
             now = detached_state(j)
             j["exit_code"] = now.get("exit_code", j.get("exit_code"))
             state = (f"detached: {now.get('state', 'no answer from its first node')}"
-                     + (f", {now['restarts']} restart(s)" if now.get("restarts") else ""))
+                     + (f", {now['restarts']} restart(s)" if now.get("restarts") else "")
+                     + (f" ({now['reason']})" if now.get("state") == "failed" and now.get("reason") else ""))
         rows.append((j["name"], state, j.get("launcher", ""), str(len(j.get("nodes", []))),
                      j.get("image", ""), "" if j.get("exit_code") is None else str(j["exit_code"])))
     return rows
