@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -529,9 +530,10 @@ class Job:
         first = facts[0]
         plan = self.plan(facts, ompi)
         store.record(self.spec.name, state="running", ranks=rank_nodes(facts), first=first.node.host)
+        shown = plan["argv"] or self.launcher.argv(self.spec, facts, 0, first.iface)
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {self.spec.max_restarts} restart(s) on at least {plan['min_nodes']} node(s))"
-                    if self.spec.max_restarts else ""))
+                    if self.spec.max_restarts else "") + f": {shlex.join(shown)}")
         job_dir = supervision.CONTAINER_JOB_DIR
         sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
         if self.spec.detach:  # in the background, its output to its files only
