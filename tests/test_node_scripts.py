@@ -213,3 +213,35 @@ def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
              stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "SEEN": str(tmp_path / "seen")})
     assert r.returncode == 0, r.stderr
     assert "started=1" in r.stdout and "run=1" in r.stdout
+
+
+def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
+    job = tmp_path / ".dtrain" / "jobs" / "j"
+    (job / "workdir").mkdir(parents=True)
+    (job / "workdir" / "stale.py").write_text("old")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = host('prepare "$@"', ".dtrain/jobs/j", stdin="#!/bin/bash\necho watch\n", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(job.resolve())
+    assert (job / "watch.sh").read_text() == "#!/bin/bash\necho watch\n"
+    assert list((job / "workdir").iterdir()) == [] and oct(job.stat().st_mode & 0o777) == "0o700"
+
+
+def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
+    """attach: supervise.py and the plan from stdin, then exec ARGV with the rest of stdin (its
+    end stops a foreground job); detach: ARGV returns at once, the first events are printed."""
+    d = tmp_path / "job"
+    d.mkdir()
+    r = host('supervise "$@"', str(d), "attach", "sh", "-c", 'cat; echo " argv=$1"', "x", "1 2",
+             stdin="SUP\0{\"plan\": 1}\0rest of stdin")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "rest of stdin argv=1 2\n"
+    assert (d / "supervise.py").read_text() == "SUP" and (d / "plan.json").read_text() == '{"plan": 1}'
+    assert oct((d / "plan.json").stat().st_mode & 0o777) == "0o600"
+    started = ('(sleep 0.3; echo \'dtrain-supervisor {"event": "running", "attempt": 0}\' >> "$1/output.log") '
+               '>/dev/null 2>&1 &')
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin="SUP\0{}\0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith('dtrain-supervisor {"event": "running"'), r.stdout
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin="SUP\0{}\0")
+    assert r.returncode == 97  # the readiness check's code, for the launcher to name the node
