@@ -458,16 +458,22 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
 _BRIDGE_PREFIXES = ("docker", "br-", "veth")
 
 
-def interface_for_address(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
-    """The NIC carrying `address`, from a node's `ip -j addr` output; never lo or a docker bridge."""
-    where = f"{host}: " if host else ""
+def _links(ip_addr_json: str, address: str, where: str) -> tuple[list, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """`ip -j addr` output as its list of links, and address parsed; a LaunchError naming where."""
     try:
         links = json.loads(ip_addr_json)
         want = ipaddress.ip_address(address)
     except ValueError as e:
         raise LaunchError(f"{where}cannot read `ip -j addr` output / address {address!r}: {e}") from None
+    return (links if isinstance(links, list) else []), want
+
+
+def interface_for_address(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
+    """The NIC carrying `address`, from a node's `ip -j addr` output; never lo or a docker bridge."""
+    where = f"{host}: " if host else ""
+    links, want = _links(ip_addr_json, address, where)
     seen = []
-    for link in links if isinstance(links, list) else []:
+    for link in links:
         name = link.get("ifname", "?")
         for info in link.get("addr_info") or []:
             local = info.get("local")
@@ -510,12 +516,8 @@ NODE_ENV_FILE = "node.env"  # in the job's key directory
 def interface_network(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
     """The network (e.g. `10.0.0.0/16`) of the address/prefix `address` holds, from `ip -j addr`."""
     where = f"{host}: " if host else ""
-    try:
-        links = json.loads(ip_addr_json)
-        want = ipaddress.ip_address(address)
-    except ValueError as e:
-        raise LaunchError(f"{where}cannot read `ip -j addr` output / address {address!r}: {e}") from None
-    for link in links if isinstance(links, list) else []:
+    links, want = _links(ip_addr_json, address, where)
+    for link in links:
         for info in link.get("addr_info") or []:
             try:
                 iface = ipaddress.ip_interface(f"{info.get('local')}/{info.get('prefixlen')}")
