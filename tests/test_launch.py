@@ -336,7 +336,7 @@ def _start_cli_job(cluster, image, name, env):
     log = Path(env["DTRAIN_HOME"]) / "jobs" / name / "output.log"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        if log.exists() and log.read_text().count(" started") == len(cluster.nodes):
+        if log.exists() and len(re.findall(r"\] rank \d+ started", log.read_text())) == len(cluster.nodes):
             return proc
         if proc.poll() is not None:
             raise AssertionError(proc.stdout.read())

@@ -199,13 +199,16 @@ def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster,
     assert "[launch] job succeeded" in follow.stdout, follow.stdout
     status = _invoke(tmp_path, "status")
     assert re.search(rf"{name}\s+detached: succeeded\s.*\s0\s*$", status.stdout, re.M), status.stdout
-    deadline = time.monotonic() + 60
-    while containers_left(cluster, name) and time.monotonic() < deadline:
+    def kept(i: int) -> list[str]:
+        return on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null; true").stdout.split()
+
+    deadline = time.monotonic() + 60  # each node's watchdog removes its part
+    while (containers_left(cluster, name) or kept(1) != ["output.log", "state.json"] or kept(2) or kept(3)) \
+            and time.monotonic() < deadline:
         time.sleep(1)
     assert containers_left(cluster, name) == []
-    for i in (1, 2, 3):  # only the first node keeps the job's log and state (invoke logs reads them)
-        kept = on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null; true").stdout.split()
-        assert kept == (["output.log", "state.json"] if i == 1 else []), (i, kept)
+    # only the first node keeps the job's log and state (invoke logs reads them)
+    assert [kept(i) for i in (1, 2, 3)] == [["output.log", "state.json"], [], []]
     assert _invoke(tmp_path, "stop", "--job", name).returncode == 0
     _wait_clean(cluster, name)
 

@@ -202,7 +202,7 @@ def container_spec(spec: JobSpec, node_dir: str = "") -> commands.ContainerSpec:
 def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
     """The node's watchdog for the job (launch/node/watch.sh, put in node_dir by prepare)."""
     return [f"{node_dir}/watch.sh", container_name(spec.name), spec.image, node_dir, node_key_dir(spec.name),
-            spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout)]
+            spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout), "detach" if spec.detach else "attach"]
 
 
 def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:

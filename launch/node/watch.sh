@@ -1,6 +1,6 @@
 #!/bin/bash
 # The job's watchdog on one node, started by the launch and detached from its ssh session.
-#   watch.sh CONTAINER IMAGE JOB_DIR KEY_DIR [IMDS_ENDPOINT [GRACE_S [HEARTBEAT_TIMEOUT_S]]]
+#   watch.sh CONTAINER IMAGE JOB_DIR KEY_DIR [IMDS_ENDPOINT [GRACE_S [HEARTBEAT_TIMEOUT_S [MODE]]]]
 # Until the job's container on this node is gone:
 # - a stopped container is removed (the supervisor stopped it at the job's end, or it died);
 # - a running one is stopped when the supervisor's heartbeat, JOB_DIR/heartbeat (refreshed
@@ -10,10 +10,11 @@
 #   every 5 s (IMDSv2). On a notice the node is marked leaving (JOB_DIR/leaving, which the
 #   supervisor reads: it drops the node), the job's processes in the container get SIGTERM
 #   (time to checkpoint), and the container is removed GRACE_S later.
-# Then the node's copy of the job goes: KEY_DIR and JOB_DIR, except output.log and
-# state.json (the first node's: `invoke logs` and `invoke status` read them).
+# Then the node's copy of the job goes: KEY_DIR and JOB_DIR; for a detached job (MODE detach)
+# except output.log and state.json (the first node's: `invoke logs` and `invoke status` read
+# them; `invoke stop` removes them).
 set -u
-c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90}
+c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90} keep=${8:-attach}
 
 say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
 
@@ -25,18 +26,22 @@ remove_files() {
     docker run --rm --network none --entrypoint /bin/rm -v "$dir:/job" "$image" -rf /job/workdir \
       >/dev/null 2>&1
   fi
-  rm -f "$dir/plan.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
-    "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json"
-  rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
+  if [ "$keep" = detach ]; then
+    rm -f "$dir/plan.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
+      "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json" "$dir/watch.pid"
+    rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
+  else
+    rm -rf "$dir"
+  fi
 }
 
 finish() {
   say "$1"
   # An engine that is down keeps the container (stopped) until it is back: keep trying.
-  local until=$((SECONDS + 3600))
-  while out=$(docker rm -f "$c" 2>&1) || [[ $out == *"Cannot connect"* ]]; do
+  local out
+  for _ in $(seq 720); do
+    out=$(docker rm -f "$c" 2>&1) && break
     [[ $out == *"No such container"* ]] && break
-    [ "$SECONDS" -lt "$until" ] || break
     sleep 5
   done
   remove_files
@@ -53,6 +58,7 @@ spot_notice() {
 }
 
 touch "$dir/heartbeat"  # the supervisor must start within hb_timeout of the launch
+echo $$ > "$dir/watch.pid"  # a relaunch of the job stops this watchdog first (host/prepare.sh)
 say "watching $c"
 next_spot=0
 while :; do
