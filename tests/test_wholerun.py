@@ -200,7 +200,8 @@ def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster,
     status = _invoke(tmp_path, "status")
     assert re.search(rf"{name}\s+detached: succeeded\s.*\s0\s*$", status.stdout, re.M), status.stdout
     def kept(i: int) -> list[str]:
-        return on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null; true").stdout.split()
+        return on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} 2>/dev/null; ls -d /dev/shm/dtrain-{name} 2>/dev/null; true"
+                       ).stdout.split()
 
     deadline = time.monotonic() + 60  # each node's watchdog removes its part
     while (containers_left(cluster, name) or kept(1) != ["output.log", "state.json"] or kept(2) or kept(3)) \

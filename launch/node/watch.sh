@@ -19,6 +19,9 @@ c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90} keep
 say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
 
 remove_files() {
+  # Not ours any more (the launcher's teardown, `invoke stop` or a relaunch took the directory):
+  # what is there now belongs to them.
+  [ "$(cat "$dir/watch.pid" 2>/dev/null)" = "$$" ] || return 0
   rm -rf "$keys"
   # The job may have written root-owned files in its working directory: where this user
   # cannot remove them, a throwaway container of the job's image (root) does.

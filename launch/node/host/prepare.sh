@@ -3,11 +3,8 @@
 # workdir/; an earlier launch's watchdog of it stopped), and the node watchdog's program in it (launch/node/watch.sh, from stdin). Prints
 # the directory's absolute path (the launcher mounts it into the container).
 prepare() {
-  local d="$HOME/$1" pid
-  # A watchdog of an earlier launch of this job would remove what this one puts here.
-  if pid=$(cat "$d/watch.pid" 2>/dev/null) && grep -qa watch.sh "/proc/$pid/cmdline" 2>/dev/null; then
-    kill -9 "$pid" 2>/dev/null
-  fi
+  local d="$HOME/$1"
+  stop_watch "$d"  # a watchdog of an earlier launch of this job would remove what this one puts here
   rm -rf "$d" 2>/dev/null
   if ! { mkdir -p "$d/workdir" && chmod 700 "$d" && cat > "$d/watch.sh"; }; then
     echo "cannot make $d" >&2
