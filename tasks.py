@@ -255,7 +255,7 @@ def _ssh_opts(ssh_opt, ssh_config=None):
     "shm_size": "container /dev/shm size, e.g. 16g (default: --ipc host)",
     "master_port": "torchrun master port (default 29500)",
     "rdzv": "torchrun rendezvous: static (default) or c10d",
-    "pull": "always (default: pull the tag on every node), missing (only where absent) or never",
+    "pull": "always (default: unless the node holds the registry's digest, with progress), missing (only where absent) or never",
     "timeout": "stop the job after this many seconds",
     "workdir": "directory sent to every node (rsync, only what changed; .gitignore/.dtrainignore "
                "apply), mounted at /workdir, the job's working directory",

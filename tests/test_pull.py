@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import pull as pl
+from dtrain.launch.jobs.job import Job
+from test_launch import nodes_of, spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,6 +122,18 @@ def test_tty_board_redraws_one_line_per_node_in_place():
     assert "1 MiB / 2 MiB" not in out.getvalue()
 
 
+def test_board_can_leave_nodes_that_pull_nothing_to_the_summary():
+    out = io.StringIO()
+    b = pl.Board(["a", "b"], out, tty=False, show_present=False)
+    b.feed("a", "present sha256:1", 0.0)
+    b.feed("b", "pulling", 0.0)
+    b.feed("b", "pulled sha256:1", 2.0)
+    b.finish("img", 2.0)
+    lines = out.getvalue().splitlines()
+    assert not any(ln.startswith("a ") for ln in lines), lines
+    assert lines[-1].startswith("img: pulled on 1, already on 1 of 2 nodes; slowest b:")
+
+
 # --- on the simulated cluster ----------------------------------------------------------------
 
 
@@ -162,6 +177,30 @@ def test_invoke_pull_shows_progress_then_pulls_nothing_on_warm_nodes(cluster, re
     assert warm.returncode == 0, warm.stderr + warm.stdout
     assert "pulled on 0, already on 2 of 2 nodes" in warm.stdout, warm.stdout
     assert _manifest_requests(cluster, repo) - before == 1  # the launcher's HEAD, nothing from the nodes
+
+
+@pytest.mark.cluster
+def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_images):
+    image = remote_images["pytorch-ddp"]
+    repo = image.split("/", 1)[1].rsplit(":", 1)[0]
+    _sh(cluster, cluster.names[0], f"docker rmi -f {shlex.quote(image)} >/dev/null")
+    said: list[str] = []
+    job = Job(spec(cluster, image, ["python", "-c", "print('step 1')"], "t-pull"), nodes_of(cluster, 3),
+              say=said.append)
+    assert job.run() == 0, said
+    first, others = cluster.addresses[0], cluster.addresses[1:]
+    assert any(re.match(rf"\[launch\] pull {re.escape(first)}  pulling \d+ MiB / \d+ MiB", m) for m in said), said
+    assert not any(m.startswith(f"[launch] pull {a} ") for a in others for m in said), said  # only the summary counts them
+    assert any(re.match(rf"\[launch\] pull {re.escape(image)}: pulled on 1, already on 2 of 3 nodes; "
+                        rf"slowest {re.escape(first)}: \d+ MiB in", m) for m in said), said
+
+    before = _manifest_requests(cluster, repo)
+    said.clear()
+    job = Job(spec(cluster, image, ["python", "-c", "print('step 1')"], "t-pull"), nodes_of(cluster, 3),
+              say=said.append)
+    assert job.run() == 0, said
+    assert f"[launch] pull {image}: pulled on 0, already on 3 of 3 nodes" in said, said
+    assert _manifest_requests(cluster, repo) - before == 1  # --pull always, warm: the launcher's one HEAD
 
 
 @pytest.mark.cluster

@@ -25,6 +25,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,7 +42,8 @@ from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file
-from dtrain.launch.jobs.login import login_for
+from dtrain.launch.jobs.login import Login, login_for
+from dtrain.launch.jobs.pull import pull_on_nodes, resolve_digest
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F401
@@ -253,7 +255,8 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
 
 
 def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], public_key: str,
-                   secrets: str, say: Callable[[str], None], node_dir: str = "") -> tuple[Started, Fanout]:
+                   secrets: str, say: Callable[[str], None], node_dir: str = "",
+                   login: Login | None = None) -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -263,7 +266,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     every session (registry password line, private key, env file). Raises StartFailed naming
     the nodes where a container may exist; its own sessions are ended then."""
     t0 = time.monotonic()
-    login = login_for(spec.image)
+    login = login_for(spec.image) if login is None else login
     argv = up_argv(spec, login.args, public_key, node_dir)
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
@@ -374,6 +377,8 @@ class Job:
         self.node_dir = ""  # the job's directory on every node (absolute; prepare())
         self.detached = False
         self._timed_out = False
+        self._login: Login | None = None  # the registry login (ECR), asked for once (pull())
+        self._up_pull: str = self.spec.pull  # the start step's policy; pull() narrows it
 
     def _emit(self, line: str) -> None:
         with self._out_lock:
@@ -399,8 +404,9 @@ class Job:
         private, public = self._keypair()
         self.started = list(self.nodes)
         try:
-            started, self._sessions = start_on_nodes(self.ssh, self.spec, self.nodes, public,
-                                                     private + env_file(self.spec.env), self.say, self.node_dir)
+            started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=self._up_pull), self.nodes,
+                                                     public, private + env_file(self.spec.env), self.say,
+                                                     self.node_dir, self._login)
         except StartFailed as e:
             self.started = e.started
             raise
@@ -486,6 +492,28 @@ class Job:
             if not self._closing:
                 stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
                 self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
+
+    def pull(self) -> None:
+        """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
+        and rate while it pulls, then one summary line naming the slowest node; nothing pulled
+        where a node holds the registry's digest. The start step then pulls only where a node
+        has no image of that name (a failed pull here, a local image there: it is used, with
+        the warning below; no image: the start step's error names the node)."""
+        if self.spec.pull == "never":
+            return
+        login = self._login = login_for(self.spec.image)
+        digest = None
+        if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
+            digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
+                                    password=login.password if login.registry else None, timeout=3)
+        tty = self.say is print and sys.stdout.isatty()
+        out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
+        try:
+            pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
+                          login=login, digest=digest or "", show_present=False)  # "": not asked again
+        except LaunchError as e:
+            self.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
+        self._up_pull = "missing"
 
     def prepare(self, wd: wdir.Workdir | None) -> None:
         """Before the containers: the job's directory on every node (~/.dtrain/jobs/<job>, made
@@ -653,6 +681,7 @@ class Job:
         try:
             self.prepare(wd)
             store.record(self.spec.name, node_dir=self.node_dir)
+            self.pull()
             started = self.up()
             ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
@@ -682,6 +711,26 @@ class Job:
                 self._log.close()
             restore()
             store.record(self.spec.name, ended=time.time())
+
+
+class _SayLines:
+    """A text stream whose complete lines go to say(), prefixed (pull's board, not on a terminal)."""
+
+    def __init__(self, say: Callable[[str], None], prefix: str) -> None:
+        self.say, self.prefix, self._buf = say, prefix, ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self.say(self.prefix + line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
 
 
 def _ready_error(output: str, error: str | None) -> str:

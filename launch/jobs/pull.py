@@ -13,6 +13,7 @@ import json
 import re
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +26,7 @@ from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.login import Login
+from dtrain.launch.jobs.transport import SshTransport
 
 PULL_SH = Path(__file__).resolve().parents[1] / "node" / "pull.sh"  # launch/node/pull.sh
 POLICIES = ("always", "missing")
@@ -236,8 +238,9 @@ class Board:
     most every `interval` s); otherwise plain lines, on a state change and every `every` s."""
 
     def __init__(self, hosts: Sequence[str], out: TextIO, *, tty: bool | None = None,
-                 interval: float = 0.2, every: float = 5.0) -> None:
+                 interval: float = 0.2, every: float = 5.0, show_present: bool = True) -> None:
         self.nodes = {h: NodeProgress(h) for h in hosts}
+        self.show_present = show_present  # False: nodes that pull nothing only count in the summary
         self.out = out
         self.tty = out.isatty() if tty is None else tty
         self.interval, self.every = interval, every
@@ -265,6 +268,8 @@ class Board:
             return
         state, at = self._last_plain.get(host, ("", float("-inf")))
         node = self.nodes[host]
+        if node.state == "present" and not self.show_present:
+            return
         if changed or node.state != state or now - at >= self.every:
             self.out.write(format_node(node, now) + "\n")
             self.out.flush()
@@ -272,7 +277,7 @@ class Board:
 
     def draw(self, now: float) -> None:
         """Redraw every node's line in place (tty only)."""
-        lines = [format_node(p, now) for p in self.nodes.values()]
+        lines = [format_node(p, now) for p in self.nodes.values() if self.show_present or p.state != "present"]
         up = f"\x1b[{self._drawn}F" if self._drawn else ""
         self.out.write(up + "".join(f"\x1b[2K{ln}\n" for ln in lines))
         self.out.flush()
@@ -302,26 +307,35 @@ def pull_argv(image: str, policy: str, digest: str | None, login: Login | None =
 def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
                   ssh_opts: Sequence[str] = (), out: TextIO = sys.stderr, tty: bool | None = None,
                   digest: str | None = None, timeout: float = 1800, login: Login | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> list[NodeProgress]:
+                  clock: Callable[[], float] = time.monotonic, ssh: SshTransport | None = None,
+                  show_present: bool = True) -> list[NodeProgress]:
     """Bring image onto every node (policy always|missing) with progress on `out`; raises
     LaunchError naming every node that failed. digest: the registry's, when the caller has
     it (else resolved here, once). login: a registry login run first on each node (ECR:
-    login.login_for), the password on its stdin."""
-    from dtrain.launch.jobs.transport import SshTransport
+    login.login_for), the password on its stdin. ssh: the caller's transport (a launch's, its
+    connections kept open); else one of its own. show_present: a line for each node that
+    already holds the image (else only the summary counts them)."""
 
     parse_ref(image)
     password = login.password if login and login.registry else None
     if digest is None and policy == "always":
         digest = resolve_digest(image, user=login.user if password else None, password=password)
     argv = pull_argv(image, policy, digest, login if password else None)
-    board = Board([n.host for n in nodes], out, tty=tty)
+    board = Board([n.host for n in nodes], out, tty=tty, show_present=show_present)
     stdin = (lambda n: login.stdin) if password is not None else None
-    ssh = SshTransport(nodes, ssh_opts)
+    own = ssh is None
+    transport = SshTransport(nodes, ssh_opts) if ssh is None else ssh
+    lock = threading.Lock()  # one board, fed from every node's reader thread
+
+    def feed(n: Node, line: str) -> None:
+        with lock:
+            board.feed(n.host, line, clock())
+
     try:
-        results = ssh.run(nodes, lambda n: argv, timeout=timeout,
-                          on_line=lambda n, line: board.feed(n.host, line, clock()), stdin=stdin)
+        results = transport.run(nodes, lambda n: argv, timeout=timeout, on_line=feed, stdin=stdin)
     finally:
-        ssh.close()
+        if own:
+            transport.close()
     for r in results:
         if not r.ok:
             board.fail(r.host, r.error or "failed", clock())
