@@ -2,8 +2,8 @@
 
 For each CPU image and node count, in one run, each measured after emptying the nodes:
 
-- dtrain:  `invoke launch`'s path as it is (Job.run, --pull always: the pull is in its up
-           step) running `python -c "import FRAMEWORK; print(time)"` on every rank; the time
+- dtrain:  `invoke launch`'s path as it is (Job.run, --pull always: its pull step with
+           progress, launch/jobs/pull.py) running `python -c "import FRAMEWORK; print(time)"` on every rank; the time
            is until the last rank printed (the framework imported: its first step can start)
 - by hand: parallel `ssh node 'docker pull IMAGE && docker run --network host IMAGE python -c ...'`
 - floor:   the same blobs fetched and unpacked with standard tools on every node in parallel,
