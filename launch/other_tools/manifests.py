@@ -272,18 +272,7 @@ def problems(target: str, doc: Any) -> list[str]:
     if target == "ecs-ray":
         return _ecs_ray_problems(doc)
     if target in _BOTO_OPERATIONS:
-        import botocore.session
-        from botocore.exceptions import ParamValidationError
-        from botocore.validate import validate_parameters
-
-        service, op = _BOTO_OPERATIONS[target]
-        model = botocore.session.get_session().get_service_model(service).operation_model(op)
-        try:
-            validate_parameters(doc, model.input_shape)
-        except ParamValidationError as e:
-            report = str(e.kwargs.get("report", e))
-            return [line.strip() for line in report.splitlines() if line.strip()]
-        return []
+        return _boto_problems(*_BOTO_OPERATIONS[target], doc)
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(crd_schema(target))
