@@ -183,6 +183,8 @@ def test_invoke_pull_shows_progress_then_pulls_nothing_on_warm_nodes(cluster, re
 def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_images):
     image = remote_images["pytorch-ddp"]
     repo = image.split("/", 1)[1].rsplit(":", 1)[0]
+    for h in cluster.names[1:3]:
+        _sh(cluster, h, f"docker pull -q {shlex.quote(image)} >/dev/null")
     _sh(cluster, cluster.names[0], f"docker rmi -f {shlex.quote(image)} >/dev/null")
     said: list[str] = []
     job = Job(spec(cluster, image, ["python", "-c", "print('step 1')"], "t-pull"), nodes_of(cluster, 3),
