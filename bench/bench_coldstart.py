@@ -37,7 +37,7 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
 from dtrain.launch.jobs.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec, job_log  # noqa: E402
-from table import markdown  # noqa: E402
+from dtrain.table import markdown  # noqa: E402
 
 FRAMEWORK = {"horovod-tensorflow": "tensorflow", "horovod-pytorch": "torch", "pytorch-ddp": "torch"}
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"

@@ -23,7 +23,7 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
 from dtrain.launch.jobs.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.troubleshoot import network  # noqa: E402
-from table import markdown  # noqa: E402
+from dtrain.table import markdown  # noqa: E402
 
 
 def main() -> None:
