@@ -132,7 +132,7 @@ def main() -> None:
             print(f"size {r.ref} {r.size} bytes ({r.size / 1e9:.2f} GB)", file=sys.stderr, flush=True)
         imgs = [i for i in load_all(args.families.split(",")) if not i.gpu]
         pushed = p.push_registry(imgs, info.registry, out=lambda m: None)
-        rows = [("image", "compressed", "link", "nodes", "dtrain cold", "by hand pull+run", "floor (curl|gzip|tar)",
+        rows = [("image", "compressed", "link", "nodes", "dtrain cold", "by hand pull+run", "floor (curl\\|gzip\\|tar)",
                  "dtrain / by hand", "dtrain / floor")]
         for r in pushed:
             family = r.entry["family"]
