@@ -6,7 +6,8 @@ The job: launch/node/examples/ckpt_train.py under mpirun (DDP, gloo, a checkpoin
 host: the node is gone for the others, as a lost instance is).
 
 - dtrain: from the NIC going down to the first rank of the restarted job printing that it
-  resumes (`restart 1: resuming at epoch E`): detection (health probes every second, two missed)
+  resumes (`restart 1: resuming at epoch E`), and beside it when the loss was reported and how
+  long the failed attempt took to end: detection (health probes every second, two missed)
   + the failed attempt's end + the restart on N-1 nodes + the ranks' start.
 - by hand: what a user without restarts does after noticing: `invoke launch` again on the N-1
   nodes left (image already there, ssh warm), from the command to the first rank's resume line.
@@ -51,6 +52,11 @@ def _spec(info, image: str, name: str, ckpt: Path, n: int, restarts: int) -> Job
                    heartbeat_timeout=20, max_restarts=restarts, min_nodes=max(1, n - 1) if restarts else None)
 
 
+def _fresh_log(name: str) -> None:
+    """A job name's log from an earlier run would answer _wait_for at once."""
+    job_log(name).unlink(missing_ok=True)
+
+
 def _wait_for(name: str, pattern: str, timeout: float = 300) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -65,11 +71,13 @@ def _link(index: int, state: str) -> None:
     subprocess.run(["ip", "link", "set", f"{cluster.VETH_PREFIX}{index}", state], check=True)
 
 
-def dtrain(info, image: str, n: int) -> float:
+def dtrain(info, image: str, n: int) -> tuple[float, float, float]:
+    """(loss -> detected, the failed attempt's end, loss -> resumed), seconds."""
     name = f"bench-recover-{n}"
     ckpt = Path("/tmp") / f"dtrain-bench-ckpt-{uuid.uuid4().hex[:8]}"
     ckpt.mkdir()
     nodes = parse_hostfile(info.hostfile)[:n]
+    _fresh_log(name)
     job = Job(_spec(info, image, name, ckpt, n, 1), nodes, say=lambda m: None)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(code=job.run()), daemon=True)
@@ -78,13 +86,15 @@ def dtrain(info, image: str, n: int) -> float:
         _wait_for(name, r"\] epoch 2 rank 0/")
         t0 = time.monotonic()
         _link(n, "down")
+        lost = _wait_for(name, r"^\[launch\] lost ")
         t1 = _wait_for(name, RESUMED.pattern)
     finally:
         runner.join(600)
         _link(n, "up")
     if result.get("code") != 0:
         raise SystemExit(f"{name} failed: {job_log(name).read_text()[-2000:]}")
-    return t1 - t0
+    ended = re.search(r"the attempt ended in ([\d.]+) s", job_log(name).read_text())
+    return lost - t0, float(ended.group(1)) if ended else float("nan"), t1 - t0
 
 
 def by_hand(info, image: str, n: int) -> float:
@@ -97,6 +107,7 @@ def by_hand(info, image: str, n: int) -> float:
     if first.run() != 0:  # a checkpoint to resume from, as the lost run left
         raise SystemExit(f"{name}: the first run failed")
     spec = _spec(info, image, name, ckpt, n - 1, 0)
+    _fresh_log(name)
     t0 = time.monotonic()
     job = Job(spec, nodes, say=lambda m: None)
     runner = threading.Thread(target=job.run, daemon=True)
@@ -112,14 +123,15 @@ def main() -> None:
     counts = [int(x) for x in ap.parse_args().nodes.split(",")]
     engine.ensure_all()
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
-    rows = [("nodes", "dtrain: loss -> resumed on N-1 (s)", "by hand: relaunch on N-1 -> resumed (s)")]
+    rows = [("nodes", "loss -> detected (s)", "failed attempt ended in (s)", "dtrain: loss -> resumed on N-1 (s)",
+             "by hand: relaunch on N-1 -> resumed (s)")]
     for n in counts:
         info = cluster.up(n, recreate=True, quiet=True)
         engine.allow_insecure_registry(info.registry)
         image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
-        auto = dtrain(info, image, n)
+        detect, ended, auto = dtrain(info, image, n)
         hand = by_hand(info, image, n)
-        rows.append((str(n), f"{auto:.1f}", f"{hand:.1f}"))
+        rows.append((str(n), f"{detect:.1f}", f"{ended:.1f}", f"{auto:.1f}", f"{hand:.1f}"))
         print(markdown(rows[:1] + rows[-1:]), flush=True)
     print(markdown(rows))
 

@@ -77,7 +77,9 @@ def describe(ev: dict) -> str:
     if name == "lost":
         return "[launch] lost " + "; ".join(f"{h}: {why}" for h, why in ev.get("nodes", {}).items())
     if name == "restart":
-        return f"[launch] restart {ev.get('attempt')}: {ev.get('reason')}; dropped {', '.join(ev.get('dropped', [])) or 'none'}"
+        took = f" (the attempt ended in {ev['ended_in']} s)" if "ended_in" in ev else ""
+        return (f"[launch] restart {ev.get('attempt')}: {ev.get('reason')}; "
+                f"dropped {', '.join(ev.get('dropped', [])) or 'none'}{took}")
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":

@@ -140,7 +140,7 @@ class Supervisor:
             return "" if subprocess.call(["sh", "-c", check]) == 0 else "leaving (spot notice)"
         try:
             r = subprocess.run(self.remote(node, check, mux=False), stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=self.plan.get("probe_timeout", 8))
+                               capture_output=True, text=True, timeout=self.plan.get("probe_timeout", 5))  # ssh's ConnectTimeout is 3
         except subprocess.TimeoutExpired:
             return "sshd on 2022 did not answer"
         if r.returncode == 1:
@@ -218,15 +218,15 @@ class Supervisor:
                 next_probe = time.monotonic() + interval
             time.sleep(0.2)
 
-    def stop_attempt(self) -> None:
-        """End the attempt's processes: TERM, then KILL after 10 s."""
+    def stop_attempt(self, grace: float = 10) -> None:
+        """End the attempt's processes: TERM, then KILL after grace seconds."""
         for p in self.procs:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace
         for p in self.procs:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
@@ -292,7 +292,10 @@ class Supervisor:
                        ranks=rank_map(alive))
             self.start(alive, attempt)
             code, lost = self.watch(alive)
-            self.stop_attempt()
+            t_end = time.monotonic()
+            # A lost node stalls every collective: no rank can save anything more, and mpirun
+            # waits for the lost node's daemon. Its ranks get 2 s, not the usual 10.
+            self.stop_attempt(grace=2 if lost else 10)
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -316,7 +319,8 @@ class Supervisor:
                 break
             self.kill_leftovers(alive, attempt)
             attempt += 1
-            self.event("restart", attempt=attempt, reason=why, dropped=sorted(lost))
+            self.event("restart", attempt=attempt, reason=why, dropped=sorted(lost),
+                       ended_in=round(time.monotonic() - t_end, 1))
         self.teardown(alive)
         return code
 
