@@ -131,6 +131,7 @@ def test_board_can_leave_nodes_that_pull_nothing_to_the_summary():
     b.finish("img", 2.0)
     lines = out.getvalue().splitlines()
     assert not any(ln.startswith("a ") for ln in lines), lines
+    assert lines[0] == "b  pulling (layer sizes not known yet)  0.0 s"
     assert lines[-1].startswith("img: pulled on 1, already on 1 of 2 nodes; slowest b:")
 
 

@@ -211,6 +211,8 @@ def format_node(p: NodeProgress, now: float) -> str:
         return f"{p.host}  up to date, nothing pulled ({s})"
     if p.state == "failed":
         return f"{p.host}  FAILED: {p.error}"
+    if p.state == "pulling" and not p.total and not p.downloaded:
+        return f"{p.host}  pulling (layer sizes not known yet)  {s}"
     pct = f"  unpacked {100 * p.unpacked // p.total}%" if p.total else ""
     head = "pulled " if p.state == "pulled" else "pulling"
     total = _mib(p.total) if p.total else "?"
