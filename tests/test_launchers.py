@@ -29,3 +29,10 @@ def test_torchrun_c10d_on_2_nodes(cluster, remote_images):
     oks = re.findall(r"allreduce OK rank=(\d) size=2 host=(node-\d) sum=3", out)
     assert sorted(r for r, _ in oks) == ["0", "1"] and sorted(h for _, h in oks) == ["node-1", "node-2"], out
     assert containers_left(cluster, "t-c10d") == []
+
+
+def test_mpi_defaults_yield_to_the_users_mca():
+    from dtrain.launch.jobs.launchers import mpi_defaults
+
+    assert mpi_defaults([]) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]
+    assert mpi_defaults([("btl_tcp_links", "4")]) == [("plm_rsh_no_tree_spawn", "1")]

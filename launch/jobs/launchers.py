@@ -42,6 +42,19 @@ def _addresses(facts: Sequence[NodeFacts]) -> list[Node]:
     return [Node(f.address, f.node.slots) for f in facts]
 
 
+# Open MPI settings every mpirun gets unless --mca sets them: the first container starts every
+# node's daemon over the connections the ready step left; two TCP connections per peer for MPI
+# traffic (EC2 caps one flow at 5 Gbit/s outside a cluster placement group; on the simulated
+# cluster the CPU allreduce's busbw went from 0.53 to 0.99 of raw TCP, docs/benchmarks.md).
+MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
+
+
+def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """MPI_DEFAULTS less the keys the user's --mca sets."""
+    given = {k for k, _ in extra}
+    return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
+
+
 class Mpirun:
     name = "mpirun"
     per_node = False
@@ -56,7 +69,7 @@ class Mpirun:
         argv = build(_addresses(facts), list(spec.command), iface=iface,
                      env_names=list(spec.env), forward=list(spec.forward),
                      ssh_port=contract.SSH_PORT, ompi_major=ompi, ssh_options=CONTAINER_SSH_MUX,
-                     extra_mca=[("plm_rsh_no_tree_spawn", "1"), *spec.extra_mca])
+                     extra_mca=[*mpi_defaults(spec.extra_mca), *spec.extra_mca])
         return [argv[0], "--tag-output", *argv[1:]]
 
     def exec_env(self, iface: str) -> dict[str, str]:
