@@ -14,7 +14,9 @@ loops. Warm: the ssh master connections a launch keeps for a minute are still op
 
 --scale 8,16,32 measures instead what does not depend on the simulated nodes sharing this
 machine's cores: the launcher's own CPU time (this process, and with its ssh children), the
-ssh sessions it opens per node, and the warm launch beside the bare parallel fan-out.
+ssh sessions it opens per node, and the warm launch beside the bare parallel fan-out. It
+launches a slim copy of the image (below, `slim`), so that 32 nodes need not each unpack the
+1.1 GB framework before anything can be timed; the launch path does not touch the framework.
 
     python bench/bench_launch.py --scale 8,16,32 [--repeat 3]
 """
@@ -22,12 +24,15 @@ ssh sessions it opens per node, and the warm launch beside the bare parallel fan
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import resource
 import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,8 +85,8 @@ def dtrain(info, image: str, n: int, i: int, cold: bool) -> float:
     code = Job(spec, nodes, say=lambda m: None).run()
     if code != 0:
         raise SystemExit(f"launch on {n} nodes failed: {job_log(name).read_text()[-2000:]}")
-    starts = [float(line.rsplit(" ", 1)[1]) for line in job_log(name).read_text().splitlines()
-              if line.startswith("[node-")]
+    # "[node-3 r2] 1795432513.275": each rank's line (not mpirun's own, such as a plm:rsh warning)
+    starts = [float(m.group(1)) for m in re.finditer(r"^\[node-\d+ r\d+\] (\d+\.\d+)$", job_log(name).read_text(), re.M)]
     assert len(starts) == n, starts
     return max(starts) - t0
 
@@ -96,6 +101,36 @@ class _CountingPopen(subprocess.Popen):
         if isinstance(args, (list, tuple)) and args and args[0] == "ssh" and not {"-G", "-O"} & set(args):
             _CountingPopen.started.append(list(args))
         super().__init__(args, *a, **kw)
+
+
+def slim(image: str) -> str:
+    """image without /opt/venv (the framework), flattened into one layer with its config
+    (entrypoint, env, labels, port) kept: what a launch uses (the OS, sshd, Open MPI, the system
+    python3 for the supervisor, /opt/dtrain) is all there. Tagged IMAGE-slim in this engine."""
+    tag = f"{image}-slim"
+    cfg = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config}}", image],
+                                    check=True, capture_output=True, text=True).stdout)
+    changes = [f"ENV {e.partition('=')[0]}={json.dumps(e.partition('=')[2])}" for e in cfg.get("Env") or []]
+    changes += [f"LABEL {k}={json.dumps(v)}" for k, v in (cfg.get("Labels") or {}).items()]
+    changes += [f"EXPOSE {port}" for port in cfg.get("ExposedPorts") or {}]
+    changes.append(f"ENTRYPOINT {json.dumps(cfg['Entrypoint'])}")
+    cid = subprocess.run(["docker", "create", image], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        export = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        imp = subprocess.Popen(["docker", "import", *(a for c in changes for a in ("--change", c)), "-", tag],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        assert export.stdout is not None and imp.stdin is not None
+        with tarfile.open(fileobj=export.stdout, mode="r|") as src, \
+                tarfile.open(fileobj=imp.stdin, mode="w|", format=tarfile.PAX_FORMAT) as dst:
+            for m in src:
+                if m.name != "opt/venv" and not m.name.startswith("opt/venv/"):
+                    dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+        imp.stdin.close()
+        if export.wait() or imp.wait():
+            raise SystemExit(f"making {tag} failed (docker export/import)")
+    finally:
+        subprocess.run(["docker", "rm", cid], capture_output=True)
+    return tag
 
 
 def _cpu() -> tuple[float, float]:
@@ -121,7 +156,9 @@ def scale(counts: list[int], repeat: int) -> None:
         info = cluster.up(n, recreate=True, quiet=True)
         engine.allow_insecure_registry(info.registry)
         img = next(i for i in load_all([FAMILY]) if not i.gpu)
-        image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
+        slim(p.local_ref(img))
+        image = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim")], info.registry,
+                                out=lambda m: None)[0].remote
         pull_on_nodes(parse_hostfile(info.hostfile), image, "missing", ssh_opts=("-F", info.ssh_config),
                       out=open(os.devnull, "w"))
         os.sync()

@@ -227,6 +227,30 @@ def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
     assert list((job / "workdir").iterdir()) == [] and oct(job.stat().st_mode & 0o777) == "0o700"
 
 
+@pytest.mark.parametrize("policy,digest,held", [
+    ("missing", "", True),
+    ("always", "sha256:d1", True),
+    ("always", "sha256:d2", False),  # the registry has moved on: pull
+    ("always", "", False),  # no digest from the registry: always pull
+])
+def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, digest, held):
+    fake = ("docker() { [ \"$1 $2 $3\" = 'image inspect --format' ] || return 9; "
+            "echo 'sha256:abc [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = host('prepare "$@"', ".dtrain/jobs/j", "r/x:1", policy, digest, fake=fake, stdin="w", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == str((tmp_path / ".dtrain" / "jobs" / "j").resolve())  # the directory: still the last line
+    assert lines[:-1] == (["held sha256:abc"] if held else [])
+
+
+def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
+    fake = "docker() { echo 'Error: No such image: r/x:1' >&2; return 1; }"
+    r = host('prepare "$@"', ".dtrain/jobs/j", "r/x:1", "missing", "", fake=fake, stdin="w",
+             env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "jobs" / "j").resolve())]
+
+
 def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
     """attach: supervise.py and the plan from stdin, then exec ARGV with the rest of stdin (its
     end stops a foreground job); detach: ARGV returns at once, the first events are printed."""

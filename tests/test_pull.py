@@ -135,6 +135,17 @@ def test_board_can_leave_nodes_that_pull_nothing_to_the_summary():
     assert lines[-1].startswith("img: pulled on 1, already on 1 of 2 nodes; slowest b:")
 
 
+def test_nodes_known_to_hold_the_image_get_no_session_and_no_digest_lookup():
+    """held: a launch's first round found the image on them; these hosts cannot be reached and
+    the registry does not resolve, so any ssh or digest request would fail the call."""
+    out = io.StringIO()
+    nodes = [pl.Node("a.invalid"), pl.Node("b.invalid")]
+    got = pl.pull_on_nodes(nodes, "nowhere.invalid/x:1", "always", out=out, tty=False, show_present=False,
+                           held={"a.invalid": "sha256:1", "b.invalid": "sha256:1"}, ssh_opts=("-o", "ConnectTimeout=1"))
+    assert [p.state for p in got] == ["present", "present"]
+    assert out.getvalue() == "nowhere.invalid/x:1: pulled on 0, already on 2 of 2 nodes\n"
+
+
 # --- on the simulated cluster ----------------------------------------------------------------
 
 
@@ -201,7 +212,17 @@ def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_im
     said.clear()
     job = Job(spec(cluster, image, ["python", "-c", "print('step 1')"], "t-pull"), nodes_of(cluster, 3),
               say=said.append)
+    programs: list[str] = []  # the launch's sessions, by step (host programs) or name: no pull.sh here
+    real_run = job.ssh.run
+
+    def run(nodes, command, **kw):
+        for n in nodes:
+            argv = list(command(n))
+            programs.append(argv[7] if argv[3] == "dtrain-node" else argv[3])
+        return real_run(nodes, command, **kw)
+    job.ssh.run = run  # type: ignore[method-assign]
     assert job.run() == 0, said
+    assert programs.count("prepare") == 3 and "pull.sh" not in programs, programs
     assert f"[launch] pull {image}: pulled on 0, already on 3 of 3 nodes" in said, said
     assert _manifest_requests(cluster, repo) - before == 1  # --pull always, warm: the launcher's one HEAD
 

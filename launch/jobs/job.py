@@ -379,6 +379,8 @@ class Job:
         self._timed_out = False
         self._login: Login | None = None  # the registry login (ECR), asked for once (pull())
         self._up_pull: str = self.spec.pull  # the start step's policy; pull() narrows it
+        self._digest = ""  # the registry's digest of the image (--pull always), resolved once
+        self._held: dict[str, str] = {}  # host -> image ID: nodes that hold the image already (prepare)
 
     def _emit(self, line: str) -> None:
         with self._out_lock:
@@ -495,35 +497,47 @@ class Job:
 
     def pull(self) -> None:
         """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
-        and rate while it pulls, then one summary line naming the slowest node; nothing pulled
-        where a node holds the registry's digest. The start step then pulls only where a node
-        has no image of that name (a failed pull here, a local image there: it is used, with
-        the warning below; no image: the start step's error names the node)."""
+        and rate while it pulls, then one summary line naming the slowest node; nothing pulled,
+        and no session opened, where prepare found the image held (the registry's digest, for
+        --pull always). The start step then pulls only where a node has no image of that name
+        (a failed pull here, a local image there: it is used, with the warning below; no image:
+        the start step's error names the node)."""
         if self.spec.pull == "never":
             return
-        login = self._login = login_for(self.spec.image)
-        digest = None
-        if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
-            digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
-                                    password=login.password if login.registry else None, timeout=3)
         tty = self.say is print and sys.stdout.isatty()
         out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
         try:
             pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
-                          login=login, digest=digest or "", show_present=False)  # "": not asked again
+                          login=self._login, digest=self._digest, show_present=False,  # "": not asked again
+                          held=self._held)
         except LaunchError as e:
             self.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
         self._up_pull = "missing"
 
+    def _image_question(self) -> tuple[str, ...]:
+        """What prepare asks every node about the image (host/holds.sh): IMAGE POLICY DIGEST,
+        the registry login and (--pull always) its digest fetched here once first; () for never."""
+        if self.spec.pull == "never":
+            return ()
+        login = self._login = login_for(self.spec.image)
+        if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
+            self._digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
+                                          password=login.password if login.registry else None, timeout=3) or ""
+        return (self.spec.image, self.spec.pull, self._digest)
+
     def prepare(self, wd: wdir.Workdir | None) -> None:
         """Before the containers: the job's directory on every node (~/.dtrain/jobs/<job>, made
-        anew, with the node watchdog's program), then the workdir, sent to every node at once."""
+        anew, with the node watchdog's program), then the workdir, sent to every node at once.
+        The same round asks each node whether it holds the image already (pull())."""
         watch = contract.node_script("watch.sh")
+        question = self._image_question()
         self.started = list(self.nodes)  # from here on, teardown has something to remove
-        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name))
+        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), *question)
         results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120,
                                what="preparing the job's directory")
         dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
+        self._held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
+                      if line.startswith("held sha256:")}
         if len(set(dirs.values())) > 1:
             raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
                               + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")

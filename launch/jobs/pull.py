@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -302,7 +302,8 @@ def pull_argv(image: str, policy: str, digest: str | None, login: Login | None =
     login (ECR): the node logs in first (launch/node/host/login.sh), the password on stdin."""
     if policy not in POLICIES:
         raise LaunchError(f"--pull {policy}: use always or missing")
-    script = contract.node_script("host/login.sh") + "\n" + PULL_SH.read_text()
+    script = "\n".join([contract.node_script("host/login.sh"), contract.node_script("host/holds.sh"),
+                        PULL_SH.read_text()])
     return ["bash", "-c", script, "pull.sh", image, policy, digest or "", *(login.args if login else [])]
 
 
@@ -310,34 +311,41 @@ def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
                   ssh_opts: Sequence[str] = (), out: TextIO = sys.stderr, tty: bool | None = None,
                   digest: str | None = None, timeout: float = 1800, login: Login | None = None,
                   clock: Callable[[], float] = time.monotonic, ssh: SshTransport | None = None,
-                  show_present: bool = True) -> list[NodeProgress]:
+                  show_present: bool = True, held: Mapping[str, str] | None = None) -> list[NodeProgress]:
     """Bring image onto every node (policy always|missing) with progress on `out`; raises
     LaunchError naming every node that failed. digest: the registry's, when the caller has
     it (else resolved here, once). login: a registry login run first on each node (ECR:
     login.login_for), the password on its stdin. ssh: the caller's transport (a launch's, its
     connections kept open); else one of its own. show_present: a line for each node that
-    already holds the image (else only the summary counts them)."""
+    already holds the image (else only the summary counts them). held: host -> image ID for the
+    nodes the caller already knows hold it (a launch's first round asked them): counted as
+    present, no session opened to them."""
 
     parse_ref(image)
+    held = held or {}
+    todo = [n for n in nodes if n.host not in held]
     password = login.password if login and login.registry else None
-    if digest is None and policy == "always":
+    if digest is None and policy == "always" and todo:
         digest = resolve_digest(image, user=login.user if password else None, password=password)
     argv = pull_argv(image, policy, digest, login if password else None)
     board = Board([n.host for n in nodes], out, tty=tty, show_present=show_present)
+    for host, image_id in held.items():
+        board.feed(host, f"present {image_id}", clock())
     stdin = (lambda n: login.stdin) if password is not None else None
-    own = ssh is None
-    transport = SshTransport(nodes, ssh_opts) if ssh is None else ssh
     lock = threading.Lock()  # one board, fed from every node's reader thread
 
     def feed(n: Node, line: str) -> None:
         with lock:
             board.feed(n.host, line, clock())
 
-    try:
-        results = transport.run(nodes, lambda n: argv, timeout=timeout, on_line=feed, stdin=stdin)
-    finally:
-        if own:
-            transport.close()
+    results = []
+    if todo:
+        transport = SshTransport(todo, ssh_opts) if ssh is None else ssh
+        try:
+            results = transport.run(todo, lambda n: argv, timeout=timeout, on_line=feed, stdin=stdin)
+        finally:
+            if ssh is None:
+                transport.close()
     for r in results:
         if not r.ok:
             board.fail(r.host, r.error or "failed", clock())

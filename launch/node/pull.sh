@@ -32,15 +32,12 @@ if [ -n "${4:-}" ]; then
 fi
 case $policy in always|missing) ;; *) echo "pull.sh: policy must be always or missing, got $policy" >&2; exit 2 ;; esac
 
-# RepoDigests: ["repo@sha256:..."] for each registry name the image was pulled as.
-local_digests() { docker image inspect --format '{{json .RepoDigests}}' "$image" 2>/dev/null; }
 image_id() { docker image inspect --format '{{.Id}}' "$image" 2>/dev/null; }
 
-if have=$(local_digests); then
-  if [ "$policy" = missing ] || { [ -n "$digest" ] && [[ $have == *"@$digest\""* ]]; }; then
-    echo "present $(image_id)"
-    exit 0
-  fi
+# holds: host/holds.sh, sent before this file
+if id=$(holds "$image" "$policy" "$digest"); then
+  echo "present $id"
+  exit 0
 fi
 
 echo pulling
