@@ -377,7 +377,7 @@ class Job:
         self.node_dir = ""  # the job's directory on every node (absolute; prepare())
         self.detached = False
         self._timed_out = False
-        self._login: Login | None = None  # the registry login (ECR), asked for once (pull())
+        self._login: Login | None = None  # the registry login (ECR), asked for once (_image_question())
         self._up_pull: str = self.spec.pull  # the start step's policy; pull() narrows it
         self._digest = ""  # the registry's digest of the image (--pull always), resolved once
         self._held: dict[str, str] = {}  # host -> image ID: nodes that hold the image already (prepare)
