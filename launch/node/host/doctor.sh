@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
 # doctor PORT [IMAGE]: the launch's probe, then what only the doctor asks (engine, runtimes,
-# disk, instance type, clock, the image's ID, size and labels).
+# disk, instance type, clock, unpigz, the image's ID, size and labels).
 doctor() {
   local info root id
   echo "t=$(date +%s.%N)"
@@ -13,6 +13,7 @@ doctor() {
   echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
   echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
   echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"
+  echo "unpigz=$(command -v unpigz 2>/dev/null)"
   if [ -n "${2:-}" ]; then
     if id=$(timeout 20 docker image inspect -f '{{.Id}}' "$2" 2>/dev/null); then
       echo "image_id=$id"
