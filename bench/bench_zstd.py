@@ -3,7 +3,9 @@
 For each CPU image, pushed to the simulated cluster's registry as built (gzip layers) and
 again as a copy with the same layers recompressed with `zstd -3` (an OCI manifest, the same
 config, so the same image ID), a second dockerd of version 23 or later (--dockerd, with its
-own data root under /var/tmp) on this host, emptied before every sample:
+own data root under /var/tmp) in node-1's network namespace, emptied before every sample.
+Not in the host's: a dockerd started with `--bridge none` deletes the `docker0` of the
+namespace it runs in, which the host engine needs.
 
 - gzip pull:   `docker pull IMAGE`, what a user pulls by hand
 - zstd pull:   `docker pull IMAGE-zstd`
@@ -42,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster, engine  # noqa: E402
+from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -79,19 +82,20 @@ def push_zstd(remote: str, level: int = 3) -> tuple[str, int, int]:
 
 
 class Engine:
-    """A second dockerd with its own roots and socket; the host's engine is left alone."""
+    """A second dockerd with its own roots and socket, in a node's namespaces (``node``:
+    a cluster NodeInfo); the host's engine is left alone."""
 
-    def __init__(self, dockerd: str, registry: str, *, pigz: bool = True):
+    def __init__(self, dockerd: str, registry: str, node, *, pigz: bool = True):
         shutil.rmtree(STATE, ignore_errors=True)
         STATE.mkdir(parents=True)
         (STATE / "daemon.json").write_text("{}")
         self.sock = f"unix://{STATE}/docker.sock"
         self.log = open(STATE / "dockerd.log", "w")
-        self.proc = subprocess.Popen(
-            [dockerd, "--data-root", str(STATE / "data"), "--exec-root", str(STATE / "exec"), "-H", self.sock,
+        self.proc = subprocess.Popen(nx.node_argv(node.netns, node.name, [
+            dockerd, "--data-root", str(STATE / "data"), "--exec-root", str(STATE / "exec"), "-H", self.sock,
              "--pidfile", str(STATE / "docker.pid"), "--config-file", str(STATE / "daemon.json"),
              "--bridge", "none", "--iptables=false", "--ip6tables=false", "--userland-proxy=false",
-             "--insecure-registry", registry], stdout=self.log, stderr=subprocess.STDOUT,
+             "--insecure-registry", registry]), stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, **({} if pigz else {"MOBY_DISABLE_PIGZ": "1"})})
         deadline = time.monotonic() + 60
         while self.docker("version", check=False).returncode != 0:
@@ -156,14 +160,14 @@ def main() -> None:
         engine.allow_insecure_registry(info.registry)
         imgs = [i for i in load_all(args.families.split(",")) if not i.gpu]
         pushed = p.push_registry(imgs, info.registry, out=lambda m: None)
-        eng = Engine(args.dockerd, info.registry)
+        eng = Engine(args.dockerd, info.registry, info.nodes[0])
         meds, sizes = {}, {}
         for r in pushed:
             zref, *sizes[r.remote] = push_zstd(r.remote)
             runs = [sample(eng, r.remote, zref) for _ in range(args.repeat)]
             meds[r.remote] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
         eng.stop()
-        eng = Engine(args.dockerd, info.registry, pigz=False)
+        eng = Engine(args.dockerd, info.registry, info.nodes[0], pigz=False)
         for r in pushed:
             runs = []
             for _ in range(args.repeat):

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The EC2 user data of every node `invoke nodes up` starts (launch/infra/ec2.py): cloud-init
 # runs it once, as root, at first boot. It installs pigz: dockerd decompresses image layers
-# with unpigz when it is on the node, and a cold pull took about 1.4x as long without it
+# with unpigz when it is on the node, and a cold pull took 1.4-1.5x as long without it
 # (docs/benchmarks.md, "zstd layers on Docker 23+"). Nothing here may stop the node from
 # booting: a failed install leaves a slower pull, which `invoke doctor` reports (check docker).
 set -u

@@ -30,7 +30,7 @@ DOCTOR_CHECKS: dict[str, str] = {
     "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh",
     "docker": "the Docker engine runs and the launcher's user may use it (WARN where `unpigz` is "
               "not on the node: dockerd then decompresses layers with Go's gzip, and a cold pull "
-              "takes about 1.4x as long, docs/benchmarks.md)",
+              "takes 1.4-1.5x as long, docs/benchmarks.md)",
     "nvidia-runtime": "where the node has NVIDIA GPUs, Docker has the nvidia runtime (`--gpus all` works)",
     "gpu-driver": "the host driver is at least the image CUDA's min_driver (images/compat.yaml)",
     "port-2022": "nothing but the dtrain container's sshd listens on port 2022 of the node",

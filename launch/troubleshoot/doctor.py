@@ -119,7 +119,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
             add(h, "docker", "FAIL", f"engine not answering: {f.get('docker') or 'no answer'}")
         elif f.get("unpigz") == "":  # absent from older output: not known, not missing
             add(h, "docker", "WARN", f"{engine}; no unpigz on the node, so dockerd decompresses image layers "
-                "with Go's gzip: cold pulls about 1.4x slower (install pigz)")
+                "with Go's gzip: cold pulls 1.4-1.5x slower (install pigz)")
         else:
             add(h, "docker", "PASS", engine)
 
