@@ -91,12 +91,13 @@ class Engine:
         (STATE / "daemon.json").write_text("{}")
         self.sock = f"unix://{STATE}/docker.sock"
         self.log = open(STATE / "dockerd.log", "w")
-        self.proc = subprocess.Popen(nx.node_argv(node.netns, node.name, [
-            dockerd, "--data-root", str(STATE / "data"), "--exec-root", str(STATE / "exec"), "-H", self.sock,
-             "--pidfile", str(STATE / "docker.pid"), "--config-file", str(STATE / "daemon.json"),
-             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--userland-proxy=false",
-             "--insecure-registry", registry]), stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, **({} if pigz else {"MOBY_DISABLE_PIGZ": "1"})})
+        argv = [dockerd, "--data-root", str(STATE / "data"), "--exec-root", str(STATE / "exec"), "-H", self.sock,
+                "--pidfile", str(STATE / "docker.pid"), "--config-file", str(STATE / "daemon.json"),
+                "--bridge", "none", "--iptables=false", "--ip6tables=false", "--userland-proxy=false",
+                "--insecure-registry", registry]
+        self.proc = subprocess.Popen(nx.node_argv(node.netns, node.name, argv), stdout=self.log,
+                                     stderr=subprocess.STDOUT,
+                                     env={**os.environ, **({} if pigz else {"MOBY_DISABLE_PIGZ": "1"})})
         deadline = time.monotonic() + 60
         while self.docker("version", check=False).returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
