@@ -16,10 +16,11 @@ namespace it runs in, which the host engine needs.
                decompresses with Go's gzip, as on a node without pigz installed
 
 This machine's own engine is Docker 20.10 (Debian 12). Debian 13's docker.io (26.1) runs here
-with Debian 12's containerd and runc, unpacked rather than installed:
+with Debian 12's containerd and runc, unpacked rather than installed: Debian 13 (trixie)'s
+package docker.io, version 26.1.5+dfsg1-9+deb13u1+b1, amd64, fetched with apt from a trixie
+source list (or any Debian mirror's pool) and unpacked:
 
-    curl -O http://deb.debian.org/debian/pool/main/d/docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
-    dpkg -x docker.io_*.deb /var/tmp/docker26
+    dpkg -x docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb /var/tmp/docker26
     python bench/bench_zstd.py --dockerd /var/tmp/docker26/usr/sbin/dockerd [--families pytorch-ddp] [--repeat 3]
 """
 
