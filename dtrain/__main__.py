@@ -1,0 +1,5 @@
+"""`python -m dtrain`: the `dtrain` command."""
+
+from dtrain.cli import main
+
+main()

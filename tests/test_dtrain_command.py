@@ -1,0 +1,84 @@
+"""The `dtrain` command (issue 23): the tasks of tasks.py from any directory, where the current
+directory is the user's. Runs the real program from a temporary directory that is not the
+checkout; AWS calls go to a moto server on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Collection
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLE = "arn:aws:iam::123456789012:role/sm"
+
+
+def dtrain(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dtrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def task_names() -> set[str]:
+    sys.path.insert(0, str(ROOT))
+    try:
+        import tasks
+    finally:
+        sys.path.remove(str(ROOT))
+    return set(Collection.from_module(tasks).task_names)
+
+
+def test_every_task_is_there_from_another_directory(tmp_path):
+    r = dtrain(tmp_path, "--list")
+    assert r.returncode == 0, r.stderr
+    listed = {line.split()[0] for line in r.stdout.splitlines()[1:] if line.startswith("  ") and line.split()}
+    assert task_names() <= listed, task_names() - listed
+    r = dtrain(tmp_path, "--help", "launch")
+    assert r.returncode == 0 and "Usage: dtrain [--core-opts] launch" in r.stdout and "--image" in r.stdout
+
+
+def test_the_installed_console_script_runs_from_another_directory(tmp_path):
+    """pip install -e '.[dev]' (the README's line) puts `dtrain` beside the interpreter."""
+    script = Path(sys.executable).parent / "dtrain"
+    assert script.is_file(), f"{script}: no dtrain command; install with pip install -e '.[dev]'"
+    r = subprocess.run([str(script), "--help", "render"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Usage: dtrain [--core-opts] render" in r.stdout, r.stderr
+    r = subprocess.run([str(script), "nosuchtask"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "nosuchtask" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def moto_server():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_sagemaker_run_uploads_the_users_directory(tmp_path, moto_server):
+    """From the user's project directory, the code channel is that directory, not dtrain's tree."""
+    import boto3
+
+    env = {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+           "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="proj-bucket")
+    project = tmp_path / "my-project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hello from my project')\n")
+    (project / "requirements.txt").write_text("six\n")
+    r = dtrain(project, "sagemaker", "run", "--instances", "2", "--image",
+               "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12",
+               "--role", ROLE, "--output", "s3://proj-bucket/runs", "--name", "dtrain-userdir", "--no-wait",
+               "--", "python", "train.py", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dtrain-userdir" in r.stdout
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="proj-bucket", Prefix="runs/dtrain-userdir/code/")["Contents"]}
+    assert keys == {"runs/dtrain-userdir/code/train.py", "runs/dtrain-userdir/code/requirements.txt"}, keys
