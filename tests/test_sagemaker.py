@@ -287,6 +287,17 @@ def test_run_deletes_the_key_once_the_job_has_started_and_hands_it_to_a_spot_res
     assert not _key_in_s3(aws.client("s3"), key)
 
 
+def test_key_action():
+    d = lambda primary, secondary: {"TrainingJobStatus": primary, "SecondaryStatus": secondary}  # noqa: E731
+    assert sm.key_action(True, d("InProgress", "Starting")) is None
+    assert sm.key_action(True, d("InProgress", "Downloading")) is None
+    assert sm.key_action(True, d("InProgress", "Training")) == "delete"
+    assert sm.key_action(True, d("Failed", "Failed")) == "delete"
+    assert sm.key_action(False, d("InProgress", "Training")) is None
+    assert sm.key_action(False, d("InProgress", "Restarting")) == "put"
+    assert sm.key_action(False, d("Stopped", "Interrupted")) is None
+
+
 def test_run_deletes_the_key_on_an_error(aws, tmp_path):
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="my-bucket")

@@ -234,6 +234,16 @@ def job_started(d: Mapping[str, Any]) -> bool:
     return d["TrainingJobStatus"] in TERMINAL or d.get("SecondaryStatus") in _PAST_DOWNLOAD
 
 
+def key_action(in_s3: bool, d: Mapping[str, Any]) -> str | None:
+    """What to do with the job key in S3 after a DescribeTrainingJob: "delete" once the
+    instances have it, "put" back for a spot restart's fresh download, else None."""
+    if in_s3 and job_started(d):
+        return "delete"
+    if not in_s3 and d.get("SecondaryStatus") in _RESTARTING and d["TrainingJobStatus"] not in TERMINAL:
+        return "put"
+    return None
+
+
 def wait(sm, logs, job: str, out: Callable[[str], None] = print, poll_s: float = 10.0,
          on_describe: Callable[[Mapping[str, Any]], None] | None = None,
          until: Callable[[Mapping[str, Any]], bool] | None = None) -> dict[str, Any]:
@@ -356,17 +366,16 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     def put_key() -> None:
         s3.put_object(Bucket=bucket, Key=key_s3, Body=key_bytes, ServerSideEncryption="AES256")
 
-    held = {"s3": True}  # is the key in S3 now
+    in_s3 = [True]  # whether the key is in S3 now (key_action decides what happens to it)
 
     def key_follows_the_job(d: Mapping[str, Any]) -> None:
-        """Delete the key once the instances have it; put it back for a spot restart's download."""
-        if held["s3"] and job_started(d):
+        action = key_action(in_s3[0], d)
+        if action == "delete":
             s3.delete_object(Bucket=bucket, Key=key_s3)
-            held["s3"] = False
             out(f"[sagemaker] job key deleted from s3://{bucket}/{key_s3} (the instances have it)")
-        elif not held["s3"] and d.get("SecondaryStatus") in _RESTARTING and d["TrainingJobStatus"] not in TERMINAL:
+        elif action == "put":
             put_key()
-            held["s3"] = True
+        in_s3[0] = {"delete": False, "put": True}.get(action or "", in_s3[0])
 
     put_key()
     try:
