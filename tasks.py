@@ -158,7 +158,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     "region": "AWS region", "profile": "AWS profile",
     "repo_prefix": "repository prefix (default dtrain)",
     "immutable": "ECR: immutable tags", "lifecycle_policy": "ECR lifecycle policy JSON file",
-    "user": "registry user", "password": "registry password ('-' reads stdin; default $DTRAIN_REGISTRY_PASSWORD)",
+    "user": "registry user", "password": "'-': the registry password from stdin (default $DTRAIN_REGISTRY_PASSWORD); a value is refused",
     "catalog": "catalog path (default build/catalog.json)",
 })
 def push(c, ecr=False, registry=None, image=None, account=None, region=None, profile=None,
@@ -170,6 +170,7 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
     from dtrain.images import push as p
 
     with user_errors():
+        password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
         images, notes = p.select_images(image)
@@ -180,8 +181,6 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
             p.push_ecr(images, profile=profile, region=region, account=account, prefix=repo_prefix,
                        immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path)
         else:
-            if password == "-":
-                password = p.read_password_stdin()
             p.push_registry(images, registry, user=user, password=password, prefix=repo_prefix,
                             catalog_path=path)
 

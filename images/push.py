@@ -658,6 +658,18 @@ def select_images(image: str | None = None) -> tuple[list[ImageLike], list[str]]
     return chosen, notes
 
 
+def password_from_flag(value: str | None, read_stdin: Callable[[], str] | None = None) -> str | None:
+    """`--password`: '-' reads the first line of stdin; None leaves it to $DTRAIN_REGISTRY_PASSWORD.
+    Any other value is refused: argv shows in `ps` and shell history (the value is never echoed)."""
+    if value is None:
+        return None
+    if value == "-":
+        return (read_stdin or read_password_stdin)()
+    raise PushError(f"--password takes no value on the command line (other users see argv in ps, and "
+                    f"it stays in shell history): pass --password - and the password on stdin, or set "
+                    f"${PASSWORD_ENV}")
+
+
 def read_password_stdin() -> str:
     """For `--password -`: the first line of stdin, without its newline."""
     return sys.stdin.readline().rstrip("\r\n")
@@ -670,5 +682,5 @@ __all__ = [
     "require_built", "docker_login", "push_and_verify", "verify_digest", "record",
     "read_catalog", "aws_session", "ecr_prepare", "ecr_ensure_repository", "ecr_login_target",
     "read_lifecycle_policy", "push", "push_registry", "push_ecr", "select_images",
-    "summary_table", "read_password_stdin",
+    "summary_table", "read_password_stdin", "password_from_flag",
 ]

@@ -164,13 +164,13 @@ def test_sagemaker_broken_documents_name_the_field():
 def test_mpijob_mpirun_is_launch_commands_output():
     d = doc("mpijob", env={"WANDB_MODE": "offline"})
     launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    expected = commands.mpirun_argv(None, list(CMD), iface="eth0", env={"WANDB_MODE": "offline"},
+    expected = commands.mpirun_argv(None, list(CMD), iface="eth0", env_names=["WANDB_MODE"],
                                     ssh_port=2022, ssh_options=["-o ConnectionAttempts=10"],
                                     hostfile="/etc/mpi/hostfile", np=12)
     assert launcher["command"] == ["/opt/dtrain/node/entrypoint.sh"]
     assert launcher["args"] == expected
     # The flags are exactly mpi_flags, the ones `invoke launch` passes, in the same order.
-    flags = commands.mpi_flags(iface="eth0", env={"WANDB_MODE": "offline"}, ssh_port=2022,
+    flags = commands.mpi_flags(iface="eth0", env_names=["WANDB_MODE"], ssh_port=2022,
                                ssh_options=["-o ConnectionAttempts=10"])
     assert expected == ["mpirun", "--allow-run-as-root", "-np", "12", "--hostfile", "/etc/mpi/hostfile",
                         *flags, *CMD]
@@ -180,6 +180,37 @@ def test_mpijob_mpirun_is_launch_commands_output():
     assert expected[expected.index("btl_tcp_if_include") + 1] == "eth0"
     assert expected[expected.index("oob_tcp_if_include") + 1] == "eth0"
     assert "NCCL_SOCKET_IFNAME=eth0" in expected
+
+
+def test_mpijob_env_values_are_in_the_pod_spec_never_in_the_mpirun_argv():
+    env = {"WANDB_API_KEY": "s3cret-value-1", "NCCL_SOCKET_IFNAME": "eth9"}  # a user value, a built-in one
+    text = m.render(spec("mpijob", env=env))
+    d = m.load("mpijob", text)
+    launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    argv = launcher["args"]
+    assert not any("s3cret-value-1" in a or "eth9" in a for a in argv)
+    xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert "WANDB_API_KEY" in xs and "NCCL_SOCKET_IFNAME" in xs  # names only
+    assert {e["name"]: e["value"] for e in launcher["env"]} == env  # mpirun -x NAME reads them here
+    worker = d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in worker["env"]}["WANDB_API_KEY"] == "s3cret-value-1"
+    assert m.problems("mpijob", d) == []
+
+
+@pytest.mark.parametrize("namespace", ["ml\n  labels: {x: y}", "ml: x", "ML", "-ml", "ml-", "a" * 64, "",
+                                       "ml\nspec: {}", "name: evil"])
+def test_namespace_must_be_a_dns_1123_label(namespace):
+    for target in ("mpijob", "pytorchjob"):
+        with pytest.raises(LaunchError, match="--namespace .*DNS-1123"):
+            m.render(spec(target, namespace=namespace))
+    assert m.load("mpijob", m.render(spec("mpijob", namespace="team-1")))["metadata"]["namespace"] == "team-1"
+    assert m.render(spec("mpijob", namespace="a" * 63))
+
+
+def test_env_names_cannot_inject_yaml():
+    for target in ("mpijob", "pytorchjob"):
+        with pytest.raises(LaunchError, match="--env"):
+            m.render(spec(target, env={"A\n              value: x\n            - name: B": "1"}))
 
 
 def test_mpijob_workers_run_sshd_on_2022_with_gpus():

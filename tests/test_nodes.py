@@ -108,6 +108,25 @@ def test_template_content():
     assert "Vpc" not in plain["Resources"] and "FileSystem" not in plain["Resources"]
 
 
+def test_root_volumes_are_encrypted():
+    for s, res in ((spec(new_vpc=True, spot=True, efs=True), RESOLVED["efa"]),
+                   (spec(instance_type="c5.xlarge", subnet="subnet-0123456789abcdef0"), RESOLVED["plain"])):
+        data = ec2.stack_template(s, res)["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
+        assert data["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {
+            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": 200, "DeleteOnTermination": True}}]
+
+
+def test_ssh_open_to_the_world_is_warned_about(aws):
+    said: list[str] = []
+    ec2.start(aws, spec(ssh_cidr="0.0.0.0/0", count=1), say=said.append)
+    assert said[0].startswith("[nodes] warning: --ssh-cidr 0.0.0.0/0 opens the nodes' ssh")
+    assert ec2.ssh_cidr_warning("::/0") and ec2.ssh_cidr_warning(CIDR) is None
+    assert ec2.ssh_cidr_warning("10.0.0.0/8") is None
+    lt = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")
+    [mapping] = lt["LaunchTemplateVersions"][0]["LaunchTemplateData"]["BlockDeviceMappings"]
+    assert mapping["Ebs"]["Encrypted"] is True  # what CloudFormation made of it
+
+
 def test_capacity_decision():
     assert ec2.capacity_decision(4, 2, 4) == "all"
     assert ec2.capacity_decision(4, 2, 3) == "partial"

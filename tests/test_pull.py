@@ -60,6 +60,128 @@ def test_resolve_digest_of_a_digest_reference_asks_nothing():
     assert pl.resolve_digest(f"nowhere.invalid/x@{d}") == d
 
 
+# --- credentials never over plain http -----------------------------------------------------------
+
+FAKE_DIGEST = "sha256:" + "ab" * 32
+
+
+class FakeRegistry:
+    """A registry on 127.0.0.1 that offers only plain http and records every request's
+    headers. mode: "open" (the digest to anyone), "token" (the digest to a request with
+    the token realm hands out, else a Bearer challenge to realm), "redirect" (307 to redirect_to)."""
+
+    def __init__(self, mode="open", realm=None, redirect_to=None):
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                fake.requests.append((self.command, self.path, dict(self.headers.items())))
+                if self.path.startswith("/token"):
+                    body = b'{"token": "tok-123"}'
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if mode == "redirect":
+                    self.send_response(307)
+                    self.send_header("Location", redirect_to + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if mode == "token" and self.headers.get("Authorization") != "Bearer tok-123":
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", f'Bearer realm="{realm}",service="fake",scope="x"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", FAKE_DIGEST)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_HEAD = do_GET = _answer
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def authorizations(self) -> list[str]:
+        return [h["Authorization"] for _, _, h in self.requests if "Authorization" in h]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_registries():
+    made: list[FakeRegistry] = []
+
+    def make(**kw) -> FakeRegistry:
+        made.append(FakeRegistry(**kw))
+        return made[-1]
+    yield make
+    for f in made:
+        f.close()
+
+
+def test_no_credential_reaches_an_http_registry_not_marked_insecure(fake_registries):
+    reg = fake_registries(mode="open")
+    got = pl.resolve_digest(f"{reg.host}/dtrain/x:1", user="AWS", password="ecr-token-secret", insecure=())
+    assert got == FAKE_DIGEST  # unauthenticated over http: fine
+    assert reg.requests and reg.authorizations() == []
+    # marked insecure (explicitly, or by default as loopback, as docker does): the credential goes
+    assert pl.resolve_digest(f"{reg.host}/dtrain/x:1", user="AWS", password="ecr-token-secret",
+                             insecure=(reg.host,)) == FAKE_DIGEST
+    assert pl.resolve_digest(f"{reg.host}/dtrain/x:1", user="AWS", password="ecr-token-secret") == FAKE_DIGEST
+    assert len(reg.authorizations()) == 2 and all(a.startswith("Basic ") for a in reg.authorizations())
+
+
+def test_an_http_registry_that_asks_for_a_token_gets_none_unless_marked(fake_registries):
+    realm = fake_registries(mode="open")
+    reg = fake_registries(mode="token", realm=f"http://{realm.host}/token")
+    image = f"{reg.host}/dtrain/x:1"
+    assert pl.resolve_digest(image, user="AWS", password="ecr-token-secret", insecure=()) is None
+    assert pl.resolve_digest(image, insecure=()) is None  # nor an anonymous token
+    assert reg.authorizations() == [] and realm.requests == []
+    # both marked: the Basic credential to the realm, its token to the registry
+    assert pl.resolve_digest(image, user="AWS", password="ecr-token-secret",
+                             insecure=(reg.host, realm.host)) == FAKE_DIGEST
+    assert [a[:6] for a in reg.authorizations()] == ["Basic ", "Bearer"]
+    assert [a[:6] for a in realm.authorizations()] == ["Basic "]
+
+
+def test_a_token_realm_given_as_http_is_refused(fake_registries):
+    realm = fake_registries(mode="open")
+    reg = fake_registries(mode="token", realm=f"http://{realm.host}/token")
+    # the registry is marked insecure, its realm is not: nothing is sent to the realm
+    assert pl.resolve_digest(f"{reg.host}/dtrain/x:1", user="AWS", password="ecr-token-secret",
+                             insecure=(reg.host,)) is None
+    assert realm.requests == [] and [a[:6] for a in reg.authorizations()] == ["Basic "]
+    for url in (f"http://{realm.host}/token", "ftp://x/token", "file:///etc/passwd"):
+        assert not pl.may_send_credentials(url, lambda r: False), url
+    assert pl.may_send_credentials("https://auth.docker.io/token", lambda r: False)
+    assert pl.registry_is_loopback("127.0.0.1:5000") and pl.registry_is_loopback("localhost")
+    assert not pl.registry_is_loopback("10.213.0.1:5000") and not pl.registry_is_loopback("127x.example.com")
+
+
+def test_a_redirect_never_carries_the_credential(fake_registries):
+    other = fake_registries(mode="open")
+    reg = fake_registries(mode="redirect", redirect_to=f"http://{other.host}")
+    got = pl.resolve_digest(f"{reg.host}/dtrain/x:1", user="AWS", password="ecr-token-secret", insecure=(reg.host,))
+    assert got == FAKE_DIGEST
+    assert [a[:6] for a in reg.authorizations()] == ["Basic "]  # marked: it may have it
+    assert other.requests and other.authorizations() == []  # its redirect target may not
+
+
 def test_pull_argv_passes_values_as_arguments():
     image = "r.io/a:1; touch /tmp/pwned"
     argv = pl.pull_argv(image, "always", None)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -162,6 +164,24 @@ def test_secrets_are_redacted_and_kept_out_of_repr():
     t = Target("r:5000", "u", "hunter2-very-secret")
     assert "hunter2" not in repr(t)
     assert P.redact("x hunter2-very-secret y") == "x *** y"
+
+
+def test_password_only_from_stdin_or_the_environment():
+    assert P.password_from_flag(None) is None
+    assert P.password_from_flag("-", read_stdin=lambda: "from-stdin") == "from-stdin"
+    with pytest.raises(PushError, match=r"--password - .* \$DTRAIN_REGISTRY_PASSWORD") as e:
+        P.password_from_flag("hunter2-in-argv", read_stdin=lambda: "unused")
+    assert "hunter2" not in str(e.value)
+
+
+def test_cli_refuses_a_password_in_argv_with_one_line_and_exit_2():
+    # refused before anything else: no image is looked at, no registry contacted (port 1: nothing there)
+    r = subprocess.run([sys.executable, "-m", "invoke", "push", "--registry", "127.0.0.1:1", "--user", "u",
+                        "--password", "hunter2-in-argv"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --password takes no value"), r.stderr
+    assert "hunter2" not in r.stdout + r.stderr
 
 
 def test_lifecycle_policy_file(tmp_path):

@@ -218,7 +218,7 @@ def test_run_uploads_creates_streams_logs_and_downloads(aws, tmp_path):
 
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="my-bucket", Prefix=f"dtrain/{name}/")["Contents"]}
     assert {f"dtrain/{name}/code/main.py", f"dtrain/{name}/code/lib/util.py"} <= keys
-    assert f"dtrain/{name}/dtrain/id_ed25519" not in keys  # removed once the job ended
+    assert f"dtrain/{name}/dtrain/id_ed25519" not in keys  # removed once the job started
     d = aws.client("sagemaker").describe_training_job(TrainingJobName=name)
     assert d["HyperParameters"]["dtrain_command"] == '["python", "main.py"]'
     assert d["HyperParameters"]["dtrain_launcher"] == "mpirun"
@@ -228,16 +228,90 @@ def test_run_uploads_creates_streams_logs_and_downloads(aws, tmp_path):
     assert (tmp_path / "out" / name / "model.tar.gz").read_bytes() == archive.read_bytes()
 
 
-def test_run_no_wait_returns_the_name_and_keeps_the_key(aws, tmp_path):
+def _key_in_s3(s3, key: str) -> bool:
+    return s3.list_objects_v2(Bucket="my-bucket", Prefix=key).get("KeyCount", 0) > 0
+
+
+def test_run_no_wait_waits_for_the_start_and_deletes_the_key(aws, tmp_path):
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="my-bucket")
     opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2,
                          name="dtrain-nowait", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), wait=False)
     printed: list[str] = []
-    assert sm.run(opts, session=aws, out=printed.append) == ("dtrain-nowait", 0)
-    body = s3.get_object(Bucket="my-bucket", Key="x/dtrain-nowait/dtrain/id_ed25519")
-    assert body["ServerSideEncryption"] == "AES256" and b"OPENSSH PRIVATE KEY" in body["Body"].read()
+    assert sm.run(opts, session=aws, out=printed.append, poll_s=0) == ("dtrain-nowait", 0)
+    assert not _key_in_s3(s3, "x/dtrain-nowait/dtrain/id_ed25519")
+    assert any("job key deleted" in line for line in printed)
     assert not any("PRIVATE KEY" in line for line in printed)
+
+
+class _Progressing:
+    """moto's training jobs are Completed at once; a real one passes through SecondaryStatus
+    values (a spot one may be interrupted and restarted). This session hands out moto's
+    clients, the sagemaker one answering DescribeTrainingJob with the next scripted status,
+    and records at each call whether the key was in (moto's) S3 at that moment."""
+
+    def __init__(self, session, statuses, key):
+        self.session, self.statuses, self.key, self.seen = session, list(statuses), key, []
+
+    def client(self, name):
+        real = self.session.client(name)
+        if name != "sagemaker":
+            return real
+        outer = self
+
+        class Client:
+            def __getattr__(self, attr):
+                return getattr(real, attr)
+
+            def describe_training_job(self, **kw):
+                d = real.describe_training_job(**kw)
+                primary, secondary = outer.statuses.pop(0)
+                outer.seen.append((secondary, _key_in_s3(outer.session.client("s3"), outer.key)))
+                return {**d, "TrainingJobStatus": primary, "SecondaryStatus": secondary}
+        return Client()
+
+
+def test_run_deletes_the_key_once_the_job_has_started_and_hands_it_to_a_spot_restart(aws, tmp_path):
+    aws.client("s3").create_bucket(Bucket="my-bucket")
+    key = "x/dtrain-spot/dtrain/id_ed25519"
+    steps = [("InProgress", "Starting"), ("InProgress", "Downloading"), ("InProgress", "Training"),
+             ("InProgress", "Training"), ("InProgress", "Interrupted"), ("InProgress", "Restarting"),
+             ("InProgress", "Downloading"), ("InProgress", "Training"), ("Completed", "Completed")]
+    session = _Progressing(aws, steps, key)
+    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2, spot=True,
+                         name="dtrain-spot", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), download=None)
+    assert sm.run(opts, session=session, out=lambda _: None, poll_s=0) == ("dtrain-spot", 0)
+    assert session.seen == [("Starting", True), ("Downloading", True), ("Training", True), ("Training", False),
+                            ("Interrupted", False), ("Restarting", True), ("Downloading", True),
+                            ("Training", True), ("Completed", False)]
+    assert not _key_in_s3(aws.client("s3"), key)
+
+
+def test_key_action():
+    d = lambda primary, secondary: {"TrainingJobStatus": primary, "SecondaryStatus": secondary}  # noqa: E731
+    assert sm.key_action(True, d("InProgress", "Starting")) is None
+    assert sm.key_action(True, d("InProgress", "Downloading")) is None
+    assert sm.key_action(True, d("InProgress", "Training")) == "delete"
+    assert sm.key_action(True, d("Failed", "Failed")) == "delete"
+    assert sm.key_action(False, d("InProgress", "Training")) is None
+    assert sm.key_action(False, d("InProgress", "Restarting")) == "put"
+    assert sm.key_action(False, d("Stopped", "Interrupted")) is None
+
+
+def test_run_deletes_the_key_on_an_error(aws, tmp_path):
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="my-bucket")
+    seen = []
+
+    def out(line):  # the user's Ctrl-C (or any error) right after the job was created
+        if "created training job" in line:
+            seen.append(_key_in_s3(s3, "x/dtrain-err/dtrain/id_ed25519"))
+            raise KeyboardInterrupt
+    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2,
+                         name="dtrain-err", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        sm.run(opts, session=aws, out=out, poll_s=0)
+    assert seen == [True] and not _key_in_s3(s3, "x/dtrain-err/dtrain/id_ed25519")
 
 
 def test_task_errors_are_one_line_exit_2():

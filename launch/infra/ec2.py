@@ -27,6 +27,8 @@ from dtrain.launch.infra.instance_types import efa_supported, is_nitro
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 DLAMI_USER = "ubuntu"
+DLAMI_ROOT_DEVICE = "/dev/sda1"  # the Ubuntu DLAMI's root device: its mapping here encrypts it
+ROOT_VOLUME_GB = 200  # above the DLAMI's snapshot; room for a few training images (10-20 GiB each)
 FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `invoke launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
@@ -193,6 +195,9 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         # IMDSv2 only; hop limit 2 so a container (one hop more) can still reach it.
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
         "NetworkInterfaces": [interface],
+        # The root volume (from the AMI's snapshot) encrypted with the account's default EBS key.
+        "BlockDeviceMappings": [{"DeviceName": DLAMI_ROOT_DEVICE, "Ebs": {
+            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": ROOT_VOLUME_GB, "DeleteOnTermination": True}}],
         "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
                               {"ResourceType": "volume", "Tags": tags}],
     }
@@ -460,8 +465,19 @@ def cluster_hostfile(name: str) -> Path:
 # --- the whole of `nodes up` -----------------------------------------------------------------
 
 
+def ssh_cidr_warning(cidr: str) -> str | None:
+    """A warning when --ssh-cidr lets the whole internet reach the nodes' ssh (0.0.0.0/0, ::/0)."""
+    if ipaddress.ip_network(cidr, strict=False).prefixlen != 0:
+        return None
+    return (f"[nodes] warning: --ssh-cidr {cidr} opens the nodes' ssh (port 22) to the whole internet; "
+            "pass your own address/32 (the default) or your network's range")
+
+
 def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print) -> Resolved:
     """preflight, then create the stack (nothing is created when preflight fails)."""
+    warning = ssh_cidr_warning(spec.ssh_cidr)
+    if warning:
+        say(warning)
     res = preflight(session, spec)
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"

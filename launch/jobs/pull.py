@@ -16,8 +16,9 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -74,49 +75,97 @@ def parse_ref(image: str) -> ImageRef:
 # --- the registry's digest (launcher side, once) -----------------------------------------------
 
 
-def _bearer_token(challenge: str, auth: str | None, timeout: float) -> str | None:
-    """An anonymous (or Basic-authenticated) token for a `Bearer realm=...` challenge."""
+def registry_is_loopback(registry: str) -> bool:
+    """host[:port] on 127.0.0.0/8, ::1 or localhost: what the engine reaches over plain http
+    without being told (as docker does)."""
+    host = registry[1:registry.index("]")] if registry.startswith("[") else registry.rsplit(":", 1)[0]
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def engine_marks_insecure(registry: str) -> bool:
+    """This machine's Docker engine lists registry in its insecure-registries (daemon.json, as
+    the simulated cluster's 10.213.0.1:5000 is); False where there is no engine to ask."""
+    from dtrain.launch.infra.engine import EngineError, registry_trusted
+
+    try:
+        return registry_trusted(registry)
+    except (EngineError, OSError):
+        return False
+
+
+def _marked(insecure: Collection[str] | None) -> Callable[[str], bool]:
+    """registry -> whether a credential may go to it over plain http. insecure None: loopback
+    or this machine's engine's insecure-registries (asked at most once per registry, and only
+    when a credential would otherwise go over http); else exactly the registries given."""
+    if insecure is not None:
+        given = frozenset(insecure)
+        return lambda registry: registry in given
+    seen: dict[str, bool] = {}
+
+    def marked(registry: str) -> bool:
+        if registry not in seen:
+            seen[registry] = registry_is_loopback(registry) or engine_marks_insecure(registry)
+        return seen[registry]
+    return marked
+
+
+def may_send_credentials(url: str, marked: Callable[[str], bool]) -> bool:
+    """A credential goes to url only over https, or over http to a registry marked insecure."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "https" or (parts.scheme == "http" and bool(parts.netloc) and marked(parts.netloc))
+
+
+def _bearer_token(challenge: str, auth: str | None, timeout: float,
+                  marked: Callable[[str], bool]) -> str | None:
+    """An anonymous (or Basic-authenticated) token for a `Bearer realm=...` challenge; None
+    when the realm is not https (nor on a registry marked insecure): nothing is sent to it."""
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    if "realm" not in params:
+    if "realm" not in params or not may_send_credentials(params["realm"], marked):
         return None
     query = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in params.items() if k in ("service", "scope"))
     req = urllib.request.Request(f"{params['realm']}?{query}")
     if auth:
-        req.add_header("Authorization", auth)
+        req.add_unredirected_header("Authorization", auth)  # never carried to a redirect's target
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = json.load(r)
     return body.get("token") or body.get("access_token")
 
 
 def resolve_digest(image: str, *, user: str | None = None, password: str | None = None,
-                   timeout: float = 10.0) -> str | None:
+                   timeout: float = 10.0, insecure: Collection[str] | None = None) -> str | None:
     """The registry's manifest digest for image (HEAD /v2/REPO/manifests/TAG), or None when it
     cannot be had (no answer, auth it cannot do): the nodes then decide by themselves.
 
     https first; plain http where https cannot connect (insecure registries as on the
     simulated cluster). Bearer challenges (Docker Hub) get an anonymous token; user/password
-    (an ECR token) go as Basic."""
+    (an ECR token) go as Basic. No credential (Basic, or a token) ever goes over plain http,
+    to the registry or to a token realm, unless that registry is marked insecure: insecure
+    None means loopback or this machine's engine's insecure-registries (as docker does), a
+    collection means exactly those host[:port] names. Unauthenticated requests may use http."""
     ref = parse_ref(image)
     if _DIGEST_RE.match(ref.reference):
         return ref.reference
+    marked = _marked(insecure)
     basic = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()) if user else None
     for scheme in ("https", "http"):
         url = f"{scheme}://{ref.registry}/v2/{ref.repository}/manifests/{ref.reference}"
-        auth = basic
+        def trusted(url: str = url) -> bool:  # https, or http to a marked registry (asked lazily)
+            return may_send_credentials(url, marked)
+        auth = basic if basic and trusted() else None
         for _ in range(2):  # once plain, once with the token a 401 asked for
             req = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_ACCEPT})
             if auth:
-                req.add_header("Authorization", auth)
+                req.add_unredirected_header("Authorization", auth)  # never carried to a redirect's target
             try:
                 with urllib.request.urlopen(req, timeout=timeout) as r:
                     digest = r.headers.get("Docker-Content-Digest", "")
                     return digest if _DIGEST_RE.match(digest) else None
             except urllib.error.HTTPError as e:
                 challenge = e.headers.get("WWW-Authenticate", "")
-                if e.code != 401 or not challenge.lower().startswith("bearer"):
-                    return None
+                if e.code != 401 or not challenge.lower().startswith("bearer") or not trusted():
+                    return None  # over plain http to an unmarked registry: no token is sent
                 try:
-                    token = _bearer_token(challenge, basic, timeout)
+                    token = _bearer_token(challenge, basic, timeout, marked)
                 except (OSError, ValueError):
                     return None
                 if not token:

@@ -50,6 +50,8 @@ PLACEHOLDER_EXECUTION_ROLE = "arn:aws:iam::123456789012:role/ecsTaskExecutionRol
 PLACEHOLDER_KEY_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:dtrain-ssh-key"
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035 label: pods, services
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label, at most 63
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ManifestError(LaunchError):
@@ -96,6 +98,12 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError("no command: put it after `--`, e.g. invoke manifest ... -- python train.py")
     if not _NAME_RE.match(spec.name) or len(spec.name) > 40:
         raise LaunchError(f"bad job name {spec.name!r} (lower-case letters, digits and -, at most 40)")
+    if spec.namespace is not None and not _NAMESPACE_RE.match(spec.namespace):
+        raise LaunchError(f"--namespace {spec.namespace!r}: not a Kubernetes namespace (a DNS-1123 label: "
+                          "lower-case letters, digits and -, starting and ending with a letter or digit, at most 63)")
+    for name in spec.env:
+        if not _ENV_NAME_RE.match(name):
+            raise LaunchError(f"--env {name!r}: not an environment variable name (letters, digits and _)")
     if spec.workers < 1 or spec.gpus_per_worker < 0 or spec.slots < 1:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
@@ -114,8 +122,10 @@ def _resources(gpus: int) -> dict[str, Any]:
 
 
 def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
-    """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port."""
-    return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env=spec.env,
+    """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port. The
+    user's env goes as `-x NAME` only, its values in the launcher pod's env (as `invoke launch`
+    keeps them out of argv): an argv shows in `ps` and in every describe of the pod."""
+    return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env_names=list(spec.env),
                                 ssh_port=contract.SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
                                 hostfile=MPI_HOSTFILE, np=spec.workers * spec.slots)
 
@@ -177,7 +187,7 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
                            "resources": _resources(spec.gpus_per_worker),
                            "node_selector": dict(spec.node_selector), "namespace": spec.namespace}
     if spec.target == "mpijob":
-        ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT,
+        ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": dict(spec.env),
                 "env": commands.training_env(POD_IFACE) | spec.env}
     elif spec.target == "pytorchjob":
         ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": TORCH_MASTER_PORT,

@@ -223,8 +223,32 @@ def log_lines(logs, job: str, tokens: dict[str, str | None]) -> Iterator[str]:
                 break
 
 
-def wait(sm, logs, job: str, out: Callable[[str], None] = print, poll_s: float = 10.0) -> dict[str, Any]:
-    """Print the job's CloudWatch logs until it ends; returns the last DescribeTrainingJob."""
+# SecondaryStatus once the instances have downloaded their input channels (the job key among them).
+_PAST_DOWNLOAD = ("Training", "Uploading", "Stopping", "Stopped", "Completed", "Failed",
+                  "MaxRuntimeExceeded", "MaxWaitTimeExceeded")
+_RESTARTING = ("Interrupted", "Restarting")  # a spot job's new instances download the inputs again
+
+
+def job_started(d: Mapping[str, Any]) -> bool:
+    """The job has its inputs (the key included): it trains, or it has ended."""
+    return d["TrainingJobStatus"] in TERMINAL or d.get("SecondaryStatus") in _PAST_DOWNLOAD
+
+
+def key_action(in_s3: bool, d: Mapping[str, Any]) -> str | None:
+    """What to do with the job key in S3 after a DescribeTrainingJob: "delete" once the
+    instances have it, "put" back for a spot restart's fresh download, else None."""
+    if in_s3 and job_started(d):
+        return "delete"
+    if not in_s3 and d.get("SecondaryStatus") in _RESTARTING and d["TrainingJobStatus"] not in TERMINAL:
+        return "put"
+    return None
+
+
+def wait(sm, logs, job: str, out: Callable[[str], None] = print, poll_s: float = 10.0,
+         on_describe: Callable[[Mapping[str, Any]], None] | None = None,
+         until: Callable[[Mapping[str, Any]], bool] | None = None) -> dict[str, Any]:
+    """Print the job's status (and its CloudWatch logs, when logs is given) until it ends, or
+    until `until(describe)`; on_describe sees every DescribeTrainingJob. Returns the last one."""
     tokens: dict[str, str | None] = {}
     last = None
     while True:
@@ -233,9 +257,12 @@ def wait(sm, logs, job: str, out: Callable[[str], None] = print, poll_s: float =
         if status != last:
             out(f"[sagemaker] {job}: {status[0]} ({status[1]})")
             last = status
-        for line in log_lines(logs, job, tokens):
-            out(line)
-        if d["TrainingJobStatus"] in TERMINAL:
+        if on_describe is not None:
+            on_describe(d)
+        if logs is not None:
+            for line in log_lines(logs, job, tokens):
+                out(line)
+        if d["TrainingJobStatus"] in TERMINAL or (until is not None and until(d)):
             return d
         time.sleep(poll_s)
 
@@ -332,17 +359,38 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
     out(f"[sagemaker] uploading {len(files)} files ({size / 2**20:.1f} MiB) of {root} to s3://{bucket}/{base}/code/")
     upload(s3, root, files, bucket, f"{base}/{CODE_CHANNEL}")
+    key_s3 = f"{base}/{KEY_CHANNEL}/id_ed25519"
     with tempfile.TemporaryDirectory(prefix="dtrain-sm-") as tmp:
-        key = make_key(Path(tmp))
-        s3.upload_file(str(key), bucket, f"{base}/{KEY_CHANNEL}/id_ed25519",
-                       ExtraArgs={"ServerSideEncryption": "AES256"})
-    sm.create_training_job(**req)
-    out(f"[sagemaker] created training job {name} ({opts.instances} x {opts.instance_type}, {launcher})")
-    if not opts.wait:
-        return name, 0
-    d = wait(sm, logs, name, out, poll_s)
-    # The key is only needed while the job runs: remove it (a resumed spot job restarts within the job).
-    s3.delete_object(Bucket=bucket, Key=f"{base}/{KEY_CHANNEL}/id_ed25519")
+        key_bytes = make_key(Path(tmp)).read_bytes()  # kept here only to hand a restarting spot job
+
+    def put_key() -> None:
+        s3.put_object(Bucket=bucket, Key=key_s3, Body=key_bytes, ServerSideEncryption="AES256")
+
+    in_s3 = [True]  # whether the key is in S3 now (key_action decides what happens to it)
+
+    def key_follows_the_job(d: Mapping[str, Any]) -> None:
+        action = key_action(in_s3[0], d)
+        if action == "delete":
+            s3.delete_object(Bucket=bucket, Key=key_s3)
+            out(f"[sagemaker] job key deleted from s3://{bucket}/{key_s3} (the instances have it)")
+        elif action == "put":
+            put_key()
+        in_s3[0] = {"delete": False, "put": True}.get(action or "", in_s3[0])
+
+    put_key()
+    try:
+        sm.create_training_job(**req)
+        out(f"[sagemaker] created training job {name} ({opts.instances} x {opts.instance_type}, {launcher})")
+        if not opts.wait:  # only until the instances have the key: it must not stay in S3
+            out("[sagemaker] --no-wait: waiting until the job has downloaded its inputs, to delete its key")
+            wait(sm, None, name, out, poll_s, on_describe=key_follows_the_job, until=job_started)
+            if opts.spot:
+                out("[sagemaker] note: if SageMaker restarts this spot job, its new instances find no key "
+                    "(run without --no-wait to have it put back)")
+            return name, 0
+        d = wait(sm, logs, name, out, poll_s, on_describe=key_follows_the_job)
+    finally:  # any error, Ctrl-C included: the key does not stay behind
+        s3.delete_object(Bucket=bucket, Key=key_s3)
     if d["TrainingJobStatus"] != "Completed":
         out(f"[sagemaker] {name} {d['TrainingJobStatus']}: {d.get('FailureReason', 'no reason given')}")
         return name, 1
