@@ -649,7 +649,7 @@ def diagnose(c, log=None):
     "slots": "processes per instance (default: its GPUs, or 1)",
     "name": "training job name (default dtrain-YYYYmmdd-HHMMSS)",
     "env": "K=V in the containers' environment (repeatable)",
-    "wait": "stream the logs until the job ends, then download the output (default; --no-wait: print the name)",
+    "wait": "stream the logs until the job ends, then download the output (default; --no-wait: wait until it has started, remove its key from S3, print the name)",
     "download": "local directory for the output (default ./output)",
     "region": "AWS region", "profile": "AWS profile",
 })
