@@ -634,7 +634,10 @@ class Job:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             if not self.spec.detach:
-                proc.stdin.close()
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass  # a beat left unsent to a session that ended
         if self._timed_out:
             return 124
         final = render.final
@@ -800,8 +803,8 @@ def _exit_code(r: NodeResult) -> int:
 
 def _sigterm_as_interrupt() -> Callable[[], None]:
     """`invoke stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
-    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end and stops
-    the job; each node's watchdog removes what is left there.)"""
+    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end, or go
+    silent, and stops the job; each node's watchdog removes what is left there.)"""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
