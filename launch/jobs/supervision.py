@@ -62,7 +62,7 @@ def container_ssh(mux: Sequence[str] = ()) -> list[str]:
     """ssh argv, without host, from one container of the job to another's sshd (2022)."""
     return ["ssh", "-p", "2022", "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            *contract.ssh_keepalive_opts(), *mux]
+            *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
 
 
 def parse_event(line: str) -> dict | None:
