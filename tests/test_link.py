@@ -23,14 +23,6 @@ pytestmark = pytest.mark.cluster
 KEEPALIVE_S = contract.SSH_KEEPALIVE_INTERVAL_S * contract.SSH_KEEPALIVE_COUNT
 
 
-def test_ssh_sessions_probe_the_link():
-    from dtrain.launch.jobs.hosts import Node, ssh_argv
-    from dtrain.launch.jobs.supervision import container_ssh
-
-    for argv in (ssh_argv(Node("n1", 1), ["true"]), container_ssh()):
-        assert "ServerAliveInterval=5" in argv and "ServerAliveCountMax=3" in argv, argv
-
-
 def test_the_first_nodes_link_lost_under_an_attached_launch_ends_it_naming_the_node(cluster, remote_images):
     name = "t-lostfirst"
     first = cluster.nodes[0].address

@@ -148,3 +148,13 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
         p.wait(10)
     assert 6 < time.monotonic() - t0 < 30
     assert '"event": "failed"' in out and "the launcher went away" in out, out
+
+
+def test_every_ssh_session_probes_the_link():
+    """Keepalives on the launcher's ssh and the containers' (a lost link ends the session)."""
+    from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX
+    from dtrain.launch.jobs.hosts import ssh_argv
+    from dtrain.launch.jobs.supervision import container_ssh
+
+    for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):
+        assert argv.count("ServerAliveInterval=5") == 1 and argv.count("ServerAliveCountMax=3") == 1, argv
