@@ -143,7 +143,7 @@ def test_a_full_job_directory_ends_the_job_naming_the_node_and_the_path(cluster,
         on_node(cluster, 1, f"dd if=/dev/zero of={jobs}/fill bs=64k >/dev/null 2>&1; true")
         filled.append(time.monotonic())
 
-    _when_in_log(name, r"\] tick 2 node-1$", fill)
+    _when_in_log(name, r"^\[node-1 r0\] tick 20 x", fill)
     try:
         job = Job(spec(cluster, remote_images["pytorch-ddp"],
                        ["python", "-c", "import time\nfor i in range(3000):\n"
