@@ -10,6 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 SSH_PORT = 2022  # the containers' sshd (the host keeps 22)
+# Every ssh session dtrain opens probes the link: a peer silent for INTERVAL x COUNT seconds
+# (a dropped link, a node gone) ends the session instead of leaving it waiting forever.
+SSH_KEEPALIVE_INTERVAL_S = 5
+SSH_KEEPALIVE_COUNT = 3
+
+
+def ssh_keepalive_opts() -> list[str]:
+    """ssh -o options: a dead link ends the session within SSH_KEEPALIVE_INTERVAL_S x SSH_KEEPALIVE_COUNT s."""
+    return ["-o", f"ServerAliveInterval={SSH_KEEPALIVE_INTERVAL_S}", "-o", f"ServerAliveCountMax={SSH_KEEPALIVE_COUNT}"]
 
 # Image and container labels.
 LABEL_JOB = "dtrain.job"  # on every container a launch starts: the job's name

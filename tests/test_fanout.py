@@ -90,6 +90,17 @@ def test_connection_refused_is_retried_with_backoff(tmp_path):
     assert time.monotonic() - start < 3
 
 
+def test_a_host_that_does_not_answer_gets_one_retry_not_all(tmp_path):
+    """Each try at a host that never answers costs a whole connect timeout: one retry only
+    (a refused connection, a busy sshd, keeps every retry)."""
+    silent = sh('echo x >> "$1"; echo "ssh: connect to host $2 port 22: $3" >&2; exit 255')
+    for why in ("Connection timed out", "No route to host"):
+        log = tmp_path / why.replace(" ", "-")
+        r = run_all([Node("n1", 1)], lambda n: [*silent, str(log), n.host, why], retries=3, backoff=0.01)[0]
+        assert (r.attempts, log.read_text().count("x")) == (2, 2), why
+        assert r.error == f"ssh could not connect (2 attempts): ssh: connect to host n1 port 22: {why}"
+
+
 def test_retries_exhausted_names_the_reason(tmp_path):
     results = run_all(
         [Node("n1", 1), Node("n2", 1)],

@@ -133,6 +133,7 @@ def test_ssh_argv_full():
     assert ssh_argv(node, ["echo", "a b", "$HOME"], extra_opts=["-o", "LogLevel=ERROR"], connect_timeout=5) == [
         "ssh", "-p", "2200", "-i", "/keys/id", "-o", "IdentitiesOnly=yes",
         "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=accept-new",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
         "-o", "LogLevel=ERROR",
         "ubuntu@10.0.0.2", "--", "echo 'a b' '$HOME'",
     ]  # fmt: skip
@@ -143,6 +144,7 @@ def test_ssh_argv_leaves_unset_options_to_ssh_config():
     argv = ssh_argv(Node("gpu-1", 1), ["true"])
     assert argv == [
         "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
         "gpu-1", "--", "true",
     ]  # fmt: skip
     assert "-F" not in argv

@@ -5,12 +5,17 @@ dtrain's own builders make for those nodes, and the restart decisions."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 from dtrain import ROOT
 from dtrain.launch.jobs import commands as c
 from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.supervision import EVENT
 
 _spec = importlib.util.spec_from_file_location("supervise", ROOT / "launch" / "node" / "supervise.py")
 sv = importlib.util.module_from_spec(_spec)
@@ -95,3 +100,61 @@ def test_render_gives_torchrun_lines_global_ranks():
     assert r.feed("[node-1] torchrun warning") == ["[node-1] torchrun warning"]
     r.feed(EVENT + json.dumps({"event": "failed", "exit_code": 1, "reason": "lost node-3"}))
     assert r.exit_code == 1
+
+
+def _run_supervisor(tmp_path, plan: dict, **kw) -> subprocess.CompletedProcess:
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return subprocess.run([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+                          capture_output=True, text=True, **kw)
+
+
+def _plan(argv: list[str], **extra) -> dict:
+    # keep_containers: no teardown (it would signal pid 1); interval: no health probe of this machine
+    return {"job": "t", "launcher": "mpirun", "nodes": [{"address": "10.0.0.1", "hostname": "node-1", "slots": 1}],
+            "argv": [*argv, "-np", "1", "-H", "x:1"], "node_argv": [], "env": {}, "ssh": [], "max_restarts": 2,
+            "min_nodes": 1, "interval": 600, "lost_after": 2, "attached": False, "keep_containers": True, **extra}
+
+
+def test_a_full_disk_ends_the_job_naming_the_node_and_the_file(tmp_path):
+    """output.log on a full disk (/dev/full: every write fails with ENOSPC): the job ends with
+    an error naming the node and the path, and no restart; the ranks' output still drains
+    (before, the pump thread died, the pipe filled and the ranks blocked: a silent hang)."""
+    (tmp_path / "output.log").symlink_to("/dev/full")
+    rank = "for i in $(seq 20000); do echo line $i of a rank that talks a lot; done; sleep 120"
+    t0 = time.monotonic()
+    r = _run_supervisor(tmp_path, _plan(["sh", "-c", rank, "sh"], node_dir="/home/u/.dtrain/jobs/t"), timeout=60)
+    assert time.monotonic() - t0 < 30, "the job must end, not wait for the rank"
+    assert r.returncode == 1, r.stderr
+    events = [json.loads(ln[len(EVENT):]) for ln in r.stdout.splitlines() if ln.startswith(EVENT)]
+    assert [e["event"] for e in events] == ["running", "failed"], r.stdout[-2000:]
+    assert events[-1]["reason"].startswith(
+        "cannot write /home/u/.dtrain/jobs/t/output.log on node-1 (10.0.0.1): No space left on device"), events[-1]
+
+
+def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
+    """A lost link the node's sshd never notices: the launcher's lines on stdin stop, and after
+    launcher_silence seconds the supervisor stops the job."""
+    plan = _plan(["sh", "-c", "sleep 120", "sh"], attached=True, launcher_silence=2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    t0 = time.monotonic()
+    with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        for _ in range(4):  # a launcher that beats keeps the job
+            time.sleep(1)
+            p.stdin.write("\n")
+            p.stdin.flush()
+        assert p.poll() is None
+        out = p.stdout.read()  # stdin stays open, silent (communicate() would close it)
+        p.wait(10)
+    assert 6 < time.monotonic() - t0 < 30
+    assert '"event": "failed"' in out and "the launcher went away" in out, out
+
+
+def test_every_ssh_session_probes_the_link():
+    """Keepalives on the launcher's ssh and the containers' (a lost link ends the session)."""
+    from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX
+    from dtrain.launch.jobs.hosts import ssh_argv
+    from dtrain.launch.jobs.supervision import container_ssh
+
+    for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):
+        assert argv.count("ServerAliveInterval=5") == 1 and argv.count("ServerAliveCountMax=3") == 1, argv

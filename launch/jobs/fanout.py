@@ -28,6 +28,9 @@ _CONNECTION_ERROR_RE = re.compile(
     r"|Temporary failure in name resolution",
     re.IGNORECASE,
 )
+# Of those, these mean the host itself did not answer (down, its link lost): one retry only,
+# so an unreachable host costs two connect timeouts, not `retries` + 1 of them.
+_UNREACHABLE_RE = re.compile(r"timed out|No route to host|Network is unreachable", re.IGNORECASE)
 SSH_FAILURE = 255
 _KILL_GRACE_S = 1.0  # between SIGTERM and SIGKILL
 _DRAIN_S = 5.0  # wait for pipes after exit (a daemonised grandchild may hold them open)
@@ -50,6 +53,11 @@ class NodeResult:
 
 def is_connection_error(returncode: int | None, stderr: str) -> bool:
     return returncode == SSH_FAILURE and bool(_CONNECTION_ERROR_RE.search(stderr))
+
+
+def is_unreachable(returncode: int | None, stderr: str) -> bool:
+    """ssh could not reach the host at all (no answer within the connect timeout, no route)."""
+    return is_connection_error(returncode, stderr) and bool(_UNREACHABLE_RE.search(stderr))
 
 
 def _last_line(*texts: str) -> str:
@@ -187,7 +195,7 @@ def _run_node(
     while True:
         attempts += 1
         rc, out, err, error = _attempt(children, node, argv, timeout, emit, stdin)
-        retry = is_connection_error(rc, err) and attempts <= retries
+        retry = is_connection_error(rc, err) and attempts <= (min(retries, 1) if is_unreachable(rc, err) else retries)
         # Event.wait doubles as an interruptible sleep: Ctrl-C ends the backoff at once.
         if not retry or children.cancelled.wait(backoff * 2 ** (attempts - 1)):
             break
@@ -207,7 +215,8 @@ class Fanout:
     results() waits for all (node order); cancel() kills what still runs.
 
     timeout: seconds per attempt (None: no limit). retries: extra attempts after an ssh
-    connection failure, sleeping backoff, 2*backoff, ... between them. on_line(node, line)
+    connection failure, sleeping backoff, 2*backoff, ... between them; at most one where the
+    host did not answer at all (is_unreachable: each attempt cost a whole connect timeout). on_line(node, line)
     gets each stdout/stderr line as it arrives (one call at a time; the caller prefixes).
     stdin(node): text written to that node's standard input (secrets go here, not in argv).
     """

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 
 # Host names and IPv4 addresses. No leading "-" (it would become an ssh option), no ":"
@@ -320,6 +321,7 @@ def ssh_argv(
         "-o", "BatchMode=yes",
         "-o", f"ConnectTimeout={connect_timeout}",
         "-o", f"StrictHostKeyChecking={strict_host_key_checking}",
+        *contract.ssh_keepalive_opts(),  # a lost link ends the session (docs/launch.md#a-lost-link-a-full-disk)
     ]  # fmt: skip
     argv += list(extra_opts)
     argv += [f"{node.user}@{node.host}" if node.user else node.host, "--", shlex.join(command)]

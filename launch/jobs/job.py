@@ -39,7 +39,7 @@ from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands, node_programs, store, supervision
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.jobs.fanout import Fanout, NodeResult, is_connection_error, raise_on_failure
+from dtrain.launch.jobs.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file
 from dtrain.launch.jobs.login import Login, login_for
@@ -50,6 +50,8 @@ from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F4
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
 READY_FAILED = 97  # exit code of the readiness check inside the job command (launch/node/run.sh)
+SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
+                      r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
 
 
 @dataclass(frozen=True)
@@ -533,8 +535,10 @@ class Job:
         question = self._image_question()
         self.started = list(self.nodes)  # from here on, teardown has something to remove
         argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), *question)
-        results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120,
-                               what="preparing the job's directory")
+        results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120)
+        # A host ssh never reached holds nothing of the job: teardown does not wait on it again.
+        self.started = [n for n, r in zip(self.nodes, results) if not is_connection_error(r.returncode, r.stderr)]
+        raise_on_failure(results, "preparing the job's directory")
         dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
         self._held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
                       if line.startswith("held sha256:")}
@@ -553,7 +557,8 @@ class Job:
         nodes = [{"address": f.address, "hostname": f.hostname, "slots": f.node.slots} for f in facts]
         extra = {"DTRAIN_CHECKPOINT_DIR": spec.checkpoint_dir} if spec.checkpoint_dir else {}
         policy = supervision.Policy(spec.max_restarts, spec.min_nodes or len(nodes), spec.health_interval)
-        common = dict(ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy, attached=not spec.detach)
+        common = dict(ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy, attached=not spec.detach,
+                      node_dir=self.node_dir)
         if self.launcher.per_node:  # torchrun: each node's own NIC
             node_argv = []
             for i, f in enumerate(facts):
@@ -606,9 +611,14 @@ class Job:
             timer.start()
         render = supervision.Render(self.launcher.name, first.hostname)
         ready_lines: list[str] = []
+        last = ""  # ssh's own last word, where the link to the first node is lost
+        if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
+            threading.Thread(target=_beat, args=(proc.stdin,), name="dtrain-beat", daemon=True).start()
         try:
             for raw in proc.stdout:
                 line = raw.rstrip("\n")
+                if SSH_SAID.match(line):
+                    last = line.strip()
                 if line.startswith("dtrain-ready: "):
                     ready_lines.append(line)
                     continue
@@ -624,12 +634,18 @@ class Job:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             if not self.spec.detach:
-                proc.stdin.close()
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass  # a beat left unsent to a session that ended
         if self._timed_out:
             return 124
         final = render.final
         if proc.returncode == READY_FAILED and ready_lines and final is None:
             raise LaunchError(_ready_error("\n".join(ready_lines), None))
+        if final is None and proc.returncode == SSH_FAILURE and not self._closing:
+            self.started = [n for n in self.started if n != first.node]  # teardown does not wait on it
+            raise LaunchError(lost_link_error(first, last, self.spec))
         if self.spec.detach:
             if final is not None or proc.returncode != 0:
                 return render.exit_code or proc.returncode or 1
@@ -747,6 +763,32 @@ class _SayLines:
         return False
 
 
+def _beat(stdin) -> None:
+    """An attached job's supervisor hears from its launcher: a line on its stdin every
+    supervision.LAUNCHER_BEAT_S seconds until the pipe closes (the supervisor ends the job after
+    supervision.LAUNCHER_SILENCE_S without one: a link lost the node's sshd never notices)."""
+    while True:
+        time.sleep(supervision.LAUNCHER_BEAT_S)
+        try:
+            stdin.write("\n")
+            stdin.flush()
+        except (OSError, ValueError):
+            return
+
+
+def lost_link_error(first: NodeFacts, last: str, spec: JobSpec) -> str:
+    """The ssh session to the job's first node (its supervisor's output) ended on its own: the
+    link or the node is gone. What happens to the job there, and to what it left."""
+    said = f" ({last})" if last else ""
+    if spec.detach:
+        return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, while "
+                f"starting job {spec.name}{said}; it may still run there: invoke status, invoke stop --job {spec.name}")
+    return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, where its "
+            f"supervisor runs{said}: the supervisor stops the job once it sees the launcher gone, and each "
+            f"node's watchdog removes the job's container and files there within {spec.heartbeat_timeout} s "
+            f"of its last heartbeat")
+
+
 def _ready_error(output: str, error: str | None) -> str:
     lines = [ln.removeprefix("dtrain-ready: ") for ln in output.splitlines() if ln.startswith("dtrain-ready: ")]
     return f"containers started, but not every node's sshd answers on {contract.SSH_PORT}:\n  " + "\n  ".join(
@@ -761,8 +803,8 @@ def _exit_code(r: NodeResult) -> int:
 
 def _sigterm_as_interrupt() -> Callable[[], None]:
     """`invoke stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
-    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end and stops
-    the job; each node's watchdog removes what is left there.)"""
+    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end, or go
+    silent, and stops the job; each node's watchdog removes what is left there.)"""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # ssh inside the first container: the readiness check opens one master connection per node
 # and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
 CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
-                     "-o", "ControlPersist=600")
+                     "-o", "ControlPersist=600", *contract.ssh_keepalive_opts())  # keepalives: a lost link ends it
 
 
 def env_file(env: Mapping[str, str]) -> str:

@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import node_programs
+from dtrain.launch.jobs.fanout import SSH_FAILURE
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.transport import SshTransport
 
@@ -88,7 +90,8 @@ def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:
     if job.get("final"):
         return job["final"]
     ssh = SshTransport([_first_node(job)], ssh_opts or job.get("ssh_opts", []), multiplex=False)
-    r = ssh.run(ssh.nodes, lambda n: node_file_argv(job["name"], "state.json"), timeout=15)[0]
+    # One try: `status` asks every job's node at once (status_rows), and waits one connect timeout.
+    r = ssh.run(ssh.nodes, lambda n: node_file_argv(job["name"], "state.json"), timeout=15, retries=0)[0]
     try:
         state = json.loads(r.stdout) if r.ok else {}
     except json.JSONDecodeError:
@@ -124,20 +127,29 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
             proc.terminate()
         proc.wait()
     if render.final is None and proc.returncode not in (0, -15):
-        raise LaunchError(f"{first.host}: cannot read the job's output: {proc.stderr.read().strip()[-300:]}")
+        said = proc.stderr.read().strip()[-300:]
+        if proc.returncode == SSH_FAILURE:  # ssh's own end: the keepalives found the link lost
+            raise LaunchError(f"{first.host}: lost the connection to the job's first node ({said or 'no answer'}); "
+                              f"the job runs on there under its supervisor: invoke status, "
+                              f"invoke logs --job {job['name']} --follow")
+        raise LaunchError(f"{first.host}: cannot read the job's output: {said}")
     return render.exit_code or 0
 
 
 def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
     rows = [("job", "state", "launcher", "nodes", "image", "exit")]
     paths = sorted(jobs_dir().glob("*/job.json"), key=lambda p: p.stat().st_mtime)[-limit:]
-    for p in paths:
-        j = json.loads(p.read_text())
+    jobs = [json.loads(p.read_text()) for p in paths]
+    # Detached jobs' first nodes are asked at once: unreachable ones cost one timeout in all.
+    asked = [j for j in jobs if j.get("state") == "detached"]
+    with ThreadPoolExecutor(max_workers=max(1, len(asked))) as pool:
+        states = dict(zip((id(j) for j in asked), pool.map(detached_state, asked)))
+    for j in jobs:
         state = j.get("state", "?")
         if state in ("starting", "running") and not _alive(j.get("pid")):
             state += " (launcher gone)"
         if state == "detached":  # its supervisor on the first node knows
-            now = detached_state(j)
+            now = states[id(j)]
             j["exit_code"] = now.get("exit_code", j.get("exit_code"))
             state = (f"detached: {now.get('state', 'no answer from its first node')}"
                      + (f", {now['restarts']} restart(s)" if now.get("restarts") else "")

@@ -14,10 +14,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from dtrain import contract
+
 EVENT = "dtrain-supervisor "
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
 CONTAINER_JOB_DIR = "/dtrain-job"  # the node's job directory in every container (supervise.JOB_DIR)
 FINAL = ("succeeded", "failed")
+LAUNCHER_BEAT_S = 5  # an attached launcher writes a line to its supervisor's stdin this often
+LAUNCHER_SILENCE_S = 30  # the supervisor stops an attached job after this long without one
 NODE_LINE = re.compile(r"^\[([A-Za-z0-9._-]+)\] (.*)$")  # torchrun lines, as the supervisor tags them
 
 
@@ -32,12 +36,14 @@ class Policy:
 def plan(job: str, launcher: str, nodes: Sequence[dict], *, argv: Sequence[str] = (),
          node_argv: Sequence[Sequence[str]] = (), env: dict[str, str] | None = None,
          ssh: Sequence[str], policy: Policy = Policy(), attached: bool = True,
-         prelude: Sequence[Sequence[str]] = (), node_env: dict[str, str] | None = None) -> dict:
+         prelude: Sequence[Sequence[str]] = (), node_env: dict[str, str] | None = None,
+         node_dir: str = "") -> dict:
     """The supervisor's plan. nodes: [{address, hostname, slots}] in rank order, the first
     being where the supervisor runs; argv (mpirun, horovodrun) or node_argv (torchrun, one per
     node) for all of them; env: variables for the launcher command's own environment;
     node_env: written to every node's job directory as `env` (torchrun sources it); prelude:
-    commands run once before the first attempt. Values travel in this file, never argv."""
+    commands run once before the first attempt; node_dir: the job's directory on the first node
+    (what an error about its files names). Values travel in this file, never argv."""
     if launcher in ("mpirun", "horovodrun") and not argv:
         raise ValueError(f"plan: {launcher} needs argv")
     if launcher == "torchrun" and len(node_argv) != len(nodes):
@@ -48,14 +54,15 @@ def plan(job: str, launcher: str, nodes: Sequence[dict], *, argv: Sequence[str] 
             "node_argv": [list(a) for a in node_argv], "env": dict(env or {}), "ssh": list(ssh),
             "max_restarts": policy.max_restarts, "min_nodes": policy.min_nodes,
             "interval": policy.interval, "lost_after": policy.lost_after, "attached": attached,
-            "prelude": [list(a) for a in prelude], "node_env": None if node_env is None else dict(node_env)}
+            "prelude": [list(a) for a in prelude], "node_env": None if node_env is None else dict(node_env),
+            "launcher_silence": LAUNCHER_SILENCE_S, "node_dir": node_dir}
 
 
 def container_ssh(mux: Sequence[str] = ()) -> list[str]:
     """ssh argv, without host, from one container of the job to another's sshd (2022)."""
     return ["ssh", "-p", "2022", "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            *mux]
+            *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
 
 
 def parse_event(line: str) -> dict | None:

@@ -18,13 +18,17 @@ torchrun's on the other nodes), never on a command line.
 
 Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's events as lines
 `dtrain-supervisor {json}` (start, lost, restart, succeeded, failed), on stdout and appended
-to output.log beside the plan; the last event is also kept in state.json. Standard library only.
+to output.log beside the plan; the last event is also kept in state.json. Where output.log or
+state.json cannot be written (a full disk), the job ends with an error naming the node and the
+file, its output still drained. An attached job ends too when its launcher goes silent (no
+line on stdin for the plan's launcher_silence seconds: a lost link). Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -98,6 +102,7 @@ class Supervisor:
         self.me = self.nodes[0]
         self.ssh: list[str] = plan["ssh"]  # ssh argv prefix that reaches a node's container
         self.log = (job_dir / "output.log").open("a", buffering=1)
+        self.write_error = ""  # set once output.log (or state.json) cannot be written: the job ends
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
@@ -106,9 +111,19 @@ class Supervisor:
 
     # -- output
 
+    def cannot_write(self, name: str, e: OSError) -> str:
+        """One line naming the node and the file on it (its path on the node where known)."""
+        where = self.plan.get("node_dir") or str(self.dir)
+        return (f"cannot write {where}/{name} on {self.me['hostname']} ({self.me['address']}): "
+                f"{e.strerror or e}; free space there and launch again")
+
     def emit(self, line: str) -> None:
         with self.lock:
-            self.log.write(line + "\n")
+            if not self.write_error:
+                try:
+                    self.log.write(line + "\n")
+                except OSError as e:  # a full disk: the job ends (watch), its output still drains
+                    self.write_error = self.cannot_write("output.log", e)
             try:
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
@@ -118,8 +133,12 @@ class Supervisor:
     def event(self, name: str, **fields) -> None:
         self.state.update(state=name, **fields, updated=time.time())
         tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps(self.state))
-        tmp.replace(self.dir / "state.json")
+        try:
+            tmp.write_text(json.dumps(self.state))
+            tmp.replace(self.dir / "state.json")
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self.write_error = self.write_error or self.cannot_write("state.json", e)
         self.emit(EVENT + json.dumps({"event": name, **fields}))
 
     def _pump(self, proc: subprocess.Popen, prefix: str) -> None:
@@ -204,6 +223,8 @@ class Supervisor:
                 return (failed[0] if failed else 0), {}
             if self.stopping.is_set():
                 return 143, {}
+            if self.write_error:
+                return 1, {}
             if time.monotonic() >= next_probe:
                 bad = self.probe_all(nodes)
                 lost = {}
@@ -299,6 +320,10 @@ class Supervisor:
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
+            if self.write_error:  # a full disk here: no restart writes more
+                self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me["hostname"]])
+                code = 1
+                break
             if code != 0:  # a rank failed: which nodes are still there?
                 time.sleep(float(self.plan.get("settle", 1)))
                 lost.update(self.probe_all([n for n in alive if n["hostname"] not in lost]))
@@ -337,15 +362,20 @@ class Supervisor:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
-        self.log.flush()
+        try:
+            self.log.flush()
+        except OSError:
+            pass  # a full disk: write_error said so
         os.kill(1, signal.SIGTERM)
 
 
-def _watch_stdin(sup: Supervisor) -> None:
-    """Foreground: the launcher holds our stdin open; EOF means it went away (kill -9, lost
-    network): the job stops, as a foreground job does when its terminal closes."""
+def _watch_stdin(sup: Supervisor, silence: float | None) -> None:
+    """Foreground: the launcher holds our stdin open and writes a line every few seconds; EOF
+    (kill -9), or nothing for `silence` seconds (a lost link this node's sshd never notices),
+    means it went away: the job stops, as a foreground job does when its terminal closes."""
+    fd = sys.stdin.fileno()
     try:
-        while sys.stdin.read(4096):
+        while select.select([fd], [], [], silence)[0] and os.read(fd, 4096):
             pass
     except (OSError, ValueError):
         pass
@@ -360,7 +390,8 @@ def main(argv: list[str]) -> int:
     plan = json.loads(path.read_text())
     sup = Supervisor(plan, path.parent)
     if plan.get("attached"):
-        threading.Thread(target=_watch_stdin, args=(sup,), daemon=True).start()
+        silence = plan.get("launcher_silence")
+        threading.Thread(target=_watch_stdin, args=(sup, float(silence) if silence else None), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sup.stopping.set())
     return sup.run()
 

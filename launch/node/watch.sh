@@ -20,8 +20,15 @@ say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
 
 remove_files() {
   # Not ours any more (the launcher's teardown, `invoke stop` or a relaunch took the directory):
-  # what is there now belongs to them.
-  [ "$(cat "$dir/watch.pid" 2>/dev/null)" = "$$" ] || return 0
+  # what is there now belongs to them. Where our pid file could not be written (a full disk),
+  # the directory is still ours while no other watchdog's pid is in it and it is the same one.
+  local owner
+  owner=$(cat "$dir/watch.pid" 2>/dev/null)
+  if [ -n "$owner" ] || [ "$pid_written" = 1 ]; then
+    [ "$owner" = "$$" ] || return 0
+  elif [ "$(stat -c %d:%i "$dir" 2>/dev/null)" != "$dir_id" ]; then
+    return 0
+  fi
   rm -rf "$keys"
   # The job may have written root-owned files in its working directory: where this user
   # cannot remove them, a throwaway container of the job's image (root) does.
@@ -61,7 +68,12 @@ spot_notice() {
 }
 
 touch "$dir/heartbeat"  # the supervisor must start within hb_timeout of the launch
-echo $$ > "$dir/watch.pid"  # a relaunch of the job stops this watchdog first (host/prepare.sh)
+dir_id=$(stat -c %d:%i "$dir")
+pid_written=1  # a relaunch of the job stops this watchdog first (host/prepare.sh)
+if ! echo $$ 2>/dev/null > "$dir/watch.pid"; then
+  pid_written=0  # a full disk: the key and env files still go when the job ends (remove_files)
+  rm -f "$dir/watch.pid"
+fi
 say "watching $c"
 next_spot=0
 while :; do
