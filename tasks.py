@@ -635,26 +635,36 @@ def diagnose(c, log=None):
 # ---------------------------------------------------------------- other tools
 
 
-@task(iterable=["input", "env"], help={
+@task(iterable=["input", "env", "metric", "from_job"], help={
     "action": "run",
     "instances": "number of instances (default 1)",
     "instance_type": "e.g. ml.p3.2xlarge (default ml.m5.2xlarge)",
     "image": "image reference in ECR (built and pushed here)",
     "role": "SageMaker execution role ARN",
-    "input": "NAME=s3://BUCKET/PREFIX: an input channel at /opt/ml/input/data/NAME, $SM_CHANNEL_NAME (repeatable)",
-    "spot": "managed spot training (checkpoints kept in S3 under the job's prefix)",
-    "output": "S3 path for code, key, checkpoints and the model (default s3://sagemaker-REGION-ACCOUNT/dtrain)",
-    "workdir": "directory uploaded as the `code` channel; the command runs there (default: .)",
+    "input": "NAME=DIR or NAME=s3://BUCKET/PREFIX: an input channel at /opt/ml/input/data/NAME, $SM_CHANNEL_NAME "
+             "(a local DIR is uploaded under the job's prefix first; repeatable)",
+    "from_job": "[NAME=]JOB: an earlier job's output (model.tar.gz, output.tar.gz) as channel NAME "
+                "(default previous; repeatable)",
+    "on_demand": "on-demand instances (default: managed spot, resumable from the state directory)",
+    "volume_size": "GiB of EBS storage per instance (default 100)",
+    "max_run": "run-time limit: seconds or a duration like 2h, 90m, 1h30m (default 24h)",
+    "metric": "NAME=REGEX: a metric SageMaker takes from the log (the regex's first group; repeatable)",
+    "task": "task name: runs of the same task share a state directory (default: the workdir's name)",
+    "state_dir": "S3 URI of the state directory, /opt/ml/checkpoints in the job (default OUTPUT/state/TASK/)",
+    "output": "S3 path for code, key, inputs, state and the model (default s3://sagemaker-REGION-ACCOUNT/dtrain)",
+    "workdir": "directory uploaded as the `code` channel; the command runs there, after its requirements.txt "
+               "is installed (default: .)",
     "launcher": "mpirun or torchrun (default: torchrun for pytorch-ddp images, else mpirun)",
     "slots": "processes per instance (default: its GPUs, or 1)",
     "name": "training job name (default dtrain-YYYYmmdd-HHMMSS)",
     "env": "K=V in the containers' environment (repeatable)",
     "wait": "stream the logs until the job ends, then download the output (default; --no-wait: wait until it has started, remove its key from S3, print the name)",
-    "download": "local directory for the output (default ./output)",
+    "download": "local directory for the output and the log, DIR/JOB/logs.txt (default ./output)",
     "region": "AWS region", "profile": "AWS profile",
 })
-def sagemaker(c, action, instances=1, instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
-              spot=False, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
+def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
+              from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
+              state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None):
     """Run a command as a distributed SageMaker training job: invoke sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
@@ -667,11 +677,18 @@ def sagemaker(c, action, instances=1, instance_type="ml.m5.2xlarge", image=None,
     with user_errors():
         if action != "run":
             raise LaunchError(f"unknown action {action!r}: use run")
+        _image_flag(image)
+        inputs = sm.parse_inputs(input or [])
         opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
-                             instances=int(instances), instance_type=instance_type, name=name, launcher=launcher,
-                             slots=int(slots) if slots else None, inputs=sm.parse_inputs(input or []),
-                             env=sm.env_pairs(env or []), spot=spot, output_s3=output, workdir=Path(workdir),
-                             download=Path(download), wait=wait)
+                             instances=_int_flag("--instances", instances, 1, 1000), instance_type=instance_type,
+                             name=name, launcher=launcher,
+                             slots=_int_flag("--slots", slots, 1, 1024) if slots else None, inputs=inputs,
+                             from_jobs=sm.parse_from_jobs(from_job or [], inputs),
+                             env=sm.env_pairs(env or []), spot=not on_demand, output_s3=output, workdir=Path(workdir),
+                             download=Path(download), wait=wait,
+                             volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),
+                             max_runtime_s=sm.parse_duration(max_run), metrics=sm.parse_metrics(metric or []),
+                             task=task, state_s3=state_dir)
         job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
         if not wait:
             print(job)

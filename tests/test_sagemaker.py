@@ -148,7 +148,7 @@ def test_botocore_catches_a_broken_request():
 
 
 def test_request_refusals():
-    with pytest.raises(LaunchError, match="--spot needs a checkpoint"):
+    with pytest.raises(LaunchError, match="spot needs a checkpoint"):
         sm.create_training_job_request(_job(spot=True))
     with pytest.raises(LaunchError, match="needs the job key channel"):
         sm.create_training_job_request(_job(launcher="mpirun", key_s3=None))
@@ -156,7 +156,7 @@ def test_request_refusals():
         sm.create_training_job_request(_job(name="under_score"))
     with pytest.raises(LaunchError, match="channel 'dtrain' is taken"):
         sm.parse_inputs(["dtrain=s3://bucket/x"])
-    with pytest.raises(LaunchError, match="expected NAME=s3://"):
+    with pytest.raises(LaunchError, match="expected NAME=DIR or NAME=s3://"):
         sm.parse_inputs(["imagenet"])
 
 
@@ -319,4 +319,4 @@ def test_task_errors_are_one_line_exit_2():
                         "--role", ROLE, "--", "python", "main.py"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: --input 'data': expected NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr
+        "error: --input 'data': expected NAME=DIR or NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr

@@ -33,7 +33,7 @@ def on_node(cluster, i: int, script: str, check: bool = True, timeout: int = 300
     return r
 
 
-def opt_ml(root: Path, host: str, iface: str, hps: dict[str, str], key: Path, code: dict[str, str]) -> Path:
+def opt_ml(root: Path, host: str, iface: str, hps: dict[str, str], key: Path, code: dict[str, str | bytes]) -> Path:
     """One instance's /opt/ml as SageMaker lays it out before `train`."""
     ml = root / host
     (ml / "input/config").mkdir(parents=True)
@@ -49,7 +49,7 @@ def opt_ml(root: Path, host: str, iface: str, hps: dict[str, str], key: Path, co
         d = ml / "input/data" / channel
         d.mkdir(parents=True)
         for name, text in files.items():
-            (d / name).write_text(text)
+            (d / name).write_bytes(text) if isinstance(text, bytes) else (d / name).write_text(text)
             (d / name).chmod(0o644)
     for d in ("model", "output"):
         (ml / d).mkdir()
@@ -60,14 +60,18 @@ def opt_ml(root: Path, host: str, iface: str, hps: dict[str, str], key: Path, co
 
 
 def run_job(cluster, image: str, tmp_path: Path, command: list[str], launcher: str,
-            code: dict[str, str] | None = None) -> tuple[list[int], list[str], list[Path]]:
-    """Start `IMAGE train` on nodes 1 and 2 as SageMaker would; (exit codes, logs, /opt/ml dirs)."""
+            code: dict[str, str | bytes] | None = None,
+            state: list[Path] | None = None) -> tuple[list[int], list[str], list[Path]]:
+    """Start `IMAGE train` on nodes 1 and 2 as SageMaker would; (exit codes, logs, /opt/ml dirs).
+    state: each host's /opt/ml/checkpoints of an earlier run (SageMaker restores it from S3)."""
     key_dir = tmp_path / "key"
     key_dir.mkdir()
     key = sagemaker.make_key(key_dir)
     hps = sagemaker.hyperparameters(command, launcher, 1)
     root = tmp_path / "ml"
     mls = [opt_ml(root, h, cluster.node_ifname, hps, key, code or {}) for h in HOSTS]
+    for ml, earlier in zip(mls, state or []):
+        shutil.copytree(earlier, ml / "checkpoints")
     tmp_path.chmod(0o755)
     root.chmod(0o755)
     add_hosts = [x for h, n in zip(HOSTS, cluster.nodes) for x in ("--add-host", f"{h}:{n.address}")]
@@ -129,3 +133,30 @@ def test_failed_job_writes_failure_on_both_hosts(cluster, remote_images, tmp_pat
     assert first.startswith("mpirun exited with code 3 on algo-1") and "bad batch" in first, first
     assert "the job failed on algo-1 (mpirun exit code 3)" in (mls[1] / "output/failure").read_text()
     _cleanup(mls)
+
+
+def test_requirements_installed_on_every_host_then_reused_from_the_state(cluster, remote_images, tmp_path):
+    """The workdir's requirements.txt (a wheel beside it: the nodes have no index) is installed on
+    both hosts before mpirun starts, reaches every rank through PYTHONPATH, and a second run whose
+    /opt/ml/checkpoints is the first run's (as SageMaker restores the state from S3) runs no pip."""
+    from test_sagemaker_flags import _wheel
+
+    wheel = _wheel(tmp_path)
+    code = {"requirements.txt": f"./{wheel.name}\n", wheel.name: wheel.read_bytes()}
+    command = ["python", "-c", "import socket, tinypkg; print('tinypkg', tinypkg.VERSION, socket.gethostname())"]
+    runs = []
+    for i in (1, 2):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        state = [ml / "checkpoints" for ml in runs[-1][2]] if runs else None
+        runs.append(run_job(cluster, remote_images["horovod-pytorch"], d, command, "mpirun", code=code, state=state))
+    for codes, logs, _ in runs:
+        assert codes == [0, 0], logs
+        assert "tinypkg 1.0 node-1" in logs[0] and "tinypkg 1.0 node-2" in logs[0], logs[0]
+    first, second = runs
+    assert all("requirements.txt: installing into /opt/ml/checkpoints/.dtrain/requirements/" in log
+               for log in first[1]), first[1]
+    assert all("requirements.txt: installed already" in log and "installing into" not in log
+               for log in second[1]), second[1]
+    for _, _, mls in runs:
+        _cleanup(mls)

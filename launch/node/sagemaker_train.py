@@ -13,13 +13,22 @@ and runs the job with the project's own command builders (dtrain.launch.jobs.com
   torchrun (pytorch-ddp): every host runs torchrun, node rank = its place in sorted hosts.
 SM_* variables the SageMaker training toolkit would set are set where absent. On error the
 reason goes to /opt/ml/output/failure (SageMaker's FailureReason) and the exit code is non-zero.
+
+Before the command, every host installs the workdir's requirements.txt (pip install --target)
+into the state directory /opt/ml/checkpoints/.dtrain/requirements/<hash>/ and puts it on
+PYTHONPATH. SageMaker keeps that directory in S3 across runs of the task (CheckpointConfig), so
+a second run with the same requirements, Python and machine finds it and runs no pip at all.
+For mpirun the first host waits until every other host has installed (its `ready` file).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +50,9 @@ SSH_PORT = 2022
 TORCH_PORT = 29500
 SSH_OPTIONS = ("-o ConnectionAttempts=10",)
 DONE_DIR = Path("/run/dtrain-sagemaker")  # where the first host leaves mpirun's exit code
+READY = "ready"  # DONE_DIR/ready on every host: `ok` once its requirements are installed, else the error
+REQUIREMENTS = "requirements.txt"
+STATE_CACHE = ".dtrain/requirements"  # under /opt/ml/checkpoints (the task's state directory)
 SSHD_WAIT_S = 600.0
 FAILURE_MAX = 1000  # SageMaker keeps the first 1024 characters of the failure reason
 
@@ -154,7 +166,85 @@ def launch_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str] | No
                                 forward=forward, ssh_port=SSH_PORT, ssh_options=SSH_OPTIONS)
 
 
+def requirements_key(text: str, python: str, machine: str) -> str:
+    """The cache directory's name: the requirements, the Python version and the machine."""
+    return hashlib.sha256("\0".join((text, python, machine)).encode()).hexdigest()[:24]
+
+
+def pip_argv(python: str, requirements: Path, target: Path) -> list[str]:
+    return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location",
+            "--target", str(target), "-r", str(requirements)]
+
+
+def with_pythonpath(env: dict[str, str], path: str) -> dict[str, str]:
+    old = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": f"{path}:{old}" if old else path}
+
+
 # ---------------------------------------------------------------- side effects
+
+
+def install_requirements(workdir: Path | None, state: Path, env: dict[str, str],
+                         python: str = sys.executable) -> Path | None:
+    """Install workdir/requirements.txt into the state directory's cache (once per content);
+    returns the directory to put on PYTHONPATH, or None when there is no requirements.txt."""
+    req = workdir.absolute() / REQUIREMENTS if workdir else None
+    if req is None or not req.is_file():
+        return None
+    key = requirements_key(req.read_text(errors="replace"), platform.python_version(), platform.machine())
+    target = state.absolute() / STATE_CACHE / key
+    if (target / ".complete").is_file():
+        print(f"dtrain sagemaker: {REQUIREMENTS}: installed already ({target}); not reinstalling", flush=True)
+        return target
+    partial = target.with_name(f"{key}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    print(f"dtrain sagemaker: {REQUIREMENTS}: installing into {target}", flush=True)
+    try:
+        # In the workdir: a relative path in requirements.txt (./wheels/x.whl) is the workdir's.
+        r = subprocess.run(pip_argv(python, req, partial), env=env, cwd=workdir, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, errors="replace")
+    except OSError as e:
+        raise ContractError(f"{req}: cannot run pip ({e})") from None
+    sys.stdout.write(r.stdout)
+    sys.stdout.flush()
+    if r.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[-1] if lines else "no output")
+        raise ContractError(f"{req}: pip install failed (exit code {r.returncode}): {why}; "
+                            f"fix {REQUIREMENTS} or the index pip uses")
+    (partial / ".complete").write_text(req.read_text(errors="replace"))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+def mark_ready(problem: str | None, done: Path = DONE_DIR) -> None:
+    """This host's install result, for the first host of an mpirun job (read over ssh)."""
+    done.mkdir(parents=True, exist_ok=True)
+    (done / f"{READY}.tmp").write_text(f"{problem}\n" if problem else "ok\n")
+    (done / f"{READY}.tmp").rename(done / READY)
+
+
+def wait_for_ready(hosts: tuple[str, ...], timeout: float = SSHD_WAIT_S) -> None:
+    """Every other host has installed its requirements (or the reason it could not)."""
+    deadline = time.monotonic() + timeout
+    for host in hosts:
+        while True:
+            try:
+                r = subprocess.run(["ssh", "-p", str(SSH_PORT), "-o", "ConnectionAttempts=5", host,
+                                    f"cat {DONE_DIR}/{READY}"], capture_output=True, text=True, timeout=120)
+                state = r.stdout.strip() if r.returncode == 0 else None
+            except (OSError, subprocess.TimeoutExpired):
+                state = None
+            if state == "ok":
+                break
+            if state:
+                raise ContractError(f"{host}: {state}")
+            if time.monotonic() > deadline:
+                raise ContractError(f"{host}: its {REQUIREMENTS} was not installed after {timeout:.0f} s")
+            time.sleep(1)
 
 
 def write_failure(reason: str, ml: Path = ML) -> None:
@@ -240,17 +330,29 @@ def main(ml: Path = ML) -> int:
     if job.launcher == "torchrun":
         extra |= commands.torchrun_env(c.iface)
     env = {**os.environ, **extra}
-    # Every rank gets the SM_* variables, whether SageMaker or this program set them.
-    argv = launch_argv(c, job, forward=sorted(k for k in env if k.startswith("SM_")))
+    cwd = c.channels.get(job.workdir) if job.workdir else None
+    try:
+        site = install_requirements(Path(cwd) if cwd else None, ml / "checkpoints", env)
+    except ContractError as e:
+        if job.launcher == "mpirun" and c.rank != 0:
+            mark_ready(str(e))
+        write_failure(str(e), ml)
+        return 2
+    if site is not None:
+        env = with_pythonpath(env, str(site))
+    # Every rank gets the SM_* variables (and PYTHONPATH), whether SageMaker or this program set them.
+    forward = sorted(k for k in env if k.startswith("SM_")) + (["PYTHONPATH"] if site is not None else [])
+    argv = launch_argv(c, job, forward=forward)
     if argv is None:
+        mark_ready(None)
         code = wait_for_first_host(c.hosts[0])
         if code != 0:
             write_failure(f"the job failed on {c.hosts[0]} (mpirun exit code {code}); see its log", ml)
         return 0 if code == 0 else 1
-    cwd = c.channels.get(job.workdir) if job.workdir else None
     try:
         if job.launcher == "mpirun":
             wait_for_sshd(c.hosts)
+            wait_for_ready(c.hosts[1:])
         print(f"dtrain sagemaker: {c.current_host} ({c.rank + 1}/{len(c.hosts)}) runs: {' '.join(argv)}", flush=True)
         code, tail = run_tee(argv, cwd, env)
     except (ContractError, OSError) as e:

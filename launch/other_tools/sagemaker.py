@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from dtrain.launch.errors import LaunchError
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
 CODE_CHANNEL = "code"  # the uploaded workdir; the command runs there
+FROM_JOB_CHANNEL = "previous"  # --from-job JOB without NAME=
+STATE_LOCAL = "/opt/ml/checkpoints"  # the state directory inside the job (CheckpointConfig.LocalPath)
+MAX_RUN_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL = ("Completed", "Failed", "Stopped")
 WORKDIR_MAX_BYTES = 100 * 1024 * 1024  # bigger inputs belong in an --input channel
@@ -32,6 +36,9 @@ WORKDIR_MAX_FILES = 5000
 
 _JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # CreateTrainingJob's pattern
 _CHANNEL_RE = re.compile(r"^[A-Za-z0-9\.\-_]+$")
+_TASK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_DURATION_RE = re.compile(r"(\d+)([dhms])")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 @dataclass(frozen=True)
@@ -52,11 +59,12 @@ class TrainingJob:
     inputs: Mapping[str, str] = field(default_factory=dict)  # channel -> s3:// prefix
     env: Mapping[str, str] = field(default_factory=dict)
     spot: bool = False
-    checkpoint_s3: str | None = None  # with spot: where /opt/ml/checkpoints is kept
+    checkpoint_s3: str | None = None  # the state directory: S3 <-> /opt/ml/checkpoints (needed with spot)
     volume_gb: int = 100
     max_runtime_s: int = 86400
     max_wait_s: int | None = None  # spot: default 2 x max_runtime_s
     tags: Mapping[str, str] = field(default_factory=dict)
+    metrics: Sequence[Mapping[str, str]] = ()  # MetricDefinitions: {"Name", "Regex"}
 
 
 def check_s3_uri(uri: str, what: str) -> tuple[str, str]:
@@ -67,18 +75,99 @@ def check_s3_uri(uri: str, what: str) -> tuple[str, str]:
     return m.group(1), (m.group(2) or "").strip("/")
 
 
-def parse_inputs(items: Sequence[str]) -> dict[str, str]:
-    """--input NAME=s3://... (repeatable) -> {channel: uri}."""
+def _check_channel(flag: str, item: str, name: str, taken: Mapping[str, str]) -> None:
+    if not _CHANNEL_RE.match(name):
+        raise LaunchError(f"{flag} {item!r}: channel name {name!r}: use letters, digits, . - _")
+    if name in (KEY_CHANNEL, CODE_CHANNEL) or name in taken:
+        raise LaunchError(f"{flag} {item!r}: channel {name!r} is taken; use another name")
+
+
+def parse_inputs(items: Sequence[str], base: Path = Path(".")) -> dict[str, str]:
+    """--input NAME=s3://... or NAME=DIR (repeatable) -> {channel: s3 uri or absolute local directory}.
+    A local directory is uploaded by `run` and the channel points at the upload."""
     out: dict[str, str] = {}
     for item in items:
-        name, sep, uri = item.partition("=")
-        if not sep or not _CHANNEL_RE.match(name):
-            raise LaunchError(f"--input {item!r}: expected NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)")
-        if name in (KEY_CHANNEL, CODE_CHANNEL) or name in out:
-            raise LaunchError(f"--input {item!r}: channel {name!r} is taken; use another name")
-        check_s3_uri(uri, f"--input {name}")
-        out[name] = uri
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise LaunchError(f"--input {item!r}: expected NAME=DIR or NAME=s3://BUCKET/PREFIX "
+                              "(NAME: letters, digits, . - _)")
+        _check_channel("--input", item, name, out)
+        if value.startswith("s3://"):
+            check_s3_uri(value, f"--input {name}")
+            out[name] = value
+            continue
+        d = (base / value).resolve()
+        if not d.is_dir():
+            raise LaunchError(f"--input {item!r}: {d} is not a directory (give a local directory or s3://BUCKET/PREFIX)")
+        out[name] = str(d)
     return out
+
+
+def parse_from_jobs(items: Sequence[str], taken: Mapping[str, str]) -> dict[str, str]:
+    """--from-job [NAME=]JOB (repeatable) -> {channel: job name}; NAME defaults to `previous`."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, job = item.rpartition("=")
+        name = name if sep else FROM_JOB_CHANNEL
+        if not _JOB_NAME_RE.match(job):
+            raise LaunchError(f"--from-job {item!r}: {job!r} is not a training job name")
+        _check_channel("--from-job", item, name, {**taken, **out})
+        out[name] = job
+    return out
+
+
+def parse_metrics(items: Sequence[str]) -> list[dict[str, str]]:
+    """--metric NAME=REGEX (repeatable) -> MetricDefinitions. SageMaker takes the regex's first
+    group from each log line as the metric's value."""
+    out: list[dict[str, str]] = []
+    for item in items:
+        name, sep, regex = item.partition("=")
+        if not sep or not name or not regex:
+            raise LaunchError(f"--metric {item!r}: expected NAME=REGEX, e.g. --metric 'loss=loss: ([0-9.]+)'")
+        if len(name) > 255 or len(regex) > 500:
+            raise LaunchError(f"--metric {name}: the name takes at most 255 characters, the regex 500")
+        try:
+            groups = re.compile(regex).groups
+        except re.error as e:
+            raise LaunchError(f"--metric {name}: the regex does not compile: {e}") from None
+        if groups < 1:
+            raise LaunchError(f"--metric {name}: the regex needs a group around the value, e.g. 'loss: ([0-9.]+)'")
+        if any(m["Name"] == name for m in out):
+            raise LaunchError(f"--metric {name}: given twice")
+        out.append({"Name": name, "Regex": regex})
+    if len(out) > 40:
+        raise LaunchError(f"--metric: {len(out)} metrics; SageMaker takes at most 40")
+    return out
+
+
+def parse_duration(value: str | int, flag: str = "--max-run") -> int:
+    """Seconds from `7200`, `2h`, `90m`, `1h30m`, `1d` (1 s .. 28 days, SageMaker's limit)."""
+    text = str(value).strip().lower()
+    if text.isascii() and text.isdigit():
+        seconds = int(text)
+    elif text and _DURATION_RE.sub("", text) == "":
+        seconds = sum(int(n) * _UNIT_S[u] for n, u in _DURATION_RE.findall(text))
+    else:
+        seconds = -1
+    if not 1 <= seconds <= MAX_RUN_S:
+        raise LaunchError(f"{flag} {value!r}: expected seconds or a duration like 2h, 90m, 1h30m "
+                          f"(at most {MAX_RUN_S // 86400} days)")
+    return seconds
+
+
+def task_name(task: str | None, workdir: Path) -> str:
+    """--task NAME, or the workdir's directory name (characters S3 keys and names take; others -> -)."""
+    if task is not None:
+        if not _TASK_RE.match(task):
+            raise LaunchError(f"--task {task!r}: use letters, digits, . - _ (at most 63, starting with a letter or digit)")
+        return task
+    guess = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(workdir).resolve().name).strip("-._")[:63] or "default"
+    return guess
+
+
+def state_uri(output: str, task: str) -> str:
+    """The task's state directory in S3: OUTPUT/state/TASK/ (kept across runs of the task)."""
+    return f"{output.rstrip('/')}/state/{task}/"
 
 
 def hyperparameters(command: Sequence[str], launcher: str, slots: int | None) -> dict[str, str]:
@@ -113,6 +202,8 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
     if job.instances > 1 and job.launcher == "mpirun" and not job.key_s3:
         raise LaunchError("mpirun across instances needs the job key channel (key_s3)")
     check_s3_uri(job.output_s3, "--output")
+    if job.spot and job.max_wait_s is not None and job.max_wait_s < job.max_runtime_s:
+        raise LaunchError(f"spot: MaxWaitTimeInSeconds {job.max_wait_s} must be at least the run time {job.max_runtime_s}")
     channels = [_channel(k, v) for k, v in job.inputs.items()]
     if job.code_s3:
         channels.append(_channel(CODE_CHANNEL, job.code_s3))
@@ -121,7 +212,8 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
     req: dict[str, Any] = {
         "TrainingJobName": job.name,
         "RoleArn": job.role_arn,
-        "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File"},
+        "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File",
+                                   **({"MetricDefinitions": [dict(m) for m in job.metrics]} if job.metrics else {})},
         "HyperParameters": hyperparameters(job.command, job.launcher, job.slots),
         "ResourceConfig": {"InstanceCount": job.instances, "InstanceType": job.instance_type,
                            "VolumeSizeInGB": job.volume_gb},
@@ -132,11 +224,13 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
     }
     if channels:
         req["InputDataConfig"] = channels
+    if job.spot and not job.checkpoint_s3:
+        raise LaunchError("spot needs a checkpoint S3 URI (a spot job may be interrupted and resumed)")
+    if job.checkpoint_s3:
+        check_s3_uri(job.checkpoint_s3, "--state-dir")
+        req["CheckpointConfig"] = {"S3Uri": job.checkpoint_s3, "LocalPath": STATE_LOCAL}
     if job.spot:
-        if not job.checkpoint_s3:
-            raise LaunchError("--spot needs a checkpoint S3 URI (a spot job may be interrupted and resumed)")
         req["EnableManagedSpotTraining"] = True
-        req["CheckpointConfig"] = {"S3Uri": job.checkpoint_s3, "LocalPath": "/opt/ml/checkpoints"}
         req["StoppingCondition"]["MaxWaitTimeInSeconds"] = job.max_wait_s or 2 * job.max_runtime_s
     return req
 
@@ -148,12 +242,19 @@ def request_problems(req: Mapping[str, Any]) -> list[str]:
     from botocore.validate import validate_parameters
 
     model = botocore.session.get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob")
+    found: list[str] = []
     try:
         validate_parameters(dict(req), model.input_shape)
     except ParamValidationError as e:
         report = str(e.kwargs.get("report", e))
-        return [line.strip() for line in report.splitlines() if line.strip()]
-    return []
+        found = [line.strip() for line in report.splitlines() if line.strip()]
+    # botocore does not check enums; the instance type is one (a typo would fail only at SageMaker).
+    kinds = model.input_shape.members["ResourceConfig"].members["InstanceType"].enum
+    kind = (req.get("ResourceConfig") or {}).get("InstanceType")
+    if isinstance(kind, str) and kinds and kind not in kinds:
+        found.append(f"--instance-type {kind!r} is not a SageMaker training instance type (e.g. ml.m5.2xlarge, "
+                     "ml.p3.2xlarge, ml.g5.12xlarge)")
+    return found
 
 
 # ---------------------------------------------------------------- workdir, key (local side)
@@ -199,6 +300,25 @@ def make_key(directory: Path) -> Path:
 def upload(s3, root: Path, files: Sequence[Path], bucket: str, prefix: str) -> None:
     for f in files:
         s3.upload_file(str(root / f), bucket, f"{prefix}/{f.as_posix()}")
+
+
+def local_files(root: Path) -> list[Path]:
+    """Every file under an --input directory, relative to it (data: nothing is left out)."""
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def from_job_uri(sm, job: str, channel: str) -> str:
+    """The S3 prefix holding a finished job's model.tar.gz (and output.tar.gz): its output."""
+    try:
+        d = sm.describe_training_job(TrainingJobName=job)
+    except Exception as e:  # noqa: BLE001 -- botocore ClientError (ValidationException: no such job)
+        raise LaunchError(f"--from-job {channel}={job}: cannot describe the job: {e}") from None
+    uri = (d.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+    if d.get("TrainingJobStatus") != "Completed" or not uri:
+        raise LaunchError(f"--from-job {channel}={job}: the job is {d.get('TrainingJobStatus')}, with no output; "
+                          "use a Completed job")
+    bucket, key = check_s3_uri(uri, f"--from-job {job}")
+    return f"s3://{bucket}/{key.rsplit('/', 1)[0]}/"
 
 
 def log_lines(logs, job: str, tokens: dict[str, str | None]) -> Iterator[str]:
@@ -315,15 +435,19 @@ class RunOptions:
     name: str | None = None
     launcher: str | None = None  # default by image family
     slots: int | None = None
-    inputs: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, str] = field(default_factory=dict)  # channel -> s3:// uri or local directory
     env: Mapping[str, str] = field(default_factory=dict)
-    spot: bool = False
+    spot: bool = True  # --on-demand: False
     output_s3: str | None = None  # default s3://sagemaker-REGION-ACCOUNT/dtrain
     workdir: Path = Path(".")
-    download: Path | None = Path("output")  # None: do not download
+    download: Path | None = Path("output")  # None: do not download (nor keep the log)
     wait: bool = True
     volume_gb: int = 100
     max_runtime_s: int = 86400
+    task: str | None = None  # default: the workdir's directory name
+    state_s3: str | None = None  # default OUTPUT/state/TASK/
+    from_jobs: Mapping[str, str] = field(default_factory=dict)  # channel -> earlier job name
+    metrics: Sequence[Mapping[str, str]] = ()
 
 
 def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
@@ -344,21 +468,32 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
         raise LaunchError(f"--workdir {root}: not a directory")
     files = workdir_files(root)
     size = check_workdir(root, files)
+    task = task_name(opts.task, root)
+    state = opts.state_s3 or state_uri(output, task)
+    local = {ch: Path(v) for ch, v in opts.inputs.items() if not v.startswith("s3://")}
+    data = {ch: local_files(d) for ch, d in local.items()}
+    for ch, found in data.items():
+        if not found:
+            raise LaunchError(f"--input {ch}={local[ch]}: the directory has no files")
+    s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
+    inputs = {ch: f"s3://{bucket}/{base}/input/{ch}/" if ch in local else v for ch, v in opts.inputs.items()}
+    inputs |= {ch: from_job_uri(sm, job, ch) for ch, job in opts.from_jobs.items()}
     launcher = opts.launcher or default_launcher(opts.image)
     job = TrainingJob(name=name, image=opts.image, role_arn=opts.role_arn, command=opts.command,
                       output_s3=output, instances=opts.instances, instance_type=opts.instance_type,
                       launcher=launcher, slots=opts.slots, key_s3=f"s3://{bucket}/{base}/{KEY_CHANNEL}/",
                       code_s3=f"s3://{bucket}/{base}/{CODE_CHANNEL}/" if files else None,
-                      inputs=opts.inputs, env=opts.env, spot=opts.spot,
-                      checkpoint_s3=f"s3://{bucket}/{base}/checkpoints/" if opts.spot else None,
-                      volume_gb=opts.volume_gb, max_runtime_s=opts.max_runtime_s)
+                      inputs=inputs, env=opts.env, spot=opts.spot, checkpoint_s3=state,
+                      volume_gb=opts.volume_gb, max_runtime_s=opts.max_runtime_s, metrics=opts.metrics)
     req = create_training_job_request(job)
     found = request_problems(req)
     if found:
         raise LaunchError("CreateTrainingJob request: " + "; ".join(found))
-    s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
     out(f"[sagemaker] uploading {len(files)} files ({size / 2**20:.1f} MiB) of {root} to s3://{bucket}/{base}/code/")
     upload(s3, root, files, bucket, f"{base}/{CODE_CHANNEL}")
+    for ch, d in local.items():
+        out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")
+        upload(s3, d, data[ch], bucket, f"{base}/input/{ch}")
     key_s3 = f"{base}/{KEY_CHANNEL}/id_ed25519"
     with tempfile.TemporaryDirectory(prefix="dtrain-sm-") as tmp:
         key_bytes = make_key(Path(tmp)).read_bytes()  # kept here only to hand a restarting spot job
@@ -380,7 +515,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     put_key()
     try:
         sm.create_training_job(**req)
-        out(f"[sagemaker] created training job {name} ({opts.instances} x {opts.instance_type}, {launcher})")
+        out(f"[sagemaker] created training job {name} ({opts.instances} x {opts.instance_type}, {launcher}, "
+            f"{'spot' if opts.spot else 'on-demand'}; task {task}, state {state})")
         if not opts.wait:  # only until the instances have the key: it must not stay in S3
             out("[sagemaker] --no-wait: waiting until the job has downloaded its inputs, to delete its key")
             wait(sm, None, name, out, poll_s, on_describe=key_follows_the_job, until=job_started)
@@ -388,7 +524,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
                 out("[sagemaker] note: if SageMaker restarts this spot job, its new instances find no key "
                     "(run without --no-wait to have it put back)")
             return name, 0
-        d = wait(sm, logs, name, out, poll_s, on_describe=key_follows_the_job)
+        with log_copy(out, Path(opts.download) / name / "logs.txt" if opts.download is not None else None) as tee:
+            d = wait(sm, logs, name, tee, poll_s, on_describe=key_follows_the_job)
     finally:  # any error, Ctrl-C included: the key does not stay behind
         s3.delete_object(Bucket=bucket, Key=key_s3)
     if d["TrainingJobStatus"] != "Completed":
@@ -398,6 +535,23 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
         for p in download_output(s3, d, Path(opts.download) / name):
             out(f"[sagemaker] downloaded {p}")
     return name, 0
+
+
+@contextmanager
+def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable[[str], None]]:
+    """out, also appending every line to path (the job's log as streamed), when given."""
+    if path is None:
+        yield out
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        def tee(line: str) -> None:
+            out(line)
+            f.write(line + "\n")
+            f.flush()
+
+        yield tee
+    out(f"[sagemaker] log saved to {path}")
 
 
 def env_pairs(items: Sequence[str]) -> dict[str, str]:
