@@ -529,8 +529,10 @@ class Job:
         return (self.spec.image, self.spec.pull, self._digest)
 
     def prepare(self, wd: wdir.Workdir | None) -> None:
-        """Before the containers: the job's directory on every node (~/.dtrain/node-jobs/<job>, made
-        anew, with the node watchdog's program), then the workdir, sent to every node at once.
+        """Before the containers: each node's lock of the name (host/prepare.sh: a node where
+        another launch holds it refuses, changing nothing), the job's directory on every node
+        (~/.dtrain/node-jobs/<job>, made anew, with the node watchdog's program), then the
+        workdir, sent to every node at once.
         The same round asks each node whether it holds the image already (pull())."""
         watch = contract.node_script("watch.sh")
         question = self._image_question()

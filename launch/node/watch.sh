@@ -16,8 +16,12 @@
 # (host/prepare.sh), is released then too.
 set -u
 c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90} keep=${8:-attach}
-# Only a job's own directories (never $HOME, / or a store's root).
-case $dir in /*/.dtrain/?*/?*) ;; *) echo "watch.sh: bad job directory '$dir'" >&2; exit 2 ;; esac
+# Only a job's own directories (never $HOME, / or a store's root): absolute, the last part a
+# job name (letters, digits, _ . -, first a letter or digit).
+name=${dir##*/}
+if [[ $dir != /?*/* || -z $name || $name != [A-Za-z0-9]* || $name == *[!A-Za-z0-9_.-]* ]]; then
+  echo "watch.sh: bad job directory '$dir'" >&2; exit 2
+fi
 case $keys in /dev/shm/dtrain-?*) ;; *) echo "watch.sh: bad key directory '$keys'" >&2; exit 2 ;; esac
 
 say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
