@@ -246,4 +246,8 @@ def test_a_launcher_that_dies_leaves_every_node_clean(cluster, remote_images, tm
     out, _ = proc.communicate(timeout=120)
     if how == "SIGHUP":
         assert proc.returncode == 130 and "interrupted" in out, out
+    else:  # the next command that reads the store clears the stale entry (issue 22 #4)
+        status = _invoke(tmp_path, "status")
+        assert re.search(rf"^{name}\s+launcher gone\s", status.stdout, re.M), status.stdout
+        assert not list((tmp_path / "jobs" / name).glob("key-*"))
     _wait_clean(cluster, name, timeout=120)
