@@ -374,18 +374,18 @@ def status(c):
             "follow": "keep printing while it runs (a detached job: from its first node, until it ends)"})
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
-    from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs
+    from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs, read_log
 
     with user_errors():
         j = load_job(job)
         path = job_log(j["name"])
         if j.get("detached"):  # the launch's lines, then the job's, from its first node
-            print(path.read_text(), end="", flush=True)
+            print(read_log(path), end="", flush=True)
             sys.exit(node_logs(j, bool(follow)))
         if follow:
             follow_log(path, j)
         else:
-            print(path.read_text(), end="")
+            print(read_log(path), end="")
 
 
 @task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"],

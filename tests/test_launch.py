@@ -381,6 +381,95 @@ def test_stop_from_another_terminal(cluster, remote_images, tmp_path):
     assert containers_left(cluster, "t-stop") == []
 
 
+def test_a_second_launch_of_a_running_name_is_refused_and_the_first_unharmed(cluster, remote_images, tmp_path):
+    """Issue 22 #3: the same name launched again while it runs, from the same launcher (its lock)
+    and from another one (DTRAIN_HOME of its own: the nodes' locks), is refused at once, naming
+    the job and who holds it; the first job keeps its containers, keys and files, and stops as
+    usual; the name is free again after."""
+    import os
+
+    image = remote_images["pytorch-ddp"]
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path / "a")}
+    proc = _start_cli_job(cluster, image, "t-twice", env)
+    try:
+        argv = ["launch", "--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config, "--image", image,
+                "--name", "t-twice", "--", "true"]
+        t0 = time.monotonic()
+        same = _cli(env, *argv)
+        assert same.returncode == 2 and "Traceback" not in same.stderr, same.stdout + same.stderr
+        assert re.search(r"job t-twice is already running: launched by pid \d+ on \S+", same.stderr), same.stderr
+        assert time.monotonic() - t0 < 20
+        other = _cli({**env, "DTRAIN_HOME": str(tmp_path / "b")}, *argv)
+        assert other.returncode == 2 and "Traceback" not in other.stderr, other.stdout + other.stderr
+        hosts = [n.host for n in parse_hostfile(cluster.hostfile)]
+        for h in hosts:
+            assert re.search(rf"{re.escape(h)}: job t-twice is already running on this node \(launched by \S+ pid "
+                             rf"{proc.pid} ", other.stderr), other.stderr
+        # the first job, unharmed
+        assert proc.poll() is None
+        for i in range(1, len(cluster.nodes) + 1):
+            on_node(cluster, i, "test -n \"$(docker ps -q --filter name=^dtrain-t-twice$ --filter status=running)\" "
+                                "&& test -f ~/.dtrain/node-jobs/t-twice/watch.pid && test -d /dev/shm/dtrain-t-twice")
+        assert re.search(r"t-twice\s+running\s+mpirun\s+3", _cli(env, "status").stdout)
+        r = _cli(env, "stop", "--job", "t-twice")
+        assert r.returncode == 0 and "stopped t-twice" in r.stdout, r.stdout + r.stderr
+        proc.communicate(timeout=120)
+        assert containers_left(cluster, "t-twice") == []
+        for i in range(1, len(cluster.nodes) + 1):
+            assert on_node(cluster, i, "ls -d ~/.dtrain/node-jobs/t-twice* 2>/dev/null; true").stdout == ""
+        again = _cli({**env, "DTRAIN_HOME": str(tmp_path / "b")}, *argv)
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            _cli(env, "stop", "--job", "t-twice")
+
+
+def _node_cli(cluster, i: int, *args: str) -> subprocess.CompletedProcess:
+    """`invoke ARGS` run on node i itself, its own ~/.dtrain as the launcher's store."""
+    cmd = shlex.join(["env", "-u", "DTRAIN_HOME", sys.executable, "-m", "invoke", *args])
+    return subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"cd {shlex.quote(str(ROOT))} && {cmd}"],
+                          capture_output=True, text=True, timeout=400)
+
+
+def test_launch_from_a_node_in_its_own_hostfile(cluster, remote_images):
+    """Issue 22 #8: the launcher on node 1, whose hostfile lists it. Its store (~/.dtrain/jobs)
+    and the node's job directory (~/.dtrain/node-jobs) are apart: the node's prepare and teardown
+    leave the launcher's record and output whole, attached and detached."""
+    import json
+
+    image = remote_images["pytorch-ddp"]
+    name = "t-fromnode"
+    common = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config, "--image", image]
+    clean = f"rm -rf ~/.dtrain/jobs/{name} ~/.dtrain/jobs/{name}-d"
+    on_node(cluster, 1, clean)
+    try:
+        r = _node_cli(cluster, 1, "launch", *common, "--name", name, "--",
+                      "bash", "-c", "echo rank $OMPI_COMM_WORLD_RANK hello")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "[node-3 r2] rank 2 hello" in r.stdout, r.stdout
+        logs = _node_cli(cluster, 1, "logs", "--job", name)
+        assert logs.returncode == 0 and "[node-1 r0] rank 0 hello" in logs.stdout, logs.stdout + logs.stderr
+        rec = json.loads(on_node(cluster, 1, f"cat ~/.dtrain/jobs/{name}/job.json").stdout)
+        assert (rec["name"], rec["state"], rec["exit_code"], len(rec["nodes"])) == (name, "succeeded", 0, 3), rec
+        r = _node_cli(cluster, 1, "launch", *common, "--name", f"{name}-d", "--detach", "--",
+                      "bash", "-c", "sleep 3; echo rank $OMPI_COMM_WORLD_RANK done")
+        assert r.returncode == 0, r.stdout + r.stderr
+        follow = _node_cli(cluster, 1, "logs", "--job", f"{name}-d", "--follow")
+        assert follow.returncode == 0 and "[node-2 r1] rank 1 done" in follow.stdout, follow.stdout + follow.stderr
+        status = _node_cli(cluster, 1, "status")
+        assert status.returncode == 0, status.stderr
+        assert re.search(rf"^{name}\s+succeeded\s", status.stdout, re.M), status.stdout
+        assert re.search(rf"^{name}-d\s+detached: succeeded", status.stdout, re.M), status.stdout
+        stop = _node_cli(cluster, 1, "stop", "--job", f"{name}-d")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert containers_left(cluster, name) == [] and containers_left(cluster, f"{name}-d") == []
+        on_node(cluster, 1, f"test -s ~/.dtrain/jobs/{name}/output.log && test -f ~/.dtrain/jobs/{name}-d/job.json")
+    finally:
+        on_node(cluster, 1, clean, check=False)
+
+
 # ---------------------------------------------------------------- user values are data
 
 

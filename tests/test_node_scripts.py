@@ -7,6 +7,7 @@ import base64
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -216,11 +217,11 @@ def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
 
 
 def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
-    job = tmp_path / ".dtrain" / "jobs" / "j"
+    job = tmp_path / ".dtrain" / "node-jobs" / "j"
     (job / "workdir").mkdir(parents=True)
     (job / "workdir" / "stale.py").write_text("old")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/jobs/j", stdin="#!/bin/bash\necho watch\n", env=env)
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", stdin="#!/bin/bash\necho watch\n", env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(job.resolve())
     assert (job / "watch.sh").read_text() == "#!/bin/bash\necho watch\n"
@@ -237,18 +238,66 @@ def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, 
     fake = ("docker() { [ \"$1 $2 $3\" = 'image inspect --format' ] || return 9; "
             "echo 'sha256:abc [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/jobs/j", "r/x:1", policy, digest, fake=fake, stdin="w", env=env)
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, fake=fake, stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[-1] == str((tmp_path / ".dtrain" / "jobs" / "j").resolve())  # the directory: still the last line
+    assert lines[-1] == str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())  # the directory: still the last line
     assert lines[:-1] == (["held sha256:abc"] if held else [])
 
 
 def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
     fake = "docker() { echo 'Error: No such image: r/x:1' >&2; return 1; }"
-    r = host('prepare "$@"', ".dtrain/jobs/j", "r/x:1", "missing", "", fake=fake, stdin="w",
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake, stdin="w",
              env={**os.environ, "HOME": str(tmp_path)})
-    assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "jobs" / "j").resolve())]
+    assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())]
+
+
+def test_prepare_takes_the_nodes_lock_of_the_name_and_remove_releases_it(tmp_path):
+    """A second launch (another owner) of a name whose lock is held is refused (exit 3, naming
+    the job and the holder) and changes nothing; the same launch may ask again; remove frees it."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    job = tmp_path / ".dtrain" / "node-jobs" / "j"
+    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
+    (job / "workdir" / "mine.py").write_text("first launch's")
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "hostB pid 2 tok2", stdin="w", env=env)
+    assert r.returncode == 3 and "job j is already running on this node" in r.stderr and "hostA pid 1 tok1" in r.stderr
+    assert (job / "workdir" / "mine.py").exists(), "a refused launch changes nothing"
+    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
+    fake = "docker() { return 0; }"
+    r = host('remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-test-absent", ".dtrain/node-jobs/j", fake=fake, env=env)
+    assert r.returncode == 0, r.stderr
+    assert not job.exists() and not (tmp_path / ".dtrain" / "node-jobs" / "j.lock").exists()
+    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostB pid 2 tok2", stdin="w", env=env).returncode == 0
+
+
+def test_a_stale_node_lock_is_taken_over(tmp_path):
+    """No watchdog alive and older than the grace (a launcher killed before its containers)."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    lock = tmp_path / ".dtrain" / "node-jobs" / "j.lock"
+    lock.mkdir(parents=True)
+    (lock / "owner").write_text("gone 1 t\n")
+    os.utime(lock, (time.time() - 4000, time.time() - 4000))
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 2 t", stdin="w", env=env)
+    assert r.returncode == 0, r.stderr
+    assert (lock / "owner").read_text() == "me 2 t\n"
+
+
+@pytest.mark.parametrize("rel", ["", ".dtrain/node-jobs/", ".dtrain/node-jobs/..", ".dtrain/node-jobs/.",
+                                 ".dtrain/node-jobs/../x", "../.dtrain/node-jobs/j", ".dtrain", "/etc/x/y",
+                                 ".dtrain/node-jobs/a b", ".dtrain/node-jobs/-x"])
+def test_node_programs_refuse_a_bad_job_directory(tmp_path, rel):
+    """Never $HOME, ~/.dtrain or a store's root: prepare and remove check the path first."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    keep = tmp_path / ".dtrain" / "node-jobs" / "other"
+    keep.mkdir(parents=True)
+    for step in ("prepare", "remove") if rel else ("prepare",):  # remove without REL: no directory
+        args = (rel, "me 1 t") if step == "prepare" else ("dtrain-x", "/dev/shm/dtrain-x-absent", rel)
+        r = host(f'{step} "$@"', *args, fake="docker() { return 0; }", stdin="w", env=env)
+        assert r.returncode == 2 and "bad job directory" in r.stderr, (step, r.stderr)
+    assert keep.is_dir()
+    r = host('HOME= remove "$@"', "dtrain-x", "/dev/shm/dtrain-x-absent", ".dtrain/node-jobs/j",
+             fake="docker() { return 0; }", env=env)
+    assert r.returncode != 0 and keep.is_dir()
 
 
 def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):

@@ -32,7 +32,8 @@ def _job(cluster, image, command, name, n=3, say=None, **kw) -> tuple[int, str, 
 def _node_files(cluster, name: str) -> list[str]:
     left = []
     for i in range(1, len(cluster.nodes) + 1):
-        r = on_node(cluster, i, f"ls -d ~/.dtrain/jobs/{name} /dev/shm/dtrain-{name} 2>/dev/null", check=False)
+        r = on_node(cluster, i, f"ls -d ~/.dtrain/node-jobs/{name} ~/.dtrain/node-jobs/{name}.lock "
+                             f"/dev/shm/dtrain-{name} 2>/dev/null", check=False)
         left += [f"node-{i}:{p}" for p in r.stdout.split()]
     return left
 
@@ -200,7 +201,8 @@ def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster,
     status = _invoke(tmp_path, "status")
     assert re.search(rf"{name}\s+detached: succeeded\s.*\s0\s*$", status.stdout, re.M), status.stdout
     def kept(i: int) -> list[str]:
-        return on_node(cluster, i, f"ls -A ~/.dtrain/jobs/{name} 2>/dev/null; ls -d /dev/shm/dtrain-{name} 2>/dev/null; true"
+        return on_node(cluster, i, f"ls -A ~/.dtrain/node-jobs/{name} 2>/dev/null; ls -d ~/.dtrain/node-jobs/{name}.lock "
+                       f"/dev/shm/dtrain-{name} 2>/dev/null; true"
                        ).stdout.split()
 
     deadline = time.monotonic() + 60  # each node's watchdog removes its part
@@ -244,4 +246,8 @@ def test_a_launcher_that_dies_leaves_every_node_clean(cluster, remote_images, tm
     out, _ = proc.communicate(timeout=120)
     if how == "SIGHUP":
         assert proc.returncode == 130 and "interrupted" in out, out
+    else:  # the next command that reads the store clears the stale entry (issue 22 #4)
+        status = _invoke(tmp_path, "status")
+        assert re.search(rf"^{name}\s+launcher gone\s", status.stdout, re.M), status.stdout
+        assert not list((tmp_path / "jobs" / name).glob("key-*"))
     _wait_clean(cluster, name, timeout=120)

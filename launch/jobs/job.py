@@ -22,8 +22,10 @@ import json
 import os
 import re
 import shlex
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -357,14 +359,15 @@ class Job:
             raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
         if not spec.command:
             raise LaunchError("no command: put it after `--`, e.g. invoke launch ... -- python train.py")
-        name = spec.name or time.strftime("job-%Y%m%d-%H%M%S")
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
-            raise LaunchError(f"bad job name {name!r} (letters, digits, _ . -)")
+        name = store.check_name(spec.name or store.default_name())
         self.spec = replace(spec, name=name)
         self.launcher = LAUNCHERS[self.spec.launcher]
         self.nodes = nodes
         self.say = say
         self.dir = store.job_dir(name)
+        # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own
+        self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"
+        self._lock: int | None = None  # the launcher's lock of the name (store.take_launch_lock)
         self.ssh = SshTransport(nodes, self.spec.ssh_opts)
         self.started: list[Node] = []  # nodes where a container may exist
         self.keydir: Path | None = None
@@ -393,7 +396,7 @@ class Job:
 
     def _keypair(self) -> tuple[str, str]:
         """A fresh ed25519 pair for this job only: (private, public)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        store.ensure_job_dir(self.spec.name)
         self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
         key = self.keydir / "id_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",
@@ -528,16 +531,25 @@ class Job:
         return (self.spec.image, self.spec.pull, self._digest)
 
     def prepare(self, wd: wdir.Workdir | None) -> None:
-        """Before the containers: the job's directory on every node (~/.dtrain/jobs/<job>, made
-        anew, with the node watchdog's program), then the workdir, sent to every node at once.
+        """Before the containers: each node's lock of the name (host/prepare.sh: a node where
+        another launch holds it refuses, changing nothing), the job's directory on every node
+        (~/.dtrain/node-jobs/<job>, made anew, with the node watchdog's program), then the
+        workdir, sent to every node at once.
         The same round asks each node whether it holds the image already (pull())."""
         watch = contract.node_script("watch.sh")
         question = self._image_question()
-        self.started = list(self.nodes)  # from here on, teardown has something to remove
-        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), *question)
+        # First on each node its lock of the name (refused: exit 3, nothing changed there).
+        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), self.owner, *question)
         results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120)
-        # A host ssh never reached holds nothing of the job: teardown does not wait on it again.
-        self.started = [n for n, r in zip(self.nodes, results) if not is_connection_error(r.returncode, r.stderr)]
+        # teardown removes only where this launch may hold the node's lock: never where another
+        # launch of the same name holds it (exit 3), nor where ssh never connected
+        self.started = [n for n, r in zip(self.nodes, results)
+                        if r.ok or (r.returncode != 3 and not is_connection_error(r.returncode, r.stderr))]
+        locked = [r for r in results if r.returncode == 3]
+        if locked:
+            raise LaunchError(f"job {self.spec.name}: refused, another launch of that name holds it:\n" + "\n".join(
+                f"  {r.host}: {(r.stderr.strip().splitlines() or ['its lock of the name is taken'])[-1]}"
+                for r in locked))
         raise_on_failure(results, "preparing the job's directory")
         dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
         self._held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
@@ -699,12 +711,13 @@ class Job:
             raise LaunchError(f"--min-nodes {self.spec.min_nodes}: between 1 and the {len(self.nodes)} node(s) given")
         if self.launcher.name == "ray" and (self.spec.detach or self.spec.max_restarts):
             raise LaunchError("--detach and --max-restarts are for mpirun, horovodrun and torchrun, not ray")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        store.record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
-                     command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
-                     ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
-                     pid=os.getpid(), started=time.time(), state="starting", exit_code=None)
-        self._log = (self.dir / "output.log").open("w")
+        # The launcher's lock of the name before anything of the job changes (here or on a node).
+        self._lock = store.take_launch_lock(self.spec.name)
+        store.new_record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
+                         command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
+                         ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
+                         **store.launcher_fields(), started=time.time(), state="starting", exit_code=None)
+        self._log = store.open_private(self.dir / "output.log")
         code = 1
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()
@@ -741,6 +754,8 @@ class Job:
                 self._log.close()
             restore()
             store.record(self.spec.name, ended=time.time())
+            store.release_launch_lock(self._lock)
+            self._lock = None
 
 
 class _SayLines:

@@ -1,13 +1,31 @@
 """The job store: ~/.dtrain/jobs/<name>/ (job.json, output.log), and what reads it: status,
-logs, follow, stop."""
+logs, follow, stop.
+
+Guarantees (docs/launch.md "Job names, locks and stop"):
+- names: check_name on every path made from a name (never empty, `.`, `..` or with `/`);
+  default names are unique per launch (default_name);
+- one launch per name: take_launch_lock (flock on job_dir/launch.lock, held for the launcher's
+  life, released by the kernel even on kill -9); the nodes hold their own lock (host/prepare.sh);
+- record: merged under a lock, written to a unique temporary file, then renamed; the job's
+  directory 0700, its files 0600;
+- readers survive a partial or corrupt record (read_record), and clear stale entries (sweep);
+- stop signals the launcher only where the process at its PID is still the one recorded
+  (start time and command line: process_identity).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
+import secrets
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,56 +37,259 @@ from dtrain.launch.jobs.fanout import SSH_FAILURE
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.transport import SshTransport
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+LIVE_STATES = ("starting", "running")
+LAUNCH_LOCK = "launch.lock"
+
+
+def check_name(name: object) -> str:
+    """A job name as every path made from it needs it: letters, digits, _ . -, first a letter
+    or digit (so never empty, `.` or `..`), no `/`, at most 128 characters."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise LaunchError(f"bad job name {name!r}: letters, digits, _ . - (starting with a letter or digit), "
+                          "at most 128 characters")
+    return name
+
+
+def default_name(prefix: str = "job") -> str:
+    """A name of its own for each launch: the time, and random hex (two launches in the same
+    second differ)."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
 
 def jobs_dir() -> Path:
     return Path(os.environ.get("DTRAIN_HOME", "~/.dtrain")).expanduser() / "jobs"
 
 
 def job_dir(name: str) -> Path:
-    return jobs_dir() / name
+    return jobs_dir() / check_name(name)
 
 
 def job_log(name: str) -> Path:
     return job_dir(name) / "output.log"
 
 
-def record(job: str, /, **fields) -> None:
-    """Merge fields into job.json of the job named `job` (atomically)."""
-    d = job_dir(job)
+def ensure_job_dir(name: str) -> Path:
+    """The job's directory here, 0700 (its key, its output)."""
+    d = job_dir(name)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / "job.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(fields)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    os.chmod(d, 0o700)
+    return d
+
+
+def open_private(path: Path, mode: str = "w"):
+    """A file of the job's directory, 0600."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomically: a temporary file of its own (0600) in the same directory, then renamed."""
+    fd, tmp = tempfile.mkstemp(prefix=".job-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_record(path: Path) -> dict | None:
+    """job.json as a dict, its name that of its directory where it has none; None where it
+    cannot be read or is not a JSON object."""
+    data = _read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data.get("name"), str) or not data["name"]:
+        data["name"] = path.parent.name
+    return data
+
+
+def record(job: str, /, **fields) -> None:
+    """Merge fields into job.json of the job named `job` (atomically; concurrent writers
+    each see the other's fields)."""
+    d = ensure_job_dir(job)
+    with _locked(d / ".record.lock"):
+        data = _read_json(d / "job.json") or {}
+        data.update(fields)
+        _write_json(d / "job.json", data)
+
+
+def new_record(job: str, /, **fields) -> None:
+    """job.json anew (a relaunch of a name keeps nothing of the launch before)."""
+    d = ensure_job_dir(job)
+    with _locked(d / ".record.lock"):
+        _write_json(d / "job.json", fields)
+
+
+# ---------------------------------------------------------------- the launcher: lock, identity
+
+
+def process_identity(pid: int | None) -> dict | None:
+    """What tells the process at pid from a later one given the same pid: its start time
+    (clock ticks since boot) and its command line; None where no such process is."""
+    if not pid or pid < 0:
+        return None
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self/stat").exists():
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[-1].split()
+        return {"start": fields[19] if len(fields) > 19 else "",
+                "cmdline": cmd.replace(b"\0", b" ").decode(errors="replace").strip()}
+    r = subprocess.run(["ps", "-o", "lstart=", "-o", "args=", "-p", str(pid)], capture_output=True, text=True)
+    out = r.stdout.strip()
+    if r.returncode != 0 or not out:
+        return None
+    return {"start": out[:24], "cmdline": out[24:].strip()}
+
+
+def launcher_fields() -> dict:
+    """What job.json keeps of the launcher, for stop and for the stale-entry sweep."""
+    return {"pid": os.getpid(), "pid_identity": process_identity(os.getpid()), "host": socket.gethostname()}
+
+
+def launcher_alive(job: dict) -> bool:
+    """The job's launcher runs: its pid is there and is the process recorded (not a later
+    one that the system gave the same pid). A record without the identity: never."""
+    pid, want = job.get("pid"), job.get("pid_identity")
+    if not isinstance(pid, int) or not isinstance(want, dict):
+        return False
+    return process_identity(pid) == want
+
+
+def take_launch_lock(name: str) -> int:
+    """The launcher's lock on the name, before anything of the job is changed: an open file
+    descriptor (flock) held for the launcher's life; the kernel releases it when the process
+    ends, kill -9 included. LaunchError naming the job and its holder where it is taken."""
+    d = ensure_job_dir(name)
+    path = d / LAUNCH_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 512).decode(errors="replace").strip() or "another launcher"
+        os.close(fd)
+        raise LaunchError(f"job {name} is already running: launched by {holder} (holds {path}); "
+                          f"give this launch another --name, or stop that one: invoke stop --job {name}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def release_launch_lock(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _lock_held(d: Path) -> bool:
+    """Whether some launcher holds the job's launch lock now."""
+    try:
+        fd = os.open(d / LAUNCH_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def sweep() -> list[str]:
+    """Stale entries: a job whose record says starting/running but whose launcher is gone
+    (killed with -9: no teardown ran) is marked `launcher gone` and its key directory here
+    removed. Returns the names cleared. Every reader of the store calls it first."""
+    import shutil
+
+    cleared = []
+    for p in jobs_dir().glob("*/job.json"):
+        j = read_record(p)
+        if j is None or j.get("state") not in LIVE_STATES or launcher_alive(j) or _lock_held(p.parent):
+            continue
+        for key in p.parent.glob("key-*"):
+            shutil.rmtree(key, ignore_errors=True)
+        with contextlib.suppress(LaunchError, OSError):
+            record(p.parent.name, state="launcher gone", ended=j.get("ended") or time.time())
+            cleared.append(p.parent.name)
+    return cleared
+
+
+# ---------------------------------------------------------------- readers
 
 
 def load_job(name: str | None) -> dict:
+    sweep()
     root = jobs_dir()
     if name:
-        path = root / name / "job.json"
+        path = job_dir(name) / "job.json"
         if not path.exists():
             raise LaunchError(f"no job named {name} (jobs are in {root})")
-        return json.loads(path.read_text())
-    jobs = sorted(root.glob("*/job.json"), key=lambda p: p.stat().st_mtime)
-    if not jobs:
-        raise LaunchError(f"no jobs yet (jobs are in {root})")
-    return json.loads(jobs[-1].read_text())
+        j = read_record(path)
+        if j is None:
+            raise LaunchError(f"{path}: not a readable job record; remove {path.parent} if the job is over")
+        return j
+    for path in sorted(root.glob("*/job.json"), key=_mtime, reverse=True):
+        j = read_record(path)
+        if j is not None and _NAME.fullmatch(j["name"]) and j["name"] == path.parent.name:
+            return j
+    raise LaunchError(f"no jobs yet (jobs are in {root})")
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
+def _mtime(p: Path) -> float:
     try:
-        os.kill(pid, 0)
-        return True
+        return p.stat().st_mtime
     except OSError:
-        return False
+        return 0.0
+
+
+def read_log(path: Path) -> str:
+    """A job's output.log here; LaunchError naming it where there is none."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        raise LaunchError(f"{path}: no output kept for this job") from None
+
+
+def job_nodes(job: dict) -> list[Node]:
+    """The nodes a record names; LaunchError naming the job where they cannot be read."""
+    try:
+        return [Node(**n) for n in job.get("nodes") or []]
+    except TypeError:
+        raise LaunchError(f"job {job.get('name')}: its record's nodes cannot be read "
+                          f"({jobs_dir() / str(job.get('name'))}/job.json)") from None
 
 
 def _first_node(job: dict) -> Node:
-    nodes = [Node(**n) for n in job.get("nodes", [])]
+    nodes = job_nodes(job)
     if not nodes:
         raise LaunchError(f"job {job.get('name')}: no nodes recorded")
     return next((n for n in nodes if n.host == job.get("first")), nodes[0])
@@ -79,7 +300,7 @@ def node_file_argv(job: str, name: str, follow: bool = False) -> list[str]:
     follow: keep printing what is appended (tail -F)."""
     from dtrain.launch.jobs.workdir import node_job_dir
 
-    return ["sh", "-c", 'f="$HOME/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
+    return ["sh", "-c", 'f="${HOME:?}/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
             'if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi',
             "dtrain-job-file", node_job_dir(job), name, "1" if follow else "0"]
 
@@ -137,16 +358,29 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
 
 
 def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
+    """The latest jobs, one row each; a record that cannot be read is a row saying so (the
+    other jobs' rows are unaffected)."""
+    sweep()
     rows = [("job", "state", "launcher", "nodes", "image", "exit")]
-    paths = sorted(jobs_dir().glob("*/job.json"), key=lambda p: p.stat().st_mtime)[-limit:]
-    jobs = [json.loads(p.read_text()) for p in paths]
+    paths = sorted(jobs_dir().glob("*/job.json"), key=_mtime)[-limit:]
+    records = [(p, read_record(p)) for p in paths]
+
+    def ask(j: dict) -> dict:
+        try:
+            return detached_state(j)
+        except LaunchError as e:
+            return {"state": str(e)}
+
     # Detached jobs' first nodes are asked at once: unreachable ones cost one timeout in all.
-    asked = [j for j in jobs if j.get("state") == "detached"]
+    asked = [j for _, j in records if j is not None and str(j.get("state")) == "detached"]
     with ThreadPoolExecutor(max_workers=max(1, len(asked))) as pool:
-        states = dict(zip((id(j) for j in asked), pool.map(detached_state, asked)))
-    for j in jobs:
-        state = j.get("state", "?")
-        if state in ("starting", "running") and not _alive(j.get("pid")):
+        states = dict(zip((id(j) for j in asked), pool.map(ask, asked)))
+    for p, j in records:
+        if j is None:
+            rows.append((p.parent.name, f"unreadable record ({p})", "", "", "", ""))
+            continue
+        state = str(j.get("state", "?"))
+        if state in LIVE_STATES and not launcher_alive(j):
             state += " (launcher gone)"
         if state == "detached":  # its supervisor on the first node knows
             now = states[id(j)]
@@ -154,28 +388,34 @@ def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
             state = (f"detached: {now.get('state', 'no answer from its first node')}"
                      + (f", {now['restarts']} restart(s)" if now.get("restarts") else "")
                      + (f" ({now['reason']})" if now.get("state") == "failed" and now.get("reason") else ""))
-        rows.append((j["name"], state, j.get("launcher", ""), str(len(j.get("nodes", []))),
-                     j.get("image", ""), "" if j.get("exit_code") is None else str(j["exit_code"])))
+        nodes = j.get("nodes") if isinstance(j.get("nodes"), list) else []
+        rows.append((str(j["name"]), state, str(j.get("launcher", "")), str(len(nodes)),
+                     str(j.get("image", "")), "" if j.get("exit_code") is None else str(j["exit_code"])))
     return rows
 
 
 def follow(path: Path, job: dict, out=sys.stdout) -> None:
     """Print the log, then new lines while the job's launcher runs."""
-    with path.open() as f:
+    try:
+        f = path.open(errors="replace")
+    except OSError:
+        raise LaunchError(f"{path}: no output kept for this job") from None
+    with f:
         while True:
             line = f.readline()
             if line:
                 out.write(line)
                 out.flush()
                 continue
-            if not _alive(job.get("pid")) or json.loads((path.parent / "job.json").read_text()).get("ended"):
+            now = read_record(path.parent / "job.json") or {}
+            if not launcher_alive(job) or now.get("ended"):
                 return
             time.sleep(0.2)
 
 
 def remove_argv(job: str) -> list[str]:
     """The node step that removes a job's container, key directory and files (a detached
-    job's log and state too); fine if none is there."""
+    job's log and state too) and releases the node's lock of the name; fine if none is there."""
     from dtrain.launch.jobs.workdir import node_job_dir
 
     return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job),
@@ -183,21 +423,24 @@ def remove_argv(job: str) -> list[str]:
 
 
 def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
-    """Stop a job: signal its launcher (which tears down), then make sure no container is left."""
+    """Stop a job: signal its launcher (which tears down), then make sure no container is left.
+    The launcher is signalled only where the process at its recorded PID is still it (same
+    start time and command line): never a process that got the PID later."""
     job = load_job(name)
-    if _alive(job.get("pid")) and not job.get("ended"):
+    name = check_name(job["name"])
+    if not job.get("ended") and launcher_alive(job):
         os.kill(job["pid"], signal.SIGTERM)
         for _ in range(150):
-            if not _alive(job["pid"]):
+            if not launcher_alive(job):
                 break
             time.sleep(0.2)
-    nodes = [Node(**n) for n in job.get("nodes", [])]
+    nodes = job_nodes(job)
     ssh = SshTransport(nodes, ssh_opts or job.get("ssh_opts", []), multiplex=False)
-    results = ssh.run(nodes, lambda n: remove_argv(job["name"]), timeout=60)
+    results = ssh.run(nodes, lambda n: remove_argv(name), timeout=60)
     bad = [r for r in results if not r.ok]
     if job.get("state") == "detached" and not bad:
-        record(job["name"], state="stopped", ended=time.time())
+        record(name, state="stopped", ended=time.time())
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +
                           "\n".join(f"  {r.host}: {r.error}" for r in bad))
-    return job["name"]
+    return name

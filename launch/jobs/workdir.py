@@ -1,6 +1,6 @@
 """`--workdir DIR`: the job's code on every node, in parallel, before the containers start.
 
-Each node keeps the job's copy in ~/.dtrain/jobs/<job>/workdir (mounted at /workdir, the job's
+Each node keeps the job's copy in ~/.dtrain/node-jobs/<job>/workdir (mounted at /workdir, the job's
 working directory) and, for the next launch, a copy of the last one sent from this directory
 in ~/.dtrain/workdir-cache/<key>: rsync hard-links what did not change from there (--link-dest),
 so a relaunch after editing one file sends about that file. The job's copy goes at teardown;
@@ -31,7 +31,9 @@ from dtrain.launch.jobs.transport import SshTransport
 
 IGNORE_FILES = (".gitignore", ".dtrainignore")
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
-NODE_JOBS = ".dtrain/jobs"  # on each node, relative to the ssh user's home
+# On each node, relative to the ssh user's home; not the launcher's store (~/.dtrain/jobs): a
+# node that is also the launcher keeps the two apart.
+NODE_JOBS = ".dtrain/node-jobs"
 NODE_CACHE = ".dtrain/workdir-cache"
 
 
@@ -115,11 +117,14 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
 
 
 def node_job_dir(job: str) -> str:
-    return f"{NODE_JOBS}/{job}"
+    """The job's directory on a node (its lock beside it: the same path + `.lock`)."""
+    from dtrain.launch.jobs.store import check_name
+
+    return f"{NODE_JOBS}/{check_name(job)}"
 
 
 def rsync_argv(ssh: Sequence[str], target: str, wd: Workdir, job: str) -> list[str]:
-    """rsync of wd's files to target:~/.dtrain/jobs/<job>/workdir, hard-linking unchanged
+    """rsync of wd's files to target:~/.dtrain/node-jobs/<job>/workdir, hard-linking unchanged
     files from the node's cache of this directory. ssh: the ssh argv that reaches the node,
     without the host (rsync's -e takes it as one string, quoted as rsync splits it)."""
     if any("\\" in a for a in ssh):

@@ -12,9 +12,17 @@
 #   (time to checkpoint), and the container is removed GRACE_S later.
 # Then the node's copy of the job goes: KEY_DIR and JOB_DIR; for a detached job (MODE detach)
 # except output.log and state.json (the first node's: `invoke logs` and `invoke status` read
-# them; `invoke stop` removes them).
+# them; `invoke stop` removes them). The node's lock of the job's name, JOB_DIR.lock
+# (host/prepare.sh), is released then too.
 set -u
 c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90} keep=${8:-attach}
+# Only a job's own directories (never $HOME, / or a store's root): absolute, the last part a
+# job name (letters, digits, _ . -, first a letter or digit).
+name=${dir##*/}
+if [[ $dir != /?*/* || -z $name || $name != [A-Za-z0-9]* || $name == *[!A-Za-z0-9_.-]* ]]; then
+  echo "watch.sh: bad job directory '$dir'" >&2; exit 2
+fi
+case $keys in /dev/shm/dtrain-?*) ;; *) echo "watch.sh: bad key directory '$keys'" >&2; exit 2 ;; esac
 
 say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
 
@@ -41,8 +49,9 @@ remove_files() {
       "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json" "$dir/watch.pid"
     rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
   else
-    rm -rf "$dir"
+    rm -rf "${dir:?}"
   fi
+  rm -rf "${dir:?}.lock"  # the name is free on this node again
 }
 
 finish() {

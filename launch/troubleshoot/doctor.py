@@ -17,7 +17,7 @@ from typing import Callable, Literal, Sequence
 
 from dtrain import contract, table
 from dtrain.contract import container_name
-from dtrain.launch.jobs import commands, node_programs
+from dtrain.launch.jobs import commands, node_programs, store
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.jobs.transport import SshTransport
@@ -277,7 +277,7 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
               and not host[n.host].get("port")]
     if not usable:
         return {}
-    name = time.strftime("doctor-%Y%m%d-%H%M%S")
+    name = store.default_name("doctor")
     spec = JobSpec(image=opts.image or "", command=("true",), name=name, iface=opts.iface,
                    shm_size=opts.shm_size, ssh_opts=opts.ssh_opts, ready_timeout=20)
     job = Job(spec, usable, say=lambda m: None)

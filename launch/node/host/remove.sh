@@ -1,11 +1,16 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
 # remove NAME KEYDIR [REL]: remove a job's container, its key directory and its directory ~/REL
-# (a detached job's log and state included: `invoke stop` is the end of it); fine if none is there.
+# (a detached job's log and state included: `invoke stop` is the end of it), and release the
+# node's lock of the name (~/REL.lock); fine if none is there.
 remove() {
-  [ -z "${3:-}" ] || stop_watch "$HOME/$3"
+  local d=
+  if [ -n "${3:-}" ]; then
+    d=$(job_path "$3") || exit 2
+    stop_watch "$d"
+  fi
   docker rm -f "$1" >/dev/null 2>&1
-  rm -rf "$2"
-  [ -z "${3:-}" ] || rm -rf "${HOME:?}/$3"
+  case $2 in /dev/shm/dtrain-?*) rm -rf "$2" ;; esac
+  [ -z "$d" ] || rm -rf "${d:?}" "${d:?}.lock"
   true
 }
 
