@@ -206,7 +206,11 @@ def test_stop_never_signals_a_process_that_got_the_launchers_pid(home):
 def test_process_identity_tells_processes_apart():
     a = subprocess.Popen(["sleep", "30"])
     try:
-        ident = store.process_identity(a.pid)
+        for _ in range(100):  # until the child has exec'd sleep (before, its cmdline is python's)
+            ident = store.process_identity(a.pid)
+            if ident and ident["cmdline"] == "sleep 30":
+                break
+            time.sleep(0.02)
         assert ident and ident["cmdline"] == "sleep 30" and ident["start"]
         assert ident != store.process_identity(os.getpid())
     finally:
