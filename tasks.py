@@ -9,11 +9,40 @@ from invoke import task as _task
 
 
 def task(*args, **kwargs):
-    """Invoke's @task without auto short flags (they collide: --ssh-user became `--`)."""
+    """Invoke's @task without auto short flags (they collide: --ssh-user became `--`), its body
+    behind _checked. Flags take str defaults (or None): an int default would make Invoke convert
+    the value itself, with a traceback for `--count two`."""
     kwargs.setdefault("auto_shortflags", False)
     if len(args) == 1 and callable(args[0]) and not kwargs.get("help"):
-        return _task(auto_shortflags=False)(args[0])
-    return _task(*args, **kwargs)
+        return _task(auto_shortflags=False)(_checked(args[0]))
+    make = _task(*args, **kwargs)
+    return lambda body: make(_checked(body))
+
+
+def _flag_name(param: str) -> str:
+    return "--" + param.rstrip("_").replace("_", "-")
+
+
+def _checked(body):
+    """Every str value a task gets (flags, repeated flags, positionals) is one line of printable
+    text of at most values.MAX_TEXT characters, before the body runs; else a one-line error."""
+    import functools
+    import inspect
+
+    names = list(inspect.signature(body).parameters)[1:]
+
+    @functools.wraps(body)
+    def run(c, *args, **kwargs):
+        from dtrain import values
+
+        with user_errors():
+            for param, value in [*zip(names, args), *kwargs.items()]:
+                for v in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(v, str):
+                        values.text(_flag_name(param) if param in kwargs else param, v)
+        return body(c, *args, **kwargs)
+
+    return run
 
 
 @contextmanager
@@ -28,12 +57,26 @@ def user_errors():
     from dtrain.launch.infra.cluster import ClusterError
     from dtrain.launch.infra.engine import EngineError
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from dtrain.values import BadValue
+
     try:
         yield
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
-            EngineError) as e:
+            EngineError, BadValue) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (BotoCoreError, ClientError) as e:  # no credentials, no region, unknown profile, ...
+        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
+        sys.exit(2)
+    except UnicodeDecodeError as e:
+        print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
+        sys.exit(2)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 # ---------------------------------------------------------------- flag parsing (pure)
@@ -41,46 +84,37 @@ def user_errors():
 
 def _int_flag(name: str, value, lo: int, hi: int | None = None) -> int:
     """`--name VALUE` as a whole number in lo..hi, or a one-line error naming the flag."""
-    from dtrain.launch.errors import LaunchError
+    from dtrain import values
 
-    text = str(value).strip()
-    n = int(text) if text.isascii() and text.isdigit() and not isinstance(value, bool) else None
-    if n is None or n < lo or (hi is not None and n > hi):
-        accepted = f"a whole number from {lo} to {hi}" if hi is not None else f"a whole number >= {lo}"
-        raise LaunchError(f"{name} {value!r}: expected {accepted}")
-    return n
+    return values.count(name, value, lo, hi)
 
 
 def _float_flag(name: str, value, lo: float = 0.0, *, or_equal: bool = False) -> float:
     """`--name VALUE` as a finite number > lo (>= lo with or_equal), or a one-line error."""
-    import math
+    from dtrain import values
 
-    from dtrain.launch.errors import LaunchError
-
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if not math.isfinite(x) or x < lo or (x == lo and not or_equal):
-        raise LaunchError(f"{name} {value!r}: expected a number {'>=' if or_equal else '>'} {lo:g}")
-    return x
+    return values.number(name, value, lo, or_equal=or_equal)
 
 
 def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
-    from dtrain.launch.errors import LaunchError
+    from dtrain import values
 
-    if value not in choices:
-        raise LaunchError(f"{name} {value}: use {', '.join(choices[:-1])} or {choices[-1]}")
-    return value
+    return values.choice(name, value, choices)
 
 
 def _image_flag(value: str | None, name: str = "--image") -> str | None:
     """An image reference checked against Docker's grammar before anything runs."""
-    from dtrain.images.reference import check
+    from dtrain import values
 
-    if value is not None:
-        check(value, name)
-    return value
+    return values.image(name, value) if value is not None else None
+
+
+def _env_flags(env, env_file=None) -> dict[str, str]:
+    """--env-file's pairs, then --env NAME=VALUE's (later ones win)."""
+    from dtrain import values
+    from dtrain.launch.jobs import commands
+
+    return {**(commands.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
 
 
 @task(help={"image": "one family (horovod-tensorflow, horovod-pytorch, pytorch-ddp); default all",
@@ -224,17 +258,23 @@ NODE_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
+    from dtrain import values
     from dtrain.launch.jobs.hosts import nodes_from_args
 
+    if ssh_user is not None:
+        values.user("--ssh-user", ssh_user)
+    if slots is not None:
+        slots = values.count("--slots", slots, 1, 4096)
     if cluster:
         from dtrain.launch.errors import LaunchError
         from dtrain.launch.infra.ec2 import cluster_hostfile
 
+        values.name("--cluster", cluster)
         if hostfile or hosts or ec2_tag:
             raise LaunchError("give --cluster or one of --hostfile, --hosts, --ec2-tag, not both")
         hostfile = str(cluster_hostfile(cluster))
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
-                           slots=_int_flag("--slots", slots, 1, 4096) if slots else None,
+                           slots=slots,
                            ssh_user=ssh_user, ssh_key=ssh_key)
 
 
@@ -291,12 +331,15 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
         port = _int_flag("--master-port", master_port, 1, 65535)
         seconds = _float_flag("--timeout", timeout) if timeout is not None else None
-        envs = dict(commands.parse_env_file(env_file)) if env_file else {}
-        for kv in env or []:
-            k, sep, v = kv.partition("=")
-            if not sep:
-                raise LaunchError(f"--env {kv}: expected K=V")
-            envs[k] = v
+        envs = _env_flags(env, env_file)
+        from dtrain import values
+
+        if name is not None:
+            values.name("--name", name)
+        if shm_size is not None:
+            shm_size = values.docker_size("--shm-size", shm_size, "16g")
+        if iface is not None:
+            values.name("--iface", iface, 15)
         from dtrain.launch.jobs import supervision
         from dtrain.launch.jobs.workdir import parse_size
 
@@ -423,16 +466,31 @@ def _aws(profile, region):
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="private", ssh_opt=None,
-          region=None, profile=None, timeout=900):
+          region=None, profile=None, timeout="900"):
     """EC2 nodes from one CloudFormation stack: invoke nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
 
+    from dtrain import values
+
     with user_errors():
+        _choice_flag("action", action, ("up", "down", "list"))
+        if name is not None:
+            values.name("--name", name)
+        count = values.count("--count", count, 1, 10000) if count is not None else None
+        min_count = values.count("--min-count", min_count, 1, 10000) if min_count is not None else None
+        seconds = values.number("--timeout", timeout, 0, hi=86400)
+        ssh_cidr = values.cidr("--ssh-cidr", ssh_cidr) if ssh_cidr is not None else None
+        _choice_flag("--address", address, ("private", "public"))
+        if instance_type is not None:
+            values.instance_type("--instance-type", instance_type)
         session = _aws(profile, region)
         if action == "list":
-            for cluster_name, st in ec2.list_clusters(session):
+            rows = ec2.list_clusters(session)
+            for cluster_name, st in rows:
                 print(f"{cluster_name}  {st}")
+            if not rows:
+                print(f"no clusters (no dtrain stack in region {session.region_name})")
             return
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
@@ -444,14 +502,12 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             raise LaunchError(f"unknown action {action!r}: use up, down or list")
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
-        if address not in ("private", "public"):
-            raise LaunchError(f"--address {address}: use private or public")
-        spec = ec2.NodesSpec(name=name, count=int(count), instance_type=instance_type,
+        spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type,
                              ssh_cidr=ssh_cidr or ec2.caller_cidr(),
-                             min_count=int(min_count) if min_count else None, spot=spot, subnet=subnet,
+                             min_count=min_count, spot=spot, subnet=subnet,
                              new_vpc=new_vpc, key_name=key_name, efs=efs)
-        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=float(timeout),
-                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=float(timeout)))
+        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=seconds,
+                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=seconds))
         print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")
         print(f"launch with: invoke launch --cluster {name} --image IMAGE -- CMD")
 
@@ -465,7 +521,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
     "efs": "mount the cluster's EFS (nodes up --efs) read-write instead",
     "ssh_opt": NODE_HELP["ssh_opt"], "ssh_config": NODE_HELP["ssh_config"], "profile": "AWS profile",
 })
-def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, path="/data", fill_from=None,
+def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", path="/data", fill_from=None,
            efs=False, ssh_opt=None, ssh_config=None, profile=None):
     """A dataset volume on every node of a cluster: io2 Multi-Attach, read-only (or EFS, read-write)."""
     from dtrain.launch.errors import LaunchError
@@ -476,8 +532,12 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, pa
             raise LaunchError(f"unknown action {action!r}: use create")
         if not cluster:
             raise LaunchError("volume create: --cluster is required")
-        spec = vol.VolumeSpec(cluster=cluster, size_gb=int(size) if size else None, snapshot=from_snapshot,
-                              iops=int(iops), mount_path=path, efs=efs, fill_from=fill_from)
+        from dtrain import values
+
+        values.name("--cluster", cluster)
+        spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
+                              snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
+                              efs=efs, fill_from=fill_from)
         info = ec2.load_cluster(cluster)
         nodes = _nodes(None, None, None, None, None, None, None, cluster)
         made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
@@ -498,6 +558,16 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
+        _choice_flag("action", action, ("up", "down", "status"))
+        count = _int_flag("--nodes", nodes, 1, cl.MAX_NODES)
+        if link_rate is not None:
+            from dtrain.launch.infra.netns import parse_rate
+
+            try:
+                parse_rate(link_rate if len(link_rate) <= 20 else "")
+            except ValueError:
+                raise cl.ClusterError(f"--link-rate {link_rate[:40]!r}: expected a rate such as 1gbit, "
+                                      "500mbit or 100kbit") from None
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -505,7 +575,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate, nic_names=names,
+            info = cl.up(count, recreate=recreate, nic_names=names,
                          link_rate=link_rate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
@@ -547,6 +617,16 @@ NETWORK_HELP = {
 }
 
 
+def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams) -> None:
+    """The sweep's flags, checked before any node is reached."""
+    if launcher is not None:
+        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+    _int_flag("--max-bytes", max_bytes, 8, 1 << 40)
+    _int_flag("--iters", iters, 1, 100000)
+    _int_flag("--tcp-streams", tcp_streams, 1, 64)
+    _env_flags(env)
+
+
 def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams, nodes, ssh_opts):
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.troubleshoot import network
@@ -554,14 +634,9 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
     if not image:
         raise LaunchError("--image is required: the sweep runs inside the job's image")
     _image_flag(image)
-    envs = {}
-    for kv in env or []:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise LaunchError(f"--env {kv}: expected K=V")
-        envs[k] = v
+    envs = _env_flags(env)
     result = network.bandwidth(nodes, image=image, gpu=bool(gpu), launcher=launcher,
-                               max_bytes=_int_flag("--max-bytes", max_bytes, 8), iters=_int_flag("--iters", iters, 1),
+                               max_bytes=_int_flag("--max-bytes", max_bytes, 8, 1 << 40), iters=_int_flag("--iters", iters, 1),
                                instance_type=instance_type, env=envs, iface=iface,
                                tcp_streams=_int_flag("--tcp-streams", tcp_streams, 1, 64), ssh_opts=ssh_opts)
     print(network.report(result))
@@ -582,14 +657,21 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
 })
 def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes=1 << 30,
-           iters=5, instance_type=None, env=None, tcp_streams=1):
+           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes="1073741824",
+           iters="5", instance_type=None, env=None, tcp_streams="1"):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
+
+    from dtrain import values
 
     with user_errors():
         _image_flag(image)
         free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams)
+        if shm_size is not None:
+            shm_size = values.docker_size("--shm-size", shm_size, "16g")
+        if job is not None:
+            values.name("--job", job)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         if bandwidth:
             r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
@@ -605,9 +687,11 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
 @task(iterable=["env", "ssh_opt"], help={**NODE_HELP, **NETWORK_HELP})
 def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None,
                   ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, gpu=False, launcher=None,
-                  max_bytes=1 << 30, iters=5, instance_type=None, env=None, iface=None, tcp_streams=1):
+                  max_bytes="1073741824", iters="5", instance_type=None, env=None, iface=None, tcp_streams="1"):
     """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
     with user_errors():
+        _image_flag(image)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams)
         r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
                        _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
                        _ssh_opts(ssh_opt, ssh_config))
@@ -654,7 +738,7 @@ def diagnose(c, log=None):
     "download": "local directory for the output (default ./output)",
     "region": "AWS region", "profile": "AWS profile",
 })
-def sagemaker(c, action, instances=1, instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
+def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
               spot=False, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None):
     """Run a command as a distributed SageMaker training job: invoke sagemaker run --instances 2 ... -- python train.py"""
@@ -665,13 +749,25 @@ def sagemaker(c, action, instances=1, instance_type="ml.m5.2xlarge", image=None,
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.other_tools import sagemaker as sm
 
+    from dtrain import values
+
     with user_errors():
         if action != "run":
             raise LaunchError(f"unknown action {action!r}: use run")
+        _image_flag(image)
+        values.instance_type("--instance-type", instance_type, sagemaker=True)
+        if launcher is not None:
+            _choice_flag("--launcher", launcher, ("mpirun", "torchrun"))
+        if name is not None:
+            sm.check_job_name("--name", name)
+        if not Path(workdir).is_dir():
+            raise LaunchError(f"--workdir {workdir}: not a directory")
         opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
-                             instances=int(instances), instance_type=instance_type, name=name, launcher=launcher,
-                             slots=int(slots) if slots else None, inputs=sm.parse_inputs(input or []),
-                             env=sm.env_pairs(env or []), spot=spot, output_s3=output, workdir=Path(workdir),
+                             instances=_int_flag("--instances", instances, 1, 100), instance_type=instance_type,
+                             name=name, launcher=launcher,
+                             slots=_int_flag("--slots", slots, 1, 64) if slots is not None else None,
+                             inputs=sm.parse_inputs(input or []),
+                             env=values.env_pairs("--env", env), spot=spot, output_s3=output, workdir=Path(workdir),
                              download=Path(download), wait=wait)
         job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
         if not wait:
@@ -712,8 +808,22 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
 
     from dtrain.launch.other_tools import manifests as mf
 
+    from dtrain import values
+
     with user_errors():
         _image_flag(image)
+        if for_ is not None:
+            _choice_flag("--for", for_, ("mpijob", "pytorchjob", "ecs", "sagemaker"))
+        values.name("--name", name)
+        values.env_pairs("--env", env)
+        if launcher is not None:
+            _choice_flag("--launcher", launcher, ("mpirun", "torchrun", "ray"))
+        if slots_per_worker is not None:
+            _int_flag("--slots-per-worker", slots_per_worker, 1, 1024)
+        if instance_type is not None:
+            values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
+        if output is not None and not Path(output).parent.is_dir():
+            raise values.BadValue(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
         text = mf.render(mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
@@ -723,7 +833,10 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
             ecs_cluster=ecs_cluster))
         if output:
-            Path(output).write_text(text)
+            try:
+                Path(output).write_text(text)
+            except OSError as e:
+                raise values.BadValue(f"--output {output!r}: cannot write: {e.strerror or e}") from None
             print(f"wrote {output}")
         else:
             print(text, end="")

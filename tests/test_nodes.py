@@ -156,6 +156,11 @@ def test_up_default_vpc_then_down_leaves_nothing(aws):
     assert not ec2.cluster_dir("c1").exists()
     with pytest.raises(LaunchError, match="no such cluster"):
         ec2.load_cluster("c1")
+    # a second `nodes down` (or a typo) is an error naming the stack, not "deleted"
+    with pytest.raises(LaunchError, match="no stack dtrain-c1 in region"):
+        ec2.delete_stack(aws, "c1", poll=0.05)
+    with pytest.raises(LaunchError, match="no stack dtrain-c1x"):
+        ec2.delete_stack(aws, "c1x", poll=0.05)
 
 
 def test_up_new_vpc_with_efs(aws):
