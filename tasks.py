@@ -109,6 +109,22 @@ def _image_flag(value: str | None, name: str = "--image") -> str | None:
     return values.image(name, value) if value is not None else None
 
 
+def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = False) -> str | None:
+    """An image family (images/*.yaml), with tag_ok FAMILY[:TAG]; a one-line error naming the flag."""
+    import re
+
+    from dtrain import values
+    from dtrain.images.spec import FAMILIES
+
+    if value is None:
+        return None
+    family, colon, tag = value.partition(":") if tag_ok else (value, "", "")
+    if family not in FAMILIES or (colon and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
+        raise values.BadValue(f"{name} {values.shown(value)}: expected one of {', '.join(FAMILIES)}"
+                              + (", optionally :TAG" if tag_ok else ""))
+    return value
+
+
 def _env_flags(env, env_file=None) -> dict[str, str]:
     """--env-file's pairs, then --env NAME=VALUE's (later ones win)."""
     from dtrain import values
@@ -124,6 +140,7 @@ def render(c, image=None, check=False):
     from dtrain.images import render as r
 
     with user_errors():
+        _family_flag(image)
         families = [image] if image else None
         if check:
             stale = [p for p, text in r.render_all(families).items()
@@ -165,7 +182,18 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
 
     from dtrain.images import build as b
 
+    import re
+
+    from dtrain import values
+
     with user_errors():
+        _family_flag(image)
+        if tag is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII):
+            raise values.BadValue(f"--tag {values.shown(tag)}: expected a tag such as 2.13.0-cpu-py311-debian12")
+        _family_flag(from_, "--from", tag_ok=True)
+        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image),
+                          ("--push-cache", push_cache)):
+            _image_flag(ref, flag)
         if project or from_:
             from dtrain.images import project as pj
 
@@ -203,7 +231,17 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
     from dtrain.images import push as p
 
+    import re
+
+    from dtrain import values
+
     with user_errors():
+        _family_flag(image, tag_ok=True)
+        if registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9a-fA-F:]+\](?::[0-9]{1,5})?",
+                                                     registry, re.ASCII):
+            raise values.BadValue(f"--registry {values.shown(registry)}: expected HOST[:PORT], e.g. 10.213.0.1:5000")
+        if account is not None and not re.fullmatch(r"[0-9]{12}", account, re.ASCII):
+            raise values.BadValue(f"--account {values.shown(account)}: expected a 12-digit AWS account id")
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
         images, notes = p.select_images(image)
@@ -421,6 +459,10 @@ def logs(c, job=None, follow=False):
     from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs
 
     with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
         j = load_job(job)
         path = job_log(j["name"])
         if j.get("detached"):  # the launch's lines, then the job's, from its first node
@@ -439,6 +481,10 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
     from dtrain.launch.jobs.store import stop as stop_job
 
     with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
         print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
 
 
@@ -617,7 +663,7 @@ NETWORK_HELP = {
 }
 
 
-def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams) -> None:
+def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface) -> None:
     """The sweep's flags, checked before any node is reached."""
     if launcher is not None:
         _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
@@ -625,6 +671,10 @@ def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams) -> None:
     _int_flag("--iters", iters, 1, 100000)
     _int_flag("--tcp-streams", tcp_streams, 1, 64)
     _env_flags(env)
+    if iface is not None:
+        from dtrain import values
+
+        values.name("--iface", iface, 15)
 
 
 def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams, nodes, ssh_opts):
@@ -667,7 +717,7 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
     with user_errors():
         _image_flag(image)
         free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
-        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
         if shm_size is not None:
             shm_size = values.docker_size("--shm-size", shm_size, "16g")
         if job is not None:
@@ -691,7 +741,7 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
     """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
     with user_errors():
         _image_flag(image)
-        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
         r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
                        _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
                        _ssh_opts(ssh_opt, ssh_config))
