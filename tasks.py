@@ -758,6 +758,8 @@ def diagnose(c, log=None):
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
+        if not log:
+            raise dg.DiagnoseError("give a log file, a job name or `latest`: invoke diagnose LOG|JOB|latest")
         if Path(log).exists():
             path = Path(log)
         else:

@@ -374,3 +374,21 @@ def test_first_boot_installs_pigz_and_never_fails_the_boot(tmp_path, have_unpigz
     r = subprocess.run(["/bin/bash", str(ec2.FIRST_BOOT)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert (log.read_text() if log.exists() else "") == calls
+
+
+def test_nodes_cli_list_empty_and_down_typo(aws, monkeypatch, capsys):
+    """`nodes list` with no cluster says so; `nodes down --name typo` is an error naming the
+    stack (exit 2), not "deleted" (moto: no stack exists)."""
+    from invoke import Context
+
+    import tasks
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    tasks.nodes(Context(), "list")
+    assert capsys.readouterr().out.strip() == f"no clusters (no dtrain stack in region {REGION})"
+    with pytest.raises(SystemExit) as exc:
+        tasks.nodes(Context(), "down", name="typo")
+    out = capsys.readouterr()
+    assert exc.value.code == 2 and "deleted" not in out.out
+    assert out.err.strip() == (f"error: nodes down --name typo: no stack dtrain-typo in region {REGION}; "
+                               "`invoke nodes list` shows the clusters")
