@@ -19,6 +19,9 @@ def task(*args, **kwargs):
     return lambda body: make(_checked(body))
 
 
+SECRET_PARAMS = {"password"}  # values never shown in a message
+
+
 def _flag_name(param: str) -> str:
     return "--" + param.rstrip("_").replace("_", "-")
 
@@ -39,7 +42,8 @@ def _checked(body):
             for param, value in [*zip(names, args), *kwargs.items()]:
                 for v in value if isinstance(value, (list, tuple)) else [value]:
                     if isinstance(v, str):
-                        values.text(_flag_name(param) if param in kwargs else param, v)
+                        values.text(_flag_name(param) if param in kwargs else param, v,
+                                    secret=param in SECRET_PARAMS)
         return body(c, *args, **kwargs)
 
     return run
@@ -110,7 +114,8 @@ def _image_flag(value: str | None, name: str = "--image") -> str | None:
 
 
 def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = False) -> str | None:
-    """An image family (images/*.yaml), with tag_ok FAMILY[:TAG]; a one-line error naming the flag."""
+    """An image family (images/*.yaml); with tag_ok NAME:TAG (any local image name, e.g. a
+    project image's) or a family. A one-line error naming the flag."""
     import re
 
     from dtrain import values
@@ -119,9 +124,13 @@ def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = Fal
     if value is None:
         return None
     family, colon, tag = value.partition(":") if tag_ok else (value, "", "")
-    if family not in FAMILIES or (colon and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
-        raise values.BadValue(f"{name} {values.shown(value)}: expected one of {', '.join(FAMILIES)}"
-                              + (", optionally :TAG" if tag_ok else ""))
+    if colon:
+        if not (re.fullmatch(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", family, re.ASCII)
+                and re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
+            raise values.BadValue(f"{name} {values.shown(value)}: expected FAMILY or NAME:TAG, "
+                                  "e.g. pytorch-ddp:2.13.0-cpu-py311-debian12")
+    elif family not in FAMILIES:
+        raise values.BadValue(f"{name}: unknown image family {values.shown(value)}; known: {', '.join(FAMILIES)}")
     return value
 
 

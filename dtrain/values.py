@@ -32,19 +32,18 @@ def shown(text) -> str:
     return repr(s if len(s) <= 60 else s[:40] + "...") + (f" ({len(s)} characters)" if len(s) > 60 else "")
 
 
-def _plain(flag: str, text, what: str) -> str:
-    """The text of a value, refused when it is not a short single line of printable characters."""
-    if text is None or isinstance(text, bool):
-        raise BadValue(f"{flag} {shown(text)}: expected {what}")
-    s = str(text)
-    if len(s) > MAX_TEXT or not s.isprintable():
-        raise BadValue(f"{flag} {shown(s)}: expected {what}")
+def _plain(flag: str, text, what: str, *, secret: bool = False) -> str:
+    """The text of a value, refused when it is not a short single line of printable characters
+    (a secret's message names the flag only)."""
+    s = None if text is None or isinstance(text, bool) else str(text)
+    if s is None or len(s) > MAX_TEXT or not s.isprintable():
+        raise BadValue(f"{flag}: expected {what}" if secret else f"{flag} {shown(text)}: expected {what}")
     return s
 
 
-def text(flag: str, value) -> str:
+def text(flag: str, value, *, secret: bool = False) -> str:
     """Any flag's text: one line of printable characters, at most MAX_TEXT of them."""
-    return _plain(flag, value, f"one line of printable text, at most {MAX_TEXT} characters")
+    return _plain(flag, value, f"one line of printable text, at most {MAX_TEXT} characters", secret=secret)
 
 
 def count(flag: str, text, lo: int = 0, hi: int | None = None) -> int:

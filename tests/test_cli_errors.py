@@ -299,6 +299,8 @@ def test_every_flag_of_every_task_refuses_bad_values(nowhere):
         code, out, err = _run_in_process(argv)
         lines = err.strip().splitlines()
         named = _flag(param) in err or (value == "@binary" and "binary" in err)
+        if param == "password" and value and value in err:  # a secret is never printed
+            named = False
         home = nowhere / "home"
         left = [str(p.relative_to(nowhere)) for p in home.rglob("*")] if home.exists() else []
         left += [p.name for p in (nowhere / "work").iterdir() if p.name != "binary"]
