@@ -305,11 +305,15 @@ NODE_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
+    from pathlib import Path
+
     from dtrain import values
     from dtrain.launch.jobs.hosts import nodes_from_args
 
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
+    if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
+        raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
     if slots is not None:
         slots = values.count("--slots", slots, 1, 4096)
     if cluster:
@@ -326,6 +330,12 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
 
 
 def _ssh_opts(ssh_opt, ssh_config=None):
+    import os
+
+    from dtrain import values
+
+    if ssh_config is not None and not os.path.isfile(ssh_config):
+        raise values.BadValue(f"--ssh-config {values.shown(ssh_config)}: no such file")
     return (("-F", ssh_config) if ssh_config else ()) + tuple(x for o in (ssh_opt or []) for x in ("-o", o))
 
 
@@ -590,12 +600,13 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         from dtrain import values
 
         values.name("--cluster", cluster)
+        ssh_opts = _ssh_opts(ssh_opt, ssh_config)
         spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
                               snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
                               efs=efs, fill_from=fill_from)
         info = ec2.load_cluster(cluster)
         nodes = _nodes(None, None, None, None, None, None, None, cluster)
-        made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
+        made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: invoke launch --cluster {cluster} --mount {path}:ro ...")

@@ -181,6 +181,7 @@ BAD_BY_FLAG = {
     "cluster": ("a b", "../x", "c" * 300),
     "image": ("bad image", "-x", "UPPER/CASE", "r.io/x:1$(id)", "r.io/x;id"),
     "ssh_cidr": ("1.2.3.4/99", "abc", "1.2.3", "::1/128"),
+    "ssh_config": ("no-such-ssh-config",),
     "master_port": ("0", "70000", "http"),
     "launcher": ("srun", "MPIRUN"),
     "link_rate": ("fast", "1e9bit", "9" * 30 + "gbit"),
@@ -194,6 +195,7 @@ BAD_BY_TASK_FLAG = {
     ("nodes", "instance_type"): ("p3", "p3 2xlarge", "ml."),
     ("manifest", "output"): ("no-such-dir/x.yaml",),
 }
+BAD_BY_TASK_FLAG.update({(t, "ssh_key"): ("no-such-key",) for t in ("launch", "pull", "doctor", "bench-network")})
 FILE_FLAGS = {"hostfile", "env_file"}  # a binary file instead of text
 BINARY = bytes(range(256)) * 4
 
