@@ -61,8 +61,6 @@ def user_errors():
     from dtrain.launch.infra.cluster import ClusterError
     from dtrain.launch.infra.engine import EngineError
 
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from dtrain.values import BadValue
 
     try:
@@ -71,11 +69,13 @@ def user_errors():
             EngineError, BadValue) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (BotoCoreError, ClientError) as e:  # no credentials, no region, unknown profile, ...
-        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
-        sys.exit(2)
     except UnicodeDecodeError as e:
         print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
+        if not type(e).__module__.startswith("botocore."):
+            raise
+        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
         sys.exit(2)
 
 

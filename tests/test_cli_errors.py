@@ -214,6 +214,8 @@ def _fuzz_cases() -> list[tuple[str, str, str]]:
     cases = []
     for task_name in sorted(BASE):
         for arg in coll[task_name].get_arguments():
+            # an int default makes Invoke convert the value itself (a traceback for `two`)
+            assert arg.kind in (str, list, bool), f"{task_name} {_flag(arg.name)}: default {arg.default!r}"
             if arg.kind is bool or arg.positional:
                 continue
             bad = list(BAD_ANY) + list(BAD_BY_FLAG.get(arg.name, ())) + list(
