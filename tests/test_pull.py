@@ -56,7 +56,7 @@ def test_parse_ref_agrees_with_the_image_flag(image):
 
     ref = check(image)
     got = pl.parse_ref(image)
-    assert (got.registry if ref.domain else "") == ref.domain and got.repo.endswith(ref.path)
+    assert (got.registry if ref.domain else "") == ref.domain and got.repository.endswith(ref.path)
 
 
 @pytest.mark.parametrize("image", ["r.io/", "r.io/A B:1", "r.io/$(id):1"])
