@@ -9,11 +9,44 @@ from invoke import task as _task
 
 
 def task(*args, **kwargs):
-    """Invoke's @task without auto short flags (they collide: --ssh-user became `--`)."""
+    """Invoke's @task without auto short flags (they collide: --ssh-user became `--`), its body
+    behind _checked. Flags take str defaults (or None): an int default would make Invoke convert
+    the value itself, with a traceback for `--count two`."""
     kwargs.setdefault("auto_shortflags", False)
     if len(args) == 1 and callable(args[0]) and not kwargs.get("help"):
-        return _task(auto_shortflags=False)(args[0])
-    return _task(*args, **kwargs)
+        return _task(auto_shortflags=False)(_checked(args[0]))
+    make = _task(*args, **kwargs)
+    return lambda body: make(_checked(body))
+
+
+SECRET_PARAMS = {"password"}  # values never shown in a message
+
+
+def _flag_name(param: str) -> str:
+    return "--" + param.rstrip("_").replace("_", "-")
+
+
+def _checked(body):
+    """Every str value a task gets (flags, repeated flags, positionals) is one line of printable
+    text of at most values.MAX_TEXT characters, before the body runs; else a one-line error."""
+    import functools
+    import inspect
+
+    names = list(inspect.signature(body).parameters)[1:]
+
+    @functools.wraps(body)
+    def run(c, *args, **kwargs):
+        from dtrain import values
+
+        with user_errors():
+            for param, value in [*zip(names, args), *kwargs.items()]:
+                for v in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(v, str):
+                        values.text(_flag_name(param) if param in kwargs else param, v,
+                                    secret=param in SECRET_PARAMS)
+        return body(c, *args, **kwargs)
+
+    return run
 
 
 @contextmanager
@@ -28,12 +61,26 @@ def user_errors():
     from dtrain.launch.infra.cluster import ClusterError
     from dtrain.launch.infra.engine import EngineError
 
+    from dtrain.values import BadValue
+
     try:
         yield
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
-            EngineError) as e:
+            EngineError, BadValue) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except UnicodeDecodeError as e:
+        print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
+        if not type(e).__module__.startswith("botocore."):
+            raise
+        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 # ---------------------------------------------------------------- flag parsing (pure)
@@ -41,46 +88,58 @@ def user_errors():
 
 def _int_flag(name: str, value, lo: int, hi: int | None = None) -> int:
     """`--name VALUE` as a whole number in lo..hi, or a one-line error naming the flag."""
-    from dtrain.launch.errors import LaunchError
+    from dtrain import values
 
-    text = str(value).strip()
-    n = int(text) if text.isascii() and text.isdigit() and not isinstance(value, bool) else None
-    if n is None or n < lo or (hi is not None and n > hi):
-        accepted = f"a whole number from {lo} to {hi}" if hi is not None else f"a whole number >= {lo}"
-        raise LaunchError(f"{name} {value!r}: expected {accepted}")
-    return n
+    return values.count(name, value, lo, hi)
 
 
 def _float_flag(name: str, value, lo: float = 0.0, *, or_equal: bool = False) -> float:
     """`--name VALUE` as a finite number > lo (>= lo with or_equal), or a one-line error."""
-    import math
+    from dtrain import values
 
-    from dtrain.launch.errors import LaunchError
-
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if not math.isfinite(x) or x < lo or (x == lo and not or_equal):
-        raise LaunchError(f"{name} {value!r}: expected a number {'>=' if or_equal else '>'} {lo:g}")
-    return x
+    return values.number(name, value, lo, or_equal=or_equal)
 
 
 def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
-    from dtrain.launch.errors import LaunchError
+    from dtrain import values
 
-    if value not in choices:
-        raise LaunchError(f"{name} {value}: use {', '.join(choices[:-1])} or {choices[-1]}")
-    return value
+    return values.choice(name, value, choices)
 
 
 def _image_flag(value: str | None, name: str = "--image") -> str | None:
     """An image reference checked against Docker's grammar before anything runs."""
-    from dtrain.images.reference import check
+    from dtrain import values
 
-    if value is not None:
-        check(value, name)
+    return values.image(name, value) if value is not None else None
+
+
+def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = False) -> str | None:
+    """An image family (images/*.yaml); with tag_ok NAME:TAG (any local image name, e.g. a
+    project image's) or a family. A one-line error naming the flag."""
+    import re
+
+    from dtrain import values
+    from dtrain.images.spec import FAMILIES
+
+    if value is None:
+        return None
+    family, colon, tag = value.partition(":") if tag_ok else (value, "", "")
+    if colon:
+        if not (re.fullmatch(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", family, re.ASCII)
+                and re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
+            raise values.BadValue(f"{name} {values.shown(value)}: expected FAMILY or NAME:TAG, "
+                                  "e.g. pytorch-ddp:2.13.0-cpu-py311-debian12")
+    elif family not in FAMILIES:
+        raise values.BadValue(f"{name}: unknown image family {values.shown(value)}; known: {', '.join(FAMILIES)}")
     return value
+
+
+def _env_flags(env, env_file=None) -> dict[str, str]:
+    """--env-file's pairs, then --env NAME=VALUE's (later ones win)."""
+    from dtrain import values
+    from dtrain.launch.jobs import commands
+
+    return {**(commands.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
 
 
 @task(help={"image": "one family (horovod-tensorflow, horovod-pytorch, pytorch-ddp); default all",
@@ -90,6 +149,7 @@ def render(c, image=None, check=False):
     from dtrain.images import render as r
 
     with user_errors():
+        _family_flag(image)
         families = [image] if image else None
         if check:
             stale = [p for p, text in r.render_all(families).items()
@@ -131,7 +191,18 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
 
     from dtrain.images import build as b
 
+    import re
+
+    from dtrain import values
+
     with user_errors():
+        _family_flag(image)
+        if tag is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII):
+            raise values.BadValue(f"--tag {values.shown(tag)}: expected a tag such as 2.13.0-cpu-py311-debian12")
+        _family_flag(from_, "--from", tag_ok=True)
+        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image),
+                          ("--push-cache", push_cache)):
+            _image_flag(ref, flag)
         if project or from_:
             from dtrain.images import project as pj
 
@@ -169,7 +240,17 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
     from dtrain.images import push as p
 
+    import re
+
+    from dtrain import values
+
     with user_errors():
+        _family_flag(image, tag_ok=True)
+        if registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9a-fA-F:]+\](?::[0-9]{1,5})?",
+                                                     registry, re.ASCII):
+            raise values.BadValue(f"--registry {values.shown(registry)}: expected HOST[:PORT], e.g. 10.213.0.1:5000")
+        if account is not None and not re.fullmatch(r"[0-9]{12}", account, re.ASCII):
+            raise values.BadValue(f"--account {values.shown(account)}: expected a 12-digit AWS account id")
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
@@ -223,21 +304,37 @@ NODE_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
+    from pathlib import Path
+
+    from dtrain import values
     from dtrain.launch.jobs.hosts import nodes_from_args
 
+    if ssh_user is not None:
+        values.user("--ssh-user", ssh_user)
+    if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
+        raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
+    if slots is not None:
+        slots = values.count("--slots", slots, 1, 4096)
     if cluster:
         from dtrain.launch.errors import LaunchError
         from dtrain.launch.infra.ec2 import cluster_hostfile
 
+        values.name("--cluster", cluster)
         if hostfile or hosts or ec2_tag:
             raise LaunchError("give --cluster or one of --hostfile, --hosts, --ec2-tag, not both")
         hostfile = str(cluster_hostfile(cluster))
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
-                           slots=_int_flag("--slots", slots, 1, 4096) if slots else None,
+                           slots=slots,
                            ssh_user=ssh_user, ssh_key=ssh_key)
 
 
 def _ssh_opts(ssh_opt, ssh_config=None):
+    import os
+
+    from dtrain import values
+
+    if ssh_config is not None and not os.path.isfile(ssh_config):
+        raise values.BadValue(f"--ssh-config {values.shown(ssh_config)}: no such file")
     return (("-F", ssh_config) if ssh_config else ()) + tuple(x for o in (ssh_opt or []) for x in ("-o", o))
 
 
@@ -290,12 +387,15 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
         port = _int_flag("--master-port", master_port, 1, 65535)
         seconds = _float_flag("--timeout", timeout) if timeout is not None else None
-        envs = dict(commands.parse_env_file(env_file)) if env_file else {}
-        for kv in env or []:
-            k, sep, v = kv.partition("=")
-            if not sep:
-                raise LaunchError(f"--env {kv}: expected K=V")
-            envs[k] = v
+        envs = _env_flags(env, env_file)
+        from dtrain import values
+
+        if name is not None:
+            values.name("--name", name)
+        if shm_size is not None:
+            shm_size = values.docker_size("--shm-size", shm_size, "16g")
+        if iface is not None:
+            values.name("--iface", iface, 15)
         from dtrain.launch.jobs import supervision
         from dtrain.launch.jobs.workdir import parse_size
 
@@ -377,6 +477,10 @@ def logs(c, job=None, follow=False):
     from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs, read_log
 
     with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
         j = load_job(job)
         path = job_log(j["name"])
         if j.get("detached"):  # the launch's lines, then the job's, from its first node
@@ -395,6 +499,10 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
     from dtrain.launch.jobs.store import stop as stop_job
 
     with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
         print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
 
 
@@ -422,16 +530,31 @@ def _aws(profile, region):
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="private", ssh_opt=None,
-          region=None, profile=None, timeout=900):
+          region=None, profile=None, timeout="900"):
     """EC2 nodes from one CloudFormation stack: invoke nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
 
+    from dtrain import values
+
     with user_errors():
+        _choice_flag("action", action, ("up", "down", "list"))
+        if name is not None:
+            values.name("--name", name)
+        count = values.count("--count", count, 1, 10000) if count is not None else None
+        min_count = values.count("--min-count", min_count, 1, 10000) if min_count is not None else None
+        seconds = values.number("--timeout", timeout, 0, hi=86400)
+        ssh_cidr = values.cidr("--ssh-cidr", ssh_cidr) if ssh_cidr is not None else None
+        _choice_flag("--address", address, ("private", "public"))
+        if instance_type is not None:
+            values.instance_type("--instance-type", instance_type)
         session = _aws(profile, region)
         if action == "list":
-            for cluster_name, st in ec2.list_clusters(session):
+            rows = ec2.list_clusters(session)
+            for cluster_name, st in rows:
                 print(f"{cluster_name}  {st}")
+            if not rows:
+                print(f"no clusters (no dtrain stack in region {session.region_name})")
             return
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
@@ -443,14 +566,12 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             raise LaunchError(f"unknown action {action!r}: use up, down or list")
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
-        if address not in ("private", "public"):
-            raise LaunchError(f"--address {address}: use private or public")
-        spec = ec2.NodesSpec(name=name, count=int(count), instance_type=instance_type,
+        spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type,
                              ssh_cidr=ssh_cidr or ec2.caller_cidr(),
-                             min_count=int(min_count) if min_count else None, spot=spot, subnet=subnet,
+                             min_count=min_count, spot=spot, subnet=subnet,
                              new_vpc=new_vpc, key_name=key_name, efs=efs)
-        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=float(timeout),
-                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=float(timeout)))
+        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=seconds,
+                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=seconds))
         print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")
         print(f"launch with: invoke launch --cluster {name} --image IMAGE -- CMD")
 
@@ -464,7 +585,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
     "efs": "mount the cluster's EFS (nodes up --efs) read-write instead",
     "ssh_opt": NODE_HELP["ssh_opt"], "ssh_config": NODE_HELP["ssh_config"], "profile": "AWS profile",
 })
-def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, path="/data", fill_from=None,
+def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", path="/data", fill_from=None,
            efs=False, ssh_opt=None, ssh_config=None, profile=None):
     """A dataset volume on every node of a cluster: io2 Multi-Attach, read-only (or EFS, read-write)."""
     from dtrain.launch.errors import LaunchError
@@ -475,11 +596,16 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops=3000, pa
             raise LaunchError(f"unknown action {action!r}: use create")
         if not cluster:
             raise LaunchError("volume create: --cluster is required")
-        spec = vol.VolumeSpec(cluster=cluster, size_gb=int(size) if size else None, snapshot=from_snapshot,
-                              iops=int(iops), mount_path=path, efs=efs, fill_from=fill_from)
+        from dtrain import values
+
+        values.name("--cluster", cluster)
+        ssh_opts = _ssh_opts(ssh_opt, ssh_config)
+        spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
+                              snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
+                              efs=efs, fill_from=fill_from)
         info = ec2.load_cluster(cluster)
         nodes = _nodes(None, None, None, None, None, None, None, cluster)
-        made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=_ssh_opts(ssh_opt, ssh_config))
+        made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: invoke launch --cluster {cluster} --mount {path}:ro ...")
@@ -497,6 +623,16 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
+        _choice_flag("action", action, ("up", "down", "status"))
+        count = _int_flag("--nodes", nodes, 1, cl.MAX_NODES)
+        if link_rate is not None:
+            from dtrain.launch.infra.netns import parse_rate
+
+            try:
+                parse_rate(link_rate if len(link_rate) <= 20 else "")
+            except ValueError:
+                raise cl.ClusterError(f"--link-rate {link_rate[:40]!r}: expected a rate such as 1gbit, "
+                                      "500mbit or 100kbit") from None
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -504,7 +640,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(_int_flag("--nodes", nodes, 1, cl.MAX_NODES), recreate=recreate, nic_names=names,
+            info = cl.up(count, recreate=recreate, nic_names=names,
                          link_rate=link_rate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
@@ -546,6 +682,20 @@ NETWORK_HELP = {
 }
 
 
+def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface) -> None:
+    """The sweep's flags, checked before any node is reached."""
+    if launcher is not None:
+        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+    _int_flag("--max-bytes", max_bytes, 8, 1 << 40)
+    _int_flag("--iters", iters, 1, 100000)
+    _int_flag("--tcp-streams", tcp_streams, 1, 64)
+    _env_flags(env)
+    if iface is not None:
+        from dtrain import values
+
+        values.name("--iface", iface, 15)
+
+
 def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams, nodes, ssh_opts):
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.troubleshoot import network
@@ -553,14 +703,9 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
     if not image:
         raise LaunchError("--image is required: the sweep runs inside the job's image")
     _image_flag(image)
-    envs = {}
-    for kv in env or []:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise LaunchError(f"--env {kv}: expected K=V")
-        envs[k] = v
+    envs = _env_flags(env)
     result = network.bandwidth(nodes, image=image, gpu=bool(gpu), launcher=launcher,
-                               max_bytes=_int_flag("--max-bytes", max_bytes, 8), iters=_int_flag("--iters", iters, 1),
+                               max_bytes=_int_flag("--max-bytes", max_bytes, 8, 1 << 40), iters=_int_flag("--iters", iters, 1),
                                instance_type=instance_type, env=envs, iface=iface,
                                tcp_streams=_int_flag("--tcp-streams", tcp_streams, 1, 64), ssh_opts=ssh_opts)
     print(network.report(result))
@@ -581,14 +726,21 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
 })
 def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes=1 << 30,
-           iters=5, instance_type=None, env=None, tcp_streams=1):
+           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes="1073741824",
+           iters="5", instance_type=None, env=None, tcp_streams="1"):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
+
+    from dtrain import values
 
     with user_errors():
         _image_flag(image)
         free = _float_flag("--min-free-gb", min_free_gb, 0, or_equal=True)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
+        if shm_size is not None:
+            shm_size = values.docker_size("--shm-size", shm_size, "16g")
+        if job is not None:
+            values.name("--job", job)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         if bandwidth:
             r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
@@ -604,9 +756,11 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
 @task(iterable=["env", "ssh_opt"], help={**NODE_HELP, **NETWORK_HELP})
 def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None,
                   ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, gpu=False, launcher=None,
-                  max_bytes=1 << 30, iters=5, instance_type=None, env=None, iface=None, tcp_streams=1):
+                  max_bytes="1073741824", iters="5", instance_type=None, env=None, iface=None, tcp_streams="1"):
     """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
     with user_errors():
+        _image_flag(image)
+        _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
         r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
                        _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
                        _ssh_opts(ssh_opt, ssh_config))
@@ -623,6 +777,8 @@ def diagnose(c, log=None):
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
+        if not log:
+            raise dg.DiagnoseError("give a log file, a job name or `latest`: invoke diagnose LOG|JOB|latest")
         if Path(log).exists():
             path = Path(log)
         else:
@@ -672,19 +828,27 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     import boto3
 
     from dtrain.launch.errors import LaunchError
+    from dtrain import values
     from dtrain.launch.other_tools import sagemaker as sm
 
     with user_errors():
         if action != "run":
             raise LaunchError(f"unknown action {action!r}: use run")
         _image_flag(image)
+        values.instance_type("--instance-type", instance_type, sagemaker=True)
+        if launcher is not None:
+            _choice_flag("--launcher", launcher, ("mpirun", "torchrun"))
+        if name is not None:
+            sm.check_job_name("--name", name)
+        if not Path(workdir).is_dir():
+            raise LaunchError(f"--workdir {workdir}: not a directory")
         inputs = sm.parse_inputs(input or [])
         opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
                              instances=_int_flag("--instances", instances, 1, 1000), instance_type=instance_type,
                              name=name, launcher=launcher,
-                             slots=_int_flag("--slots", slots, 1, 1024) if slots else None, inputs=inputs,
+                             slots=_int_flag("--slots", slots, 1, 1024) if slots is not None else None, inputs=inputs,
                              from_jobs=sm.parse_from_jobs(from_job or [], inputs),
-                             env=sm.env_pairs(env or []), spot=not on_demand, output_s3=output, workdir=Path(workdir),
+                             env=values.env_pairs("--env", env), spot=not on_demand, output_s3=output, workdir=Path(workdir),
                              download=Path(download), wait=wait,
                              volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),
                              max_runtime_s=sm.parse_duration(max_run), metrics=sm.parse_metrics(metric or []),
@@ -728,8 +892,22 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
 
     from dtrain.launch.other_tools import manifests as mf
 
+    from dtrain import values
+
     with user_errors():
         _image_flag(image)
+        if for_ is not None:
+            _choice_flag("--for", for_, ("mpijob", "pytorchjob", "ecs", "sagemaker"))
+        values.name("--name", name)
+        values.env_pairs("--env", env)
+        if launcher is not None:
+            _choice_flag("--launcher", launcher, ("mpirun", "torchrun", "ray"))
+        if slots_per_worker is not None:
+            _int_flag("--slots-per-worker", slots_per_worker, 1, 1024)
+        if instance_type is not None:
+            values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
+        if output is not None and not Path(output).parent.is_dir():
+            raise values.BadValue(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
         text = mf.render(mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
@@ -739,7 +917,10 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
             ecs_cluster=ecs_cluster))
         if output:
-            Path(output).write_text(text)
+            try:
+                Path(output).write_text(text)
+            except OSError as e:
+                raise values.BadValue(f"--output {output!r}: cannot write: {e.strerror or e}") from None
             print(f"wrote {output}")
         else:
             print(text, end="")

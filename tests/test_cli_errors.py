@@ -4,6 +4,8 @@ nothing started (no job record, no ssh). Runs the real `python3 -m invoke` (issu
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "10.213.0.1:5000/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
-# An address nothing listens on: were anything started, the ssh attempt would show in the output.
-HOSTS = ("--hosts", "192.0.2.1:1")
+# A loopback port nothing listens on: were anything started, the ssh attempt would show in the output.
+HOSTS = ("--hosts", "127.0.0.1:1", "--ssh-opt", "Port=1")
 
 
 def invoke(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path / "home")}
+    # AWS: fake credentials and a closed loopback endpoint, so no request leaves the machine
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path / "home"),
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1",
+           "AWS_CONFIG_FILE": str(tmp_path / "aws-config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-credentials")}
+    env.pop("AWS_PROFILE", None)
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -46,8 +54,8 @@ CASES = {
     "master-port-range": ((*LAUNCH, "--launcher", "torchrun", "--master-port", "70000", "--", "true"),
                           ("--master-port '70000'", "1 to 65535")),
     "rdzv": ((*LAUNCH, "--launcher", "torchrun", "--rdzv", "bogus", "--", "true"),
-             ("--rdzv bogus", "static or c10d")),
-    "launcher": ((*LAUNCH, "--launcher", "srun", "--", "true"), ("--launcher srun", "torchrun")),
+             ("--rdzv 'bogus'", "static or c10d")),
+    "launcher": ((*LAUNCH, "--launcher", "srun", "--", "true"), ("--launcher 'srun'", "torchrun")),
     "workdir": ((*LAUNCH, "--workdir", "/nonexistent-dtrain-dir", "--", "true"),
                 ("--workdir /nonexistent-dtrain-dir", "not a directory")),
     "workdir-limit": ((*LAUNCH, "--workdir", ".", "--workdir-limit", "lots", "--", "true"),
@@ -66,6 +74,28 @@ CASES = {
     "launch-image-backtick": (("launch", "--image", "reg/x:`id`", *HOSTS, "--", "true"), ("--image", "'`'")),
     "doctor-image": (("doctor", *HOSTS, "--image", "reg/x;id"), ("--image 'reg/x;id'",)),
     "manifest-image": (("manifest", "--for", "mpijob", "--image", "Reg/X Y", "--", "true"), ("--image",)),
+    # Flags Invoke used to convert itself (int defaults), with a traceback (issue 22 item 7, issue 23)
+    "nodes-count": (("nodes", "up", "--name", "c1", "--count", "two", "--instance-type", "p3.2xlarge"),
+                    ("--count 'two'", "whole number")),
+    "nodes-timeout": (("nodes", "up", "--name", "c1", "--count", "2", "--timeout", "soon"), ("--timeout 'soon'",)),
+    "nodes-name-long": (("nodes", "down", "--name", "n" * 300), ("--name", "300 characters")),
+    "nodes-ssh-cidr": (("nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p3.2xlarge",
+                        "--ssh-cidr", "1.2.3.4/40"), ("--ssh-cidr '1.2.3.4/40'", "/32")),
+    "sagemaker-instances": (("sagemaker", "run", "--instances", "two", "--image", IMAGE, "--", "true"),
+                            ("--instances 'two'",)),
+    "sagemaker-instance-type": (("sagemaker", "run", "--instance-type", "p3.2xlarge", "--image", IMAGE,
+                                 "--", "true"), ("--instance-type 'p3.2xlarge'", "ml.p3.2xlarge")),
+    "sagemaker-image": (("sagemaker", "run", "--image", "bad image", "--", "true"), ("--image 'bad image'",)),
+    "volume-iops": (("volume", "create", "--cluster", "c1", "--iops", "many"), ("--iops 'many'",)),
+    "bench-max-bytes": (("bench-network", *HOSTS, "--image", IMAGE, "--max-bytes", "1GB"), ("--max-bytes '1GB'",)),
+    "slots-5000-digits": ((*LAUNCH, "--slots", "9" * 5000, "--", "true"), ("--slots", "5000 characters")),
+    "ssh-user": ((*LAUNCH, "--ssh-user", "-oProxyCommand=id", "--", "true"), ("--ssh-user",)),
+    "env-name": ((*LAUNCH, "--env", "1BAD=x", "--", "true"), ("--env '1BAD=x'", "NAME=VALUE")),
+    "env-subst": ((*LAUNCH, "--env", "$(id)=x", "--", "true"), ("--env '$(id)=x'",)),
+    "shm-size": ((*LAUNCH, "--shm-size", "abc", "--", "true"), ("--shm-size 'abc'", "16g")),
+    "manifest-output": (("manifest", "--for", "mpijob", "--image", IMAGE, "--output", "/nonexistent-dtrain/x.yaml",
+                         "--", "true"), ("--output", "does not exist")),
+    "no-credentials": (("nodes", "list", "--profile", "no-such-dtrain-profile"), ("AWS", "no-such-dtrain-profile")),
 }
 
 
@@ -92,7 +122,7 @@ def test_engine_errors_are_user_errors(capsys):
 
 def test_flag_helpers():
     import tasks
-    from dtrain.launch.errors import LaunchError
+    from dtrain.values import BadValue as LaunchError  # the one parser's error (dtrain/values.py)
 
     assert tasks._int_flag("--n", "3", 1, 5) == 3 and tasks._int_flag("--n", 3, 1) == 3
     for bad in ("0", "6", "1.5", "", " ", "-1", "0x3", True):
@@ -111,3 +141,244 @@ def test_doctor_handles_an_image_without_labels():
     assert image_labels("null") == {} and image_labels("") == {} and image_labels(None) == {}
     assert image_labels("not json") == {}
     assert image_labels('{"dtrain.kind": "cpu"}') == {"dtrain.kind": "cpu"}
+
+
+# ---------------------------------------------------------------- every flag of every task
+
+# Each task's arguments come from Invoke's own metadata (Task.get_arguments), so a new flag is
+# fuzzed without being listed here. BASE: arguments that make the task otherwise valid and
+# harmless (no ssh can connect: 127.0.0.1:1; AWS goes to a closed loopback port).
+BASE = {
+    "render": ("--image", "no-such-family"),
+    "build": ("--image", "no-such-family"),
+    "push": ("--registry", "127.0.0.1:1", "--image", "no-such-family"),
+    "launch": ("--image", IMAGE, *HOSTS, "--", "true"),
+    "pull": ("--image", IMAGE, *HOSTS),
+    "status": (), "logs": (), "stop": (),
+    "nodes": ("list",),
+    "volume": ("create", "--cluster", "c1"),
+    "cluster": ("status",),
+    "demo": (),
+    "doctor": HOSTS,
+    "bench-network": ("--image", IMAGE, *HOSTS),
+    "diagnose": ("latest",),
+    "sagemaker": ("run", "--image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/x:1",
+                  "--role", "arn:aws:iam::123456789012:role/r", "--", "true"),
+    "manifest": ("--for", "mpijob", "--image", IMAGE, "--", "true"),
+}
+NOT_FUZZED = {"test": "its only value flag, -k, is a pytest expression passed to pytest as one argv item"}
+# Flags whose values are numbers (their defaults, where they have one, are digit strings).
+NUMERIC = {"slots", "count", "min_count", "size", "iops", "timeout", "instances", "max_restarts", "min_nodes",
+           "slots_per_worker"}
+BAD_ANY = ("line\nbreak", "a" * 5000, "tab\there", "\x1b[31m")
+BAD_NUMBER = ("two", "-1", "", "9" * 5000, "1e3", "0x10", " ")
+BAD_BY_FLAG = {
+    "env": ("1BAD=x", "A B=x", "=v", "$(id)=x", "NOEQUALS", "A-B=x"),
+    "shm_size": ("abc", "0", "-1g", "1.5g", "16x"),
+    "ssh_user": ("-oProxyCommand=x", "a b", "a;b", "u" * 300),
+    "name": ("n" * 300, "a b", "-x", "a/b", "$(id)"),
+    "job": ("a b", "-x", "../x"),
+    "cluster": ("a b", "../x", "c" * 300),
+    "image": ("bad image", "-x", "UPPER/CASE", "r.io/x:1$(id)", "r.io/x;id"),
+    "ssh_cidr": ("1.2.3.4/99", "abc", "1.2.3", "::1/128"),
+    "ssh_config": ("no-such-ssh-config",),
+    "master_port": ("0", "70000", "http"),
+    "launcher": ("srun", "MPIRUN"),
+    "link_rate": ("fast", "1e9bit", "9" * 30 + "gbit"),
+    "min_free_gb": ("-1", "nan", "inf", "lots"),
+    "for_": ("helm",), "pull": ("sometimes",), "rdzv": ("etcd",), "address": ("both",),
+    "workdir_limit": ("lots", "0", "-1m"),
+    "iface": ("a b", "i" * 40),
+}
+BAD_BY_TASK_FLAG = {
+    ("sagemaker", "instance_type"): ("p3.2xlarge", "ml.", "ML P3"),
+    ("nodes", "instance_type"): ("p3", "p3 2xlarge", "ml."),
+    ("manifest", "output"): ("no-such-dir/x.yaml",),
+}
+BAD_BY_TASK_FLAG.update({(t, "ssh_key"): ("no-such-key",) for t in ("launch", "pull", "doctor", "bench-network")})
+FILE_FLAGS = {"hostfile", "env_file"}  # a binary file instead of text
+BINARY = bytes(range(256)) * 4
+
+
+def _flag(param: str) -> str:
+    return "--" + param.rstrip("_").replace("_", "-")
+
+
+def _fuzz_cases() -> list[tuple[str, str, str]]:
+    from invoke import Collection
+
+    import tasks
+
+    coll = Collection.from_module(tasks)
+    assert set(coll.task_names) == set(BASE) | set(NOT_FUZZED), "a task without BASE arguments"
+    cases = []
+    for task_name in sorted(BASE):
+        for arg in coll[task_name].get_arguments():
+            # an int default makes Invoke convert the value itself (a traceback for `two`)
+            assert arg.kind in (str, list, bool), f"{task_name} {_flag(arg.name)}: default {arg.default!r}"
+            if arg.kind is bool or arg.positional:
+                continue
+            bad = list(BAD_ANY) + list(BAD_BY_FLAG.get(arg.name, ())) + list(
+                BAD_BY_TASK_FLAG.get((task_name, arg.name), ()))
+            if arg.name in NUMERIC or (isinstance(arg.default, str) and arg.default.isdigit()):
+                bad += BAD_NUMBER
+            if arg.name in FILE_FLAGS:
+                bad.append("@binary")
+            cases += [(task_name, arg.name, v) for v in bad]
+    return cases
+
+
+def _argv(task_name: str, param: str, value: str) -> list[str]:
+    flag = _flag(param)
+    base = list(BASE[task_name])
+    cut = base.index("--") if "--" in base else len(base)
+    head, tail = base[:cut], base[cut:]
+    if flag in head:  # the flag under test replaces the base's
+        i = head.index(flag)
+        del head[i:i + 2]
+        if flag in ("--hosts", "--hostfile", "--cluster"):
+            pass
+    return [task_name, *head, f"{flag}={value}", *tail]
+
+
+def _run_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """The CLI as `invoke` runs it (Invoke's Program over tasks.py), in this process: the
+    parsing, conversion and task bodies are the same; sys.argv is set for `--` remainders."""
+    import contextlib
+    import io
+
+    from invoke import Collection, Program
+
+    import tasks
+
+    out, err = io.StringIO(), io.StringIO()
+    old_argv = sys.argv
+    sys.argv = ["invoke", *argv]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                Program(namespace=Collection.from_module(tasks), version="0").run(["invoke", *argv])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e.code, str):
+                    err.write(e.code + "\n")
+            except BaseException:  # noqa: BLE001: a traceback is the failure under test
+                import traceback
+
+                err.write("Traceback (in process)\n" + traceback.format_exc())
+                code = 99
+    finally:
+        sys.argv = old_argv
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def nowhere(tmp_path, monkeypatch):
+    """DTRAIN_HOME in tmp, the working directory in tmp, AWS with fake credentials pointing at a
+    closed loopback port (no traffic leaves the machine), no instance metadata."""
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+                 "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1",
+                 "AWS_CONFIG_FILE": str(tmp_path / "aws-config"),
+                 "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-credentials")}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "binary").write_bytes(BINARY)
+    monkeypatch.chdir(work)
+    return tmp_path
+
+
+def test_every_flag_of_every_task_refuses_bad_values(nowhere):
+    """Every non-boolean flag of every task, bad values: exit 2, one line on stderr naming the
+    flag (or the file), nothing on stdout, no traceback, nothing under DTRAIN_HOME or here."""
+    cases = _fuzz_cases()
+    assert len(cases) > 300
+    failures = []
+    for task_name, param, value in cases:
+        argv = _argv(task_name, param, str(nowhere / "work" / "binary") if value == "@binary" else value)
+        code, out, err = _run_in_process(argv)
+        lines = err.strip().splitlines()
+        named = _flag(param) in err or (value == "@binary" and "binary" in err)
+        if param == "password" and value and value in err:  # a secret is never printed
+            named = False
+        home = nowhere / "home"
+        left = [str(p.relative_to(nowhere)) for p in home.rglob("*")] if home.exists() else []
+        left += [p.name for p in (nowhere / "work").iterdir() if p.name != "binary"]
+        if (code != 2 or len(lines) != 1 or not lines[0].startswith("error: ") or not named
+                or out.strip() or "Traceback" in err or left):
+            failures.append(f"{' '.join(repr(a) if ' ' in a or not a else a for a in argv)[:200]}\n"
+                            f"    -> exit {code}, stdout {out[:200]!r}, stderr {err[:300]!r}, left {left}")
+            shutil.rmtree(home, ignore_errors=True)
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures)
+
+
+def test_values_parsers():
+    """dtrain/values.py: one parser per kind of value, used by tasks.py, launch/ and images/."""
+    from dtrain import values
+
+    assert values.count("--n", "12", 1, 20) == 12
+    assert values.number("--t", "1.5") == 1.5 and values.number("--t", "900") == 900
+    assert values.size("--s", "16g") == 16 << 30 and values.size("--s", "500MiB") == 500 << 20
+    assert values.docker_size("--shm-size", "16G") == "16g" and values.docker_size("--shm-size", "1024") == "1024b"
+    assert values.env_pair("--env", "A_1=x=y") == ("A_1", "x=y") and values.env_pair("--env", "_=") == ("_", "")
+    assert values.cidr("--ssh-cidr", "1.2.3.4") == "1.2.3.4/32" and values.cidr("--c", "10.0.0.0/8") == "10.0.0.0/8"
+    assert values.instance_type("--t", "ml.p3.2xlarge", sagemaker=True) == "ml.p3.2xlarge"
+    assert values.instance_type("--t", "u-6tb1.metal") == "u-6tb1.metal"
+    assert values.name("--name", "job-1.a_b") == "job-1.a_b" and values.user("--u", "ubuntu") == "ubuntu"
+    assert values.image("--image", "UPPER/case:1") == "UPPER/case:1"  # 'UPPER' is a registry host (Docker's rule)
+    bad = [(values.count, ("--n", "1.5", 0)), (values.count, ("--n", "9" * 30, 0)), (values.count, ("--n", "-1", 0)),
+           (values.number, ("--t", "1e3")), (values.number, ("--t", "nan")), (values.size, ("--s", "0")),
+           (values.size, ("--s", "abc")), (values.env_pair, ("--env", "1BAD=x")), (values.env_pair, ("--env", "A B=x")),
+           (values.env_pair, ("--env", "=v")), (values.env_pair, ("--env", "$(id)=x")),
+           (values.cidr, ("--c", "1.2.3.4/40")), (values.cidr, ("--c", "::1")),
+           (values.instance_type, ("--t", "p3.2xlarge")), (values.name, ("--name", "n" * 64)),
+           (values.user, ("--u", "-oProxyCommand=x")), (values.text, ("--x", "a\nb")), (values.text, ("--x", "a" * 5000))]
+    for fn, args in bad:
+        kwargs = {"sagemaker": True} if fn is values.instance_type else {}
+        with pytest.raises(values.BadValue, match=re.escape(args[0])):
+            fn(*args, **kwargs)
+
+
+def test_env_names_are_one_rule():
+    """--env, --env-file, SageMaker's env and the container env accept the same names."""
+    from dtrain import values
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import commands
+    from dtrain.launch.other_tools import sagemaker as sm
+
+    for name in ("1BAD", "A B", "", "$(id)", "A-B", "É"):
+        assert not values.env_name(name)
+        assert not commands._ENV_NAME_RE.match(name)
+        with pytest.raises(LaunchError):
+            sm.env_pairs([f"{name}=x"])
+    for name in ("A", "_x", "NCCL_DEBUG"):
+        assert values.env_name(name) and commands._ENV_NAME_RE.match(name) and sm.env_pairs([f"{name}=1"])
+
+
+def test_binary_hostfile_and_env_file_are_one_line_errors(tmp_path):
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs.commands import parse_env_file
+    from dtrain.launch.jobs.hosts import parse_hostfile
+
+    f = tmp_path / "bin"
+    f.write_bytes(bytes(range(256)))
+    for parse in (parse_env_file, parse_hostfile):
+        with pytest.raises(LaunchError, match="not UTF-8"):
+            parse(f)
+
+
+def test_diagnose_reads_only_the_tail(tmp_path):
+    """`invoke diagnose /dev/zero` ends; a large log is read from its last TAIL_BYTES."""
+    from dtrain.launch.troubleshoot import diagnose as dg
+
+    assert len(dg.read_tail(Path("/dev/zero"), 1 << 20)) == 1 << 20
+    log = tmp_path / "big.log"
+    log.write_bytes(b"x" * (3 << 20) + b"END")
+    tail = dg.read_tail(log, 1 << 20)
+    assert len(tail) == 1 << 20 and tail.endswith(b"END")
+    r = invoke(tmp_path, "diagnose", "/dev/zero")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -175,6 +175,11 @@ def test_up_default_vpc_then_down_leaves_nothing(aws):
     assert not ec2.cluster_dir("c1").exists()
     with pytest.raises(LaunchError, match="no such cluster"):
         ec2.load_cluster("c1")
+    # a second `nodes down` (or a typo) is an error naming the stack, not "deleted"
+    with pytest.raises(LaunchError, match="no stack dtrain-c1 in region"):
+        ec2.delete_stack(aws, "c1", poll=0.05)
+    with pytest.raises(LaunchError, match="no stack dtrain-c1x"):
+        ec2.delete_stack(aws, "c1x", poll=0.05)
 
 
 def test_up_new_vpc_with_efs(aws):
@@ -320,7 +325,7 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
     s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
     assert s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"] == []
     r = invoke(env, "nodes", "list")
-    assert r.returncode == 0 and r.stdout == ""
+    assert r.returncode == 0 and r.stdout.startswith("no clusters (no dtrain stack in region ")
 
 
 def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkeypatch):
@@ -331,9 +336,11 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
     d.mkdir(parents=True)
     (d / "hostfile").write_text("10.0.0.5 slots=2 user=ubuntu\n10.0.0.6 slots=2 user=ubuntu\n")
     monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
-    nodes = tasks._nodes(None, None, None, None, None, None, "/k/id", cluster="c9")
+    key = tmp_path / "id"  # --ssh-key must be a file here
+    key.write_text("key\n")
+    nodes = tasks._nodes(None, None, None, None, None, None, str(key), cluster="c9")
     assert [(n.host, n.slots, n.user, n.identity) for n in nodes] == \
-        [("10.0.0.5", 2, "ubuntu", "/k/id"), ("10.0.0.6", 2, "ubuntu", "/k/id")]
+        [("10.0.0.5", 2, "ubuntu", str(key)), ("10.0.0.6", 2, "ubuntu", str(key))]
     r = invoke(env, "launch", "--cluster", "c9", "--hostfile", "/x", "--image", "img", "--", "true")
     assert r.returncode == 2 and "give --cluster or one of --hostfile" in r.stderr
     r = invoke(env, "launch", "--cluster", "nope", "--image", "img", "--", "true")
@@ -388,3 +395,21 @@ def test_first_boot_installs_pigz_and_never_fails_the_boot(tmp_path, have_unpigz
     r = subprocess.run(["/bin/bash", str(ec2.FIRST_BOOT)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert (log.read_text() if log.exists() else "") == calls
+
+
+def test_nodes_cli_list_empty_and_down_typo(aws, monkeypatch, capsys):
+    """`nodes list` with no cluster says so; `nodes down --name typo` is an error naming the
+    stack (exit 2), not "deleted" (moto: no stack exists)."""
+    from invoke import Context
+
+    import tasks
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    tasks.nodes(Context(), "list")
+    assert capsys.readouterr().out.strip() == f"no clusters (no dtrain stack in region {REGION})"
+    with pytest.raises(SystemExit) as exc:
+        tasks.nodes(Context(), "down", name="typo")
+    out = capsys.readouterr()
+    assert exc.value.code == 2 and "deleted" not in out.out
+    assert out.err.strip() == (f"error: nodes down --name typo: no stack dtrain-typo in region {REGION}; "
+                               "`invoke nodes list` shows the clusters")

@@ -220,7 +220,7 @@ def test_cli_bad_spec_exits_nonzero_without_traceback(tmp_path):
 def test_cli_unknown_family(tmp_path):
     result = _invoke(_copy_project(tmp_path), "render", "--image", "nosuch")
     assert result.returncode != 0
-    assert "unknown image family nosuch" in result.stderr
+    assert "--image: unknown image family 'nosuch'" in result.stderr
     assert "Traceback" not in result.stderr
 
 

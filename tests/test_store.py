@@ -69,7 +69,7 @@ def test_a_record_naming_a_bad_name_is_never_stopped(home):
 
 
 def test_good_names_and_default_names_unique_per_launch():
-    for name in ("a", "job-1", "A.b_c-9", "x" * 128):
+    for name in ("a", "job-1", "A.b_c-9", "x" * 63):
         assert store.check_name(name) == name
     names = {store.default_name() for _ in range(200)}
     assert len(names) == 200 and all(store.check_name(n) for n in names)

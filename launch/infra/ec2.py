@@ -370,6 +370,16 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
 
     cfn = session.client("cloudformation")
     try:
+        try:
+            status = cfn.describe_stacks(StackName=stack_name(name))["Stacks"][0]["StackStatus"]
+        except ClientError as e:
+            if "does not exist" not in e.response["Error"].get("Message", ""):
+                raise
+            status = "DELETE_COMPLETE"
+        if status == "DELETE_COMPLETE":  # a typo, or deleted before: say so, forget it here
+            _forget(name)
+            raise LaunchError(f"nodes down --name {name}: no stack {stack_name(name)} in region "
+                              f"{session.region_name}; `invoke nodes list` shows the clusters")
         cfn.delete_stack(StackName=stack_name(name))
         deadline = time.monotonic() + timeout
         while wait:
@@ -388,6 +398,11 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             delete_volumes(session, name)
     except ClientError as e:
         raise _client_error(e, f"DeleteStack {stack_name(name)}") from None
+    _forget(name)
+
+
+def _forget(name: str) -> None:
+    """Remove the cluster's files here (its hostfile and record)."""
     for f in ("cluster.json", "hostfile"):
         (cluster_dir(name) / f).unlink(missing_ok=True)
     if cluster_dir(name).is_dir() and not any(cluster_dir(name).iterdir()):

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain import contract
+from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.hosts import Node, hosts_list
 
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME_RE = re.compile(rf"^{values.ENV_NAME.pattern}$", re.ASCII)  # the one rule: dtrain/values.py
 
 # What `mpirun --tag-output` puts before each chunk a rank writes: `[1,3]<stdout>:` (job,
 # rank; the job part is absent in some versions). Group 1 is the rank.
@@ -327,6 +327,8 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
         text = path.read_text()
     except OSError as e:
         raise LaunchError(f"{path}: cannot read env file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise LaunchError(f"{path}: not a text env file (not UTF-8); expected KEY=VALUE lines") from None
     result: dict[str, str] = {}
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):

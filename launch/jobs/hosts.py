@@ -110,6 +110,8 @@ def parse_hostfile(path: str | Path) -> list[Node]:
         text = path.read_text()
     except OSError as e:
         raise LaunchError(f"{path}: cannot read hostfile: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise LaunchError(f"{path}: not a text hostfile (not UTF-8); expected `HOST slots=N` lines") from None
     nodes: list[Node] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):

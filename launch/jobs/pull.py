@@ -56,20 +56,18 @@ class ImageRef:
 def parse_ref(image: str) -> ImageRef:
     """`[registry/]repo[:tag][@digest]` as the docker CLI reads it (docker.io when the first
     part has no dot, colon or is not localhost)."""
-    name, at, digest = image.partition("@")
-    first, slash, rest = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = "registry-1.docker.io", name
-        if "/" not in path:
-            path = "library/" + path
-    repo, colon, tag = path.rpartition(":")
-    if not colon or "/" in tag:
-        repo, tag = path, "latest"
-    if not repo or not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*$", repo):
-        raise LaunchError(f"--image {image}: not an image reference (REGISTRY/REPO:TAG)")
-    return ImageRef(registry, repo, digest if at else tag)
+    from dtrain.images.reference import BadReference, check
+
+    try:
+        ref = check(image)  # the one parser (images/reference.py): Docker's grammar and domain rule
+    except BadReference as e:
+        raise LaunchError(str(e)) from None
+    registry, repo = ref.domain, ref.path
+    if not registry:
+        registry = "registry-1.docker.io"
+        if "/" not in repo:
+            repo = "library/" + repo
+    return ImageRef(registry, repo, ref.digest or ref.tag or "latest")
 
 
 # --- the registry's digest (launcher side, once) -----------------------------------------------

@@ -30,24 +30,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dtrain import contract
+from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import node_programs
 from dtrain.launch.jobs.fanout import SSH_FAILURE
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.transport import SshTransport
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 LIVE_STATES = ("starting", "running")
 LAUNCH_LOCK = "launch.lock"
 
 
 def check_name(name: object) -> str:
-    """A job name as every path made from it needs it: letters, digits, _ . -, first a letter
-    or digit (so never empty, `.` or `..`), no `/`, at most 128 characters."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+    """A job name as every path made from it needs it (dtrain.values' rule for names: letters,
+    digits, _ . -, first a letter or digit, so never empty, `.` or `..`, no `/`)."""
+    if not isinstance(name, str) or not values.NAME.fullmatch(name) or len(name) > values.NAME_MAX:
         raise LaunchError(f"bad job name {name!r}: letters, digits, _ . - (starting with a letter or digit), "
-                          "at most 128 characters")
+                          f"at most {values.NAME_MAX} characters")
     return name
 
 
@@ -259,7 +258,7 @@ def load_job(name: str | None) -> dict:
         return j
     for path in sorted(root.glob("*/job.json"), key=_mtime, reverse=True):
         j = read_record(path)
-        if j is not None and _NAME.fullmatch(j["name"]) and j["name"] == path.parent.name:
+        if j is not None and values.NAME.fullmatch(j["name"]) and j["name"] == path.parent.name:
             return j
     raise LaunchError(f"no jobs yet (jobs are in {root})")
 

@@ -47,10 +47,12 @@ class Workdir:
 
 def parse_size(text: str) -> int:
     """`--workdir-limit` as bytes: a whole number with an optional k/m/g suffix (powers of 1024)."""
-    m = re.fullmatch(r"(\d+)([kmg]?)i?b?", str(text).strip().lower())
-    if not m or int(m.group(1)) == 0:
-        raise LaunchError(f"--workdir-limit {text!r}: expected a size such as 500m or 2g")
-    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)]
+    from dtrain import values
+
+    try:
+        return values.size("--workdir-limit", text, "500m or 2g")
+    except values.BadValue as e:
+        raise LaunchError(str(e)) from None
 
 
 def human(n: float) -> str:

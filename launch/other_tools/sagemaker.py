@@ -421,6 +421,14 @@ def default_output(session) -> str:
     return f"s3://{bucket}/dtrain"
 
 
+def check_job_name(flag: str, name: str) -> str:
+    """CreateTrainingJob's pattern: letters, digits and '-', starting alphanumeric, at most 63."""
+    if not _JOB_NAME_RE.match(name):
+        raise LaunchError(f"{flag} {name[:80]!r}: expected letters, digits and '-', starting with a letter "
+                          "or digit, at most 63 (SageMaker's training job names)")
+    return name
+
+
 def job_name(now: float | None = None) -> str:
     return "dtrain-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
 
@@ -454,10 +462,14 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     """`invoke sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited)."""
     import boto3
 
+    from dtrain import values
+
     if not opts.role_arn:
         raise LaunchError("--role is required (the SageMaker execution role ARN)")
     if not opts.image:
         raise LaunchError("--image is required (an ECR image built and pushed here)")
+    values.image("--image", opts.image)  # before anything is uploaded
+    values.instance_type("--instance-type", opts.instance_type, sagemaker=True)
     session = session or boto3.session.Session()
     name = opts.name or job_name()
     output = (opts.output_s3 or default_output(session)).rstrip("/")
@@ -555,11 +567,14 @@ def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable
 
 
 def env_pairs(items: Sequence[str]) -> dict[str, str]:
+    from dtrain import values
+
     out = {}
     for kv in items:
-        k, sep, v = kv.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-            raise LaunchError(f"--env {kv!r}: expected NAME=VALUE")
+        try:
+            k, v = values.env_pair("--env", kv)
+        except values.BadValue as e:
+            raise LaunchError(str(e)) from None
         out[k] = v
     return out
 

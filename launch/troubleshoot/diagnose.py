@@ -220,10 +220,28 @@ def diagnose(text: str) -> list[Finding]:
     return findings
 
 
+TAIL_BYTES = 8 << 20  # a failure's signature is near the end: only the last 8 MiB is read
+
+
+def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
+    """At most the last `limit` bytes of a file; of a pipe or device (no end to seek to), the
+    first `limit` bytes: never reads forever (/dev/zero)."""
+    with p.open("rb") as f:
+        try:
+            end = f.seek(0, 2)
+            if end > limit:
+                f.seek(end - limit)
+            else:
+                f.seek(0)
+        except OSError:
+            pass
+        return f.read(limit)
+
+
 def diagnose_file(path: str | Path) -> list[Finding]:
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_tail(p)
     except FileNotFoundError:
         raise DiagnoseError(f"{p}: no such file") from None
     except IsADirectoryError:

@@ -1,0 +1,163 @@
+"""One parser per kind of user value (count, number, size, env, image reference, name, CIDR).
+
+Pure functions: a flag's name and its text in, the parsed value out, or BadValue whose
+message is one line `FLAG 'TEXT': expected ...`. tasks.py checks every flag with these before
+anything touches a node; images/ and launch/ parse the same kinds of value with them too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Iterable
+
+MAX_TEXT = 4096  # longer values are refused (and shown cut short in the message)
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*", re.ASCII)  # job and cluster names
+USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*", re.ASCII)
+NAME_MAX = 63  # a job name becomes a container name, a directory, a CloudFormation stack name part
+_SIZE = re.compile(r"([0-9]{1,15})([kmgt]?)(?:ib|b)?", re.ASCII)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class BadValue(ValueError):
+    """A flag's value that is not of its kind; str() is the one-line message."""
+
+
+def shown(text) -> str:
+    """The value as the message quotes it: repr, cut short when long."""
+    s = str(text)
+    return repr(s if len(s) <= 60 else s[:40] + "...") + (f" ({len(s)} characters)" if len(s) > 60 else "")
+
+
+def _plain(flag: str, text, what: str, *, secret: bool = False) -> str:
+    """The text of a value, refused when it is not a short single line of printable characters
+    (a secret's message names the flag only)."""
+    s = None if text is None or isinstance(text, bool) else str(text)
+    if s is None or len(s) > MAX_TEXT or not s.isprintable():
+        raise BadValue(f"{flag}: expected {what}" if secret else f"{flag} {shown(text)}: expected {what}")
+    return s
+
+
+def text(flag: str, value, *, secret: bool = False) -> str:
+    """Any flag's text: one line of printable characters, at most MAX_TEXT of them."""
+    return _plain(flag, value, f"one line of printable text, at most {MAX_TEXT} characters", secret=secret)
+
+
+def count(flag: str, text, lo: int = 0, hi: int | None = None) -> int:
+    """A whole number in lo..hi (decimal digits only: no sign, no 1.5, no 0x)."""
+    accepted = f"a whole number from {lo} to {hi}" if hi is not None else f"a whole number >= {lo}"
+    s = _plain(flag, text, accepted).strip()
+    n = int(s) if s.isascii() and s.isdigit() and len(s) <= 18 else None
+    if n is None or n < lo or (hi is not None and n > hi):
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return n
+
+
+def number(flag: str, text, lo: float = 0.0, *, or_equal: bool = False, hi: float | None = None) -> float:
+    """A finite decimal number > lo (>= lo with or_equal), and <= hi when given."""
+    accepted = f"a number {'>=' if or_equal else '>'} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+    s = _plain(flag, text, accepted).strip()
+    x = float(s) if re.fullmatch(r"[0-9]{1,15}(?:\.[0-9]{0,9})?|\.[0-9]{1,9}", s) else math.nan
+    if not math.isfinite(x) or x < lo or (x == lo and not or_equal) or (hi is not None and x > hi):
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return x
+
+
+def size(flag: str, text, example: str = "500m or 2g") -> int:
+    """Bytes from a whole number with an optional k/m/g/t suffix (powers of 1024; `b`/`ib` allowed)."""
+    accepted = f"a size such as {example}"
+    s = _plain(flag, text, accepted).strip().lower()
+    m = _SIZE.fullmatch(s)
+    if not m or int(m.group(1)) == 0:
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+
+
+def docker_size(flag: str, text, example: str = "16g") -> str:
+    """A size as `docker run --shm-size` takes it (NUMBER[b|k|m|g]), checked by size()."""
+    size(flag, text, example)
+    s = str(text).strip().lower()
+    m = _SIZE.fullmatch(s)
+    return m.group(1) + (m.group(2) or "b") if m.group(2) != "t" else str(int(m.group(1)) << 10) + "g"
+
+
+def env_name(name: str) -> bool:
+    """A POSIX shell variable name: what every launcher forwards (torchrun/ray drop others)."""
+    return bool(ENV_NAME.fullmatch(name))
+
+
+def env_pair(flag: str, text) -> tuple[str, str]:
+    """`NAME=VALUE` with NAME a variable name (letters, digits, _; not starting with a digit)."""
+    s = _plain(flag, text, "NAME=VALUE")
+    k, sep, v = s.partition("=")
+    if not sep or not env_name(k):
+        raise BadValue(f"{flag} {shown(text)}: expected NAME=VALUE, NAME of letters, digits and _ "
+                       "not starting with a digit")
+    return k, v
+
+
+def env_pairs(flag: str, items: Iterable[str] | None) -> dict[str, str]:
+    return dict(env_pair(flag, kv) for kv in items or [])
+
+
+def name(flag: str, text, max_len: int = NAME_MAX) -> str:
+    """A job or cluster name: letters, digits, _ . -, starting alphanumeric, at most max_len."""
+    accepted = f"a name of letters, digits, _ . - (starting alphanumeric, at most {max_len})"
+    s = _plain(flag, text, accepted)
+    if not NAME.fullmatch(s) or len(s) > max_len:
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return s
+
+
+def user(flag: str, text) -> str:
+    """A login name on the nodes (ssh -l): letters, digits, _ . -, not starting with . or -."""
+    accepted = "a user name of letters, digits, _ . - (not starting with . or -, at most 32)"
+    s = _plain(flag, text, accepted)
+    if not USER.fullmatch(s) or len(s) > 32:
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return s
+
+
+_INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+", re.ASCII)  # p4d.24xlarge, u-6tb1.metal
+
+
+def instance_type(flag: str, text, *, sagemaker: bool = False) -> str:
+    """An EC2 instance type (p4d.24xlarge), or with sagemaker a SageMaker one (ml.p4d.24xlarge)."""
+    example = "ml.p4d.24xlarge" if sagemaker else "p4d.24xlarge"
+    s = _plain(flag, text, f"an instance type such as {example}")
+    bare = s[3:] if sagemaker and s.startswith("ml.") else (None if sagemaker else s)
+    if bare is None or not _INSTANCE_TYPE.fullmatch(bare) or len(s) > 64:
+        hint = f" (SageMaker's types start with ml.: ml.{s})" if sagemaker and _INSTANCE_TYPE.fullmatch(s) else ""
+        raise BadValue(f"{flag} {shown(text)}: expected an instance type such as {example}{hint}")
+    return s
+
+
+def image(flag: str, text) -> str:
+    """A Docker image reference (images/reference.py: the engine's own grammar)."""
+    from dtrain.images.reference import check
+
+    s = _plain(flag, text, "an image reference REGISTRY[:PORT]/NAME[:TAG]")
+    check(s, flag)
+    return s
+
+
+def choice(flag: str, text, choices: tuple[str, ...]) -> str:
+    if text not in choices:
+        raise BadValue(f"{flag} {shown(text)}: use {', '.join(choices[:-1])} or {choices[-1]}")
+    return text
+
+
+def cidr(flag: str, text) -> str:
+    """An IPv4 network `A.B.C.D/N`; a bare address is that address alone (/32)."""
+    accepted = "an IPv4 network such as 10.1.2.3/32 (a bare address means /32)"
+    s = _plain(flag, text, accepted).strip()
+    try:
+        net = ipaddress.IPv4Network(s, strict=False) if s else None
+    except ValueError:
+        net = None
+    if net is None:
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return str(net)
