@@ -5,6 +5,7 @@ The real build, import and push run in tests/test_push.py (Docker)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,49 @@ def test_check_script_imports_every_requirement(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "images" / "check_requirements.py"), str(tmp_path / "check.json")],
                        env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "dtrain-check: ok r.txt:1: goodpkg (goodmod)\n", r.stdout + r.stderr
+
+
+@pytest.mark.docker
+def test_project_build_ends_with_an_import_check(cpu_images, ca_bundle, tmp_path):
+    """Real builds FROM the pytorch-ddp CPU image: a requirement that imports passes the check;
+    one that installs but cannot import (timm pulls PyPI's torchvision, built for CUDA torch)
+    fails the build with one line naming it and the fix, not every rank at run time; a
+    torchvision requirement whose wheel is not beside the image's torch fails before building."""
+    from dtrain.images.build import BuildOptions
+    from dtrain.launch.infra import engine
+
+    wheels = Path("/opt/wheels")
+    good = tmp_path / "good-proj"
+    good.mkdir()
+    (good / "requirements.txt").write_text("six==1.17.0\n")
+    ref = pj.build(good, DDP, BuildOptions(ca_bundle=ca_bundle, wheelhouse=wheels), say=lambda _: None)
+    log = (pj.LOG_DIR / "project-good-proj.log").read_text()
+    assert re.search(r"dtrain-check: ok " + re.escape(f"{good}/requirements.txt:1: six==1.17.0 (six)"), log), log[-3000:]
+    out = subprocess.run([engine.docker_cli(), "run", "--rm", "--entrypoint", "python", ref, "-c",
+                          "import six, os; print(six.__version__, os.path.exists('/tmp/dtrain-support'))"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1.17.0", "False"], out.stderr  # the support image was mounted, not copied
+
+    bad = tmp_path / "bad-proj"
+    bad.mkdir()
+    (bad / "requirements.txt").write_text("six==1.17.0\ntimm==1.0.31\n")
+    with pytest.raises(BuildError) as exc:
+        pj.build(bad, DDP, BuildOptions(ca_bundle=ca_bundle, wheelhouse=wheels), say=lambda _: None)
+    [line] = str(exc.value).splitlines()
+    assert line.startswith(f"building dtrain/project-bad-proj:")
+    assert (f"failed: {bad}/requirements.txt:2: timm==1.0.31: import timm fails: RuntimeError: "
+            "operator torchvision::nms does not exist; it pulled in torchvision 0.28.0") in line, line
+    assert "list torchvision in requirements.txt and put a torchvision 0.28.*+cpu wheel in --wheelhouse" in line
+    assert not engine.image_exists(pj.plan(bad, DDP, IMAGES, wheelhouse=wheels).ref)  # never tagged
+
+    tv = tmp_path / "tv-proj"
+    tv.mkdir()
+    (tv / "requirements.txt").write_text("torchvision\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "invoke", "build", "--project", str(tv), "--from", DDP,
+                        "--wheelhouse", str(wheels)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    [err] = r.stderr.strip().splitlines()
+    assert err.startswith(f"error: {tv}/requirements.txt:1: torchvision: the image's torch 2.13.0+cpu comes "
+                          f"from --wheelhouse {wheels}, which has no torchvision 0.28.*+cpu wheel"), err
+    assert "[build]" not in r.stdout  # refused before any docker build
