@@ -209,7 +209,8 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             if not project:
                 raise b.BuildError("--from goes with --project DIR")
             opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
-                                  pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache)
+                                  pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache,
+                                  wheelhouse=Path(wheelhouse) if wheelhouse else None)
             pj.build(Path(project), from_, opts)
             return
         opts = b.BuildOptions(

@@ -13,24 +13,62 @@ anything is built, naming the requirement and the pin.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import shutil
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import yaml
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
-from dtrain.images.build import LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref
-from dtrain.images.render import ROOT
+from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
+                                 torch_wheel_present)
+from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
 from dtrain.images.spec import Image, SpecError, load_all
 
 CONFIG = "dtrain.yaml"
 REQUIREMENTS = "requirements.txt"
 SKIP = {".git", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"}  # not part of the tag hash
+CHECK_SCRIPT = Path(__file__).resolve().parent / "check_requirements.py"
+SUPPORT_DIR = "/tmp/dtrain-support"  # where the project Dockerfile mounts the support image
+CHECK_PREFIX = "dtrain-check:"
+
+
+@dataclass(frozen=True)
+class Req:
+    """One requirement that applies to the image (its marker holds)."""
+    where: str  # "DIR/requirements.txt:3"
+    spec: str  # the line as written, options dropped
+    name: str  # canonical distribution name
+    req: Requirement = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Support:
+    """What the build mounts from the support image: the import check, its plan, the
+    companion requirements and the wheels they come from (when from a wheelhouse)."""
+    files: tuple[tuple[str, bytes], ...]  # (relative path, content); wheels are paths below
+    wheels: tuple[Path, ...]
+    companion_index: str | None  # pip --index-url for the companions, when not from wheels
+    companion_pins: tuple[str, ...]  # constraints, e.g. torchvision==0.28.*
+    companion_names: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for name, data in self.files:
+            h.update(name.encode() + b"\0" + data + b"\0")
+        for w in self.wheels:
+            h.update(b"wheels/" + w.name.encode() + b"\0" + w.read_bytes() + b"\0")
+        return h.hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -40,6 +78,7 @@ class ProjectPlan:
     base: Image
     requirements: str  # requirements.txt text ("" when absent)
     tag: str  # content hash
+    support: Support | None = None  # None when there are no requirements
 
     @property
     def base_ref(self) -> str:
@@ -48,6 +87,10 @@ class ProjectPlan:
     @property
     def ref(self) -> str:
         return f"dtrain/project-{self.name}:{self.tag}"
+
+    @property
+    def support_ref(self) -> str:
+        return f"dtrain/project-{self.name}-support:{self.support.digest}" if self.support else ""
 
     @property
     def requirements_sha256(self) -> str:
@@ -125,9 +168,7 @@ def conflicts(text: str, img: Image, source: str = REQUIREMENTS) -> list[str]:
     """Every requirement in `text` that the image's framework pins cannot satisfy, one line
     each, naming the file, line, requirement and pin; also lines this build cannot honour."""
     pins, forbidden = framework_pins(img)
-    env = {**default_environment(), "python_version": img.variant.python,
-           "python_full_version": img.variant.python + ".0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64"}
+    env = _marker_env(img)
     problems = []
     for n, line in _requirement_lines(text):
         where = f"{source}:{n}"
@@ -159,6 +200,137 @@ def conflicts(text: str, img: Image, source: str = REQUIREMENTS) -> list[str]:
     return problems
 
 
+def _marker_env(img: Image) -> dict[str, str]:
+    return {**default_environment(), "python_version": img.variant.python,
+            "python_full_version": img.variant.python + ".0", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": "x86_64"}
+
+
+def applicable(text: str, img: Image, source: str = REQUIREMENTS) -> list[Req]:
+    """The requirements pip installs in the image (valid, marker true), in file order."""
+    env, out = _marker_env(img), []
+    for n, line in _requirement_lines(text):
+        if line.startswith("-"):
+            continue
+        spec = re.split(r"\s--?\w", line, maxsplit=1)[0].strip()
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement:
+            continue  # conflicts() reports it
+        if req.marker is None or req.marker.evaluate(env):
+            out.append(Req(f"{source}:{n}", spec, canonicalize_name(req.name), req))
+    return out
+
+
+def companion_table(img: Image) -> dict[str, str | None]:
+    """{companion: its minor built for this image's torch, or None when no release is}
+    (compat.yaml torch_companions); {} for a TensorFlow image."""
+    if img.framework != "pytorch":
+        return {}
+    table = img.compat.torch_companions
+    row = table.get(minor(img.framework_version), {})
+    return {name: row.get(name) for name in sorted({n for r in table.values() for n in r})}
+
+
+def _allows_minor(req: Requirement, want: str) -> bool:
+    return any(req.specifier.contains(f"{want}.{patch}", prereleases=True) for patch in range(10))
+
+
+def companions(reqs: list[Req], img: Image) -> tuple[list[Req], list[str]]:
+    """(the requirements that are framework companions, one line per one that cannot match)."""
+    table, torch, ref = companion_table(img), img.framework_version, local_ref(img)
+    out, problems = [], []
+    for r in reqs:
+        if r.name not in table:
+            continue
+        want = table[r.name]
+        if want is None:
+            problems.append(f"{r.where}: {r.spec}: no {r.name} release is built for torch {torch} ({ref}); "
+                            f"drop it or build --from a variant with an older torch (images/compat.yaml "
+                            "torch_companions)")
+        elif r.req.url:
+            problems.append(f"{r.where}: {r.spec}: {r.name} must come from where the image's torch comes "
+                            f"from; write `{r.name}` without the URL (it gets {r.name} {want}.*, built for "
+                            f"torch {torch})")
+        elif not _allows_minor(r.req, want):
+            problems.append(f"{r.where}: {r.spec} does not match {ref}: torch {torch} needs {r.name} "
+                            f"{want}.*; allow it, or build --from a variant whose torch matches")
+        else:
+            out.append(r)
+    return out, problems
+
+
+def companion_wheels(comps: list[Req], img: Image, wheels: list[str]) -> tuple[list[str], list[str]]:
+    """(wheel file names that serve the companions, one line per companion the wheelhouse lacks)."""
+    table, flavour, py = companion_table(img), torch_flavour(img), img.variant.python.replace(".", "")
+    chosen, missing = [], []
+    for r in comps:
+        want = table[r.name]
+        found = []
+        for w in wheels:
+            try:
+                name, version, _, tags = parse_wheel_filename(w)
+            except (InvalidWheelFilename, InvalidVersion):
+                continue
+            if (name == r.name and version.local == flavour and f"{version.major}.{version.minor}" == want
+                    and r.req.specifier.contains(version, prereleases=True)
+                    and any(t.interpreter in (f"cp{py}", "py3") for t in tags)):
+                found.append(w)
+        if found:
+            chosen.append(max(found, key=lambda w: parse_wheel_filename(w)[1]))
+        else:
+            missing.append(r.name)
+    return chosen, missing
+
+
+def check_plan(reqs: list[Req], img: Image) -> dict:
+    """What check_requirements.py reads: the requirements and the fix for each kind of failure."""
+    torch, flavour = img.framework_version, torch_flavour(img)
+    comps = {}
+    for name, want in companion_table(img).items():
+        comps[name] = (f"{name} must be the build for torch {torch}+{flavour}: list {name} in "
+                       f"requirements.txt and put a {name} {want}.*+{flavour} wheel in --wheelhouse DIR "
+                       "beside the torch wheel (without --wheelhouse it comes from the family's PyTorch "
+                       "index)" if want else
+                       f"no {name} release is built for torch {torch}: drop the requirement that needs it")
+    py = img.variant.python
+    fw = f"{img.framework} {img.framework_version}"
+    return {"requirements": [{"where": r.where, "spec": r.spec, "name": r.name} for r in reqs],
+            "flavour": flavour if img.framework == "pytorch" else "",
+            "companions": comps,
+            "fix": f"it installed but does not import with this image's Python {py} and {fw}: pin a "
+                   "version that supports them, add what it needs to requirements.txt, or drop it"}
+
+
+def support(text: str, img: Image, source: str, wheelhouse: Path | None,
+            wheels: list[str] | None) -> tuple[Support, list[str]]:
+    """The support image's content for a requirements text, and one line per companion that
+    cannot come from the framework's source (the wheelhouse when it holds the image's torch)."""
+    reqs = applicable(text, img, source)
+    comps, problems = companions(reqs, img)
+    chosen: list[str] = []
+    index = None
+    if comps and wheels is not None and torch_wheel_present(wheels, img.framework_version):
+        chosen, missing = companion_wheels(comps, img, wheels)
+        table, flavour, torch = companion_table(img), torch_flavour(img), img.framework_version
+        for r in comps:
+            if r.name in missing:
+                problems.append(
+                    f"{r.where}: {r.spec}: the image's torch {torch}+{flavour} comes from --wheelhouse "
+                    f"{wheelhouse}, which has no {r.name} {table[r.name]}.*+{flavour} wheel for Python "
+                    f"{img.variant.python}: put that wheel there (the PyTorch index for {flavour} builds has "
+                    f"it), or drop {r.name}; PyPI's {r.name} is built for another torch and fails to import")
+    elif comps:
+        index = torch_index(img)
+    table = companion_table(img)
+    files = (("check_requirements.py", CHECK_SCRIPT.read_bytes()),
+             ("check.json", (json.dumps(check_plan(reqs, img), indent=1) + "\n").encode()),
+             ("companions.txt", "".join(r.spec + "\n" for r in comps).encode()))
+    return Support(files, tuple(wheelhouse / w for w in chosen) if wheelhouse else (), index,
+                   tuple(f"{r.name}=={table[r.name]}.*" for r in comps),
+                   tuple(r.name for r in comps)), problems
+
+
 def constraints(img: Image) -> list[str]:
     pins, _ = framework_pins(img)
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
@@ -173,7 +345,8 @@ def tree_hash(directory: Path, base_ref: str) -> str:
     return h.hexdigest()[:12]
 
 
-def plan(directory: Path, from_: str | None, images: list[Image] | None = None) -> ProjectPlan:
+def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
+         wheelhouse: Path | None = None) -> ProjectPlan:
     """Everything the build needs, checked: the base, the requirements, the tag."""
     if not directory.is_dir():
         raise BuildError(f"--project {directory}: not a directory")
@@ -198,18 +371,45 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None) 
     req_path = directory / REQUIREMENTS
     text = req_path.read_text() if req_path.is_file() else ""
     problems = conflicts(text, base, str(req_path))
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise BuildError(f"--wheelhouse {wheelhouse}: not a directory")
+    wheels = sorted(p.name for p in wheelhouse.glob("*.whl")) if wheelhouse else None
+    sup, more = support(text, base, str(req_path), wheelhouse, wheels)
+    problems += more
     if problems:
         raise BuildError("\n".join(problems))
-    return ProjectPlan(directory.resolve(), repo_name(directory), base, text,
-                       tree_hash(directory, local_ref(base)))
+    has_reqs = bool(text.strip())
+    key = local_ref(base) + (f"\0{sup.digest}" if has_reqs else "")
+    return ProjectPlan(directory.resolve(), repo_name(directory), base, text, tree_hash(directory, key),
+                       sup if has_reqs else None)
 
 
 def dockerfile(p: ProjectPlan) -> str:
     from dtrain.images.render import _jinja
 
+    sup = p.support
+    index_failure = ""
+    if sup and sup.companion_index:
+        names = ", ".join(sup.companion_names)
+        index_failure = (f"{CHECK_PREFIX} {names}: cannot be installed from {sup.companion_index}, the PyTorch "
+                         f"index the torch of the image comes from; put the {names} wheels built for torch "
+                         f"{p.base.framework_version}+{torch_flavour(p.base)} in a directory with the torch "
+                         "wheel and build with --wheelhouse DIR, or drop them").replace("'", "")
     return _jinja().get_template("project.Dockerfile.j2").render(
-        name=p.name, base=p.base_ref, requirements=bool(p.requirements.strip()),
-        requirements_sha256=p.requirements_sha256, constraints=constraints(p.base))
+        name=p.name, base=p.base_ref, requirements=sup is not None,
+        requirements_sha256=p.requirements_sha256, constraints=constraints(p.base) + list(sup.companion_pins if sup else ()),
+        support=p.support_ref, support_dir=SUPPORT_DIR, companion_wheels=bool(sup and sup.wheels),
+        companion_index=sup.companion_index if sup else None, index_failure=index_failure)
+
+
+def check_failures(log_text: str) -> list[str]:
+    """The import check's (and companion install's) failure lines in a BuildKit plain log."""
+    out = []
+    for line in log_text.splitlines():
+        m = re.match(rf"^#\d+ [\d.]+ {re.escape(CHECK_PREFIX)} (.*)$", line)
+        if m and not m.group(1).startswith("ok "):
+            out.append(m.group(1))
+    return list(dict.fromkeys(out))
 
 
 def build_argv(p: ProjectPlan, opts: BuildOptions, *, docker: str, dockerfile_path: Path) -> list[str]:
@@ -232,7 +432,7 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
     """Build the project image; returns its reference."""
     from dtrain.launch.infra import engine
 
-    p = plan(directory, from_)
+    p = plan(directory, from_, wheelhouse=opts.wheelhouse)
     for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):
         if path and not path.is_file():
             raise BuildError(f"{label} {path}: no such file")
@@ -243,17 +443,49 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
                          f"--tag {p.base.tag}` first")
     out = ROOT / "build" / "project" / p.name
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "Dockerfile"
-    path.write_text(dockerfile(p))
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"project-{p.name}.log"
     state, start = _Progress(), time.monotonic()
+    if p.support and not engine.image_exists(p.support_ref):
+        _build_support(p, out / "support", docker, LOG_DIR / f"project-{p.name}-support.log", say)
+    path = out / "Dockerfile"
+    path.write_text(dockerfile(p))
     say(f"[build] project {directory} FROM {p.base_ref} -> {p.ref}")
     if _run_streaming(build_argv(p, opts, docker=docker, dockerfile_path=path), log,
                       f"[project-{p.name}]", state, say) != 0:
+        failures = check_failures(log.read_text())
+        if failures:  # the import check (or the companion install) says what is wrong, one line each
+            raise BuildError("\n".join(f"building {p.ref} failed: {f}" for f in failures)
+                             + f" (build log: {log})")
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise BuildError(f"building {p.ref} failed" + (f": {state.errors[-1]}" if state.errors else "")
                          + f"\n--- last lines of the build log ---\n{tail}\n--- full log: {log}")
     say(f"[build] {p.ref} built in {time.monotonic() - start:.1f} s; push it with "
         f"`invoke push --registry HOST[:PORT] --image project-{p.name}:{p.tag}` (or --ecr)")
     return p.ref
+
+
+def _build_support(p: ProjectPlan, ctx: Path, docker: str, log: Path, say: Callable[[str], None]) -> None:
+    """Build the support image (FROM scratch: the check, its plan, companion wheels) that the
+    project Dockerfile bind-mounts; nothing of it stays in the project image's layers."""
+    assert p.support
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "wheels").mkdir(parents=True)
+    for name, data in p.support.files:
+        (ctx / name).write_bytes(data)
+    for w in p.support.wheels:
+        try:
+            os.link(w, ctx / "wheels" / w.name)
+        except OSError:
+            shutil.copy2(w, ctx / "wheels" / w.name)
+    dockerfile_path = ctx.parent / "support.Dockerfile"
+    dockerfile_path.write_text("FROM scratch\nCOPY . /dtrain/\n")
+    argv = [docker, "build", "--progress=plain", "-f", str(dockerfile_path), "-t", p.support_ref, str(ctx)]
+    say(f"[build] support image {p.support_ref} (import check"
+        + (f", {len(p.support.wheels)} companion wheel(s)" if p.support.wheels else "") + ")")
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    log.write_text("$ " + " ".join(argv) + "\n" + r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise BuildError(f"building {p.support_ref} failed: {(r.stderr.strip().splitlines() or [''])[-1]} "
+                         f"(log: {log})")

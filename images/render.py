@@ -142,6 +142,16 @@ def local_ref(img: Any) -> str:
     return f"{REPO_PREFIX}/{img.family}:{img.tag}"
 
 
+def torch_flavour(img: Image) -> str:
+    """The torch wheel's local version label: 'cpu' or the CUDA variant ('cu128')."""
+    return img.cuda_short if img.gpu else "cpu"
+
+
+def torch_index(img: Image) -> str:
+    """The PyTorch index a family image takes torch from when the wheelhouse lacks it."""
+    return f"https://download.pytorch.org/whl/{torch_flavour(img)}"
+
+
 def context(img: Image) -> dict[str, Any]:
     """Everything the templates need, derived from one validated Image."""
     v = img.variant
@@ -168,8 +178,7 @@ def context(img: Image) -> dict[str, Any]:
         tf = "tensorflow" if img.gpu else "tensorflow-cpu"
         ctx["tf_pip"] = [f"{tf}=={v.tensorflow}"] + ([f"tf-keras=={v.tf_keras}"] if v.tf_keras else [])
     else:
-        flavour = img.cuda_short if img.gpu else "cpu"
-        ctx["torch_index"] = f"https://download.pytorch.org/whl/{flavour}"
+        ctx["torch_index"] = torch_index(img)
         ctx["torch_numpy"] = img.compat.pytorch[minor(v.pytorch)].numpy
     if v.horovod:
         ctx |= {

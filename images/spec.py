@@ -129,6 +129,7 @@ class Compat(_Strict):
     tensorflow: dict[str, _TfRow]
     pytorch: dict[str, _TorchRow]
     torch_wheel_min_sm: dict[str, int]
+    torch_companions: dict[str, dict[str, str]]  # torch minor -> {companion: its minor}
     horovod: dict[str, _HorovodRow]
     ray: dict[str, _RayRow]
 

@@ -5,6 +5,7 @@ The real build, import and push run in tests/test_push.py (Docker)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,10 +105,13 @@ def test_dockerfile_layers_in_cache_order(tmp_path):
     df.content = text
     instrs = [(i["instruction"], i["value"]) for i in df.structure]
     kinds = [k for k, _ in instrs if k not in ("COMMENT",)]
-    assert kinds == ["ARG", "FROM", "COPY", "RUN", "COPY", "WORKDIR", "LABEL"]
+    assert kinds == ["ARG", "FROM", "COPY", "RUN", "RUN", "COPY", "WORKDIR", "LABEL"]
     assert ("ARG", "BASE_IMAGE=dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu-py311-debian12") in instrs
-    run = next(v for k, v in instrs if k == "RUN")
+    run, check = [v for k, v in instrs if k == "RUN"]
     assert "--mount=type=secret,id=ca" in run and "--mount=type=secret,id=pipconf" in run
+    assert f"--mount=type=bind,from={p.support_ref},source=/dtrain,target=/tmp/dtrain-support" in check
+    assert check.endswith("python /tmp/dtrain-support/check_requirements.py /tmp/dtrain-support/check.json")
+    assert "--index-url" not in run and "--find-links" not in run  # no companion: nothing extra
     assert "'horovod==0.28.1' 'torch==2.13.0'" in run
     assert "-c /tmp/dtrain-project/constraints.txt -r /tmp/dtrain-project/requirements.txt" in run
     assert instrs[-3:-1] == [("COPY", ". /workdir"), ("WORKDIR", "/workdir")]
@@ -148,3 +152,190 @@ def test_project_dockerfile_passes_hadolint(tmp_path):
     r = subprocess.run(["hadolint", "--config", str(ROOT / ".hadolint.yaml"), str(path)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+
+# ---------------------------------------------------------------- companions and the import check (issue 22 §9)
+
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+TV_CPU = "torchvision-0.28.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def test_companion_table_follows_the_image_torch():
+    assert pj.companion_table(base(DDP)) == {"torchaudio": None, "torchvision": "0.28"}
+    assert pj.companion_table(base("horovod-pytorch"))["torchvision"] == "0.28"
+    assert pj.companion_table(base(HVD_TF)) == {}  # TensorFlow: no torch companions
+    gpu = base("pytorch-ddp:2.4.1-cu124-cudnn9-py310-ubuntu22.04")
+    assert pj.companion_table(gpu) == {"torchaudio": "2.4", "torchvision": "0.19"}
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("torchvision==0.20.0\n", ["requirements.txt:1: torchvision==0.20.0 does not match", "needs torchvision 0.28.*"]),
+    ("TorchAudio\n", ["requirements.txt:1: TorchAudio: no torchaudio release is built for torch 2.13.0"]),
+    ("torchvision @ https://example.com/tv.whl\n", ["without the URL", "torchvision 0.28.*"]),
+])
+def test_companions_that_cannot_match_are_named(text, needles):
+    reqs = pj.applicable(text, base(DDP))
+    comps, problems = pj.companions(reqs, base(DDP))
+    assert comps == [] and len(problems) == 1, problems
+    for n in needles:
+        assert n in problems[0], problems[0]
+
+
+def test_companions_are_picked_out_of_the_requirements():
+    text = "six\ntorchvision>=0.28 ; python_version >= '3.8'\nnumpy\ntorchvision<0.1 ; python_version < '3'\n"
+    comps, problems = pj.companions(pj.applicable(text, base(DDP)), base(DDP))
+    assert problems == [] and [(c.where, c.name) for c in comps] == [("requirements.txt:2", "torchvision")]
+
+
+def test_companion_wheels_match_version_flavour_and_python():
+    comps, _ = pj.companions(pj.applicable("torchvision\n", base(DDP)), base(DDP))
+    wheels = [TORCH_WHEEL, "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl",  # PyPI's: no +cpu
+              "torchvision-0.28.0+cpu-cp310-cp310-manylinux_2_28_x86_64.whl",  # another Python
+              "torchvision-0.27.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",  # another torch
+              "not-a-wheel.whl"]
+    assert pj.companion_wheels(comps, base(DDP), wheels) == ([], ["torchvision"])
+    assert pj.companion_wheels(comps, base(DDP), wheels + [TV_CPU]) == ([TV_CPU], [])
+
+
+def test_torchvision_without_its_wheel_fails_before_building(tmp_path):
+    """This machine's case: the image's CPU torch came from a wheelhouse without torchvision."""
+    house = tmp_path / "wheels"
+    house.mkdir()
+    (house / TORCH_WHEEL).write_bytes(b"")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "requirements.txt").write_text("six\ntorchvision\n")
+    with pytest.raises(BuildError) as exc:
+        pj.plan(proj, DDP, IMAGES, wheelhouse=house)
+    [line] = str(exc.value).splitlines()
+    assert line.startswith(f"{proj}/requirements.txt:2: torchvision: the image's torch 2.13.0+cpu comes from "
+                           f"--wheelhouse {house}, which has no torchvision 0.28.*+cpu wheel for Python 3.11")
+    # With the wheel there, the companion comes from it (--no-index), pinned to the torch's minor.
+    (house / TV_CPU).write_bytes(b"wheel bytes")
+    p = pj.plan(proj, DDP, IMAGES, wheelhouse=house)
+    assert p.support.wheels == (house / TV_CPU,) and p.support.companion_index is None
+    text = pj.dockerfile(p)
+    assert "pip install --no-cache-dir --no-index --find-links /tmp/dtrain-support/wheels" in text
+    assert "'torch==2.13.0' 'torchvision==0.28.*'" in text
+    assert dict(p.support.files)["companions.txt"] == b"torchvision\n"
+    tag = p.tag
+    (house / TV_CPU).write_bytes(b"other wheel bytes")  # another wheel: another support image and tag
+    assert pj.plan(proj, DDP, IMAGES, wheelhouse=house).tag != tag
+
+
+def test_without_wheelhouse_companions_come_from_the_family_index(tmp_path):
+    (tmp_path / "requirements.txt").write_text("torchvision\n")
+    p = pj.plan(tmp_path, DDP, IMAGES)
+    from dtrain.images.render import torch_index
+
+    assert p.support.companion_index == torch_index(base(DDP)) and p.support.wheels == ()
+    text = pj.dockerfile(p)
+    assert f"pip install --no-cache-dir --index-url {torch_index(base(DDP))}" in text
+    assert "|| { echo 'dtrain-check: torchvision: cannot be installed from" in text
+    # The echo is one single-quoted word: nothing in the message may end the quotes.
+    line = next(ln for ln in text.splitlines() if "echo '" in ln)
+    assert line.count("'") == 2, line
+
+
+def test_check_plan_names_each_requirement_and_its_fix():
+    reqs = pj.applicable("six==1.17.0\n# c\nPyYAML ; sys_platform == 'win32'\ntimm\n", base(DDP), "r.txt")
+    plan = pj.check_plan(reqs, base(DDP))
+    assert plan["requirements"] == [{"where": "r.txt:1", "spec": "six==1.17.0", "name": "six"},
+                                    {"where": "r.txt:4", "spec": "timm", "name": "timm"}]
+    assert plan["flavour"] == "cpu" and "torchvision 0.28.*+cpu wheel in --wheelhouse" in plan["companions"]["torchvision"]
+
+
+def test_check_failures_are_read_from_the_build_log():
+    log = ("#9 [4/6] RUN --mount=type=bind\n#9 1.20 dtrain-check: ok r.txt:1: six (six)\n"
+           "#9 1.90 dtrain-check: r.txt:2: timm: import timm fails: RuntimeError: x; fix it\n"
+           "#9 ERROR: executor failed running\n")
+    assert pj.check_failures(log) == ["r.txt:2: timm: import timm fails: RuntimeError: x; fix it"]
+
+
+def _fake_dist(site: Path, name: str, files: dict[str, str], top_level: str | None = None) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files) + f"{info.name}/RECORD,,\n")
+    if top_level is not None:
+        (info / "top_level.txt").write_text(top_level)
+
+
+def test_check_script_imports_every_requirement(tmp_path):
+    """images/check_requirements.py run for real (the host's Python) on installed distributions."""
+    import json
+
+    site = tmp_path / "site"
+    _fake_dist(site, "goodpkg", {"goodmod/__init__.py": "X = 1\n", "_goodpriv.py": ""})
+    _fake_dist(site, "badpkg", {"badmod.py": "raise RuntimeError('operator torchvision::nms does not exist')\n"},
+               top_level="badmod\n")
+    _fake_dist(site, "torchvision", {"torchvision_fake/__init__.py": ""})  # version 1.0: not +cpu
+    plan = {"requirements": [{"where": "r.txt:1", "spec": "goodpkg", "name": "goodpkg"},
+                             {"where": "r.txt:2", "spec": "badpkg>=1", "name": "badpkg"},
+                             {"where": "r.txt:3", "spec": "absent", "name": "absent"}],
+            "flavour": "cpu", "companions": {"torchvision": "TV-FIX"}, "fix": "GENERIC-FIX"}
+    (tmp_path / "check.json").write_text(json.dumps(plan))
+    r = subprocess.run([sys.executable, str(ROOT / "images" / "check_requirements.py"), str(tmp_path / "check.json")],
+                       env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "dtrain-check: ok r.txt:1: goodpkg (goodmod)",
+        "dtrain-check: r.txt:2: badpkg>=1: import badmod fails: RuntimeError: operator torchvision::nms does not "
+        "exist; it pulled in torchvision 1.0, not built for this image's torch; TV-FIX",
+        "dtrain-check: r.txt:3: absent: not installed in the image; GENERIC-FIX"]
+    plan["requirements"] = plan["requirements"][:1]
+    (tmp_path / "check.json").write_text(json.dumps(plan))
+    r = subprocess.run([sys.executable, str(ROOT / "images" / "check_requirements.py"), str(tmp_path / "check.json")],
+                       env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "dtrain-check: ok r.txt:1: goodpkg (goodmod)\n", r.stdout + r.stderr
+
+
+@pytest.mark.docker
+def test_project_build_ends_with_an_import_check(cpu_images, ca_bundle, tmp_path):
+    """Real builds FROM the pytorch-ddp CPU image: a requirement that imports passes the check;
+    one that installs but cannot import (timm pulls PyPI's torchvision, built for CUDA torch)
+    fails the build with one line naming it and the fix, not every rank at run time; a
+    torchvision requirement whose wheel is not beside the image's torch fails before building."""
+    from dtrain.images.build import BuildOptions
+    from dtrain.launch.infra import engine
+
+    wheels = Path("/opt/wheels")
+    good = tmp_path / "good-proj"
+    good.mkdir()
+    (good / "requirements.txt").write_text("six==1.17.0\n")
+    ref = pj.build(good, DDP, BuildOptions(ca_bundle=ca_bundle, wheelhouse=wheels), say=lambda _: None)
+    log = (pj.LOG_DIR / "project-good-proj.log").read_text()
+    assert re.search(r"dtrain-check: ok " + re.escape(f"{good}/requirements.txt:1: six==1.17.0 (six)"), log), log[-3000:]
+    out = subprocess.run([engine.docker_cli(), "run", "--rm", "--entrypoint", "python", ref, "-c",
+                          "import six, os; print(six.__version__, os.listdir('/tmp/dtrain-support'))"],
+                         capture_output=True, text=True, timeout=120)
+    # The support image was mounted, not copied: only BuildKit's empty mount point is left.
+    assert out.stdout.split() == ["1.17.0", "[]"], out.stderr
+
+    bad = tmp_path / "bad-proj"
+    bad.mkdir()
+    (bad / "requirements.txt").write_text("six==1.17.0\ntimm==1.0.31\n")
+    with pytest.raises(BuildError) as exc:
+        pj.build(bad, DDP, BuildOptions(ca_bundle=ca_bundle, wheelhouse=wheels), say=lambda _: None)
+    [line] = str(exc.value).splitlines()
+    assert line.startswith(f"building dtrain/project-bad-proj:")
+    assert (f"failed: {bad}/requirements.txt:2: timm==1.0.31: import timm fails: RuntimeError: "
+            "operator torchvision::nms does not exist; it pulled in torchvision 0.28.0") in line, line
+    assert "list torchvision in requirements.txt and put a torchvision 0.28.*+cpu wheel in --wheelhouse" in line
+    assert not engine.image_exists(pj.plan(bad, DDP, IMAGES, wheelhouse=wheels).ref)  # never tagged
+
+    tv = tmp_path / "tv-proj"
+    tv.mkdir()
+    (tv / "requirements.txt").write_text("torchvision\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "invoke", "build", "--project", str(tv), "--from", DDP,
+                        "--wheelhouse", str(wheels)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    [err] = r.stderr.strip().splitlines()
+    assert err.startswith(f"error: {tv}/requirements.txt:1: torchvision: the image's torch 2.13.0+cpu comes "
+                          f"from --wheelhouse {wheels}, which has no torchvision 0.28.*+cpu wheel"), err
+    assert "[build]" not in r.stdout  # refused before any docker build

@@ -599,7 +599,7 @@ def test_project_image_builds_imports_and_pushes(cpu_images, ca_bundle, registry
     ref2 = pj.build(proj, "pytorch-ddp", BuildOptions(ca_bundle=ca_bundle), say=lines.append)
     assert ref2 != ref
     log = (pj.LOG_DIR / "project-mnist-demo.log").read_text()
-    assert re.search(r"#(\d+) \[\d/\d\] RUN --mount=type=secret,id=ca.*\n(?:#\1 sha256:\w+\n)?#\1 CACHED", log), \
+    assert re.search(r"#(\d+) \[(?:stage-0 )?\d/\d\] RUN --mount=type=secret,id=ca.*\n(?:#\1 sha256:\w+\n)?#\1 CACHED", log), \
         log[-2000:]
 
     name, tag = ref2.split("/", 1)[1].split(":")
