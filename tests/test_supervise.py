@@ -95,3 +95,11 @@ def test_render_gives_torchrun_lines_global_ranks():
     assert r.feed("[node-1] torchrun warning") == ["[node-1] torchrun warning"]
     r.feed(EVENT + json.dumps({"event": "failed", "exit_code": 1, "reason": "lost node-3"}))
     assert r.exit_code == 1
+
+
+def test_the_command_starts_in_the_jobs_code_where_it_exists_else_where_the_supervisor_started(tmp_path):
+    from dtrain import contract
+
+    assert sv.WORKDIR == contract.WORKDIR
+    assert sv.start_dir("/", workdir=str(tmp_path)) == str(tmp_path)
+    assert sv.start_dir("/opt/app", workdir=str(tmp_path / "absent")) == "/opt/app"
