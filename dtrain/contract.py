@@ -31,6 +31,9 @@ NODE_DIR = "/opt/dtrain/node"  # launch/node/ inside every image
 ENTRYPOINT = f"{NODE_DIR}/entrypoint.sh"  # no args: sshd -D on SSH_PORT; args: sshd, then exec them
 JOB_KEY_MOUNT = "/run/dtrain-job"  # the job's key pair in the container; the entrypoint installs it
 ENV_FILE = "env"  # in JOB_KEY_MOUNT: the job's --env values, NAME=base64(value) lines (0600)
+# The job's code in every container (--workdir's copy; a project image's COPY). Where it exists
+# every launcher starts the command there, else in the image's WORKDIR (launch/node/supervise.py).
+WORKDIR = "/workdir"
 
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.
 NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"

@@ -183,3 +183,14 @@ def test_ecr_login_for_the_nodes_decodes_the_token_once(monkeypatch):
     assert login.password and login.stdin == login.password + "\n"
     with pytest.raises(ValueError, match="not base64"):
         ecr.decode_token("%%%")
+
+
+def test_run_argv_starts_the_command_in_cwd_when_given():
+    from dtrain.launch.jobs.job import run_argv
+
+    spec = JobSpec(image="img", command=("python", "t.py"), name="j", launcher="ray")
+    plain = run_argv(spec, facts(2), ["python", "t.py"], ready=False, fill_hosts=True)
+    assert "-w" not in plain[:plain.index("dtrain-j")]
+    there = run_argv(spec, facts(2), ["python", "t.py"], ready=False, fill_hosts=True, cwd="/workdir")
+    assert there[:there.index("dtrain-j")] == ["docker", "exec", "-w", "/workdir"]
+    assert there[there.index("dtrain-j"):] == plain[plain.index("dtrain-j"):]

@@ -158,3 +158,11 @@ def test_every_ssh_session_probes_the_link():
 
     for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):
         assert argv.count("ServerAliveInterval=5") == 1 and argv.count("ServerAliveCountMax=3") == 1, argv
+
+
+def test_the_command_starts_in_the_jobs_code_where_it_exists_else_where_the_supervisor_started(tmp_path):
+    from dtrain import contract
+
+    assert sv.WORKDIR == contract.WORKDIR
+    assert sv.start_dir("/", workdir=str(tmp_path)) == str(tmp_path)
+    assert sv.start_dir("/opt/app", workdir=str(tmp_path / "absent")) == "/opt/app"

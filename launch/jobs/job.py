@@ -200,7 +200,7 @@ def container_spec(spec: JobSpec, node_dir: str = "") -> commands.ContainerSpec:
     if node_dir:
         mounts += (commands.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
         if spec.workdir:
-            mounts += (commands.Mount(f"{node_dir}/workdir", "/workdir"),)
+            mounts += (commands.Mount(f"{node_dir}/workdir", contract.WORKDIR),)
     return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts,
                                   shm_size=spec.shm_size, key_dir=node_key_dir(spec.name))
 
@@ -223,10 +223,11 @@ def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_d
 
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
-             fill_hosts: bool, exec_env: dict[str, str] | None = None) -> list[str]:
+             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None) -> list[str]:
     """`docker exec` of command in the job's container on a node, through launch/node/run.sh:
     the job's env values exported from its file, the nodes in /etc/hosts (fill_hosts: this
-    container's; ready: every container's, by ssh to each node's sshd first)."""
+    container's; ready: every container's, by ssh to each node's sshd first). cwd: where the
+    command starts (`docker exec -w`); None: the image's WORKDIR."""
     opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
     for f in facts:
         opts += ["--host", f.address, f.hostname]
@@ -237,7 +238,8 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
-    return ["docker", "exec", *env, container_name(spec.name),
+    where = ["-w", cwd] if cwd else []
+    return ["docker", "exec", *env, *where, container_name(spec.name),
             *node_programs.container_argv("run.sh", [*opts, "--", *command])]
 
 
@@ -468,15 +470,18 @@ class Job:
         """Ray: a head in the first node's container, a worker in each other one (`ray start`;
         Ray's daemons stay in the container), wait until the head sees every node, then the
         command as a Ray driver in the head's container (RAY_ADDRESS set), its output streamed.
-        Every step goes through run.sh, so the job's --env values come from its file. Ray
-        stops everywhere afterwards (the containers go anyway)."""
+        Every step goes through run.sh, so the job's --env values come from its file, and
+        starts where the other launchers start the command: /workdir with --workdir, else the
+        image's WORKDIR (as mpirun's supervisor). Ray stops everywhere afterwards (the
+        containers go anyway)."""
         ray = self.launcher
         first = facts[0]
         head = ray.head_address(facts)
         env = ray.exec_env(iface)
+        cwd = contract.WORKDIR if self.spec.workdir else None
 
         def in_container(argv: Sequence[str]) -> list[str]:
-            return run_argv(self.spec, facts, argv, ready=False, fill_hosts=True, exec_env=env)
+            return run_argv(self.spec, facts, argv, ready=False, fill_hosts=True, exec_env=env, cwd=cwd)
 
         self.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)")
         try:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 EVENT = "dtrain-supervisor "
 JOB_DIR = "/dtrain-job"  # the node's job directory, mounted in every container of the job
+WORKDIR = "/workdir"  # dtrain/contract.py WORKDIR: the job's code (--workdir), where it exists
 # sh: SIGKILL every process whose environment has DTRAIN_RESTART={attempt} (the attempt's ranks)
 KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "DTRAIN_RESTART={attempt}" "$p/environ" 2>/dev/null '
                 '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true')
@@ -68,6 +69,14 @@ def torchrun_argv(argv: list[str], nnodes: int, node_rank: int) -> list[str]:
     """One node's torchrun argv built for the full job, for a job of nnodes where it is node_rank."""
     argv = _replace_after(argv, "--nnodes", str(nnodes))
     return _replace_after(argv, "--node_rank", str(node_rank)) if "--node_rank" in argv else argv
+
+
+def start_dir(here: str, workdir: str = WORKDIR) -> str:
+    """Where the command starts on every node: the job's code where the container has it, else
+    `here`, where `docker exec` started this program: the image's WORKDIR (the same in every
+    container of the job; the Ray driver starts there too: launch/jobs/job.py _run_ray). torchrun's
+    ssh to a node would start in root's home: its line changes to this directory first."""
+    return workdir if os.path.isdir(workdir) else here
 
 
 def rank_map(nodes: list[dict]) -> list[str]:
@@ -106,6 +115,7 @@ class Supervisor:
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
+        self.cwd = start_dir(os.getcwd())
         self.state: dict = {"job": plan["job"], "launcher": plan["launcher"], "restarts": 0,
                             "nodes": [n["hostname"] for n in self.nodes], "started": time.time()}
 
@@ -200,14 +210,13 @@ class Supervisor:
         self.procs = []
         for rank, n in enumerate(nodes):
             argv = torchrun_argv(self.plan["node_argv"][index[n["hostname"]]], len(nodes), rank)
-            line = f"export DTRAIN_RESTART={attempt}; cd /workdir 2>/dev/null; exec {shlex.join(argv)}"
+            line = f"export DTRAIN_RESTART={attempt}; cd {shlex.quote(self.cwd)} && exec {shlex.join(argv)}"
             self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n['hostname']}] "))
 
     def _spawn(self, argv: list[str], env: dict, prefix: str = "") -> subprocess.Popen:
-        cwd = "/workdir" if os.path.isdir("/workdir") else None  # mpirun's ranks start there too
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True, cwd=cwd)
+                                start_new_session=True, cwd=self.cwd)  # mpirun's ranks start there too
         threading.Thread(target=self._pump, args=(proc, prefix), daemon=True).start()
         return proc
 
