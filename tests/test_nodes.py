@@ -473,3 +473,22 @@ def test_efa_interfaces_1_keeps_a_public_address(aws):
     assert len(cluster.instances) == 1
     with pytest.raises(LaunchError, match=r"^--efa-interfaces 0: must be at least 1"):
         spec(efa_interfaces=0)
+
+
+def test_multi_efa_in_a_subnet_behind_an_internet_gateway_warns(aws):
+    c = aws.client("ec2")
+    sub = _private_subnet(aws)
+    vpc = c.describe_subnets(SubnetIds=[sub])["Subnets"][0]["VpcId"]
+    s = spec(instance_type="p4d.24xlarge", count=1, subnet=sub)
+    assert ec2.subnet_default_route(aws, sub, vpc) is None
+    assert ec2.subnet_route_warning(s, 4, None) is None and ec2.subnet_route_warning(s, 4, "nat-0abc") is None
+    igw = c.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    c.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+    rt = c.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    c.create_route(RouteTableId=rt, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+    c.associate_route_table(RouteTableId=rt, SubnetId=sub)
+    assert ec2.subnet_default_route(aws, sub, vpc) == igw
+    said = []
+    ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
+    assert any(m.startswith(f"[nodes] warning: --subnet {sub} reaches the internet through {igw}") for m in said), said
+    assert ec2.subnet_route_warning(spec(instance_type="p4d.24xlarge", subnet=sub, efa_interfaces=1), 1, igw) is None

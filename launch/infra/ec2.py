@@ -202,6 +202,36 @@ def public_ip_error(spec: NodesSpec, interfaces: int, address: str = "private") 
     return None
 
 
+def subnet_default_route(session: Any, subnet_id: str, vpc_id: str | None) -> str | None:
+    """The target of a subnet's 0.0.0.0/0 route (its route table, else the VPC's main one):
+    igw-..., nat-..., another target's id, or None (no such route). Read-only."""
+    from botocore.exceptions import ClientError
+
+    ec2 = session.client("ec2")
+    try:
+        rts = ec2.describe_route_tables(Filters=[{"Name": "association.subnet-id", "Values": [subnet_id]}])["RouteTables"]
+        if not rts and vpc_id:
+            rts = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
+                                                     {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+    except ClientError:
+        return None
+    for r in (rts[0].get("Routes", []) if rts else []):
+        if r.get("DestinationCidrBlock") == "0.0.0.0/0":
+            return next((r[k] for k in ("NatGatewayId", "GatewayId", "TransitGatewayId", "InstanceId",
+                                        "NetworkInterfaceId", "VpcPeeringConnectionId") if r.get(k)), "other")
+    return None
+
+
+def subnet_route_warning(spec: NodesSpec, interfaces: int, route: str | None) -> str | None:
+    """A warning where multi-interface nodes (no public address) go into --subnet whose way
+    out is an internet gateway: they reach no registry but through VPC endpoints."""
+    if interfaces <= 1 or not spec.subnet or not (route or "").startswith("igw-"):
+        return None
+    return (f"warning: --subnet {spec.subnet} reaches the internet through {route}, but {spec.instance_type}'s "
+            f"{interfaces} network interfaces leave its nodes without a public address: they reach no registry "
+            "but through VPC endpoints; a subnet behind a NAT gateway (or --efa-interfaces 1) avoids that")
+
+
 # --- the template: a pure function of the spec and what preflight found ---------------------
 
 
@@ -517,6 +547,10 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
     problem = public_ip_error(spec, len(res.interfaces), address)
     if problem:
         raise LaunchError(problem)
+    if len(res.interfaces) > 1 and res.subnet_id:
+        warning = subnet_route_warning(spec, len(res.interfaces), subnet_default_route(session, res.subnet_id, res.vpc_id))
+        if warning:
+            say(f"[nodes] {warning}")
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
         f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''}")
