@@ -451,7 +451,8 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                              ssh_cidr=ssh_cidr or ec2.caller_cidr(),
                              min_count=int(min_count) if min_count else None, spot=spot, subnet=subnet,
                              new_vpc=new_vpc, key_name=key_name, efs=efs,
-                             efa_interfaces=int(efa_interfaces) if efa_interfaces else None)
+                             efa_interfaces=_int_flag("--efa-interfaces", efa_interfaces, 1, 64)
+                             if efa_interfaces is not None else None)
         cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=float(timeout),
                                    ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=float(timeout)))
         print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")

@@ -304,6 +304,20 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
     assert r.returncode == 0 and r.stdout == ""
 
 
+def test_cli_multi_efa_in_the_default_vpc_is_one_line_and_creates_nothing(moto_server):
+    url, env = moto_server
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
+               "--ssh-cidr", CIDR)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: p4d.24xlarge gets 4 network interfaces (one per EFA)") and \
+        "--efa-interfaces 1" in r.stderr, r.stderr
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
+               "--ssh-cidr", CIDR, "--efa-interfaces", "four")
+    assert r.returncode == 2 and r.stderr == "error: --efa-interfaces 'four': expected a whole number from 1 to 64\n"
+    s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"] == []
+
+
 def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkeypatch):
     import tasks
 
