@@ -209,7 +209,8 @@ def subnet_default_route(session: Any, subnet_id: str, vpc_id: str | None) -> st
 
     ec2 = session.client("ec2")
     try:
-        rts = ec2.describe_route_tables(Filters=[{"Name": "association.subnet-id", "Values": [subnet_id]}])["RouteTables"]
+        rts = ec2.describe_route_tables(
+            Filters=[{"Name": "association.subnet-id", "Values": [subnet_id]}])["RouteTables"]
         if not rts and vpc_id:
             rts = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
                                                      {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
@@ -548,7 +549,8 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
     if problem:
         raise LaunchError(problem)
     if len(res.interfaces) > 1 and res.subnet_id:
-        warning = subnet_route_warning(spec, len(res.interfaces), subnet_default_route(session, res.subnet_id, res.vpc_id))
+        route = subnet_default_route(session, res.subnet_id, res.vpc_id)
+        warning = subnet_route_warning(spec, len(res.interfaces), route)
         if warning:
             say(f"[nodes] {warning}")
     create_stack(session, spec, stack_template(spec, res))
