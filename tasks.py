@@ -526,12 +526,13 @@ def _aws(profile, region):
     "ssh_cidr": "who may ssh in (default: this machine's public address /32, from checkip.amazonaws.com)",
     "efs": "an EFS file system in the stack (`invoke volume create --efs` mounts it)",
     "address": "hostfile addresses: private (default; reach the VPC) or public",
+    "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"], "region": "AWS region", "profile": "AWS profile",
     "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="private", ssh_opt=None,
-          region=None, profile=None, timeout="900"):
+          region=None, profile=None, timeout="900", efa_interfaces=None):
     """EC2 nodes from one CloudFormation stack: invoke nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -570,7 +571,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type,
                              ssh_cidr=ssh_cidr or ec2.caller_cidr(),
                              min_count=min_count, spot=spot, subnet=subnet,
-                             new_vpc=new_vpc, key_name=key_name, efs=efs)
+                             new_vpc=new_vpc, key_name=key_name, efs=efs,
+                             efa_interfaces=_int_flag("--efa-interfaces", efa_interfaces, 1, 64)
+                             if efa_interfaces is not None else None)
         cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=seconds,
                                    ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=seconds))
         print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")

@@ -51,6 +51,8 @@ def test_healthy_cluster_passes(cluster, remote_images):
     fails = [r for r in rows.values() if r.status == "FAIL"]
     assert not fails, fails
     assert {r.check for r in rows.values()} == set(dr.CHECKS)
+    efa = [r for r in rows.values() if r.check == "efa"]  # the simulated nodes have no EFA: never a failure
+    assert efa and all(r.status == "PASS" and r.detail.startswith("no EFA") for r in efa), efa
 
 
 @pytest.mark.cluster
@@ -215,8 +217,39 @@ def test_gpus_without_nvidia_runtime():
 
 def test_efa_instance_without_devices():
     assert one(facts(instance_type="p4d.24xlarge"))["efa"].status == "FAIL"
-    assert one(facts(instance_type="p4d.24xlarge", efa="/dev/infiniband/uverbs0"))["efa"].status == "PASS"
-    assert one(facts(instance_type="g5.xlarge"))["efa"].status == "PASS"
+    assert one(facts(instance_type="g5.12xlarge", efa="/dev/infiniband/uverbs0"))["efa"].status == "PASS"
+    r = one(facts(instance_type="g5.xlarge"))["efa"]
+    assert r.status == "PASS" and r.detail.startswith("no EFA")
+
+
+P4D_EFA = " ".join(f"/dev/infiniband/uverbs{i}" for i in range(4))
+
+
+def test_efa_fewer_devices_than_the_type_has():
+    r = one(facts(instance_type="p4d.24xlarge", efa="/dev/infiniband/uverbs0"))["efa"]
+    assert r.status == "WARN" and "1 of the 4 EFA devices p4d.24xlarge has" in r.detail and "#efa-fewer" in r.detail
+    assert "efa-fewer" in [e.id for e in dr.entries_for("efa")]
+    r = one(facts(instance_type="p4d.24xlarge", efa=P4D_EFA))["efa"]
+    assert (r.status, r.detail) == ("PASS", "4 EFA device(s) (p4d.24xlarge has 4)")
+    p5 = " ".join(f"/dev/infiniband/uverbs{i}" for i in range(32))
+    assert one(facts(instance_type="p5.48xlarge", efa=p5))["efa"].status == "PASS"
+    assert one(facts(instance_type="p5.48xlarge", efa=P4D_EFA))["efa"].status == "WARN"
+
+
+def test_efa_devices_libfabric_sees_in_the_container():
+    c = {"peer 10.0.0.1": "ok", "shm_kb": str(4 * 1024**2), "memlock": "unlimited"}
+    r = one(facts(instance_type="p4d.24xlarge", efa=P4D_EFA), containers={"10.0.0.1": {**c, "fi_efa": "4"}},
+            image="i")["efa"]
+    assert r.status == "PASS" and r.detail.endswith("libfabric in the container (fi_info -p efa) sees 4")
+    r = one(facts(instance_type="p4d.24xlarge", efa=P4D_EFA), containers={"10.0.0.1": {**c, "fi_efa": "1"}},
+            image="i")["efa"]
+    assert r.status == "WARN" and "sees 1: NCCL uses only those" in r.detail
+    r = one(facts(instance_type="p4d.24xlarge", efa=P4D_EFA), containers={"10.0.0.1": {**c, "fi_efa": ""}},
+            image="i")["efa"]
+    assert r.status == "PASS" and r.detail.endswith("no fi_info in the image")
+    # a node without EFA: never a failure, whatever libfabric says
+    r = one(facts(instance_type="c5.xlarge"), containers={"10.0.0.1": {**c, "fi_efa": "0"}}, image="i")["efa"]
+    assert r.status == "PASS" and r.detail.startswith("no EFA")
 
 
 def test_port_2022_held_by_the_named_job_passes():

@@ -82,6 +82,16 @@ def test_verdict_against_the_expectation():
     assert network.verdict(_rows(30), None, p4d, "", gpu=True).status == "WARN"
 
 
+def test_nccl_found_fewer_efa_nics_than_the_type_has():
+    p4d = network.load_expectations()["p4d.24xlarge"]
+    one_nic = "NCCL INFO NET/OFI Selected Provider is efa (found 1 nics)"
+    assert "efa-fewer" in network.verdict(_rows(20.3), None, p4d, one_nic, gpu=True).causes
+    newer = "NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 2 nics)"
+    assert "efa-fewer" in network.verdict(_rows(20.3), None, p4d, newer, gpu=True).causes
+    four = "NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)"
+    assert "efa-fewer" not in network.verdict(_rows(30), None, p4d, four, gpu=True).causes
+
+
 def test_verdict_without_a_figure_uses_tcp_and_causes_are_checklist_entries():
     p5 = network.load_expectations()["p5.48xlarge"]
     assert network.verdict(_rows(0.7), 1.2, p5).status == "PASS"
@@ -89,7 +99,7 @@ def test_verdict_without_a_figure_uses_tcp_and_causes_are_checklist_entries():
     assert v.status == "FAIL" and "nccl-few-sockets" in v.causes
     assert network.verdict(_rows(0.1), None, None).status == "WARN"
     assert network.verdict([], 1.0, None).status == "FAIL"
-    for cause in ("efa-not-selected", "efa-unused", "nccl-few-sockets", "nccl-iface", "btl-iface"):
+    for cause in ("efa-not-selected", "efa-unused", "efa-fewer", "nccl-few-sockets", "nccl-iface", "btl-iface"):
         assert cause in checklist.BY_ID
 
 

@@ -328,6 +328,20 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
     assert r.returncode == 0 and r.stdout.startswith("no clusters (no dtrain stack in region ")
 
 
+def test_cli_multi_efa_in_the_default_vpc_is_one_line_and_creates_nothing(moto_server):
+    url, env = moto_server
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
+               "--ssh-cidr", CIDR)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: p4d.24xlarge gets 4 network interfaces (one per EFA)") and \
+        "--efa-interfaces 1" in r.stderr, r.stderr
+    r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
+               "--ssh-cidr", CIDR, "--efa-interfaces", "four")
+    assert r.returncode == 2 and r.stderr == "error: --efa-interfaces 'four': expected a whole number from 1 to 64\n"
+    s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"] == []
+
+
 def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkeypatch):
     import tasks
 
@@ -413,3 +427,126 @@ def test_nodes_cli_list_empty_and_down_typo(aws, monkeypatch, capsys):
     assert exc.value.code == 2 and "deleted" not in out.out
     assert out.err.strip() == (f"error: nodes down --name typo: no stack dtrain-typo in region {REGION}; "
                                "`invoke nodes list` shows the clusters")
+
+
+# --- every EFA the type has (one per network card) -------------------------------------------
+
+
+def _type_info(session, instance_type: str) -> dict:
+    """moto's DescribeInstanceTypes entry (its instance data mirrors AWS's, NetworkCards included)."""
+    return session.client("ec2").describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"][0]
+
+
+def _private_subnet(session) -> str:
+    c = session.client("ec2")
+    vpc = c.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    return c.create_subnet(VpcId=vpc, CidrBlock="10.40.0.0/20", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+
+
+# type -> (EFA interfaces, interfaces): g5.xlarge has no EFA (one plain interface), g5.12xlarge one.
+EFA_LAYOUTS = {"p4d.24xlarge": (4, 4), "p5.48xlarge": (32, 32), "g5.12xlarge": (1, 1), "g5.xlarge": (0, 1)}
+
+
+@pytest.mark.parametrize("itype", sorted(EFA_LAYOUTS))
+def test_efa_layout_from_describe_instance_types(aws, itype):
+    info = _type_info(aws, itype)
+    efas, total = EFA_LAYOUTS[itype]
+    assert (info["NetworkInfo"].get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0) == efas  # moto's data
+    layout = ec2.network_interfaces(info)
+    assert len(layout) == total
+    assert sum(i.get("InterfaceType", "interface").startswith("efa") for i in layout) == efas
+    assert layout[0]["DeviceIndex"] == 0 and layout[0].get("NetworkCardIndex", 0) == 0
+    if efas:
+        assert layout[0]["InterfaceType"] == "efa"  # ENA + EFA: the node's address
+    else:
+        assert "InterfaceType" not in layout[0]
+    if total > 1:  # AWS's multi-card layout: card i, device 1, one interface per card
+        assert [i["NetworkCardIndex"] for i in layout] == list(range(total))
+        assert all(i["DeviceIndex"] == 1 and i["InterfaceType"] == "efa-only" for i in layout[1:])
+    assert ec2.network_interfaces(info, 1) == [{"DeviceIndex": 0, **({"InterfaceType": "efa"} if efas else {})}]
+    assert len(ec2.network_interfaces(info, 2)) == min(2, total)
+
+
+def test_efa_layout_without_network_cards_uses_the_table():
+    """An entry without NetworkCards (an older API answer): the table's count, plain "efa"."""
+    info = {"InstanceType": "p4d.24xlarge", "NetworkInfo": {"EfaSupported": True}}
+    assert ec2.network_interfaces(info) == [
+        {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa"},
+        *({"NetworkCardIndex": i, "DeviceIndex": 1, "InterfaceType": "efa"} for i in (1, 2, 3))]
+    assert ec2.network_interfaces({"InstanceType": "c5.xlarge"}) == [{"DeviceIndex": 0}]
+    assert ec2.network_interfaces({"InstanceType": "g5.12xlarge"}) == [{"DeviceIndex": 0, "InterfaceType": "efa"}]
+
+
+@pytest.mark.parametrize("itype", sorted(EFA_LAYOUTS))
+def test_efa_layout_template_lints_and_deploys(aws, itype):
+    """The whole path: preflight reads the type from moto, the template passes cfn-lint, the
+    stack is created in moto, and its launch template carries every interface."""
+    efas, total = EFA_LAYOUTS[itype]
+    s = spec(instance_type=itype, count=2, subnet=_private_subnet(aws))
+    res = ec2.preflight(aws, s)
+    t = ec2.stack_template(s, res)
+    matches = cfnlint.api.lint(json.dumps(t, indent=1), config=cfnlint.api.ManualArgs(regions=[REGION]))
+    assert [str(m) for m in matches] == []
+    ifaces = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+    sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
+    assert len(ifaces) == total and all(i["Groups"] == [sg] for i in ifaces)
+    assert not any("AssociatePublicIpAddress" in i for i in ifaces)
+    said = []
+    cluster, _ = ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
+    assert len(cluster.instances) == 2
+    assert said[0].endswith(f", {efas} EFA") if efas else "EFA" not in said[0]
+    data = aws.client("ec2").describe_launch_template_versions(
+        LaunchTemplateName="dtrain-c1")["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    got = sorted((i.get("NetworkCardIndex", 0), i["DeviceIndex"], i.get("InterfaceType", "interface"))
+                 for i in data["NetworkInterfaces"])
+    want = sorted((i.get("NetworkCardIndex", 0), i["DeviceIndex"], i.get("InterfaceType", "interface"))
+                  for i in ec2.network_interfaces(_type_info(aws, itype)))
+    assert got == want and len(got) == total
+    ec2.delete_stack(aws, "c1", poll=0.05)
+    assert stacks(aws) == []
+
+
+@pytest.mark.parametrize("kw, address, message", [
+    ({}, "private", r"^p4d\.24xlarge gets 4 network interfaces \(one per EFA\), so no public IPv4 address .* "
+                    r"in the default VPC .*--subnet SUBNET-ID .*NAT gateway, or --efa-interfaces 1 "),
+    ({"new_vpc": True}, "private", r"in the new VPC \(internet gateway only\)"),
+    ({"subnet": "private"}, "public", r"^--address public: p4d\.24xlarge gets 4 network interfaces .*"
+                                      r"use --address private from inside the VPC .*or --efa-interfaces 1 "),
+])
+def test_multi_efa_without_a_public_address_is_refused_before_anything_is_created(aws, kw, address, message):
+    if kw.get("subnet") == "private":
+        kw = {"subnet": _private_subnet(aws)}
+    with pytest.raises(LaunchError, match=message):
+        ec2.up(aws, spec(instance_type="p4d.24xlarge", **kw), address=address, poll=0.05, timeout=5, say=quiet)
+    assert stacks(aws) == [] and running(aws) == []
+
+
+def test_efa_interfaces_1_keeps_a_public_address(aws):
+    """--efa-interfaces 1 on a multi-card type: the old single interface, public address allowed."""
+    s = spec(instance_type="p4d.24xlarge", count=1, new_vpc=True, efa_interfaces=1)
+    t = ec2.stack_template(s, ec2.preflight(aws, s))
+    ifaces = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+    assert [(i["DeviceIndex"], i["InterfaceType"], i["AssociatePublicIpAddress"]) for i in ifaces] == [(0, "efa", True)]
+    cluster, _ = ec2.up(aws, s, address="public", poll=0.05, timeout=5, say=quiet)
+    assert len(cluster.instances) == 1
+    with pytest.raises(LaunchError, match=r"^--efa-interfaces 0: must be at least 1"):
+        spec(efa_interfaces=0)
+
+
+def test_multi_efa_in_a_subnet_behind_an_internet_gateway_warns(aws):
+    c = aws.client("ec2")
+    sub = _private_subnet(aws)
+    vpc = c.describe_subnets(SubnetIds=[sub])["Subnets"][0]["VpcId"]
+    s = spec(instance_type="p4d.24xlarge", count=1, subnet=sub)
+    assert ec2.subnet_default_route(aws, sub, vpc) is None
+    assert ec2.subnet_route_warning(s, 4, None) is None and ec2.subnet_route_warning(s, 4, "nat-0abc") is None
+    igw = c.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    c.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+    rt = c.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    c.create_route(RouteTableId=rt, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+    c.associate_route_table(RouteTableId=rt, SubnetId=sub)
+    assert ec2.subnet_default_route(aws, sub, vpc) == igw
+    said = []
+    ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
+    assert any(m.startswith(f"[nodes] warning: --subnet {sub} reaches the internet through {igw}") for m in said), said
+    assert ec2.subnet_route_warning(spec(instance_type="p4d.24xlarge", subnet=sub, efa_interfaces=1), 1, igw) is None

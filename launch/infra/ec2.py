@@ -21,7 +21,7 @@ from typing import Any
 
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra.instance_types import efa_supported, is_nitro
+from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
 
 # The Deep Learning AMI (Ubuntu 22.04, NVIDIA driver, Docker and the NVIDIA container toolkit),
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
@@ -62,6 +62,7 @@ class NodesSpec:
     key_name: str | None = None
     efs: bool = False
     ami_parameter: str = DLAMI_PARAMETER
+    efa_interfaces: int | None = None  # None: every EFA the type has (one per network card)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -70,6 +71,8 @@ class NodesSpec:
             raise LaunchError(f"--count {self.count}: must be at least 1")
         if self.min_count is not None and not 1 <= self.min_count <= self.count:
             raise LaunchError(f"--min-count {self.min_count}: must be between 1 and --count ({self.count})")
+        if self.efa_interfaces is not None and self.efa_interfaces < 1:
+            raise LaunchError(f"--efa-interfaces {self.efa_interfaces}: must be at least 1 (default: all the type has)")
         if self.subnet and self.new_vpc:
             raise LaunchError("give --subnet or --new-vpc, not both")
         try:
@@ -92,6 +95,8 @@ class Resolved:
     vpc_id: str | None  # None with new_vpc
     subnet_id: str | None
     availability_zone: str | None
+    # The launch template's interfaces without Groups (network_interfaces); () = one, EFA if efa.
+    interfaces: tuple[dict[str, Any], ...] = ()
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -151,7 +156,83 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
                           f"`invoke nodes down --name {spec.name}` first, or pick another name")
     return Resolved(efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
-                    subnet_id=subnet_id, availability_zone=az)
+                    subnet_id=subnet_id, availability_zone=az,
+                    interfaces=tuple(network_interfaces(info, spec.efa_interfaces)))
+
+
+# --- network interfaces: every EFA the type has ----------------------------------------------
+
+
+def network_interfaces(info: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    """One DescribeInstanceTypes entry -> the launch template's NetworkInterfaces (without
+    Groups): one EFA per network card that has one (NetworkInfo.NetworkCards, at most
+    EfaInfo.MaximumEfaInterfaces, at most limit), in AWS's layout for several cards
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): card 0,
+    device 0, an "efa" interface (ENA + EFA: the node's address); card i, device 1, an
+    "efa-only" interface where the card offers it (no IP address taken from the subnet, IP
+    traffic stays on card 0), else "efa". p4d.24xlarge: 4, p5.48xlarge: 32, g5.12xlarge: 1.
+    Without EFA: one plain interface. An instance with more than one interface gets no
+    public IPv4 address (see public_ip_error)."""
+    cards = efa_cards(info)[:limit]
+    if not cards:
+        return [{"DeviceIndex": 0}]
+    if len(cards) == 1:
+        return [{"DeviceIndex": 0, "InterfaceType": "efa"}]
+    return [{"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa"}] + [
+        {"NetworkCardIndex": card, "DeviceIndex": 1, "InterfaceType": "efa-only" if only else "efa"}
+        for card, only in cards[1:]]
+
+
+def public_ip_error(spec: NodesSpec, interfaces: int, address: str = "private") -> str | None:
+    """Why this cluster cannot work as asked, or None. AWS gives no public IPv4 address to an
+    instance launched with more than one network interface (AssociatePublicIpAddress is then
+    refused, and a subnet's auto-assign does not apply): such nodes have no public address to
+    ssh to, and in a subnet whose only way out is an internet gateway (the default VPC's, the
+    --new-vpc one) no way to a registry. A subnet routed through a NAT gateway works."""
+    if interfaces <= 1:
+        return None
+    what = f"{spec.instance_type} gets {interfaces} network interfaces (one per EFA)"
+    fewer = f"--efa-interfaces 1 (one EFA and a public address: about 1/{interfaces} of the inter-node bandwidth)"
+    if address == "public":
+        return (f"--address public: {what}, and AWS gives no public IPv4 address to an instance with more "
+                f"than one; use --address private from inside the VPC (or a ProxyJump), or {fewer}")
+    if not spec.subnet:
+        where = "the new VPC" if spec.new_vpc else "the default VPC"
+        return (f"{what}, so no public IPv4 address (AWS assigns none to an instance with more than one): "
+                f"in {where} (internet gateway only) the nodes could not reach a registry; pass --subnet "
+                f"SUBNET-ID of a subnet that reaches the internet through a NAT gateway, or {fewer}")
+    return None
+
+
+def subnet_default_route(session: Any, subnet_id: str, vpc_id: str | None) -> str | None:
+    """The target of a subnet's 0.0.0.0/0 route (its route table, else the VPC's main one):
+    igw-..., nat-..., another target's id, or None (no such route). Read-only."""
+    from botocore.exceptions import ClientError
+
+    ec2 = session.client("ec2")
+    try:
+        rts = ec2.describe_route_tables(
+            Filters=[{"Name": "association.subnet-id", "Values": [subnet_id]}])["RouteTables"]
+        if not rts and vpc_id:
+            rts = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
+                                                     {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+    except ClientError:
+        return None
+    for r in (rts[0].get("Routes", []) if rts else []):
+        if r.get("DestinationCidrBlock") == "0.0.0.0/0":
+            return next((r[k] for k in ("NatGatewayId", "GatewayId", "TransitGatewayId", "InstanceId",
+                                        "NetworkInterfaceId", "VpcPeeringConnectionId") if r.get(k)), "other")
+    return None
+
+
+def subnet_route_warning(spec: NodesSpec, interfaces: int, route: str | None) -> str | None:
+    """A warning where multi-interface nodes (no public address) go into --subnet whose way
+    out is an internet gateway: they reach no registry but through VPC endpoints."""
+    if interfaces <= 1 or not spec.subnet or not (route or "").startswith("igw-"):
+        return None
+    return (f"warning: --subnet {spec.subnet} reaches the internet through {route}, but {spec.instance_type}'s "
+            f"{interfaces} network interfaces leave its nodes without a public address: they reach no registry "
+            "but through VPC endpoints; a subnet behind a NAT gateway (or --efa-interfaces 1) avoids that")
 
 
 # --- the template: a pure function of the spec and what preflight found ---------------------
@@ -184,17 +265,17 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     subnet = {"Ref": "Subnet"} if spec.new_vpc else res.subnet_id
     sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
     tags = [{"Key": CLUSTER_TAG, "Value": spec.name}, {"Key": "Name", "Value": stack_name(spec.name)}]
-    interface: dict[str, Any] = {"DeviceIndex": 0, "Groups": [sg], "DeleteOnTermination": True}
-    if res.efa:
-        interface["InterfaceType"] = "efa"
-    if spec.new_vpc:
-        interface["AssociatePublicIpAddress"] = True
+    layout = res.interfaces or ({"DeviceIndex": 0, **({"InterfaceType": "efa"} if res.efa else {})},)
+    # Every EFA interface needs the group (its self-referencing rules carry the EFA traffic).
+    interfaces = [{**i, "Groups": [sg], "DeleteOnTermination": True} for i in layout]
+    if spec.new_vpc and len(interfaces) == 1:  # AWS refuses it with more than one interface
+        interfaces[0]["AssociatePublicIpAddress"] = True
     data: dict[str, Any] = {
         "ImageId": {"Ref": "AmiId"},
         "InstanceType": spec.instance_type,
         # IMDSv2 only; hop limit 2 so a container (one hop more) can still reach it.
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
-        "NetworkInterfaces": [interface],
+        "NetworkInterfaces": interfaces,
         # The root volume (from the AMI's snapshot) encrypted with the account's default EBS key.
         "BlockDeviceMappings": [{"DeviceName": DLAMI_ROOT_DEVICE, "Ebs": {
             "Encrypted": True, "VolumeType": "gp3", "VolumeSize": ROOT_VOLUME_GB, "DeleteOnTermination": True}}],
@@ -488,15 +569,24 @@ def ssh_cidr_warning(cidr: str) -> str | None:
             "pass your own address/32 (the default) or your network's range")
 
 
-def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print) -> Resolved:
+def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private") -> Resolved:
     """preflight, then create the stack (nothing is created when preflight fails)."""
     warning = ssh_cidr_warning(spec.ssh_cidr)
     if warning:
         say(warning)
     res = preflight(session, spec)
+    efas = sum(1 for i in res.interfaces if i.get("InterfaceType", "").startswith("efa")) or int(res.efa)
+    problem = public_ip_error(spec, len(res.interfaces), address)
+    if problem:
+        raise LaunchError(problem)
+    if len(res.interfaces) > 1 and res.subnet_id:
+        route = subnet_default_route(session, res.subnet_id, res.vpc_id)
+        warning = subnet_route_warning(spec, len(res.interfaces), route)
+        if warning:
+            say(f"[nodes] {warning}")
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
-        f"{' (spot)' if spec.spot else ''}{', EFA' if res.efa else ''}")
+        f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''}")
     return res
 
 
@@ -532,7 +622,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
 
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
     """The whole of `nodes up`: start, then finish (finish's options)."""
-    res = start(session, spec, say=options.get("say", print))
+    res = start(session, spec, say=options.get("say", print), address=options.get("address", "private"))
     return finish(session, spec, res, **options)
 
 

@@ -16,6 +16,15 @@ EFA_TYPES: frozenset[str] = frozenset({
     "trn1.32xlarge", "trn1n.32xlarge",
 })
 
+# EFA interfaces per instance where a type has more than one network card (one EFA per card;
+# DescribeInstanceTypes NetworkInfo.EfaInfo.MaximumEfaInterfaces, the same figures as moto's
+# instance data). Every other type in EFA_TYPES takes 1. Used offline (doctor) and when
+# DescribeInstanceTypes lacks NetworkCards.
+EFA_INTERFACES: dict[str, int] = {
+    "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
+    "trn1.32xlarge": 8, "trn1n.32xlarge": 16,
+}
+
 # EBS Multi-Attach works only on Nitro instances, and at most 16 of them per volume.
 MULTI_ATTACH_MAX = 16
 
@@ -24,6 +33,27 @@ def efa_supported(info: dict[str, Any]) -> bool:
     """One DescribeInstanceTypes entry: does it take an EFA interface?"""
     flag = (info.get("NetworkInfo") or {}).get("EfaSupported")
     return bool(flag) if flag is not None else info["InstanceType"] in EFA_TYPES
+
+
+def efa_count(instance_type: str) -> int:
+    """EFA interfaces the type takes, from the table (0: no EFA); for the doctor, offline."""
+    return EFA_INTERFACES.get(instance_type, 1) if instance_type in EFA_TYPES else 0
+
+
+def efa_cards(info: dict[str, Any]) -> list[tuple[int, bool]]:
+    """One DescribeInstanceTypes entry -> (NetworkCardIndex, takes "efa-only") of each network
+    card that carries an EFA, card 0 first; at most EfaInfo.MaximumEfaInterfaces; [] without EFA.
+    Without NetworkCards in the entry: the table's count, "efa-only" not assumed."""
+    if not efa_supported(info):
+        return []
+    net = info.get("NetworkInfo") or {}
+    most = (net.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or efa_count(info["InstanceType"]) or 1
+    cards = net.get("NetworkCards")
+    if not cards:
+        return [(i, False) for i in range(most)]
+    found = sorted((int(c["NetworkCardIndex"]), "efa-only" in c.get("InterfaceTypes", ()))
+                   for c in cards if "efa" in c.get("InterfaceTypes", ("efa",)))
+    return found[:most] or [(0, False)]
 
 
 def is_nitro(info: dict[str, Any]) -> bool:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # doctor-container.sh PORT PEER...: run in a doctor's container: ssh to every peer's sshd on
-# PORT (each gets ~10 s: the containers' sshd may still be starting), /dev/shm size, memlock.
+# PORT (each gets ~10 s: the containers' sshd may still be starting), /dev/shm size, memlock,
+# and how many EFA devices libfabric sees.
 set -u
 port=$1
 shift
@@ -18,3 +19,9 @@ for p in "$@"; do
 done
 echo "shm_kb=$(df -Pk /dev/shm | awk 'NR==2 {print $2}')"
 echo "memlock=$(ulimit -l)"
+# EFA devices libfabric's EFA provider sees here (what aws-ofi-nccl can use); empty: no fi_info.
+if command -v fi_info >/dev/null 2>&1; then
+  echo "fi_efa=$(fi_info -p efa -t FI_EP_RDM 2>/dev/null | awk '/domain:/ {print $2}' | sort -u | wc -l)"
+else
+  echo "fi_efa="
+fi

@@ -44,7 +44,9 @@ DOCTOR_CHECKS: dict[str, str] = {
     "image-digest": "every node runs the same image digest (same Horovod, framework, NCCL)",
     "shm": "/dev/shm in the container is at least 1 GiB (FAIL under 256 MiB)",
     "memlock": "`ulimit -l` in the container is unlimited",
-    "efa": "EFA instance types (read from DMI, no network) have /dev/infiniband/uverbs* devices",
+    "efa": "EFA instance types (read from DMI, no network) have /dev/infiniband/uverbs* devices, "
+           "as many as the type has EFA interfaces (one per network card; WARN with fewer), and "
+           "with `--image` libfabric in the container sees them (`fi_info -p efa`)",
     "clock": "node clocks agree within a few seconds and are synchronised",
     "disk": "Docker's data root has room for the image and the job",
 }
@@ -606,6 +608,32 @@ ENTRIES: tuple[Entry, ...] = (
         source=(AWS_EFA_NCCL,),
         doctor_checks=("efa",),
         related=("efa-unused",),
+    ),
+    Entry(
+        id="efa-fewer",
+        title="Fewer EFA devices than the instance type has: NCCL uses a fraction of the fabric",
+        symptom="NCCL runs over EFA (`Selected Provider is efa`) but inter-node busbw is a "
+                "fraction of the type's: aws-ofi-nccl's line says `(found 1 nics)` on a "
+                "p4d.24xlarge (4 EFA) or p5.48xlarge (32). nccl-tests on 2 x p4d.24xlarge: 77.9 "
+                "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no log line is an error, "
+                "so `invoke diagnose` cannot tell it from a single-EFA type.",
+        cause="The instances were launched with one EFA interface (a launch template or "
+              "`run-instances` with one `NetworkInterfaces` entry, `DeviceIndex 0`, no "
+              "`NetworkCardIndex`). An EFA is one per network card: p4d/p4de have 4, p5/p5e 32, "
+              "p5en 16, trn1 8; each card needs its own interface at launch.",
+        fix="`invoke nodes up` attaches every EFA the type has (DescribeInstanceTypes "
+            "`NetworkCards`, `EfaInfo.MaximumEfaInterfaces`): card 0 device 0 `efa`, card i "
+            "device 1 `efa-only`. Such instances get no public IPv4 address (AWS assigns none "
+            "with more than one interface), so put them in a subnet that reaches the internet "
+            "through a NAT gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
+            "launch with one interface per network card the same way.",
+        confirm="`invoke doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
+                "with `--image`, how many `fi_info -p efa` sees in the container); "
+                "`invoke doctor --bandwidth` (the `found N nics` of NCCL's log against the type).",
+        source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html",
+                "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EfaInfo.html"),
+        doctor_checks=("efa",),
+        related=("efa-unused", "efa-not-selected"),
     ),
     Entry(
         id="nccl-few-sockets",

@@ -21,7 +21,7 @@ from dtrain.launch.jobs import commands, node_programs, store
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.jobs.transport import SshTransport
-from dtrain.launch.infra.instance_types import EFA_TYPES
+from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count
 from dtrain.launch.troubleshoot import checklist
 
 from dtrain.launch.errors import LaunchError
@@ -190,12 +190,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         add(h, "clock", status, f"{skew:+.2f} s from this machine{ntp}")
 
         itype, efa = f.get("instance_type", ""), f.get("efa", "").split()
-        if itype in EFA_TYPES and not efa:
-            add(h, "efa", "FAIL", f"{itype} supports EFA but no /dev/infiniband/uverbs* (attach an EFA interface)")
-        elif efa:
-            add(h, "efa", "PASS", f"{len(efa)} EFA device(s)")
-        else:
-            add(h, "efa", "PASS", f"not an EFA instance type ({itype or 'not EC2'})")
+        add(h, "efa", *efa_verdict(itype, len(efa), (containers or {}).get(h, {}).get("fi_efa")))
 
         c = (containers or {}).get(h)
         if containers is None:
@@ -221,6 +216,29 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
                 f"{lock} KiB, not unlimited" + (": EFA will fail to register memory" if efa else
                                                "; fine without EFA"))
     return rows
+
+
+def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[Status, str]:
+    """The `efa` check: EFA devices on the node (/dev/infiniband/uverbs*) against what the
+    instance type has (instance_types.efa_count: one per network card), and, from the
+    container pass, how many libfabric's EFA provider sees there (`fi_info -p efa`: what NCCL's
+    aws-ofi-nccl can use; None: no container pass, "": no fi_info in the image)."""
+    want = efa_count(itype)
+    if not want and not devices:
+        return "PASS", f"no EFA: not an EFA instance type ({itype or 'not EC2'})"
+    if want and not devices:
+        return "FAIL", f"{itype} supports EFA but no /dev/infiniband/uverbs* (attach an EFA interface)"
+    fi = fi_efa.strip() if fi_efa is not None else None
+    seen = "" if fi is None else f"; libfabric in the container (fi_info -p efa) sees {fi}" if fi.isdigit() \
+        else "; no fi_info in the image"
+    if want and devices < want:
+        return "WARN", (f"{devices} of the {want} EFA devices {itype} has: the launch attached fewer interfaces "
+                        f"than network cards, NCCL gets about {devices}/{want} of the bandwidth "
+                        f"(docs/troubleshooting.md#efa-fewer){seen}")
+    if fi and fi.isdigit() and int(fi) < devices:
+        return "WARN", (f"{devices} EFA device(s) on the node, but libfabric in the container (fi_info -p efa) "
+                        f"sees {fi}: NCCL uses only those (docs/troubleshooting.md#efa-unused)")
+    return "PASS", f"{devices} EFA device(s)" + (f" ({itype} has {want})" if want else "") + seen
 
 
 def entries_for(check: str) -> list[checklist.Entry]:

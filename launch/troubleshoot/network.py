@@ -22,6 +22,7 @@ from typing import Callable, Literal, Sequence
 import yaml
 
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra.instance_types import efa_count
 from dtrain.launch.jobs.hosts import Node
 
 EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
@@ -130,6 +131,8 @@ class Verdict:
 
 # Causes read from NCCL's log (NCCL_DEBUG=INFO), as checklist ids.
 _EFA_SELECTED = re.compile(r"Selected [Pp]rovider is efa")
+# aws-ofi-nccl: "NET/OFI Selected Provider is efa (found 4 nics)" (newer: "..., fabric is efa-direct (found 4 nics)").
+_EFA_NICS = re.compile(r"Selected [Pp]rovider is efa\b.*?\(found (\d+) nics?\)")
 _SOCKETS = re.compile(r"Using network Socket")
 _FEW_SOCKETS = re.compile(r"NET/Socket ?: Using 1 threads? and 1 sockets? per thread")
 _BAD_NIC = re.compile(r"(?:Bootstrap ?|NET/Socket ?): Using (?:\[\d+\])?(?:lo|docker\d*|br-[0-9a-f]+|veth\w*):")
@@ -142,6 +145,9 @@ def likely_causes(expect: Expectation | None, nccl_log: str, gpu: bool) -> tuple
         causes.append("nccl-iface")
     if gpu and expect is not None and expect.efa and not _EFA_SELECTED.search(nccl_log):
         causes.append("efa-not-selected")
+    nics = [int(n) for n in _EFA_NICS.findall(nccl_log)]
+    if gpu and expect is not None and nics and min(nics) < efa_count(expect.instance_type):
+        causes.append("efa-fewer")  # NCCL found fewer EFA devices than the type has
     if gpu and _SOCKETS.search(nccl_log):
         causes.append("efa-unused" if expect is not None and expect.efa else "nccl-few-sockets")
     if gpu and (_FEW_SOCKETS.search(nccl_log) or (expect is not None and not expect.efa and _SOCKETS.search(nccl_log))):
