@@ -96,3 +96,31 @@ def remote_images(cluster, cpu_images):
     imgs = [i for i in load_all() if not i.gpu]
     results = p.push_registry(imgs, cluster.registry, catalog_path=ROOT / "build" / "test-catalog.json")
     return {r.entry["family"]: r.remote for r in results}
+
+
+# ---------------------------------------------------------------- AWS: moto only, on loopback
+
+
+@pytest.fixture
+def moto_server():
+    """A moto server on 127.0.0.1 (a free port), for the real CLI in a subprocess."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """In-process moto with fake credentials: a boto3 session in us-east-1."""
+    import boto3
+    from moto import mock_aws
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        yield boto3.session.Session(region_name="us-east-1")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from invoke import Collection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,17 +46,6 @@ def test_the_installed_console_script_runs_from_another_directory(tmp_path):
     assert r.returncode == 0 and "Usage: dtrain [--core-opts] render" in r.stdout, r.stderr
     r = subprocess.run([str(script), "nosuchtask"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "nosuchtask" in r.stderr and "Traceback" not in r.stderr
-
-
-@pytest.fixture
-def moto_server():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 def test_sagemaker_run_uploads_the_users_directory(tmp_path, moto_server):

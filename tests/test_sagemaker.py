@@ -13,9 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands
@@ -173,15 +171,6 @@ def test_workdir_honours_gitignore_and_size_limit(tmp_path):
 
 
 # ---------------------------------------------------------------- invoke sagemaker run, against moto
-
-
-@pytest.fixture
-def aws(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        yield boto3.session.Session(region_name="us-east-1")
 
 
 def _workdir(tmp_path: Path) -> Path:

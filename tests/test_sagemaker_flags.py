@@ -17,7 +17,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.other_tools import sagemaker as sm
@@ -112,15 +111,6 @@ def test_instance_type_checked_against_botocores_list():
 
 
 # ---------------------------------------------------------------- run, against moto
-
-
-@pytest.fixture
-def aws(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        yield boto3.session.Session(region_name="us-east-1")
 
 
 def test_run_uploads_data_chains_a_job_keeps_state_and_the_log(aws, tmp_path):
@@ -273,17 +263,6 @@ def test_train_fails_before_the_command_when_pip_fails(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- the command, from a user's directory
-
-
-@pytest.fixture
-def moto_server():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 def _recorded_create_training_job(moto_server: str) -> dict:
