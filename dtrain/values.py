@@ -161,3 +161,33 @@ def cidr(flag: str, text) -> str:
     if net is None:
         raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
     return str(net)
+
+
+SMALL_FILE_MAX = 1 << 20  # a hostfile or env file larger than 1 MiB is a mistake (/dev/zero, a log)
+
+
+def small_text_file(path, what: str, expected: str, limit: int = SMALL_FILE_MAX) -> str:
+    """The text of a small file the user names (what: "hostfile", "env file"): a regular file of at
+    most `limit` bytes, UTF-8. A device, a pipe or a huge file is refused before it is read
+    (reading /dev/zero would never end). Errors are one line naming the file."""
+    import os
+    import stat
+
+    article = "an" if what[:1] in "aeiou" else "a"
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadValue(f"{path}: not a regular file; expected {article} {what} of {expected}")
+        if st.st_size > limit:
+            raise BadValue(f"{path}: {st.st_size} bytes, more than {article} {what} has (at most {limit}); "
+                           f"expected {expected}")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise BadValue(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise BadValue(f"{path}: more than {limit} bytes; expected {expected}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadValue(f"{path}: not a text {what} (not UTF-8); expected {expected}") from None

@@ -349,3 +349,22 @@ def test_kex_option_only_where_ssh_config_leaves_kex_alone(tmp_path):
     set_here.write_text("Host 10.0.0.*\n  KexAlgorithms ecdh-sha2-nistp256\n")
     assert kex_opts(Node("10.0.0.1"), ["-F", str(set_here)]) == []
     assert kex_opts(Node("10.0.0.2"), ["-F", str(plain), "-o", "KexAlgorithms=curve25519-sha256"]) == []
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "/"])
+def test_a_device_or_directory_as_hostfile_or_env_file_is_refused_before_reading(path):
+    """/dev/zero would be read until memory runs out: refused as not a regular file."""
+    from dtrain.launch.jobs.commands import parse_env_file
+
+    with pytest.raises(LaunchError, match=rf"^{path}: not a regular file; expected a hostfile"):
+        parse_hostfile(path)
+    with pytest.raises(LaunchError, match=rf"^{path}: not a regular file; expected an env file"):
+        parse_env_file(path)
+
+
+def test_a_huge_hostfile_is_refused_before_reading(tmp_path):
+    big = tmp_path / "hosts"
+    with big.open("wb") as f:
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(LaunchError, match=r"more than a hostfile has \(at most 1048576\)"):
+        parse_hostfile(big)

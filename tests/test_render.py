@@ -248,3 +248,34 @@ def test_hadolint_passes(img, tmp_path):
     result = subprocess.run(["hadolint", "--config", str(ROOT / ".hadolint.yaml"), str(path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_builders_copied_into_the_images_import_on_their_own(tmp_path):
+    """What the template copies to /opt/dtrain/py (and .dockerignore lets into the build
+    context) is enough for node/sagemaker_train.py's imports: a module the builders import but
+    the image lacks would fail every SageMaker job at start (seen: dtrain/values.py)."""
+    import fnmatch
+    import shutil
+    import subprocess
+    import sys
+
+    template = (ROOT / "templates" / "Dockerfile.j2").read_text()
+    allowed = [ln[1:] for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.startswith("!")]
+    copied = 0
+    for line in template.splitlines():
+        parts = line.split()
+        if parts[:1] != ["COPY"] or not parts[-1].startswith("/opt/dtrain/py/"):
+            continue
+        dest = tmp_path / parts[-1][len("/opt/dtrain/py/"):]
+        dest.mkdir(parents=True, exist_ok=True)
+        for src in parts[1:-1]:
+            assert any(fnmatch.fnmatch(src, a) for a in allowed), f".dockerignore keeps {src} out of the context"
+            shutil.copy(ROOT / src, dest)
+            copied += 1
+    assert copied >= 6
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from dtrain.launch.jobs import commands; from dtrain.launch.jobs.hosts import Node; "
+            "assert commands.__file__.startswith(sys.argv[1]), commands.__file__")
+    r = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], cwd=tmp_path, capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert r.returncode == 0, r.stderr

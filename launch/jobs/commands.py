@@ -324,11 +324,9 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
     """
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise LaunchError(f"{path}: cannot read env file: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise LaunchError(f"{path}: not a text env file (not UTF-8); expected KEY=VALUE lines") from None
+        text = values.small_text_file(path, "env file", "KEY=VALUE lines")
+    except values.BadValue as e:
+        raise LaunchError(str(e)) from None
     result: dict[str, str] = {}
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain import contract
+from dtrain import values
 from dtrain.launch.errors import LaunchError
 
 # Host names and IPv4 addresses. No leading "-" (it would become an ssh option), no ":"
@@ -107,11 +108,9 @@ def parse_hostfile(path: str | Path) -> list[Node]:
     """
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise LaunchError(f"{path}: cannot read hostfile: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise LaunchError(f"{path}: not a text hostfile (not UTF-8); expected `HOST slots=N` lines") from None
+        text = values.small_text_file(path, "hostfile", "`HOST slots=N` lines")
+    except values.BadValue as e:
+        raise LaunchError(str(e)) from None
     nodes: list[Node] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
