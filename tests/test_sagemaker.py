@@ -309,3 +309,25 @@ def test_task_errors_are_one_line_exit_2():
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: --input 'data': expected NAME=DIR or NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr
+
+
+def test_code_files_leave_out_the_output_and_the_data_channels(tmp_path):
+    root = tmp_path / "proj"
+    files = [Path("train.py"), Path("output/dtrain-1/logs.txt"), Path("output/dtrain-1/model.tar.gz"),
+             Path("data/a.csv"), Path("data2/b.csv"), Path("lib/data/c.py")]
+    assert sm.code_files(root, files, [root / "output", root / "data", tmp_path / "elsewhere"]) == [
+        Path("train.py"), Path("data2/b.csv"), Path("lib/data/c.py")]
+    assert sm.code_files(root, files, [root]) == files  # --download . would not empty the code
+
+
+def test_a_bad_download_directory_is_refused_before_anything_is_uploaded(aws, tmp_path):
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="my-bucket")
+    wd = _workdir(tmp_path)
+    for bad in (wd / "main.py", wd / "main.py" / "x"):
+        opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=1,
+                             name="dtrain-dl", output_s3="s3://my-bucket/x", workdir=wd, download=bad)
+        with pytest.raises(LaunchError, match=rf"^--download {bad}: .*main.py is not a directory"):
+            sm.run(opts, session=aws, out=lambda m: None, poll_s=0)
+    assert "Contents" not in s3.list_objects_v2(Bucket="my-bucket")
+    assert aws.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []

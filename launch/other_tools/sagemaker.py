@@ -12,6 +12,7 @@ show in the console and in DescribeTrainingJob.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -276,6 +277,29 @@ def workdir_files(root: Path) -> list[Path]:
                   if p.is_file() and not skip & set(p.relative_to(root).parts))
 
 
+def code_files(root: Path, files: Sequence[Path], not_code: Sequence[Path]) -> list[Path]:
+    """files (relative to root) less those under any of the not_code directories (the download
+    directory, local --input directories) where they lie inside root."""
+    skip = []
+    for d in not_code:
+        try:
+            skip.append(d.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue  # outside the workdir: nothing of it is uploaded as code anyway
+    return [p for p in files if not any(p == s or s in p.parents for s in skip if s != Path("."))]
+
+
+def check_download_dir(d: Path) -> None:
+    """--download: a directory, or one that can be made (checked before anything is uploaded)."""
+    p = d.resolve()
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise LaunchError(f"--download {d}: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise LaunchError(f"--download {d}: {p} is not writable")
+
+
 def check_workdir(root: Path, files: Sequence[Path], max_bytes: int = WORKDIR_MAX_BYTES,
                   max_files: int = WORKDIR_MAX_FILES) -> int:
     total = sum((root / f).stat().st_size for f in files)
@@ -478,11 +502,15 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     root = Path(opts.workdir).resolve()
     if not root.is_dir():
         raise LaunchError(f"--workdir {root}: not a directory")
-    files = workdir_files(root)
+    local = {ch: Path(v) for ch, v in opts.inputs.items() if not v.startswith("s3://")}
+    if opts.download is not None:
+        check_download_dir(Path(opts.download))
+    # The output (downloaded here by earlier runs) and the data channels are not code.
+    files = code_files(root, workdir_files(root),
+                       [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
     size = check_workdir(root, files)
     task = task_name(opts.task, root)
     state = opts.state_s3 or state_uri(output, task)
-    local = {ch: Path(v) for ch, v in opts.inputs.items() if not v.startswith("s3://")}
     data = {ch: local_files(d) for ch, d in local.items()}
     for ch, found in data.items():
         if not found:
