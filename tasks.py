@@ -344,7 +344,7 @@ def _ssh_opts(ssh_opt, ssh_config=None):
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
     "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
                 "as its driver; image: ray-train)",
-    "name": "job name (default job-YYYYmmdd-HHMMSS); re-using a name replaces its containers",
+    "name": "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is refused, an ended one's is reused",
     "env": "K=V for every rank (repeatable)",
     "env_file": "file of K=V lines; every variable is forwarded to every rank",
     "iface": "network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)",
