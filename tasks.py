@@ -44,7 +44,11 @@ def _checked(body):
                     if isinstance(v, str):
                         values.text(_flag_name(param) if param in kwargs else param, v,
                                     secret=param in SECRET_PARAMS)
-        return body(c, *args, **kwargs)
+        try:
+            return body(c, *args, **kwargs)
+        except KeyboardInterrupt:  # what was under way said what it cleaned; no traceback
+            print(f"interrupted: {body.__name__.replace('_', '-')} stopped (Ctrl-C)", file=sys.stderr)
+            sys.exit(130)
 
     return run
 
@@ -329,14 +333,25 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
                            ssh_user=ssh_user, ssh_key=ssh_key)
 
 
-def _ssh_opts(ssh_opt, ssh_config=None):
+def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
+    """ssh options from --ssh-config and --ssh-opt, after those `nodes up --ssh-opt` recorded
+    for --cluster (a ProxyJump to a bastion): ssh takes the first value of an option, so the
+    cluster's win over a repeated one; give the cluster a new one with nodes up."""
     import os
 
     from dtrain import values
 
     if ssh_config is not None and not os.path.isfile(ssh_config):
         raise values.BadValue(f"--ssh-config {values.shown(ssh_config)}: no such file")
-    return (("-F", ssh_config) if ssh_config else ()) + tuple(x for o in (ssh_opt or []) for x in ("-o", o))
+    recorded: tuple = ()
+    if cluster:
+        from dtrain.launch.infra.ec2 import cluster_dir, load_cluster
+
+        values.name("--cluster", cluster)
+        if (cluster_dir(cluster) / "cluster.json").is_file():
+            recorded = load_cluster(cluster).ssh_opts
+    return (("-F", ssh_config) if ssh_config else ()) + tuple(recorded) + tuple(
+        x for o in (ssh_opt or []) for x in ("-o", o))
 
 
 @task(iterable=["env", "mount", "ssh_opt"], help={
@@ -411,7 +426,7 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
                        iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
                        shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
-                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config),
+                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster),
                        workdir=workdir, workdir_limit=parse_size(workdir_limit), detach=bool(detach),
                        max_restarts=_int_flag("--max-restarts", max_restarts, 0, 1000),
                        min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
@@ -444,7 +459,7 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
         _choice_flag("--pull", pull, pl.POLICIES)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         login = login_for(image)  # ECR: a token from boto3, to each node on stdin
-        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config), out=sys.stdout, login=login)
+        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), out=sys.stdout, login=login)
 
 
 def _remainder():
@@ -516,24 +531,38 @@ def _aws(profile, region):
     return boto3.Session(profile_name=profile, region_name=region)
 
 
-@task(iterable=["ssh_opt"], help={
+@task(iterable=["ssh_opt", "s3_bucket"], help={
     "action": "up, down or list",
     "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
     "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
     "instance_type": "EC2 instance type, e.g. p4d.24xlarge", "spot": "spot instances (launch template)",
-    "subnet": "subnet for the nodes (default: the default VPC's first zone)", "new_vpc": "make a VPC in the stack",
+    "subnet": "subnet for the nodes (default: the default VPC's subnet in a zone that offers the type)",
+    "new_vpc": "make a VPC in the stack",
     "key_name": "EC2 key pair for ssh", "ssh_key": "its private key file here (written into the hostfile)",
-    "ssh_cidr": "who may ssh in (default: this machine's public address /32, from checkip.amazonaws.com)",
-    "efs": "an EFS file system in the stack (`invoke volume create --efs` mounts it)",
-    "address": "hostfile addresses: private (default; reach the VPC) or public",
+    "ssh_cidr": "who may ssh in (default: this machine's security group inside the VPC, else its public address /32)",
+    "efs": "an EFS file system (kept by `nodes down`; mounted at boot at /efs, $EFS_MOUNT)",
+    "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
-    "ssh_opt": NODE_HELP["ssh_opt"], "region": "AWS region", "profile": "AWS profile",
+    "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
+    "region": "AWS region", "profile": "AWS profile",
     "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
+    "keep_on_failure": "keep the stack when up fails (default: delete it)",
+    "ssh_user": "ssh user on the nodes (default: the AMI's: ubuntu, ec2-user)",
+    "ami": "gpu (Deep Learning AMI), cpu (ECS-optimized AL2023), ami-ID or an SSM parameter path "
+           "(default: gpu on GPU types, else cpu)",
+    "root_size": "root disk GiB (default: the AMI's + 3 x the largest image + 100)",
+    "s3_bucket": "a bucket the nodes' role may read (repeatable; s3://NAME accepted)",
+    "s3_write": "the role may also write to the --s3-bucket buckets (checkpoints)",
+    "instance_profile": "an existing instance profile instead of the stack's role, or none",
+    "delete_data": "with down: delete the cluster's dataset volumes and EFS too (default: kept)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
-          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="private", ssh_opt=None,
-          region=None, profile=None, timeout="900", efa_interfaces=None):
-    """EC2 nodes from one CloudFormation stack: invoke nodes up --name C --count 4 --instance-type T | down | list."""
+          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="auto", ssh_opt=None,
+          region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
+          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
+    """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
+    from pathlib import Path
+
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
 
@@ -547,9 +576,13 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         min_count = values.count("--min-count", min_count, 1, 10000) if min_count is not None else None
         seconds = values.number("--timeout", timeout, 0, hi=86400)
         ssh_cidr = values.cidr("--ssh-cidr", ssh_cidr) if ssh_cidr is not None else None
-        _choice_flag("--address", address, ("private", "public"))
+        _choice_flag("--address", address, ("auto", "private", "public"))
         if instance_type is not None:
             values.instance_type("--instance-type", instance_type)
+        if ssh_user is not None:
+            values.user("--ssh-user", ssh_user)
+        if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
+            raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
         session = _aws(profile, region)
         if action == "list":
             rows = ec2.list_clusters(session)
@@ -561,23 +594,43 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
-            ec2.delete_stack(session, name)
-            print(f"deleted stack {ec2.stack_name(name)} (and the cluster's dataset volumes)")
+            data = ec2.delete_stack(session, name, delete_data=delete_data)
+            if delete_data:
+                print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
+            else:
+                print(f"deleted stack {ec2.stack_name(name)}" + (
+                    f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
+                    f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
             return
-        if action != "up":
-            raise LaunchError(f"unknown action {action!r}: use up, down or list")
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
-        spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type,
-                             ssh_cidr=ssh_cidr or ec2.caller_cidr(),
+        buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
+        spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type, ssh_cidr=ssh_cidr,
                              min_count=min_count, spot=spot, subnet=subnet,
                              new_vpc=new_vpc, key_name=key_name, efs=efs,
                              efa_interfaces=_int_flag("--efa-interfaces", efa_interfaces, 1, 64)
-                             if efa_interfaces is not None else None)
-        cluster, hostfile = ec2.up(session, spec, identity=ssh_key, address=address, timeout=seconds,
-                                   ready=ec2.ssh_ready(ssh_key, address, _ssh_opts(ssh_opt), timeout=seconds))
-        print(f"{len(cluster.instances)} nodes up; hostfile: {hostfile}")
-        print(f"launch with: invoke launch --cluster {name} --image IMAGE -- CMD")
+                             if efa_interfaces is not None else None,
+                             ssh_user=ssh_user, ami=ami,
+                             root_size=_int_flag("--root-size", root_size, 8, 16384) if root_size is not None else None,
+                             s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile)
+        ssh_opts = _ssh_opts(ssh_opt)
+        here = ec2.vantage() if address != "public" else None
+        res = ec2.start(session, spec, address=address, here=here)
+        hint = (f"the security group lets ssh in from {res.ssh_rule} only; check that this machine's ssh "
+                f"comes from there and can route to the nodes' {res.address} addresses")
+        ready = ec2.ssh_ready(ssh_key, res.address, ssh_opts, timeout=seconds, user=res.ssh_user,
+                              first_timeout=min(300.0, seconds), hint=hint)
+        cluster, hostfile = ec2.finish(session, spec, res, identity=ssh_key, timeout=seconds, ready=ready,
+                                       keep_on_failure=keep_on_failure, ssh_opts=ssh_opts)
+        print(f"{len(cluster.instances)} nodes up ({res.address} addresses, user {res.ssh_user}); hostfile: {hostfile}")
+        from dtrain.launch.infra import volume as vol
+        from dtrain.launch.jobs.hosts import parse_hostfile
+
+        up_nodes = parse_hostfile(hostfile)
+        ec2.write_worker_list(up_nodes, cluster, ssh_opts)
+        print(f"worker list on every node: ~/.dtrain/{ec2.WORKER_LIST} (private addresses, one per line)")
+        vol.reattach(session, cluster, up_nodes, ssh_opts=ssh_opts)
+        print(f"launch with: dtrain launch --cluster {name} --image IMAGE -- CMD")
 
 
 @task(iterable=["ssh_opt"], help={
@@ -603,7 +656,7 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         from dtrain import values
 
         values.name("--cluster", cluster)
-        ssh_opts = _ssh_opts(ssh_opt, ssh_config)
+        ssh_opts = _ssh_opts(ssh_opt, ssh_config, cluster)
         spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
                               snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
                               efs=efs, fill_from=fill_from)
@@ -748,11 +801,11 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         if bandwidth:
             r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
-                           nodes, _ssh_opts(ssh_opt, ssh_config))
+                           nodes, _ssh_opts(ssh_opt, ssh_config, cluster))
             sys.exit(1 if r.verdict.status == "FAIL" else 0)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
                                         min_free_gb=free,
-                                        ssh_opts=_ssh_opts(ssh_opt, ssh_config), job=job or ""))
+                                        ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), job=job or ""))
         print(dr.format_table(rows))
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
 
@@ -767,7 +820,7 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
         _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
         r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
                        _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
-                       _ssh_opts(ssh_opt, ssh_config))
+                       _ssh_opts(ssh_opt, ssh_config, cluster))
         sys.exit(1 if r.verdict.status == "FAIL" else 0)
 
 

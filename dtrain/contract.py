@@ -61,3 +61,6 @@ def jinja() -> dict[str, object]:
     return {"ssh_port": SSH_PORT, "entrypoint": ENTRYPOINT, "node_dir": NODE_DIR,
             "job_key_mount": JOB_KEY_MOUNT, "label_job": LABEL_JOB,
             "label_min_driver": LABEL_MIN_DRIVER, "label_openmpi_major": LABEL_OPENMPI_MAJOR}
+
+# EC2 tag on the instances `nodes up` starts: their AMI's ssh user (`launch --ec2-tag` reads it).
+SSH_USER_TAG = "dtrain:ssh-user"

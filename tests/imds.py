@@ -1,5 +1,6 @@
 """A small instance metadata service (IMDSv2) for tests: a session token, then the spot
-interruption notice, given only to the nodes (source addresses) told to get one."""
+interruption notice, given only to the nodes (source addresses) told to get one, and any other
+meta-data paths a test sets (`meta`: this machine's VPC for `nodes up --address auto`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ TOKEN = "dtrain-test-token"
 class Imds:
     def __init__(self, address: str):
         self.notice: set[str] = set()  # source addresses that get a notice
+        self.meta: dict[str, str] = {}  # other meta-data paths (after /latest/meta-data/) and their values
         self.asked: dict[str, int] = {}  # notice requests per source address
         imds = self
 
@@ -35,6 +37,8 @@ class Imds:
             def do_GET(self):
                 if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
                     return self._send(401)
+                if self.path.removeprefix("/latest/meta-data/") in imds.meta:
+                    return self._send(200, imds.meta[self.path.removeprefix("/latest/meta-data/")])
                 if self.path != "/latest/meta-data/spot/instance-action":
                     return self._send(404)
                 src = self.client_address[0]

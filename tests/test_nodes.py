@@ -5,6 +5,7 @@ and every bad input refused before anything is created."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,7 +40,7 @@ def aws(monkeypatch, tmp_path):
 
 
 def spec(**kw) -> ec2.NodesSpec:
-    base = dict(name="c1", count=3, instance_type="g5.12xlarge", ssh_cidr=CIDR, ami_parameter=AMI_PARAM)
+    base = dict(name="c1", count=3, instance_type="g5.12xlarge", ssh_cidr=CIDR, ami=AMI_PARAM)
     return ec2.NodesSpec(**{**base, **kw})
 
 
@@ -95,7 +96,9 @@ def test_template_content():
     assert data["InstanceMarketOptions"]["MarketType"] == "spot"
     assert data["NetworkInterfaces"][0]["InterfaceType"] == "efa"
     assert data["UserData"] == {"Fn::Base64": (ROOT / "launch/node/first-boot.sh").read_text()}
-    assert t["Parameters"]["AmiId"]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    # preflight resolved --ami (an SSM parameter, an alias or an id) to the id in the template
+    assert t["Parameters"]["AmiId"] == {"Type": "AWS::EC2::Image::Id", "Default": RESOLVED["efa"].ami_id,
+                                        "Description": f"the nodes' AMI (--ami {AMI_PARAM})"}
     assert ec2.DLAMI_PARAMETER.startswith("/aws/service/deeplearning/ami/")
     sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
     assert r["SelfEgress"]["Properties"]["DestinationSecurityGroupId"] == sg  # EFA's rule
@@ -112,14 +115,14 @@ def test_root_volumes_are_encrypted():
     for s, res in ((spec(new_vpc=True, spot=True, efs=True), RESOLVED["efa"]),
                    (spec(instance_type="c5.xlarge", subnet="subnet-0123456789abcdef0"), RESOLVED["plain"])):
         data = ec2.stack_template(s, res)["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
-        assert data["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {
-            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": 200, "DeleteOnTermination": True}}]
+        assert data["BlockDeviceMappings"] == [{"DeviceName": res.root_device, "Ebs": {
+            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": res.root_size, "DeleteOnTermination": True}}]
 
 
 def test_ssh_open_to_the_world_is_warned_about(aws):
     said: list[str] = []
     ec2.start(aws, spec(ssh_cidr="0.0.0.0/0", count=1), say=said.append)
-    assert said[0].startswith("[nodes] warning: --ssh-cidr 0.0.0.0/0 opens the nodes' ssh")
+    assert any(m.startswith("[nodes] warning: --ssh-cidr 0.0.0.0/0 opens the nodes' ssh") for m in said), said
     assert ec2.ssh_cidr_warning("::/0") and ec2.ssh_cidr_warning(CIDR) is None
     assert ec2.ssh_cidr_warning("10.0.0.0/8") is None
     lt = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")
@@ -331,7 +334,7 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
 def test_cli_multi_efa_in_the_default_vpc_is_one_line_and_creates_nothing(moto_server):
     url, env = moto_server
     r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
-               "--ssh-cidr", CIDR)
+               "--ssh-cidr", CIDR, "--ami", "ami-12c6146b", "--address", "private")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: p4d.24xlarge gets 4 network interfaces (one per EFA)") and \
         "--efa-interfaces 1" in r.stderr, r.stderr
@@ -426,7 +429,7 @@ def test_nodes_cli_list_empty_and_down_typo(aws, monkeypatch, capsys):
     out = capsys.readouterr()
     assert exc.value.code == 2 and "deleted" not in out.out
     assert out.err.strip() == (f"error: nodes down --name typo: no stack dtrain-typo in region {REGION}; "
-                               "`invoke nodes list` shows the clusters")
+                               "`dtrain nodes list` shows the clusters")
 
 
 # --- every EFA the type has (one per network card) -------------------------------------------
@@ -494,7 +497,8 @@ def test_efa_layout_template_lints_and_deploys(aws, itype):
     said = []
     cluster, _ = ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
     assert len(cluster.instances) == 2
-    assert said[0].endswith(f", {efas} EFA") if efas else "EFA" not in said[0]
+    [line] = [m for m in said if " creating: " in m]
+    assert f", {efas} EFA in " in line if efas else "EFA" not in line
     data = aws.client("ec2").describe_launch_template_versions(
         LaunchTemplateName="dtrain-c1")["LaunchTemplateVersions"][0]["LaunchTemplateData"]
     got = sorted((i.get("NetworkCardIndex", 0), i["DeviceIndex"], i.get("InterfaceType", "interface"))
@@ -510,8 +514,8 @@ def test_efa_layout_template_lints_and_deploys(aws, itype):
     ({}, "private", r"^p4d\.24xlarge gets 4 network interfaces \(one per EFA\), so no public IPv4 address .* "
                     r"in the default VPC .*--subnet SUBNET-ID .*NAT gateway, or --efa-interfaces 1 "),
     ({"new_vpc": True}, "private", r"in the new VPC \(internet gateway only\)"),
-    ({"subnet": "private"}, "public", r"^--address public: p4d\.24xlarge gets 4 network interfaces .*"
-                                      r"use --address private from inside the VPC .*or --efa-interfaces 1 "),
+    ({"subnet": "private"}, "public", r"^p4d\.24xlarge gets 4 network interfaces .*cannot be reached at public "
+                                      r"addresses: run dtrain from inside the VPC .*or --efa-interfaces 1 "),
 ])
 def test_multi_efa_without_a_public_address_is_refused_before_anything_is_created(aws, kw, address, message):
     if kw.get("subnet") == "private":
@@ -527,8 +531,11 @@ def test_efa_interfaces_1_keeps_a_public_address(aws):
     t = ec2.stack_template(s, ec2.preflight(aws, s))
     ifaces = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
     assert [(i["DeviceIndex"], i["InterfaceType"], i["AssociatePublicIpAddress"]) for i in ifaces] == [(0, "efa", True)]
-    cluster, _ = ec2.up(aws, s, address="public", poll=0.05, timeout=5, say=quiet)
-    assert len(cluster.instances) == 1
+    # deployed in the default VPC: moto's CloudFormation gives a new VPC's instances no public address
+    cluster, _ = ec2.up(aws, dataclasses.replace(s, new_vpc=False), address="public", poll=0.05, timeout=5, say=quiet)
+    assert len(cluster.instances) == 1 and cluster.instances[0].public_ip
+    hostfile = (ec2.cluster_dir("c1") / "hostfile").read_text()
+    assert cluster.instances[0].public_ip in hostfile
     with pytest.raises(LaunchError, match=r"^--efa-interfaces 0: must be at least 1"):
         spec(efa_interfaces=0)
 

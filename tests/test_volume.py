@@ -84,7 +84,7 @@ def test_devices_and_script_argv():
 
 def test_node_scripts_are_shellcheck_clean():
     scripts = sorted(str(p) for p in (ROOT / "launch" / "node").glob("volume-*.sh"))
-    assert len(scripts) == 2
+    assert len(scripts) == 3  # format, mount, umount
     r = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -112,7 +112,7 @@ def aws(monkeypatch, tmp_path):
 
 def nodes_up(session, count):
     spec = ec2.NodesSpec(name="c1", count=count, instance_type="c5.xlarge", ssh_cidr="203.0.113.7/32",
-                         ami_parameter="/dtrain-test/dlami")
+                         ami="/dtrain-test/dlami")
     return ec2.up(session, spec, poll=0.05, timeout=5, say=lambda m: None)[0]
 
 
@@ -126,14 +126,20 @@ def test_volume_attached_to_every_node(aws):
     assert volume.attached_to(aws.client("ec2"), vol, [i.id for i in c.instances]) == {i.id for i in c.instances}
 
 
-def test_nodes_down_deletes_the_dataset_volume(aws):
+def test_nodes_down_keeps_the_dataset_volume_unless_delete_data(aws):
     # one node: moto keeps one attachment per volume, and fails to terminate a second holder
     c = nodes_up(aws, 1)
     vol = volume.create_and_attach(aws, c, volume.VolumeSpec(cluster="c1", size_gb=8), poll=0.05,
                                    say=lambda m: None)
-    ec2.delete_stack(aws, "c1", poll=0.05)
-    left = [v["VolumeId"] for v in aws.client("ec2").describe_volumes()["Volumes"]]
-    assert vol not in left
+    assert ec2.delete_stack(aws, "c1", poll=0.05) == [vol]  # kept, and said
+    left = {v["VolumeId"]: v for v in aws.client("ec2").describe_volumes()["Volumes"]}
+    assert vol in left
+    assert ec2.data_zone(aws, "c1") == left[vol]["AvailabilityZone"]  # a cluster of the name comes back there
+    # the stack is gone; --delete-data still deletes what it left
+    assert ec2.delete_stack(aws, "c1", poll=0.05, delete_data=True) == [vol]
+    assert vol not in [v["VolumeId"] for v in aws.client("ec2").describe_volumes()["Volumes"]]
+    with pytest.raises(LaunchError, match="no stack dtrain-c1"):
+        ec2.delete_stack(aws, "c1", poll=0.05, delete_data=True)
 
 
 def test_failed_attach_deletes_the_volume(aws):
@@ -187,9 +193,16 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
     data = os.urandom(1 << 20)
     (src / "shard-0.bin").write_bytes(data)
     said: list[str] = []
+    fstab = tmp_path / "fstab"  # the nodes share this machine's /etc: each writes this one instead
+    fstab.write_text("# the host's lines\n")
     try:
-        volume.prepare(nodes, loop_device, MOUNT, fill_from=str(src), ssh_opts=opts, say=said.append)
+        volume.prepare(nodes, loop_device, MOUNT, fill_from=str(src), ssh_opts=opts, say=said.append,
+                       fstab=str(fstab))
         assert sum("formatted" in m for m in said) == 1 and said[0].startswith(f"[{nodes[0].host}]"), said
+        # mounted again at boot: one nofail line (the 3 nodes rewrite the same shared file here)
+        lines = fstab.read_text().splitlines()
+        assert lines[0] == "# the host's lines" and set(lines[1:]) == {
+            f"{loop_device} {MOUNT} ext4 ro,noload,nofail,_netdev 0 0 # dtrain"}, lines
         assert not os.path.ismount(MOUNT), "mounted in the nodes' namespaces only, not the host's"
         for i in range(1, 4):
             r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}",
@@ -199,9 +212,10 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
             assert "Read-only file system" in r.stderr
         # formatting while a node has it mounted is refused; mounting again is a no-op
         with pytest.raises(LaunchError, match="is mounted on node-1; unmount it on every node first"):
-            volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append)
+            volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append, fstab=str(fstab))
         said.clear()
-        volume._run_script(nodes, "volume-mount.sh", ["ebs", loop_device, MOUNT], opts, "mount", said.append)
+        volume._run_script(nodes, "volume-mount.sh", ["ebs", loop_device, MOUNT, str(fstab)], opts, "mount",
+                           said.append)
         assert sum(f"already has {loop_device}" in m for m in said) == 3, said
 
         # a 3-node job reads the same file through it; the bind mount is rw, the filesystem refuses
@@ -221,11 +235,18 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
         for i in range(1, 4):
             subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT}"], check=True, timeout=60)
         said.clear()
-        volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append)
+        volume.prepare(nodes, loop_device, MOUNT, ssh_opts=opts, say=said.append, fstab=str(fstab))
         assert any("already holds ext4; not formatting" in m for m in said), said
         r = subprocess.run(["ssh", "-F", cluster.ssh_config, "node-3", f"sha256sum {MOUNT}/shard-0.bin"],
                            capture_output=True, text=True, timeout=60)
         assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+        # what a failed `volume create` does on every node: unmounted, its fstab line gone
+        volume.unmount(nodes, MOUNT, opts, str(fstab))
+        assert fstab.read_text() == "# the host's lines\n"
+        for i in range(1, 4):
+            r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"mountpoint -q {MOUNT}"],
+                               capture_output=True, timeout=60)
+            assert r.returncode == 1, f"node-{i}: {MOUNT} still mounted"
     finally:
         for i in range(1, 4):
             subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT} && rmdir {MOUNT}"],

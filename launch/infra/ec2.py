@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import re
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dtrain import ROOT
+from dtrain import ROOT, contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
 
@@ -27,8 +29,16 @@ from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitr
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 DLAMI_USER = "ubuntu"
-DLAMI_ROOT_DEVICE = "/dev/sda1"  # the Ubuntu DLAMI's root device: its mapping here encrypts it
-ROOT_VOLUME_GB = 200  # above the DLAMI's snapshot; room for a few training images (10-20 GiB each)
+# A CPU AMI with Docker: the ECS-optimized Amazon Linux 2023 (Docker preinstalled, user ec2-user).
+CPU_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+AMI_ALIASES = {"gpu": (DLAMI_PARAMETER, DLAMI_USER), "cpu": (CPU_AMI_PARAMETER, "ec2-user")}
+# The root disk, by default: the AMI's own snapshot, plus the largest GPU image three times over
+# (unpacked, its compressed layers during a pull, and the next version beside it during an
+# update), plus room for a dataset copy and logs. The largest GPU image (horovod-tensorflow,
+# CUDA + cuDNN + NCCL + TF) is 15-20 GB unpacked.
+LARGEST_IMAGE_GB = 20
+ROOT_ROOM_GB = 100
+SSH_USER_TAG = contract.SSH_USER_TAG  # on every instance: `launch --ec2-tag` reads the user from it
 FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `invoke launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
@@ -54,15 +64,21 @@ class NodesSpec:
     name: str
     count: int
     instance_type: str
-    ssh_cidr: str  # who may ssh in, e.g. the caller's address/32
+    ssh_cidr: str | None = None  # who may ssh in, e.g. the caller's address/32 (None: decided by start)
     min_count: int | None = None  # None: all of count
     spot: bool = False
     subnet: str | None = None  # None: the default VPC's first subnet, unless new_vpc
     new_vpc: bool = False
     key_name: str | None = None
     efs: bool = False
-    ami_parameter: str = DLAMI_PARAMETER
+    ami: str = "auto"  # gpu | cpu | ami-ID | /SSM/PARAMETER; auto: gpu on GPU types, else cpu
     efa_interfaces: int | None = None  # None: every EFA the type has (one per network card)
+    ssh_group: str | None = None  # ssh from this security group instead of ssh_cidr (same VPC)
+    ssh_user: str | None = None  # None: the AMI's user (ubuntu, ec2-user)
+    root_size: int | None = None  # GiB; None: root_size_default
+    s3_buckets: tuple[str, ...] = ()  # the nodes' role may read these (and write, with s3_write)
+    s3_write: bool = False
+    instance_profile: str | None = None  # an existing profile instead of the stack's; "none": no role
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -75,10 +91,22 @@ class NodesSpec:
             raise LaunchError(f"--efa-interfaces {self.efa_interfaces}: must be at least 1 (default: all the type has)")
         if self.subnet and self.new_vpc:
             raise LaunchError("give --subnet or --new-vpc, not both")
-        try:
-            ipaddress.ip_network(self.ssh_cidr)
-        except ValueError:
-            raise LaunchError(f"--ssh-cidr {self.ssh_cidr!r}: not a CIDR (e.g. 203.0.113.7/32)") from None
+        if self.ssh_cidr is not None:
+            try:
+                ipaddress.ip_network(self.ssh_cidr)
+            except ValueError:
+                raise LaunchError(f"--ssh-cidr {self.ssh_cidr!r}: not a CIDR (e.g. 203.0.113.7/32)") from None
+        if not (self.ami in ("auto", *AMI_ALIASES) or re.fullmatch(r"ami-[0-9a-f]{8,17}", self.ami)
+                or re.fullmatch(r"/[A-Za-z0-9_./-]+", self.ami)):
+            raise LaunchError(f"--ami {self.ami!r}: expected gpu, cpu, an AMI id (ami-...) or an SSM "
+                              "parameter path (/aws/service/...)")
+        if self.root_size is not None and not 8 <= self.root_size <= 16384:
+            raise LaunchError(f"--root-size {self.root_size}: GiB from 8 to 16384")
+        for b in self.s3_buckets:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", b):
+                raise LaunchError(f"--s3-bucket {b!r}: not a bucket name (3-63 of a-z 0-9 . -)")
+        if self.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", self.instance_profile):
+            raise LaunchError(f"--instance-profile {self.instance_profile!r}: not an instance profile name")
 
     @property
     def minimum(self) -> int:
@@ -97,6 +125,14 @@ class Resolved:
     availability_zone: str | None
     # The launch template's interfaces without Groups (network_interfaces); () = one, EFA if efa.
     interfaces: tuple[dict[str, Any], ...] = ()
+    ami_id: str = "ami-00000000"  # what --ami resolved to
+    root_device: str = "/dev/sda1"  # the AMI's RootDeviceName
+    root_size: int = 200  # GiB
+    ssh_user: str = DLAMI_USER
+    address: str = "private"  # what the hostfile uses (start decides it: see decide_reach)
+    ssh_rule: str = ""  # who may ssh in, in words (for messages)
+    offered_zones: tuple[str, ...] = ()
+    file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -128,6 +164,7 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                 raise LaunchError(f"--key-name {spec.key_name}: no such key pair in {ec2.meta.region_name} "
                                   "(create or import it: aws ec2 import-key-pair)") from None
             raise _client_error(e, "DescribeKeyPairs") from None
+    offered = offered_zones(session, spec.instance_type)
     vpc_id = subnet_id = az = None
     if spec.subnet:
         try:
@@ -136,6 +173,9 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
             if e.response["Error"].get("Code") == "InvalidSubnetID.NotFound":
                 raise LaunchError(f"--subnet {spec.subnet}: no such subnet in {ec2.meta.region_name}") from None
             raise _client_error(e, "DescribeSubnets") from None
+        if sub["AvailabilityZone"] not in offered:
+            raise LaunchError(f"--subnet {spec.subnet}: {spec.instance_type} is not offered in its zone "
+                              f"{sub['AvailabilityZone']}; it is in {', '.join(offered) or 'no zone of this region'}")
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
     elif not spec.new_vpc:
         vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
@@ -145,8 +185,25 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                                              {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
         if not subs:
             raise LaunchError(f"default VPC {vpcs[0]['VpcId']} has no default subnet: pass --subnet SUBNET-ID")
-        sub = min(subs, key=lambda s: s["AvailabilityZone"])
+        zone = pick_zone([s["AvailabilityZone"] for s in subs], offered, spec.instance_type,
+                         preferred=data_zone(session, spec.name))
+        sub = next(s for s in subs if s["AvailabilityZone"] == zone)
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
+    else:
+        az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
+    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(info.get("GpuInfo")))
+    root = spec.root_size or root_size_default(snapshot_gb)
+    if root < snapshot_gb:
+        raise LaunchError(f"--root-size {root}: the AMI {ami_id}'s snapshot is {snapshot_gb} GiB; "
+                          f"give at least {snapshot_gb}")
+    if spec.instance_profile not in (None, "none"):
+        try:
+            session.client("iam").get_instance_profile(InstanceProfileName=spec.instance_profile)
+        except ClientError as e:
+            if e.response["Error"].get("Code") == "NoSuchEntity":
+                raise LaunchError(f"--instance-profile {spec.instance_profile}: no such instance profile "
+                                  "(`aws iam list-instance-profiles`)") from None
+            raise _client_error(e, "GetInstanceProfile") from None
     try:
         cfn.describe_stacks(StackName=stack_name(spec.name))
     except ClientError as e:
@@ -155,9 +212,111 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
     else:
         raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
                           f"`invoke nodes down --name {spec.name}` first, or pick another name")
-    return Resolved(efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
+    return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
+                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
-                    interfaces=tuple(network_interfaces(info, spec.efa_interfaces)))
+                    interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
+                    ami_id=ami_id, root_device=root_device, root_size=root,
+                    ssh_user=spec.ssh_user or ami_user, offered_zones=tuple(offered))
+
+
+def kept_file_system(session: Any, cluster: str) -> str | None:
+    """The EFS file system an earlier cluster of this name left (tag dtrain:cluster=NAME), or None."""
+    return next(iter(data_file_systems(session, cluster)), None)
+
+
+def data_file_systems(session: Any, cluster: str) -> list[str]:
+    """The cluster's EFS file systems (kept by `nodes down`), oldest first."""
+    pages = session.client("efs").get_paginator("describe_file_systems").paginate()
+    found = [(f.get("CreationTime", 0), f["FileSystemId"]) for p in pages for f in p["FileSystems"]
+             if {"Key": CLUSTER_TAG, "Value": cluster} in f.get("Tags", [])
+             and f.get("LifeCycleState") in ("available", "creating", None)]
+    return [fid for _, fid in sorted(found, key=lambda x: str(x[0]))]
+
+
+def offered_zones(session: Any, instance_type: str) -> list[str]:
+    """The region's zones that offer the type (DescribeInstanceTypeOfferings), sorted."""
+    from botocore.exceptions import ClientError
+
+    try:
+        pages = session.client("ec2").get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        return sorted({o["Location"] for p in pages for o in p["InstanceTypeOfferings"]})
+    except ClientError as e:
+        raise _client_error(e, "DescribeInstanceTypeOfferings") from None
+
+
+def pick_zone(candidates: Sequence[str], offered: Sequence[str], instance_type: str,
+              preferred: str | None = None) -> str:
+    """The zone for the nodes: preferred (where the cluster's data is) if a candidate that
+    offers the type, else the first candidate that does; an error naming the zones that do."""
+    usable = sorted(z for z in set(candidates) if z in set(offered))
+    if not usable:
+        raise LaunchError(f"--instance-type {instance_type}: offered in {', '.join(offered) or 'no zone'} of this "
+                          "region, none of which has a default subnet here: pass --subnet SUBNET-ID in one of them")
+    return preferred if preferred in usable else usable[0]
+
+
+def data_zone(session: Any, cluster: str) -> str | None:
+    """The zone of the cluster's kept dataset volumes (a cluster of the same name comes back
+    beside its data), or None."""
+    from botocore.exceptions import ClientError
+
+    try:
+        vols = session.client("ec2").describe_volumes(Filters=[
+            {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
+            {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
+    except ClientError:
+        return None
+    return min((v["AvailabilityZone"] for v in vols), default=None)
+
+
+def root_size_default(snapshot_gb: int) -> int:
+    """GiB: the AMI's snapshot + the largest image 3 times over + room, rounded up to 10."""
+    return int(math.ceil((snapshot_gb + 3 * LARGEST_IMAGE_GB + ROOT_ROOM_GB) / 10) * 10)
+
+
+def ami_user(image: dict[str, Any]) -> str:
+    """The default ssh user of an AMI, from its name and description."""
+    text = f"{image.get('Name', '')} {image.get('Description', '')}".lower()
+    if "ubuntu" in text:
+        return "ubuntu"
+    if "debian" in text:
+        return "admin"
+    if any(k in text for k in ("amazon linux", "amzn", "al2023", "ecs-optimized", "ecs optimized")):
+        return "ec2-user"
+    return DLAMI_USER
+
+
+def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, str]:
+    """--ami -> (image id, root device name, root snapshot GiB, ssh user). gpu/cpu are the
+    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu."""
+    from botocore.exceptions import ClientError
+
+    alias = ("gpu" if gpus else "cpu") if ami == "auto" else ami
+    parameter, user = AMI_ALIASES.get(alias, (alias if alias.startswith("/") else None, None))
+    image_id = alias
+    if parameter:
+        try:
+            image_id = session.client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"]
+        except ClientError as e:
+            if e.response["Error"].get("Code") in ("ParameterNotFound", "ValidationException"):
+                raise LaunchError(f"--ami {ami}: no SSM parameter {parameter} in {session.region_name}") from None
+            raise _client_error(e, f"GetParameter {parameter}") from None
+    try:
+        images = session.client("ec2").describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as e:
+        if e.response["Error"].get("Code", "").startswith("InvalidAMIID"):
+            images = []
+        else:
+            raise _client_error(e, "DescribeImages") from None
+    if not images:
+        raise LaunchError(f"--ami {ami}: no image {image_id} in {session.region_name}")
+    image = images[0]
+    root = image.get("RootDeviceName") or "/dev/sda1"
+    size = next((int(b["Ebs"].get("VolumeSize", 0)) for b in image.get("BlockDeviceMappings", [])
+                 if b.get("DeviceName") == root and "Ebs" in b), 0)
+    return image_id, root, size, user or ami_user(image)
 
 
 # --- network interfaces: every EFA the type has ----------------------------------------------
@@ -194,8 +353,9 @@ def public_ip_error(spec: NodesSpec, interfaces: int, address: str = "private") 
     what = f"{spec.instance_type} gets {interfaces} network interfaces (one per EFA)"
     fewer = f"--efa-interfaces 1 (one EFA and a public address: about 1/{interfaces} of the inter-node bandwidth)"
     if address == "public":
-        return (f"--address public: {what}, and AWS gives no public IPv4 address to an instance with more "
-                f"than one; use --address private from inside the VPC (or a ProxyJump), or {fewer}")
+        return (f"{what}, and AWS gives no public IPv4 address to an instance with more than one, so they "
+                f"cannot be reached at public addresses: run dtrain from inside the VPC (--address private; "
+                f"from a bastion: --ssh-opt ProxyJump=HOST --ssh-cidr ITS-ADDRESS/32), or {fewer}")
     if not spec.subnet:
         where = "the new VPC" if spec.new_vpc else "the default VPC"
         return (f"{what}, so no public IPv4 address (AWS assigns none to an instance with more than one): "
@@ -238,8 +398,8 @@ def subnet_route_warning(spec: NodesSpec, interfaces: int, route: str | None) ->
 # --- the template: a pure function of the spec and what preflight found ---------------------
 
 
-def _new_vpc_resources() -> dict[str, Any]:
-    """A VPC with one public subnet in the region's first zone (a placement group is one zone)."""
+def _new_vpc_resources(zone: str | None) -> dict[str, Any]:
+    """A VPC with one public subnet in one zone that offers the type (a placement group is one zone)."""
     tag = [{"Key": "Name", "Value": {"Ref": "AWS::StackName"}}]
     return {
         "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {
@@ -249,7 +409,7 @@ def _new_vpc_resources() -> dict[str, Any]:
             "VpcId": {"Ref": "Vpc"}, "InternetGatewayId": {"Ref": "InternetGateway"}}},
         "Subnet": {"Type": "AWS::EC2::Subnet", "Properties": {
             "VpcId": {"Ref": "Vpc"}, "CidrBlock": "10.0.0.0/20", "MapPublicIpOnLaunch": True,
-            "AvailabilityZone": {"Fn::Select": [0, {"Fn::GetAZs": ""}]}, "Tags": tag}},
+            "AvailabilityZone": {"Ref": "Zone"} if zone else {"Fn::Select": [0, {"Fn::GetAZs": ""}]}, "Tags": tag}},
         "RouteTable": {"Type": "AWS::EC2::RouteTable", "Properties": {"VpcId": {"Ref": "Vpc"}, "Tags": tag}},
         "DefaultRoute": {"Type": "AWS::EC2::Route", "DependsOn": "GatewayAttachment", "Properties": {
             "RouteTableId": {"Ref": "RouteTable"}, "DestinationCidrBlock": "0.0.0.0/0",
@@ -265,6 +425,7 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     subnet = {"Ref": "Subnet"} if spec.new_vpc else res.subnet_id
     sg = {"Fn::GetAtt": ["SecurityGroup", "GroupId"]}
     tags = [{"Key": CLUSTER_TAG, "Value": spec.name}, {"Key": "Name", "Value": stack_name(spec.name)}]
+    instance_tags = [*tags, {"Key": SSH_USER_TAG, "Value": res.ssh_user}]
     layout = res.interfaces or ({"DeviceIndex": 0, **({"InterfaceType": "efa"} if res.efa else {})},)
     # Every EFA interface needs the group (its self-referencing rules carry the EFA traffic).
     interfaces = [{**i, "Groups": [sg], "DeleteOnTermination": True} for i in layout]
@@ -277,11 +438,14 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
         "NetworkInterfaces": interfaces,
         # The root volume (from the AMI's snapshot) encrypted with the account's default EBS key.
-        "BlockDeviceMappings": [{"DeviceName": DLAMI_ROOT_DEVICE, "Ebs": {
-            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": ROOT_VOLUME_GB, "DeleteOnTermination": True}}],
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+        "BlockDeviceMappings": [{"DeviceName": res.root_device, "Ebs": {
+            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": res.root_size, "DeleteOnTermination": True}}],
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": instance_tags},
                               {"ResourceType": "volume", "Tags": tags}],
     }
+    profile = _instance_profile(spec)
+    if profile:
+        data["IamInstanceProfile"] = profile
     data["UserData"] = {"Fn::Base64": FIRST_BOOT.read_text()}  # pigz, for faster cold pulls
     if spec.key_name:
         data["KeyName"] = spec.key_name
@@ -290,11 +454,14 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         data["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
     resources: dict[str, Any] = {
-        **(_new_vpc_resources() if spec.new_vpc else {}),
+        **(_new_vpc_resources(res.availability_zone) if spec.new_vpc else {}),
+        **(_role_resources(spec, tags) if profile and spec.instance_profile is None else {}),
         "SecurityGroup": {"Type": "AWS::EC2::SecurityGroup", "Properties": {
             "GroupDescription": f"dtrain cluster {spec.name}: all traffic among members, ssh from the caller",
             "VpcId": vpc,
-            "SecurityGroupIngress": [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "CidrIp": {"Ref": "SshCidr"},
+            "SecurityGroupIngress": [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                                      **({"SourceSecurityGroupId": spec.ssh_group} if spec.ssh_group
+                                         else {"CidrIp": {"Ref": "SshCidr"}}),
                                       "Description": "ssh from the caller"}],
             "SecurityGroupEgress": [{"IpProtocol": "-1", "CidrIp": "0.0.0.0/0", "Description": "all out"}],
             "Tags": tags}},
@@ -315,7 +482,7 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
                                "Version": {"Fn::GetAtt": ["LaunchTemplate", "LatestVersionNumber"]}},
             "VPCZoneIdentifier": [subnet],
             "PlacementGroup": {"Ref": "PlacementGroup"},
-            "Tags": [{**t, "PropagateAtLaunch": True} for t in tags]}},
+            "Tags": [{**t, "PropagateAtLaunch": True} for t in instance_tags]}},
     }
     outputs: dict[str, Any] = {
         "NodesGroup": {"Value": {"Ref": "Nodes"}},
@@ -323,22 +490,63 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         "SubnetId": {"Value": subnet},
     }
     if spec.efs:
-        resources["FileSystem"] = {"Type": "AWS::EFS::FileSystem", "Properties": {
-            "Encrypted": True, "PerformanceMode": "generalPurpose",
-            "FileSystemTags": tags}}
+        # The file system outlives the stack (Retain): `nodes down` keeps it unless --delete-data,
+        # and a cluster of the same name mounts it again (preflight found it: res.file_system).
+        fs: Any = res.file_system or {"Ref": "FileSystem"}
+        if not res.file_system:
+            resources["FileSystem"] = {"Type": "AWS::EFS::FileSystem", "DeletionPolicy": "Retain",
+                                       "UpdateReplacePolicy": "Retain", "Properties": {
+                                           "Encrypted": True, "PerformanceMode": "generalPurpose",
+                                           "FileSystemTags": tags}}
         resources["MountTarget"] = {"Type": "AWS::EFS::MountTarget", "Properties": {
-            "FileSystemId": {"Ref": "FileSystem"}, "SubnetId": subnet, "SecurityGroups": [sg]}}
-        outputs["FileSystemId"] = {"Value": {"Ref": "FileSystem"}}
+            "FileSystemId": fs, "SubnetId": subnet, "SecurityGroups": [sg]}}
+        outputs["FileSystemId"] = {"Value": fs}
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": f"dtrain cluster {spec.name}: {spec.count} x {spec.instance_type} (generated by dtrain)",
         "Parameters": {
-            "AmiId": {"Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>", "Default": spec.ami_parameter,
-                      "Description": "public SSM parameter of the Deep Learning AMI"},
-            "SshCidr": {"Type": "String", "Default": spec.ssh_cidr, "Description": "who may ssh to the nodes"},
+            "AmiId": {"Type": "AWS::EC2::Image::Id", "Default": res.ami_id,
+                      "Description": f"the nodes' AMI (--ami {spec.ami})"},
+            **({"Zone": {"Type": "AWS::EC2::AvailabilityZone::Name", "Default": res.availability_zone,
+                         "Description": "a zone that offers the instance type"}}
+               if spec.new_vpc and res.availability_zone else {}),
+            **({} if spec.ssh_group else {"SshCidr": {
+                "Type": "String", "Default": spec.ssh_cidr or "0.0.0.0/32", "Description": "who may ssh to the nodes"}}),
         },
         "Resources": resources,
         "Outputs": outputs,
+    }
+
+
+def _instance_profile(spec: NodesSpec) -> dict[str, Any] | None:
+    """The launch template's IamInstanceProfile: the stack's own (the default), an existing
+    one (--instance-profile NAME), or none (--instance-profile none)."""
+    if spec.instance_profile == "none":
+        return None
+    if spec.instance_profile:
+        return {"Name": spec.instance_profile}
+    return {"Arn": {"Fn::GetAtt": ["InstanceProfile", "Arn"]}}
+
+
+def _role_resources(spec: NodesSpec, tags: list[dict[str, str]]) -> dict[str, Any]:
+    """The nodes' role: pull from ECR (the AWS managed read-only policy) and read (with
+    --s3-write: also write) the buckets named by --s3-bucket."""
+    policies = []
+    if spec.s3_buckets:
+        arns = [{"Fn::Sub": f"arn:${{AWS::Partition}}:s3:::{b}"} for b in spec.s3_buckets]
+        objects = [{"Fn::Sub": f"arn:${{AWS::Partition}}:s3:::{b}/*"} for b in spec.s3_buckets]
+        actions = ["s3:GetObject", *(["s3:PutObject", "s3:DeleteObject"] if spec.s3_write else [])]
+        policies.append({"PolicyName": "dtrain-s3", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": arns},
+            {"Effect": "Allow", "Action": actions, "Resource": objects}]}})
+    return {
+        "Role": {"Type": "AWS::IAM::Role", "Properties": {
+            "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]},
+            "ManagedPolicyArns": [{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"}],
+            **({"Policies": policies} if policies else {}),
+            "Tags": tags}},
+        "InstanceProfile": {"Type": "AWS::IAM::InstanceProfile", "Properties": {"Roles": [{"Ref": "Role"}]}},
     }
 
 
@@ -369,6 +577,7 @@ class Cluster:
     instances: tuple[Instance, ...]
     security_group: str | None = None
     file_system: str | None = None
+    ssh_opts: tuple[str, ...] = ()  # `nodes up --ssh-opt` (a ProxyJump): launch/doctor/volume --cluster reuse them
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -377,6 +586,7 @@ class Cluster:
     def from_json(cls, text: str) -> "Cluster":
         d = json.loads(text)
         d["instances"] = tuple(Instance(**i) for i in d["instances"])
+        d["ssh_opts"] = tuple(d.get("ssh_opts", ()))
         return cls(**d)
 
 
@@ -387,7 +597,8 @@ def create_stack(session: Any, spec: NodesSpec, template: dict[str, Any]) -> str
     try:
         return session.client("cloudformation").create_stack(
             StackName=stack_name(spec.name), TemplateBody=json.dumps(template),
-            Tags=[{"Key": CLUSTER_TAG, "Value": spec.name}], OnFailure="DELETE")["StackId"]
+            Tags=[{"Key": CLUSTER_TAG, "Value": spec.name}], OnFailure="DELETE",
+            Capabilities=["CAPABILITY_IAM"])["StackId"]
     except ClientError as e:
         raise _client_error(e, f"CreateStack {stack_name(spec.name)}") from None
 
@@ -419,7 +630,8 @@ def capacity_decision(count: int, minimum: int, up: int) -> str:
 def wait_capacity(session: Any, spec: NodesSpec, *, timeout: float = 900, poll: float = 10,
                   say: Callable[[str], None] = print) -> list[Instance]:
     """Wait for the stack, then for count running instances or the timeout; what is running."""
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while True:
         status, _ = stack_status(session, spec.name)
         if status == "CREATE_COMPLETE":
@@ -428,12 +640,14 @@ def wait_capacity(session: Any, spec: NodesSpec, *, timeout: float = 900, poll: 
             return []  # CREATE_FAILED / ROLLBACK / DELETE: no capacity to speak of
         if time.monotonic() > deadline:
             break
+        say(f"[nodes] stack {status} ({time.monotonic() - t0:.0f}s of at most {timeout:.0f}s)")
         time.sleep(poll)
     while True:
         up = running_instances(session, spec.name)
         if len(up) >= spec.count or time.monotonic() > deadline:
             return up
-        say(f"[nodes] {len(up)}/{spec.count} running; waiting")
+        say(f"[nodes] {len(up)}/{spec.count} instances running ({time.monotonic() - t0:.0f}s of at most "
+            f"{timeout:.0f}s)")
         time.sleep(poll)
 
 
@@ -445,8 +659,13 @@ def keep_partial(session: Any, name: str, up: int) -> None:
         AutoScalingGroupName=out["NodesGroup"], DesiredCapacity=up)
 
 
-def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float = 1800, poll: float = 10) -> None:
-    """Delete the cluster's stack (everything it made) and forget the cluster locally."""
+def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float = 1800, poll: float = 10,
+                 delete_data: bool = False) -> list[str]:
+    """Delete the cluster's stack (everything it made but its data) and forget the cluster here.
+
+    Its data (dataset volumes, the EFS file system) outlives it: returned as the ids kept, or
+    with delete_data deleted too (after the stack, so nothing is mounted) and returned as the
+    ids deleted. A gone stack with delete_data still deletes the data it left."""
     from botocore.exceptions import ClientError
 
     cfn = session.client("cloudformation")
@@ -459,8 +678,10 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             status = "DELETE_COMPLETE"
         if status == "DELETE_COMPLETE":  # a typo, or deleted before: say so, forget it here
             _forget(name)
+            if delete_data and wait and kept_data(session, name):
+                return delete_data_of(session, name, timeout=timeout, poll=poll)
             raise LaunchError(f"nodes down --name {name}: no stack {stack_name(name)} in region "
-                              f"{session.region_name}; `invoke nodes list` shows the clusters")
+                              f"{session.region_name}; `dtrain nodes list` shows the clusters")
         cfn.delete_stack(StackName=stack_name(name))
         deadline = time.monotonic() + timeout
         while wait:
@@ -475,11 +696,38 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             if status == "DELETE_FAILED" or time.monotonic() > deadline:
                 raise LaunchError(f"stack {stack_name(name)}: {status}; see the CloudFormation console's events")
             time.sleep(poll)
+        data: list[str] = []
         if wait:
-            delete_volumes(session, name)
+            data = delete_data_of(session, name, timeout=timeout, poll=poll) if delete_data else kept_data(session, name)
     except ClientError as e:
         raise _client_error(e, f"DeleteStack {stack_name(name)}") from None
     _forget(name)
+    return data
+
+
+def kept_data(session: Any, name: str) -> list[str]:
+    """Ids of the cluster's dataset volumes and EFS file systems (what `nodes down` keeps)."""
+    vols = session.client("ec2").describe_volumes(Filters=[
+        {"Name": f"tag:{CLUSTER_TAG}", "Values": [name]},
+        {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
+    return [v["VolumeId"] for v in vols] + data_file_systems(session, name)
+
+
+def delete_data_of(session: Any, name: str, *, timeout: float = 600, poll: float = 10) -> list[str]:
+    """Delete the cluster's dataset volumes and EFS file systems (their mount targets first)."""
+    efs = session.client("efs")
+    gone = delete_volumes(session, name)
+    for fs in data_file_systems(session, name):
+        for mt in efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]:
+            efs.delete_mount_target(MountTargetId=mt["MountTargetId"])
+        deadline = time.monotonic() + timeout
+        while efs.describe_mount_targets(FileSystemId=fs)["MountTargets"]:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"EFS {fs}: mount targets still there after {timeout:.0f}s; delete it in the console")
+            time.sleep(poll)
+        efs.delete_file_system(FileSystemId=fs)
+        gone.append(fs)
+    return gone
 
 
 def _forget(name: str) -> None:
@@ -558,7 +806,80 @@ def cluster_hostfile(name: str) -> Path:
     return path
 
 
-# --- the whole of `nodes up` -----------------------------------------------------------------
+# --- where this machine is, and how it reaches the nodes --------------------------------------
+
+
+@dataclass(frozen=True)
+class Vantage:
+    """This machine as an EC2 instance sees itself (IMDSv2): its VPC, address, groups."""
+
+    vpc_id: str
+    private_ip: str
+    security_groups: tuple[str, ...] = ()
+
+
+def vantage(endpoint: str | None = None, timeout: float = 1.0) -> Vantage | None:
+    """This machine's VPC, private address and security groups from the instance metadata
+    service; None off EC2 (or AWS_EC2_METADATA_DISABLED=true, botocore's switch). endpoint:
+    default AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254."""
+    if endpoint is None:
+        if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+            return None
+        endpoint = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or "http://169.254.169.254"
+    base = endpoint.rstrip("/")
+
+    def get(path: str, token: str) -> str:
+        req = urllib.request.Request(f"{base}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read().decode().strip()
+
+    try:
+        req = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            token = r.read().decode().strip()
+        mac = get("mac", token)
+        net = f"network/interfaces/macs/{mac}"
+        return Vantage(vpc_id=get(f"{net}/vpc-id", token), private_ip=get("local-ipv4", token),
+                       security_groups=tuple(get(f"{net}/security-group-ids", token).split()))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How this machine reaches the nodes: the hostfile's addresses and the ssh rule."""
+
+    address: str  # private | public
+    ssh_cidr: str | None  # None with ssh_group, or when the caller's public /32 is still to be found
+    ssh_group: str | None
+    why: str
+
+
+def decide_reach(requested: str, ssh_cidr: str | None, here: Vantage | None, vpc_id: str | None) -> Reach:
+    """--address (auto, private, public) and --ssh-cidr -> Reach (pure). auto: private where
+    this machine is in the cluster's VPC (ssh from its security group, else its address),
+    public otherwise (ssh from this machine's public /32: ssh_cidr None, to be looked up)."""
+    inside = here is not None and vpc_id is not None and here.vpc_id == vpc_id
+    address = requested if requested != "auto" else ("private" if inside else "public")
+    where = (f"this machine ({here.private_ip}) is in {vpc_id}" if inside
+             else f"this machine is in another VPC ({here.vpc_id})" if here
+             else "this machine is not in the nodes' VPC")
+    if ssh_cidr:
+        return Reach(address, ssh_cidr, None, f"{where}; {address} addresses; ssh from {ssh_cidr} (--ssh-cidr)")
+    if address == "private" and inside:
+        assert here is not None
+        if here.security_groups:
+            return Reach(address, None, here.security_groups[0],
+                         f"{where}: private addresses; ssh from its security group {here.security_groups[0]}")
+        return Reach(address, f"{here.private_ip}/32", None, f"{where}: private addresses; ssh from {here.private_ip}/32")
+    if address == "private" and here is not None:  # a peered VPC: we connect from our private address
+        return Reach(address, f"{here.private_ip}/32", None,
+                     f"{where}: private addresses (--address private); ssh from {here.private_ip}/32")
+    if address == "private":
+        raise LaunchError("--address private from outside the nodes' VPC (a VPN, a bastion): pass --ssh-cidr "
+                          "with the range your ssh comes from (the bastion's address/32)")
+    return Reach(address, None, None, f"{where}: public addresses; ssh from this machine's public address")
 
 
 def ssh_cidr_warning(cidr: str) -> str | None:
@@ -569,71 +890,122 @@ def ssh_cidr_warning(cidr: str) -> str | None:
             "pass your own address/32 (the default) or your network's range")
 
 
-def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private") -> Resolved:
-    """preflight, then create the stack (nothing is created when preflight fails)."""
-    warning = ssh_cidr_warning(spec.ssh_cidr)
-    if warning:
-        say(warning)
+# --- the whole of `nodes up` -----------------------------------------------------------------
+
+
+def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private",
+          here: Vantage | None = None) -> Resolved:
+    """preflight, decide how this machine reaches the nodes, then create the stack (nothing
+    is created when either fails). address: auto, private or public (see decide_reach)."""
     res = preflight(session, spec)
-    efas = sum(1 for i in res.interfaces if i.get("InterfaceType", "").startswith("efa")) or int(res.efa)
-    problem = public_ip_error(spec, len(res.interfaces), address)
+    reach = decide_reach(address, spec.ssh_cidr, here, None if spec.new_vpc else res.vpc_id)
+    problem = public_ip_error(spec, len(res.interfaces), reach.address)
     if problem:
         raise LaunchError(problem)
+    cidr = reach.ssh_cidr if (reach.ssh_cidr or reach.ssh_group) else caller_cidr()
+    spec = replace(spec, ssh_cidr=cidr, ssh_group=reach.ssh_group)
+    say(f"[nodes] {reach.why}" + ("" if reach.ssh_cidr or reach.ssh_group else f" ({cidr})"))
+    warning = ssh_cidr_warning(cidr) if cidr else None
+    if warning:
+        say(warning)
+    efas = sum(1 for i in res.interfaces if i.get("InterfaceType", "").startswith("efa")) or int(res.efa)
     if len(res.interfaces) > 1 and res.subnet_id:
         route = subnet_default_route(session, res.subnet_id, res.vpc_id)
         warning = subnet_route_warning(spec, len(res.interfaces), route)
         if warning:
             say(f"[nodes] {warning}")
+    res = replace(res, address=reach.address,
+                  ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
-        f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''}")
+        f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''} in {res.availability_zone or 'one zone'}, "
+        f"AMI {res.ami_id} (user {res.ssh_user}), root disk {res.root_size} GiB")
     return res
 
 
 def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None = None,
-           address: str = "private", ready: Callable[[Sequence[Instance]], None] | None = None,
-           timeout: float = 900, poll: float = 10, say: Callable[[str], None] = print) -> tuple[Cluster, Path]:
+           address: str | None = None, ready: Callable[[Sequence[Instance]], None] | None = None,
+           timeout: float = 900, poll: float = 10, say: Callable[[str], None] = print,
+           keep_on_failure: bool = False, ssh_opts: Sequence[str] = ()) -> tuple[Cluster, Path]:
     """capacity (all, partial or rollback) -> ready(instances) -> cluster.json and hostfile.
 
     ready: waits until every node answers ssh and runs docker (see wait_ready), raising if
-    not. On any failure the stack is deleted: nothing is left half-made."""
+    not. On any failure, Ctrl-C included, the stack is deleted and that is said, unless
+    keep_on_failure (then it is kept and that is said): nothing is left half-made unseen."""
+    address = address or res.address
+    stack = stack_name(spec.name)
     try:
         up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
         decision = capacity_decision(spec.count, spec.minimum, len(up_))
         if decision == "rollback":
-            raise LaunchError(f"only {len(up_)} of {spec.count} instances started (--min-count {spec.minimum}); "
-                              f"rolled back: stack {stack_name(spec.name)} deleted")
+            raise LaunchError(f"only {len(up_)} of {spec.count} instances started (--min-count {spec.minimum})"
+                              + ("" if keep_on_failure else f"; rolled back: stack {stack} deleted"))
         if decision == "partial":
             say(f"[nodes] partial capacity: {len(up_)} of {spec.count} instances started "
                 f"(>= --min-count {spec.minimum}); continuing with {len(up_)}")
             keep_partial(session, spec.name, len(up_))
+        if address == "public":
+            bare = [i for i in up_ if not i.public_ip]
+            if bare:
+                raise LaunchError(f"--address public: instance {bare[0].id} ({bare[0].private_ip}) has no public "
+                                  "IPv4 address (its subnet assigns none); run from inside the VPC with "
+                                  "--address private, or use a subnet that maps public addresses")
         _, out = stack_status(session, spec.name)
-        cluster = Cluster(name=spec.name, region=session.region_name, stack=stack_name(spec.name),
-                          instance_type=spec.instance_type, nitro=res.nitro, slots=res.gpus, user=DLAMI_USER,
+        cluster = Cluster(name=spec.name, region=session.region_name, stack=stack,
+                          instance_type=spec.instance_type, nitro=res.nitro, slots=res.gpus, user=res.ssh_user,
                           identity=identity, instances=tuple(up_), security_group=out.get("SecurityGroupId"),
-                          file_system=out.get("FileSystemId"))
+                          file_system=out.get("FileSystemId"), ssh_opts=tuple(ssh_opts))
         if ready is not None:
             ready(up_)
+    except KeyboardInterrupt:
+        if keep_on_failure:
+            say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with "
+                f"`dtrain nodes down --name {spec.name}`")
+        else:
+            say(f"[nodes] interrupted: deleting stack {stack} (its instances, security group, launch template); "
+                f"CloudFormation finishes in the background (`dtrain nodes list` shows it)")
+            _delete_after_failure(session, spec.name, say)
+        raise
     except BaseException:
-        delete_stack(session, spec.name, wait=False)
+        if keep_on_failure:
+            say(f"[nodes] stack {stack} kept (--keep-on-failure): look at the nodes, then "
+                f"`dtrain nodes down --name {spec.name}`")
+        else:
+            say(f"[nodes] deleting stack {stack} (nothing of this attempt is kept but the cluster's data)")
+            _delete_after_failure(session, spec.name, say)
         raise
     return cluster, save_cluster(cluster, address)
 
 
+def _delete_after_failure(session: Any, name: str, say: Callable[[str], None]) -> None:
+    """Start deleting the stack after a failed up; a failure here is said, not raised over
+    the error that brought us here."""
+    try:
+        delete_stack(session, name, wait=False)
+    except Exception as e:  # noqa: BLE001 - the original error is what the user must see
+        say(f"[nodes] could not delete stack {stack_name(name)}: {' '.join(str(e).split())}; "
+            f"`dtrain nodes down --name {name}` again, or delete it in the CloudFormation console")
+
+
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
-    """The whole of `nodes up`: start, then finish (finish's options)."""
-    res = start(session, spec, say=options.get("say", print), address=options.get("address", "private"))
+    """The whole of `nodes up`: start (address, here), then finish (its options)."""
+    res = start(session, spec, say=options.get("say", print), address=options.pop("address", "private"),
+                here=options.pop("here", None))
     return finish(session, spec, res, **options)
 
 
 def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: float = 600,
-               poll: float = 5, say: Callable[[str], None] = print) -> None:
+               first_timeout: float | None = None, poll: float = 5, hint: str = "",
+               say: Callable[[str], None] = print) -> None:
     """Until every node (hosts.Node) answers ssh and its docker engine answers; LaunchError
-    naming the nodes that did not by the timeout."""
+    naming the nodes that did not by the timeout. first_timeout: give up sooner when no node
+    at all has answered by then (a security group or route that lets nothing through), with
+    the first node's error and hint (who may ssh in)."""
     from dtrain.launch.jobs.fanout import run_all
     from dtrain.launch.jobs.hosts import ssh_argv
 
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     pending = list(nodes)
     while True:
         results = run_all(pending, lambda n: ssh_argv(n, ["docker", "info", "--format", "{{.ServerVersion}}"],
@@ -643,32 +1015,60 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
         if not failed:
             return
         pending = [n for n, _ in failed]
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if first_timeout is not None and len(pending) == len(nodes) and now - t0 > first_timeout:
+            n, r = failed[0]
+            raise LaunchError(f"no node answered ssh + docker within {first_timeout:.0f}s: {n.host}: {r.error}"
+                              + (f"; {hint}" if hint else ""))
+        if now > deadline:
             detail = "; ".join(f"{n.host}: {r.error}" for n, r in failed)
             raise LaunchError(f"{len(failed)} node(s) not ready (ssh + docker) after {timeout:.0f}s: {detail}")
-        say(f"[nodes] waiting for ssh and docker on {', '.join(n.host for n in pending)}")
+        say(f"[nodes] ssh + docker: {len(nodes) - len(pending)}/{len(nodes)} ready "
+            f"({now - t0:.0f}s; waiting for {', '.join(n.host for n in pending[:4])}"
+            f"{' ...' if len(pending) > 4 else ''})")
         time.sleep(poll)
 
 
 def ssh_ready(identity: str | None, address: str = "private", ssh_opts: Sequence[str] = (),
-              timeout: float = 600) -> Callable[[Sequence[Instance]], None]:
+              timeout: float = 600, user: str = DLAMI_USER, first_timeout: float | None = None,
+              hint: str = "") -> Callable[[Sequence[Instance]], None]:
     """finish()'s ready step: wait_ready on the instances as the hostfile will name them."""
     from dtrain.launch.jobs.hosts import Node
 
     def ready(instances: Sequence[Instance]) -> None:
         nodes = [Node(host=i.public_ip if address == "public" and i.public_ip else i.private_ip,
-                      user=DLAMI_USER, identity=identity) for i in instances]
-        wait_ready(nodes, ssh_opts=ssh_opts, timeout=timeout)
+                      user=user, identity=identity) for i in instances]
+        wait_ready(nodes, ssh_opts=ssh_opts, timeout=timeout, first_timeout=first_timeout, hint=hint)
 
     return ready
 
 
-def caller_cidr(timeout: float = 10) -> str:
-    """This machine's public IPv4 address as a /32 (https://checkip.amazonaws.com), for --ssh-cidr."""
-    import urllib.request
+WORKER_LIST = "workers"  # ~/.dtrain/workers on every node: the cluster's private addresses (seed 002)
 
+
+def worker_list(cluster: Cluster) -> str:
+    """Every node's private address, one per line, in hostfile order."""
+    return "".join(f"{i.private_ip}\n" for i in cluster.instances)
+
+
+def write_worker_list(nodes: Sequence[Any], cluster: Cluster, ssh_opts: Sequence[str] = ()) -> None:
+    """~/.dtrain/workers on every node (sent on stdin; the command is constant text)."""
+    from dtrain.launch.jobs.fanout import raise_on_failure, run_all
+    from dtrain.launch.jobs.hosts import ssh_argv
+
+    text = worker_list(cluster)
+    cmd = ["sh", "-c", f'mkdir -p "$HOME/.dtrain" && cat > "$HOME/.dtrain/{WORKER_LIST}"']
+    results = run_all(nodes, lambda n: ssh_argv(n, cmd, extra_opts=ssh_opts), stdin=lambda n: text,
+                      timeout=60, retries=1)
+    raise_on_failure(results, "writing the worker list")
+
+
+def caller_cidr(timeout: float = 10) -> str:
+    """This machine's public IPv4 address as a /32 (https://checkip.amazonaws.com, or the URL in
+    DTRAIN_CHECKIP_URL), for the ssh rule when the nodes are reached from outside their VPC."""
+    url = os.environ.get("DTRAIN_CHECKIP_URL") or "https://checkip.amazonaws.com"
     try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             addr = ipaddress.IPv4Address(r.read().decode().strip())
     except (OSError, ValueError) as e:
         raise LaunchError(f"cannot tell this machine's public address ({e}); pass --ssh-cidr A.B.C.D/32") from None

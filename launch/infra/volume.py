@@ -12,6 +12,7 @@ sent on ssh's stdin with their arguments quoted.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,8 @@ from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
 from dtrain.launch.jobs.hosts import Node
 
 NODE_DIR = ROOT / "launch" / "node"
-DEVICE_NAME = "/dev/sdf"  # the attachment's name; Nitro shows the volume as an NVMe disk instead
+DEVICE_NAMES = tuple(f"/dev/sd{c}" for c in "fghijklmnop")  # AWS's recommended names for data volumes
+MOUNT_TAG = "dtrain:mount"  # the volume's mount path: a cluster of the same name mounts it there again
 IO2_SIZE_GB = (4, 16384)
 
 
@@ -42,6 +44,13 @@ class VolumeSpec:
     def __post_init__(self) -> None:
         if not self.mount_path.startswith("/"):
             raise LaunchError(f"--path {self.mount_path!r}: must be absolute")
+        if self.fill_from is not None and not (
+                self.fill_from.startswith("/") or re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?",
+                                                               self.fill_from)):
+            raise LaunchError(f"--fill-from {self.fill_from!r}: an absolute directory on the first node, "
+                              "or s3://BUCKET/PREFIX")
+        if self.fill_from and self.efs:
+            raise LaunchError("--fill-from is for a new io2 volume; on EFS, copy into the mounted path")
         if self.efs and (self.size_gb or self.snapshot):
             raise LaunchError("--efs takes no --size or --from-snapshot (EFS grows as you write)")
         if not self.efs and self.size_gb is None and not self.snapshot:
@@ -73,7 +82,7 @@ def create_volume_request(cluster: Cluster, spec: VolumeSpec, zone: str) -> dict
         "Encrypted": True,
         "TagSpecifications": [{"ResourceType": "volume", "Tags": [
             {"Key": CLUSTER_TAG, "Value": cluster.name}, {"Key": DATASET_TAG[0], "Value": DATASET_TAG[1]},
-            {"Key": "Name", "Value": f"dtrain-{cluster.name}-data"}]}],
+            {"Key": MOUNT_TAG, "Value": spec.mount_path}, {"Key": "Name", "Value": f"dtrain-{cluster.name}-data"}]}],
     }
     if spec.size_gb is not None:
         req["Size"] = spec.size_gb
@@ -82,8 +91,23 @@ def create_volume_request(cluster: Cluster, spec: VolumeSpec, zone: str) -> dict
     return req
 
 
-def attach_requests(volume_id: str, cluster: Cluster) -> list[dict[str, Any]]:
-    return [{"VolumeId": volume_id, "InstanceId": i.id, "Device": DEVICE_NAME} for i in cluster.instances]
+def free_device(used: set[str]) -> str:
+    """The first of DEVICE_NAMES no instance uses (the same name on every node)."""
+    free = [d for d in DEVICE_NAMES if d not in used and d.replace("/dev/sd", "/dev/xvd") not in used]
+    if not free:
+        raise LaunchError(f"no free device name among {DEVICE_NAMES[0]}..{DEVICE_NAMES[-1]} on the nodes "
+                          "(each already has that many volumes attached)")
+    return free[0]
+
+
+def used_devices(ec2: Any, instance_ids: Sequence[str]) -> set[str]:
+    """Device names the instances' block device mappings use."""
+    res = ec2.describe_instances(InstanceIds=list(instance_ids))["Reservations"]
+    return {b["DeviceName"] for r in res for i in r["Instances"] for b in i.get("BlockDeviceMappings", [])}
+
+
+def attach_requests(volume_id: str, cluster: Cluster, device: str = DEVICE_NAMES[0]) -> list[dict[str, Any]]:
+    return [{"VolumeId": volume_id, "InstanceId": i.id, "Device": device} for i in cluster.instances]
 
 
 def nvme_device(volume_id: str) -> str:
@@ -111,7 +135,8 @@ def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeo
     try:
         _wait(lambda: ec2.describe_volumes(VolumeIds=[vol])["Volumes"][0]["State"] == "available",
               vol, timeout, poll, "available")
-        for req in attach_requests(vol, cluster):
+        device = free_device(used_devices(ec2, [i.id for i in cluster.instances]))
+        for req in attach_requests(vol, cluster, device):
             ec2.attach_volume(**req)
         ids = [i.id for i in cluster.instances]
         _wait(lambda: attached_to(ec2, vol, ids) == set(ids), vol, timeout, poll, "attached to every node")
@@ -138,6 +163,11 @@ def attached_to(ec2: Any, vol: str, instance_ids: Sequence[str]) -> set[str]:
     return {i["InstanceId"] for r in res for i in r["Instances"]
             for b in i.get("BlockDeviceMappings", [])
             if b.get("Ebs", {}).get("VolumeId") == vol and b["Ebs"].get("Status") == "attached"}
+
+
+def remove(session: Any, vol: str, cluster: Cluster) -> None:
+    """Detach the volume from every node and delete it (a failed step after the attach)."""
+    _remove(session.client("ec2"), vol, cluster)
 
 
 def _remove(ec2: Any, vol: str, cluster: Cluster) -> None:
@@ -177,28 +207,86 @@ def _run_script(nodes: Sequence[Node], script: str, args: Sequence[str], ssh_opt
     raise_on_failure(results, what)
 
 
+FSTAB = "/etc/fstab"
+
+
 def prepare(nodes: Sequence[Node], source: str, mount_path: str, *, kind: str = "ebs",
             fill_from: str | None = None, ssh_opts: Sequence[str] = (),
-            say: Callable[[str], None] = print) -> None:
+            say: Callable[[str], None] = print, fstab: str = FSTAB) -> None:
     """EBS: format once on the first node (copying fill_from there onto it), then mount
     read-only on every node. EFS: mount read-write on every node."""
     if kind == "ebs":
         _run_script(nodes[:1], "volume-format.sh", [source, *([fill_from] if fill_from else [])], ssh_opts,
                     "formatting the volume", say)
-    _run_script(nodes, "volume-mount.sh", [kind, source, mount_path], ssh_opts,
+    _run_script(nodes, "volume-mount.sh", [kind, source, mount_path, fstab], ssh_opts,
                 f"mounting {shlex.quote(source)} on {mount_path}", say)
 
 
 def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSpec, *,
-           ssh_opts: Sequence[str] = (), say: Callable[[str], None] = print) -> str:
+           ssh_opts: Sequence[str] = (), say: Callable[[str], None] = print, fstab: str = FSTAB) -> str:
     """The whole of `invoke volume create`: the volume (or the cluster's EFS), on every node."""
     if spec.efs:
         if not cluster.file_system:
             raise LaunchError(f"cluster {cluster.name} has no EFS file system: make it with "
                               f"`invoke nodes up --name {cluster.name} --efs ...`")
         prepare(nodes, efs_dns(cluster.file_system, cluster.region), spec.mount_path, kind="efs",
-                ssh_opts=ssh_opts, say=say)
+                ssh_opts=ssh_opts, say=say, fstab=fstab)
         return cluster.file_system
     vol = create_and_attach(session, cluster, spec, say=say)
-    prepare(nodes, nvme_device(vol), spec.mount_path, fill_from=spec.fill_from, ssh_opts=ssh_opts, say=say)
+    try:
+        prepare(nodes, nvme_device(vol), spec.mount_path, fill_from=spec.fill_from, ssh_opts=ssh_opts, say=say,
+                fstab=fstab)
+    except BaseException as e:
+        say(f"[volume] {vol}: a node step failed; unmounting, detaching and deleting it (nothing is left billed)")
+        unmount(nodes, spec.mount_path, ssh_opts, fstab)
+        remove(session, vol, cluster)
+        if isinstance(e, LaunchError):
+            raise LaunchError(f"{e}; volume {vol} deleted") from None
+        raise
     return vol
+
+
+def unmount(nodes: Sequence[Node], mount_path: str, ssh_opts: Sequence[str] = (), fstab: str = FSTAB) -> None:
+    """Best effort: unmount mount_path and drop its fstab line on every node that answers."""
+    from dtrain.launch.jobs.fanout import run_all
+
+    text = (NODE_DIR / "volume-umount.sh").read_text()
+    run_all(nodes, lambda n: script_argv(n, "volume-umount.sh", [mount_path, fstab], ssh_opts), stdin=lambda n: text,
+            timeout=60, retries=0)
+
+
+def kept_volumes(session: Any, cluster: str) -> list[dict[str, Any]]:
+    """The cluster's dataset volumes not attached anywhere (kept by `nodes down`)."""
+    vols = session.client("ec2").describe_volumes(Filters=[
+        {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
+        {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]},
+        {"Name": "status", "Values": ["available"]}])["Volumes"]
+    return sorted(vols, key=lambda v: v["VolumeId"])
+
+
+def reattach(session: Any, cluster: Cluster, nodes: Sequence[Node], *, ssh_opts: Sequence[str] = (),
+             timeout: float = 300, poll: float = 5, say: Callable[[str], None] = print) -> list[str]:
+    """A cluster that comes back under its name gets its kept dataset volumes: attached to
+    every node and mounted read-only where they were (tag dtrain:mount). Returns their ids;
+    a volume in another zone is said and left."""
+    ec2 = session.client("ec2")
+    zones = {i.availability_zone for i in cluster.instances}
+    done = []
+    for v in kept_volumes(session, cluster.name):
+        tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
+        path = tags.get(MOUNT_TAG, "/data")
+        if v["AvailabilityZone"] not in zones:
+            say(f"[volume] {v['VolumeId']} (mounted at {path} before) is in {v['AvailabilityZone']}, the nodes in "
+                f"{', '.join(sorted(zones))}: not attached (snapshot it and `dtrain volume create --from-snapshot`)")
+            continue
+        ids = [i.id for i in cluster.instances]
+        device = free_device(used_devices(ec2, ids))
+        for req in attach_requests(v["VolumeId"], cluster, device):
+            ec2.attach_volume(**req)
+        _wait(lambda: attached_to(ec2, v["VolumeId"], ids) == set(ids), v["VolumeId"], timeout, poll,
+              "attached to every node")
+        _run_script(nodes, "volume-mount.sh", ["ebs", nvme_device(v["VolumeId"]), path, FSTAB], ssh_opts,
+                    f"mounting {v['VolumeId']} on {path}", say)
+        say(f"[volume] {v['VolumeId']} mounted read-only at {path} on {len(nodes)} nodes (kept from before)")
+        done.append(v["VolumeId"])
+    return done

@@ -272,7 +272,10 @@ def discover_ec2(
         raise LaunchError(f"EC2 discovery failed: {e}") from None
 
     instances.sort(key=lambda i: ipaddress.ip_address(i["PrivateIpAddress"]))
-    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]]) for i in instances]
+    # `nodes up` tags its instances with their AMI's ssh user (ubuntu, ec2-user)
+    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]],
+                 user={t["Key"]: t["Value"] for t in i.get("Tags", [])}.get(contract.SSH_USER_TAG))
+            for i in instances]
 
 
 # --- ssh -----------------------------------------------------------------------------------

@@ -6,11 +6,13 @@
 #                                             replay, which would write)
 #        volume-mount.sh efs DNS-NAME PATH    read-write NFS 4.1 with the options AWS recommends
 # Idempotent: a PATH that already has this source mounted is left as it is.
+# A 4th argument names the fstab to keep the mount in (default /etc/fstab; tests give their own).
 set -eu
 
 kind=${1:?usage: volume-mount.sh ebs|efs SOURCE PATH}
 source=${2:?usage: volume-mount.sh ebs|efs SOURCE PATH}
 path=${3:?usage: volume-mount.sh ebs|efs SOURCE PATH}
+fstab=${4:-/etc/fstab}
 
 case $kind in
     ebs)
@@ -47,3 +49,14 @@ if mountpoint -q "$path"; then
 fi
 mount -t "$fstype" -o "$opts" "$what" "$path"
 echo "volume-mount: $what on $path ($opts) on $(hostname)"
+
+# The same mount at every boot: an fstab line (nofail: a missing volume does not stop the boot),
+# replacing any earlier dtrain line for this path.
+if [ -w "$fstab" ]; then
+    tmp=$(mktemp)
+    grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+    printf '%s %s %s %s,nofail,_netdev 0 0 # dtrain\n' "$what" "$path" "$fstype" "$opts" >> "$tmp"
+    cat "$tmp" > "$fstab"
+    rm -f "$tmp"
+    echo "volume-mount: $fstab mounts $what on $path at boot on $(hostname)"
+fi

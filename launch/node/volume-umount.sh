@@ -1,0 +1,18 @@
+#!/bin/sh
+# Undo volume-mount.sh on this node after a failed `volume create`: unmount PATH and drop the
+# fstab line volume-mount.sh wrote for it. Nothing mounted there is not an error.
+# Usage: volume-umount.sh PATH [FSTAB]   (FSTAB default /etc/fstab)
+set -u
+
+path=${1:?usage: volume-umount.sh PATH [FSTAB]}
+fstab=${2:-/etc/fstab}
+if mountpoint -q "$path"; then
+    umount "$path" || umount -l "$path"
+fi
+if [ -w "$fstab" ] && grep -q " $path .*# dtrain\$" "$fstab"; then
+    tmp=$(mktemp)
+    grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+    cat "$tmp" > "$fstab"
+    rm -f "$tmp"
+fi
+echo "volume-umount: $path not mounted on $(hostname)"
