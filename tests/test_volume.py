@@ -244,9 +244,10 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
         volume.unmount(nodes, MOUNT, opts, str(fstab))
         assert fstab.read_text() == "# the host's lines\n"
         for i in range(1, 4):
-            r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"mountpoint -q {MOUNT}"],
-                               capture_output=True, timeout=60)
-            assert r.returncode == 1, f"node-{i}: {MOUNT} still mounted"
+            r = subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}",
+                                f"findmnt -n -o SOURCE --mountpoint {MOUNT} || echo none"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and r.stdout == "none\n", f"node-{i}: {r.stdout}{r.stderr}"
     finally:
         for i in range(1, 4):
             subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT} && rmdir {MOUNT}"],

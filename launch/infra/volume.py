@@ -241,7 +241,8 @@ def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSp
         unmount(nodes, spec.mount_path, ssh_opts, fstab)
         remove(session, vol, cluster)
         if isinstance(e, LaunchError):
-            raise LaunchError(f"{e}; volume {vol} deleted") from None
+            what = " ".join(line.strip() for line in str(e).splitlines())
+            raise LaunchError(f"{what}; volume {vol} deleted") from None
         raise
     return vol
 
