@@ -1,4 +1,4 @@
-"""dtrain tasks: `invoke --list`. Each task parses flags and calls one function."""
+"""dtrain tasks: `dtrain --list`. Each task parses flags and calls one function."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def render(c, image=None, check=False):
             for p in stale:
                 print(f"out of date: {p.relative_to(r.ROOT)}", file=sys.stderr)
             if stale:
-                sys.exit("error: dockerfiles/ is out of date; run `invoke render`")
+                sys.exit("error: dockerfiles/ is out of date; run `dtrain render`")
             print("dockerfiles/ matches images/*.yaml")
             return
         changed, removed = r.write_all(families)
@@ -190,7 +190,7 @@ def render(c, image=None, check=False):
 })
 def build(c, image=None, tag=None, all=False, base_image=None, builder_image=None, ca_bundle=None,
           pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False, project=None, from_=None):
-    """Build images with BuildKit from dockerfiles/ (run `invoke render` first), or a project image."""
+    """Build images with BuildKit from dockerfiles/ (run `dtrain render` first), or a project image."""
     from pathlib import Path
 
     from dtrain.images import build as b
@@ -289,13 +289,15 @@ def test(c, k=None, unit=False):
             engine.ensure_all()
     if k:
         args += ["-k", k]
-    sys.exit(subprocess.call(args))
+    from dtrain import ROOT
+
+    sys.exit(subprocess.call(args, cwd=ROOT))  # dtrain's own tests, from any directory
 
 
 # ---------------------------------------------------------------- running jobs
 
 NODE_HELP = {
-    "cluster": "a cluster made by `invoke nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)",
+    "cluster": "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)",
     "hostfile": "lines `HOST slots=N [port=22] [user=U] [identity=KEY]`",
     "hosts": "h1:4,h2:4",
     "ec2_tag": "Key=Value: running instances with this tag (private IPs; slots = GPUs)",
@@ -372,7 +374,7 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     "workdir": "directory sent to every node (rsync, only what changed; .gitignore/.dtrainignore "
                "apply), mounted at /workdir, the job's working directory",
     "workdir_limit": "refuse a --workdir larger than this (default 1g; data belongs on a --mount)",
-    "detach": "return once the job runs; the nodes supervise it (invoke logs --follow, status, stop)",
+    "detach": "return once the job runs; the nodes supervise it (dtrain logs --follow, status, stop)",
     "max_restarts": "restart the job after a failed rank or a lost node, this many times (default 0)",
     "min_nodes": "restart on the nodes left while at least this many remain (default: all of them)",
     "checkpoint_dir": "DTRAIN_CHECKPOINT_DIR for every rank: where it saves and resumes (a path "
@@ -385,7 +387,7 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
            env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
            pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts="0",
            min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
-    """Start host-network containers on every node and run the job: invoke launch ... -- CMD ..."""
+    """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ..."""
     import os
     from pathlib import Path
 
@@ -447,7 +449,7 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
 })
 def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
          ssh_key=None, ssh_opt=None, ssh_config=None, pull="always"):
-    """Pre-stage an image on nodes ahead of a launch, with per-node progress: invoke pull --hosts h1,h2 --image REF"""
+    """Pre-stage an image on nodes ahead of a launch, with per-node progress: dtrain pull --hosts h1,h2 --image REF"""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs import pull as pl
     from dtrain.launch.jobs.login import login_for
@@ -468,7 +470,7 @@ def _remainder():
 
 
 def _report_failure(name, code):
-    print(f"[launch] job {name} failed with exit code {code}; output: invoke logs --job {name}",
+    print(f"[launch] job {name} failed with exit code {code}; output: dtrain logs --job {name}",
           file=sys.stderr)
     from dtrain.launch.troubleshoot import diagnose
     from dtrain.launch.jobs.store import job_log
@@ -635,7 +637,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
 
 @task(iterable=["ssh_opt"], help={
     "action": "create",
-    "cluster": "a cluster made by `invoke nodes up`",
+    "cluster": "a cluster made by `dtrain nodes up`",
     "size": "GiB (io2, 4 to 16384)", "from_snapshot": "snapshot id to make the volume from",
     "iops": "provisioned IOPS (default 3000)", "path": "mount path on every node (default /data)",
     "fill_from": "a directory on the first node copied onto a new volume before it goes read-only",
@@ -665,7 +667,7 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
-              f"use it with: invoke launch --cluster {cluster} --mount {path}:ro ...")
+              f"use it with: dtrain launch --cluster {cluster} --mount {path}:ro ...")
 
 
 # ---------------------------------------------------------------- local simulated cluster
@@ -676,7 +678,7 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
             "link_rate": "with up: limit each node's link both ways, e.g. 1gbit (default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
-    """Local simulated cluster (root, Linux): invoke cluster up --nodes 3 | down | status."""
+    """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
@@ -700,7 +702,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
             info = cl.up(count, recreate=recreate, nic_names=names,
                          link_rate=link_rate)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
-            print(f"launch with: invoke launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
+            print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":
             cl.down()
@@ -767,7 +769,7 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
                                tcp_streams=_int_flag("--tcp-streams", tcp_streams, 1, 64), ssh_opts=ssh_opts)
     print(network.report(result))
     if result.exit_code != 0:
-        raise LaunchError(f"the sweep job failed with exit code {result.exit_code}; output: invoke logs")
+        raise LaunchError(f"the sweep job failed with exit code {result.exit_code}; output: dtrain logs")
     return result
 
 
@@ -775,10 +777,10 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
     **NODE_HELP,
     "image": "image to check with (digest on every node, and the in-container checks)",
     "iface": "network interface to check (default: the NIC of each node's address)",
-    "shm_size": "as `invoke launch --shm-size` (default --ipc host)",
+    "shm_size": "as `dtrain launch --shm-size` (default --ipc host)",
     "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
     "job": "a running job whose container may hold port 2022",
-    "bandwidth": "run the allreduce bandwidth sweep instead (as `invoke bench-network`; needs --image)",
+    "bandwidth": "run the allreduce bandwidth sweep instead (as `dtrain bench-network`; needs --image)",
     **{k: v for k, v in NETWORK_HELP.items() if k not in ("image", "iface")},
 })
 def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
@@ -824,10 +826,10 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
         sys.exit(1 if r.verdict.status == "FAIL" else 0)
 
 
-@task(positional=["log"], help={"log": "a job's output file, a job name from `invoke status`, "
+@task(positional=["log"], help={"log": "a job's output file, a job name from `dtrain status`, "
                                         "or `latest` (the latest job)"})
 def diagnose(c, log=None):
-    """Match a failed job's output against the known failure signatures: invoke diagnose LOG|JOB|latest."""
+    """Match a failed job's output against the known failure signatures: dtrain diagnose LOG|JOB|latest."""
     from pathlib import Path
 
     from dtrain.launch.troubleshoot import diagnose as dg
@@ -835,7 +837,7 @@ def diagnose(c, log=None):
 
     with user_errors():
         if not log:
-            raise dg.DiagnoseError("give a log file, a job name or `latest`: invoke diagnose LOG|JOB|latest")
+            raise dg.DiagnoseError("give a log file, a job name or `latest`: dtrain diagnose LOG|JOB|latest")
         if Path(log).exists():
             path = Path(log)
         else:
@@ -879,7 +881,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
               from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None):
-    """Run a command as a distributed SageMaker training job: invoke sagemaker run --instances 2 ... -- python train.py"""
+    """Run a command as a distributed SageMaker training job: dtrain sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
 
     import boto3
@@ -918,7 +920,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
 
 @task(iterable=["env", "node_selector"], help={
     "for_": "mpijob, pytorchjob, ecs or sagemaker",
-    "image": "image reference (built here, pushed with invoke push)",
+    "image": "image reference (built here, pushed with dtrain push)",
     "workers": "workers / replicas / instances (default 2)",
     "gpus_per_worker": "GPUs per worker (0: CPU)",
     "name": "job name (default dtrain-job)",
@@ -944,7 +946,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
              output=None, ray_head_address=None, ecs_cluster=None):
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
-    invoke manifest --for mpijob --image REF -- CMD"""
+    dtrain manifest --for mpijob --image REF -- CMD"""
     from pathlib import Path
 
     from dtrain.launch.other_tools import manifests as mf

@@ -2,7 +2,7 @@
 
 For each CPU image and node count, in one run, each measured after emptying the nodes:
 
-- dtrain:  `invoke launch`'s path as it is (Job.run, --pull always: its pull step with
+- dtrain:  `dtrain launch`'s path as it is (Job.run, --pull always: its pull step with
            progress, launch/jobs/pull.py) running `python -c "import FRAMEWORK; print(time)"` on every rank; the time
            is until the last rank printed (the framework imported: its first step can start)
 - by hand: parallel `ssh node 'docker pull IMAGE && docker run --network host IMAGE python -c ...'`

@@ -1,4 +1,4 @@
-"""Launch benchmark on the simulated cluster: time from `invoke launch` to all ranks running,
+"""Launch benchmark on the simulated cluster: time from `dtrain launch` to all ranks running,
 for 1, 2, 4 and 8 nodes, beside the two ways people do it by hand (image already on nodes):
 
 - sequential: `while read host; do ssh $host docker run -d ... ; done` (one node after another)

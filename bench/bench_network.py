@@ -1,5 +1,5 @@
 """Network benchmark on the simulated cluster: allreduce bus bandwidth (nccl-tests' busbw) of
-the CPU sweep (`invoke bench-network`, launch/node/examples/allreduce_bw.py) across 2 and 4
+the CPU sweep (`dtrain bench-network`, launch/node/examples/allreduce_bw.py) across 2 and 4
 nodes, beside raw TCP throughput between the same containers (a ring, each node sending to the
 next), and their ratio. --env K=V (repeatable) runs the same sweep with more variables, to
 compare a setting before/after.

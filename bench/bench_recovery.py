@@ -9,7 +9,7 @@ host: the node is gone for the others, as a lost instance is).
   resumes (`restart 1: resuming at epoch E`), and beside it when the loss was reported and how
   long the failed attempt took to end: detection (health probes every second, two missed)
   + the failed attempt's end + the restart on N-1 nodes + the ranks' start.
-- by hand: what a user without restarts does after noticing: `invoke launch` again on the N-1
+- by hand: what a user without restarts does after noticing: `dtrain launch` again on the N-1
   nodes left (image already there, ssh warm), from the command to the first rank's resume line.
   The time to notice is not counted (dtrain's detection is).
 

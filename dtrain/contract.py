@@ -2,7 +2,7 @@
 
 images/render.py passes `jinja()` into the templates (templates/partials/ssh.j2 reads the port
 from it); the launcher passes these values to the node scripts (launch/node/*.sh) as arguments.
-Change a value here, re-render (`invoke render`) and rebuild the images.
+Change a value here, re-render (`dtrain render`) and rebuild the images.
 """
 
 from __future__ import annotations

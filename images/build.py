@@ -206,7 +206,7 @@ def _check_inputs(images: list[Image], opts: BuildOptions) -> None:
     for img in images:
         path = output_path(img)
         if not path.exists() or path.read_text() != render(img):
-            raise BuildError(f"{path.relative_to(ROOT)} is missing or out of date: run `invoke render`")
+            raise BuildError(f"{path.relative_to(ROOT)} is missing or out of date: run `dtrain render`")
 
 
 def _run_streaming(argv: list[str], log: Path, prefix: str, state: _Progress,

@@ -1,6 +1,6 @@
 """Project images: a family image plus a project's requirements and code (issue 13).
 
-`invoke build --project DIR --from FAMILY[:TAG]` (or `from:` in DIR/dtrain.yaml) builds
+`dtrain build --project DIR --from FAMILY[:TAG]` (or `from:` in DIR/dtrain.yaml) builds
 `FROM dtrain/FAMILY:TAG`, installs DIR/requirements.txt in a layer cached by the file's
 content, copies DIR to /workdir, and tags `dtrain/project-<dir name>:<content hash>`.
 
@@ -439,7 +439,7 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
     engine.ensure_dockerd()
     docker = engine.docker_cli()
     if not engine.image_exists(p.base_ref):
-        raise BuildError(f"{p.base_ref} is not built here: run `invoke build --image {p.base.family} "
+        raise BuildError(f"{p.base_ref} is not built here: run `dtrain build --image {p.base.family} "
                          f"--tag {p.base.tag}` first")
     out = ROOT / "build" / "project" / p.name
     out.mkdir(parents=True, exist_ok=True)
@@ -461,7 +461,7 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
         raise BuildError(f"building {p.ref} failed" + (f": {state.errors[-1]}" if state.errors else "")
                          + f"\n--- last lines of the build log ---\n{tail}\n--- full log: {log}")
     say(f"[build] {p.ref} built in {time.monotonic() - start:.1f} s; push it with "
-        f"`invoke push --registry HOST[:PORT] --image project-{p.name}:{p.tag}` (or --ecr)")
+        f"`dtrain push --registry HOST[:PORT] --image project-{p.name}:{p.tag}` (or --ecr)")
     return p.ref
 
 

@@ -42,7 +42,7 @@ CATALOG = ROOT / "build" / "catalog.json"
 CATALOG_VERSION = 1
 PASSWORD_ENV = "DTRAIN_REGISTRY_PASSWORD"
 # How the user makes a missing image; the build task owns the exact flags.
-BUILD_HINT = "invoke build --image {family} --tag {tag}"
+BUILD_HINT = "dtrain build --image {family} --tag {tag}"
 
 
 class PushError(Exception):
@@ -607,7 +607,7 @@ def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREF
 def push_registry(images: Sequence[ImageLike], registry: str, *, user: str | None = None,
                   password: str | None = None, prefix: str = REPO_PREFIX,
                   catalog_path: Path = CATALOG, out: Callable[[str], None] = print) -> list[PushResult]:
-    """`invoke push --registry HOST[:PORT]`: any Docker v2 registry. The password comes
+    """`dtrain push --registry HOST[:PORT]`: any Docker v2 registry. The password comes
     from the argument or $DTRAIN_REGISTRY_PASSWORD."""
     if password is None and user:
         password = os.environ.get(PASSWORD_ENV) or None
@@ -620,7 +620,7 @@ def push_ecr(images: Sequence[ImageLike], *, profile: str | None = None,
              prefix: str = REPO_PREFIX, immutable: bool = False,
              lifecycle_policy: str | Path | None = None, scan_on_push: bool = True,
              catalog_path: Path = CATALOG, out: Callable[[str], None] = print) -> list[PushResult]:
-    """`invoke push --ecr`: ensure the repositories, log in with a fresh token, push."""
+    """`dtrain push --ecr`: ensure the repositories, log in with a fresh token, push."""
     if not images:
         raise PushError("no images to push")
     policy = read_lifecycle_policy(lifecycle_policy)

@@ -19,7 +19,7 @@ from dtrain import ROOT
 TEMPLATES = ROOT / "templates"
 OUTPUT = ROOT / "dockerfiles"
 REPO_PREFIX = "dtrain"  # local image names: dtrain/<family>:<tag>
-CPU_BASE = "debian:bookworm-slim"  # CPU default base; `invoke build --base-image` overrides it
+CPU_BASE = "debian:bookworm-slim"  # CPU default base; `dtrain build --base-image` overrides it
 
 _BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -138,7 +138,7 @@ def image_repo(img: Image) -> str:
 
 
 def local_ref(img: Any) -> str:
-    """The name `invoke build` gives an image: dtrain/<family>:<tag> (anything with .family, .tag)."""
+    """The name `dtrain build` gives an image: dtrain/<family>:<tag> (anything with .family, .tag)."""
     return f"{REPO_PREFIX}/{img.family}:{img.tag}"
 
 

@@ -69,9 +69,9 @@ class Variant(_Strict):
     nccl: str | None = None
     efa_installer: str | None = None
     aws_ofi_nccl: str | None = None
-    nccl_tests: str | None = None  # NVIDIA/nccl-tests release: all_reduce_perf (invoke doctor --bandwidth)
+    nccl_tests: str | None = None  # NVIDIA/nccl-tests release: all_reduce_perf (dtrain doctor --bandwidth)
     targets: list[str] | None = None
-    # Recorded image size in GiB (docs/benchmarks.md); `invoke build` fails past
+    # Recorded image size in GiB (docs/benchmarks.md); `dtrain build` fails past
     # SIZE_BUDGET_FACTOR times it, as AWS Deep Learning Containers do.
     size_gib: float | None = None
 

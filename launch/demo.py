@@ -1,4 +1,4 @@
-"""`invoke demo`: the main job end to end on a local simulated cluster.
+"""`dtrain demo`: the main job end to end on a local simulated cluster.
 
 Host setup -> build the CPU Horovod+TensorFlow image -> 2-node cluster -> push to its
 registry -> a real Horovod training over mpirun across the nodes -> cluster down.
@@ -45,7 +45,7 @@ def run(nodes: int = 2, keep: bool = False, epochs: int = 3) -> int:
         code = Job(spec, parse_hostfile(info.hostfile)).run()
     finally:
         if keep:
-            say(f"cluster kept: ssh -F {info.ssh_config} node-1; `invoke cluster down` removes it")
+            say(f"cluster kept: ssh -F {info.ssh_config} node-1; `dtrain cluster down` removes it")
         else:
             cluster.down()
     say(f"{'done' if code == 0 else f'job failed with exit code {code}'} in {time.monotonic() - t0:.0f} s")

@@ -58,6 +58,6 @@ def test_ci_runs_the_readmes_test_command_in_a_fresh_venv():
     assert len(ci) == 1, ci
     assert ci[0] in readme, f".ci/run's command is not a line of README.md: {ci[0]}"
     assert ci[0].startswith("python3 -m venv .venv && . .venv/bin/activate && ")
-    assert ci[0].endswith("invoke test")
-    demo = [line for line in readme if line.endswith("invoke demo")]
-    assert demo == [ci[0].replace("invoke test", "invoke demo")]
+    assert ci[0].endswith("dtrain test")
+    demo = [line for line in readme if line.endswith("dtrain demo")]
+    assert demo == [ci[0].replace("dtrain test", "dtrain demo")]

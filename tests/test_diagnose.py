@@ -294,7 +294,7 @@ def test_report_shows_title_lines_cause_fix_and_link():
 def test_report_has_doctor_checks_and_plain_text():
     report = format_report(diagnose_file(LOGS / "ssh-port-22.log"))
     assert report.index("[ssh-port-22]") < report.index("[orte-daemons]")
-    assert "check: invoke doctor (port-2022, peer-2022)" in report
+    assert "check: dtrain doctor (port-2022, peer-2022)" in report
     assert "](#" not in report and "**" not in report
 
 
@@ -306,7 +306,7 @@ def test_report_clips_long_lines():
 def test_report_when_nothing_matched():
     report = format_report([])
     assert report.startswith("No known failure signature matched.")
-    assert "invoke doctor" in report and "NCCL_DEBUG=INFO" in report
+    assert "dtrain doctor" in report and "NCCL_DEBUG=INFO" in report
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,7 +362,7 @@ def test_doc_and_checklist_agree_on_ids_titles_and_sources():
             assert msg in sec, (e.id, msg)
     for cid in DOCTOR_CHECKS:
         assert f"| `{cid}` |" in doc
-    assert "invoke doctor" in doc and "invoke diagnose" in doc
+    assert "dtrain doctor" in doc and "dtrain diagnose" in doc
 
 
 def test_mpirun_tags_in_the_middle_of_a_line():

@@ -145,7 +145,7 @@ def test_port_taken_by_another_dtrain_job_names_it():
     f = facts_from_probe(Node("h1", 1), probe(port="LISTEN 0 128 0.0.0.0:2022 users:((\"sshd.real\"))",
                                               port_jobs="train-a "), None)
     assert f.port_jobs == ("train-a",)
-    assert "train-a" in port_jobs_hint([f]) and "invoke stop --job train-a" in port_jobs_hint([f])
+    assert "train-a" in port_jobs_hint([f]) and "dtrain stop --job train-a" in port_jobs_hint([f])
     assert port_jobs_hint([facts_from_probe(Node("h1", 1), probe(port="LISTEN python3"), None)]) == ""
 
 

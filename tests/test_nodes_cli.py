@@ -130,3 +130,47 @@ def test_volume_create_whose_node_step_fails_leaves_nothing(world):
     assert ec2c.describe_volumes(Filters=[{"Name": "tag:dtrain:role", "Values": ["dataset"]}])["Volumes"] == []
     r = dtrain(user_dir, env, "nodes", "down", "--name", "e2e")
     assert r.returncode == 0, r.stderr
+
+
+def walkthrough() -> list[list[str]]:
+    """The `dtrain` lines of docs/nodes.md's walkthrough block, as argv (comments dropped)."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "nodes.md").read_text()
+    block = text.split("<!-- run by tests/test_nodes_cli.py::test_the_docs_walkthrough", 1)[1]
+    block = block.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [shlex.split(re.sub(r"\s#.*$", "", line))[1:] for line in block.splitlines() if line.startswith("dtrain ")]
+
+
+def test_the_docs_walkthrough(world):
+    """docs/nodes.md's walkthrough, line by line, with this test's values for its placeholders
+    (subnet, key) and what only the simulated nodes need (moto's AMI, user root, no known_hosts).
+    The volume step fails on them (moto attaches no disk) and must leave nothing; the launch
+    line is parsed by tests/test_documented_commands.py and run by the cluster tests."""
+    env, cfn, subnet, mine, user_dir, cluster = world
+    lines = walkthrough()
+    assert [a[:2] for a in lines] == [["nodes", "up"], ["nodes", "list"], ["volume", "create"], ["launch", "--cluster"],
+                                      ["nodes", "down"]], lines
+    for argv in lines:
+        argv = [{"subnet-0123456789abcdef0": subnet, "~/.ssh/mykey.pem": cluster.identity_file}.get(a, a) for a in argv]
+        if argv[:2] == ["nodes", "up"]:
+            # one node: moto keeps one attachment per Multi-Attach volume, and a second holder
+            # then fails its termination (InvalidVolume.NotFound) after the volume is deleted
+            argv[argv.index("--count") + 1] = "1"
+            r = dtrain(user_dir, env, *argv, "--ami", AMI, "--ssh-user", "root",
+                       "--ssh-opt", "UserKnownHostsFile=/dev/null", "--timeout", "120")
+            assert r.returncode == 0 and "1 nodes up (private addresses, user root)" in r.stdout, r.stdout + r.stderr
+        elif argv[:2] == ["nodes", "list"]:
+            r = dtrain(user_dir, env, *argv)
+            assert r.stdout == "train  CREATE_COMPLETE\n", r.stdout + r.stderr
+        elif argv[:2] == ["volume", "create"]:
+            r = dtrain(user_dir, env, *argv)
+            assert r.returncode == 2 and "is not a block device on node-1" in r.stderr, r.stdout + r.stderr
+            assert r.stderr.rstrip().endswith("deleted") and "Traceback" not in r.stderr
+        elif argv[0] == "launch":
+            continue
+        else:
+            r = dtrain(user_dir, env, *argv)
+            assert r.returncode == 0 and r.stdout == "deleted stack dtrain-train\n", r.stdout + r.stderr
+    assert live_stacks(cfn) == []

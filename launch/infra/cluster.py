@@ -203,7 +203,7 @@ def _check_platform() -> None:
         raise ClusterError("the local cluster needs Linux (network namespaces, veth, bridges)")
     if os.geteuid() != 0:
         raise ClusterError("the local cluster needs root (ip netns, iptables, dockerd); "
-                           "run it as root, e.g. sudo -E invoke cluster.up")
+                           "run it as root, e.g. sudo -E dtrain cluster.up")
     missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
     if not os.access(SSHD, os.X_OK):
         missing.append(SSHD)

@@ -4,7 +4,7 @@ Data flows one way: flags -> NodesSpec -> preflight (read-only AWS calls; every 
 an error here, before anything is created) -> Resolved -> stack_template (pure dict) ->
 create_stack -> wait_capacity -> capacity_decision (pure) -> hostfile. Everything the
 cluster owns sits in the stack, so `nodes down` (delete_stack) leaves nothing behind; the one
-exception, `invoke volume create`'s volumes, carry the cluster's tag and are deleted with it.
+exception, `dtrain volume create`'s volumes, carry the cluster's tag and are deleted with it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ LARGEST_IMAGE_GB = 20
 ROOT_ROOM_GB = 100
 SSH_USER_TAG = contract.SSH_USER_TAG  # on every instance: `launch --ec2-tag` reads the user from it
 FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
-CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `invoke launch --ec2-tag dtrain:cluster=C`
+CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `dtrain launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 
@@ -59,7 +59,7 @@ def cluster_dir(cluster: str) -> Path:
 
 @dataclass(frozen=True)
 class NodesSpec:
-    """What the user asked for (flags of `invoke nodes up`)."""
+    """What the user asked for (flags of `dtrain nodes up`)."""
 
     name: str
     count: int
@@ -211,7 +211,7 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
             raise _client_error(e, "DescribeStacks") from None
     else:
         raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
-                          f"`invoke nodes down --name {spec.name}` first, or pick another name")
+                          f"`dtrain nodes down --name {spec.name}` first, or pick another name")
     return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
                     efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
@@ -795,14 +795,14 @@ def load_cluster(name: str) -> Cluster:
     try:
         return Cluster.from_json(path.read_text())
     except FileNotFoundError:
-        raise LaunchError(f"--cluster {name}: no such cluster here ({path} missing; `invoke nodes list`)") from None
+        raise LaunchError(f"--cluster {name}: no such cluster here ({path} missing; `dtrain nodes list`)") from None
 
 
 def cluster_hostfile(name: str) -> Path:
-    """The hostfile `nodes up` wrote, for `invoke launch --cluster NAME`."""
+    """The hostfile `nodes up` wrote, for `dtrain launch --cluster NAME`."""
     path = cluster_dir(name) / "hostfile"
     if not path.exists():
-        raise LaunchError(f"--cluster {name}: no hostfile at {path} (`invoke nodes up --name {name}` writes it)")
+        raise LaunchError(f"--cluster {name}: no hostfile at {path} (`dtrain nodes up --name {name}` writes it)")
     return path
 
 

@@ -224,11 +224,11 @@ def prepare(nodes: Sequence[Node], source: str, mount_path: str, *, kind: str = 
 
 def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSpec, *,
            ssh_opts: Sequence[str] = (), say: Callable[[str], None] = print, fstab: str = FSTAB) -> str:
-    """The whole of `invoke volume create`: the volume (or the cluster's EFS), on every node."""
+    """The whole of `dtrain volume create`: the volume (or the cluster's EFS), on every node."""
     if spec.efs:
         if not cluster.file_system:
             raise LaunchError(f"cluster {cluster.name} has no EFS file system: make it with "
-                              f"`invoke nodes up --name {cluster.name} --efs ...`")
+                              f"`dtrain nodes up --name {cluster.name} --efs ...`")
         prepare(nodes, efs_dns(cluster.file_system, cluster.region), spec.mount_path, kind="efs",
                 ssh_opts=ssh_opts, say=say, fstab=fstab)
         return cluster.file_system

@@ -13,7 +13,7 @@
 Every step runs on all nodes in parallel (launch.jobs.transport). A failure at any step names
 the node and the reason, and removes whatever was already started on every node. Ctrl-C does
 the same. The job's output streams live, each line prefixed with node and rank, and is kept
-in ~/.dtrain/jobs/<name>/output.log for `invoke logs` and `invoke diagnose`.
+in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
     if not jobs:
         return ""
     return (f"\n  other dtrain job(s) running there: {', '.join(jobs)}; one job per node at a time "
-            f"(invoke stop --job {jobs[0]})")
+            f"(dtrain stop --job {jobs[0]})")
 
 
 def driver_too_old(driver: str, need: str) -> bool:
@@ -360,7 +360,7 @@ class Job:
         if not nodes:
             raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
         if not spec.command:
-            raise LaunchError("no command: put it after `--`, e.g. invoke launch ... -- python train.py")
+            raise LaunchError("no command: put it after `--`, e.g. dtrain launch ... -- python train.py")
         name = store.check_name(spec.name or store.default_name())
         self.spec = replace(spec, name=name)
         self.launcher = LAUNCHERS[self.spec.launcher]
@@ -669,8 +669,8 @@ class Job:
             self.detached = True
             n = self.spec.name
             self.say(f"[launch] job {n} detached: it runs on the nodes, supervised from {first.hostname}.\n"
-                     f"  follow: invoke logs --job {n} --follow\n  state:  invoke status\n"
-                     f"  stop:   invoke stop --job {n}")
+                     f"  follow: dtrain logs --job {n} --follow\n  state:  dtrain status\n"
+                     f"  stop:   dtrain stop --job {n}")
             return 0
         if final is None:
             return proc.returncode or 1
@@ -802,7 +802,7 @@ def lost_link_error(first: NodeFacts, last: str, spec: JobSpec) -> str:
     said = f" ({last})" if last else ""
     if spec.detach:
         return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, while "
-                f"starting job {spec.name}{said}; it may still run there: invoke status, invoke stop --job {spec.name}")
+                f"starting job {spec.name}{said}; it may still run there: dtrain status, dtrain stop --job {spec.name}")
     return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, where its "
             f"supervisor runs{said}: the supervisor stops the job once it sees the launcher gone, and each "
             f"node's watchdog removes the job's container and files there within {spec.heartbeat_timeout} s "
@@ -822,7 +822,7 @@ def _exit_code(r: NodeResult) -> int:
 
 
 def _sigterm_as_interrupt() -> Callable[[], None]:
-    """`invoke stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
+    """`dtrain stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
     teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end, or go
     silent, and stops the job; each node's watchdog removes what is left there.)"""
     if threading.current_thread() is not threading.main_thread():

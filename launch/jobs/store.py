@@ -195,7 +195,7 @@ def take_launch_lock(name: str) -> int:
         holder = os.read(fd, 512).decode(errors="replace").strip() or "another launcher"
         os.close(fd)
         raise LaunchError(f"job {name} is already running: launched by {holder} (holds {path}); "
-                          f"give this launch another --name, or stop that one: invoke stop --job {name}") from None
+                          f"give this launch another --name, or stop that one: dtrain stop --job {name}") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
     os.set_inheritable(fd, False)
@@ -350,8 +350,8 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
         said = proc.stderr.read().strip()[-300:]
         if proc.returncode == SSH_FAILURE:  # ssh's own end: the keepalives found the link lost
             raise LaunchError(f"{first.host}: lost the connection to the job's first node ({said or 'no answer'}); "
-                              f"the job runs on there under its supervisor: invoke status, "
-                              f"invoke logs --job {job['name']} --follow")
+                              f"the job runs on there under its supervisor: dtrain status, "
+                              f"dtrain logs --job {job['name']} --follow")
         raise LaunchError(f"{first.host}: cannot read the job's output: {said}")
     return render.exit_code or 0
 

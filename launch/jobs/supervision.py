@@ -4,7 +4,7 @@
 by the command builders, the restart policy and how to reach each node's container. The
 supervisor's output is the job's own lines plus `dtrain-supervisor {json}` events; `Render`
 turns both into what a user reads (`[node-2 r3] text`, `[launch] restart 1: ...`), for a
-foreground job as it runs and for `invoke logs` of a detached one. Pure, but for nothing.
+foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for nothing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each node keeps the job's copy in ~/.dtrain/node-jobs/<job>/workdir (mounted at 
 working directory) and, for the next launch, a copy of the last one sent from this directory
 in ~/.dtrain/workdir-cache/<key>: rsync hard-links what did not change from there (--link-dest),
 so a relaunch after editing one file sends about that file. The job's copy goes at teardown;
-the cache stays (`invoke stop --all-jobs` does not touch it; remove ~/.dtrain/workdir-cache).
+the cache stays (`dtrain stop --all-jobs` does not touch it; remove ~/.dtrain/workdir-cache).
 
 What is sent: every file under DIR but what its .gitignore and .dtrainignore files exclude
 (git's rules, per directory, deeper files winning; `.git/` never), at most `limit` bytes.

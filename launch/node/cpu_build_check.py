@@ -10,10 +10,10 @@ import importlib.metadata
 import sys
 
 HOW = {
-    "torch": "give the build the CPU wheel: `invoke build --wheelhouse DIR` with "
+    "torch": "give the build the CPU wheel: `dtrain build --wheelhouse DIR` with "
              "torch-VERSION+cpu-*.whl in DIR (on the build machines: /opt/wheels), or make "
              "https://download.pytorch.org/whl/cpu reachable from the build",
-    "tensorflow": "install tensorflow-cpu, not tensorflow: `invoke build --wheelhouse DIR` with the "
+    "tensorflow": "install tensorflow-cpu, not tensorflow: `dtrain build --wheelhouse DIR` with the "
                   "tensorflow_cpu wheel in DIR (on the build machines: /opt/wheels), or a reachable index",
 }
 

@@ -10,7 +10,7 @@ set -euo pipefail
 hostkey=/etc/ssh/ssh_host_ed25519_key
 [ -f "$hostkey" ] || ssh-keygen -q -t ed25519 -N "" -f "$hostkey"
 
-# `invoke launch` mounts the job's key pair read-only at /run/dtrain-job (a 0700 directory in
+# `dtrain launch` mounts the job's key pair read-only at /run/dtrain-job (a 0700 directory in
 # the node's /dev/shm, owned by whoever ran ssh there): installed as root's, 0600, before sshd
 # starts, so a node whose sshd answers already trusts the job's key.
 job=/run/dtrain-job
@@ -20,7 +20,7 @@ if [ -f "$job/id_ed25519" ]; then
   install -m 644 -o root -g root "$job/authorized_keys" /root/.ssh/authorized_keys
 fi
 
-# SageMaker has no way to hand a secret to a container at launch: `invoke sagemaker run` puts
+# SageMaker has no way to hand a secret to a container at launch: `dtrain sagemaker run` puts
 # the job's private key in the `dtrain` input channel (S3, never a hyperparameter); every
 # instance gets the same copy and trusts its public half.
 if [ "$#" -eq 1 ] && [ "$1" = train ]; then

@@ -1,9 +1,9 @@
 #!/bin/bash
-# The EC2 user data of every node `invoke nodes up` starts (launch/infra/ec2.py): cloud-init
+# The EC2 user data of every node `dtrain nodes up` starts (launch/infra/ec2.py): cloud-init
 # runs it once, as root, at first boot. It installs pigz: dockerd decompresses image layers
 # with unpigz when it is on the node, and a cold pull took 1.4-1.5x as long without it
 # (docs/benchmarks.md, "zstd layers on Docker 23+"). Nothing here may stop the node from
-# booting: a failed install leaves a slower pull, which `invoke doctor` reports (check docker).
+# booting: a failed install leaves a slower pull, which `dtrain doctor` reports (check docker).
 set -u
 command -v unpigz >/dev/null && exit 0
 if command -v apt-get >/dev/null; then

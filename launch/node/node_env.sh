@@ -1,5 +1,5 @@
 #!/bin/bash
-# Run a rank's command with its node's own settings: `invoke launch` writes node.env (KEY=VALUE
+# Run a rank's command with its node's own settings: `dtrain launch` writes node.env (KEY=VALUE
 # lines, e.g. NCCL_SOCKET_IFNAME=eth0) into the job's key directory when nodes name their NICs
 # differently, so one mpirun -x value cannot serve them all. No file: nothing changes.
 set -euo pipefail

@@ -3,7 +3,7 @@
 
     ray_wait.py --address HEAD:6379 --nodes N [--timeout SECONDS]
 
-Run inside the cluster (the head's container) by `invoke launch --launcher ray`, between starting
+Run inside the cluster (the head's container) by `dtrain launch --launcher ray`, between starting
 the nodes and the job. Connects as a short-lived driver (ray.init) and reads ray.nodes().
 """
 

@@ -11,8 +11,8 @@
 #   supervisor reads: it drops the node), the job's processes in the container get SIGTERM
 #   (time to checkpoint), and the container is removed GRACE_S later.
 # Then the node's copy of the job goes: KEY_DIR and JOB_DIR; for a detached job (MODE detach)
-# except output.log and state.json (the first node's: `invoke logs` and `invoke status` read
-# them; `invoke stop` removes them). The node's lock of the job's name, JOB_DIR.lock
+# except output.log and state.json (the first node's: `dtrain logs` and `dtrain status` read
+# them; `dtrain stop` removes them). The node's lock of the job's name, JOB_DIR.lock
 # (host/prepare.sh), is released then too.
 set -u
 c=$1 image=$2 dir=$3 keys=$4 imds=${5:-} grace=${6:-30} hb_timeout=${7:-90} keep=${8:-attach}
@@ -27,7 +27,7 @@ case $keys in /dev/shm/dtrain-?*) ;; *) echo "watch.sh: bad key directory '$keys
 say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
 
 remove_files() {
-  # Not ours any more (the launcher's teardown, `invoke stop` or a relaunch took the directory):
+  # Not ours any more (the launcher's teardown, `dtrain stop` or a relaunch took the directory):
   # what is there now belongs to them. Where our pid file could not be written (a full disk),
   # the directory is still ours while no other watchdog's pid is in it and it is the same one.
   local owner

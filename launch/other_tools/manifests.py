@@ -5,7 +5,7 @@ SageMaker CreateTrainingJob request, for an image built here.
                  -> validate(target, text): the operators' CRD schemas (launch/schemas/) or
                     botocore's own service models; every problem names the field at fault
 
-The launch commands inside come from launch.commands, the builders `invoke launch` uses,
+The launch commands inside come from launch.commands, the builders `dtrain launch` uses,
 so flags cannot drift between the two.
 """
 
@@ -95,7 +95,7 @@ def _check(spec: ManifestSpec) -> None:
     if not spec.image or spec.image.startswith("-") or any(c.isspace() for c in spec.image):
         raise LaunchError(f"bad image {spec.image!r}")
     if not spec.command:
-        raise LaunchError("no command: put it after `--`, e.g. invoke manifest ... -- python train.py")
+        raise LaunchError("no command: put it after `--`, e.g. dtrain manifest ... -- python train.py")
     if not _NAME_RE.match(spec.name) or len(spec.name) > 40:
         raise LaunchError(f"bad job name {spec.name!r} (lower-case letters, digits and -, at most 40)")
     if spec.namespace is not None and not _NAMESPACE_RE.match(spec.namespace):
@@ -123,7 +123,7 @@ def _resources(gpus: int) -> dict[str, Any]:
 
 def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
     """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port. The
-    user's env goes as `-x NAME` only, its values in the launcher pod's env (as `invoke launch`
+    user's env goes as `-x NAME` only, its values in the launcher pod's env (as `dtrain launch`
     keeps them out of argv): an argv shows in `ps` and in every describe of the pod."""
     return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env_names=list(spec.env),
                                 ssh_port=contract.SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
@@ -137,7 +137,7 @@ def pytorchjob_torchrun_argv(spec: ManifestSpec) -> list[str]:
 
 
 def sagemaker_job(spec: ManifestSpec) -> sagemaker.TrainingJob:
-    """The training job `invoke sagemaker run` would create, for an image path command (no
+    """The training job `dtrain sagemaker run` would create, for an image path command (no
     workdir upload). Across instances mpirun needs the job key: the `dtrain` channel points at
     OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
     launcher = spec.launcher or "mpirun"
@@ -162,7 +162,7 @@ def _ecs_command(spec: ManifestSpec) -> list[str]:
 def ecs_ray_context(spec: ManifestSpec) -> dict[str, Any]:
     """Seed 001 on ECS: a head service (1 task, no GPU) and a worker service (spec.workers tasks,
     one per instance, spec.gpus_per_worker GPUs each), host networking, the same `ray start`
-    argv as `invoke launch --launcher ray` (blocking: the task's main process).
+    argv as `dtrain launch --launcher ray` (blocking: the task's main process).
 
     Workers find the head by a DNS name (spec.ray_head_address) that the user points at the
     head's instance (a Route 53 private record, or the instance's private DNS name): ECS
@@ -351,7 +351,7 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
 def spec_from_args(target: str, image: str | None, command: list[str], *, workers: int | str = 2,
                    gpus_per_worker: int | str = 0, name: str = "dtrain-job", env: list[str] | None = None,
                    node_selector: list[str] | None = None, **options: Any) -> ManifestSpec:
-    """ManifestSpec from `invoke manifest` flags (strings, repeatable K=V lists); the rest of
+    """ManifestSpec from `dtrain manifest` flags (strings, repeatable K=V lists); the rest of
     ManifestSpec's fields pass through by name (None means the default)."""
     if not image:
         raise LaunchError("--image is required")
@@ -377,7 +377,7 @@ EXAMPLE_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/{family}:{t
 
 
 def examples() -> dict[Path, str]:
-    """docs/examples/<file>: one worked example per tool, as `invoke manifest` writes them."""
+    """docs/examples/<file>: one worked example per tool, as `dtrain manifest` writes them."""
     hvd = EXAMPLE_IMAGE.format(family="horovod-pytorch", tag="2.11.0-hvd0.28.1-cu128-cudnn9-py310-ubuntu22.04")
     ddp = EXAMPLE_IMAGE.format(family="pytorch-ddp", tag="2.11.0-cu128-cudnn9-py310-ubuntu22.04")
     ray = EXAMPLE_IMAGE.format(family="ray-train", tag="2.11.0-ray2.60.0-cu128-cudnn9-py310-ubuntu22.04")

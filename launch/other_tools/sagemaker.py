@@ -1,4 +1,4 @@
-"""SageMaker training jobs from dtrain images: `invoke sagemaker run` and `invoke manifest --for sagemaker`.
+"""SageMaker training jobs from dtrain images: `dtrain sagemaker run` and `dtrain manifest --for sagemaker`.
 
     TrainingJob (plain values) -> create_training_job_request(job) (pure) -> botocore-validated dict
     run(...): workdir + job key -> S3, CreateTrainingJob, CloudWatch logs until it ends, output
@@ -192,12 +192,12 @@ def _channel(name: str, uri: str) -> dict[str, Any]:
 
 
 def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
-    """The CreateTrainingJob request (pure). `invoke sagemaker run` sends it; `invoke manifest
+    """The CreateTrainingJob request (pure). `dtrain sagemaker run` sends it; `dtrain manifest
     --for sagemaker` prints it. No ContainerEntrypoint: SageMaker runs `IMAGE train`."""
     if not _JOB_NAME_RE.match(job.name):
         raise LaunchError(f"bad training job name {job.name!r} (letters, digits and -, at most 63)")
     if not job.command:
-        raise LaunchError("no command: put it after `--`, e.g. invoke sagemaker run ... -- python train.py")
+        raise LaunchError("no command: put it after `--`, e.g. dtrain sagemaker run ... -- python train.py")
     if job.instances < 1:
         raise LaunchError(f"--instances {job.instances}: must be at least 1")
     if job.instances > 1 and job.launcher == "mpirun" and not job.key_s3:
@@ -483,7 +483,7 @@ class RunOptions:
 
 
 def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
-    """`invoke sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited)."""
+    """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited)."""
     import boto3
 
     from dtrain import values

@@ -2,11 +2,11 @@
 
 Every known way a dtrain job fails is one `Entry`: a stable id, the symptom (with the exact
 messages the tools print), the cause, the fix (the dtrain flag or image property that prevents
-it), how to confirm it (`invoke doctor` check ids, `invoke diagnose` signatures) and a source.
+it), how to confirm it (`dtrain doctor` check ids, `dtrain diagnose` signatures) and a source.
 
 Two consumers read these entries:
 
-- `launch/troubleshoot/diagnose.py` matches `Entry.signatures` against job logs (`invoke diagnose`);
+- `launch/troubleshoot/diagnose.py` matches `Entry.signatures` against job logs (`dtrain diagnose`);
 - `render_markdown()` writes docs/troubleshooting.md. The committed file must equal the render
   (tests/test_diagnose.py), so edit this file and run `python -m dtrain.launch.troubleshoot.checklist --write`.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from dtrain import ROOT
 DOC = ROOT / "docs" / "troubleshooting.md"
 
-# The `invoke doctor` checks the entries refer to: id -> what the check verifies on every node.
+# The `dtrain doctor` checks the entries refer to: id -> what the check verifies on every node.
 DOCTOR_CHECKS: dict[str, str] = {
     "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh",
     "docker": "the Docker engine runs and the launcher's user may use it (WARN where `unpigz` is "
@@ -110,12 +110,12 @@ ENTRIES: tuple[Entry, ...] = (
               "`--mca plm_rsh_args \"-p 2022\"` ssh uses port 22, which on a host-network "
               "container is the **host's** sshd, not the container's. The host has no `orted` "
               "(or refuses the key), so the daemons never start.",
-        fix="Let `invoke launch` build the command: it always passes "
+        fix="Let `dtrain launch` build the command: it always passes "
             "`--mca plm_rsh_args \"-p 2022\"` (Open MPI 4) or `plm_ssh_args` (Open MPI 5). "
             "Inside dtrain images the ssh client already defaults to port 2022 "
             "(`/etc/ssh/ssh_config`: `Port 2022`), so a hand-written mpirun run *inside* a "
             "dtrain container is safe; one run on the host is not.",
-        confirm="`invoke doctor` checks `port-2022` and `peer-2022`; by hand: "
+        confirm="`dtrain doctor` checks `port-2022` and `peer-2022`; by hand: "
                 "`ssh -p 2022 node-2 command -v orted` from inside a container prints a path. "
                 "If ssh did reach the container and `orted` is still missing, see "
                 "[remote-path](#remote-path).",
@@ -140,10 +140,10 @@ ENTRIES: tuple[Entry, ...] = (
               "deprecated aliases (reported as \"A deprecated MCA variable value was specified "
               "in the environment or on the command line\"), and `OMPI_MCA_plm_rsh_args` in the "
               "environment is not read by PRRTE at all. Without the port, ssh goes to 22.",
-        fix="`invoke launch` reads the image's Open MPI major version (`mpirun --version`) and "
+        fix="`dtrain launch` reads the image's Open MPI major version (`mpirun --version`) and "
             "passes `--mca plm_ssh_args \"-p 2022\"` for 5, `--mca plm_rsh_args \"-p 2022\"` "
             "for 4. dtrain's GPU images ship Open MPI 4 (EFA installer `--mpi=openmpi4`).",
-        confirm="`invoke launch` prints the mpirun command it runs and the Open MPI version it "
+        confirm="`dtrain launch` prints the mpirun command it runs and the Open MPI version it "
                 "found in the image; `mpirun --version` in the image.",
         source=("https://docs.open-mpi.org/en/v5.0.x/launching-apps/ssh.html",
                 "https://docs.open-mpi.org/en/v5.0.x/mca.html"),
@@ -182,7 +182,7 @@ ENTRIES: tuple[Entry, ...] = (
             "`docker run -e` additions), so non-interactive sessions get the image's PATH. With "
             "another image: pass `--prefix /opt/amazon/openmpi` to mpirun (or build Open MPI "
             "with `--enable-orterun-prefix-by-default`) and use the absolute path of python.",
-        confirm="`invoke doctor` check `peer-2022` runs `command -v orted python` over ssh on "
+        confirm="`dtrain doctor` check `peer-2022` runs `command -v orted python` over ssh on "
                 "port 2022; by hand: `ssh -p 2022 node-2 env | grep PATH`.",
         source=(OMPI_FAQ_RUNNING, SSHD_CONFIG),
         doctor_checks=("peer-2022",),
@@ -204,11 +204,11 @@ ENTRIES: tuple[Entry, ...] = (
               "`docker logs`). Timed out / no route: the security group or a firewall drops "
               "port 2022 between the nodes, or the address is wrong. Could not resolve: the "
               "name in the host list is not in DNS or `/etc/hosts` on the node that connects.",
-        fix="`invoke launch` starts the containers and waits for port 2022 on every node "
+        fix="`dtrain launch` starts the containers and waits for port 2022 on every node "
             "before mpirun. Allow all traffic between the nodes in the security group (a rule "
             "that references the group itself; EFA needs it anyway). Use names every node "
             "resolves, or IP addresses.",
-        confirm="`invoke doctor` checks `peer-2022` and `hostnames`.",
+        confirm="`dtrain doctor` checks `peer-2022` and `hostnames`.",
         source=(SSH, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html"),
         doctor_checks=("peer-2022", "port-2022", "hostnames"),
     ),
@@ -226,11 +226,11 @@ ENTRIES: tuple[Entry, ...] = (
         cause="With `--network host` the container shares the host's ports. Another process "
               "on the host (a stale dtrain container, a second job, an sshd of the host "
               "configured for 2022) already listens on 2022.",
-        fix="`invoke launch` replaces a leftover container of the same job name, and refuses "
+        fix="`dtrain launch` replaces a leftover container of the same job name, and refuses "
             "to start when another process holds 2022, naming any other dtrain job running on "
-            "that node (one job per node at a time: `invoke stop --job NAME`). Find other "
+            "that node (one job per node at a time: `dtrain stop --job NAME`). Find other "
             "holders with `ss -ltnp 'sport = :2022'`.",
-        confirm="`invoke doctor` check `port-2022`.",
+        confirm="`dtrain doctor` check `port-2022`.",
         source=(SSHD_CONFIG, "https://docs.docker.com/engine/network/drivers/host/"),
         doctor_checks=("port-2022",),
         related=("ssh-unreachable",),
@@ -257,7 +257,7 @@ ENTRIES: tuple[Entry, ...] = (
             "in `/etc/ssh/ssh_config`: the nodes of a job are containers on a private network "
             "that the launcher itself started. Do not mount a `known_hosts` or an "
             "`~/.ssh/config` that overrides these into the container.",
-        confirm="`invoke doctor` check `peer-2022`.",
+        confirm="`dtrain doctor` check `peer-2022`.",
         source=(SSH_CONFIG,),
         doctor_checks=("peer-2022",),
     ),
@@ -278,9 +278,9 @@ ENTRIES: tuple[Entry, ...] = (
               "by another user, which is how the Kubeflow MPI operator mounts them (read-only, "
               "root-owned, 0644). If ssh went to the host's port 22 instead, the host does not "
               "know the key either: see [ssh-port-22](#ssh-port-22).",
-        fix="dtrain images set `StrictModes no` in `sshd_config`, and `invoke launch` installs "
+        fix="dtrain images set `StrictModes no` in `sshd_config`, and `dtrain launch` installs "
             "the job's key in every container. Do not bake keys into images.",
-        confirm="`invoke doctor` check `peer-2022`; `ssh -v -p 2022 node-2 true` shows which "
+        confirm="`dtrain doctor` check `peer-2022`; `ssh -v -p 2022 node-2 true` shows which "
                 "keys were offered.",
         source=(SSHD_CONFIG,),
         doctor_checks=("peer-2022",),
@@ -300,10 +300,10 @@ ENTRIES: tuple[Entry, ...] = (
                        r"Load key \"[^\"\n]+\": bad permissions"),
         cause="ssh refuses private keys that group or others may read. A key mounted from a "
               "Kubernetes secret or copied with default modes is 0644.",
-        fix="`invoke launch` writes the job key into each container with mode 0600. When "
+        fix="`dtrain launch` writes the job key into each container with mode 0600. When "
             "mounting your own, set the secret's `defaultMode: 0600` (or copy it and "
             "`chmod 600`).",
-        confirm="`invoke doctor` checks `ssh` and `peer-2022`.",
+        confirm="`dtrain doctor` checks `ssh` and `peer-2022`.",
         source=(SSH,),
         doctor_checks=("ssh", "peer-2022"),
         related=("ssh-auth",),
@@ -332,11 +332,11 @@ ENTRIES: tuple[Entry, ...] = (
               "container that includes `docker0` (172.17.0.1 on **every** node): ranks "
               "advertise it, peers connect to it and reach themselves or nothing. A node whose "
               "name resolves to 127.0.1.1 (Debian/Ubuntu `/etc/hosts`) advertises loopback.",
-        fix="`invoke launch` passes `--mca btl_tcp_if_include <nic>` (and the same for oob) "
+        fix="`dtrain launch` passes `--mca btl_tcp_if_include <nic>` (and the same for oob) "
             "with the interface that carries each node's address, after checking it has the "
             "same name on every node (`--iface` overrides). By hand, a CIDR (`10.0.0.0/16`) "
             "also works when interface names differ.",
-        confirm="`invoke doctor` check `nic`; rerun with `--mca btl_base_verbose 30` to see "
+        confirm="`dtrain doctor` check `nic`; rerun with `--mca btl_base_verbose 30` to see "
                 "the interfaces each rank uses.",
         source=(OMPI_FAQ_TCP, HVD_MPI),
         doctor_checks=("nic",),
@@ -362,10 +362,10 @@ ENTRIES: tuple[Entry, ...] = (
               "interfaces independently of the BTL (`oob_tcp_if_include`). It can pick "
               "`docker0` or an unroutable address, or be told an interface name that does not "
               "exist on some node.",
-        fix="`invoke launch` passes `--mca oob_tcp_if_include` with the same interface or CIDR "
+        fix="`dtrain launch` passes `--mca oob_tcp_if_include` with the same interface or CIDR "
             "as `btl_tcp_if_include`. Use a CIDR when interface names differ between nodes "
             "(`ens5` vs `eth0`).",
-        confirm="`invoke doctor` check `nic`; rerun with `--mca oob_base_verbose 10`.",
+        confirm="`dtrain doctor` check `nic`; rerun with `--mca oob_base_verbose 10`.",
         source=(OMPI_FAQ_TCP,),
         doctor_checks=("nic",),
         related=("btl-iface",),
@@ -388,10 +388,10 @@ ENTRIES: tuple[Entry, ...] = (
         cause="mpirun does not copy the caller's environment to remote processes: only "
               "variables named with `-x NAME` (or `-x NAME=value`) are exported. Remote ranks "
               "get the container's environment instead.",
-        fix="`invoke launch` passes `-x` for PATH, LD_LIBRARY_PATH, NCCL_DEBUG, "
+        fix="`dtrain launch` passes `-x` for PATH, LD_LIBRARY_PATH, NCCL_DEBUG, "
             "NCCL_SOCKET_IFNAME, the BLAS thread variables, and every `--env K=V` and every "
             "variable of `--env-file`. Add variables to the job's env, not to your shell.",
-        confirm="`invoke launch` prints the mpirun command with every `-x`; in the job, "
+        confirm="`dtrain launch` prints the mpirun command with every `-x`; in the job, "
                 "print the variable from every rank.",
         source=(OMPI_MPIRUN4, HVD_MPI),
         doctor_checks=(),
@@ -406,7 +406,7 @@ ENTRIES: tuple[Entry, ...] = (
         fix="dtrain images set `OMPI_ALLOW_RUN_AS_ROOT=1` and "
             "`OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`. With another image add "
             "`--allow-run-as-root`.",
-        confirm="`docker inspect` shows the image's Env; `invoke launch` prints the mpirun command.",
+        confirm="`docker inspect` shows the image's Env; `dtrain launch` prints the mpirun command.",
         source=(OMPI_MPIRUN4,),
         doctor_checks=(),
     ),
@@ -429,10 +429,10 @@ ENTRIES: tuple[Entry, ...] = (
               "be taken for one node, giving wrong local ranks, several ranks on one GPU, or "
               "shared-memory transport between nodes. NCCL's duplicate-GPU error also appears "
               "when a script selects the GPU by global rank instead of local rank.",
-        fix="`invoke launch` builds the host list from the inventory's addresses with explicit "
+        fix="`dtrain launch` builds the host list from the inventory's addresses with explicit "
             "slots and refuses duplicates. Give every node a unique hostname; pin the GPU with "
             "`hvd.local_rank()` / `LOCAL_RANK`.",
-        confirm="`invoke doctor` check `hostnames`; `mpirun --display-map hostname`.",
+        confirm="`dtrain doctor` check `hostnames`; `mpirun --display-map hostname`.",
         source=(OMPI_MPIRUN4, NCCL_TROUBLE),
         doctor_checks=("hostnames",),
     ),
@@ -453,9 +453,9 @@ ENTRIES: tuple[Entry, ...] = (
               "regions (NUM_THREADS at build time). With 8 ranks on a 96-core node that is 768 "
               "threads competing for the cores and the table overflows.",
         fix="dtrain images set `OMP_NUM_THREADS=1`, `OPENBLAS_NUM_THREADS=1` and "
-            "`GOTO_NUM_THREADS=1`, and `invoke launch` forwards them with `-x`. Raise them per "
+            "`GOTO_NUM_THREADS=1`, and `dtrain launch` forwards them with `-x`. Raise them per "
             "job only if cores per rank allow.",
-        confirm="`invoke diagnose` reports it as `blas-regions`; `docker inspect` shows the "
+        confirm="`dtrain diagnose` reports it as `blas-regions`; `docker inspect` shows the "
                 "image's Env.",
         source=("https://github.com/OpenMathLib/OpenBLAS/issues/1882",
                 "https://github.com/OpenMathLib/OpenBLAS/wiki/Faq"),
@@ -481,11 +481,11 @@ ENTRIES: tuple[Entry, ...] = (
               "flow (evaluation or checkpointing on rank 0 only while others continue), a "
               "different number of batches per rank, or a rank that died or is stuck (see the "
               "listed missing ranks).",
-        fix="Run one image on every node (`invoke launch` pulls, then refuses to start when "
+        fix="Run one image on every node (`dtrain launch` pulls, then refuses to start when "
             "the nodes hold different image IDs). "
             "Give every rank the same number of steps (shard the data evenly, "
             "`drop_remainder`), and do rank-0-only work outside collectives.",
-        confirm="`invoke doctor` check `image-digest`; the warning lists the missing ranks: "
+        confirm="`dtrain doctor` check `image-digest`; the warning lists the missing ranks: "
                 "read those ranks' output first.",
         source=(HVD_TROUBLE, "https://github.com/horovod/horovod/issues/403"),
         doctor_checks=("image-digest",),
@@ -512,7 +512,7 @@ ENTRIES: tuple[Entry, ...] = (
             "(`images/*.yaml`, checked by `images/compat.yaml`) and the build runs "
             "`horovodrun --check-build` and `hvd.init()`. Put extra packages in a derived "
             "image that does not touch the framework.",
-        confirm="`invoke doctor` check `image-digest`; in the container: "
+        confirm="`dtrain doctor` check `image-digest`; in the container: "
                 "`horovodrun --check-build`.",
         source=(HVD_TROUBLE,
                 "https://github.com/horovod/horovod/blob/master/horovod/common/exceptions.py"),
@@ -542,9 +542,9 @@ ENTRIES: tuple[Entry, ...] = (
               "cannot reach, and an `NCCL_SOCKET_IFNAME` set wrongly (naming `docker0`, or "
               "set on one node only) forces a bad choice. A value that matches no interface "
               "on a node gives \"no socket interface found\".",
-        fix="dtrain images set `NCCL_SOCKET_IFNAME=^docker0,lo`; `invoke launch` sets it to "
+        fix="dtrain images set `NCCL_SOCKET_IFNAME=^docker0,lo`; `dtrain launch` sets it to "
             "the node's routable interface and forwards it with `-x`.",
-        confirm="`invoke doctor` check `nic`; rerun with `-x NCCL_DEBUG=INFO` and read the "
+        confirm="`dtrain doctor` check `nic`; rerun with `-x NCCL_DEBUG=INFO` and read the "
                 "`Bootstrap : Using` line of each node.",
         source=(NCCL_ENV, NCCL_TROUBLE),
         doctor_checks=("nic",),
@@ -577,11 +577,11 @@ ENTRIES: tuple[Entry, ...] = (
               "the instance type has no EFA or it was not enabled at launch, the security "
               "group does not allow all traffic from itself, or the plugin is not on "
               "`LD_LIBRARY_PATH`. On instance types without EFA these lines are expected.",
-        fix="`invoke launch` passes the EFA devices (`--device /dev/infiniband/uverbsN`) on "
+        fix="`dtrain launch` passes the EFA devices (`--device /dev/infiniband/uverbsN`) on "
             "EFA instance types; dtrain GPU images ship libfabric with the EFA provider and "
             "aws-ofi-nccl in `/opt/aws-ofi-nccl/lib` (on `LD_LIBRARY_PATH`). Enable EFA on "
             "the instances and allow all traffic within the security group.",
-        confirm="`invoke doctor` check `efa` (`fi_info -p efa` in the container); "
+        confirm="`dtrain doctor` check `efa` (`fi_info -p efa` in the container); "
                 "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works.",
         source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
         doctor_checks=("efa",),
@@ -590,7 +590,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         id="efa-not-selected",
         title="aws-ofi-nccl loaded but chose a provider other than EFA",
-        symptom="On an EFA instance type the job runs, `invoke doctor --bandwidth` says WARN or "
+        symptom="On an EFA instance type the job runs, `dtrain doctor --bandwidth` says WARN or "
                 "FAIL, and NCCL's log (`NCCL_DEBUG=INFO`) has no `Selected Provider is efa` line; "
                 "it names another libfabric provider instead.",
         messages=(
@@ -603,8 +603,8 @@ ENTRIES: tuple[Entry, ...] = (
         fix="Launch with dtrain (it passes `/dev/infiniband/uverbs*` on EFA types), enable EFA "
             "at instance launch, allow all traffic within the security group, and leave "
             "`FI_PROVIDER` unset or `efa`.",
-        confirm="`invoke doctor --bandwidth` (reads NCCL's log for `Selected Provider is efa`); "
-                "`invoke doctor` check `efa`; `fi_info -p efa` in the container.",
+        confirm="`dtrain doctor --bandwidth` (reads NCCL's log for `Selected Provider is efa`); "
+                "`dtrain doctor` check `efa`; `fi_info -p efa` in the container.",
         source=(AWS_EFA_NCCL,),
         doctor_checks=("efa",),
         related=("efa-unused",),
@@ -616,20 +616,20 @@ ENTRIES: tuple[Entry, ...] = (
                 "fraction of the type's: aws-ofi-nccl's line says `(found 1 nics)` on a "
                 "p4d.24xlarge (4 EFA) or p5.48xlarge (32). nccl-tests on 2 x p4d.24xlarge: 77.9 "
                 "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no log line is an error, "
-                "so `invoke diagnose` cannot tell it from a single-EFA type.",
+                "so `dtrain diagnose` cannot tell it from a single-EFA type.",
         cause="The instances were launched with one EFA interface (a launch template or "
               "`run-instances` with one `NetworkInterfaces` entry, `DeviceIndex 0`, no "
               "`NetworkCardIndex`). An EFA is one per network card: p4d/p4de have 4, p5/p5e 32, "
               "p5en 16, trn1 8; each card needs its own interface at launch.",
-        fix="`invoke nodes up` attaches every EFA the type has (DescribeInstanceTypes "
+        fix="`dtrain nodes up` attaches every EFA the type has (DescribeInstanceTypes "
             "`NetworkCards`, `EfaInfo.MaximumEfaInterfaces`): card 0 device 0 `efa`, card i "
             "device 1 `efa-only`. Such instances get no public IPv4 address (AWS assigns none "
             "with more than one interface), so put them in a subnet that reaches the internet "
             "through a NAT gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
             "launch with one interface per network card the same way.",
-        confirm="`invoke doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
+        confirm="`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
                 "with `--image`, how many `fi_info -p efa` sees in the container); "
-                "`invoke doctor --bandwidth` (the `found N nics` of NCCL's log against the type).",
+                "`dtrain doctor --bandwidth` (the `found N nics` of NCCL's log against the type).",
         source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html",
                 "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EfaInfo.html"),
         doctor_checks=("efa",),
@@ -638,7 +638,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         id="nccl-few-sockets",
         title="NCCL on TCP with one socket per thread: a fraction of the link",
-        symptom="On an instance type without EFA (or with EFA unused) `invoke doctor --bandwidth` "
+        symptom="On an instance type without EFA (or with EFA unused) `dtrain doctor --bandwidth` "
                 "reports busbw far below the TCP throughput between the nodes; NCCL's log says "
                 "`NET/Socket : Using 1 threads and 1 sockets per thread`.",
         messages=("node-1:1234:1290 [0] NCCL INFO NET/Socket : Using 1 threads and 1 sockets per thread",),
@@ -649,7 +649,7 @@ ENTRIES: tuple[Entry, ...] = (
               "link unused.",
         fix="On TCP-only types set e.g. `-e NCCL_SOCKET_NTHREADS=4 -e NCCL_NSOCKS_PERTHREAD=4` "
             "(their product at most 64), and put the nodes in a cluster placement group.",
-        confirm="`invoke doctor --bandwidth` before and after; the `NET/Socket : Using N threads "
+        confirm="`dtrain doctor --bandwidth` before and after; the `NET/Socket : Using N threads "
                 "and M sockets per thread` line of NCCL's log.",
         source=(NCCL_ENV, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html"),
         related=("efa-unused", "nccl-iface"),
@@ -673,9 +673,9 @@ ENTRIES: tuple[Entry, ...] = (
         cause="RDMA (EFA, verbs) pins the buffers it registers; the container's `memlock` "
               "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "
               "and below, and only for non-root).",
-        fix="`invoke launch` runs node containers with `--ulimit memlock=-1` (unlimited); where "
+        fix="`dtrain launch` runs node containers with `--ulimit memlock=-1` (unlimited); where "
             "dockerd itself cannot lift the limit it uses dockerd's ceiling and warns.",
-        confirm="`invoke doctor` check `memlock` (`ulimit -l` in the container is "
+        confirm="`dtrain doctor` check `memlock` (`ulimit -l` in the container is "
                 "`unlimited`).",
         source=(EFA_NCCL, "https://www.open-mpi.org/faq/?category=openfabrics#ib-locked-pages",
                 DOCKER_RUN),
@@ -707,9 +707,9 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         cause="Docker gives containers a 64 MiB `/dev/shm`. NCCL's shared-memory transport, "
               "PyTorch DataLoader workers and Open MPI's vader BTL all allocate there.",
-        fix="`invoke launch` runs node containers with `--ipc=host` (the host's /dev/shm), or "
+        fix="`dtrain launch` runs node containers with `--ipc=host` (the host's /dev/shm), or "
             "`--shm-size` when you pass one.",
-        confirm="`invoke doctor` check `shm` (`df -h /dev/shm` in the container).",
+        confirm="`dtrain doctor` check `shm` (`df -h /dev/shm` in the container).",
         source=(NCCL_TROUBLE, DOCKER_RUN,
                 "https://github.com/pytorch/pytorch#using-pre-built-images"),
         doctor_checks=("shm",),
@@ -735,8 +735,8 @@ ENTRIES: tuple[Entry, ...] = (
               "container was started without `--gpus`.",
         fix="Install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
             "--runtime=docker` then restart Docker (the EC2 Deep Learning AMIs ship it). "
-            "`invoke launch` passes `--gpus all` on every node where `nvidia-smi` finds GPUs.",
-        confirm="`invoke doctor` check `nvidia-runtime`.",
+            "`dtrain launch` passes `--gpus all` on every node where `nvidia-smi` finds GPUs.",
+        confirm="`dtrain doctor` check `nvidia-runtime`.",
         source=("https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
                 "install-guide.html",
                 "https://docs.docker.com/engine/containers/resource_constraints/#gpu"),
@@ -769,9 +769,9 @@ ENTRIES: tuple[Entry, ...] = (
               "toolkit enforces. The forward-compatibility package only works on data-center "
               "GPUs; on others CUDA reports \"forward compatibility was attempted on non "
               "supported HW\".",
-        fix="Pick the image whose CUDA the node's driver supports (`invoke launch` refuses an "
+        fix="Pick the image whose CUDA the node's driver supports (`dtrain launch` refuses an "
             "image whose `dtrain.min-driver` label is above a node's driver), or update the driver.",
-        confirm="`invoke doctor` check `gpu-driver` (compares `nvidia-smi` with the image's "
+        confirm="`dtrain doctor` check `gpu-driver` (compares `nvidia-smi` with the image's "
                 "`dtrain.version.*` labels).",
         source=(CUDA_COMPAT,
                 "https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html"),
@@ -805,10 +805,10 @@ ENTRIES: tuple[Entry, ...] = (
               "(a short hostname only the master knows, `localhost`) or reach (security group, "
               "the master's address on docker0), or the rendezvous port is closed or the "
               "master never started.",
-        fix="`invoke launch` passes the first node's address (never a name) and a fixed port: "
+        fix="`dtrain launch` passes the first node's address (never a name) and a fixed port: "
             "`--master_addr/--master_port`, or `--rdzv_endpoint` with `--rdzv c10d`. Allow "
             "traffic between the nodes.",
-        confirm="`invoke doctor` checks `hostnames` and `nic`; from a worker: "
+        confirm="`dtrain doctor` checks `hostnames` and `nic`; from a worker: "
                 "`python -c \"import socket; socket.create_connection(('node-1', 29500), 5)\"`.",
         source=(TORCHRUN,
                 "https://pytorch.org/docs/stable/distributed.html#environment-variable-"
@@ -831,7 +831,7 @@ ENTRIES: tuple[Entry, ...] = (
               "the root volume (Docker's data root is on it by default).",
         fix="Give nodes a large enough root or data volume; `docker system prune` old dtrain "
             "images; write checkpoints to a mounted volume, not the container layer.",
-        confirm="`invoke doctor` check `disk`.",
+        confirm="`dtrain doctor` check `disk`.",
         source=("https://docs.docker.com/engine/manage-resources/pruning/",),
         doctor_checks=("disk",),
         related=("shm",),
@@ -854,7 +854,7 @@ ENTRIES: tuple[Entry, ...] = (
               "disagree between nodes.",
         fix="Run chrony against the Amazon Time Sync Service (169.254.169.123), as Amazon "
             "Linux and the Deep Learning AMIs do by default.",
-        confirm="`invoke doctor` check `clock`.",
+        confirm="`dtrain doctor` check `clock`.",
         source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",),
         doctor_checks=("clock",),
     ),
@@ -882,10 +882,10 @@ ENTRIES: tuple[Entry, ...] = (
               "many DataLoader workers, a dataset loaded into memory once per rank, or "
               "pinned-memory buffers, times the ranks on the node.",
         fix="Budget host memory per rank (node memory / ranks per node); lower "
-            "`num_workers`, load data lazily or via shared memory. `invoke launch` sets no "
+            "`num_workers`, load data lazily or via shared memory. `dtrain launch` sets no "
             "container memory limit. `dmesg -T | grep -i 'killed process'` on the node "
             "confirms.",
-        confirm="`invoke diagnose` reports it as `host-oom`; `dmesg` on the node named in the "
+        confirm="`dtrain diagnose` reports it as `host-oom`; `dmesg` on the node named in the "
                 "message.",
         source=("https://docs.docker.com/engine/containers/resource_constraints/"
                 "#understand-the-risks-of-running-out-of-memory",),
@@ -913,7 +913,7 @@ ENTRIES: tuple[Entry, ...] = (
             "`destroy_process_group()`, as `/opt/dtrain/node/examples/ddp_grads.py` does. If "
             "the message appears mid-training, it is another thread: read that rank's earlier "
             "lines.",
-        confirm="`invoke diagnose` reports it as `pg-exit-abort`; every step line is present "
+        confirm="`dtrain diagnose` reports it as `pg-exit-abort`; every step line is present "
                 "on every rank before the abort.",
         source=("https://github.com/pytorch/pytorch/issues/190489",
                 "https://pytorch.org/docs/stable/distributed.html#shutdown"),
@@ -943,7 +943,7 @@ ENTRIES: tuple[Entry, ...] = (
               "per GPU: scaling to more GPUs does not shrink it.",
         fix="Pin each rank to `hvd.local_rank()` / `LOCAL_RANK`; lower the per-GPU batch (or "
             "use gradient accumulation).",
-        confirm="`invoke diagnose` reports it as `gpu-oom`; `nvidia-smi` while the job runs "
+        confirm="`dtrain diagnose` reports it as `gpu-oom`; `nvidia-smi` while the job runs "
                 "shows one process per GPU.",
         source=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
                 "https://horovod.readthedocs.io/en/stable/pytorch.html"),
@@ -994,7 +994,7 @@ ENTRIES: tuple[Entry, ...] = (
         fix="Fix the specific cause reported above it. If none is: rerun with "
             "`--mca plm_base_verbose 10 --debug-daemons` and read the ssh command mpirun "
             "runs.",
-        confirm="`invoke doctor` checks `peer-2022` and `nic`.",
+        confirm="`dtrain doctor` checks `peer-2022` and `nic`.",
         source=(OMPI_FAQ_RUNNING, OMPI_FAQ_RSH),
         doctor_checks=("peer-2022", "nic"),
         catch_all=True,
@@ -1035,10 +1035,10 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         cause="Any error in one rank. The launcher then kills the others, which may print "
               "secondary errors (broken connections, Horovod shut down) that are not the cause.",
-        fix="Read the first failing rank's output: `invoke diagnose` lists rank-scoped lines "
+        fix="Read the first failing rank's output: `dtrain diagnose` lists rank-scoped lines "
             "with their rank and node. Run Open MPI with `--tag-output` (dtrain's launcher "
             "prefixes every line with `[node r<rank>]`) so lines can be attributed.",
-        confirm="`invoke diagnose` reports this after any specific cause it found.",
+        confirm="`dtrain diagnose` reports this after any specific cause it found.",
         source=(OMPI_MPIRUN4, "https://pytorch.org/docs/stable/elastic/errors.html"),
         doctor_checks=(),
         catch_all=True,
@@ -1062,10 +1062,10 @@ Every entry below is a failure that cost someone days. Each has a stable id, the
 the exact messages the tools print, the cause, the fix (what dtrain does to prevent it), how to
 confirm it, and a source. The same entries drive two commands:
 
-- **`invoke doctor`** checks the nodes *before* a job: ssh, Docker, the GPU runtime and driver,
+- **`dtrain doctor`** checks the nodes *before* a job: ssh, Docker, the GPU runtime and driver,
   port 2022, interfaces, hostnames, `/dev/shm`, memlock, EFA, clocks, disk. Each check has an id
   (table below); an entry's *Confirm* line names the checks that catch it.
-- **`invoke diagnose LOG`** reads a job's log *after* it failed and reports every entry whose
+- **`dtrain diagnose LOG`** reads a job's log *after* it failed and reports every entry whose
   messages appear in it, with the matching lines (and their rank and node when the line says),
   the cause and the fix. Specific causes come first, in the order they appear in the log;
   consequences such as "a rank exited non-zero" come last. Without Invoke:
@@ -1076,7 +1076,7 @@ Logs are easiest to read with every line attributed: dtrain's launcher prefixes 
 diagnose` understands both, as well as torchrun's `[default<local_rank>]:` and PyTorch's
 `[rank<N>]:` prefixes.
 
-When nothing matches: run `invoke doctor`, rerun with `-x NCCL_DEBUG=INFO` (and, for Open MPI,
+When nothing matches: run `dtrain doctor`, rerun with `-x NCCL_DEBUG=INFO` (and, for Open MPI,
 `--mca btl_base_verbose 30 --mca oob_base_verbose 10`), and look at `docker logs` of the node
 containers, where sshd writes why it refused a connection.
 """
@@ -1089,7 +1089,7 @@ def _md_code(text: str) -> str:
 def render_markdown() -> str:
     """docs/troubleshooting.md, from ENTRIES and DOCTOR_CHECKS."""
     out = [_INTRO]
-    out.append("## `invoke doctor` checks\n")
+    out.append("## `dtrain doctor` checks\n")
     out.append("| check | what it verifies | entries |")
     out.append("| --- | --- | --- |")
     for cid, what in DOCTOR_CHECKS.items():
@@ -1111,8 +1111,8 @@ def render_markdown() -> str:
         out.append(f"**Cause.** {e.cause}\n")
         out.append(f"**Fix.** {e.fix}\n")
         confirm = e.confirm
-        if e.signatures and "invoke diagnose" not in confirm:
-            confirm += f" `invoke diagnose` reports it as `{e.id}`."
+        if e.signatures and "dtrain diagnose" not in confirm:
+            confirm += f" `dtrain diagnose` reports it as `{e.id}`."
         out.append(f"**Confirm.** {confirm}\n")
         if e.doctor_checks:
             out.append("**Doctor checks.** " + ", ".join(f"`{c}`" for c in e.doctor_checks)

@@ -1,4 +1,4 @@
-"""Match a job log against the troubleshooting checklist (`invoke diagnose LOG`).
+"""Match a job log against the troubleshooting checklist (`dtrain diagnose LOG`).
 
     findings = diagnose(text)          # pure: str -> list[Finding]
     print(format_report(findings))
@@ -259,7 +259,7 @@ def diagnose_file(path: str | Path) -> list[Finding]:
 
 NO_MATCH = """\
 No known failure signature matched. Next steps:
-  1. Run `invoke doctor` on the job's nodes: most failures are visible before a job starts.
+  1. Run `dtrain doctor` on the job's nodes: most failures are visible before a job starts.
   2. Rerun with more output: `-x NCCL_DEBUG=INFO`; for Open MPI also
      `--mca btl_base_verbose 30 --mca oob_base_verbose 10` (and `--debug-daemons` if mpirun
      never starts the ranks).
@@ -311,7 +311,7 @@ def format_report(findings: list[Finding]) -> str:
         out.append(_wrap("cause", e.cause))
         out.append(_wrap("fix", e.fix))
         if e.doctor_checks:
-            out.append(f"   check: invoke doctor ({', '.join(e.doctor_checks)})")
+            out.append(f"   check: dtrain doctor ({', '.join(e.doctor_checks)})")
         out.append(f"   more:  docs/troubleshooting.md#{e.id}  {e.source[0]}")
         out.append("")
     return "\n".join(out)

@@ -1,8 +1,8 @@
-"""`invoke doctor`: the troubleshooting checklist as checks, run on every node in parallel.
+"""`dtrain doctor`: the troubleshooting checklist as checks, run on every node in parallel.
 
 Two passes. The host pass (one ssh per node) reads what a launch depends on: engine, GPUs
 and driver, NVIDIA runtime, port 2022, the NIC, hostname, image, disk, clock, EFA. With an
-image, the container pass starts a short-lived container per node exactly as `invoke launch`
+image, the container pass starts a short-lived container per node exactly as `dtrain launch`
 does and checks from inside: every peer's sshd on 2022, /dev/shm, memlock. Containers are
 removed afterwards, whatever happened. `evaluate` is pure: facts in, rows out.
 """
@@ -47,7 +47,7 @@ class Row:
 class Options:
     image: str | None = None
     iface: str | None = None
-    shm_size: str | None = None  # as `invoke launch --shm-size`; None: --ipc host
+    shm_size: str | None = None  # as `dtrain launch --shm-size`; None: --ipc host
     min_free_gb: float = 10.0  # free space wanted on Docker's data root besides the image
     ssh_opts: tuple[str, ...] = ()
     job: str = ""  # port 2022 held by this job's container is fine

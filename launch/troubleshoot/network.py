@@ -1,5 +1,5 @@
-"""`invoke doctor --bandwidth` / `invoke bench-network`: an allreduce bus-bandwidth sweep across
-the nodes, inside the job's own image, launched as a job (same flags as `invoke launch`), next
+"""`dtrain doctor --bandwidth` / `dtrain bench-network`: an allreduce bus-bandwidth sweep across
+the nodes, inside the job's own image, launched as a job (same flags as `dtrain launch`), next
 to raw TCP throughput between the same containers; then a verdict against the expectation for
 the instance type (network_expectations.yaml) with the likely causes from the checklist.
 

@@ -2,7 +2,7 @@
 
     python ckpt_train.py [--epochs 5] [--steps 10] [--step-seconds 0.1]
 
-DTRAIN_CHECKPOINT_DIR (set by `invoke launch --checkpoint-dir`): rank 0 writes checkpoint.pt
+DTRAIN_CHECKPOINT_DIR (set by `dtrain launch --checkpoint-dir`): rank 0 writes checkpoint.pt
 there after every epoch (atomically); every rank loads it at start and prints the epoch it
 resumes at. DTRAIN_RESTART: which attempt this is (0 first). SIGTERM (a spot notice, a stop)
 ends the rank after its current step with exit code 143: the last epoch's checkpoint is what a

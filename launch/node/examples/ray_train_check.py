@@ -3,7 +3,7 @@ rank+1; every worker reports its rank, host and the sum, and the driver prints t
 
     python ray_train_check.py [--workers N] [--storage PATH_OR_S3_URI]
 
-Run with RAY_ADDRESS set (invoke launch --launcher ray does, in the head's container). The sum
+Run with RAY_ADDRESS set (dtrain launch --launcher ray does, in the head's container). The sum
 must be N(N+1)/2 on every worker. Storage: where Ray Train keeps its run's results (a local path
 on the head here; s3://bucket/prefix on ECS, the seed's shared storage).
 """

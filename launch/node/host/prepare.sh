@@ -38,7 +38,7 @@ job_path() {
 # launch: host, pid, a token of its own) in DIR.lock/owner. Taken where free, already this
 # launch's, or stale: no watchdog of the job alive (watch.sh, DIR/watch.pid) and older than
 # LOCK_GRACE s (a launch between its first round and its containers: pulls). Released by
-# remove (teardown, `invoke stop`) and by the job's watchdog when the container is gone.
+# remove (teardown, `dtrain stop`) and by the job's watchdog when the container is gone.
 LOCK_GRACE=1800
 lock_job() {
   local lock=$1.lock holder age
@@ -49,7 +49,7 @@ lock_job() {
       age=$(( $(date +%s) - $(stat -c %Y "$lock" 2>/dev/null || echo 0) ))
       if watch_alive "$1" || [ "$age" -lt "$LOCK_GRACE" ]; then
         echo "job ${1##*/} is already running on this node (launched by ${holder:-an unknown launcher}," \
-          "${age} s ago); give this launch another --name, or stop that one: invoke stop --job ${1##*/}" >&2
+          "${age} s ago); give this launch another --name, or stop that one: dtrain stop --job ${1##*/}" >&2
         return 3
       fi
       rm -rf "$lock"

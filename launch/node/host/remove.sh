@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
 # remove NAME KEYDIR [REL]: remove a job's container, its key directory and its directory ~/REL
-# (a detached job's log and state included: `invoke stop` is the end of it), and release the
+# (a detached job's log and state included: `dtrain stop` is the end of it), and release the
 # node's lock of the name (~/REL.lock); fine if none is there.
 remove() {
   local d=
