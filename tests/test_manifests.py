@@ -27,7 +27,16 @@ def spec(target, **kw):
         base["command"] = ("train.py", "--epochs", "3")
     if target == "sagemaker":
         base["workers"] = 1
+    if target == "ecs" and kw.get("launcher") != "ray":
+        base["command"] = ()  # the node container: it runs no command
     return m.ManifestSpec(target, **{**base, **kw})
+
+
+def test_ecs_node_container_refuses_a_command_it_would_drop():
+    with pytest.raises(LaunchError, match=r"^--for ecs: the task definition is the node container .*give no command"):
+        m.render(m.ManifestSpec("ecs", image=HVD, command=CMD, name="job-1", workers=2))
+    with pytest.raises(LaunchError, match=r"^no command"):
+        m.render(m.ManifestSpec("mpijob", image=HVD, command=(), name="job-1", workers=2))
 
 
 def doc(target, **kw):

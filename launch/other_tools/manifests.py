@@ -94,7 +94,12 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"--for {spec.target}: use one of {', '.join(TARGETS)}")
     if not spec.image or spec.image.startswith("-") or any(c.isspace() for c in spec.image):
         raise LaunchError(f"bad image {spec.image!r}")
-    if not spec.command:
+    node_only = spec.target == "ecs" and spec.launcher != "ray"  # the node container: sshd on 2022
+    if node_only and spec.command:
+        raise LaunchError("--for ecs: the task definition is the node container (sshd on 2022), it runs no "
+                          "command; run the job with mpirun on one of the tasks (docs/other-tools.md, \"Amazon "
+                          "ECS\"), or use --launcher ray; give no command after `--`")
+    if not spec.command and not node_only:
         raise LaunchError("no command: put it after `--`, e.g. dtrain manifest ... -- python train.py")
     if not _NAME_RE.match(spec.name) or len(spec.name) > 40:
         raise LaunchError(f"bad job name {spec.name!r} (lower-case letters, digits and -, at most 40)")
@@ -387,8 +392,7 @@ def examples() -> dict[Path, str]:
                      node_selector={"node.kubernetes.io/instance-type": "p4d.24xlarge"}),
         ManifestSpec("pytorchjob", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
                      workers=2, gpus_per_worker=8),
-        ManifestSpec("ecs", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
-                     name="hvd-allreduce", workers=2, gpus_per_worker=8),
+        ManifestSpec("ecs", hvd, (), name="hvd-allreduce", workers=2, gpus_per_worker=8),
         ManifestSpec("ecs", ray, ("python", "/opt/dtrain/node/examples/ray_train_check.py", "--workers", "2",
                                   "--storage", "s3://my-bucket/dtrain/ray-results"),
                      name="ray-train", workers=2, gpus_per_worker=1, launcher="ray"),
