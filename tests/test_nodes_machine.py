@@ -267,3 +267,39 @@ def test_ssh_user_tag_is_what_ec2_tag_discovery_uses(aws):
     found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
     assert [n.user for n in found] == ["ec2-user", "ec2-user"]
     assert "user=ec2-user" in (ec2.cluster_dir("c1") / "hostfile").read_text()
+
+
+def test_efs_is_mounted_at_boot_by_the_user_data(aws, tmp_path):
+    """With --efs the user data carries the file system's id (a Ref, or the kept one's id) and
+    first-boot.sh writes the fstab line and EFS_MOUNT, and mounts it (a stand-in `mount`)."""
+    import subprocess
+
+    s = spec(efs=True)
+    res = ec2.preflight(aws, s)
+    t = ec2.stack_template(s, res)
+    assert lint(t) == []
+    parts = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    assert {"Ref": "FileSystem"} in parts and {"Ref": "AWS::Region"} in parts
+    assert t["Resources"]["Nodes"]["DependsOn"] == "MountTarget"
+    kept = ec2.stack_template(s, ec2.Resolved(**{**res.__dict__, "file_system": "fs-0123456789abcdef0"}))
+    kept_parts = kept["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    assert "fs-0123456789abcdef0" in kept_parts
+    # what the node runs: the parts joined as CloudFormation would, the Refs resolved
+    script = "".join({"Ref": "FileSystem"} == p and "fs-0123456789abcdef0" or {"Ref": "AWS::Region"} == p and REGION
+                     or p for p in parts)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mount").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/mounted\n")
+    (tmp_path / "bin" / "mount").chmod(0o755)
+    (tmp_path / "bin" / "unpigz").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "unpigz").chmod(0o755)
+    fstab, envfile = tmp_path / "fstab", tmp_path / "environment"
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DTRAIN_FSTAB": str(fstab), "DTRAIN_ENVIRONMENT": str(envfile),
+           "DTRAIN_EFS_PATH": str(tmp_path / "efs")}
+    for _ in range(2):  # a second boot adds nothing
+        r = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    assert fstab.read_text() == (f"fs-0123456789abcdef0.efs.{REGION}.amazonaws.com:/ {tmp_path / 'efs'} nfs4 "
+                                 "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,"
+                                 "_netdev,nofail 0 0 # dtrain\n")
+    assert envfile.read_text() == f"EFS_MOUNT={tmp_path / 'efs'}\n"
+    assert (tmp_path / "mounted").read_text() == f"{tmp_path / 'efs'}\n{tmp_path / 'efs'}\n"
