@@ -14,6 +14,7 @@ import sys
 from types import ModuleType
 
 from invoke import Collection, Program
+from invoke.exceptions import Exit, ParseError
 
 import dtrain
 
@@ -31,6 +32,23 @@ def tasks_module() -> ModuleType:
     return module
 
 
+class DtrainProgram(Program):
+    """Invoke's Program, where a command line it cannot parse (an unknown task or flag, a flag
+    without its value) is one `error: ...` line and exit 2, as every other usage error."""
+
+    def parse_core(self, argv):  # type: ignore[no-untyped-def]
+        try:
+            return super().parse_core(argv)
+        except ParseError as e:
+            raise Exit(f"error: {e} (dtrain --list; dtrain --help TASK)", code=2) from None
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except ParseError as e:
+            raise Exit(f"error: {e} (dtrain --list; dtrain --help TASK)", code=2) from None
+
+
 def program() -> Program:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -38,7 +56,7 @@ def program() -> Program:
         ver = version("dtrain")
     except PackageNotFoundError:
         ver = "checkout"
-    return Program(namespace=Collection.from_module(tasks_module()), name="dtrain",
+    return DtrainProgram(namespace=Collection.from_module(tasks_module()), name="dtrain",
                    binary="dtrain", binary_names=["dtrain"], version=ver)
 
 

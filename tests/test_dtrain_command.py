@@ -70,3 +70,12 @@ def test_sagemaker_run_uploads_the_users_directory(tmp_path, moto_server):
     assert "dtrain-userdir" in r.stdout
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="proj-bucket", Prefix="runs/dtrain-userdir/code/")["Contents"]}
     assert keys == {"runs/dtrain-userdir/code/train.py", "runs/dtrain-userdir/code/requirements.txt"}, keys
+
+
+def test_a_command_line_dtrain_cannot_parse_is_one_line_and_exit_2(tmp_path):
+    for args, what in [(("launch", "--nosuch"), "No idea what '--nosuch' is!"),
+                       (("nosuchtask",), "No idea what 'nosuchtask' is!"),
+                       (("nodes", "up", "--count"), "needed value and was not given one")]:
+        r = dtrain(tmp_path, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith("error: ") and what in r.stderr and "Traceback" not in r.stderr

@@ -45,9 +45,9 @@ def test_hostfile_full(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("h1 slots=four", "slots must be an integer (> 0), got 'four'"),
-        ("h1 slots=0", "slots must be an integer (> 0), got '0'"),
-        ("h1 slots=-2", "slots must be an integer (> 0), got '-2'"),
+        ("h1 slots=four", "slots must be an integer between 1 and 4096, got 'four'"),
+        ("h1 slots=0", "slots must be an integer between 1 and 4096, got '0'"),
+        ("h1 slots=-2", "slots must be an integer between 1 and 4096, got '-2'"),
         ("h1 slots=", "empty value for slots"),
         ("h1 slots=2 slots=3", "slots given twice"),
         ("h1 max_slots=4", "unknown key 'max_slots' in 'max_slots=4' (expected one of slots, port, user, identity)"),
@@ -95,8 +95,8 @@ def test_hosts_arg():
     [
         ("", "--hosts: no hosts given"),
         ("h1:4,", "--hosts entry 2: empty (stray comma?) in 'h1:4,'"),
-        ("h1:0", "--hosts entry 1 ('h1:0'): slots must be an integer (> 0), got '0'"),
-        ("h1:x", "--hosts entry 1 ('h1:x'): slots must be an integer (> 0), got 'x'"),
+        ("h1:0", "--hosts entry 1 ('h1:0'): slots must be an integer between 1 and 4096, got '0'"),
+        ("h1:x", "--hosts entry 1 ('h1:x'): slots must be an integer between 1 and 4096, got 'x'"),
         ("h1:4,h2:4:1", "--hosts entry 2 ('h2:4:1'): expected HOST or HOST:SLOTS"),
         ("u@h1:4", "--hosts entry 1 ('u@h1:4'): bad host 'u@h1' (put the user in user=NAME)"),
         ("h1:4,h2:4,h1:2", "--hosts: duplicate host 'h1' (entries 1 and 3)"),
@@ -368,3 +368,14 @@ def test_a_huge_hostfile_is_refused_before_reading(tmp_path):
         f.truncate((1 << 20) + 1)
     with pytest.raises(LaunchError, match=r"more than a hostfile has \(at most 1048576\)"):
         parse_hostfile(big)
+
+
+def test_slots_are_capped(tmp_path):
+    from dtrain.launch.jobs.hosts import parse_hostfile, parse_hosts_arg
+
+    f = tmp_path / "hosts"
+    f.write_text("10.0.0.1 slots=8\n10.0.0.2 slots=99999999999\n")
+    with pytest.raises(LaunchError, match=rf"^{f}:2: slots must be an integer between 1 and 4096, got '99999999999'"):
+        parse_hostfile(f)
+    with pytest.raises(LaunchError, match="slots must be an integer between 1 and 4096"):
+        parse_hosts_arg("h1:5000")

@@ -194,3 +194,13 @@ def test_run_argv_starts_the_command_in_cwd_when_given():
     there = run_argv(spec, facts(2), ["python", "t.py"], ready=False, fill_hosts=True, cwd="/workdir")
     assert there[:there.index("dtrain-j")] == ["docker", "exec", "-w", "/workdir"]
     assert there[there.index("dtrain-j"):] == plain[plain.index("dtrain-j"):]
+
+
+def test_signals_end_a_launch_with_128_plus_the_signal():
+    import signal
+
+    from dtrain.launch.jobs.job import Signalled, interrupt_code
+
+    assert interrupt_code(KeyboardInterrupt()) == (130, "interrupted")
+    assert interrupt_code(Signalled(signal.SIGTERM)) == (143, "SIGTERM received")
+    assert interrupt_code(Signalled(signal.SIGHUP)) == (129, "SIGHUP received")

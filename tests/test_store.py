@@ -217,3 +217,15 @@ def test_process_identity_tells_processes_apart():
         a.kill()
         a.wait()
     assert store.process_identity(a.pid) is None
+
+
+def test_stop_without_a_name_stops_the_newest_running_job_not_an_ended_one(home):
+    """`dtrain stop` alone: the newest job that has not ended; with only ended jobs, one line
+    saying so (it used to pick the newest ended job and try ssh to its nodes)."""
+    store.record("old-running", state="detached", nodes=[])
+    time.sleep(0.05)
+    store.record("new-ended", state="failed", ended=time.time(), nodes=[])
+    assert store.latest_running()["name"] == "old-running"
+    store.record("old-running", state="stopped", ended=time.time())
+    with pytest.raises(LaunchError, match=r"^no running job to stop \(`dtrain status` lists the jobs"):
+        store.stop(None)

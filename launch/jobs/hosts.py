@@ -25,6 +25,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _INT_RE = re.compile(r"^[0-9]+$")
 _HOSTFILE_KEYS = ("slots", "port", "user", "identity")
+MAX_SLOTS = 4096  # processes per node (the --slots flag's bound too): far above any instance's GPUs
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _parse_hostfile_line(line: str, where: str) -> Node:
     return Node(
         host=host,
         # Missing slots means 1, as in mpirun and horovodrun hostfiles.
-        slots=_positive_int(fields.get("slots", "1"), "slots", where),
+        slots=_positive_int(fields.get("slots", "1"), "slots", where, maximum=MAX_SLOTS),
         port=_positive_int(fields["port"], "port", where, maximum=65535) if "port" in fields else None,
         user=user,
         identity=fields.get("identity"),
@@ -144,7 +145,7 @@ def parse_hosts_arg(value: str) -> list[Node]:
         if ":" in slots:
             raise LaunchError(f"{where}: expected HOST or HOST:SLOTS")
         host = _check_host(host, where)
-        node = Node(host=host, slots=_positive_int(slots, "slots", where) if colon else 1)
+        node = Node(host=host, slots=_positive_int(slots, "slots", where, maximum=MAX_SLOTS) if colon else 1)
         if host in first_entry:
             raise LaunchError(f"--hosts: duplicate host {host!r} (entries {first_entry[host]} and {i})")
         first_entry[host] = i

@@ -741,10 +741,11 @@ class Job:
                 return 0
             store.record(self.spec.name, state="succeeded" if code == 0 else "failed", exit_code=code)
             return code
-        except KeyboardInterrupt:
-            store.record(self.spec.name, state="interrupted", exit_code=130)
-            self.say("[launch] interrupted: removing containers on every node")
-            return 130
+        except KeyboardInterrupt as e:
+            code, what = interrupt_code(e)
+            store.record(self.spec.name, state="interrupted", exit_code=code)
+            self.say(f"[launch] {what}: removing containers on every node")
+            return code
         except LaunchError:
             store.record(self.spec.name, state="failed to launch", exit_code=code)
             raise
@@ -821,6 +822,21 @@ def _exit_code(r: NodeResult) -> int:
     return r.returncode
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGTERM (`dtrain stop`, kill) or SIGHUP (a closed terminal), raised where Ctrl-C would be."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupt_code(e: KeyboardInterrupt) -> tuple[int, str]:
+    """(exit code, what happened): 128 + the signal, as a shell reports it (Ctrl-C: 130)."""
+    if isinstance(e, Signalled):
+        return 128 + e.signum, f"{signal.Signals(e.signum).name} received"
+    return 130, "interrupted"
+
+
 def _sigterm_as_interrupt() -> Callable[[], None]:
     """`dtrain stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
     teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end, or go
@@ -829,7 +845,7 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
         return lambda: None
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        raise Signalled(signum)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None

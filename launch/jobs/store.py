@@ -263,6 +263,18 @@ def load_job(name: str | None) -> dict:
     raise LaunchError(f"no jobs yet (jobs are in {root})")
 
 
+def latest_running() -> dict:
+    """The newest job that has not ended (attached or detached): what `stop` without --job stops."""
+    sweep()
+    root = jobs_dir()
+    for path in sorted(root.glob("*/job.json"), key=_mtime, reverse=True):
+        j = read_record(path)
+        if j is not None and values.NAME.fullmatch(j["name"]) and j["name"] == path.parent.name and not j.get("ended"):
+            return j
+    raise LaunchError("no running job to stop (`dtrain status` lists the jobs; `dtrain stop --job NAME` "
+                      "cleans an ended one's nodes)")
+
+
 def _mtime(p: Path) -> float:
     try:
         return p.stat().st_mtime
@@ -425,7 +437,7 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
     """Stop a job: signal its launcher (which tears down), then make sure no container is left.
     The launcher is signalled only where the process at its recorded PID is still it (same
     start time and command line): never a process that got the PID later."""
-    job = load_job(name)
+    job = load_job(name) if name else latest_running()
     name = check_name(job["name"])
     if not job.get("ended") and launcher_alive(job):
         os.kill(job["pid"], signal.SIGTERM)
