@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import boto3
 import cfnlint.api
 import pytest
 from botocore.validate import validate_parameters
@@ -15,24 +14,9 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2, volume
 from imds import Imds
 
-REGION = "us-east-1"
-AMI_PARAM = "/dtrain-test/dlami"
+from test_nodes import AMI_PARAM, REGION, aws  # noqa: F401 - aws: moto with the AMI's parameter, DTRAIN_HOME
+
 HERE = ec2.Vantage(vpc_id="vpc-1", private_ip="10.0.0.5", security_groups=("sg-1", "sg-2"))
-
-
-@pytest.fixture
-def aws(monkeypatch, tmp_path):
-    from moto import mock_aws
-
-    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        session = boto3.Session(region_name=REGION)
-        session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-12c6146b", Type="String")
-        yield session
 
 
 def spec(**kw) -> ec2.NodesSpec:
