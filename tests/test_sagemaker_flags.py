@@ -276,6 +276,20 @@ def _recorded_create_training_job(moto_server: str) -> dict:
     return json.loads(base64.b64decode(body) if found[0]["body_encoded"] else body)
 
 
+def documented_sagemaker_run() -> list[str]:
+    """The `dtrain sagemaker run` line of docs/other-tools.md (argv after `dtrain`), with this
+    test's image and role for its placeholders."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "other-tools.md").read_text()
+    block = text.split("```sh\ncd ~/imagenet", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    [line] = [ln for ln in block.splitlines() if ln.startswith("dtrain sagemaker run")]
+    line = line.replace("$ECR/dtrain/pytorch-ddp:TAG", IMAGE).replace("arn:aws:iam::ACCOUNT:role/SageMakerRole", ROLE)
+    assert "$" not in line and "ACCOUNT" not in line, line
+    return shlex.split(re.sub(r"\s#.*$", "", line))[1:]
+
+
 def test_dtrain_sagemaker_run_with_requirements_data_and_3_instances(tmp_path, moto_server, monkeypatch):
     """Issue 23's done-when: `python -m dtrain sagemaker run` from a directory that is not the
     checkout, with requirements.txt, a local data directory and 3 instances; the request that
@@ -298,12 +312,11 @@ def test_dtrain_sagemaker_run_with_requirements_data_and_3_instances(tmp_path, m
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "PYTHONPATH": str(ROOT)}
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    r = subprocess.run(
-        [sys.executable, "-m", "dtrain", "sagemaker", "run", "--instances", "3", "--instance-type", "ml.p3.2xlarge",
-         "--image", IMAGE, "--role", ROLE, "--output", "s3://proj-bucket/dtrain", "--name", "imagenet-3-nodes",
-         "--input", "data=data", "--volume-size", "280", "--max-run", "12h", "--metric", r"top1=Acc@1 (\S+)",
-         "--no-wait", "--", "python", "main.py", "--epochs", "10"],
-        cwd=project, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    argv = documented_sagemaker_run()  # docs/other-tools.md's example, its placeholders filled in
+    cut = argv.index("--")
+    argv = [*argv[:cut], "--output", "s3://proj-bucket/dtrain", "--name", "imagenet-3-nodes", "--no-wait", *argv[cut:]]
+    r = subprocess.run([sys.executable, "-m", "dtrain", *argv], cwd=project, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, **env})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == "imagenet-3-nodes"
 
@@ -323,7 +336,8 @@ def test_dtrain_sagemaker_run_with_requirements_data_and_3_instances(tmp_path, m
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"]}
     prefix = "s3://proj-bucket/dtrain/imagenet-3-nodes"
     assert channels == {"data": f"{prefix}/input/data/", "code": f"{prefix}/code/", "dtrain": f"{prefix}/dtrain/"}
-    assert json.loads(req["HyperParameters"]["dtrain_command"]) == ["python", "main.py", "--epochs", "10"]
+    assert json.loads(req["HyperParameters"]["dtrain_command"]) == ["python", "main.py", "--epochs", "10", "--resume",
+                                                                    "/opt/ml/checkpoints/checkpoint.pth.tar"]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="proj-bucket", Prefix="dtrain/imagenet-3-nodes/")["Contents"]}
     assert {"dtrain/imagenet-3-nodes/code/main.py", "dtrain/imagenet-3-nodes/code/requirements.txt",
             "dtrain/imagenet-3-nodes/input/data/train/0.tar"} <= keys
