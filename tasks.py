@@ -616,8 +616,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                              root_size=_int_flag("--root-size", root_size, 8, 16384) if root_size is not None else None,
                              s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile)
         ssh_opts = _ssh_opts(ssh_opt)
-        here = ec2.vantage() if address != "public" else None
-        res = ec2.start(session, spec, address=address, here=here)
+        res = ec2.start(session, spec, address=address, here=ec2.vantage)
         hint = (f"the security group lets ssh in from {res.ssh_rule} only; check that this machine's ssh "
                 f"comes from there and can route to the nodes' {res.address} addresses")
         ready = ec2.ssh_ready(ssh_key, res.address, ssh_opts, timeout=seconds, user=res.ssh_user,

@@ -908,10 +908,14 @@ def ssh_cidr_warning(cidr: str) -> str | None:
 
 
 def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private",
-          here: Vantage | None = None) -> Resolved:
+          here: Vantage | None | Callable[[], Vantage | None] = None) -> Resolved:
     """preflight, decide how this machine reaches the nodes, then create the stack (nothing
-    is created when either fails). address: auto, private or public (see decide_reach)."""
+    is created when either fails). address: auto, private or public (see decide_reach);
+    here: where this machine is, or a function that finds out (called only when it matters,
+    after preflight)."""
     res = preflight(session, spec)
+    if callable(here):
+        here = here() if address == "auto" or (address == "private" and not spec.ssh_cidr) else None
     reach = decide_reach(address, spec.ssh_cidr, here, None if spec.new_vpc else res.vpc_id)
     problem = public_ip_error(spec, len(res.interfaces), reach.address)
     if problem:
