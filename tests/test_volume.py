@@ -252,3 +252,37 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
         for i in range(1, 4):
             subprocess.run(["ssh", "-F", cluster.ssh_config, f"node-{i}", f"umount {MOUNT} && rmdir {MOUNT}"],
                            capture_output=True, timeout=60)
+
+
+def test_fill_from_s3_syncs_onto_the_new_filesystem(loop_device, tmp_path):
+    """volume-format.sh DEVICE s3://BUCKET/PREFIX: formats, mounts it in a temporary place,
+    runs `aws s3 sync` into it (the node's AWS CLI and role; a stand-in `aws` here that records
+    its argv and copies a directory standing for the bucket), unmounts. The stand-in is the
+    only fake: the format, the mount and the copy onto ext4 are real."""
+    bucket = tmp_path / "bucket"
+    (bucket / "train").mkdir(parents=True)
+    (bucket / "train" / "0.tar").write_bytes(b"x" * 4096)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "aws").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/aws.argv\ncp -a {bucket}/. "$5"\n')
+    (bin_ / "aws").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    script = ROOT / "launch" / "node" / "volume-format.sh"
+    r = subprocess.run(["sh", str(script), loop_device, "s3://my-bucket/imagenet"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    argv = (tmp_path / "aws.argv").read_text().split()
+    assert argv[:4] == ["s3", "sync", "--only-show-errors", "s3://my-bucket/imagenet"], argv
+    assert "copied s3://my-bucket/imagenet onto" in r.stdout
+    check = tmp_path / "check"
+    check.mkdir()
+    subprocess.run(["mount", "-o", "ro", loop_device, str(check)], check=True)
+    try:
+        assert (check / "train" / "0.tar").read_bytes() == b"x" * 4096
+    finally:
+        subprocess.run(["umount", str(check)], check=True)
+    # without the AWS CLI on the node: one line, nothing formatted over
+    env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+    r = subprocess.run(["sh", str(script), loop_device, "s3://my-bucket/imagenet"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("volume-format: no aws command on "), r.stderr
