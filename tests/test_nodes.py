@@ -35,7 +35,7 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         session = boto3.Session(region_name=REGION)
-        session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-12c6146b", Type="String")
+        session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-dca37ea5", Type="String")
         yield session
 
 
@@ -334,7 +334,7 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
 def test_cli_multi_efa_in_the_default_vpc_is_one_line_and_creates_nothing(moto_server):
     url, env = moto_server
     r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
-               "--ssh-cidr", CIDR, "--ami", "ami-12c6146b", "--address", "private")
+               "--ssh-cidr", CIDR, "--ami", "ami-dca37ea5", "--address", "private")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: p4d.24xlarge gets 4 network interfaces (one per EFA)") and \
         "--efa-interfaces 1" in r.stderr, r.stderr

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
-AMI = "ami-12c6146b"  # one of moto's images
+AMI = "ami-dca37ea5"  # moto's "Deep Learning AMI Ubuntu" image
 
 
 def dtrain(cwd: Path, env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

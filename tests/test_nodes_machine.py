@@ -125,8 +125,8 @@ def test_ami_values():
 
 def test_ami_resolution_root_device_and_size(aws):
     ami_id, root, size, user = ec2.resolve_ami(aws, AMI_PARAM, gpus=True)
-    assert (ami_id, root, size) == ("ami-12c6146b", "/dev/sda1", 15)
-    assert ec2.resolve_ami(aws, "ami-12c6146b", gpus=False)[0] == "ami-12c6146b"
+    assert (ami_id, root, size) == ("ami-dca37ea5", "/dev/sda1", 15)
+    assert ec2.resolve_ami(aws, "ami-dca37ea5", gpus=False)[0] == "ami-dca37ea5"
     # cpu: the ECS-optimized AL2023's public parameter (moto serves it), user ec2-user
     assert ec2.resolve_ami(aws, "cpu", gpus=False)[3] == "ec2-user"
     with pytest.raises(LaunchError, match=r"^--ami /nope: no SSM parameter /nope in us-east-1"):
@@ -135,7 +135,7 @@ def test_ami_resolution_root_device_and_size(aws):
         ec2.resolve_ami(aws, "ami-0000000000000000f", gpus=False)
     res = ec2.preflight(aws, spec(root_size=None))
     assert res.root_size == ec2.root_size_default(15) and res.root_device == "/dev/sda1"
-    with pytest.raises(LaunchError, match=r"^--root-size 10: the AMI ami-12c6146b's snapshot is 15 GiB"):
+    with pytest.raises(LaunchError, match=r"^--root-size 10: the AMI ami-dca37ea5's snapshot is 15 GiB"):
         ec2.preflight(aws, spec(root_size=10))
 
 
@@ -287,3 +287,12 @@ def test_efs_is_mounted_at_boot_by_the_user_data(aws, tmp_path):
                                  "_netdev,nofail 0 0 # dtrain\n")
     assert envfile.read_text() == f"EFS_MOUNT={tmp_path / 'efs'}\n"
     assert (tmp_path / "mounted").read_text() == f"{tmp_path / 'efs'}\n{tmp_path / 'efs'}\n"
+
+
+def test_a_windows_ami_or_a_profile_with_buckets_is_refused(aws):
+    win = aws.client("ec2").describe_images(Filters=[{"Name": "platform", "Values": ["windows"]}])["Images"]
+    assert win, "moto lists Windows images"
+    with pytest.raises(LaunchError, match=rf"^--ami {win[0]['ImageId']}: {win[0]['ImageId']} is a windows image"):
+        ec2.resolve_ami(aws, win[0]["ImageId"], gpus=False)
+    with pytest.raises(LaunchError, match=r"^--s3-bucket/--s3-write shape the stack's own role"):
+        spec(instance_profile="existing", s3_buckets=("my-data",))

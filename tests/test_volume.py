@@ -106,7 +106,7 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         session = boto3.Session(region_name=REGION)
-        session.client("ssm").put_parameter(Name="/dtrain-test/dlami", Value="ami-12c6146b", Type="String")
+        session.client("ssm").put_parameter(Name="/dtrain-test/dlami", Value="ami-dca37ea5", Type="String")
         yield session
 
 

@@ -107,6 +107,9 @@ class NodesSpec:
                 raise LaunchError(f"--s3-bucket {b!r}: not a bucket name (3-63 of a-z 0-9 . -)")
         if self.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", self.instance_profile):
             raise LaunchError(f"--instance-profile {self.instance_profile!r}: not an instance profile name")
+        if self.instance_profile is not None and (self.s3_buckets or self.s3_write):
+            raise LaunchError("--s3-bucket/--s3-write shape the stack's own role; with --instance-profile "
+                              f"{self.instance_profile}, give that profile's role the bucket access instead")
 
     @property
     def minimum(self) -> int:
@@ -313,6 +316,9 @@ def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, s
     if not images:
         raise LaunchError(f"--ami {ami}: no image {image_id} in {session.region_name}")
     image = images[0]
+    if image.get("Platform") == "windows" or image.get("RootDeviceType", "ebs") != "ebs":
+        raise LaunchError(f"--ami {ami}: {image_id} is a {image.get('Platform') or image.get('RootDeviceType')} "
+                          "image; dtrain nodes need a Linux AMI with an EBS root (Docker, ssh)")
     root = image.get("RootDeviceName") or "/dev/sda1"
     size = next((int(b["Ebs"].get("VolumeSize", 0)) for b in image.get("BlockDeviceMappings", [])
                  if b.get("DeviceName") == root and "Ebs" in b), 0)
