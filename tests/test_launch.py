@@ -230,7 +230,7 @@ def test_port_held_by_another_job_names_that_job(cluster, remote_images):
             run(cluster, image, ["true"], "t-mine")
         msg = str(e.value)
         assert "port 2022 is taken" in msg and cluster.nodes[1].address in msg
-        assert "invoke stop --job t-other" in msg
+        assert "dtrain stop --job t-other" in msg
     finally:
         on_node(cluster, 2, "docker rm -f dtrain-t-other >/dev/null")
     assert containers_left(cluster, "t-mine") == []

@@ -375,7 +375,7 @@ def test_not_built_names_the_build_command(engine, registry, docker_config, tmp_
         P.push_registry([LocalImage("pytorch-ddp", "never-built-0")], registry, user=USER,
                         password=PASSWORD, catalog_path=catalog)
     assert "dtrain/pytorch-ddp:never-built-0" in str(e.value)
-    assert "invoke build --image pytorch-ddp --tag never-built-0" in str(e.value)
+    assert "dtrain build --image pytorch-ddp --tag never-built-0" in str(e.value)
     assert not catalog.exists()
 
 

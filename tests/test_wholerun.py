@@ -190,7 +190,7 @@ def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster,
     r = subprocess.run(_cli(cluster, remote_images, tmp_path, name, "--detach", command=_ticks(12)), cwd=ROOT,
                        env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"job {name} detached" in r.stdout and f"invoke logs --job {name} --follow" in r.stdout, r.stdout
+    assert f"job {name} detached" in r.stdout and f"dtrain logs --job {name} --follow" in r.stdout, r.stdout
     status = _invoke(tmp_path, "status")
     assert re.search(rf"{name}\s+detached: running", status.stdout), status.stdout
     follow = _invoke(tmp_path, "logs", "--job", name, "--follow")
