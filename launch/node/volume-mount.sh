@@ -53,10 +53,13 @@ echo "volume-mount: $what on $path ($opts) on $(hostname)"
 # The same mount at every boot: an fstab line (nofail: a missing volume does not stop the boot),
 # replacing any earlier dtrain line for this path.
 if [ -w "$fstab" ]; then
-    tmp=$(mktemp)
-    grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
-    printf '%s %s %s %s,nofail,_netdev 0 0 # dtrain\n' "$what" "$path" "$fstype" "$opts" >> "$tmp"
-    cat "$tmp" > "$fstab"
-    rm -f "$tmp"
+    (   # one writer at a time
+        flock 9
+        tmp=$(mktemp)
+        grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+        printf '%s %s %s %s,nofail,_netdev 0 0 # dtrain\n' "$what" "$path" "$fstype" "$opts" >> "$tmp"
+        cat "$tmp" > "$fstab"
+        rm -f "$tmp"
+    ) 9>/tmp/dtrain-fstab.lock
     echo "volume-mount: $fstab mounts $what on $path at boot on $(hostname)"
 fi

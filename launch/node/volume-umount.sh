@@ -10,9 +10,12 @@ if mountpoint -q "$path"; then
     umount "$path" || umount -l "$path"
 fi
 if [ -w "$fstab" ] && grep -q " $path .*# dtrain\$" "$fstab"; then
-    tmp=$(mktemp)
-    grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
-    cat "$tmp" > "$fstab"
-    rm -f "$tmp"
+    (   # one writer at a time
+        flock 9
+        tmp=$(mktemp)
+        grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+        cat "$tmp" > "$fstab"
+        rm -f "$tmp"
+    ) 9>/tmp/dtrain-fstab.lock
 fi
 echo "volume-umount: $path not mounted on $(hostname)"
