@@ -311,15 +311,12 @@ NODE_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
-    from pathlib import Path
-
     from dtrain import values
     from dtrain.launch.jobs.hosts import nodes_from_args
 
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
-    if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
-        raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
+    _ssh_key_flag(ssh_key)
     if slots is not None:
         slots = values.count("--slots", slots, 1, 4096)
     if cluster:
@@ -333,6 +330,16 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
     return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
                            slots=slots,
                            ssh_user=ssh_user, ssh_key=ssh_key)
+
+
+def _ssh_key_flag(ssh_key):
+    """--ssh-key must name a file here (the private key for the nodes)."""
+    from pathlib import Path
+
+    from dtrain import values
+
+    if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
+        raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
 
 
 def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
@@ -563,8 +570,6 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
-    from pathlib import Path
-
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
 
@@ -583,8 +588,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             values.instance_type("--instance-type", instance_type)
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
-        if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
-            raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
+        _ssh_key_flag(ssh_key)
         session = _aws(profile, region)
         if action == "list":
             rows = ec2.list_clusters(session)

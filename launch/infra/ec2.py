@@ -3,8 +3,9 @@
 Data flows one way: flags -> NodesSpec -> preflight (read-only AWS calls; every bad input is
 an error here, before anything is created) -> Resolved -> stack_template (pure dict) ->
 create_stack -> wait_capacity -> capacity_decision (pure) -> hostfile. Everything the
-cluster owns sits in the stack, so `nodes down` (delete_stack) leaves nothing behind; the one
-exception, `dtrain volume create`'s volumes, carry the cluster's tag and are deleted with it.
+cluster owns sits in the stack but its data: `dtrain volume create`'s volumes and the EFS file
+system (Retain) carry the cluster's tag and outlive the stack; `nodes down` (delete_stack)
+keeps them unless asked to delete them too.
 """
 
 from __future__ import annotations
@@ -134,7 +135,6 @@ class Resolved:
     ssh_user: str = DLAMI_USER
     address: str = "private"  # what the hostfile uses (start decides it: see decide_reach)
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
-    offered_zones: tuple[str, ...] = ()
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
 
 
@@ -220,7 +220,7 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user, offered_zones=tuple(offered))
+                    ssh_user=spec.ssh_user or ami_user)
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -260,15 +260,24 @@ def pick_zone(candidates: Sequence[str], offered: Sequence[str], instance_type: 
     return preferred if preferred in usable else usable[0]
 
 
+def dataset_volumes(session: Any, cluster: str, status: str | None = None) -> list[dict[str, Any]]:
+    """The cluster's dataset volumes (tags dtrain:cluster=NAME, dtrain:role=dataset), by id;
+    status: only those in that state (available: attached nowhere)."""
+    filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
+               {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}]
+    if status:
+        filters.append({"Name": "status", "Values": [status]})
+    vols = session.client("ec2").describe_volumes(Filters=filters)["Volumes"]
+    return sorted(vols, key=lambda v: v["VolumeId"])
+
+
 def data_zone(session: Any, cluster: str) -> str | None:
     """The zone of the cluster's kept dataset volumes (a cluster of the same name comes back
     beside its data), or None."""
     from botocore.exceptions import ClientError
 
     try:
-        vols = session.client("ec2").describe_volumes(Filters=[
-            {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
-            {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
+        vols = dataset_volumes(session, cluster)
     except ClientError:
         return None
     return min((v["AvailabilityZone"] for v in vols), default=None)
@@ -727,10 +736,7 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
 
 def kept_data(session: Any, name: str) -> list[str]:
     """Ids of the cluster's dataset volumes and EFS file systems (what `nodes down` keeps)."""
-    vols = session.client("ec2").describe_volumes(Filters=[
-        {"Name": f"tag:{CLUSTER_TAG}", "Values": [name]},
-        {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
-    return [v["VolumeId"] for v in vols] + data_file_systems(session, name)
+    return [v["VolumeId"] for v in dataset_volumes(session, name)] + data_file_systems(session, name)
 
 
 def delete_data_of(session: Any, name: str, *, timeout: float = 600, poll: float = 10) -> list[str]:
@@ -759,13 +765,12 @@ def _forget(name: str) -> None:
 
 
 def delete_volumes(session: Any, name: str) -> list[str]:
-    """Delete the dataset volumes `volume create` made for the cluster (tagged with it; the
-    only things a cluster owns outside its stack). Call once the instances are gone."""
+    """Delete the dataset volumes `volume create` made for the cluster (tagged with it; with
+    the EFS file system, what a cluster owns outside its stack). Call once the instances are gone."""
     from botocore.exceptions import ClientError
 
     ec2 = session.client("ec2")
-    vols = ec2.describe_volumes(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [name]},
-                                         {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]}])["Volumes"]
+    vols = dataset_volumes(session, name)
     for v in vols:
         for a in v.get("Attachments", []):  # left from terminated instances, usually none
             try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster
+from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
 from dtrain.launch.jobs.hosts import Node
 
@@ -135,11 +135,7 @@ def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeo
     try:
         _wait(lambda: ec2.describe_volumes(VolumeIds=[vol])["Volumes"][0]["State"] == "available",
               vol, timeout, poll, "available")
-        device = free_device(used_devices(ec2, [i.id for i in cluster.instances]))
-        for req in attach_requests(vol, cluster, device):
-            ec2.attach_volume(**req)
-        ids = [i.id for i in cluster.instances]
-        _wait(lambda: attached_to(ec2, vol, ids) == set(ids), vol, timeout, poll, "attached to every node")
+        attach_everywhere(ec2, vol, cluster, timeout, poll)
     except BaseException as e:
         _remove(ec2, vol, cluster)
         if isinstance(e, ClientError):
@@ -147,6 +143,14 @@ def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeo
             raise LaunchError(f"volume {vol}: {err.get('Code')}: {err.get('Message')}; volume deleted") from None
         raise
     return vol
+
+
+def attach_everywhere(ec2: Any, vol: str, cluster: Cluster, timeout: float, poll: float) -> None:
+    """Attach vol to every node under the first device name none of them uses, and wait."""
+    ids = [i.id for i in cluster.instances]
+    for req in attach_requests(vol, cluster, free_device(used_devices(ec2, ids))):
+        ec2.attach_volume(**req)
+    _wait(lambda: attached_to(ec2, vol, ids) == set(ids), vol, timeout, poll, "attached to every node")
 
 
 def _wait(ok: Callable[[], bool], vol: str, timeout: float, poll: float, what: str) -> None:
@@ -256,15 +260,6 @@ def unmount(nodes: Sequence[Node], mount_path: str, ssh_opts: Sequence[str] = ()
             timeout=60, retries=0)
 
 
-def kept_volumes(session: Any, cluster: str) -> list[dict[str, Any]]:
-    """The cluster's dataset volumes not attached anywhere (kept by `nodes down`)."""
-    vols = session.client("ec2").describe_volumes(Filters=[
-        {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
-        {"Name": f"tag:{DATASET_TAG[0]}", "Values": [DATASET_TAG[1]]},
-        {"Name": "status", "Values": ["available"]}])["Volumes"]
-    return sorted(vols, key=lambda v: v["VolumeId"])
-
-
 def reattach(session: Any, cluster: Cluster, nodes: Sequence[Node], *, ssh_opts: Sequence[str] = (),
              timeout: float = 300, poll: float = 5, say: Callable[[str], None] = print) -> list[str]:
     """A cluster that comes back under its name gets its kept dataset volumes: attached to
@@ -273,19 +268,14 @@ def reattach(session: Any, cluster: Cluster, nodes: Sequence[Node], *, ssh_opts:
     ec2 = session.client("ec2")
     zones = {i.availability_zone for i in cluster.instances}
     done = []
-    for v in kept_volumes(session, cluster.name):
+    for v in dataset_volumes(session, cluster.name, status="available"):  # kept by `nodes down`
         tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
         path = tags.get(MOUNT_TAG, "/data")
         if v["AvailabilityZone"] not in zones:
             say(f"[volume] {v['VolumeId']} (mounted at {path} before) is in {v['AvailabilityZone']}, the nodes in "
                 f"{', '.join(sorted(zones))}: not attached (snapshot it and `dtrain volume create --from-snapshot`)")
             continue
-        ids = [i.id for i in cluster.instances]
-        device = free_device(used_devices(ec2, ids))
-        for req in attach_requests(v["VolumeId"], cluster, device):
-            ec2.attach_volume(**req)
-        _wait(lambda: attached_to(ec2, v["VolumeId"], ids) == set(ids), v["VolumeId"], timeout, poll,
-              "attached to every node")
+        attach_everywhere(ec2, v["VolumeId"], cluster, timeout, poll)
         _run_script(nodes, "volume-mount.sh", ["ebs", nvme_device(v["VolumeId"]), path, FSTAB], ssh_opts,
                     f"mounting {v['VolumeId']} on {path}", say)
         say(f"[volume] {v['VolumeId']} mounted read-only at {path} on {len(nodes)} nodes (kept from before)")
