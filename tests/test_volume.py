@@ -286,3 +286,21 @@ def test_fill_from_s3_syncs_onto_the_new_filesystem(loop_device, tmp_path):
     r = subprocess.run(["bash", str(script), loop_device, "s3://my-bucket/imagenet"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("volume-format: no aws command on "), r.stderr
+
+
+def test_umount_drops_only_dtrains_line_for_that_exact_path(tmp_path):
+    """volume-umount.sh compares the path as text: /mnt/a.b's line goes, /mnt/axb's (which the
+    path read as a pattern would match) and a line that is not dtrain's stay."""
+    fstab = tmp_path / "fstab"
+    keep = ["# the host's lines", "/dev/y /mnt/axb ext4 ro,noload,nofail,_netdev 0 0 # dtrain",
+            "fs:/ /mnt/a.b nfs4 nfsvers=4.1 0 0"]
+    before = [keep[0], "/dev/x /mnt/a.b ext4 ro,noload,nofail,_netdev 0 0 # dtrain", *keep[1:]]
+    fstab.write_text("\n".join(before) + "\n")
+    r = subprocess.run(["bash", str(ROOT / "launch" / "node" / "volume-umount.sh"), str(tmp_path / "a.b-missing"),
+                        str(fstab)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert fstab.read_text().splitlines() == before  # nothing for a path it never mounted
+    r = subprocess.run(["bash", str(ROOT / "launch" / "node" / "volume-umount.sh"), "/mnt/a.b", str(fstab)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert fstab.read_text().splitlines() == keep

@@ -56,7 +56,8 @@ if [ -w "$fstab" ]; then
     (   # one writer at a time
         flock 9
         tmp=$(mktemp)
-        grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+        # every line but dtrain's for this path (compared as text, not as a pattern)
+        P=$path awk '!($2 == ENVIRON["P"] && $NF == "dtrain" && $(NF-1) == "#")' "$fstab" > "$tmp"
         printf '%s %s %s %s,nofail,_netdev 0 0 # dtrain\n' "$what" "$path" "$fstype" "$opts" >> "$tmp"
         cat "$tmp" > "$fstab"
         rm -f "$tmp"

@@ -9,11 +9,12 @@ fstab=${2:-/etc/fstab}
 if mountpoint -q "$path"; then
     umount "$path" || umount -l "$path"
 fi
-if [ -w "$fstab" ] && grep -q " $path .*# dtrain\$" "$fstab"; then
+if [ -w "$fstab" ]; then
     (   # one writer at a time
         flock 9
         tmp=$(mktemp)
-        grep -v " $path .*# dtrain\$" "$fstab" > "$tmp" || true
+        # every line but dtrain's for this path (compared as text, not as a pattern)
+        P=$path awk '!($2 == ENVIRON["P"] && $NF == "dtrain" && $(NF-1) == "#")' "$fstab" > "$tmp"
         cat "$tmp" > "$fstab"
         rm -f "$tmp"
     ) 9>/tmp/dtrain-fstab.lock
