@@ -63,7 +63,7 @@ def user_errors():
     from dtrain.images.reference import BadReference
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra.cluster import ClusterError
-    from dtrain.launch.infra.engine import EngineError
+    from dtrain.engine import EngineError
 
     from dtrain.values import BadValue
 
@@ -283,7 +283,7 @@ def test(c, k=None, unit=False):
     if unit:
         args += ["-m", "not docker and not cluster"]
     else:
-        from dtrain.launch.infra import engine
+        from dtrain import engine
 
         with user_errors():
             engine.ensure_all()
@@ -365,6 +365,9 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
 
 @task(iterable=["env", "mount", "ssh_opt"], help={
     **NODE_HELP,
+    "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
+    "file": "the same as -f",
+    "dump": "print the job file these flags (and -f) mean, and exit",
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
     "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
                 "as its driver; image: ray-train)",
@@ -389,12 +392,37 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     "no_spot_watch": "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice "
                      "and leaves the job cleanly (time to checkpoint); this turns it off",
 })
-def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None,
-           region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, env=None,
-           env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
-           pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts="0",
+def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=None, cluster=None, hostfile=None,
+           hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
+           ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
+           rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
-    """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ..."""
+    """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
+    flags = {k: v for k, v in locals().items() if k not in ("c", "f", "file", "dump")}
+    with user_errors():
+        from dtrain.launch.jobs import jobfile
+
+        if f and file and f != file:
+            raise jobfile.LaunchError(f"-f {f} and --file {file}: give one job file")
+        path = f or file
+        flags["command"] = _remainder() or None
+        given = jobfile.merge(jobfile.load(path) if path else {}, flags)
+        if dump:
+            print(jobfile.dump(given), end="")
+            return
+        _launch(**{**LAUNCH_DEFAULTS, **given})
+
+
+# What `dtrain launch` does where neither a flag nor the job file says.
+LAUNCH_DEFAULTS = {"launcher": "mpirun", "master_port": "29500", "rdzv": "static", "pull": "always",
+                   "workdir_limit": "1g", "max_restarts": "0", "command": []}
+
+
+def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None,
+            ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
+            env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
+            pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts="0",
+            min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
     import os
     from pathlib import Path
 
@@ -406,7 +434,7 @@ def launch(c, image=None, launcher="mpirun", name=None, cluster=None, hostfile=N
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
         _image_flag(image)
-        command = tuple(_remainder())
+        command = tuple(command)
         _choice_flag("--pull", pull, ("always", "missing", "never"))
         _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun", "ray"))
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
@@ -891,7 +919,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
 
     from dtrain.launch.errors import LaunchError
     from dtrain import values
-    from dtrain.launch.other_tools import sagemaker as sm
+    from dtrain.launch.jobs import sagemaker as sm
 
     with user_errors():
         if action != "run":

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dtrain.images import build as b  # noqa: E402
-from dtrain.launch.infra import engine  # noqa: E402
+from dtrain import engine  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 WHEELS = Path("/opt/wheels")

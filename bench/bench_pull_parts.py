@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
-from dtrain.launch.infra import cluster, engine  # noqa: E402
+from dtrain import engine  # noqa: E402
+from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
-from dtrain.launch.infra import cluster, engine  # noqa: E402
+from dtrain import contract, engine  # noqa: E402
+from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.jobs.commands import Mount  # noqa: E402
 from dtrain.launch.jobs.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
@@ -40,7 +41,7 @@ from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"
-EX = "/opt/dtrain/node/examples"
+EX = contract.EXAMPLES
 RESUMED = re.compile(r"restart 1: resuming at epoch \d")
 
 

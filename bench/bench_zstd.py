@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
-from dtrain.launch.infra import cluster, engine  # noqa: E402
+from dtrain import engine  # noqa: E402
+from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 

@@ -22,18 +22,28 @@ def ssh_keepalive_opts() -> list[str]:
 
 # Image and container labels.
 LABEL_JOB = "dtrain.job"  # on every container a launch starts: the job's name
+LABEL_KIND = "dtrain.kind"  # gpu or cpu
 LABEL_MIN_DRIVER = "dtrain.min-driver"  # GPU images: the oldest NVIDIA driver their CUDA runs on
 LABEL_OPENMPI_MAJOR = "dtrain.openmpi-major"  # Open MPI's major version in the image
 LABEL_SSH_PORT = "dtrain.ssh-port"
 LABEL_VERSION_PREFIX = "dtrain.version."  # dtrain.version.<pin>: python, pytorch, cuda, ...
 
 NODE_DIR = "/opt/dtrain/node"  # launch/node/ inside every image
+EXAMPLES = f"{NODE_DIR}/examples"  # launch/node/examples/: the demo's and the checks' programs
 ENTRYPOINT = f"{NODE_DIR}/entrypoint.sh"  # no args: sshd -D on SSH_PORT; args: sshd, then exec them
 JOB_KEY_MOUNT = "/run/dtrain-job"  # the job's key pair in the container; the entrypoint installs it
 ENV_FILE = "env"  # in JOB_KEY_MOUNT: the job's --env values, NAME=base64(value) lines (0600)
 # The job's code in every container (--workdir's copy; a project image's COPY). Where it exists
 # every launcher starts the command there, else in the image's WORKDIR (launch/node/supervise.py).
 WORKDIR = "/workdir"
+# The job's directory on each node (~/.dtrain/node-jobs/<job>: supervisor, plan, heartbeat, log),
+# mounted here in every container of the job.
+CONTAINER_JOB_DIR = "/dtrain-job"
+# The supervisor's events among the job's output lines: this prefix, then one JSON object.
+SUPERVISOR_EVENT = "dtrain-supervisor "
+# The readiness check's exit code (launch/node/run.sh --ready, which gets it as --ready-code):
+# a node's sshd did not answer; the launcher names the node.
+READY_FAILED = 97
 
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.
 NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"

@@ -284,7 +284,7 @@ def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
 def build(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
           say: Callable[[str], None] = print) -> list[BuildResult]:
     """Build the selected variants one after the other; print a summary table."""
-    from dtrain.launch.infra import engine
+    from dtrain import engine
 
     try:
         images = select(load_all(families), tag, all_variants)

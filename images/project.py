@@ -27,7 +27,7 @@ import yaml
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion
 
 from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
                                  torch_wheel_present)
@@ -430,7 +430,7 @@ def build_argv(p: ProjectPlan, opts: BuildOptions, *, docker: str, dockerfile_pa
 def build(directory: Path, from_: str | None, opts: BuildOptions,
           say: Callable[[str], None] = print) -> str:
     """Build the project image; returns its reference."""
-    from dtrain.launch.infra import engine
+    from dtrain import engine
 
     p = plan(directory, from_, wheelhouse=opts.wheelhouse)
     for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):

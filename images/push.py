@@ -176,7 +176,7 @@ def parse_push_digest(output: str) -> str | None:
 
 def _engine_trusts_plain_http(registry: str) -> bool:
     """The engine lists this registry under insecure-registries (e.g. the local cluster's)."""
-    from dtrain.launch.infra.engine import registry_trusted
+    from dtrain.engine import registry_trusted
 
     return registry_trusted(registry)
 

@@ -103,7 +103,7 @@ def _labels(img: Image) -> dict[str, str]:
         "org.opencontainers.image.vendor": "dtrain",
         "org.opencontainers.image.licenses": "Apache-2.0",
         "dtrain.family": img.family,
-        "dtrain.kind": v.kind,
+        contract.LABEL_KIND: v.kind,
         "dtrain.os": v.os,
         contract.LABEL_SSH_PORT: str(contract.SSH_PORT),
         contract.LABEL_OPENMPI_MAJOR: "4",

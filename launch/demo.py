@@ -11,12 +11,13 @@ import time
 from dtrain.images import build as b
 from dtrain.images import push as p
 from dtrain.images.spec import load_all
-from dtrain.launch.infra import cluster, engine
+from dtrain import contract, engine
+from dtrain.launch.infra import cluster
 from dtrain.launch.jobs.hosts import parse_hostfile
 from dtrain.launch.jobs.job import Job, JobSpec
 
 FAMILY = "horovod-tensorflow"
-TRAIN = ("python", "/opt/dtrain/node/examples/hvd_tf_synthetic.py", "--epochs", "3")
+TRAIN = ("python", f"{contract.EXAMPLES}/hvd_tf_synthetic.py", "--epochs", "3")
 
 
 def say(msg: str) -> None:

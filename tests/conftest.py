@@ -27,7 +27,7 @@ def dtrain_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def engine():
-    from dtrain.launch.infra import engine as e
+    from dtrain import engine as e
 
     e.ensure_all()
     return e

@@ -195,7 +195,7 @@ def test_cpu_images_are_cpu_builds_within_their_size_budget(cpu_images, tmp_path
     """The build-time CPU check passes in the real images and fails there for a CUDA torch
     (a stub `torch` with version.cuda set, first on PYTHONPATH); every size is in budget."""
     from dtrain.images.spec import load_all, size_over_budget
-    from dtrain.launch.infra import engine
+    from dtrain import engine
 
     for img in (i for i in load_all() if not i.gpu):
         r = cpu_images[img.family]

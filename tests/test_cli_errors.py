@@ -110,7 +110,7 @@ def test_engine_errors_are_user_errors(capsys):
     """A failing host set-up step (here: a program that fails, one that is missing) is an
     EngineError, which the tasks print as one line with exit code 2."""
     import tasks
-    from dtrain.launch.infra import engine
+    from dtrain import engine
 
     for argv in (["false"], ["/nonexistent/dtrain-apt-get", "install"]):
         with pytest.raises(SystemExit) as exc, tasks.user_errors():
@@ -201,7 +201,8 @@ BINARY = bytes(range(256)) * 4
 
 
 def _flag(param: str) -> str:
-    return "--" + param.rstrip("_").replace("_", "-")
+    name = param.rstrip("_").replace("_", "-")
+    return ("-" if len(name) == 1 else "--") + name
 
 
 def _fuzz_cases() -> list[tuple[str, str, str]]:
@@ -349,7 +350,7 @@ def test_env_names_are_one_rule():
     from dtrain import values
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs import commands
-    from dtrain.launch.other_tools import sagemaker as sm
+    from dtrain.launch.jobs import sagemaker as sm
 
     for name in ("1BAD", "A B", "", "$(id)", "A-B", "É"):
         assert not values.env_name(name)

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from dtrain.launch.infra import engine
+from dtrain import engine
 
 pytestmark = pytest.mark.docker
 

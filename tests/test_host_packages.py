@@ -15,11 +15,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
-from dtrain.launch.infra import cluster, engine
+from dtrain import engine
+from dtrain.launch.infra import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = sorted([*ROOT.glob("tests/*.py"), *ROOT.glob("bench/*.py"), ROOT / "launch/demo.py",

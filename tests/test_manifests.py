@@ -13,7 +13,6 @@ from dtrain.launch.jobs import commands
 from dtrain.launch.other_tools import k8s_schema
 from dtrain.launch.other_tools import manifests as m
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
 
 HVD = "registry.example.com/dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu-py311-debian12"
 DDP = "registry.example.com/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"

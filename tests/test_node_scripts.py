@@ -20,7 +20,7 @@ from dtrain.launch.jobs.launchers import env_file
 NODE = contract.NODE_SCRIPTS
 LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
 LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "
-          f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR}\n")
+          f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR} SUPERVISOR_EVENT='{contract.SUPERVISOR_EVENT}'\n")
 
 
 def host(call: str, *args: str, fake: str = "", stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
@@ -301,20 +301,22 @@ def test_node_programs_refuse_a_bad_job_directory(tmp_path, rel):
 
 
 def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
-    """attach: supervise.py and the plan from stdin, then exec ARGV with the rest of stdin (its
-    end stops a foreground job); detach: ARGV returns at once, the first events are printed."""
+    """attach: supervise.py, the plan and the builders from stdin, then exec ARGV with the rest
+    of stdin (its end stops a foreground job); detach: ARGV returns at once, the first events
+    are printed."""
     d = tmp_path / "job"
     d.mkdir()
     r = host('supervise "$@"', str(d), "attach", "sh", "-c", 'cat; echo " argv=$1"', "x", "1 2",
-             stdin="SUP\0{\"plan\": 1}\0rest of stdin")
+             stdin="SUP\0{\"plan\": 1}\0{\"dtrain/x.py\": \"\"}\0rest of stdin")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "rest of stdin argv=1 2\n"
     assert (d / "supervise.py").read_text() == "SUP" and (d / "plan.json").read_text() == '{"plan": 1}'
+    assert (d / "builders.json").read_text() == '{"dtrain/x.py": ""}'
     assert oct((d / "plan.json").stat().st_mode & 0o777) == "0o600"
     started = ('(sleep 0.3; echo \'dtrain-supervisor {"event": "running", "attempt": 0}\' >> "$1/output.log") '
                '>/dev/null 2>&1 &')
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin="SUP\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin="SUP\0{}\0{}\0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith('dtrain-supervisor {"event": "running"'), r.stdout
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin="SUP\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin="SUP\0{}\0{}\0")
     assert r.returncode == 97  # the readiness check's code, for the launcher to name the node

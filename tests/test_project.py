@@ -301,7 +301,7 @@ def test_project_build_ends_with_an_import_check(cpu_images, ca_bundle, tmp_path
     fails the build with one line naming it and the fix, not every rank at run time; a
     torchvision requirement whose wheel is not beside the image's torch fails before building."""
     from dtrain.images.build import BuildOptions
-    from dtrain.launch.infra import engine
+    from dtrain import engine
 
     wheels = Path("/opt/wheels")
     good = tmp_path / "good-proj"

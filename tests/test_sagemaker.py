@@ -18,7 +18,7 @@ import pytest
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands
 from dtrain.launch.jobs.hosts import Node
-from dtrain.launch.other_tools import sagemaker as sm
+from dtrain.launch.jobs import sagemaker as sm
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"

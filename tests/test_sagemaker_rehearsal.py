@@ -3,7 +3,7 @@
 Each node starts its container as SageMaker starts one (`docker run --network host ... IMAGE
 train`) with SageMaker's /opt/ml tree mounted: input/config/resourceconfig.json (hosts algo-1,
 algo-2; this node's current_host; the NIC), hyperparameters.json as `invoke sagemaker run`
-writes them (launch.other_tools.sagemaker.hyperparameters), the `dtrain` channel with the job
+writes them (launch.jobs.sagemaker.hyperparameters), the `dtrain` channel with the job
 key (mode 0644, as a downloaded S3 object), a `code` channel, model/ and output/. algo-N resolve
 through --add-host. The job must complete on both and leave the model on the first host only.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.launch.other_tools import sagemaker
+from dtrain.launch.jobs import sagemaker
 
 pytestmark = pytest.mark.cluster
 

@@ -1,20 +1,25 @@
-"""The job supervisor's pure parts (launch/node/supervise.py runs in the first container, with
-the standard library only): the launcher command narrowed to the surviving nodes must be what
-dtrain's own builders make for those nodes, and the restart decisions."""
+"""The job supervisor (launch/node/supervise.py runs in the first container, with the standard
+library and the launcher's dtrain builders): an attempt on the surviving nodes runs what the
+launcher's own builder makes for those nodes, and the restart decisions."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
 from dtrain import ROOT
-from dtrain.launch.jobs import commands as c
+from dtrain.launch.jobs import supervision
 from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.job import JobSpec, NodeFacts
+from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
 from dtrain.launch.jobs.supervision import EVENT
 
 _spec = importlib.util.spec_from_file_location("supervise", ROOT / "launch" / "node" / "supervise.py")
@@ -26,26 +31,47 @@ PLAN_NODES = [{"address": n.host, "hostname": f"node-{i + 1}", "slots": n.slots}
 CMD = ["python", "train.py", "-np", "9", "-H", "x:1", "--nnodes", "7"]  # the user's own look-alike flags stay
 
 
+FACTS = [NodeFacts(n, n.host, f"node-{i + 1}", "ens5" if i != 2 else "eth0", 0, (), "", network="10.0.0.0/24")
+         for i, n in enumerate(NODES)]
+
+
+def _supervisor_argvs(tmp_path, plan: dict, keep: list[int], attempt: int = 1) -> list[list[str]]:
+    """What the supervisor runs for an attempt on the nodes `keep` (its processes not started)."""
+    sup = sv.Supervisor(plan, tmp_path)
+    ran: list[list[str]] = []
+    sup._spawn = lambda argv, env, prefix="": ran.append(argv)
+    sup.remote = lambda node, line, **kw: shlex.split(line.split(" && exec ", 1)[1])
+    sup.start([plan["nodes"][i] for i in keep], attempt)
+    return ran
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "torchrun"])
 @pytest.mark.parametrize("keep", [[0, 1, 2], [0, 2], [0, 1], [0]])
-def test_mpirun_narrowed_to_survivors_is_what_the_builder_makes_for_them(keep):
-    full = c.mpirun_argv(NODES, CMD, iface="ens5", env={"A": "1"})
-    want = c.mpirun_argv([NODES[i] for i in keep], CMD, iface="ens5", env={"A": "1"})
-    assert sv.mpi_argv(full, [PLAN_NODES[i] for i in keep]) == want
-
-
-@pytest.mark.parametrize("keep", [[0, 2], [0]])
-def test_horovodrun_narrowed_to_survivors_is_what_the_builder_makes_for_them(keep):
-    full = c.horovodrun_argv(NODES, CMD, iface="ens5")
-    assert sv.mpi_argv(full, [PLAN_NODES[i] for i in keep]) == c.horovodrun_argv(
-        [NODES[i] for i in keep], CMD, iface="ens5")
-
-
-@pytest.mark.parametrize("rdzv", ["static", "c10d"])
-def test_torchrun_renumbered_for_survivors_is_what_the_builder_makes_for_them(rdzv):
-    full = [c.torchrun_argv(3, i, n.slots, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j") for i, n in enumerate(NODES)]
-    # node-2 lost: node-3 becomes node rank 1 of 2
-    assert sv.torchrun_argv(full[2], 2, 1) == c.torchrun_argv(2, 1, 4, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j")
-    assert sv.torchrun_argv(full[0], 2, 0) == c.torchrun_argv(2, 0, 2, "10.0.0.1", 29500, CMD, rdzv=rdzv, job_id="j")
+def test_a_restart_on_fewer_nodes_runs_what_the_launchers_builder_makes_for_them(tmp_path, launcher, keep):
+    """One author of the launch command: the supervisor's attempt on the nodes left is exactly
+    the launcher's own command for those nodes (mpirun's -np/-H, torchrun's --nnodes and
+    node ranks; the user's look-alike flags untouched)."""
+    spec = JobSpec(image="i", command=tuple(CMD), launcher=launcher, name="j", env={"TOKEN": "s3cret"},
+                   checkpoint_dir="/ckpt", extra_mca=(("btl_tcp_links", "4"),), rdzv="c10d")
+    same_nic = [replace(f, iface="ens5") for f in FACTS]
+    facts = same_nic if launcher == "horovodrun" else FACTS
+    subnet = None if launcher == "horovodrun" else "10.0.0.0/24"
+    prefix = ["bash", "-c", "run.sh", "--"] if launcher == "torchrun" else []
+    plan = supervision.plan(launch_command(spec, 5, subnet), plan_nodes(facts), ssh=["ssh"],
+                            policy=supervision.Policy(min_nodes=1), node_prefix=prefix)
+    plan = json.loads(json.dumps(plan))  # as the supervisor reads it
+    left = [facts[i] for i in keep]
+    builder = LAUNCHERS[launcher]
+    if launcher == "torchrun":
+        want = [[*prefix, *builder.argv(spec, left, r, f.iface, 5, subnet)] for r, f in enumerate(left)]
+    else:
+        want = [builder.argv(spec, left, 0, left[0].iface, 5, subnet)]
+    got = _supervisor_argvs(tmp_path, plan, keep)
+    assert got == want
+    assert "s3cret" not in json.dumps(plan) + str(got)  # --env values travel by file, never argv
+    if launcher == "mpirun":
+        assert got[0][got[0].index("-H") + 1] == ",".join(f"{f.address}:{f.node.slots}" for f in left)
+        assert got[0][-len(CMD):] == CMD
 
 
 def test_rank_map_follows_slots_in_node_order():
@@ -102,17 +128,28 @@ def test_render_gives_torchrun_lines_global_ranks():
     assert r.exit_code == 1
 
 
+def _supervisor_env(tmp_path) -> dict:
+    """PATH with an `mpirun` that runs the user's command (the words from `sh` on) itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "mpirun").write_text('#!/bin/sh\nwhile [ "$1" != sh ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "mpirun").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def _run_supervisor(tmp_path, plan: dict, **kw) -> subprocess.CompletedProcess:
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     return subprocess.run([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
-                          capture_output=True, text=True, **kw)
+                          capture_output=True, text=True, env=_supervisor_env(tmp_path), **kw)
 
 
 def _plan(argv: list[str], **extra) -> dict:
     # keep_containers: no teardown (it would signal pid 1); interval: no health probe of this machine
-    return {"job": "t", "launcher": "mpirun", "nodes": [{"address": "10.0.0.1", "hostname": "node-1", "slots": 1}],
-            "argv": [*argv, "-np", "1", "-H", "x:1"], "node_argv": [], "env": {}, "ssh": [], "max_restarts": 2,
-            "min_nodes": 1, "interval": 600, "lost_after": 2, "attached": False, "keep_containers": True, **extra}
+    nodes = [{"address": "10.0.0.1", "hostname": "node-1", "slots": 1, "iface": "lo"}]
+    run = launch_command(JobSpec(image="i", command=tuple(argv), name="t"))
+    plan = supervision.plan(run, nodes, ssh=[], policy=supervision.Policy(max_restarts=2, interval=600),
+                            attached=False)
+    return {**plan, "keep_containers": True, **extra}
 
 
 def test_a_full_disk_ends_the_job_naming_the_node_and_the_file(tmp_path):
@@ -138,7 +175,7 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     t0 = time.monotonic()
     with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_supervisor_env(tmp_path)) as p:
         for _ in range(4):  # a launcher that beats keeps the job
             time.sleep(1)
             p.stdin.write("\n")
@@ -166,3 +203,20 @@ def test_the_command_starts_in_the_jobs_code_where_it_exists_else_where_the_supe
     assert sv.WORKDIR == contract.WORKDIR
     assert sv.start_dir("/", workdir=str(tmp_path)) == str(tmp_path)
     assert sv.start_dir("/opt/app", workdir=str(tmp_path / "absent")) == "/opt/app"
+
+
+def test_on_a_node_the_supervisor_imports_the_launchers_builders_sent_beside_it(tmp_path):
+    """In the container no dtrain is installed (or an older one is): the supervisor runs on the
+    builders the launcher sent (builders.json), with a Python that has nothing but the standard
+    library (-I -S: no site-packages, no user paths)."""
+    import shutil
+
+    shutil.copy(ROOT / "launch" / "node" / "supervise.py", tmp_path / "supervise.py")
+    (tmp_path / "builders.json").write_text(json.dumps(supervision.builder_files()))
+    (tmp_path / "plan.json").write_text(json.dumps(_plan(["sh", "-c", "echo rank says hi", "sh"])))
+    r = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "supervise.py"), str(tmp_path / "plan.json")],
+                       capture_output=True, text=True, env=_supervisor_env(tmp_path), timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rank says hi" in r.stdout and '"event": "succeeded"' in r.stdout, r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "builders.json", "output.log", "plan.json",
+                                                          "state.json", "supervise.py"]  # nothing unpacked here

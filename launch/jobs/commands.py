@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
@@ -294,8 +295,8 @@ def ray_env(iface: str) -> dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
 
 
-# In the image (COPY launch/node/ /opt/dtrain/node/).
-RAY_WAIT_SCRIPT = "/opt/dtrain/node/ray_wait.py"
+# In the image (COPY launch/node/ to contract.NODE_DIR).
+RAY_WAIT_SCRIPT = f"{contract.NODE_DIR}/ray_wait.py"
 
 
 def ray_wait_argv(head_address: str, nodes: int, timeout: float) -> list[str]:
@@ -311,6 +312,93 @@ def ray_job_argv(head_address: str, command: Sequence[str]) -> list[str]:
     Train's TorchTrainer join it (run in the head's container)."""
     _check_command(command, "ray_job_argv")
     return ["env", f"RAY_ADDRESS={head_address}", *command]
+
+
+# --- one attempt: the launcher command for the nodes a job has now ---------------------------
+
+# ssh inside the first container: the readiness check opens one master connection per node
+# and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
+CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
+                     "-o", "ControlPersist=600", *contract.ssh_keepalive_opts())  # keepalives: a lost link ends it
+
+# Open MPI settings every mpirun gets unless --mca sets them: the first container starts every
+# node's daemon over the connections the ready step left; two TCP connections per peer for MPI
+# traffic (EC2 caps one flow at 5 Gbit/s outside a cluster placement group; on the simulated
+# cluster the CPU allreduce's busbw went from 0.53 to 0.99 of raw TCP, docs/benchmarks.md).
+MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
+
+# Every rank of every attempt: which attempt it is (0 first; a checkpoint contract variable).
+RESTART_VAR = "DTRAIN_RESTART"
+
+
+def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """MPI_DEFAULTS less the keys the user's --mca sets."""
+    given = {k for k, _ in extra}
+    return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """What the launcher command of a job is made of, apart from its nodes: made once by the
+    launcher (launch/jobs/launchers.py), written into the supervisor's plan, and given to
+    attempt_argv with the nodes of each attempt, on the launcher and in the supervisor alike.
+    No --env value is in it: only names (the values come from each node's 0600 file)."""
+
+    launcher: str  # mpirun | horovodrun | torchrun
+    command: tuple[str, ...]
+    env_names: tuple[str, ...] = ()  # the job's --env names
+    forward: tuple[str, ...] = ()  # more names every rank gets from the launcher command's environment
+    # non-secret values every rank gets (DTRAIN_CHECKPOINT_DIR): mpirun and horovodrun take them
+    # from their own environment (the supervisor's: launcher_env), torchrun from its argv
+    extra_env: tuple[tuple[str, str], ...] = ()
+    mca: tuple[tuple[str, str], ...] = ()  # the user's --mca
+    ompi: int = 4  # Open MPI's major version in the image
+    subnet: str | None = None  # where nodes name their NICs differently (tcp_include)
+    master_port: int = 29500
+    rdzv: str = "static"
+    job: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (list(map(list, v)) if k in ("extra_env", "mca") else list(v) if isinstance(v, tuple) else v)
+                for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchCommand:
+        pairs = ("extra_env", "mca")
+        return cls(**{k: (tuple(tuple(p) for p in v) if k in pairs else tuple(v) if isinstance(v, list) else v)
+                      for k, v in data.items()})
+
+
+def attempt_argv(run: LaunchCommand, nodes: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The launcher command of one attempt on `nodes` ({address, slots, iface} in rank order):
+    [argv] run in the first node's container (mpirun, horovodrun; its -np/-H from nodes), or one
+    argv per node, run in that node's container (torchrun: --nnodes and --node_rank from nodes,
+    NCCL/Gloo on that node's NIC). The one author of the command: the launch and every restart
+    of the supervisor (launch/node/supervise.py) call it, each with the nodes it has."""
+    if not nodes:
+        raise ValueError("attempt_argv: no nodes")
+    peers = [Node(str(n["address"]), int(n["slots"])) for n in nodes]
+    extra = [k for k, _ in run.extra_env]
+    if run.launcher == "mpirun":
+        kw: dict[str, Any] = dict(
+            iface=nodes[0]["iface"], env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
+            forward=[*run.forward, RESTART_VAR, *extra], ompi_major=run.ompi,
+            ssh_options=CONTAINER_SSH_MUX, extra_mca=[*mpi_defaults(run.mca), *run.mca])
+        argv = (mpirun_argv(peers, list(run.command), **kw) if run.subnet is None
+                else mpirun_mixed_argv(peers, list(run.command), subnet=run.subnet, **kw))
+        return [[argv[0], "--tag-output", *argv[1:]]]
+    if run.launcher == "horovodrun":  # horovodrun forwards its whole environment (extra_env too)
+        return [horovodrun_argv(peers, list(run.command), iface=nodes[0]["iface"], ssh_port=contract.SSH_PORT,
+                                env_names=[*run.env_names, *extra])]
+    if run.launcher == "torchrun":
+        out = []
+        for rank, n in enumerate(nodes):
+            t = torchrun_argv(len(nodes), rank, int(n["slots"]), str(nodes[0]["address"]), run.master_port,
+                              list(run.command), rdzv=run.rdzv, job_id=run.job)
+            env = {**torchrun_env(str(n["iface"])), **dict(run.extra_env)}
+            out.append(["env", *(f"{k}={v}" for k, v in env.items()), t[0], "--tee", "3", *t[1:]])
+        return out
+    raise ValueError(f"attempt_argv: no supervised launcher {run.launcher!r}")
 
 
 # --- env files -----------------------------------------------------------------------------
@@ -509,7 +597,7 @@ def check_same_iface(per_node: Mapping[str, str]) -> str:
 # In every image (templates/Dockerfile.j2 copies launch/node/ to /opt/dtrain/node/): sources
 # the node's own env file (node_env_text, written by the launch into the job's key directory,
 # mounted at JOB_KEY_MOUNT), then runs the rank's command.
-NODE_ENV_WRAPPER = "/opt/dtrain/node/node_env.sh"
+NODE_ENV_WRAPPER = f"{contract.NODE_DIR}/node_env.sh"
 NODE_ENV_FILE = "node.env"  # in the job's key directory
 
 

@@ -43,7 +43,7 @@ from dtrain.launch.jobs import commands, node_programs, store, supervision
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.jobs.hosts import Node
-from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file
+from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import pull_on_nodes, resolve_digest
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
@@ -51,7 +51,7 @@ from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's 
 from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F401
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
-READY_FAILED = 97  # exit code of the readiness check inside the job command (launch/node/run.sh)
+READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
                       r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
 
@@ -111,6 +111,25 @@ class Started:
     image_id: str
     ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
     subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the prepare step found (Job.prepare): the job's directory on every node, which nodes
+    hold the image already, and the registry's answers asked once for every later step."""
+
+    node_dir: str = ""  # absolute, the same on every node; "" where no prepare ran (doctor)
+    held: dict[str, str] = field(default_factory=dict)  # host -> image ID of the nodes that hold it
+    login: Login | None = None  # the registry login (ECR); None: asked by the start step
+    digest: str = ""  # the registry's digest of the image (--pull always); "" unknown
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What the pull step leaves to the start step: its pull policy (`missing` once the image
+    was pulled here first: a node whose pull failed but holds an image of that name uses it)."""
+
+    policy: str
 
 
 class StartFailed(LaunchError):
@@ -234,7 +253,8 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
     if fill_hosts:
         opts += ["--fill-hosts"]
     if ready:
-        opts += ["--ready", str(int(spec.ready_timeout)), "--port", str(contract.SSH_PORT)]
+        opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED),
+                 "--port", str(contract.SSH_PORT)]
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
@@ -252,9 +272,7 @@ def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 
 
 def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
     """torchrun on node `rank`: `docker exec` of it in that node's container (/etc/hosts filled)."""
-    launcher = LAUNCHERS["torchrun"]
-    return run_argv(spec, facts, launcher.argv(spec, facts, rank, iface), ready=False, fill_hosts=True,
-                    exec_env=launcher.exec_env(iface))
+    return run_argv(spec, facts, LAUNCHERS["torchrun"].argv(spec, facts, rank, iface), ready=False, fill_hosts=True)
 
 
 # ---------------------------------------------------------------- the start on nodes
@@ -353,8 +371,16 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
 
 
 class Job:
-    """One launch. `run()` returns the job's exit code; it always tears down. What it keeps
-    is what teardown needs (the transport, the nodes that may hold a container, the key)."""
+    """One launch: `run()` drives the stages, each taking what the earlier ones returned:
+
+        prepare(workdir) -> Prepared       the job's directory, the image held where, the login
+        pull(prepared) -> Pulled           the image onto the nodes that lack it
+        up(prepared, pulled) -> Started    a container on every node, their facts
+        run_supervised(started, prepared, ompi) -> exit code   (or _run_ray)
+        teardown()                         whatever the stages left on a node
+
+    It returns the job's exit code and always tears down. What it keeps is only what teardown
+    needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
 
     def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print):
         if not nodes:
@@ -371,23 +397,18 @@ class Job:
         self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"
         self._lock: int | None = None  # the launcher's lock of the name (store.take_launch_lock)
         self.ssh = SshTransport(nodes, self.spec.ssh_opts)
-        self.started: list[Node] = []  # nodes where a container may exist
+        # for teardown: where this launch may have left something, set by the step that left it
+        self.started: list[Node] = []  # nodes where a container or the job's directory may exist
         self.keydir: Path | None = None
         self._sessions: Fanout | None = None  # the nodes' launch sessions (up())
-        self.subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
         self._watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
         self._closing = False
         self._out_lock = threading.Lock()
         self._log = None
-        self.node_dir = ""  # the job's directory on every node (absolute; prepare())
         self.detached = False
         self._timed_out = False
-        self._login: Login | None = None  # the registry login (ECR), asked for once (_image_question())
-        self._up_pull: str = self.spec.pull  # the start step's policy; pull() narrows it
-        self._digest = ""  # the registry's digest of the image (--pull always), resolved once
-        self._held: dict[str, str] = {}  # host -> image ID: nodes that hold the image already (prepare)
 
     def _emit(self, line: str) -> None:
         with self._out_lock:
@@ -407,21 +428,22 @@ class Job:
 
     # -- steps
 
-    def up(self) -> Started:
-        """start_on_nodes for this job (launch and doctor): a fresh key pair, the containers on
-        every node; then a watcher ends the job if a node's sshd never comes up."""
+    def up(self, prepared: Prepared = Prepared(), pulled: Pulled | None = None) -> Started:
+        """start_on_nodes for this job (launch; doctor without the steps before): a fresh key
+        pair, the containers on every node; then a watcher ends the job if a node's sshd never
+        comes up."""
         private, public = self._keypair()
         self.started = list(self.nodes)
+        policy = pulled.policy if pulled else self.spec.pull
         try:
-            started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=self._up_pull), self.nodes,
+            started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
                                                      public, private + env_file(self.spec.env), self.say,
-                                                     self.node_dir, self._login)
+                                                     prepared.node_dir, prepared.login)
         except StartFailed as e:
             self.started = e.started
             raise
         self._watch = threading.Thread(target=self._watch_up, name="dtrain-up", daemon=True)
         self._watch.start()
-        self.subnet = started.subnet
         if started.subnet is not None:
             self._write_node_env(started.facts)
         return started
@@ -505,7 +527,7 @@ class Job:
                 stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
                 self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
 
-    def pull(self) -> None:
+    def pull(self, prepared: Prepared) -> Pulled:
         """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
         and rate while it pulls, then one summary line naming the slowest node; nothing pulled,
         and no session opened, where prepare found the image held (the registry's digest, for
@@ -513,36 +535,39 @@ class Job:
         (a failed pull here, a local image there: it is used, with the warning below; no image:
         the start step's error names the node)."""
         if self.spec.pull == "never":
-            return
+            return Pulled(self.spec.pull)
         tty = self.say is print and sys.stdout.isatty()
         out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
         try:
             pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
-                          login=self._login, digest=self._digest, show_present=False,  # "": not asked again
-                          held=self._held)
+                          login=prepared.login, digest=prepared.digest, show_present=False,  # "": not asked again
+                          held=prepared.held)
         except LaunchError as e:
             self.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
-        self._up_pull = "missing"
+        return Pulled("missing")
 
-    def _image_question(self) -> tuple[str, ...]:
-        """What prepare asks every node about the image (host/holds.sh): IMAGE POLICY DIGEST,
-        the registry login and (--pull always) its digest fetched here once first; () for never."""
+    def _registry(self) -> tuple[Login | None, str]:
+        """What the registry says once for every step: its login and (--pull always) the
+        image's digest; (None, "") for --pull never."""
         if self.spec.pull == "never":
-            return ()
-        login = self._login = login_for(self.spec.image)
+            return None, ""
+        login = login_for(self.spec.image)
+        digest = ""
         if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
-            self._digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
-                                          password=login.password if login.registry else None, timeout=3) or ""
-        return (self.spec.image, self.spec.pull, self._digest)
+            digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
+                                    password=login.password if login.registry else None, timeout=3) or ""
+        return login, digest
 
-    def prepare(self, wd: wdir.Workdir | None) -> None:
+    def prepare(self, wd: wdir.Workdir | None) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
         another launch holds it refuses, changing nothing), the job's directory on every node
         (~/.dtrain/node-jobs/<job>, made anew, with the node watchdog's program), then the
         workdir, sent to every node at once.
         The same round asks each node whether it holds the image already (pull())."""
         watch = contract.node_script("watch.sh")
-        question = self._image_question()
+        login, digest = self._registry()
+        # what each node is asked about the image (host/holds.sh): IMAGE POLICY DIGEST
+        question = () if login is None else (self.spec.image, self.spec.pull, digest)
         # First on each node its lock of the name (refused: exit 3, nothing changed there).
         argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), self.owner, *question)
         results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120)
@@ -557,44 +582,36 @@ class Job:
                 for r in locked))
         raise_on_failure(results, "preparing the job's directory")
         dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
-        self._held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
-                      if line.startswith("held sha256:")}
+        held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
+                if line.startswith("held sha256:")}
         if len(set(dirs.values())) > 1:
             raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
                               + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
-        self.node_dir = next(iter(dirs.values()))
         if wd is not None:
             wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
+        return Prepared(next(iter(dirs.values())), held, login, digest)
 
-    def plan(self, facts: Sequence[NodeFacts], ompi: int) -> dict:
-        """What the supervisor runs: this job's launcher command for every node (the builders'),
-        narrowed by the supervisor to the nodes left after a loss. Every command goes through
-        launch/node/run.sh in its container: the job's --env values from its file."""
-        spec = self.spec
-        nodes = [{"address": f.address, "hostname": f.hostname, "slots": f.node.slots} for f in facts]
-        extra = {"DTRAIN_CHECKPOINT_DIR": spec.checkpoint_dir} if spec.checkpoint_dir else {}
-        policy = supervision.Policy(spec.max_restarts, spec.min_nodes or len(nodes), spec.health_interval)
-        common = dict(ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy, attached=not spec.detach,
-                      node_dir=self.node_dir)
-        if self.launcher.per_node:  # torchrun: each node's own NIC
-            node_argv = []
-            for i, f in enumerate(facts):
-                env = {**self.launcher.exec_env(f.iface), **extra}
-                cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *self.launcher.argv(spec, facts, i, f.iface)]
-                node_argv.append(run_argv(spec, facts, cmd, ready=False, fill_hosts=True)[3:])
-            return supervision.plan(spec.name, spec.launcher, nodes, node_argv=node_argv, **common)
-        argv = self.launcher.argv(replace(spec, forward=(*spec.forward, "DTRAIN_RESTART", *extra)), facts, 0,
-                                  facts[0].iface, ompi, subnet=self.subnet)
-        return supervision.plan(spec.name, spec.launcher, nodes, argv=argv, env=extra, **common)
+    def plan(self, started: Started, node_dir: str, ompi: int) -> dict:
+        """What the supervisor runs (plan.json): the launcher command apart from its nodes and
+        the nodes; it builds each attempt's command from them (commands.attempt_argv), the first
+        one as job_argv does here. A per-node command (torchrun) runs in its container through
+        launch/node/run.sh: the job's --env values from its file."""
+        spec, facts = self.spec, started.facts
+        policy = supervision.Policy(spec.max_restarts, spec.min_nodes or len(facts), spec.health_interval)
+        prefix = run_argv(spec, facts, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
+        return supervision.plan(launch_command(spec, ompi, started.subnet), plan_nodes(facts),
+                                ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy,
+                                attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
-    def run_supervised(self, facts: Sequence[NodeFacts], ompi: int) -> int:
+    def run_supervised(self, started: Started, node_dir: str, ompi: int) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
         by launch/node/host/supervise.sh): attached, its output streams here until it ends;
         detached (--detach), this returns once the job runs, and the nodes supervise it alone."""
+        facts = started.facts
         first = facts[0]
-        plan = self.plan(facts, ompi)
+        plan = self.plan(started, node_dir, ompi)
         store.record(self.spec.name, state="running", ranks=rank_nodes(facts), first=first.node.host)
-        shown = plan["argv"] or self.launcher.argv(self.spec, facts, 0, first.iface)
+        shown = commands.attempt_argv(commands.LaunchCommand.from_json(plan["run"]), plan["nodes"])[0]
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {self.spec.max_restarts} restart(s) on at least {plan['min_nodes']} node(s))"
                     if self.spec.max_restarts else "") + f": {shlex.join(shown)}")
@@ -608,8 +625,9 @@ class Job:
         if not self.spec.detach:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(
-            "supervise", self.node_dir, "detach" if self.spec.detach else "attach", *inner))
-        payload = contract.node_script("supervise.py") + "\0" + json.dumps(plan) + "\0"
+            "supervise", node_dir, "detach" if self.spec.detach else "attach", *inner))
+        payload = "".join(part + "\0" for part in (contract.node_script("supervise.py"), json.dumps(plan),
+                                                   json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
         assert proc.stdin and proc.stdout
@@ -694,14 +712,14 @@ class Job:
                 shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
             self.ssh.close()
 
-    def _job(self, facts: Sequence[NodeFacts], ompi: int) -> int:
+    def _job(self, started: Started, node_dir: str, ompi: int) -> int:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
             if self.launcher.name == "ray":
-                code = self._run_ray(facts, facts[0].iface)
+                code = self._run_ray(started.facts, started.facts[0].iface)
             else:
-                code = self.run_supervised(facts, ompi)
+                code = self.run_supervised(started, node_dir, ompi)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -727,15 +745,15 @@ class Job:
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()
         try:
-            self.prepare(wd)
-            store.record(self.spec.name, node_dir=self.node_dir)
-            self.pull()
-            started = self.up()
+            prepared = self.prepare(wd)
+            store.record(self.spec.name, node_dir=prepared.node_dir)
+            pulled = self.pull(prepared)
+            started = self.up(prepared, pulled)
             ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started.facts, ompi)
+            code = self._job(started, prepared.node_dir, ompi)
             if self.detached:
                 store.record(self.spec.name, state="detached")
                 return 0

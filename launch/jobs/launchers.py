@@ -6,7 +6,8 @@ and the nodes' facts in, the command to run in a node's container out.
                (mpirun, horovodrun); True: one command in every node's container (torchrun)
     needs_ssh  the containers' sshd must answer node to node before the command (readiness
                check), and the image's Open MPI major version matters
-    argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node)
+    argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node):
+               commands.attempt_argv, the builder the supervisor calls on a restart too
     exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
                them, from the job's env file: launch/node/run.sh)
 
@@ -20,17 +21,14 @@ import base64
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from dtrain import contract
 from dtrain.launch.jobs import commands
-from dtrain.launch.jobs.hosts import Node
 
 if TYPE_CHECKING:
     from dtrain.launch.jobs.job import JobSpec, NodeFacts
 
-# ssh inside the first container: the readiness check opens one master connection per node
-# and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
-CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
-                     "-o", "ControlPersist=600", *contract.ssh_keepalive_opts())  # keepalives: a lost link ends it
+CONTAINER_SSH_MUX = commands.CONTAINER_SSH_MUX  # the builders' (launch/jobs/commands.py)
+MPI_DEFAULTS = commands.MPI_DEFAULTS
+mpi_defaults = commands.mpi_defaults
 
 
 def env_file(env: Mapping[str, str]) -> str:
@@ -38,21 +36,18 @@ def env_file(env: Mapping[str, str]) -> str:
     return "".join(f"{k}={base64.b64encode(v.encode()).decode()}\n" for k, v in env.items())
 
 
-def _addresses(facts: Sequence[NodeFacts]) -> list[Node]:
-    return [Node(f.address, f.node.slots) for f in facts]
+def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> commands.LaunchCommand:
+    """The job's launcher command apart from its nodes (the supervisor's plan holds it)."""
+    extra = (("DTRAIN_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()
+    return commands.LaunchCommand(
+        launcher=spec.launcher, command=tuple(spec.command), env_names=tuple(spec.env), forward=tuple(spec.forward),
+        extra_env=extra, mca=tuple(spec.extra_mca), ompi=ompi, subnet=subnet, master_port=spec.master_port,
+        rdzv=spec.rdzv, job=spec.name)
 
 
-# Open MPI settings every mpirun gets unless --mca sets them: the first container starts every
-# node's daemon over the connections the ready step left; two TCP connections per peer for MPI
-# traffic (EC2 caps one flow at 5 Gbit/s outside a cluster placement group; on the simulated
-# cluster the CPU allreduce's busbw went from 0.53 to 0.99 of raw TCP, docs/benchmarks.md).
-MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
-
-
-def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """MPI_DEFAULTS less the keys the user's --mca sets."""
-    given = {k for k, _ in extra}
-    return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
+def plan_nodes(facts: Sequence[NodeFacts]) -> list[dict]:
+    """The nodes as the plan and the builders take them, in rank order."""
+    return [{"address": f.address, "hostname": f.hostname, "slots": f.node.slots, "iface": f.iface} for f in facts]
 
 
 class Mpirun:
@@ -62,15 +57,14 @@ class Mpirun:
 
     def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
              subnet: str | None = None) -> list[str]:
-        """mpirun in the first container (ompi: 5 renamed plm_rsh_args to plm_ssh_args; subnet:
-        where nodes name their NICs differently, Open MPI by subnet and each rank on its own NIC)."""
-        build = commands.mpirun_argv if subnet is None else \
-            (lambda *a, **k: commands.mpirun_mixed_argv(*a, subnet=subnet, **k))
-        argv = build(_addresses(facts), list(spec.command), iface=iface,
-                     env_names=list(spec.env), forward=list(spec.forward),
-                     ssh_port=contract.SSH_PORT, ompi_major=ompi, ssh_options=CONTAINER_SSH_MUX,
-                     extra_mca=[*mpi_defaults(spec.extra_mca), *spec.extra_mca])
-        return [argv[0], "--tag-output", *argv[1:]]
+        """The command run on node `rank` (0: the first, where mpirun and horovodrun run; ompi:
+        5 renamed plm_rsh_args to plm_ssh_args; subnet: where nodes name their NICs differently,
+        Open MPI by subnet and each rank on its own NIC). iface: the NIC the first node's
+        command names (the nodes' own, where they differ)."""
+        nodes = plan_nodes(facts)
+        nodes[rank] = {**nodes[rank], "iface": iface}
+        argvs = commands.attempt_argv(launch_command(spec, ompi, subnet), nodes)
+        return argvs[rank if self.per_node else 0]
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return {}
@@ -79,22 +73,11 @@ class Mpirun:
 class Horovodrun(Mpirun):
     name = "horovodrun"
 
-    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
-             subnet: str | None = None) -> list[str]:
-        return commands.horovodrun_argv(_addresses(facts), list(spec.command), iface=iface,
-                                        ssh_port=contract.SSH_PORT, env_names=list(spec.env))
 
-
-class Torchrun:
+class Torchrun(Mpirun):
     name = "torchrun"
     per_node = True
     needs_ssh = False
-
-    def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
-             subnet: str | None = None) -> list[str]:
-        run = commands.torchrun_argv(len(facts), rank, facts[rank].node.slots, facts[0].address, spec.master_port,
-                                     list(spec.command), rdzv=spec.rdzv, job_id=spec.name)
-        return [run[0], "--tee", "3", *run[1:]]
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return commands.torchrun_env(iface)

@@ -26,7 +26,8 @@ def host_program() -> str:
 def host_argv(step: str, *args: str) -> list[str]:
     """argv for a node's shell: run STEP (up, pull, probe, remove, doctor, prepare, supervise) of launch/node/host/."""
     return ["bash", "-c", host_program(), "dtrain-node",
-            contract.LABEL_JOB, contract.LABEL_MIN_DRIVER, contract.LABEL_OPENMPI_MAJOR, step, *args]
+            contract.LABEL_JOB, contract.LABEL_MIN_DRIVER, contract.LABEL_OPENMPI_MAJOR, contract.SUPERVISOR_EVENT,
+            step, *args]
 
 
 def container_argv(script: str, args: Sequence[str]) -> list[str]:

@@ -83,7 +83,7 @@ def registry_is_loopback(registry: str) -> bool:
 def engine_marks_insecure(registry: str) -> bool:
     """This machine's Docker engine lists registry in its insecure-registries (daemon.json, as
     the simulated cluster's 10.213.0.1:5000 is); False where there is no engine to ask."""
-    from dtrain.launch.infra.engine import EngineError, registry_trusted
+    from dtrain.engine import EngineError, registry_trusted
 
     try:
         return registry_trusted(registry)

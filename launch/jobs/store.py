@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import secrets
 import signal
 import socket

@@ -1,7 +1,8 @@
 """The launcher's side of the job supervisor (launch/node/supervise.py, in the first container).
 
-`plan` writes down what the supervisor runs: the launcher command for every node, made here
-by the command builders, the restart policy and how to reach each node's container. The
+`plan` writes down what the supervisor runs: the launcher command apart from its nodes (the
+supervisor builds each attempt's with the same builder, sent with it: builder_files), the
+nodes, the restart policy and how to reach each node's container. The
 supervisor's output is the job's own lines plus `dtrain-supervisor {json}` events; `Render`
 turns both into what a user reads (`[node-2 r3] text`, `[launch] restart 1: ...`), for a
 foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for nothing.
@@ -12,13 +13,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 from dtrain import contract
+from dtrain.launch.jobs import commands
 
-EVENT = "dtrain-supervisor "
+EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
-CONTAINER_JOB_DIR = "/dtrain-job"  # the node's job directory in every container (supervise.JOB_DIR)
+CONTAINER_JOB_DIR = contract.CONTAINER_JOB_DIR
 FINAL = ("succeeded", "failed")
 LAUNCHER_BEAT_S = 5  # an attached launcher writes a line to its supervisor's stdin this often
 LAUNCHER_SILENCE_S = 30  # the supervisor stops an attached job after this long without one
@@ -33,34 +36,46 @@ class Policy:
     lost_after: int = 2  # probes a node may miss in a row while the job runs
 
 
-def plan(job: str, launcher: str, nodes: Sequence[dict], *, argv: Sequence[str] = (),
-         node_argv: Sequence[Sequence[str]] = (), env: dict[str, str] | None = None,
-         ssh: Sequence[str], policy: Policy = Policy(), attached: bool = True,
-         prelude: Sequence[Sequence[str]] = (), node_env: dict[str, str] | None = None,
-         node_dir: str = "") -> dict:
-    """The supervisor's plan. nodes: [{address, hostname, slots}] in rank order, the first
-    being where the supervisor runs; argv (mpirun, horovodrun) or node_argv (torchrun, one per
-    node) for all of them; env: variables for the launcher command's own environment;
-    node_env: written to every node's job directory as `env` (torchrun sources it); prelude:
-    commands run once before the first attempt; node_dir: the job's directory on the first node
-    (what an error about its files names). Values travel in this file, never argv."""
-    if launcher in ("mpirun", "horovodrun") and not argv:
-        raise ValueError(f"plan: {launcher} needs argv")
-    if launcher == "torchrun" and len(node_argv) != len(nodes):
-        raise ValueError("plan: torchrun needs one argv per node")
+def plan(run: commands.LaunchCommand, nodes: Sequence[dict], *, ssh: Sequence[str], policy: Policy = Policy(),
+         attached: bool = True, node_prefix: Sequence[str] = (), node_dir: str = "") -> dict:
+    """The supervisor's plan (plan.json on the first node). run: the launcher command apart from
+    its nodes, which the supervisor builds for each attempt's nodes (commands.attempt_argv);
+    nodes: [{address, hostname, slots, iface}] in rank order, the first being where the
+    supervisor runs; node_prefix: what runs a per-node command in its container (torchrun:
+    launch/node/run.sh and its options); node_dir: the job's directory on the first node (what
+    an error about its files names). No --env value is in it: names only."""
     if policy.min_nodes > len(nodes):
         raise ValueError(f"plan: --min-nodes {policy.min_nodes} > {len(nodes)} nodes")
-    return {"job": job, "launcher": launcher, "nodes": [dict(n) for n in nodes], "argv": list(argv),
-            "node_argv": [list(a) for a in node_argv], "env": dict(env or {}), "ssh": list(ssh),
+    commands.attempt_argv(run, nodes)  # a programming mistake fails here, not on the node
+    return {"job": run.job, "launcher": run.launcher, "run": run.to_json(), "nodes": [dict(n) for n in nodes],
+            "node_prefix": list(node_prefix), "ssh": list(ssh),
             "max_restarts": policy.max_restarts, "min_nodes": policy.min_nodes,
             "interval": policy.interval, "lost_after": policy.lost_after, "attached": attached,
-            "prelude": [list(a) for a in prelude], "node_env": None if node_env is None else dict(node_env),
             "launcher_silence": LAUNCHER_SILENCE_S, "node_dir": node_dir}
 
 
+# The launcher's dtrain modules the supervisor imports (contract, values, the command builders):
+# sent beside it (builders.json), so every attempt's command is this launcher's, whatever dtrain
+# the image holds. The images carry the same set in /opt/dtrain/py (templates/Dockerfile.j2).
+BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
+                   "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
+                   "dtrain/launch/jobs/hosts.py")
+
+
+def builder_files() -> dict[str, str]:
+    """BUILDER_MODULES: {path under the import root: text}, read from this dtrain."""
+    import importlib
+
+    out = {}
+    for rel in BUILDER_MODULES:
+        name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        out[rel] = Path(importlib.import_module(name).__file__).read_text()
+    return out
+
+
 def container_ssh(mux: Sequence[str] = ()) -> list[str]:
-    """ssh argv, without host, from one container of the job to another's sshd (2022)."""
-    return ["ssh", "-p", "2022", "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+    """ssh argv, without host, from one container of the job to another's sshd (contract.SSH_PORT)."""
+    return ["ssh", "-p", str(contract.SSH_PORT), "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
             *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
 

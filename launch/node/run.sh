@@ -6,13 +6,14 @@
 #   --host ADDR NAME   a node of the job (repeat); its hostname resolves to ADDR in each container
 #   --fill-hosts       add the nodes to this container's /etc/hosts (torchrun: one per node)
 #   --ready SECONDS    ssh to every node's container at once (filling its /etc/hosts), leaving a
-#                      master connection per node that mpirun's daemon launch reuses; exits 97
-#                      naming the node whose sshd does not answer within SECONDS
+#                      master connection per node that mpirun's daemon launch reuses; exits
+#                      with --ready-code naming the node whose sshd does not answer within SECONDS
+#   --ready-code N     that exit code (dtrain/contract.py READY_FAILED)
 #   --port PORT        the containers' sshd port (--ready)
 #   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
 # then execs COMMAND.
 set -u
-READY_FAILED=97
+READY_FAILED=1
 envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -20,6 +21,7 @@ while [ $# -gt 0 ]; do
     --host) hosts+=("$2" "$3"); shift 3 ;;
     --fill-hosts) fill=1; shift ;;
     --ready) ready=$2; shift 2 ;;
+    --ready-code) READY_FAILED=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
     --) shift; break ;;

@@ -41,12 +41,13 @@ from pathlib import Path
 # that path does not exist and the installed or checked-out dtrain package is used.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "py"))
 
+from dtrain import contract  # noqa: E402
 from dtrain.launch.jobs import commands  # noqa: E402
 from dtrain.launch.jobs.hosts import Node  # noqa: E402
 
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)
-SSH_PORT = 2022
+SSH_PORT = contract.SSH_PORT
 TORCH_PORT = 29500
 SSH_OPTIONS = ("-o ConnectionAttempts=10",)
 DONE_DIR = Path("/run/dtrain-sagemaker")  # where the first host leaves mpirun's exit code

@@ -10,18 +10,20 @@ rank exits non-zero or a node is lost, stop the attempt and start the next one o
 still healthy, while at least `min_nodes` remain and `max_restarts` allow. At the end every
 node's container is stopped (its watchdog removes it and the node's job files).
 
-The plan is written by the launcher (launch/jobs/supervision.py): the launcher command for
-every node, built by dtrain's own command builders; here only -np/-H (mpirun, horovodrun) and
---nnodes/--node_rank (torchrun) change when nodes drop. Values of the job's --env come from
-its 0600 file on each node (launch/node/run.sh exports them: this program's environment, and
-torchrun's on the other nodes), never on a command line.
+The plan is written by the launcher (launch/jobs/supervision.py): the job's launcher command
+apart from its nodes (commands.LaunchCommand), the nodes, the restart policy. Each attempt's
+command comes from the same builder the launcher used (commands.attempt_argv, sent beside this
+program with the rest of the launcher's dtrain modules) for the nodes the attempt has. Values
+of the job's --env come from its 0600 file on each node (launch/node/run.sh exports them: this
+program's environment, and torchrun's on the other nodes), never on a command line.
 
 Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's events as lines
 `dtrain-supervisor {json}` (start, lost, restart, succeeded, failed), on stdout and appended
 to output.log beside the plan; the last event is also kept in state.json. Where output.log or
 state.json cannot be written (a full disk), the job ends with an error naming the node and the
 file, its output still drained. An attached job ends too when its launcher goes silent (no
-line on stdin for the plan's launcher_silence seconds: a lost link). Standard library only.
+line on stdin for the plan's launcher_silence seconds: a lost link). Standard library and
+the launcher's dtrain modules only.
 """
 
 from __future__ import annotations
@@ -37,38 +39,38 @@ import threading
 import time
 from pathlib import Path
 
-EVENT = "dtrain-supervisor "
-JOB_DIR = "/dtrain-job"  # the node's job directory, mounted in every container of the job
-WORKDIR = "/workdir"  # dtrain/contract.py WORKDIR: the job's code (--workdir), where it exists
+
+def _builders(here: Path) -> None:
+    """The launcher's own dtrain modules (contract, command builders: launch/jobs/supervision.py
+    builder_files), sent beside this program as builders.json: unpacked into the container's
+    own /tmp (gone with the container; the job's directory keeps nothing of it) and imported
+    from there. Where there is none (a test on the launcher's machine), the installed dtrain is."""
+    bundle = here / "builders.json"
+    if bundle.is_file():
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="dtrain-builders-"))
+        for rel, text in json.loads(bundle.read_text()).items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        sys.path.insert(0, str(root))
+
+
+_builders(Path(__file__).resolve().parent)
+
+from dtrain import contract  # noqa: E402
+from dtrain.launch.jobs import commands  # noqa: E402
+
+EVENT = contract.SUPERVISOR_EVENT
+JOB_DIR = contract.CONTAINER_JOB_DIR
+WORKDIR = contract.WORKDIR
 # sh: SIGKILL every process whose environment has DTRAIN_RESTART={attempt} (the attempt's ranks)
-KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "DTRAIN_RESTART={attempt}" "$p/environ" 2>/dev/null '
-                '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true')
+KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ" 2>/dev/null '
+                '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true') % commands.RESTART_VAR
 
 
-# ---------------------------------------------------------------- pure: argv for the survivors
-
-
-def _replace_after(argv: list[str], flag: str, value: str) -> list[str]:
-    """argv with the value after the first `flag` replaced (the builders put their flags before
-    the user's command, so the first one is theirs)."""
-    i = argv.index(flag)
-    return argv[:i + 1] + [value] + argv[i + 2:]
-
-
-def hosts_arg(nodes: list[dict]) -> str:
-    return ",".join(f"{n['address']}:{n['slots']}" for n in nodes)
-
-
-def mpi_argv(argv: list[str], nodes: list[dict]) -> list[str]:
-    """mpirun/horovodrun argv built for every node, narrowed to `nodes`."""
-    argv = _replace_after(argv, "-np", str(sum(n["slots"] for n in nodes)))
-    return _replace_after(argv, "-H", hosts_arg(nodes))
-
-
-def torchrun_argv(argv: list[str], nnodes: int, node_rank: int) -> list[str]:
-    """One node's torchrun argv built for the full job, for a job of nnodes where it is node_rank."""
-    argv = _replace_after(argv, "--nnodes", str(nnodes))
-    return _replace_after(argv, "--node_rank", str(node_rank)) if "--node_rank" in argv else argv
+# ---------------------------------------------------------------- pure
 
 
 def start_dir(here: str, workdir: str = WORKDIR) -> str:
@@ -171,12 +173,12 @@ class Supervisor:
             r = subprocess.run(self.remote(node, check, mux=False), stdin=subprocess.DEVNULL,
                                capture_output=True, text=True, timeout=self.plan.get("probe_timeout", 5))  # ssh's ConnectTimeout is 3
         except subprocess.TimeoutExpired:
-            return "sshd on 2022 did not answer"
+            return f"sshd on {contract.SSH_PORT} did not answer"
         if r.returncode == 1:
             return "leaving (spot notice)"
         if r.returncode != 0:
             err = (r.stderr.strip().splitlines() or ["no answer"])[-1]
-            return f"sshd on 2022 unreachable: {err}"
+            return f"sshd on {contract.SSH_PORT} unreachable: {err}"
         return ""
 
     def probe_all(self, nodes: list[dict]) -> dict[str, str]:
@@ -197,20 +199,21 @@ class Supervisor:
     # -- one attempt
 
     def start(self, nodes: list[dict], attempt: int) -> None:
-        env = {**os.environ, **self.plan.get("env", {}), "DTRAIN_RESTART": str(attempt)}
-        kind = self.plan["launcher"]
-        if kind in ("mpirun", "horovodrun"):
-            argv = mpi_argv(self.plan["argv"], nodes)
-            self.procs = [self._spawn(argv, env)]
+        """The attempt's launcher command for `nodes`, from the builders (commands.attempt_argv),
+        as the launcher made the first one."""
+        run = commands.LaunchCommand.from_json(self.plan["run"])
+        env = {**os.environ, **dict(run.extra_env), commands.RESTART_VAR: str(attempt)}
+        argvs = commands.attempt_argv(run, nodes)
+        if run.launcher in ("mpirun", "horovodrun"):
+            self.procs = [self._spawn(argvs[0], env)]
             return
         # torchrun: one per node over the job's ssh (a tty, so that ending this ssh ends the
-        # node's torchrun: it stops its workers on SIGHUP); its argv runs through run.sh there,
-        # which exports the job's --env values from that node's file.
-        index = {n["hostname"]: i for i, n in enumerate(self.nodes)}
+        # node's torchrun: it stops its workers on SIGHUP); its argv runs through run.sh there
+        # (node_prefix), which exports the job's --env values from that node's file.
         self.procs = []
-        for rank, n in enumerate(nodes):
-            argv = torchrun_argv(self.plan["node_argv"][index[n["hostname"]]], len(nodes), rank)
-            line = f"export DTRAIN_RESTART={attempt}; cd {shlex.quote(self.cwd)} && exec {shlex.join(argv)}"
+        for n, argv in zip(nodes, argvs):
+            line = (f"export {commands.RESTART_VAR}={attempt}; cd {shlex.quote(self.cwd)} && "
+                    f"exec {shlex.join([*self.plan['node_prefix'], *argv])}")
             self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n['hostname']}] "))
 
     def _spawn(self, argv: list[str], env: dict, prefix: str = "") -> subprocess.Popen:
@@ -283,39 +286,10 @@ class Supervisor:
 
     # -- the job
 
-    def prelude(self) -> int:
-        """Once, before the first attempt: the plan's prelude commands (sshd reachable on every
-        node, their /etc/hosts), then the job's environment file on every node (torchrun)."""
-        for argv in self.plan.get("prelude", []):
-            proc = self._spawn(argv, dict(os.environ))
-            code = proc.wait()
-            if code != 0:
-                return code
-        env = self.plan.get("node_env")
-        if env is not None:
-            text = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
-            for n in self.nodes:
-                if n is self.me:
-                    path = self.dir / "env"
-                    path.write_text(text)
-                    path.chmod(0o600)
-                    continue
-                r = subprocess.run(self.remote(n, f"umask 077; cat > {JOB_DIR}/env"), input=text,
-                                   capture_output=True, text=True, timeout=60)
-                if r.returncode != 0:
-                    self.emit(f"dtrain-ready: cannot write the job's environment on {n['hostname']}: "
-                              f"{r.stderr.strip()[-200:]}")
-                    return r.returncode or 1
-        return 0
-
     def run(self) -> int:
         alive = list(self.nodes)
         attempt = 0
-        code = self.prelude()
-        if code != 0:
-            self.event("failed", exit_code=code, reason="the job's nodes are not ready", at_fault=[])
-            self.teardown(alive)
-            return code
+        code = 0
         while True:
             self.state["restarts"] = attempt
             self.event("running", attempt=attempt, nodes=[n["hostname"] for n in alive],

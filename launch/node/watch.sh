@@ -45,7 +45,7 @@ remove_files() {
       >/dev/null 2>&1
   fi
   if [ "$keep" = detach ]; then
-    rm -f "$dir/plan.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
+    rm -f "$dir/plan.json" "$dir/builders.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
       "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json" "$dir/watch.pid"
     rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
   else

@@ -25,7 +25,7 @@ import yaml
 
 from dtrain.launch.jobs import commands
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.other_tools import sagemaker
+from dtrain.launch.jobs import sagemaker
 
 from dtrain import ROOT, contract
 TEMPLATES = ROOT / "templates" / "manifests"
@@ -387,16 +387,16 @@ def examples() -> dict[Path, str]:
     ddp = EXAMPLE_IMAGE.format(family="pytorch-ddp", tag="2.11.0-cu128-cudnn9-py310-ubuntu22.04")
     ray = EXAMPLE_IMAGE.format(family="ray-train", tag="2.11.0-ray2.60.0-cu128-cudnn9-py310-ubuntu22.04")
     specs = [
-        ManifestSpec("mpijob", hvd, ("python", "/opt/dtrain/node/examples/allreduce_check.py", "torch"),
+        ManifestSpec("mpijob", hvd, ("python", f"{contract.EXAMPLES}/allreduce_check.py", "torch"),
                      name="hvd-allreduce", workers=2, gpus_per_worker=8,
                      node_selector={"node.kubernetes.io/instance-type": "p4d.24xlarge"}),
-        ManifestSpec("pytorchjob", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
+        ManifestSpec("pytorchjob", ddp, (f"{contract.EXAMPLES}/ddp_grads.py",), name="ddp-grads",
                      workers=2, gpus_per_worker=8),
         ManifestSpec("ecs", hvd, (), name="hvd-allreduce", workers=2, gpus_per_worker=8),
-        ManifestSpec("ecs", ray, ("python", "/opt/dtrain/node/examples/ray_train_check.py", "--workers", "2",
+        ManifestSpec("ecs", ray, ("python", f"{contract.EXAMPLES}/ray_train_check.py", "--workers", "2",
                                   "--storage", "s3://my-bucket/dtrain/ray-results"),
                      name="ray-train", workers=2, gpus_per_worker=1, launcher="ray"),
-        ManifestSpec("sagemaker", ddp, ("/opt/dtrain/node/examples/ddp_grads.py",), name="ddp-grads",
+        ManifestSpec("sagemaker", ddp, (f"{contract.EXAMPLES}/ddp_grads.py",), name="ddp-grads",
                      workers=2, gpus_per_worker=8, launcher="torchrun"),
     ]
     return {EXAMPLES / FILENAMES[template_name(s)]: render(s) for s in specs}

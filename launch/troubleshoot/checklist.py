@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from dtrain import ROOT
 DOC = ROOT / "docs" / "troubleshooting.md"

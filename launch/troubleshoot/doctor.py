@@ -21,7 +21,7 @@ from dtrain.launch.jobs import commands, node_programs, store
 from dtrain.launch.jobs.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.jobs.transport import SshTransport
-from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count
+from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count  # noqa: F401 (EFA_TYPES: the one table, tests)
 from dtrain.launch.troubleshoot import checklist
 
 from dtrain.launch.errors import LaunchError
@@ -125,8 +125,8 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
 
         labels = image_labels(f.get("image_labels")) if opts.image else {}
         gpus, driver = int(f.get("gpus") or 0), f.get("driver", "")
-        need = labels.get("dtrain.min-driver", "")
-        if labels.get("dtrain.kind") == "gpu" and not gpus:
+        need = labels.get(contract.LABEL_MIN_DRIVER, "")
+        if labels.get(contract.LABEL_KIND) == "gpu" and not gpus:
             add(h, "gpu-driver", "FAIL", f"GPU image (needs driver >= {need}) but no NVIDIA GPU/driver here")
         elif gpus and driver_too_old(driver, need):
             add(h, "gpu-driver", "FAIL", f"driver {driver} < {need}, the image's CUDA minimum")

@@ -21,12 +21,13 @@ from typing import Callable, Literal, Sequence
 
 import yaml
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_count
 from dtrain.launch.jobs.hosts import Node
 
 EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
-EX = "/opt/dtrain/node/examples"
+EX = contract.EXAMPLES
 ALL_REDUCE_PERF = "/opt/nccl-tests/build/all_reduce_perf"
 MIN_BYTES, MAX_BYTES = 1 << 20, 1 << 30
 Status = Literal["PASS", "WARN", "FAIL"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
@@ -221,7 +222,7 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
         "OutputDataConfig": {"S3OutputPath": job.output_s3},
         "StoppingCondition": {"MaxRuntimeInSeconds": job.max_runtime_s},
         "Environment": dict(job.env),
-        "Tags": [{"Key": "dtrain.job", "Value": job.name}, *({"Key": k, "Value": v} for k, v in job.tags.items())],
+        "Tags": [{"Key": contract.LABEL_JOB, "Value": job.name}, *({"Key": k, "Value": v} for k, v in job.tags.items())],
     }
     if channels:
         req["InputDataConfig"] = channels

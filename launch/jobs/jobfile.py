@@ -1,0 +1,207 @@
+"""A job file: the flags of `dtrain launch` as YAML, checked in beside the code.
+
+    dtrain launch -f job.yaml                  the job the file describes
+    dtrain launch -f job.yaml --nodes ...      flags given on the command line override the file
+    dtrain launch --image ... -- cmd --dump    print the file a set of flags means
+
+Every key is a `dtrain launch` flag, with `_` for `-` (`max_restarts:` is `--max-restarts`), and
+`command:` is what follows `--`. The file is validated by one model (JobFile): an unknown key or
+a bad value is one line naming the file, its line and the key. Relative paths in the file
+(hostfile, env_file, workdir, ssh_key, ssh_config) are relative to the file's directory.
+`env:` values that are secrets belong in the environment: a key with no value (`TOKEN:`) takes
+the launcher's own $TOKEN, as `--env TOKEN` would not: it is the file's way to name a secret.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dtrain import values
+from dtrain.launch.errors import LaunchError
+
+PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
+
+
+class JobFile(BaseModel):
+    """What `dtrain launch` takes, by flag name. None: not given (the flag's default applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: Optional[str] = None
+    command: Optional[list[str]] = None  # a list, or one string split as a shell would (no shell runs it)
+    launcher: Optional[Literal["mpirun", "horovodrun", "torchrun", "ray"]] = None
+    name: Optional[str] = None
+    # where the nodes come from (one of cluster, hostfile, hosts, ec2_tag) and how to reach them
+    cluster: Optional[str] = None
+    hostfile: Optional[str] = None
+    hosts: Optional[str] = None
+    ec2_tag: Optional[str] = None
+    region: Optional[str] = None
+    slots: Optional[int] = Field(default=None, ge=1)
+    ssh_user: Optional[str] = None
+    ssh_key: Optional[str] = None
+    ssh_opt: Optional[list[str]] = None
+    ssh_config: Optional[str] = None
+    # the job
+    env: Optional[dict[str, Optional[str]]] = None  # NAME: value, or NAME: (empty) for the launcher's $NAME
+    env_file: Optional[str] = None
+    iface: Optional[str] = None
+    mount: Optional[list[str]] = None
+    shm_size: Optional[str] = None
+    master_port: Optional[int] = Field(default=None, ge=1, le=65535)
+    rdzv: Optional[Literal["static", "c10d"]] = None
+    pull: Optional[Literal["always", "missing", "never"]] = None
+    timeout: Optional[float] = Field(default=None, gt=0)
+    workdir: Optional[str] = None
+    workdir_limit: Optional[str] = None
+    detach: Optional[bool] = None
+    max_restarts: Optional[int] = Field(default=None, ge=0, le=1000)
+    min_nodes: Optional[int] = Field(default=None, ge=1)
+    checkpoint_dir: Optional[str] = None
+    no_spot_watch: Optional[bool] = None
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, v: Union[str, list, None]) -> Any:
+        return shlex.split(v) if isinstance(v, str) else v
+
+    @field_validator("command")
+    @classmethod
+    def _nonempty(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is not None and not v:
+            raise ValueError("an empty command")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_numbers(cls, v: Any) -> Any:
+        """`EPOCHS: 10` means the text 10 (`true`: true), as in an env file."""
+        if not isinstance(v, dict):
+            return v
+        return {k: (str(x).lower() if isinstance(x, bool) else str(x) if isinstance(x, (int, float)) else x)
+                for k, x in v.items()}
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: Optional[dict[str, Optional[str]]]) -> Optional[dict[str, Optional[str]]]:
+        for k in v or {}:
+            if not values.env_name(k):
+                raise ValueError(f"{k!r} is not a variable name (letters, digits, _; not starting with a digit)")
+        return v
+
+
+def _env_key_line(doc: yaml.Node | None, err: dict) -> tuple:
+    """An error in env's names: the loc of the bad name itself (its own line)."""
+    if err["loc"] == ("env",) and "is not a variable name" in err["msg"]:
+        bad = err["msg"].split("'")[1]
+        return ("env", bad)
+    return tuple(err["loc"])
+
+
+def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
+    """The line (1-based) of the key at loc in a composed YAML document, as deep as it goes."""
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+            if hit is None:
+                break
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def parse(text: str, where: str) -> JobFile:
+    """A job file's text -> JobFile; LaunchError `FILE:LINE: KEY: problem` (one line)."""
+    try:
+        doc = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        raise LaunchError(f"{where}{at}: not YAML ({getattr(e, 'problem', None) or e})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LaunchError(f"{where}: expected a mapping of launch flags (image:, command:, ...), got {type(data).__name__}")
+    try:
+        return JobFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = _env_key_line(doc, err)
+        line = _line_of(doc, loc)
+        key = ".".join(str(p) for p in loc) or "(top)"
+        msg = "unknown key (see dtrain launch --help)" if err["type"] == "extra_forbidden" else err["msg"]
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise LaunchError(f"{where}{f':{line}' if line else ''}: {key}: {msg}{more}") from None
+
+
+def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The flags a job file gives: {flag name: value} in the form the launch task takes them
+    (env and mount as lists of strings, paths relative to the file made absolute)."""
+    path = Path(path)
+    try:
+        text = values.small_text_file(path, "job file", "YAML of launch flags")
+    except values.BadValue as e:
+        raise LaunchError(str(e)) from None
+    job = parse(text, str(path))
+    out = {k: v for k, v in job.model_dump().items() if v is not None}
+    for key, v in out.items():  # numbers as the command line gives them: the flags' own checks apply
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = f"{v:g}" if isinstance(v, float) else str(v)
+    for key in PATH_KEYS:
+        if key in out:
+            out[key] = str((path.parent / os.path.expanduser(out[key])).resolve())
+    if "env" in out:
+        environ = os.environ if environ is None else environ
+        pairs = []
+        for k, v in out["env"].items():
+            if v is None:
+                if k not in environ:
+                    raise LaunchError(f"{path}:{_line_of(yaml.compose(text), ('env', k))}: env.{k}: no value "
+                                      f"here and ${k} is not set where dtrain runs")
+                v = environ[k]
+            pairs.append(f"{k}={v}")
+        out["env"] = pairs
+    return out
+
+
+def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """The file's flags, then the command line's (given ones only: not None, not empty)."""
+    return {**from_file, **{k: v for k, v in flags.items() if v not in (None, [], (), False)}}
+
+
+def dump(given: dict[str, Any]) -> str:
+    """The job file a set of flags means. --env values are not written (a file is shared, a
+    secret is not): each name is left empty, taken from the environment when the file runs."""
+    data: dict[str, Any] = {}
+    for key in JobFile.model_fields:
+        v = given.get(key)
+        if v in (None, [], (), False):
+            continue
+        if key == "env":
+            v = {kv.partition("=")[0]: None for kv in v}
+        elif key == "command":
+            v = list(v)
+        data[key] = v
+    for key in ("slots", "master_port", "max_restarts", "min_nodes"):
+        if key in data:
+            data[key] = int(data[key])
+    if "timeout" in data:
+        data["timeout"] = float(data["timeout"])
+    JobFile.model_validate(data)  # what is written reads back
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
+    if "env" in data:
+        text = ("# env: values are not written here; each is taken from the environment of\n"
+                "# `dtrain launch -f` (export it first), or give them in an env_file:\n") + text
+    return text

@@ -1,0 +1,130 @@
+"""The job file (launch/jobs/jobfile.py): `dtrain launch -f job.yaml`, `--dump`, and its errors,
+as a user meets them (the CLI from a directory that is not the checkout); the cluster test
+runs one job from its flags and from the file its flags dump, and compares them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import jobfile
+
+DTRAIN = [sys.executable, "-m", "dtrain"]
+
+
+def _cli(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*DTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_dump_then_load_gives_the_same_flags(tmp_path):
+    (tmp_path / "hosts").write_text("h1 slots=2\n")
+    r = _cli(tmp_path, "launch", "--dump", "--hostfile", "hosts", "--image", "reg/x:1", "--env", "A=s3cret",
+             "--mount", "/fsx:ro", "--max-restarts", "2", "--launcher", "torchrun", "--",
+             "python", "train.py", "--lr", "0.1")
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in r.stdout  # a value of --env is never written (nor printed)
+    (tmp_path / "job.yaml").write_text(r.stdout)
+    got = jobfile.load(tmp_path / "job.yaml", environ={"A": "s3cret"})
+    assert got == {"image": "reg/x:1", "command": ["python", "train.py", "--lr", "0.1"], "launcher": "torchrun",
+                   "hostfile": str(tmp_path / "hosts"), "env": ["A=s3cret"], "mount": ["/fsx:ro"],
+                   "max_restarts": "2"}
+
+
+def test_flags_on_the_command_line_override_the_file():
+    merged = jobfile.merge({"image": "a", "launcher": "torchrun", "max_restarts": "2", "command": ["x"]},
+                           {"image": None, "launcher": "mpirun", "max_restarts": None, "command": None, "env": []})
+    assert merged == {"image": "a", "launcher": "mpirun", "max_restarts": "2", "command": ["x"]}
+
+
+@pytest.mark.parametrize("text, where, says", [
+    ("image: x\nimagee: y\n", ":2", "imagee: unknown key"),
+    ("image: x\nmax_restarts: lots\n", ":2", "max_restarts: Input should be a valid integer"),
+    ("image: x\nlauncher: mpi\n", ":2", "launcher: Input should be 'mpirun', 'horovodrun', 'torchrun' or 'ray'"),
+    ("image: x\nenv:\n  OK: 1\n  9BAD: 2\n", ":4", "env.9BAD: Value error, '9BAD' is not a variable name"),
+    ("image: x\nmount:\n  - /a\n  - [1]\n", ":4", "mount.1: Input should be a valid string"),
+    ("image: x\ncommand: []\n", ":2", "command: Value error, an empty command"),
+    ("image: [x\n", ":2", "not YAML"),
+    ("- image\n", "", "expected a mapping of launch flags"),
+])
+def test_a_bad_job_file_is_one_line_naming_the_file_line_and_key(tmp_path, text, where, says):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(LaunchError) as e:
+        jobfile.load(path)
+    assert str(e.value).startswith(f"{path}{where}: ") and says in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_cli_says_it_in_one_line_and_exits_non_zero(tmp_path):
+    (tmp_path / "job.yaml").write_text("image: reg/x:1\nenv:\n  TOKEN:\ncommand: python t.py\n")
+    env = {k: v for k, v in os.environ.items() if k != "TOKEN"}
+    r = subprocess.run([*DTRAIN, "launch", "-f", "job.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "error: job.yaml:3: env.TOKEN: no value here and $TOKEN is not set where dtrain runs"
+    r = _cli(tmp_path, "launch", "-f", "absent.yaml")
+    assert r.returncode != 0 and "absent.yaml" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_paths_in_a_job_file_are_relative_to_the_file(tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "job.yaml").write_text("image: x\nhostfile: hosts\nworkdir: .\nenv_file: ../e.env\n")
+    got = jobfile.load(tmp_path / "proj" / "job.yaml")
+    assert got["hostfile"] == str(tmp_path / "proj" / "hosts") and got["workdir"] == str(tmp_path / "proj")
+    assert got["env_file"] == str(tmp_path / "e.env")
+
+
+# ---------------------------------------------------------------- on the simulated cluster
+
+
+@pytest.mark.cluster
+def test_a_job_file_runs_the_same_job_as_its_flags(cluster, remote_images, tmp_path):
+    """The flags, then the file they dump (-f): the same ranks on the same nodes, the same
+    environment, the same record (image, launcher, command, nodes)."""
+    import json
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+                                   "os.environ['GREETING'], os.getcwd(), flush=True)\n")
+    home = tmp_path / "home"
+    flags = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config, "--image",
+             remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", str(work),
+             "--max-restarts", "1"]
+    env = {"DTRAIN_HOME": str(home)}
+    by_flags = _cli(tmp_path, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
+                    "python", "train.py", env=env)
+    assert by_flags.returncode == 0, by_flags.stdout + by_flags.stderr
+    dumped = _cli(tmp_path, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
+    assert dumped.returncode == 0, dumped.stderr
+    (work / "job.yaml").write_text(dumped.stdout)
+    by_file = _cli(tmp_path, "launch", "-f", str(work / "job.yaml"), "--name", "t-jf-file",
+                   env={**env, "GREETING": "hello"})
+    assert by_file.returncode == 0, by_file.stdout + by_file.stderr
+
+    def ranks(name: str) -> list[str]:
+        log = (home / "jobs" / name / "output.log").read_text()
+        return sorted(re.findall(r"^\[(node-\d r\d+)\] (rank \d+ of \d+ hello /workdir)$", log, re.M))
+
+    assert ranks("t-jf-flags") == ranks("t-jf-file") and len(ranks("t-jf-file")) == 3
+    keep = ("image", "launcher", "command", "nodes", "state", "exit_code")
+    records = [json.loads((home / "jobs" / n / "job.json").read_text()) for n in ("t-jf-flags", "t-jf-file")]
+    assert [{k: r.get(k) for k in keep} for r in records][0] == [{k: r.get(k) for k in keep} for r in records][1]
+
+
+def test_the_documented_job_file_is_valid():
+    """docs/launch.md's example reads back (its env secret taken from the environment)."""
+    from dtrain import ROOT
+
+    text = (ROOT / "docs" / "launch.md").read_text()
+    block = text.split("## A job file", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    job = jobfile.parse(block, "docs/launch.md")
+    assert job.launcher == "torchrun" and job.command == ["python", "train.py", "--epochs", "10"]
+    assert job.env == {"EPOCHS": "10", "WANDB_API_KEY": None}
