@@ -183,9 +183,9 @@ def _engine_trusts_plain_http(registry: str) -> bool:
 
 def is_loopback(registry: str) -> bool:
     """True for registries the engine reaches over plain HTTP by default (127.0.0.0/8, ::1)."""
-    host = registry_host(registry)
-    host = host[1:host.index("]")] if host.startswith("[") else host.rsplit(":", 1)[0]
-    return host in ("localhost", "::1") or host.startswith("127.")
+    from dtrain.images.reference import is_loopback_registry
+
+    return is_loopback_registry(registry_host(registry))
 
 
 def versions_from_labels(labels: dict[str, str] | None) -> dict[str, str]:

@@ -91,3 +91,10 @@ def check(ref: str, flag: str = "--image") -> Reference:
         raise BadReference(f"{flag} {ref!r}: not a valid image reference ({e}); expected "
                            "REGISTRY[:PORT]/NAME[:TAG][@sha256:DIGEST], "
                            "e.g. 10.213.0.1:5000/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12") from None
+
+
+def is_loopback_registry(registry: str) -> bool:
+    """host[:port] on 127.0.0.0/8, ::1 or localhost: a registry the engine reaches over plain
+    http without being told (as docker does)."""
+    host = registry[1:registry.index("]")] if registry.startswith("[") else registry.rsplit(":", 1)[0]
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dtrain.yamlfile import line_of as yaml_line
+
 IMAGES_DIR = Path(__file__).resolve().parent
 COMPAT_FILE = IMAGES_DIR / "compat.yaml"
 FAMILIES = ("horovod-tensorflow", "horovod-pytorch", "pytorch-ddp", "ray-train")
@@ -202,36 +204,7 @@ class Image:
         return row.sdist_cxx if torch_cxx <= row.sdist_cxx else row.torch_cxx
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-def _line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
-    """1-based line of the node at `path` (keys and list indexes), following `<<` merges."""
-    node, line = root, None
-    for key in path:
-        if isinstance(node, yaml.MappingNode):
-            found = _mapping_get(node, str(key))
-            if found is None:
-                break
-            key_node, node = found
-            line = key_node.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
-
-
-def _mapping_get(node: yaml.MappingNode, key: str) -> tuple[yaml.Node, yaml.Node] | None:
-    """(key node, value node) for `key`, looking into `<<` merged mappings last."""
-    merged = None
-    for k, v in node.value:
-        if k.value == key:
-            return k, v
-        if k.value == "<<" and isinstance(v, yaml.MappingNode):
-            merged = merged or _mapping_get(v, key)
-    return merged
+# ---------------------------------------------------------------- YAML with line numbers (dtrain/yamlfile.py)
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
@@ -256,7 +229,7 @@ def _shape_errors(err: ValidationError, label: str, root: yaml.Node | None) -> l
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if p not in ("gpu", "cpu"))
-        line = _line_of(root, loc) or _line_of(root, loc[:-1])
+        line = yaml_line(root, loc) or yaml_line(root, loc[:-1])
         where = f"{label}:{line}" if line else label
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -300,13 +273,13 @@ def load_family(path: Path, compat: Compat | None = None) -> list[Image]:
 
     problems: list[str] = []
     if spec.family != path.stem:
-        problems.append(f"{label}:{_line_of(root, ('family',))}: family: "
+        problems.append(f"{label}:{yaml_line(root, ('family',))}: family: "
                         f"'{spec.family}' must match the file name '{path.stem}'")
     images = [Image(spec.family, i, v, compat, label) for i, v in enumerate(spec.variants)]
     for img in images:
         for key, rule, msg in check_variant(img):
             loc = ("variants", img.index) + ((key,) if key else ())
-            line = _line_of(root, loc)
+            line = yaml_line(root, loc)
             where = f"{label}:{line}" if line else label
             problems.append(f"{where}: {_fmt_loc(loc)}: [{rule}] {msg}")
     seen: dict[str, int] = {}

@@ -338,7 +338,7 @@ def test_spec_from_args_for_the_task():
                          env=["A=1"], node_selector=["pool=gpu"], namespace=None, shm_size_mib="1024")
     assert (s.workers, s.gpus_per_worker, s.env, s.node_selector, s.namespace, s.shm_size_mib) == \
         (3, 8, {"A": "1"}, {"pool": "gpu"}, None, 1024)
-    with pytest.raises(LaunchError, match="--env 'A': expected K=V"):
+    with pytest.raises(LaunchError, match="--env 'A': expected NAME=VALUE"):
         m.spec_from_args("mpijob", HVD, ["t"], env=["A"])
     with pytest.raises(LaunchError, match="--image is required"):
         m.spec_from_args("mpijob", None, ["t"])

@@ -762,11 +762,6 @@ def node_exec(index: int, argv: list[str], *, check: bool = True, timeout: float
     return sh(nx.node_argv(node.netns, node.name, env_argv), check=check, timeout=timeout)
 
 
-def ssh_argv(info: ClusterInfo, target: str, *cmd: str, port: int = 22) -> list[str]:
-    """``ssh`` argv reaching ``target`` (node name or address) with the cluster identity."""
-    return ["ssh", "-F", info.ssh_config, "-p", str(port), target, *cmd]
-
-
 if __name__ == "__main__":  # tiny CLI for manual use: python -m dtrain.launch.infra.cluster up 2
     import argparse
     ap = argparse.ArgumentParser(prog="python -m dtrain.launch.infra.cluster")

@@ -1030,15 +1030,14 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
     naming the nodes that did not by the timeout. first_timeout: give up sooner when no node
     at all has answered by then (a security group or route that lets nothing through), with
     the first node's error and hint (who may ssh in)."""
-    from dtrain.launch.jobs.fanout import run_all
-    from dtrain.launch.jobs.hosts import ssh_argv
+    from dtrain.launch.jobs.transport import SshTransport
 
     t0 = time.monotonic()
     deadline = t0 + timeout
     pending = list(nodes)
+    ssh = SshTransport(nodes, ssh_opts, multiplex=False)
     while True:
-        results = run_all(pending, lambda n: ssh_argv(n, ["docker", "info", "--format", "{{.ServerVersion}}"],
-                                                      extra_opts=ssh_opts),
+        results = ssh.run(pending, lambda n: ["docker", "info", "--format", "{{.ServerVersion}}"],
                           timeout=30, retries=0)
         failed = [(n, r) for n, r in zip(pending, results) if not r.ok]
         if not failed:
@@ -1082,14 +1081,12 @@ def worker_list(cluster: Cluster) -> str:
 
 def write_worker_list(nodes: Sequence[Any], cluster: Cluster, ssh_opts: Sequence[str] = ()) -> None:
     """~/.dtrain/workers on every node (sent on stdin; the command is constant text)."""
-    from dtrain.launch.jobs.fanout import raise_on_failure, run_all
-    from dtrain.launch.jobs.hosts import ssh_argv
+    from dtrain.launch.jobs.transport import SshTransport
 
     text = worker_list(cluster)
     cmd = ["sh", "-c", f'mkdir -p "$HOME/.dtrain" && cat > "$HOME/.dtrain/{WORKER_LIST}"']
-    results = run_all(nodes, lambda n: ssh_argv(n, cmd, extra_opts=ssh_opts), stdin=lambda n: text,
-                      timeout=60, retries=1)
-    raise_on_failure(results, "writing the worker list")
+    SshTransport(nodes, ssh_opts, multiplex=False).run(nodes, lambda n: cmd, stdin=lambda n: text, timeout=60,
+                                                       retries=1, what="writing the worker list")
 
 
 def caller_cidr(timeout: float = 10) -> str:

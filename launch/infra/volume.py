@@ -24,6 +24,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
 from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.jobs.transport import SshTransport
 
 NODE_DIR = ROOT / "launch" / "node"
 DEVICE_NAMES = tuple(f"/dev/sd{c}" for c in "fghijklmnop")  # AWS's recommended names for data volumes
@@ -190,21 +191,24 @@ def _remove(ec2: Any, vol: str, cluster: Cluster) -> None:
 # --- node side --------------------------------------------------------------------------------
 
 
-def script_argv(node: Node, script: str, args: Sequence[str], ssh_opts: Sequence[str] = ()) -> list[str]:
-    """ssh argv running launch/node/SCRIPT (sent on stdin) with args, quoted; sudo for a non-root user."""
-    from dtrain.launch.jobs.hosts import ssh_argv
-
+def script_command(node: Node, args: Sequence[str]) -> list[str]:
+    """A node script (sent on stdin) run with args; sudo for a non-root user."""
     sudo = ["sudo", "-n"] if node.user not in (None, "root") else []
-    return ssh_argv(node, [*sudo, "sh", "-s", "--", *args], extra_opts=ssh_opts)
+    return [*sudo, "sh", "-s", "--", *args]
+
+
+def script_argv(node: Node, script: str, args: Sequence[str], ssh_opts: Sequence[str] = ()) -> list[str]:
+    """ssh argv running launch/node/SCRIPT (sent on stdin) with args, quoted for the node's shell."""
+    return SshTransport([node], ssh_opts, multiplex=False).argv(node, script_command(node, args))
 
 
 def _run_script(nodes: Sequence[Node], script: str, args: Sequence[str], ssh_opts: Sequence[str],
                 what: str, say: Callable[[str], None]) -> None:
-    from dtrain.launch.jobs.fanout import raise_on_failure, run_all
+    from dtrain.launch.jobs.fanout import raise_on_failure
 
     text = (NODE_DIR / script).read_text()
-    results = run_all(nodes, lambda n: script_argv(n, script, args, ssh_opts), stdin=lambda n: text,
-                      timeout=600, retries=2)
+    results = SshTransport(nodes, ssh_opts, multiplex=False).run(
+        nodes, lambda n: script_command(n, args), stdin=lambda n: text, timeout=600, retries=2)
     for n, r in zip(nodes, results):
         for line in r.stdout.splitlines():
             say(f"[{n.host}] {line}")
@@ -253,11 +257,9 @@ def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSp
 
 def unmount(nodes: Sequence[Node], mount_path: str, ssh_opts: Sequence[str] = (), fstab: str = FSTAB) -> None:
     """Best effort: unmount mount_path and drop its fstab line on every node that answers."""
-    from dtrain.launch.jobs.fanout import run_all
-
     text = (NODE_DIR / "volume-umount.sh").read_text()
-    run_all(nodes, lambda n: script_argv(n, "volume-umount.sh", [mount_path, fstab], ssh_opts), stdin=lambda n: text,
-            timeout=60, retries=0)
+    SshTransport(nodes, ssh_opts, multiplex=False).run(
+        nodes, lambda n: script_command(n, [mount_path, fstab]), stdin=lambda n: text, timeout=60, retries=0)
 
 
 def reattach(session: Any, cluster: Cluster, nodes: Sequence[Node], *, ssh_opts: Sequence[str] = (),

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dtrain import values
+from dtrain.yamlfile import line_of
 from dtrain.launch.errors import LaunchError
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
@@ -104,23 +105,6 @@ def _env_key_line(doc: yaml.Node | None, err: dict) -> tuple:
     return tuple(err["loc"])
 
 
-def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
-    """The line (1-based) of the key at loc in a composed YAML document, as deep as it goes."""
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            hit = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
-            if hit is None:
-                break
-            line, node = hit[0].start_mark.line + 1, hit[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
-
-
 def parse(text: str, where: str) -> JobFile:
     """A job file's text -> JobFile; LaunchError `FILE:LINE: KEY: problem` (one line)."""
     try:
@@ -139,7 +123,7 @@ def parse(text: str, where: str) -> JobFile:
     except ValidationError as e:
         err = e.errors()[0]
         loc = _env_key_line(doc, err)
-        line = _line_of(doc, loc)
+        line = line_of(doc, loc)
         key = ".".join(str(p) for p in loc) or "(top)"
         msg = "unknown key (see dtrain launch --help)" if err["type"] == "extra_forbidden" else err["msg"]
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
@@ -168,7 +152,7 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
         for k, v in out["env"].items():
             if v is None:
                 if k not in environ:
-                    raise LaunchError(f"{path}:{_line_of(yaml.compose(text), ('env', k))}: env.{k}: no value "
+                    raise LaunchError(f"{path}:{line_of(yaml.compose(text), ('env', k))}: env.{k}: no value "
                                       f"here and ${k} is not set where dtrain runs")
                 v = environ[k]
             pairs.append(f"{k}={v}")

@@ -74,10 +74,10 @@ def parse_ref(image: str) -> ImageRef:
 
 
 def registry_is_loopback(registry: str) -> bool:
-    """host[:port] on 127.0.0.0/8, ::1 or localhost: what the engine reaches over plain http
-    without being told (as docker does)."""
-    host = registry[1:registry.index("]")] if registry.startswith("[") else registry.rsplit(":", 1)[0]
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """The one rule (images/reference.py is_loopback_registry)."""
+    from dtrain.images.reference import is_loopback_registry
+
+    return is_loopback_registry(registry)
 
 
 def engine_marks_insecure(registry: str) -> bool:

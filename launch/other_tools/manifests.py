@@ -344,6 +344,14 @@ def validate(target: str, doc: Any) -> None:
 
 
 def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """K=V flags; --env's by the one env rule (dtrain/values.py env_pair)."""
+    from dtrain import values
+
+    if what == "--env":
+        try:
+            return values.env_pairs(what, items)
+        except values.BadValue as e:
+            raise LaunchError(str(e)) from None
     out = {}
     for kv in items or []:
         k, sep, v = kv.partition("=")
