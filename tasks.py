@@ -60,7 +60,7 @@ def user_errors():
     from dtrain.images.push import PushError
     from dtrain.images.spec import SpecError
     from dtrain.launch.troubleshoot.diagnose import DiagnoseError
-    from dtrain.images.reference import BadReference
+    from dtrain.reference import BadReference
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra.cluster import ClusterError
     from dtrain.engine import EngineError

@@ -44,6 +44,7 @@ SUPERVISOR_EVENT = "dtrain-supervisor "
 # The readiness check's exit code (launch/node/run.sh --ready, which gets it as --ready-code):
 # a node's sshd did not answer; the launcher names the node.
 READY_FAILED = 97
+READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdict (run.sh --ready-says)
 
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.
 NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"

@@ -136,8 +136,8 @@ def instance_type(flag: str, text, *, sagemaker: bool = False) -> str:
 
 
 def image(flag: str, text) -> str:
-    """A Docker image reference (images/reference.py: the engine's own grammar)."""
-    from dtrain.images.reference import check
+    """A Docker image reference (dtrain/reference.py: the engine's own grammar)."""
+    from dtrain.reference import check
 
     s = _plain(flag, text, "an image reference REGISTRY[:PORT]/NAME[:TAG]")
     check(s, flag)

@@ -146,8 +146,8 @@ def remote_ref(registry: str, prefix: str, family: str, tag: str) -> str:
 
 def split_ref(ref: str) -> tuple[str, str, str]:
     """'host:5000/a/b:tag' -> ('host:5000', 'a/b', 'tag'); a reference outside Docker's
-    grammar is a PushError (images/reference.py)."""
-    from dtrain.images.reference import BadReference, parse
+    grammar is a PushError (dtrain/reference.py)."""
+    from dtrain.reference import BadReference, parse
 
     try:
         r = parse(ref)
@@ -183,7 +183,7 @@ def _engine_trusts_plain_http(registry: str) -> bool:
 
 def is_loopback(registry: str) -> bool:
     """True for registries the engine reaches over plain HTTP by default (127.0.0.0/8, ::1)."""
-    from dtrain.images.reference import is_loopback_registry
+    from dtrain.reference import is_loopback_registry
 
     return is_loopback_registry(registry_host(registry))
 

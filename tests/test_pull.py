@@ -52,7 +52,7 @@ def test_parse_ref(image, want):
 @pytest.mark.parametrize("image", ["UPPER/case:1", "localhost:5000/a", "a/b/c:x", "ubuntu"])
 def test_parse_ref_agrees_with_the_image_flag(image):
     """One parser: what `--image` accepts, the pull reads with the same domain and path."""
-    from dtrain.images.reference import check
+    from dtrain.reference import check
 
     ref = check(image)
     got = pl.parse_ref(image)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtrain.images.reference import BadReference, Reference, check, parse
+from dtrain.reference import BadReference, Reference, check, parse
 
 D64 = "sha256:" + "0123456789abcdef" * 4
 

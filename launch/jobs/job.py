@@ -253,7 +253,8 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
     if fill_hosts:
         opts += ["--fill-hosts"]
     if ready:
-        opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED),
+        opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
+                 contract.READY_SAYS,
                  "--port", str(contract.SSH_PORT)]
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
@@ -654,7 +655,7 @@ class Job:
                 line = raw.rstrip("\n")
                 if SSH_SAID.match(line):
                     last = line.strip()
-                if line.startswith("dtrain-ready: "):
+                if line.startswith(contract.READY_SAYS):
                     ready_lines.append(line)
                     continue
                 for shown in render.feed(line):
@@ -829,7 +830,7 @@ def lost_link_error(first: NodeFacts, last: str, spec: JobSpec) -> str:
 
 
 def _ready_error(output: str, error: str | None) -> str:
-    lines = [ln.removeprefix("dtrain-ready: ") for ln in output.splitlines() if ln.startswith("dtrain-ready: ")]
+    lines = [ln.removeprefix(contract.READY_SAYS) for ln in output.splitlines() if ln.startswith(contract.READY_SAYS)]
     return f"containers started, but not every node's sshd answers on {contract.SSH_PORT}:\n  " + "\n  ".join(
         lines or [error or "no answer"])
 

@@ -56,10 +56,10 @@ class ImageRef:
 def parse_ref(image: str) -> ImageRef:
     """`[registry/]repo[:tag][@digest]` as the docker CLI reads it (docker.io when the first
     part has no dot, colon or is not localhost)."""
-    from dtrain.images.reference import BadReference, check
+    from dtrain.reference import BadReference, check
 
     try:
-        ref = check(image)  # the one parser (images/reference.py): Docker's grammar and domain rule
+        ref = check(image)  # the one parser (dtrain/reference.py): Docker's grammar and domain rule
     except BadReference as e:
         raise LaunchError(str(e)) from None
     registry, repo = ref.domain, ref.path
@@ -74,8 +74,8 @@ def parse_ref(image: str) -> ImageRef:
 
 
 def registry_is_loopback(registry: str) -> bool:
-    """The one rule (images/reference.py is_loopback_registry)."""
-    from dtrain.images.reference import is_loopback_registry
+    """The one rule (dtrain/reference.py is_loopback_registry)."""
+    from dtrain.reference import is_loopback_registry
 
     return is_loopback_registry(registry)
 

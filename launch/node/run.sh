@@ -9,11 +9,12 @@
 #                      master connection per node that mpirun's daemon launch reuses; exits
 #                      with --ready-code naming the node whose sshd does not answer within SECONDS
 #   --ready-code N     that exit code (dtrain/contract.py READY_FAILED)
+#   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
 #   --port PORT        the containers' sshd port (--ready)
 #   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
 # then execs COMMAND.
 set -u
-READY_FAILED=1
+READY_FAILED=1 READY_SAYS=
 envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -22,6 +23,7 @@ while [ $# -gt 0 ]; do
     --fill-hosts) fill=1; shift ;;
     --ready) ready=$2; shift 2 ;;
     --ready-code) READY_FAILED=$2; shift 2 ;;
+    --ready-says) READY_SAYS=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
     --) shift; break ;;
@@ -54,7 +56,7 @@ if [ -n "$ready" ]; then
     ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
             < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
-          echo "dtrain-ready: sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
+          echo "${READY_SAYS}sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
         fi
         sleep 0.1
       done ) &
