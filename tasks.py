@@ -312,7 +312,7 @@ NODE_HELP = {
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
     from dtrain import values
-    from dtrain.launch.jobs.hosts import nodes_from_args
+    from dtrain.launch.remote.hosts import nodes_from_args
 
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
@@ -657,7 +657,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                                        keep_on_failure=keep_on_failure, ssh_opts=ssh_opts)
         print(f"{len(cluster.instances)} nodes up ({res.address} addresses, user {res.ssh_user}); hostfile: {hostfile}")
         from dtrain.launch.infra import volume as vol
-        from dtrain.launch.jobs.hosts import parse_hostfile
+        from dtrain.launch.remote.hosts import parse_hostfile
 
         up_nodes = parse_hostfile(hostfile)
         ec2.write_worker_list(up_nodes, cluster, ssh_opts)

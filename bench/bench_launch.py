@@ -44,10 +44,10 @@ from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
-from dtrain.launch.jobs.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
+from dtrain.launch.remote.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
-from dtrain.launch.jobs.transport import close_masters  # noqa: E402
+from dtrain.launch.remote.transport import close_masters  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"

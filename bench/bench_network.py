@@ -22,7 +22,7 @@ from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
-from dtrain.launch.jobs.hosts import parse_hostfile  # noqa: E402
+from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.troubleshoot import network  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 

@@ -35,7 +35,7 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.jobs.commands import Mount  # noqa: E402
-from dtrain.launch.jobs.hosts import parse_hostfile  # noqa: E402
+from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402

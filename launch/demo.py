@@ -13,7 +13,7 @@ from dtrain.images import push as p
 from dtrain.images.spec import load_all
 from dtrain import contract, engine
 from dtrain.launch.infra import cluster
-from dtrain.launch.jobs.hosts import parse_hostfile
+from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.jobs.job import Job, JobSpec
 
 FAMILY = "horovod-tensorflow"

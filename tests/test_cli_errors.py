@@ -364,7 +364,7 @@ def test_env_names_are_one_rule():
 def test_binary_hostfile_and_env_file_are_one_line_errors(tmp_path):
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs.commands import parse_env_file
-    from dtrain.launch.jobs.hosts import parse_hostfile
+    from dtrain.launch.remote.hosts import parse_hostfile
 
     f = tmp_path / "bin"
     f.write_bytes(bytes(range(256)))

@@ -17,7 +17,7 @@ from dtrain.launch.jobs.commands import (
     torchrun_env,
 )
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 
 NODES = [Node("10.0.0.1", 4), Node("10.0.0.2", 4)]
 TAIL = [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.troubleshoot import doctor as dr
-from dtrain.launch.jobs.hosts import Node, parse_hostfile
+from dtrain.launch.remote.hosts import Node, parse_hostfile
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.fanout import NodeResult, raise_on_failure, run_all
-from dtrain.launch.jobs.hosts import Node, ssh_argv
+from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
+from dtrain.launch.remote.hosts import Node, ssh_argv
 
 NODES = [Node("n1", 1), Node("n2", 1), Node("n3", 1)]
 

@@ -4,9 +4,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from dtrain.launch.jobs import hosts
+from dtrain.launch.remote import hosts
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import (
+from dtrain.launch.remote.hosts import (
     Node,
     apply_ssh_defaults,
     discover_ec2,
@@ -316,7 +316,7 @@ def test_known_gpu_table():
 
 
 def test_fast_kex_first_keeps_every_default_algorithm():
-    from dtrain.launch.jobs.hosts import fast_kex_order
+    from dtrain.launch.remote.hosts import fast_kex_order
 
     default = ["sntrup761x25519-sha512@openssh.com", "curve25519-sha256", "curve25519-sha256@libssh.org",
                "ecdh-sha2-nistp256", "diffie-hellman-group14-sha256"]
@@ -333,7 +333,7 @@ def test_kex_option_only_where_ssh_config_leaves_kex_alone(tmp_path):
     (for that host, or on the command line) is left alone."""
     import subprocess
 
-    from dtrain.launch.jobs.hosts import fast_kex_order, kex_opts
+    from dtrain.launch.remote.hosts import fast_kex_order, kex_opts
 
     g = subprocess.run(["ssh", "-G", "-F", "none", "10.0.0.1"], capture_output=True, text=True).stdout
     default = next(line.split()[1] for line in g.splitlines() if line.startswith("kexalgorithms ")).split(",")
@@ -371,7 +371,7 @@ def test_a_huge_hostfile_is_refused_before_reading(tmp_path):
 
 
 def test_slots_are_capped(tmp_path):
-    from dtrain.launch.jobs.hosts import parse_hostfile, parse_hosts_arg
+    from dtrain.launch.remote.hosts import parse_hostfile, parse_hosts_arg
 
     f = tmp_path / "hosts"
     f.write_text("10.0.0.1 slots=8\n10.0.0.2 slots=99999999999\n")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
                         rank_nodes, torchrun_node_argv)
 

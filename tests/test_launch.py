@@ -15,7 +15,7 @@ import pytest
 
 from dtrain.launch.troubleshoot.diagnose import diagnose
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node, parse_hostfile
+from dtrain.launch.remote.hosts import Node, parse_hostfile
 from dtrain.launch.jobs.job import Job, JobSpec, container_name, job_argv, job_log
 
 pytestmark = pytest.mark.cluster

@@ -1,5 +1,7 @@
 """The folders show which way things depend (issue 24): images/ uses nothing of launch/, and
-running jobs (launch/jobs/) nothing of where nodes come from, troubleshooting or other tools;
+running jobs (launch/jobs/) nothing of where nodes come from, troubleshooting or other tools,
+where nodes come from (launch/infra/) nothing of jobs, and how nodes are reached (launch/remote/:
+hosts, ssh, fan-out) nothing of any of them;
 what several need (the engine, the contract, values) lives in dtrain/. Checked on every import
 statement, at module level or inside a function."""
 
@@ -17,6 +19,9 @@ FORBIDDEN = {
     "images": ("dtrain.launch",),
     "launch/jobs": ("dtrain.launch.infra", "dtrain.launch.troubleshoot", "dtrain.launch.other_tools",
                     "dtrain.launch.demo"),
+    "launch/infra": ("dtrain.launch.jobs", "dtrain.launch.troubleshoot", "dtrain.launch.other_tools"),
+    "launch/remote": ("dtrain.launch.jobs", "dtrain.launch.infra", "dtrain.launch.troubleshoot",
+                      "dtrain.launch.other_tools", "dtrain.launch.demo"),
     "dtrain": ("dtrain.launch", "dtrain.images"),
 }
 

@@ -13,7 +13,7 @@ import pytest
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands
-from dtrain.launch.jobs.hosts import Node, parse_hostfile
+from dtrain.launch.remote.hosts import Node, parse_hostfile
 from dtrain.launch.jobs.job import Job, JobSpec, job_argv, job_log, NodeFacts
 from dtrain.launch.troubleshoot import checklist, network
 

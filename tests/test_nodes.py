@@ -18,7 +18,7 @@ from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2
 from dtrain.launch.infra.instance_types import EFA_TYPES
-from dtrain.launch.jobs.hosts import discover_ec2, parse_hostfile
+from dtrain.launch.remote.hosts import discover_ec2, parse_hostfile
 
 REGION = "us-east-1"
 AMI_PARAM = "/dtrain-test/dlami"  # moto reserves /aws/...; the real default is ec2.DLAMI_PARAMETER
@@ -370,7 +370,7 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
 def test_wait_ready_on_real_nodes(cluster):
     nodes = parse_hostfile(cluster.hostfile)
     ec2.wait_ready(nodes, ssh_opts=("-F", cluster.ssh_config), timeout=60, say=quiet)
-    from dtrain.launch.jobs.hosts import Node
+    from dtrain.launch.remote.hosts import Node
 
     gone = Node("10.213.0.99", user="root")  # no node there
     with pytest.raises(LaunchError, match=r"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: 10.213.0.99: "):

@@ -274,7 +274,7 @@ def test_the_builders_copied_into_the_images_import_on_their_own(tmp_path):
             copied += 1
     assert copied >= 6
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from dtrain.launch.jobs import commands; from dtrain.launch.jobs.hosts import Node; "
+            "from dtrain.launch.jobs import commands; from dtrain.launch.remote.hosts import Node; "
             "assert commands.__file__.startswith(sys.argv[1]), commands.__file__")
     r = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], cwd=tmp_path, capture_output=True,
                        text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)

@@ -17,7 +17,7 @@ import pytest
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import sagemaker as sm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_node_program_is_shellcheck_and_entrypoint_runs_it_for_train():
 def test_image_gets_the_builders_the_train_program_imports():
     docker = (ROOT / "templates/Dockerfile.j2").read_text()
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    for path in ("launch/jobs/commands.py", "launch/jobs/hosts.py", "launch/errors.py"):
+    for path in ("launch/jobs/commands.py", "launch/remote/hosts.py", "launch/errors.py"):
         assert path in docker and f"!{path}" in ignore
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from dtrain import ROOT
 from dtrain.launch.jobs import supervision
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
 from dtrain.launch.jobs.supervision import EVENT
@@ -190,7 +190,7 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
 def test_every_ssh_session_probes_the_link():
     """Keepalives on the launcher's ssh and the containers' (a lost link ends the session)."""
     from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX
-    from dtrain.launch.jobs.hosts import ssh_argv
+    from dtrain.launch.remote.hosts import ssh_argv
     from dtrain.launch.jobs.supervision import container_ssh
 
     for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):

@@ -19,7 +19,7 @@ from moto import mock_aws
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2, volume
-from dtrain.launch.jobs.hosts import Node, parse_hostfile
+from dtrain.launch.remote.hosts import Node, parse_hostfile
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"

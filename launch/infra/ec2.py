@@ -1030,7 +1030,7 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
     naming the nodes that did not by the timeout. first_timeout: give up sooner when no node
     at all has answered by then (a security group or route that lets nothing through), with
     the first node's error and hint (who may ssh in)."""
-    from dtrain.launch.jobs.transport import SshTransport
+    from dtrain.launch.remote.transport import SshTransport
 
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -1061,7 +1061,7 @@ def ssh_ready(identity: str | None, address: str = "private", ssh_opts: Sequence
               timeout: float = 600, user: str = DLAMI_USER, first_timeout: float | None = None,
               hint: str = "") -> Callable[[Sequence[Instance]], None]:
     """finish()'s ready step: wait_ready on the instances as the hostfile will name them."""
-    from dtrain.launch.jobs.hosts import Node
+    from dtrain.launch.remote.hosts import Node
 
     def ready(instances: Sequence[Instance]) -> None:
         nodes = [Node(host=i.public_ip if address == "public" and i.public_ip else i.private_ip,
@@ -1081,7 +1081,7 @@ def worker_list(cluster: Cluster) -> str:
 
 def write_worker_list(nodes: Sequence[Any], cluster: Cluster, ssh_opts: Sequence[str] = ()) -> None:
     """~/.dtrain/workers on every node (sent on stdin; the command is constant text)."""
-    from dtrain.launch.jobs.transport import SshTransport
+    from dtrain.launch.remote.transport import SshTransport
 
     text = worker_list(cluster)
     cmd = ["sh", "-c", f'mkdir -p "$HOME/.dtrain" && cat > "$HOME/.dtrain/{WORKER_LIST}"']

@@ -23,8 +23,8 @@ from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
-from dtrain.launch.jobs.hosts import Node
-from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.remote.hosts import Node
+from dtrain.launch.remote.transport import SshTransport
 
 NODE_DIR = ROOT / "launch" / "node"
 DEVICE_NAMES = tuple(f"/dev/sd{c}" for c in "fghijklmnop")  # AWS's recommended names for data volumes
@@ -204,7 +204,7 @@ def script_argv(node: Node, script: str, args: Sequence[str], ssh_opts: Sequence
 
 def _run_script(nodes: Sequence[Node], script: str, args: Sequence[str], ssh_opts: Sequence[str],
                 what: str, say: Callable[[str], None]) -> None:
-    from dtrain.launch.jobs.fanout import raise_on_failure
+    from dtrain.launch.remote.fanout import raise_on_failure
 
     text = (NODE_DIR / script).read_text()
     results = SshTransport(nodes, ssh_opts, multiplex=False).run(

@@ -1,1 +1,1 @@
-"""Running jobs: hosts, parallel ssh, command builders, the job's lifecycle."""
+"""Running jobs: command builders, the job's stages, its supervisor's plan, job records."""

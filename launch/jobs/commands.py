@@ -17,7 +17,7 @@ from typing import Any
 
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node, hosts_list
+from dtrain.launch.remote.hosts import Node, hosts_list
 
 _ENV_NAME_RE = re.compile(rf"^{values.ENV_NAME.pattern}$", re.ASCII)  # the one rule: dtrain/values.py
 

@@ -10,7 +10,7 @@
     own sshd (a crash there ends the job)
     -> teardown
 
-Every step runs on all nodes in parallel (launch.jobs.transport). A failure at any step names
+Every step runs on all nodes in parallel (launch.remote.transport). A failure at any step names
 the node and the reason, and removes whatever was already started on every node. Ctrl-C does
 the same. The job's output streams live, each line prefixed with node and rank, and is kept
 in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
@@ -41,14 +41,14 @@ from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands, node_programs, store, supervision
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.jobs.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import pull_on_nodes, resolve_digest
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
-from dtrain.launch.jobs.transport import SshTransport, close_masters  # noqa: F401
+from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
 READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)

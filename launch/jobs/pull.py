@@ -25,9 +25,9 @@ from typing import TextIO
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.login import Login
-from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.remote.transport import SshTransport
 
 PULL_SH = Path(__file__).resolve().parents[1] / "node" / "pull.sh"  # launch/node/pull.sh
 POLICIES = ("always", "missing")

@@ -32,9 +32,9 @@ from pathlib import Path
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.jobs.fanout import SSH_FAILURE
-from dtrain.launch.jobs.hosts import Node
-from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.remote.fanout import SSH_FAILURE
+from dtrain.launch.remote.hosts import Node
+from dtrain.launch.remote.transport import SshTransport
 
 LIVE_STATES = ("starting", "running")
 LAUNCH_LOCK = "launch.lock"

@@ -59,7 +59,7 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[dict], *, ssh: Sequence[st
 # the image holds. The images carry the same set in /opt/dtrain/py (templates/Dockerfile.j2).
 BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
                    "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
-                   "dtrain/launch/jobs/hosts.py")
+                   "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py")
 
 
 def builder_files() -> dict[str, str]:

@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 import pathspec
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.fanout import NodeResult, raise_on_failure, run_all
-from dtrain.launch.jobs.hosts import Node
-from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
+from dtrain.launch.remote.hosts import Node
+from dtrain.launch.remote.transport import SshTransport
 
 IGNORE_FILES = (".gitignore", ".dtrainignore")
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount

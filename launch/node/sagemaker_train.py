@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "py"))
 
 from dtrain import contract  # noqa: E402
 from dtrain.launch.jobs import commands  # noqa: E402
-from dtrain.launch.jobs.hosts import Node  # noqa: E402
+from dtrain.launch.remote.hosts import Node  # noqa: E402
 
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)

@@ -116,6 +116,7 @@ class Supervisor:
         self.write_error = ""  # set once output.log (or state.json) cannot be written: the job ends
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
+        self.pumps: list[threading.Thread] = []  # the attempt's output readers
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.cwd = start_dir(os.getcwd())
         self.state: dict = {"job": plan["job"], "launcher": plan["launcher"], "restarts": 0,
@@ -220,7 +221,9 @@ class Supervisor:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, cwd=self.cwd)  # mpirun's ranks start there too
-        threading.Thread(target=self._pump, args=(proc, prefix), daemon=True).start()
+        pump = threading.Thread(target=self._pump, args=(proc, prefix), daemon=True)
+        pump.start()
+        self.pumps.append(pump)
         return proc
 
     def watch(self, nodes: list[dict]) -> tuple[int, dict[str, str]]:
@@ -269,6 +272,9 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
                 p.wait()
+        for pump in self.pumps:  # the attempt's last lines, before the event that ends it
+            pump.join(5)
+        self.pumps = []
 
     def kill_leftovers(self, nodes: list[dict], attempt: int) -> None:
         """Ranks of the ended attempt that outlived their launcher (a rank orphaned on this

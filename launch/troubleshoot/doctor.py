@@ -18,9 +18,9 @@ from typing import Callable, Literal, Sequence
 from dtrain import contract, table
 from dtrain.contract import container_name
 from dtrain.launch.jobs import commands, node_programs, store
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
-from dtrain.launch.jobs.transport import SshTransport
+from dtrain.launch.remote.transport import SshTransport
 from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count  # noqa: F401 (EFA_TYPES: the one table, tests)
 from dtrain.launch.troubleshoot import checklist
 

@@ -24,7 +24,7 @@ import yaml
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_count
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 
 EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
 EX = contract.EXAMPLES

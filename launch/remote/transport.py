@@ -3,7 +3,7 @@
 It owns the ssh options of a set of nodes: the user's (-o ...), the fast key exchange where the
 ssh config leaves it alone (hosts.kex_opts, asked once), and one master connection per node
 reused by every step of a job (ControlMaster). `argv` builds one node's ssh command; `run`
-and `start` run a command on many nodes at once (launch.jobs.fanout).
+and `start` run a command on many nodes at once (launch.remote.fanout).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from dtrain.launch.jobs.fanout import Fanout, NodeResult, raise_on_failure
-from dtrain.launch.jobs.hosts import Node, kex_opts, ssh_argv
+from dtrain.launch.remote.fanout import Fanout, NodeResult, raise_on_failure
+from dtrain.launch.remote.hosts import Node, kex_opts, ssh_argv
 
 MUX_PERSIST_S = 60  # seconds an idle ssh master to a node outlives its launch (Ansible keeps 60 too)
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs.hosts import Node
+from dtrain.launch.remote.hosts import Node
 
 # ssh's own failures exit 255; these messages mean "could not reach sshd yet", worth a retry.
 # "Permission denied", "Host key verification failed", unknown hosts are not retried.
