@@ -385,8 +385,12 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
                "apply), mounted at /workdir, the job's working directory",
     "workdir_limit": "refuse a --workdir larger than this (default 1g; data belongs on a --mount)",
     "detach": "return once the job runs; the nodes supervise it (dtrain logs --follow, status, stop)",
-    "max_restarts": "restart the job after a failed rank or a lost node, this many times (default 0)",
-    "min_nodes": "restart on the nodes left while at least this many remain (default: all of them)",
+    "max_restarts": "restart the job after a failed rank or a lost node, this many times (default 0; "
+                    "with --spares, one per spare)",
+    "min_nodes": "with no spare left, restart on the nodes left while at least this many remain "
+                 "(default: all of them)",
+    "spares": "keep the last K nodes given ready (image, container, sshd) with no rank; a lost node, or "
+              "one given a spot notice, is swapped for one and the job restarts at full size",
     "checkpoint_dir": "DTRAIN_CHECKPOINT_DIR for every rank: where it saves and resumes (a path "
                       "in the containers, e.g. on a --mount)",
     "no_spot_watch": "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice "
@@ -396,7 +400,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
-           min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
+           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", "f", "file", "dump")}
     with user_errors():
@@ -415,14 +419,14 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
 
 # What `dtrain launch` does where neither a flag nor the job file says.
 LAUNCH_DEFAULTS = {"launcher": "mpirun", "master_port": "29500", "rdzv": "static", "pull": "always",
-                   "workdir_limit": "1g", "max_restarts": "0", "command": []}
+                   "workdir_limit": "1g", "command": []}
 
 
 def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None,
             ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
             env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
-            pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts="0",
-            min_nodes=None, checkpoint_dir=None, no_spot_watch=False):
+            pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts=None,
+            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False):
     import os
     from pathlib import Path
 
@@ -465,8 +469,10 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
                        shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
                        job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster),
                        workdir=workdir, workdir_limit=parse_size(workdir_limit), detach=bool(detach),
-                       max_restarts=_int_flag("--max-restarts", max_restarts, 0, 1000),
+                       max_restarts=(_int_flag("--max-restarts", max_restarts, 0, 1000)
+                                     if max_restarts is not None else None),
                        min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
+                       spares=_int_flag("--spares", spares, 0, 1000) if spares is not None else 0,
                        checkpoint_dir=checkpoint_dir,
                        imds="" if no_spot_watch else imds)
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))

@@ -1,25 +1,30 @@
-"""Recovery benchmark on the simulated cluster: the time from a node's loss to the job running
-again on the nodes left, for 3 and 6 nodes, beside a relaunch by hand.
+"""Recovery benchmark on the simulated cluster: a lost node to the job running again at full
+size on a warm spare, for 3 + 1 and 6 + 1 nodes, beside a fresh warm launch of the same job and
+a relaunch by hand.
 
-The job: launch/node/examples/ckpt_train.py under mpirun (DDP, gloo, a checkpoint every epoch),
-`--max-restarts 1 --min-nodes N-1`. Mid-run the last node's NIC goes down (its veth on the
-host: the node is gone for the others, as a lost instance is).
+The job: launch/node/examples/ckpt_train.py under mpirun (DDP, gloo, a checkpoint every epoch)
+on N nodes with `--spares 1` (N + 1 nodes given; the last is the spare: image, container and
+sshd ready, no rank). Mid-run the last ranked node's NIC goes down (its veth on the host: the
+node is gone for the others, as a lost instance is).
 
-- dtrain: from the NIC going down to the first rank of the restarted job printing that it
-  resumes (`restart 1: resuming at epoch E`), and beside it when the loss was reported and how
-  long the failed attempt took to end: detection (health probes every second, two missed)
-  + the failed attempt's end + the restart on N-1 nodes + the ranks' start.
-- by hand: what a user without restarts does after noticing: `dtrain launch` again on the N-1
-  nodes left (image already there, ssh warm), from the command to the first rank's resume line.
-  The time to notice is not counted (dtrain's detection is).
+- loss -> detected: from the NIC going down to `[launch] lost` in the job's log (the
+  heartbeat's silence, then the port check; the supervisor also logs `restart 1: detection`).
+- loss -> resumed: to the first rank of the restarted job, on the spare, printing that it
+  resumes (`restart 1: resuming at epoch E`), at the same world size.
+- fresh warm launch: `dtrain launch` of the same job on N nodes that hold the image, ssh warm,
+  from the command to the first rank's `starting at epoch 1` line.
+- by hand: what a user without spares does after noticing: the same launch on the N healthy
+  nodes (the spare in the lost one's place), from the command to the first rank's resume line.
+  The time a person takes to notice is not in it.
 
-    python bench/bench_recovery.py [--nodes 3,6]
+    python bench/bench_recovery.py [--nodes 3,6] [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -45,12 +50,17 @@ EX = contract.EXAMPLES
 RESUMED = re.compile(r"restart 1: resuming at epoch \d")
 
 
-def _spec(info, image: str, name: str, ckpt: Path, n: int, restarts: int) -> JobSpec:
+def _spec(info, image: str, name: str, ckpt: Path, **kw) -> JobSpec:
     return JobSpec(image=image, name=name, pull="missing", ssh_opts=("-F", info.ssh_config),
                    command=("python", f"{EX}/ckpt_train.py", "--epochs", "6", "--steps", "10", "--step-seconds", "0.2"),
                    env={"MASTER_ADDR": info.nodes[0].address, "MASTER_PORT": "29512"},
-                   mounts=(Mount(str(ckpt), "/ckpt"),), checkpoint_dir="/ckpt", health_interval=1.0,
-                   heartbeat_timeout=20, max_restarts=restarts, min_nodes=max(1, n - 1) if restarts else None)
+                   mounts=(Mount(str(ckpt), "/ckpt"),), checkpoint_dir="/ckpt", heartbeat_timeout=20, **kw)
+
+
+def _ckpt() -> Path:
+    ckpt = Path("/tmp") / f"dtrain-bench-ckpt-{uuid.uuid4().hex[:8]}"
+    ckpt.mkdir()
+    return ckpt
 
 
 def _fresh_log(name: str) -> None:
@@ -72,17 +82,20 @@ def _link(index: int, state: str) -> None:
     subprocess.run(["ip", "link", "set", f"{cluster.VETH_PREFIX}{index}", state], check=True)
 
 
-def dtrain(info, image: str, n: int) -> tuple[float, float, float]:
-    """(loss -> detected, the failed attempt's end, loss -> resumed), seconds."""
-    name = f"bench-recover-{n}"
-    ckpt = Path("/tmp") / f"dtrain-bench-ckpt-{uuid.uuid4().hex[:8]}"
-    ckpt.mkdir()
-    nodes = parse_hostfile(info.hostfile)[:n]
-    _fresh_log(name)
-    job = Job(_spec(info, image, name, ckpt, n, 1), nodes, say=lambda m: None)
+def _background(job: Job) -> tuple[threading.Thread, dict]:
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(code=job.run()), daemon=True)
     runner.start()
+    return runner, result
+
+
+def spare(info, image: str, n: int) -> tuple[float, float]:
+    """(loss -> detected, loss -> resumed at full size on the spare), seconds."""
+    name = f"bench-spare-{n}"
+    nodes = parse_hostfile(info.hostfile)[:n + 1]
+    _fresh_log(name)
+    job = Job(_spec(info, image, name, _ckpt(), spares=1), nodes, say=lambda m: None)
+    runner, result = _background(job)
     try:
         _wait_for(name, r"\] epoch 2 rank 0/")
         t0 = time.monotonic()
@@ -94,26 +107,17 @@ def dtrain(info, image: str, n: int) -> tuple[float, float, float]:
         _link(n, "up")
     if result.get("code") != 0:
         raise SystemExit(f"{name} failed: {job_log(name).read_text()[-2000:]}")
-    ended = re.search(r"the attempt ended in ([\d.]+) s", job_log(name).read_text())
-    return lost - t0, float(ended.group(1)) if ended else float("nan"), t1 - t0
+    return lost - t0, t1 - t0
 
 
-def by_hand(info, image: str, n: int) -> float:
-    """A relaunch on the n-1 nodes left, from the command to the first rank resuming."""
-    name = f"bench-hand-{n}"
-    ckpt = Path("/tmp") / f"dtrain-bench-ckpt-{uuid.uuid4().hex[:8]}"
-    ckpt.mkdir()
-    nodes = parse_hostfile(info.hostfile)[:n - 1]
-    first = Job(_spec(info, image, name + "-0", ckpt, n - 1, 0), nodes, say=lambda m: None)
-    if first.run() != 0:  # a checkpoint to resume from, as the lost run left
-        raise SystemExit(f"{name}: the first run failed")
-    spec = _spec(info, image, name, ckpt, n - 1, 0)
+def warm_launch(info, image: str, n: int, ckpt: Path, name: str, pattern: str) -> float:
+    """A launch of the job on n nodes that hold the image, from the command to `pattern`."""
+    nodes = parse_hostfile(info.hostfile)[:n - 1] + parse_hostfile(info.hostfile)[n:n + 1]
     _fresh_log(name)
     t0 = time.monotonic()
-    job = Job(spec, nodes, say=lambda m: None)
-    runner = threading.Thread(target=job.run, daemon=True)
-    runner.start()
-    t1 = _wait_for(name, r"resuming at epoch \d")
+    job = Job(_spec(info, image, name, ckpt), nodes, say=lambda m: None)
+    runner, _ = _background(job)
+    t1 = _wait_for(name, pattern)
     runner.join(600)
     return t1 - t0
 
@@ -121,18 +125,29 @@ def by_hand(info, image: str, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="3,6")
-    counts = [int(x) for x in ap.parse_args().nodes.split(",")]
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    counts = [int(x) for x in args.nodes.split(",")]
     engine.ensure_all()
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
-    rows = [("nodes", "loss -> detected (s)", "failed attempt ended in (s)", "dtrain: loss -> resumed on N-1 (s)",
-             "by hand: relaunch on N-1 -> resumed (s)")]
+    rows = [("nodes", "loss -> detected (s)", "loss -> resumed at full size, spare (s)", "fresh warm launch (s)",
+             "by hand: relaunch -> resumed (s)", "resumed vs warm launch")]
     for n in counts:
-        info = cluster.up(n, recreate=True, quiet=True)
+        info = cluster.up(n + 1, recreate=True, quiet=True)
         engine.allow_insecure_registry(info.registry)
         image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
-        detect, ended, auto = dtrain(info, image, n)
-        hand = by_hand(info, image, n)
-        rows.append((str(n), f"{detect:.1f}", f"{ended:.1f}", f"{auto:.1f}", f"{hand:.1f}"))
+        samples = {k: [] for k in ("detect", "resumed", "warm", "hand")}
+        for _ in range(args.repeat):
+            detect, resumed = spare(info, image, n)
+            samples["detect"].append(detect)
+            samples["resumed"].append(resumed)
+            samples["warm"].append(warm_launch(info, image, n, _ckpt(), f"bench-warm-{n}", r"starting at epoch 1"))
+            ckpt = _ckpt()
+            warm_launch(info, image, n, ckpt, f"bench-hand-{n}-0", r"training done")  # a checkpoint to resume from
+            samples["hand"].append(warm_launch(info, image, n, ckpt, f"bench-hand-{n}", r"resuming at epoch \d"))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        rows.append((f"{n} + 1", f"{med['detect']:.1f}", f"{med['resumed']:.1f}", f"{med['warm']:.1f}",
+                     f"{med['hand']:.1f}", f"{med['resumed'] / med['warm']:.2f}x"))
         print(markdown(rows[:1] + rows[-1:]), flush=True)
     print(markdown(rows))
 

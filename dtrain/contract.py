@@ -39,6 +39,12 @@ WORKDIR = "/workdir"
 # The job's directory on each node (~/.dtrain/node-jobs/<job>: supervisor, plan, heartbeat, log),
 # mounted here in every container of the job.
 CONTAINER_JOB_DIR = "/dtrain-job"
+# A spot notice on a node of a running job: the supervisor creates this file in every container
+# (each has its own node's job directory here) and each rank finds its path in CHECKPOINT_NOW_VAR:
+# the job saves a checkpoint at its next step and rank 0 removes the file to say it is saved;
+# then the supervisor swaps a spare in for the leaving node and restarts from that checkpoint.
+CHECKPOINT_NOW = f"{CONTAINER_JOB_DIR}/checkpoint-now"
+CHECKPOINT_NOW_VAR = "DTRAIN_CHECKPOINT_NOW"
 # The supervisor's events among the job's output lines: this prefix, then one JSON object.
 SUPERVISOR_EVENT = "dtrain-supervisor "
 # The readiness check's exit code (launch/node/run.sh --ready, which gets it as --ready-code):

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from dtrain import ROOT
-from dtrain.launch.jobs import supervision
+from dtrain.launch.jobs import commands, supervision
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
@@ -27,7 +27,7 @@ sv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sv)
 
 NODES = [Node("10.0.0.1", 2), Node("10.0.0.2", 1), Node("10.0.0.3", 4)]
-PLAN_NODES = [{"address": n.host, "hostname": f"node-{i + 1}", "slots": n.slots} for i, n in enumerate(NODES)]
+PLAN_NODES = [commands.PlanNode(n.host, f"node-{i + 1}", n.slots, "ens5") for i, n in enumerate(NODES)]
 CMD = ["python", "train.py", "-np", "9", "-H", "x:1", "--nnodes", "7"]  # the user's own look-alike flags stay
 
 
@@ -35,13 +35,13 @@ FACTS = [NodeFacts(n, n.host, f"node-{i + 1}", "ens5" if i != 2 else "eth0", 0, 
          for i, n in enumerate(NODES)]
 
 
-def _supervisor_argvs(tmp_path, plan: dict, keep: list[int], attempt: int = 1) -> list[list[str]]:
+def _supervisor_argvs(tmp_path, plan: commands.RunPlan, keep: list[int], attempt: int = 1) -> list[list[str]]:
     """What the supervisor runs for an attempt on the nodes `keep` (its processes not started)."""
     sup = sv.Supervisor(plan, tmp_path)
     ran: list[list[str]] = []
     sup._spawn = lambda argv, env, prefix="": ran.append(argv)
     sup.remote = lambda node, line, **kw: shlex.split(line.split(" && exec ", 1)[1])
-    sup.start([plan["nodes"][i] for i in keep], attempt)
+    sup.start([plan.nodes[i] for i in keep], attempt)
     return ran
 
 
@@ -59,7 +59,7 @@ def test_a_restart_on_fewer_nodes_runs_what_the_launchers_builder_makes_for_them
     prefix = ["bash", "-c", "run.sh", "--"] if launcher == "torchrun" else []
     plan = supervision.plan(launch_command(spec, 5, subnet), plan_nodes(facts), ssh=["ssh"],
                             policy=supervision.Policy(min_nodes=1), node_prefix=prefix)
-    plan = json.loads(json.dumps(plan))  # as the supervisor reads it
+    plan = commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json())))  # as the supervisor reads it
     left = [facts[i] for i in keep]
     builder = LAUNCHERS[launcher]
     if launcher == "torchrun":
@@ -68,28 +68,62 @@ def test_a_restart_on_fewer_nodes_runs_what_the_launchers_builder_makes_for_them
         want = [builder.argv(spec, left, 0, left[0].iface, 5, subnet)]
     got = _supervisor_argvs(tmp_path, plan, keep)
     assert got == want
-    assert "s3cret" not in json.dumps(plan) + str(got)  # --env values travel by file, never argv
+    assert "s3cret" not in json.dumps(plan.to_json()) + str(got)  # --env values travel by file, never argv
     if launcher == "mpirun":
         assert got[0][got[0].index("-H") + 1] == ",".join(f"{f.address}:{f.node.slots}" for f in left)
         assert got[0][-len(CMD):] == CMD
 
 
 def test_rank_map_follows_slots_in_node_order():
-    assert sv.rank_map(PLAN_NODES) == ["node-1", "node-1", "node-2", "node-3", "node-3", "node-3", "node-3"]
+    assert commands.rank_map(PLAN_NODES) == ["node-1", "node-1", "node-2", "node-3", "node-3", "node-3", "node-3"]
 
 
 def test_next_step():
     alive = PLAN_NODES
-    assert sv.next_step(alive, {}, 0, 0, 2, 1) == ("succeeded", "")
-    step, why = sv.next_step(alive, {"node-3": "sshd on 2022 unreachable: Connection refused"}, 0, 1, 2, 1)
+    assert sv.next_step(alive, (), {}, 0, 0, 2, 1) == ("succeeded", "")
+    step, why = sv.next_step(alive, (), {"node-3": "sshd on 2022 unreachable: Connection refused"}, 0, 1, 2, 1)
     assert step == "restart" and "node-3" in why and "Connection refused" in why
-    step, why = sv.next_step(alive, {"node-3": "gone"}, 1, 1, 2, 1)
+    step, why = sv.next_step(alive, (), {"node-3": "gone"}, 1, 1, 2, 1)
     assert step == "failed" and "--max-restarts 1" in why
-    step, why = sv.next_step(alive, {"node-2": "gone", "node-3": "gone"}, 0, 1, 2, 3)
-    assert step == "failed" and "1 node(s) left, fewer than --min-nodes 2" in why and "node-2" in why
-    step, why = sv.next_step(alive, {}, 0, 3, 1, 2)  # a rank failed, every node still there
+    step, why = sv.next_step(alive, (), {"node-2": "gone", "node-3": "gone"}, 0, 1, 2, 3)
+    assert step == "failed" and "1 node(s) left and no spare, fewer than --min-nodes 2" in why and "node-2" in why
+    step, why = sv.next_step(alive, (), {}, 0, 3, 1, 2)  # a rank failed, every node still there
     assert step == "restart" and "exited 3" in why
-    assert sv.next_step(alive, {}, 2, 3, 1, 2)[0] == "failed"
+    assert sv.next_step(alive, (), {}, 2, 3, 1, 2)[0] == "failed"
+    spare = commands.PlanNode("10.0.0.4", "node-4", 2, "ens5")
+    # with a spare, two lost of three still restart at full size... one replaced, one dropped
+    assert sv.next_step(alive, (spare,), {"node-2": "gone", "node-3": "gone"}, 0, 1, 2, 3)[0] == "restart"
+    assert sv.next_step(alive, (spare,), {"node-2": "gone", "node-3": "gone"}, 0, 1, 3, 3)[0] == "failed"
+    step, why = sv.next_step(alive, (spare,), {"node-1": "leaving (spot notice)"}, 0, 1, 1, 3)
+    assert step == "failed" and "first node, where its supervisor runs" in why
+
+
+def test_swap_out_puts_a_spare_in_the_lost_nodes_place():
+    n1, n2, n3 = PLAN_NODES
+    s4, s5 = commands.PlanNode("10.0.0.4", "node-4", 2, "ens5"), commands.PlanNode("10.0.0.5", "node-5", 2, "ens5")
+    assert commands.swap_out(PLAN_NODES, (s4, s5), {"node-2": "gone"}) == ((n1, s4, n3), (s5,), {"node-2": "node-4"})
+    assert commands.swap_out(PLAN_NODES, (s4,), {"node-2": "x", "node-3": "y"}) == ((n1, s4), (), {"node-2": "node-4"})
+    assert commands.swap_out(PLAN_NODES, (s4, s5), {"node-4": "spare lost"}) == (tuple(PLAN_NODES), (s5,), {})
+    assert commands.swap_out(PLAN_NODES, (), {}) == (tuple(PLAN_NODES), (), {})
+
+
+def test_a_node_is_lost_only_when_silent_and_unreachable_or_silent_for_long():
+    plan = _plan(["true"])
+    assert sv.verdict(0.4, None, plan) == ""
+    assert sv.verdict(2.0, None, plan) == ""  # not asked yet: the port check decides
+    assert sv.verdict(2.0, True, plan) == ""  # slow (a busy CPU, a disk under writeback), not lost
+    assert "port 2022 unreachable" in sv.verdict(2.0, False, plan)
+    assert sv.verdict(plan.lost_after, True, plan) == f"no heartbeat for {plan.lost_after:.0f} s"
+
+
+def test_the_plan_reads_back_and_refuses_what_it_does_not_know():
+    plan = _plan(["python", "train.py"])
+    plan = replace(plan, spares=(commands.PlanNode("10.0.0.4", "node-4", 1, "ens5"),), quarantined=(("node-9", "slow"),))
+    assert commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    with pytest.raises(ValueError, match="unknown key"):
+        commands.RunPlan.from_json({**plan.to_json(), "hang": 1})
+    with pytest.raises(ValueError, match="a node twice"):
+        replace(plan, spares=plan.nodes)
 
 
 def test_render_turns_supervisor_output_into_user_lines():
@@ -137,19 +171,18 @@ def _supervisor_env(tmp_path) -> dict:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def _run_supervisor(tmp_path, plan: dict, **kw) -> subprocess.CompletedProcess:
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+def _run_supervisor(tmp_path, plan: commands.RunPlan, **kw) -> subprocess.CompletedProcess:
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     return subprocess.run([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
                           capture_output=True, text=True, env=_supervisor_env(tmp_path), **kw)
 
 
-def _plan(argv: list[str], **extra) -> dict:
-    # keep_containers: no teardown (it would signal pid 1); interval: no health probe of this machine
-    nodes = [{"address": "10.0.0.1", "hostname": "node-1", "slots": 1, "iface": "lo"}]
+def _plan(argv: list[str], **extra) -> commands.RunPlan:
+    # keep_containers: no teardown (it would signal pid 1)
+    nodes = [commands.PlanNode("10.0.0.1", "node-1", 1, "lo")]
     run = launch_command(JobSpec(image="i", command=tuple(argv), name="t"))
-    plan = supervision.plan(run, nodes, ssh=[], policy=supervision.Policy(max_restarts=2, interval=600),
-                            attached=False)
-    return {**plan, "keep_containers": True, **extra}
+    plan = supervision.plan(run, nodes, ssh=[], policy=supervision.Policy(max_restarts=2), attached=False)
+    return replace(plan, keep_containers=True, **extra)
 
 
 def test_a_full_disk_ends_the_job_naming_the_node_and_the_file(tmp_path):
@@ -172,7 +205,7 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
     """A lost link the node's sshd never notices: the launcher's lines on stdin stop, and after
     launcher_silence seconds the supervisor stops the job."""
     plan = _plan(["sh", "-c", "sleep 120", "sh"], attached=True, launcher_silence=2)
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     t0 = time.monotonic()
     with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_supervisor_env(tmp_path)) as p:
@@ -213,10 +246,50 @@ def test_on_a_node_the_supervisor_imports_the_launchers_builders_sent_beside_it(
 
     shutil.copy(ROOT / "launch" / "node" / "supervise.py", tmp_path / "supervise.py")
     (tmp_path / "builders.json").write_text(json.dumps(supervision.builder_files()))
-    (tmp_path / "plan.json").write_text(json.dumps(_plan(["sh", "-c", "echo rank says hi", "sh"])))
+    (tmp_path / "plan.json").write_text(json.dumps(_plan(["sh", "-c", "echo rank says hi", "sh"]).to_json()))
     r = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "supervise.py"), str(tmp_path / "plan.json")],
                        capture_output=True, text=True, env=_supervisor_env(tmp_path), timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "rank says hi" in r.stdout and '"event": "succeeded"' in r.stdout, r.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "builders.json", "output.log", "plan.json",
                                                           "state.json", "supervise.py"]  # nothing unpacked here
+
+
+def _fake_ssh(tmp_path) -> str:
+    """An `ssh` for the supervisor's sessions to other nodes, on this machine: the heartbeat line
+    runs here, its lines passed on while no file `down-ADDRESS` exists (then silence, as a NIC
+    that went down); every other line (kill, touch) does nothing here."""
+    path = tmp_path / "bin" / "fake-ssh"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text('#!/bin/bash\naddr=${@: -2:1} line=${@: -1}\n'
+                    f'case $line in "n=0; while"*) ;; *) exit 0 ;; esac\n'
+                    f'sh -c "$line" | while read -r l; do [ -e "{tmp_path}/down-$addr" ] || echo "$l"; done\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_silent_unreachable_node_is_lost_within_3_s_and_a_spare_takes_its_place(tmp_path):
+    """Three nodes (127.0.0.x: nothing listens on their port 2022, as a node whose NIC is down)
+    of which the last is a spare. node-2 goes silent: lost within 3 s (silent 1.5 s, then its port
+    refuses), the spare takes its place in rank order, the job restarts at full size, node-2 is
+    quarantined."""
+    nodes = [commands.PlanNode(f"127.0.0.{i}", f"node-{i}", 1, "lo") for i in (1, 2, 3)]
+    job = ('echo "attempt $DTRAIN_RESTART"; [ "$DTRAIN_RESTART" = 1 ] && exit 0; '
+           f'sleep 1; touch {tmp_path}/down-127.0.0.2; echo "down at $(date +%s.%N)"; sleep 60')
+    plan = replace(_plan(["sh", "-c", job, "sh"]), nodes=tuple(nodes[:2]), spares=(nodes[2],),
+                   ssh=(_fake_ssh(tmp_path),), min_nodes=2)
+    r = _run_supervisor(tmp_path, plan, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = [json.loads(ln[len(EVENT):]) for ln in r.stdout.splitlines() if ln.startswith(EVENT)]
+    names = [e["event"] for e in events if e["event"] != "phase"]
+    assert names == ["running", "lost", "spare-in", "restart", "running", "succeeded"], r.stdout
+    lost = next(e for e in events if e["event"] == "lost")
+    assert list(lost["nodes"]) == ["node-2"] and "port 2022 unreachable" in lost["nodes"]["node-2"], lost
+    detection = next(e for e in events if e["event"] == "phase" and e["phase"] == "detection")
+    assert detection["node"] == "node-2" and detection["seconds"] <= 3, detection
+    rerun = [e for e in events if e["event"] == "running"][1]
+    assert rerun["nodes"] == ["node-1", "node-3"] and rerun["spares"] == [], rerun
+    restart = next(e for e in events if e["event"] == "restart")
+    assert restart["replaced"] == {"node-2": "node-3"} and restart["dropped"] == [], restart
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["quarantined"] == {"node-2": lost["nodes"]["node-2"]} and state["nodes"] == ["node-1", "node-3"]

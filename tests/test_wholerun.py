@@ -111,8 +111,7 @@ def _ckpt_job(cluster, remote_images, name, n, **kw):
     return _job(cluster, remote_images["pytorch-ddp"],
                 ["python", f"{EX}/ckpt_train.py", "--epochs", "8", "--steps", "10", "--step-seconds", "0.2"],
                 name, n=n, env={"MASTER_ADDR": master, "MASTER_PORT": "29511"},
-                mounts=(Mount(str(ckpt), "/ckpt"),), checkpoint_dir="/ckpt", health_interval=1.0,
-                heartbeat_timeout=20, **kw)
+                mounts=(Mount(str(ckpt), "/ckpt"),), checkpoint_dir="/ckpt", heartbeat_timeout=20, **kw)
 
 
 def test_a_lost_node_restarts_the_job_on_the_others_from_the_last_checkpoint(cluster, remote_images):
@@ -123,7 +122,7 @@ def test_a_lost_node_restarts_the_job_on_the_others_from_the_last_checkpoint(clu
     finally:
         _link(cluster, 3, "up")
     assert code == 0, out
-    assert "[launch] lost node-3: sshd on 2022" in out, out
+    assert re.search(r"\[launch\] lost node-3: no heartbeat for [\d.]+ s and port 2022 unreachable", out), out
     assert "[launch] restart 1:" in out and "dropped node-3" in out, out
     resumed = re.findall(r"rank (\d)/2 host (node-\d) restart 1: resuming at epoch (\d)", out)
     assert sorted(r[1] for r in resumed) == ["node-1", "node-2"], out
@@ -142,19 +141,91 @@ def test_fewer_nodes_than_min_nodes_fails_naming_the_lost_node(cluster, remote_i
     _wait_clean(cluster, name)
 
 
-def test_a_spot_notice_signals_the_ranks_and_the_node_leaves_the_job(cluster, remote_images):
+def _phases(out: str) -> dict[str, float]:
+    """A restart's timed steps from the log: {phase: seconds}."""
+    return {m[0]: float(m[1]) for m in re.findall(r"\[launch\] restart 1: ([a-z-]+)(?: \S+)? ([\d.]+) s$", out, re.M)}
+
+
+def test_a_lost_node_is_swapped_for_a_warm_spare_and_the_job_resumes_at_full_size(cluster, remote_images):
+    """node-3 is a spare (ready, no rank). node-2's NIC goes down mid-run: lost within 3 s of its
+    last heartbeat, node-3 takes its place, the job resumes from the checkpoint with 2 ranks
+    (the same world size), node-2 is quarantined; every node is clean afterwards."""
+    name = "t-spare"
+    _when_in_log(name, r"\] epoch 2 rank 0/2", lambda: _link(cluster, 2, "down"))
+    try:
+        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, spares=1)
+    finally:
+        _link(cluster, 2, "up")
+    assert code == 0, out
+    assert "spares node-3" in out, out
+    assert re.search(r"\[launch\] lost node-2: no heartbeat for [\d.]+ s and port 2022 unreachable", out), out
+    assert "[launch] spare node-3 in for node-2" in out, out
+    assert "[launch] restart 1: lost node-2" in out and "node-2 replaced by spare node-3" in out, out
+    resumed = re.findall(r"rank (\d)/2 host (node-\d) restart 1: resuming at epoch (\d)", out)
+    assert sorted(r[1] for r in resumed) == ["node-1", "node-3"], out
+    assert all(int(r[2]) >= 3 for r in resumed), f"resumed from the checkpoint, not epoch 1: {resumed}"
+    phases = _phases(out)
+    assert phases["detection"] <= 3.0, phases
+    assert {"detection", "teardown", "spare-in", "resumed"} <= set(phases), out
+    assert "[launch] job succeeded" in out
+    _wait_clean(cluster, name)
+
+
+def test_a_busy_node_is_not_lost(cluster, remote_images):
+    """A node whose CPUs are saturated and whose disk is under heavy writeback for 15 s keeps
+    its place: no loss, no restart (its kernel answers, its heartbeat is only late)."""
+    name = "t-busy"
+    load = ("docker exec -d dtrain-t-busy sh -c 'for i in 1 2 3 4; do timeout 15 sh -c \"while :; do :; done\" & done; "
+            "timeout 15 dd if=/dev/zero of=/tmp/dtrain-busy bs=1M count=3000 conv=fsync; rm -f /tmp/dtrain-busy'")
+    _when_in_log(name, r"\] epoch 1 rank 0/3", lambda: on_node(cluster, 2, load))
+    code, out, _ = _ckpt_job(cluster, remote_images, name, 3, max_restarts=1)
+    assert code == 0, out
+    assert "[launch] lost" not in out and "[launch] restart" not in out, out
+    _wait_clean(cluster, name)
+
+
+def test_a_spot_notice_checkpoints_now_and_a_spare_takes_the_leaving_nodes_place(cluster, remote_images):
+    """The spot notice reaches node-2: the job is told to checkpoint now (rank 0 saves and says
+    so), node-2 is taken out and the spare node-3 takes its place, the job resumes at full size
+    from that checkpoint, well within the notice's two minutes."""
     name = "t-spot"
     imds = Imds(cluster.bridge_address)
+    noticed: list[float] = []
+
+    def notice() -> None:
+        noticed.append(time.monotonic())
+        imds.notice.add(cluster.nodes[1].address)
     try:
-        _when_in_log(name, r"\] epoch 2 rank 0/3", lambda: imds.notice.add(cluster.nodes[2].address))
-        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, max_restarts=1, min_nodes=2,
-                                 imds=imds.url, spot_grace=5)
+        _when_in_log(name, r"\] epoch 2 rank 0/2", notice)
+        _when_in_log(name, r"restart 1: resuming at epoch", lambda: noticed.append(time.monotonic()))
+        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, spares=1, imds=imds.url)
     finally:
         imds.close()
     assert code == 0, out
     assert all(imds.asked.get(n.address) for n in cluster.nodes[:3]), f"every node watches: {imds.asked}"
-    assert re.search(r"\[node-3 r2\] rank 2: SIGTERM in epoch \d", out), out
-    assert "[launch] lost node-3: leaving (spot notice)" in out, out
+    assert "[launch] spot notice: the job is asked to checkpoint now (DTRAIN_CHECKPOINT_NOW)" in out, out
+    saved = re.search(r"\[node-1 r0\] rank 0: checkpoint now, in epoch (\d)", out)
+    assert saved, out
+    assert "[launch] lost node-2: leaving (spot notice)" in out and "[launch] spare node-3 in for node-2" in out, out
+    resumed = re.findall(r"rank (\d)/2 host (node-\d) restart 1: resuming at epoch (\d)", out)
+    assert sorted(r[1] for r in resumed) == ["node-1", "node-3"], out
+    # from the checkpoint made on notice (or the epoch's own, where the epoch ended before the stop)
+    assert all(int(r[2]) - int(saved.group(1)) in (0, 1) for r in resumed), f"{saved.group(0)}: {resumed}"
+    assert noticed[1] - noticed[0] < 120, "resumed within the notice's two minutes"
+    assert "[launch] job succeeded" in out
+    _wait_clean(cluster, name)
+
+
+def test_a_spot_notice_without_a_spare_goes_on_with_the_nodes_left(cluster, remote_images):
+    name = "t-spot-nospare"
+    imds = Imds(cluster.bridge_address)
+    try:
+        _when_in_log(name, r"\] epoch 2 rank 0/3", lambda: imds.notice.add(cluster.nodes[2].address))
+        code, out, _ = _ckpt_job(cluster, remote_images, name, 3, max_restarts=1, min_nodes=2, imds=imds.url)
+    finally:
+        imds.close()
+    assert code == 0, out
+    assert "[launch] lost node-3: leaving (spot notice)" in out and "dropped node-3" in out, out
     assert re.search(r"rank 0/2 host node-1 restart 1: resuming at epoch [3-8]", out), out
     assert "[launch] job succeeded" in out
     _wait_clean(cluster, name)

@@ -369,36 +369,143 @@ class LaunchCommand:
                       for k, v in data.items()})
 
 
-def attempt_argv(run: LaunchCommand, nodes: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """The launcher command of one attempt on `nodes` ({address, slots, iface} in rank order):
-    [argv] run in the first node's container (mpirun, horovodrun; its -np/-H from nodes), or one
-    argv per node, run in that node's container (torchrun: --nnodes and --node_rank from nodes,
-    NCCL/Gloo on that node's NIC). The one author of the command: the launch and every restart
-    of the supervisor (launch/node/supervise.py) call it, each with the nodes it has."""
+@dataclass(frozen=True)
+class PlanNode:
+    """One node of a run as the builders and the supervisor see it: the address peers reach it
+    at, its hostname, its ranks and the NIC the job uses there."""
+
+    address: str
+    hostname: str
+    slots: int
+    iface: str
+
+
+def attempt_argv(run: LaunchCommand, nodes: Sequence[PlanNode]) -> list[list[str]]:
+    """The launcher command of one attempt on `nodes` (in rank order): [argv] run in the first
+    node's container (mpirun, horovodrun; its -np/-H from nodes), or one argv per node, run in
+    that node's container (torchrun: --nnodes and --node_rank from nodes, NCCL/Gloo on that
+    node's NIC). The one author of the command: the launch and every restart of the supervisor
+    (launch/node/supervise.py) call it, each with the nodes it has."""
     if not nodes:
         raise ValueError("attempt_argv: no nodes")
-    peers = [Node(str(n["address"]), int(n["slots"])) for n in nodes]
+    peers = [Node(n.address, n.slots) for n in nodes]
     extra = [k for k, _ in run.extra_env]
     if run.launcher == "mpirun":
         kw: dict[str, Any] = dict(
-            iface=nodes[0]["iface"], env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
+            iface=nodes[0].iface, env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
             forward=[*run.forward, RESTART_VAR, *extra], ompi_major=run.ompi,
             ssh_options=CONTAINER_SSH_MUX, extra_mca=[*mpi_defaults(run.mca), *run.mca])
         argv = (mpirun_argv(peers, list(run.command), **kw) if run.subnet is None
                 else mpirun_mixed_argv(peers, list(run.command), subnet=run.subnet, **kw))
         return [[argv[0], "--tag-output", *argv[1:]]]
     if run.launcher == "horovodrun":  # horovodrun forwards its whole environment (extra_env too)
-        return [horovodrun_argv(peers, list(run.command), iface=nodes[0]["iface"], ssh_port=contract.SSH_PORT,
+        return [horovodrun_argv(peers, list(run.command), iface=nodes[0].iface, ssh_port=contract.SSH_PORT,
                                 env_names=[*run.env_names, *extra])]
     if run.launcher == "torchrun":
         out = []
         for rank, n in enumerate(nodes):
-            t = torchrun_argv(len(nodes), rank, int(n["slots"]), str(nodes[0]["address"]), run.master_port,
+            t = torchrun_argv(len(nodes), rank, n.slots, nodes[0].address, run.master_port,
                               list(run.command), rdzv=run.rdzv, job_id=run.job)
-            env = {**torchrun_env(str(n["iface"])), **dict(run.extra_env)}
+            env = {**torchrun_env(n.iface), **dict(run.extra_env)}
             out.append(["env", *(f"{k}={v}" for k, v in env.items()), t[0], "--tee", "3", *t[1:]])
         return out
     raise ValueError(f"attempt_argv: no supervised launcher {run.launcher!r}")
+
+
+def rank_map(nodes: Sequence[PlanNode]) -> list[str]:
+    """Global rank -> hostname, as `--map-by slot` and torchrun's node ranks fill them."""
+    return [n.hostname for n in nodes for _ in range(n.slots)]
+
+
+def swap_out(nodes: Sequence[PlanNode], spares: Sequence[PlanNode], out: Mapping[str, str]
+             ) -> tuple[tuple[PlanNode, ...], tuple[PlanNode, ...], dict[str, str]]:
+    """Take the nodes named in `out` ({hostname: why}) out of a run: each active one is replaced,
+    in its place in rank order, by the first spare left, or dropped where none is; a spare named
+    there is dropped. Returns (nodes, spares, {replaced hostname: the spare's hostname}). The
+    launcher (a node the network gate names) and the supervisor (a node lost, leaving) both
+    call it."""
+    left = [s for s in spares if s.hostname not in out]
+    kept: list[PlanNode] = []
+    took: dict[str, str] = {}
+    for n in nodes:
+        if n.hostname not in out:
+            kept.append(n)
+        elif left:
+            spare = left.pop(0)
+            kept.append(spare)
+            took[n.hostname] = spare.hostname
+    return tuple(kept), tuple(left), took
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a supervised run is: made once by the launcher (launch/jobs/job.py plan), written to
+    the first node as plan.json, read by the supervisor (launch/node/supervise.py), which builds
+    every attempt's command from it with attempt_argv. No --env value is in it: names only."""
+
+    run: LaunchCommand  # the launcher command apart from its nodes
+    nodes: tuple[PlanNode, ...]  # the ranks' nodes in rank order; the first runs the supervisor
+    spares: tuple[PlanNode, ...] = ()  # ready (image, container, sshd), no rank: swapped in for a lost node
+    quarantined: tuple[tuple[str, str], ...] = ()  # (hostname, why): taken out before the start
+    ssh: tuple[str, ...] = ()  # ssh argv, without host, from this container to another's sshd
+    node_prefix: tuple[str, ...] = ()  # what runs a per-node command in its container (torchrun)
+    max_restarts: int = 0
+    min_nodes: int = 1  # fewest nodes to go on with when no spare is left
+    attached: bool = True  # a launcher holds the supervisor's stdin (it ends the job when it goes)
+    launcher_silence: float = 30  # an attached job ends after this long without a line from its launcher
+    node_dir: str = ""  # the job's directory on the first node (what an error about its files names)
+    # health: each node's container sends a line every `beat` s over a standing session; a node
+    # silent for `suspect_after` s whose sshd port does not take a connection within
+    # `connect_timeout` s is lost; one silent for `lost_after` s is lost whatever its port says
+    beat: float = 0.5
+    suspect_after: float = 1.5
+    connect_timeout: float = 1.0
+    lost_after: float = 30.0
+    checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint
+    settle: float = 1.0  # after a failed rank: wait this long before asking which nodes are left
+    keep_containers: bool = False  # tests: leave the containers at the end
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("RunPlan: no nodes")
+        if not 1 <= self.min_nodes <= len(self.nodes):
+            raise ValueError(f"RunPlan: min_nodes {self.min_nodes} not in 1..{len(self.nodes)}")
+        names = [n.hostname for n in (*self.nodes, *self.spares)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"RunPlan: a node twice in {names}")
+        attempt_argv(self.run, self.nodes)  # a programming mistake fails here, not on the node
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            if k == "run":
+                v = v.to_json()
+            elif k in ("nodes", "spares"):
+                v = [n.__dict__ for n in v]
+            elif k == "quarantined":
+                v = [list(p) for p in v]
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[k] = v
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunPlan:
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"plan: unknown key(s) {sorted(unknown)} (a launcher newer than this supervisor?)")
+        kw: dict[str, Any] = {}
+        for k, v in data.items():
+            if k == "run":
+                v = LaunchCommand.from_json(v)
+            elif k in ("nodes", "spares"):
+                v = tuple(PlanNode(**n) for n in v)
+            elif k == "quarantined":
+                v = tuple(tuple(p) for p in v)
+            elif isinstance(v, list):
+                v = tuple(v)
+            kw[k] = v
+        return cls(**kw)
 
 
 # --- env files -----------------------------------------------------------------------------

@@ -77,13 +77,18 @@ class JobSpec:
     workdir: str | None = None  # sent to every node, mounted at /workdir (launch.jobs.workdir)
     workdir_limit: int = wdir.DEFAULT_LIMIT
     detach: bool = False  # return once the job runs; its supervision stays on the nodes
-    max_restarts: int = 0  # restarts after a failed rank or a lost node
+    max_restarts: int | None = None  # restarts after a failed rank or a lost node (None: one per spare)
     min_nodes: int | None = None  # fewest nodes to restart on (None: every node)
+    spares: int = 0  # the last `spares` nodes given are kept ready, no rank, swapped in for a lost one
     checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
     imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
-    health_interval: float = 5.0  # seconds between the supervisor's probes of every node
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
-    spot_grace: int = 30  # seconds between a spot notice's SIGTERM and the node leaving
+    spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
+
+    @property
+    def restarts(self) -> int:
+        """--max-restarts, or one restart per spare where it is not given."""
+        return self.spares if self.max_restarts is None else self.max_restarts
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,17 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
                      tuple(p.get("port_jobs", "").split()), network)
+
+
+def check_spares(spec: JobSpec, given: int) -> None:
+    """--spares and --min-nodes against the nodes given: at least one node runs ranks."""
+    if not 0 <= spec.spares < given:
+        raise LaunchError(f"--spares {spec.spares}: fewer than the {given} node(s) given (the last ones given "
+                          "are the spares; at least one runs the job)")
+    ranked = given - spec.spares
+    if spec.min_nodes is not None and not 1 <= spec.min_nodes <= ranked:
+        raise LaunchError(f"--min-nodes {spec.min_nodes}: between 1 and the {ranked} node(s) "
+                          + (f"that run ranks ({given} given, {spec.spares} spare(s))" if spec.spares else "given"))
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
@@ -592,17 +608,24 @@ class Job:
             wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
         return Prepared(next(iter(dirs.values())), held, login, digest)
 
-    def plan(self, started: Started, node_dir: str, ompi: int) -> dict:
-        """What the supervisor runs (plan.json): the launcher command apart from its nodes and
-        the nodes; it builds each attempt's command from them (commands.attempt_argv), the first
-        one as job_argv does here. A per-node command (torchrun) runs in its container through
-        launch/node/run.sh: the job's --env values from its file."""
-        spec, facts = self.spec, started.facts
-        policy = supervision.Policy(spec.max_restarts, spec.min_nodes or len(facts), spec.health_interval)
-        prefix = run_argv(spec, facts, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
-        return supervision.plan(launch_command(spec, ompi, started.subnet), plan_nodes(facts),
-                                ssh=supervision.container_ssh(CONTAINER_SSH_MUX), policy=policy,
-                                attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
+    def plan(self, started: Started, node_dir: str, ompi: int,
+             quarantined: dict[str, str] | None = None) -> commands.RunPlan:
+        """What the supervisor runs (plan.json): the launcher command apart from its nodes, the
+        nodes (the last `--spares` of them ready, with no rank) and the restart policy; it builds
+        each attempt's command from them (commands.attempt_argv), the first one as the launch
+        shows it. A per-node command (torchrun) runs in its container through
+        launch/node/run.sh: the job's --env values from its file. quarantined: nodes taken out
+        before the start ({host: why}; a spare takes each one's place)."""
+        spec = self.spec
+        active = len(started.facts) - spec.spares
+        ranks, spares = plan_nodes(started.facts[:active]), plan_nodes(started.facts[active:])
+        if quarantined:
+            ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
+        policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks))
+        prefix = run_argv(spec, started.facts, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
+        return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
+                                quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
+                                policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
     def run_supervised(self, started: Started, node_dir: str, ompi: int) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
@@ -611,11 +634,12 @@ class Job:
         facts = started.facts
         first = facts[0]
         plan = self.plan(started, node_dir, ompi)
-        store.record(self.spec.name, state="running", ranks=rank_nodes(facts), first=first.node.host)
-        shown = commands.attempt_argv(commands.LaunchCommand.from_json(plan["run"]), plan["nodes"])[0]
+        store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host)
+        shown = commands.attempt_argv(plan.run, plan.nodes)[0]
+        spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
-                 + (f" (up to {self.spec.max_restarts} restart(s) on at least {plan['min_nodes']} node(s))"
-                    if self.spec.max_restarts else "") + f": {shlex.join(shown)}")
+                 + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
+                    if plan.max_restarts else spares) + f": {shlex.join(shown)}")
         job_dir = supervision.CONTAINER_JOB_DIR
         sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
         if self.spec.detach:  # in the background, its output to its files only
@@ -627,7 +651,7 @@ class Job:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(
             "supervise", node_dir, "detach" if self.spec.detach else "attach", *inner))
-        payload = "".join(part + "\0" for part in (contract.node_script("supervise.py"), json.dumps(plan),
+        payload = "".join(part + "\0" for part in (contract.node_script("supervise.py"), json.dumps(plan.to_json()),
                                                    json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
@@ -658,8 +682,11 @@ class Job:
                 if line.startswith(contract.READY_SAYS):
                     ready_lines.append(line)
                     continue
+                seen = len(render.quarantined)
                 for shown in render.feed(line):
                     self._emit(shown)
+                if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
+                    store.record(self.spec.name, quarantined=dict(render.quarantined))
             for shown in render.flush():
                 self._emit(shown)
             proc.wait()
@@ -731,10 +758,9 @@ class Job:
 
     def run(self) -> int:
         wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
-        if self.spec.min_nodes is not None and not 1 <= self.spec.min_nodes <= len(self.nodes):
-            raise LaunchError(f"--min-nodes {self.spec.min_nodes}: between 1 and the {len(self.nodes)} node(s) given")
-        if self.launcher.name == "ray" and (self.spec.detach or self.spec.max_restarts):
-            raise LaunchError("--detach and --max-restarts are for mpirun, horovodrun and torchrun, not ray")
+        check_spares(self.spec, len(self.nodes))
+        if self.launcher.name == "ray" and (self.spec.detach or self.spec.restarts or self.spec.spares):
+            raise LaunchError("--detach, --max-restarts and --spares are for mpirun, horovodrun and torchrun, not ray")
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         store.new_record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,

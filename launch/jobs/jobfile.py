@@ -64,6 +64,7 @@ class JobFile(BaseModel):
     detach: Optional[bool] = None
     max_restarts: Optional[int] = Field(default=None, ge=0, le=1000)
     min_nodes: Optional[int] = Field(default=None, ge=1)
+    spares: Optional[int] = Field(default=None, ge=0, le=1000)
     checkpoint_dir: Optional[str] = None
     no_spot_watch: Optional[bool] = None
 
@@ -178,7 +179,7 @@ def dump(given: dict[str, Any]) -> str:
         elif key == "command":
             v = list(v)
         data[key] = v
-    for key in ("slots", "master_port", "max_restarts", "min_nodes"):
+    for key in ("slots", "master_port", "max_restarts", "min_nodes", "spares"):
         if key in data:
             data[key] = int(data[key])
     if "timeout" in data:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from dtrain import contract
 from dtrain.launch.jobs import commands
 
 if TYPE_CHECKING:
@@ -38,16 +40,17 @@ def env_file(env: Mapping[str, str]) -> str:
 
 def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> commands.LaunchCommand:
     """The job's launcher command apart from its nodes (the supervisor's plan holds it)."""
-    extra = (("DTRAIN_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()
+    extra = ((("DTRAIN_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()) + (
+        (contract.CHECKPOINT_NOW_VAR, contract.CHECKPOINT_NOW),)
     return commands.LaunchCommand(
         launcher=spec.launcher, command=tuple(spec.command), env_names=tuple(spec.env), forward=tuple(spec.forward),
         extra_env=extra, mca=tuple(spec.extra_mca), ompi=ompi, subnet=subnet, master_port=spec.master_port,
         rdzv=spec.rdzv, job=spec.name)
 
 
-def plan_nodes(facts: Sequence[NodeFacts]) -> list[dict]:
+def plan_nodes(facts: Sequence[NodeFacts]) -> list[commands.PlanNode]:
     """The nodes as the plan and the builders take them, in rank order."""
-    return [{"address": f.address, "hostname": f.hostname, "slots": f.node.slots, "iface": f.iface} for f in facts]
+    return [commands.PlanNode(f.address, f.hostname, f.node.slots, f.iface) for f in facts]
 
 
 class Mpirun:
@@ -62,7 +65,7 @@ class Mpirun:
         Open MPI by subnet and each rank on its own NIC). iface: the NIC the first node's
         command names (the nodes' own, where they differ)."""
         nodes = plan_nodes(facts)
-        nodes[rank] = {**nodes[rank], "iface": iface}
+        nodes[rank] = replace(nodes[rank], iface=iface)
         argvs = commands.attempt_argv(launch_command(spec, ompi, subnet), nodes)
         return argvs[rank if self.per_node else 0]
 

@@ -398,6 +398,9 @@ def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
             state = (f"detached: {now.get('state', 'no answer from its first node')}"
                      + (f", {now['restarts']} restart(s)" if now.get("restarts") else "")
                      + (f" ({now['reason']})" if now.get("state") == "failed" and now.get("reason") else ""))
+            j["quarantined"] = now.get("quarantined") or j.get("quarantined")
+        if isinstance(j.get("quarantined"), dict) and j["quarantined"]:
+            state += "; quarantined " + ", ".join(f"{h} ({why})" for h, why in j["quarantined"].items())
         nodes = j.get("nodes") if isinstance(j.get("nodes"), list) else []
         rows.append((str(j["name"]), state, str(j.get("launcher", "")), str(len(nodes)),
                      str(j.get("image", "")), "" if j.get("exit_code") is None else str(j["exit_code"])))

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dtrain import contract
 from dtrain.launch.jobs import commands
@@ -32,26 +32,26 @@ NODE_LINE = re.compile(r"^\[([A-Za-z0-9._-]+)\] (.*)$")  # torchrun lines, as th
 class Policy:
     max_restarts: int = 0
     min_nodes: int = 1
-    interval: float = 5.0  # seconds between health probes of every node
-    lost_after: int = 2  # probes a node may miss in a row while the job runs
 
 
-def plan(run: commands.LaunchCommand, nodes: Sequence[dict], *, ssh: Sequence[str], policy: Policy = Policy(),
-         attached: bool = True, node_prefix: Sequence[str] = (), node_dir: str = "") -> dict:
+def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh: Sequence[str],
+         policy: Policy = Policy(), spares: Sequence[commands.PlanNode] = (),
+         quarantined: Mapping[str, str] | None = None, attached: bool = True, node_prefix: Sequence[str] = (),
+         node_dir: str = "") -> commands.RunPlan:
     """The supervisor's plan (plan.json on the first node). run: the launcher command apart from
     its nodes, which the supervisor builds for each attempt's nodes (commands.attempt_argv);
-    nodes: [{address, hostname, slots, iface}] in rank order, the first being where the
-    supervisor runs; node_prefix: what runs a per-node command in its container (torchrun:
-    launch/node/run.sh and its options); node_dir: the job's directory on the first node (what
-    an error about its files names). No --env value is in it: names only."""
+    nodes: in rank order, the first being where the supervisor runs; spares: ready, no rank,
+    swapped in for a lost one; quarantined: {hostname: why} taken out before the start;
+    node_prefix: what runs a per-node command in its container (torchrun: launch/node/run.sh and
+    its options); node_dir: the job's directory on the first node (what an error about its
+    files names). No --env value is in it: names only."""
     if policy.min_nodes > len(nodes):
         raise ValueError(f"plan: --min-nodes {policy.min_nodes} > {len(nodes)} nodes")
-    commands.attempt_argv(run, nodes)  # a programming mistake fails here, not on the node
-    return {"job": run.job, "launcher": run.launcher, "run": run.to_json(), "nodes": [dict(n) for n in nodes],
-            "node_prefix": list(node_prefix), "ssh": list(ssh),
-            "max_restarts": policy.max_restarts, "min_nodes": policy.min_nodes,
-            "interval": policy.interval, "lost_after": policy.lost_after, "attached": attached,
-            "launcher_silence": LAUNCHER_SILENCE_S, "node_dir": node_dir}
+    return commands.RunPlan(run=run, nodes=tuple(nodes), spares=tuple(spares),
+                            quarantined=tuple((quarantined or {}).items()), ssh=tuple(ssh),
+                            node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
+                            min_nodes=policy.min_nodes, attached=attached, launcher_silence=LAUNCHER_SILENCE_S,
+                            node_dir=node_dir)
 
 
 # The launcher's dtrain modules the supervisor imports (contract, values, the command builders):
@@ -100,8 +100,20 @@ def describe(ev: dict) -> str:
         return "[launch] lost " + "; ".join(f"{h}: {why}" for h, why in ev.get("nodes", {}).items())
     if name == "restart":
         took = f" (the attempt ended in {ev['ended_in']} s)" if "ended_in" in ev else ""
+        swapped = [f"{h} replaced by spare {s}" for h, s in (ev.get("replaced") or {}).items()]
+        dropped = [f"dropped {', '.join(ev['dropped'])}"] if ev.get("dropped") else []
         return (f"[launch] restart {ev.get('attempt')}: {ev.get('reason')}; "
-                f"dropped {', '.join(ev.get('dropped', [])) or 'none'}{took}")
+                f"{'; '.join(swapped + dropped) or 'same nodes'}{took}")
+    if name == "spare-in":
+        return f"[launch] spare {ev.get('node')} in for {ev.get('replaces')} (quarantined: not used again by this job)"
+    if name == "quarantined":
+        return f"[launch] spare {ev.get('node')} out: {ev.get('reason')} (quarantined)"
+    if name == "checkpoint-now":
+        return (f"[launch] spot notice: the job is asked to checkpoint now ({contract.CHECKPOINT_NOW_VAR}) "
+                f"on {', '.join(ev.get('nodes', []))}")
+    if name == "phase":
+        where = f" {ev['node']}" if ev.get("node") else ""
+        return f"[launch] restart {ev.get('restart')}: {ev.get('phase')}{where} {ev.get('seconds')} s"
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":
@@ -118,6 +130,8 @@ class Render:
     first: str  # the first node's hostname: where untagged mpirun lines come from
     ranks: list[str] = field(default_factory=list)
     final: dict | None = None
+    quarantined: dict[str, str] = field(default_factory=dict)  # nodes out of the job for good, and why
+    _lost: dict[str, str] = field(default_factory=dict)
     _mpi: object = None
 
     def _attempt(self, ranks: list[str]) -> None:
@@ -132,6 +146,13 @@ class Render:
             out = self.flush()
             if ev["event"] == "running":
                 self._attempt(list(ev.get("ranks", [])))
+            if ev["event"] == "lost":
+                self._lost = dict(ev.get("nodes") or {})
+            if ev["event"] == "restart":
+                taken = [*(ev.get("replaced") or {}), *(ev.get("dropped") or [])]
+                self.quarantined.update({h: self._lost.get(h, "taken out") for h in taken})
+            if ev["event"] == "quarantined":
+                self.quarantined[str(ev.get("node"))] = str(ev.get("reason", ""))
             if ev["event"] in FINAL:
                 self.final = ev
             return out + [describe(ev)]

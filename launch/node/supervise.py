@@ -4,26 +4,38 @@
     python3 supervise.py PLAN.json
 
 One attempt after another: start the launcher command (mpirun or horovodrun from here;
-torchrun on every node over the job's ssh), watch every node (an ssh to its container each
-`interval` seconds that also refreshes the heartbeat its node watchdog waits for), and when a
-rank exits non-zero or a node is lost, stop the attempt and start the next one on the nodes
-still healthy, while at least `min_nodes` remain and `max_restarts` allow. At the end every
-node's container is stopped (its watchdog removes it and the node's job files).
+torchrun on every node over the job's ssh) and watch every node. Health: each other node's
+container holds a standing session to this one and sends a line every `beat` seconds (BEAT,
+which also refreshes the heartbeat file its node watchdog waits for); a node silent for
+`suspect_after` seconds whose sshd port does not take a TCP connection within
+`connect_timeout` is lost (a NIC down, an instance gone: about 2.5 s), while one that is only
+slow (a busy CPU, a disk under writeback: its kernel still answers) is lost only after
+`lost_after` seconds of silence. A node whose session ends (its container gone) is lost at
+once. A node given a spot notice says `leaving` in its beat: the job is told to checkpoint
+now (contract.CHECKPOINT_NOW), then the attempt ends.
 
-The plan is written by the launcher (launch/jobs/supervision.py): the job's launcher command
-apart from its nodes (commands.LaunchCommand), the nodes, the restart policy. Each attempt's
-command comes from the same builder the launcher used (commands.attempt_argv, sent beside this
-program with the rest of the launcher's dtrain modules) for the nodes the attempt has. Values
-of the job's --env come from its 0600 file on each node (launch/node/run.sh exports them: this
-program's environment, and torchrun's on the other nodes), never on a command line.
+When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
+starts: a lost or leaving node is swapped for a warm spare in its place (commands.swap_out:
+same world size; the node is quarantined, not used again by this job), or, with no spare
+left, dropped while at least `min_nodes` remain; `max_restarts` bounds the attempts. At the
+end every node's container is stopped (its watchdog removes it and the node's job files).
 
-Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's events as lines
-`dtrain-supervisor {json}` (start, lost, restart, succeeded, failed), on stdout and appended
-to output.log beside the plan; the last event is also kept in state.json. Where output.log or
-state.json cannot be written (a full disk), the job ends with an error naming the node and the
-file, its output still drained. An attached job ends too when its launcher goes silent (no
-line on stdin for the plan's launcher_silence seconds: a lost link). Standard library and
-the launcher's dtrain modules only.
+The plan is written by the launcher (commands.RunPlan, launch/jobs/supervision.py): the job's
+launcher command apart from its nodes, the nodes and spares, the restart policy. Each
+attempt's command comes from the same builder the launcher used (commands.attempt_argv, sent
+beside this program with the rest of the launcher's dtrain modules) for the nodes the attempt
+has. Values of the job's --env come from its 0600 file on each node (launch/node/run.sh
+exports them: this program's environment, and torchrun's on the other nodes), never on a
+command line.
+
+Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's
+events as lines `dtrain-supervisor {json}` (running, lost, checkpoint-now, quarantined,
+spare-in, restart, phase, succeeded, failed), on stdout and appended to output.log beside the
+plan; the state (nodes, spares, quarantined, the last event) is kept in state.json. Where
+output.log or state.json cannot be written (a full disk), the job ends with an error naming
+the node and the file, its output still drained. An attached job ends too when its launcher
+goes silent (no line on stdin for the plan's launcher_silence seconds: a lost link). Standard
+library and the launcher's dtrain modules only.
 """
 
 from __future__ import annotations
@@ -33,11 +45,13 @@ import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 
 def _builders(here: Path) -> None:
@@ -81,53 +95,199 @@ def start_dir(here: str, workdir: str = WORKDIR) -> str:
     return workdir if os.path.isdir(workdir) else here
 
 
-def rank_map(nodes: list[dict]) -> list[str]:
-    """Global rank -> hostname, as `--map-by slot` and torchrun's node ranks fill them."""
-    return [n["hostname"] for n in nodes for _ in range(n["slots"])]
-
-
-def next_step(alive: list[dict], lost: dict[str, str], attempt: int, code: int,
-              min_nodes: int, max_restarts: int) -> tuple[str, str]:
-    """After an attempt ended with `code` and `lost` ({hostname: reason}) among `alive`:
-    ("succeeded"|"failed"|"restart", why)."""
-    left = [n for n in alive if n["hostname"] not in lost]
-    if code == 0 and not lost:
+def next_step(nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode], out: dict[str, str],
+              attempt: int, code: int, min_nodes: int, max_restarts: int) -> tuple[str, str]:
+    """After an attempt on `nodes` ended with `code` and `out` ({hostname: why}: lost, leaving)
+    among them: ("succeeded"|"failed"|"restart", why). Each node taken out is replaced by a
+    spare while any is left; without one the run goes on smaller, down to min_nodes. The first
+    node runs this supervisor: it cannot be swapped."""
+    if code == 0 and not out:
         return "succeeded", ""
-    what = (f"lost {', '.join(f'{h} ({r})' for h, r in lost.items())}" if lost
+    what = (f"lost {', '.join(f'{h} ({r})' for h, r in out.items())}" if out
             else f"the job exited {code}")
+    if nodes[0].hostname in out:
+        return "failed", (f"{what}: {nodes[0].hostname} is the job's first node, where its supervisor runs; "
+                          "launch again to resume from the checkpoint")
+    left, _, _ = commands.swap_out(nodes, spares, out)
     if len(left) < min_nodes:
-        return "failed", f"{what}: {len(left)} node(s) left, fewer than --min-nodes {min_nodes}"
+        return "failed", f"{what}: {len(left)} node(s) left and no spare, fewer than --min-nodes {min_nodes}"
     if attempt >= max_restarts:
         return "failed", f"{what}; no restart left (--max-restarts {max_restarts})"
     return "restart", what
+
+
+def verdict(silent: float, port_answers: bool | None, plan: commands.RunPlan) -> str:
+    """Whether a node silent for `silent` seconds is lost: its reason, or "" (not yet).
+    port_answers: whether its sshd port took a TCP connection (None: not asked yet)."""
+    if silent >= plan.lost_after:
+        return f"no heartbeat for {silent:.0f} s"
+    if silent >= plan.suspect_after and port_answers is False:
+        return f"no heartbeat for {silent:.1f} s and port {contract.SSH_PORT} unreachable"
+    return ""
+
+
+# A node's side of its heartbeat (run in its container over the standing session; no value of
+# the job in it): a line every BEAT_S seconds, `leaving` once the node's watchdog has seen a spot
+# notice, and the heartbeat file its watchdog waits for, refreshed in the background (a disk
+# under writeback must not hold up the line). It ends when the session does (a write fails).
+BEAT = ('n=0; while :; do if [ -e {dir}/leaving ]; then echo leaving; else echo beat; fi || exit 0; '
+        'if [ $((n % {every})) -eq 0 ]; then (touch {dir}/heartbeat &); fi; n=$((n + 1)); sleep {beat}; done')
+
+
+def beat_line(beat: float) -> str:
+    return BEAT.format(dir=JOB_DIR, beat=beat, every=max(1, round(5 / beat)))
+
+
+def port_answers(address: str, timeout: float) -> bool:
+    """Whether address:SSH_PORT takes a TCP connection: the node's kernel answers even while its
+    processes are starved of CPU; a node whose NIC is down or that is gone does not."""
+    try:
+        with socket.create_connection((address, contract.SSH_PORT), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- health
+
+
+class Health:
+    """Every other node's heartbeat: one standing ssh session each to its container running BEAT,
+    read by a thread. lost() says which nodes are lost or leaving, and why."""
+
+    def __init__(self, sup: "Supervisor"):
+        self.sup = sup
+        self.plan = sup.plan
+        self.lock = threading.Lock()
+        self.seen: dict[str, float] = {}  # hostname -> when its last line came
+        self.leaving: set[str] = set()
+        self.ended: dict[str, str] = {}  # hostname -> why its session ended
+        self.probing: dict[str, tuple[float, bool | None]] = {}  # hostname -> (asked when, port answers)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.closed = threading.Event()
+        threading.Thread(target=self._beat_here, daemon=True).start()
+
+    def _beat_here(self) -> None:
+        try:
+            self.beat_here()
+        except OSError:
+            pass  # a full disk: the supervisor's own writes say so
+
+    def watch(self, node: commands.PlanNode) -> None:
+        if node.hostname in self.procs or node is self.sup.me:
+            return
+        with self.lock:
+            self.seen[node.hostname] = time.monotonic()
+        proc = subprocess.Popen(self.sup.remote(node, beat_line(self.plan.beat), mux=False),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace", start_new_session=True)
+        self.procs[node.hostname] = proc
+        threading.Thread(target=self._read, args=(node, proc), daemon=True).start()
+
+    def _read(self, node: commands.PlanNode, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            with self.lock:
+                self.seen[node.hostname] = time.monotonic()
+                if line.startswith("leaving"):
+                    self.leaving.add(node.hostname)
+        err = (proc.stderr.read().strip().splitlines() or ["its session ended"])[-1]
+        proc.wait()
+        with self.lock:
+            if node.hostname in self.procs and not self.sup.stopping.is_set():
+                self.ended[node.hostname] = f"sshd on {contract.SSH_PORT}: {err}"
+
+    def _probe(self, node: commands.PlanNode, asked: float) -> None:
+        ok = port_answers(node.address, self.plan.connect_timeout)
+        with self.lock:
+            if self.probing.get(node.hostname, (0.0, None))[0] == asked:
+                self.probing[node.hostname] = (asked, ok)
+
+    def beat_here(self) -> None:
+        """This node's own heartbeat file, for its watchdog (in the background: a disk under
+        writeback must not hold up the supervisor)."""
+        while not self.closed.wait(5):
+            Path(f"{JOB_DIR}/heartbeat").touch()
+
+    def silent_for(self, hostname: str, now: float) -> float:
+        with self.lock:
+            return now - self.seen.get(hostname, now)
+
+    def lost(self, nodes: Sequence[commands.PlanNode]) -> dict[str, str]:
+        """{hostname: why} of the nodes among `nodes` that are lost or leaving now. A node silent
+        past suspect_after gets its port asked (in the background, again every 2 s)."""
+        now = time.monotonic()
+        out: dict[str, str] = {}
+        for n in nodes:
+            h = n.hostname
+            if n is self.sup.me:
+                if os.path.exists(f"{JOB_DIR}/leaving"):
+                    out[h] = "leaving (spot notice)"
+                continue
+            with self.lock:
+                silent = now - self.seen.get(h, now)
+                ended = self.ended.get(h)
+                leaving = h in self.leaving
+                asked, answer = self.probing.get(h, (0.0, None))
+            if ended:
+                out[h] = ended
+            elif leaving:
+                out[h] = "leaving (spot notice)"
+            elif silent >= self.plan.suspect_after:
+                why = verdict(silent, answer, self.plan)
+                if why:
+                    out[h] = why
+                elif answer is not None and now - asked >= 2 or not asked:
+                    with self.lock:
+                        self.probing[h] = (now, None)
+                    threading.Thread(target=self._probe, args=(n, now), daemon=True).start()
+            elif asked:
+                with self.lock:
+                    self.probing.pop(h, None)  # it answered again: a later silence asks again
+        return out
+
+    def forget(self, hostname: str) -> None:
+        """Stop watching a node (quarantined, or the job is ending)."""
+        proc = self.procs.pop(hostname, None)
+        if proc and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        self.closed.set()
+        for h in list(self.procs):
+            self.forget(h)
 
 
 # ---------------------------------------------------------------- the supervisor
 
 
 class Supervisor:
-    def __init__(self, plan: dict, job_dir: Path):
+    def __init__(self, plan: commands.RunPlan, job_dir: Path):
         self.plan = plan
         self.dir = job_dir
-        self.nodes: list[dict] = plan["nodes"]
-        self.me = self.nodes[0]
-        self.ssh: list[str] = plan["ssh"]  # ssh argv prefix that reaches a node's container
+        self.me = plan.nodes[0]
         self.log = (job_dir / "output.log").open("a", buffering=1)
         self.write_error = ""  # set once output.log (or state.json) cannot be written: the job ends
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []  # the attempt's output readers
+        self.first_line = threading.Event()  # the attempt printed something
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.cwd = start_dir(os.getcwd())
-        self.state: dict = {"job": plan["job"], "launcher": plan["launcher"], "restarts": 0,
-                            "nodes": [n["hostname"] for n in self.nodes], "started": time.time()}
+        self.health = Health(self)
+        self.state: dict = {"job": plan.run.job, "launcher": plan.run.launcher, "restarts": 0,
+                            "nodes": [n.hostname for n in plan.nodes], "spares": [n.hostname for n in plan.spares],
+                            "quarantined": dict(plan.quarantined), "started": time.time()}
 
     # -- output
 
     def cannot_write(self, name: str, e: OSError) -> str:
         """One line naming the node and the file on it (its path on the node where known)."""
-        where = self.plan.get("node_dir") or str(self.dir)
-        return (f"cannot write {where}/{name} on {self.me['hostname']} ({self.me['address']}): "
+        where = self.plan.node_dir or str(self.dir)
+        return (f"cannot write {where}/{name} on {self.me.hostname} ({self.me.address}): "
                 f"{e.strerror or e}; free space there and launch again")
 
     def emit(self, line: str) -> None:
@@ -144,7 +304,12 @@ class Supervisor:
                 pass  # a foreground launcher that went away; the log still has it
 
     def event(self, name: str, **fields) -> None:
-        self.state.update(state=name, **fields, updated=time.time())
+        if name != "phase":
+            self.state.update(state=name, **fields, updated=time.time())
+            self.save_state()
+        self.emit(EVENT + json.dumps({"event": name, **fields}))
+
+    def save_state(self) -> None:
         tmp = self.dir / "state.json.tmp"
         try:
             tmp.write_text(json.dumps(self.state))
@@ -152,59 +317,45 @@ class Supervisor:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             self.write_error = self.write_error or self.cannot_write("state.json", e)
-        self.emit(EVENT + json.dumps({"event": name, **fields}))
+
+    def phase(self, restart: int, phase: str, seconds: float, node: str = "") -> None:
+        """One step of restart number `restart`, timed (the job's timeline shows them):
+        detection, checkpoint, teardown, spare-in, resumed."""
+        self.event("phase", restart=restart, phase=phase, node=node, seconds=round(seconds, 2))
 
     def _pump(self, proc: subprocess.Popen, prefix: str) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
+            self.first_line.set()
             self.emit(prefix + raw.rstrip("\r\n"))
 
     # -- nodes
 
-    def remote(self, node: dict, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
+    def remote(self, node: commands.PlanNode, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
         opts = (["-tt"] if tty else []) + ([] if mux else ["-o", "ControlPath=none"])
-        return [*self.ssh, *opts, node["address"], command]
+        return [*self.plan.ssh, *opts, node.address, command]
 
-    def probe(self, node: dict) -> str:
-        """'' when the node's container answers and is not leaving; else the reason."""
-        check = f"touch {JOB_DIR}/heartbeat && test ! -e {JOB_DIR}/leaving"
-        if node is self.me:
-            return "" if subprocess.call(["sh", "-c", check]) == 0 else "leaving (spot notice)"
-        try:
-            r = subprocess.run(self.remote(node, check, mux=False), stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=self.plan.get("probe_timeout", 5))  # ssh's ConnectTimeout is 3
-        except subprocess.TimeoutExpired:
-            return f"sshd on {contract.SSH_PORT} did not answer"
-        if r.returncode == 1:
-            return "leaving (spot notice)"
-        if r.returncode != 0:
-            err = (r.stderr.strip().splitlines() or ["no answer"])[-1]
-            return f"sshd on {contract.SSH_PORT} unreachable: {err}"
-        return ""
-
-    def probe_all(self, nodes: list[dict]) -> dict[str, str]:
-        out: dict[str, str] = {}
-
-        def one(n: dict) -> None:
-            why = self.probe(n)
-            if why:
-                out[n["hostname"]] = why
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
+    def on_nodes(self, nodes: Sequence[commands.PlanNode], line: str, timeout: float = 15) -> None:
+        """A fixed shell line in each node's container (this one's too), all at once."""
+        procs = [subprocess.Popen(["sh", "-c", line] if n is self.me else self.remote(n, line, mux=False),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for n in nodes]
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
 
     # -- one attempt
 
-    def start(self, nodes: list[dict], attempt: int) -> None:
+    def start(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
         """The attempt's launcher command for `nodes`, from the builders (commands.attempt_argv),
         as the launcher made the first one."""
-        run = commands.LaunchCommand.from_json(self.plan["run"])
+        run = self.plan.run
         env = {**os.environ, **dict(run.extra_env), commands.RESTART_VAR: str(attempt)}
         argvs = commands.attempt_argv(run, nodes)
+        self.first_line.clear()
         if run.launcher in ("mpirun", "horovodrun"):
             self.procs = [self._spawn(argvs[0], env)]
             return
@@ -214,8 +365,8 @@ class Supervisor:
         self.procs = []
         for n, argv in zip(nodes, argvs):
             line = (f"export {commands.RESTART_VAR}={attempt}; cd {shlex.quote(self.cwd)} && "
-                    f"exec {shlex.join([*self.plan['node_prefix'], *argv])}")
-            self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n['hostname']}] "))
+                    f"exec {shlex.join([*self.plan.node_prefix, *argv])}")
+            self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n.hostname}] "))
 
     def _spawn(self, argv: list[str], env: dict, prefix: str = "") -> subprocess.Popen:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -226,33 +377,48 @@ class Supervisor:
         self.pumps.append(pump)
         return proc
 
-    def watch(self, nodes: list[dict]) -> tuple[int, dict[str, str]]:
-        """Until the attempt ends: (its exit code, the nodes lost meanwhile with why)."""
-        interval = float(self.plan.get("interval", 5))
-        strikes: dict[str, int] = {}
-        next_probe = time.monotonic() + interval
+    def watch(self, nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode]
+              ) -> tuple[int, dict[str, str], dict[str, str]]:
+        """Until the attempt ends: (its exit code, the nodes lost or leaving meanwhile with why,
+        the spares lost meanwhile with why). A lost spare only leaves the spares."""
+        out: dict[str, str] = {}
+        spare_out: dict[str, str] = {}
         while True:
             codes = [p.poll() for p in self.procs]
             failed = [c for c in codes if c not in (None, 0)]
             if failed or all(c == 0 for c in codes):
-                return (failed[0] if failed else 0), {}
+                return (failed[0] if failed else 0), out, spare_out
             if self.stopping.is_set():
-                return 143, {}
+                return 143, out, spare_out
             if self.write_error:
-                return 1, {}
-            if time.monotonic() >= next_probe:
-                bad = self.probe_all(nodes)
-                lost = {}
-                for n in nodes:
-                    host = n["hostname"]
-                    strikes[host] = strikes.get(host, 0) + 1 if host in bad else 0
-                    if host in bad and (bad[host].startswith("leaving")
-                                        or strikes[host] >= int(self.plan.get("lost_after", 2))):
-                        lost[host] = bad[host]
-                if lost:
-                    return 1, lost
-                next_probe = time.monotonic() + interval
-            time.sleep(0.2)
+                return 1, out, spare_out
+            for h, why in self.health.lost([s for s in spares if s.hostname not in spare_out]).items():
+                spare_out[h] = why
+                self.quarantine(h, why, spare=True)
+            out = self.health.lost(nodes)
+            if out:
+                return 1, out, spare_out
+            time.sleep(0.1)
+
+    def checkpoint_now(self, nodes: Sequence[commands.PlanNode]) -> float:
+        """A spot notice: ask the job to save a checkpoint (contract.CHECKPOINT_NOW in every
+        container) and wait until rank 0 removes the file here (saved), the attempt ends, or
+        checkpoint_grace passes. Returns the seconds it took."""
+        t0 = time.monotonic()
+        flag = contract.CHECKPOINT_NOW
+        self.on_nodes(nodes, f"touch {flag}")
+        self.event("checkpoint-now", nodes=[n.hostname for n in nodes])
+        while time.monotonic() - t0 < self.plan.checkpoint_grace and os.path.exists(flag):
+            if any(p.poll() is not None for p in self.procs) or self.stopping.is_set():
+                break
+            time.sleep(0.1)
+        saved = not os.path.exists(flag)
+        self.on_nodes(nodes, f"rm -f {flag}")
+        self.phase(self.state["restarts"] + 1, "checkpoint", time.monotonic() - t0)
+        if not saved:
+            self.emit(f"[supervisor] no checkpoint confirmed within {self.plan.checkpoint_grace:g} s "
+                      f"(rank 0 removes {flag} once saved): restarting from the last one")
+        return time.monotonic() - t0
 
     def stop_attempt(self, grace: float = 10) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds."""
@@ -276,72 +442,103 @@ class Supervisor:
             pump.join(5)
         self.pumps = []
 
-    def kill_leftovers(self, nodes: list[dict], attempt: int) -> None:
+    def kill_leftovers(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
         """Ranks of the ended attempt that outlived their launcher (a rank orphaned on this
         node, one whose orted missed the end): every process whose environment says this
         attempt, on every node still there."""
-        line = KILL_ATTEMPT.format(attempt=int(attempt))
-        procs = [subprocess.Popen(["sh", "-c", line] if n is self.me else self.remote(n, line, mux=False),
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for n in nodes]
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.on_nodes(nodes, KILL_ATTEMPT.format(attempt=int(attempt)))
+
+    def quarantine(self, hostname: str, why: str, spare: bool = False) -> None:
+        """A node out of this job for good: not watched, not used again; its container stopped
+        where it still answers (its watchdog then removes it; one that does not answer is
+        removed by its watchdog once the heartbeat stops)."""
+        self.health.forget(hostname)
+        self.state["quarantined"][hostname] = why
+        if spare:
+            self.state["spares"] = [h for h in self.state["spares"] if h != hostname]
+            self.event("quarantined", node=hostname, reason=why, spare=True)
+        node = next((n for n in (*self.plan.nodes, *self.plan.spares) if n.hostname == hostname), None)
+        if node is not None and node is not self.me and not why.startswith("no heartbeat"):
+            subprocess.Popen(self.remote(node, "kill 1", mux=False), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     # -- the job
 
     def run(self) -> int:
-        alive = list(self.nodes)
+        nodes, spares = self.plan.nodes, self.plan.spares
+        for n in (*nodes, *spares):
+            self.health.watch(n)
         attempt = 0
         code = 0
         while True:
-            self.state["restarts"] = attempt
-            self.event("running", attempt=attempt, nodes=[n["hostname"] for n in alive],
-                       ranks=rank_map(alive))
-            self.start(alive, attempt)
-            code, lost = self.watch(alive)
+            self.state.update(restarts=attempt, nodes=[n.hostname for n in nodes], spares=[n.hostname for n in spares])
+            self.event("running", attempt=attempt, nodes=[n.hostname for n in nodes], ranks=commands.rank_map(nodes),
+                       spares=[n.hostname for n in spares])
+            t_start = time.monotonic()
+            self.start(nodes, attempt)
+            if attempt:
+                threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
+            code, out, spare_out = self.watch(nodes, spares)
+            spares = tuple(s for s in spares if s.hostname not in spare_out)
             t_end = time.monotonic()
+            if out:
+                for h in out:
+                    self.phase(attempt + 1, "detection", self.health.silent_for(h, t_end), node=h)
+            leaving = [n for n in nodes if out.get(n.hostname, "").startswith("leaving")]
+            if leaving and not self.stopping.is_set():
+                self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
-            # waits for the lost node's daemon. Its ranks get 2 s, not the usual 10.
-            self.stop_attempt(grace=2 if lost else 10)
+            # waits for the lost node's daemon. Its ranks get 1 s, not the usual 10.
+            self.stop_attempt(grace=1 if out and not leaving else 10)
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
             if self.write_error:  # a full disk here: no restart writes more
-                self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me["hostname"]])
+                self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me.hostname])
                 code = 1
                 break
-            if code != 0:  # a rank failed: which nodes are still there?
-                time.sleep(float(self.plan.get("settle", 1)))
-                lost.update(self.probe_all([n for n in alive if n["hostname"] not in lost]))
-            if self.me["hostname"] in lost:
-                lost.pop(self.me["hostname"])  # this node answers: it is running this
-            if lost:
-                self.event("lost", nodes=lost)
-            step, why = next_step(alive, lost, attempt, code,
-                                  int(self.plan.get("min_nodes", 1)), int(self.plan.get("max_restarts", 0)))
-            alive = [n for n in alive if n["hostname"] not in lost]
+            if code != 0 and not out:  # a rank failed: which nodes are still there?
+                time.sleep(self.plan.settle)
+                out = self.health.lost(nodes)
+            if self.me.hostname in out and not out[self.me.hostname].startswith("leaving"):
+                out.pop(self.me.hostname)  # this node answers: it is running this
+            if out:
+                self.event("lost", nodes=out)
+            step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts)
             if step == "succeeded":
                 self.event("succeeded", exit_code=0)
                 code = 0
                 break
             if step == "failed":
-                self.event("failed", exit_code=code or 1, reason=why, at_fault=sorted(lost))
+                self.event("failed", exit_code=code or 1, reason=why, at_fault=sorted(out))
                 code = code or 1
                 break
-            self.kill_leftovers(alive, attempt)
+            t_swap = time.monotonic()
+            nodes, spares, took = commands.swap_out(nodes, spares, out)
+            for h, why_out in out.items():
+                self.quarantine(h, why_out)
+            for h, spare in took.items():
+                self.event("spare-in", node=spare, replaces=h)
+            self.kill_leftovers(nodes, attempt)
+            self.phase(attempt + 1, "teardown", time.monotonic() - t_end)
+            if took:
+                self.phase(attempt + 1, "spare-in", time.monotonic() - t_swap, node=",".join(took.values()))
             attempt += 1
-            self.event("restart", attempt=attempt, reason=why, dropped=sorted(lost),
-                       ended_in=round(time.monotonic() - t_end, 1))
-        self.teardown(alive)
+            self.event("restart", attempt=attempt, reason=why, dropped=sorted(set(out) - set(took)),
+                       replaced={h: s for h, s in took.items()}, ended_in=round(time.monotonic() - t_end, 1))
+        self.health.close()
+        self.teardown([*nodes, *spares])
         return code
 
-    def teardown(self, alive: list[dict]) -> None:
+    def _resumed(self, t_start: float, attempt: int) -> None:
+        """The restarted attempt's first line: the job runs again."""
+        if self.first_line.wait(600) and self.state.get("restarts") == attempt:
+            self.phase(attempt, "resumed", time.monotonic() - t_start)
+
+    def teardown(self, alive: Sequence[commands.PlanNode]) -> None:
         """Stop every other container still reachable (each node's watchdog then removes it and
         the node's job files), then this one."""
-        if self.plan.get("keep_containers"):
+        if self.plan.keep_containers:
             return
         procs = [subprocess.Popen(self.remote(n, "kill 1", mux=False), stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -376,10 +573,10 @@ def main(argv: list[str]) -> int:
         print("usage: supervise.py PLAN.json", file=sys.stderr)
         return 2
     path = Path(argv[1])
-    plan = json.loads(path.read_text())
+    plan = commands.RunPlan.from_json(json.loads(path.read_text()))
     sup = Supervisor(plan, path.parent)
-    if plan.get("attached"):
-        silence = plan.get("launcher_silence")
+    if plan.attached:
+        silence = plan.launcher_silence
         threading.Thread(target=_watch_stdin, args=(sup, float(silence) if silence else None), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sup.stopping.set())
     return sup.run()

@@ -7,9 +7,11 @@
 #   from the first node every few seconds), is older than HEARTBEAT_TIMEOUT_S: the first node
 #   or the way to it is gone, and nothing else would end this node's part of the job;
 # - with IMDS_ENDPOINT (EC2's is http://169.254.169.254): the spot interruption notice is read
-#   every 5 s (IMDSv2). On a notice the node is marked leaving (JOB_DIR/leaving, which the
-#   supervisor reads: it drops the node), the job's processes in the container get SIGTERM
-#   (time to checkpoint), and the container is removed GRACE_S later.
+#   every 5 s (IMDSv2). On a notice the node is marked leaving (JOB_DIR/leaving: its heartbeat
+#   to the supervisor says so within a second; the supervisor asks the job to checkpoint now,
+#   then stops this node's container and swaps a spare in). Where the container still runs
+#   GRACE_S later (no supervisor took it out), the job's processes in it get SIGTERM (time to
+#   checkpoint) and it is removed 5 s after that.
 # Then the node's copy of the job goes: KEY_DIR and JOB_DIR; for a detached job (MODE detach)
 # except output.log and state.json (the first node's: `dtrain logs` and `dtrain status` read
 # them; `dtrain stop` removes them). The node's lock of the job's name, JOB_DIR.lock
@@ -101,10 +103,14 @@ while :; do
     if spot_notice; then
       say "spot interruption notice: $(cat "$dir/spot.json" 2>/dev/null)"
       touch "$dir/leaving"
+      for _ in $(seq "$grace"); do
+        [ "$(docker inspect -f '{{.State.Status}}' "$c" 2>&1)" = running ] || finish "spot interruption: the supervisor took the node out"
+        sleep 1
+      done
       # the ranks (every process with DTRAIN_RESTART in its environment), not sshd or orted
       # shellcheck disable=SC2016
       docker exec "$c" sh -c 'for p in /proc/[0-9]*; do grep -qz "^DTRAIN_RESTART=" "$p/environ" 2>/dev/null && kill -TERM "${p#/proc/}"; done' >/dev/null 2>&1
-      sleep "$grace"
+      sleep 5
       finish "spot interruption: node left the job"
     fi
   fi

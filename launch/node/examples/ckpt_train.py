@@ -4,7 +4,10 @@
 
 DTRAIN_CHECKPOINT_DIR (set by `dtrain launch --checkpoint-dir`): rank 0 writes checkpoint.pt
 there after every epoch (atomically); every rank loads it at start and prints the epoch it
-resumes at. DTRAIN_RESTART: which attempt this is (0 first). SIGTERM (a spot notice, a stop)
+resumes at. DTRAIN_RESTART: which attempt this is (0 first). DTRAIN_CHECKPOINT_NOW: a file
+that appears when a node of the job got a spot notice; rank 0 then saves the model as it is
+(the epoch restarts with these weights) at its next step and removes the file, which tells
+the supervisor the checkpoint is saved: it swaps a spare in and restarts. SIGTERM (a spot notice, a stop)
 ends the rank after its current step with exit code 143: the last epoch's checkpoint is what a
 restart resumes from. Works under torchrun and under mpirun (ranks from
 Open MPI's variables; MASTER_ADDR/MASTER_PORT must then be set).
@@ -51,6 +54,7 @@ def main() -> int:
     restart = os.environ.get("DTRAIN_RESTART", "0")
     ckdir = os.environ.get("DTRAIN_CHECKPOINT_DIR")
     path = Path(ckdir) / "checkpoint.pt" if ckdir else None
+    now = os.environ.get("DTRAIN_CHECKPOINT_NOW")
 
     torch.manual_seed(0)
     module = torch.nn.Linear(16, 1)
@@ -75,6 +79,10 @@ def main() -> int:
             opt.step()
             total += float(loss)
             time.sleep(args.step_seconds)
+            if path and rank == 0 and now and os.path.exists(now):
+                save(path, epoch - 1, model.module)
+                os.remove(now)
+                print(f"rank 0: checkpoint now, in epoch {epoch} (resumes at epoch {epoch})", flush=True)
             if stop:
                 print(f"rank {rank}: SIGTERM in epoch {epoch}; the checkpoint holds epoch {epoch - 1}",
                       flush=True)
