@@ -7,10 +7,17 @@ same machine); the cluster comes up once with 3 nodes and goes down at the end.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+
+# Ctrl-C as a terminal delivers it, whatever started the suite: a shell that runs it in the
+# background (or nohup) starts it with SIGINT ignored, which Python, and every program it
+# starts, would inherit; then no Ctrl-C test can interrupt anything. A handler (unlike an
+# ignored signal) is reset to the default in every program the tests start.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = Path("/opt/wheels")

@@ -168,6 +168,10 @@ def test_a_lost_node_is_swapped_for_a_warm_spare_and_the_job_resumes_at_full_siz
     assert phases["detection"] <= 3.0, phases
     assert {"detection", "teardown", "spare-in", "resumed"} <= set(phases), out
     assert "[launch] job succeeded" in out
+    from dtrain.launch.jobs.store import status_rows
+
+    row = next(r for r in status_rows(50) if r[0] == name)
+    assert "quarantined node-2 (no heartbeat for" in row[1], row
     _wait_clean(cluster, name)
 
 

@@ -33,7 +33,7 @@ case $src in
         fi ;;
 esac
 
-fstype=$(blkid -o value -s TYPE "$dev" || true)
+fstype=$(blkid -p -o value -s TYPE "$dev" || true)  # -p: the device itself, not blkid's cache (a loop or EBS device reused)
 if [ -z "$fstype" ]; then
     mkfs.ext4 -q -L dtrain-data "$dev"
     fstype=ext4
