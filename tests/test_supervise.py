@@ -257,12 +257,13 @@ def test_on_a_node_the_supervisor_imports_the_launchers_builders_sent_beside_it(
 
 def _fake_ssh(tmp_path) -> str:
     """An `ssh` for the supervisor's sessions to other nodes, on this machine: the heartbeat line
-    runs here, its lines passed on while no file `down-ADDRESS` exists (then silence, as a NIC
-    that went down); every other line (kill, touch) does nothing here."""
+    runs here (answering the supervisor's lines on its stdin), its lines passed on while no file
+    `down-ADDRESS` exists (then silence, as a NIC that went down); every other line (kill,
+    touch) does nothing here."""
     path = tmp_path / "bin" / "fake-ssh"
     path.parent.mkdir(exist_ok=True)
     path.write_text('#!/bin/bash\naddr=${@: -2:1} line=${@: -1}\n'
-                    f'case $line in "n=0; while"*) ;; *) exit 0 ;; esac\n'
+                    f'case $line in "exec bash -c"*) ;; *) exit 0 ;; esac\n'
                     f'sh -c "$line" | while read -r l; do [ -e "{tmp_path}/down-$addr" ] || echo "$l"; done\n')
     path.chmod(0o755)
     return str(path)
@@ -293,3 +294,20 @@ def test_a_silent_unreachable_node_is_lost_within_3_s_and_a_spare_takes_its_plac
     assert restart["replaced"] == {"node-2": "node-3"} and restart["dropped"] == [], restart
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["quarantined"] == {"node-2": lost["nodes"]["node-2"]} and state["nodes"] == ["node-1", "node-3"]
+
+
+def test_a_nodes_heartbeat_answers_each_line_and_ends_when_the_supervisor_goes_silent():
+    """The node's side answers every line the supervisor sends; with nothing for HEAR_S seconds
+    (a node taken out of the job, a link gone) it ends, so the node's heartbeat file ages and its
+    watchdog removes the job there."""
+    line = sv.beat_line(0.5)
+    assert line.startswith("exec bash -c ")
+    with subprocess.Popen(["bash", "-c", shlex.split(line)[3]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as p:
+        for _ in range(3):
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "beat\n"
+        t0 = time.monotonic()
+        p.wait(sv.HEAR_S + 5)
+        assert sv.HEAR_S - 0.5 < time.monotonic() - t0 < sv.HEAR_S + 2

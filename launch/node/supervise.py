@@ -126,16 +126,20 @@ def verdict(silent: float, port_answers: bool | None, plan: commands.RunPlan) ->
     return ""
 
 
-# A node's side of its heartbeat (run in its container over the standing session; no value of
-# the job in it): a line every BEAT_S seconds, `leaving` once the node's watchdog has seen a spot
-# notice, and the heartbeat file its watchdog waits for, refreshed in the background (a disk
-# under writeback must not hold up the line). It ends when the session does (a write fails).
-BEAT = ('n=0; while :; do if [ -e {dir}/leaving ]; then echo leaving; else echo beat; fi || exit 0; '
-        'if [ $((n % {every})) -eq 0 ]; then (touch {dir}/heartbeat &); fi; n=$((n + 1)); sleep {beat}; done')
+# A node's side of its heartbeat, run in its container over the standing session (no value of the
+# job in it): for each line the supervisor sends (every `beat` seconds) a line back, `leaving`
+# once the node's watchdog has seen a spot notice, and every few lines the heartbeat file its
+# watchdog waits for, in the background (a disk under writeback must not hold up the answer).
+# With nothing from the supervisor for HEAR_S seconds (taken out of the job, the link or the
+# first node gone) it ends: the heartbeat file ages and the node's watchdog removes the job there.
+HEAR_S = 3
+BEAT = ('n=0; while IFS= read -r -t {hear} _; do if [ -e {dir}/leaving ]; then echo leaving; else echo beat; fi '
+        '|| exit 0; if [ $((n % {every})) -eq 0 ]; then (touch {dir}/heartbeat &); fi; n=$((n + 1)); done')
 
 
 def beat_line(beat: float) -> str:
-    return BEAT.format(dir=JOB_DIR, beat=beat, every=max(1, round(5 / beat)))
+    script = BEAT.format(dir=JOB_DIR, hear=HEAR_S, every=max(1, round(5 / beat)))
+    return f"exec bash -c {shlex.quote(script)}"
 
 
 def port_answers(address: str, timeout: float) -> bool:
@@ -166,6 +170,7 @@ class Health:
         self.procs: dict[str, subprocess.Popen] = {}
         self.closed = threading.Event()
         threading.Thread(target=self._beat_here, daemon=True).start()
+        threading.Thread(target=self._ask, daemon=True).start()
 
     def _beat_here(self) -> None:
         try:
@@ -173,14 +178,26 @@ class Health:
         except OSError:
             pass  # a full disk: the supervisor's own writes say so
 
+    def _ask(self) -> None:
+        """A line to every node's heartbeat session every `beat` seconds: each answers one."""
+        while not self.closed.wait(self.plan.beat):
+            for proc in list(self.procs.values()):
+                try:
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                except (OSError, ValueError):
+                    pass  # a session that ended (its reader says why) or a full pipe (a stalled link)
+
     def watch(self, node: commands.PlanNode) -> None:
         if node.hostname in self.procs or node is self.sup.me:
             return
         with self.lock:
             self.seen[node.hostname] = time.monotonic()
         proc = subprocess.Popen(self.sup.remote(node, beat_line(self.plan.beat), mux=False),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, errors="replace", start_new_session=True)
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # a stalled link must not hold up the others
         self.procs[node.hostname] = proc
         threading.Thread(target=self._read, args=(node, proc), daemon=True).start()
 
