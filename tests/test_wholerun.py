@@ -157,7 +157,7 @@ def test_a_lost_node_is_swapped_for_a_warm_spare_and_the_job_resumes_at_full_siz
     finally:
         _link(cluster, 2, "up")
     assert code == 0, out
-    assert "spares node-3" in out, out
+    assert "[launch] job started on 2 node(s): node-1, node-2; spare(s) node-3" in out, out
     assert re.search(r"\[launch\] lost node-2: no heartbeat for [\d.]+ s and port 2022 unreachable", out), out
     assert "[launch] spare node-3 in for node-2" in out, out
     assert "[launch] restart 1: lost node-2" in out and "node-2 replaced by spare node-3" in out, out

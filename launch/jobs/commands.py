@@ -458,7 +458,7 @@ class RunPlan:
     # silent for `suspect_after` s whose sshd port does not take a connection within
     # `connect_timeout` s is lost; one silent for `lost_after` s is lost whatever its port says
     beat: float = 0.5
-    suspect_after: float = 1.5
+    suspect_after: float = 1.0
     connect_timeout: float = 1.0
     lost_after: float = 30.0
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint

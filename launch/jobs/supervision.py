@@ -95,7 +95,8 @@ def describe(ev: dict) -> str:
     name = ev["event"]
     if name == "running":
         what = "started" if not ev.get("attempt") else f"restarted (attempt {ev['attempt']})"
-        return f"[launch] job {what} on {len(ev.get('nodes', []))} node(s): {', '.join(ev.get('nodes', []))}"
+        spares = f"; spare(s) {', '.join(ev['spares'])}" if ev.get("spares") else ""
+        return f"[launch] job {what} on {len(ev.get('nodes', []))} node(s): {', '.join(ev.get('nodes', []))}{spares}"
     if name == "lost":
         return "[launch] lost " + "; ".join(f"{h}: {why}" for h, why in ev.get("nodes", {}).items())
     if name == "restart":

@@ -8,7 +8,7 @@ torchrun on every node over the job's ssh) and watch every node. Health: each ot
 container holds a standing session to this one and sends a line every `beat` seconds (BEAT,
 which also refreshes the heartbeat file its node watchdog waits for); a node silent for
 `suspect_after` seconds whose sshd port does not take a TCP connection within
-`connect_timeout` is lost (a NIC down, an instance gone: about 2.5 s), while one that is only
+`connect_timeout` is lost (a NIC down, an instance gone: about 2 s), while one that is only
 slow (a busy CPU, a disk under writeback: its kernel still answers) is lost only after
 `lost_after` seconds of silence. A node whose session ends (its container gone) is lost at
 once. A node given a spot notice says `leaving` in its beat: the job is told to checkpoint
