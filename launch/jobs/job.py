@@ -101,6 +101,7 @@ class NodeFacts:
     driver: str = ""  # NVIDIA driver version, "" without GPUs
     port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when the port is taken
     network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
+    iface_address: str = ""  # with --iface: that NIC's IPv4 address ("": address is on the job's NIC)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
-                     tuple(p.get("port_jobs", "").split()), network)
+                     tuple(p.get("port_jobs", "").split()), network,
+                     commands.interface_address(ipjson, chosen) if iface else "")
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:

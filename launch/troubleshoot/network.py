@@ -1,7 +1,8 @@
 """`dtrain doctor --bandwidth` / `dtrain bench-network`: an allreduce bus-bandwidth sweep across
 the nodes, inside the job's own image, launched as a job (same flags as `dtrain launch`), next
 to raw TCP throughput between the same containers; then a verdict against the expectation for
-the instance type (network_expectations.yaml) with the likely causes from the checklist.
+the instance type (launch/jobs/network_expectations.yaml, shared with the network gate:
+launch/jobs/netgate.py) with the likely causes from the checklist.
 
 GPU images: nccl-tests' all_reduce_perf (built into the GPU variants). CPU images:
 launch/node/examples/allreduce_bw.py (gloo or Horovod) with the same busbw definition.
@@ -16,17 +17,14 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Literal, Sequence
-
-import yaml
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_count
+from dtrain.launch.jobs.netgate import EXPECTATIONS, Expectation, expectation_for, load_expectations  # noqa: F401 (the table is the gate's too)
 from dtrain.launch.remote.hosts import Node
 
-EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
 EX = contract.EXAMPLES
 ALL_REDUCE_PERF = "/opt/nccl-tests/build/all_reduce_perf"
 MIN_BYTES, MAX_BYTES = 1 << 20, 1 << 30
@@ -96,31 +94,6 @@ def format_table(rows: Sequence[SweepRow], tcp_gbs: float | None) -> str:
 
 
 # ---------------------------------------------------------------- expectations and verdict
-
-
-@dataclass(frozen=True)
-class Expectation:
-    instance_type: str
-    busbw: float | None  # None: unknown
-    link_gbps: float | None
-    efa: bool
-    source: str
-
-
-def load_expectations(path: Path = EXPECTATIONS) -> dict[str, Expectation]:
-    data = yaml.safe_load(path.read_text())["instance_types"]
-    out = {}
-    for itype, d in data.items():
-        bus = d.get("busbw")
-        if bus != "unknown" and not isinstance(bus, (int, float)):
-            raise ValueError(f"{path}: instance_types.{itype}.busbw: a number or 'unknown', got {bus!r}")
-        out[itype] = Expectation(itype, None if bus == "unknown" else float(bus), d.get("link_gbps"),
-                                 bool(d.get("efa")), d["source"])
-    return out
-
-
-def expectation_for(instance_type: str | None, table: dict[str, Expectation]) -> Expectation | None:
-    return table.get(instance_type or "")
 
 
 @dataclass(frozen=True)
