@@ -704,9 +704,10 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(iterable=["nic"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+@task(iterable=["nic", "link_rate"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size",
-            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit (default: no limit)",
+            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
+                         "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
@@ -715,14 +716,9 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     with user_errors():
         _choice_flag("action", action, ("up", "down", "status"))
         count = _int_flag("--nodes", nodes, 1, cl.MAX_NODES)
-        if link_rate is not None:
-            from dtrain.launch.infra.netns import parse_rate
+        from dtrain import values
 
-            try:
-                parse_rate(link_rate if len(link_rate) <= 20 else "")
-            except ValueError:
-                raise cl.ClusterError(f"--link-rate {link_rate[:40]!r}: expected a rate such as 1gbit, "
-                                      "500mbit or 100kbit") from None
+        every, per_node = values.link_rates("--link-rate", link_rate, count)
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -730,8 +726,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names,
-                         link_rate=link_rate)
+            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")

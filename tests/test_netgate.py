@@ -111,3 +111,18 @@ def test_the_node_program_measures_real_streams_on_loopback():
         pairs += ng.parse_output(out, {})[0]
     assert len(pairs) == 6 and all(p.gbps and p.gbps > 0.1 for p in pairs), pairs
     assert ng.culprits(pairs, None) == {}
+
+
+def test_link_rate_flag_every_node_and_one_node():
+    from dtrain import values
+
+    assert values.link_rates("--link-rate", None, 3) == (None, {})
+    assert values.link_rates("--link-rate", ["1gbit"], 3) == (10**9, {})
+    assert values.link_rates("--link-rate", ["1gbit,3=100mbit", "2=2.5mbit"], 3) == (
+        10**9, {3: 10**8, 2: 2_500_000})
+    assert values.link_rates("--link-rate", ["3=50mbit"], 4) == (None, {3: 50 * 10**6})
+    for bad, says in (("4=1gbit", "a node from 1 to 3"), ("0=1gbit", "a node from 1 to 3"),
+                      ("x=1gbit", "INDEX=RATE"), ("3=fast", "'3=fast': expected INDEX=RATE"),
+                      ("1gb", "a rate such as 1gbit"), ("9" * 30 + "gbit", "a rate such as"), ("", "a rate")):
+        with pytest.raises(values.BadValue, match=says):
+            values.link_rates("--link-rate", [bad], 3)
