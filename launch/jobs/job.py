@@ -39,7 +39,7 @@ from dtrain import contract
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, node_programs, store, supervision
+from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.remote.hosts import Node
@@ -84,6 +84,7 @@ class JobSpec:
     health_interval: float = 5.0  # seconds between the supervisor's probes of every node
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 30  # seconds between a spot notice's SIGTERM and the node leaving
+    check_network: bool = False  # the network gate between the containers before the job (netgate)
 
 
 @dataclass(frozen=True)
@@ -451,6 +452,15 @@ class Job:
             self._write_node_env(started.facts)
         return started
 
+    def gate_nodes(self, started: Started) -> netgate.GateResult:
+        """The network gate (--check-network) between the started containers, on the job's NIC:
+        a few seconds of TCP streams in two ring rounds (launch/jobs/netgate.py); says one line
+        (lowest and median rate, time taken) and returns the result, whose .culprits name the
+        nodes whose link is well below their peers' or the instance type's expectation."""
+        result = netgate.run_gate(self.ssh, started.facts, container_name(self.spec.name))
+        self.say(f"[launch] {result.summary()}")
+        return result
+
     def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
         """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
         directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
@@ -752,6 +762,10 @@ class Job:
             store.record(self.spec.name, node_dir=prepared.node_dir)
             pulled = self.pull(prepared)
             started = self.up(prepared, pulled)
+            if self.spec.check_network:
+                gate = self.gate_nodes(started)
+                if gate.culprits:  # the one place a launch learns of a slow node (spares: swap it here)
+                    raise LaunchError(gate.failure())
             ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun

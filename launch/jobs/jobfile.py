@@ -66,6 +66,7 @@ class JobFile(BaseModel):
     min_nodes: Optional[int] = Field(default=None, ge=1)
     checkpoint_dir: Optional[str] = None
     no_spot_watch: Optional[bool] = None
+    check_network: Optional[bool] = None
 
     @field_validator("command", mode="before")
     @classmethod

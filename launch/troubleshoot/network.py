@@ -6,7 +6,8 @@ launch/jobs/netgate.py) with the likely causes from the checklist.
 
 GPU images: nccl-tests' all_reduce_perf (built into the GPU variants). CPU images:
 launch/node/examples/allreduce_bw.py (gloo or Horovod) with the same busbw definition.
-Parsing, the table and the verdict are pure functions.
+Parsing, the table and the verdict are pure functions. `quick` (`doctor --bandwidth --quick`)
+runs the launch's network gate instead: seconds, naming a slow node (launch/jobs/netgate.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Callable, Literal, Sequence
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_count
-from dtrain.launch.jobs.netgate import EXPECTATIONS, Expectation, expectation_for, load_expectations  # noqa: F401 (the table is the gate's too)
+from dtrain.launch.jobs.netgate import (EXPECTATIONS, Expectation, GateResult, expectation_for,  # noqa: F401
+                                        load_expectations, run_gate)  # (EXPECTATIONS: the table is the gate's too)
 from dtrain.launch.remote.hosts import Node
 
 EX = contract.EXAMPLES
@@ -258,3 +260,28 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
     spec = JobSpec(image=image, command=tuple(command), launcher=launcher, name=name, env=dict(env or {}),
                    iface=iface, ssh_opts=ssh_opts, job_timeout=1800, extra_mca=tuple(extra_mca))
     return run_sweep(spec, nodes, gpu=gpu, instance_type=instance_type, say=say)
+
+
+# ---------------------------------------------------------------- the quick check: the network gate
+
+
+def quick(nodes: list[Node], *, image: str, iface: str | None = None, ssh_opts: tuple[str, ...] = (),
+          instance_type: str | None = None, say: Callable[[str], None] = print) -> GateResult:
+    """`doctor --bandwidth --quick`: the launch's network gate (launch/jobs/netgate.py) instead of
+    the sweep: the image's containers started on every node as a launch starts them (Job.up),
+    a few seconds of TCP streams between them, the containers always removed."""
+    import shutil
+
+    from dtrain.launch.jobs import store
+    from dtrain.launch.jobs.job import Job, JobSpec
+
+    spec = JobSpec(image=image, command=("true",), name=store.default_name("netgate"), iface=iface,
+                   ssh_opts=ssh_opts, ready_timeout=20)
+    job = Job(spec, nodes, say=lambda m: None)
+    try:
+        say(f"[doctor] starting {image} on {len(nodes)} node(s) for the network gate")
+        started = job.up()
+        return run_gate(job.ssh, started.facts, contract.container_name(job.spec.name), instance_type=instance_type)
+    finally:
+        job.teardown()
+        shutil.rmtree(job.dir, ignore_errors=True)
