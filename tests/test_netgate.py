@@ -126,3 +126,11 @@ def test_link_rate_flag_every_node_and_one_node():
                       ("1gb", "a rate such as 1gbit"), ("9" * 30 + "gbit", "a rate such as"), ("", "a rate")):
         with pytest.raises(values.BadValue, match=says):
             values.link_rates("--link-rate", [bad], 3)
+
+
+def test_a_culprit_must_be_named_twice():
+    first = ng.GateResult({"h1": 2.0, "h2": 2.0, "h3": 0.05}, {"h3": "slow", "h1": "busy"}, seconds=2.0)
+    second = ng.GateResult({"h1": 2.0, "h2": 2.0, "h3": 0.05}, {"h3": "slow again"}, seconds=2.5)
+    both = ng.confirmed(first, second)
+    assert both.culprits == {"h3": "slow again"} and both.seconds == 4.5
+    assert ng.confirmed(first, ng.GateResult(second.rates, {}, seconds=1)).culprits == {}
