@@ -395,12 +395,15 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
                       "in the containers, e.g. on a --mount)",
     "no_spot_watch": "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice "
                      "and leaves the job cleanly (time to checkpoint); this turns it off",
+    "check_network": "before the job, a few seconds of TCP streams between the containers (the network "
+                     "gate); a node whose link is well below its peers' or its instance type's fails the "
+                     "launch, named",
 })
 def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=None, cluster=None, hostfile=None,
            hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
-           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False):
+           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", "f", "file", "dump")}
     with user_errors():
@@ -426,7 +429,7 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
             ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
             env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
             pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts=None,
-            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False):
+            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False):
     import os
     from pathlib import Path
 
@@ -474,7 +477,7 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
                        min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
                        spares=_int_flag("--spares", spares, 0, 1000) if spares is not None else 0,
                        checkpoint_dir=checkpoint_dir,
-                       imds="" if no_spot_watch else imds)
+                       imds="" if no_spot_watch else imds, check_network=bool(check_network))
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))
         code = job.run()
         if code != 0:
@@ -710,9 +713,10 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(iterable=["nic"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+@task(iterable=["nic", "link_rate"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size",
-            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit (default: no limit)",
+            "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
+                         "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
@@ -721,14 +725,9 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
     with user_errors():
         _choice_flag("action", action, ("up", "down", "status"))
         count = _int_flag("--nodes", nodes, 1, cl.MAX_NODES)
-        if link_rate is not None:
-            from dtrain.launch.infra.netns import parse_rate
+        from dtrain import values
 
-            try:
-                parse_rate(link_rate if len(link_rate) <= 20 else "")
-            except ValueError:
-                raise cl.ClusterError(f"--link-rate {link_rate[:40]!r}: expected a rate such as 1gbit, "
-                                      "500mbit or 100kbit") from None
+        every, per_node = values.link_rates("--link-rate", link_rate, count)
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -736,8 +735,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names,
-                         link_rate=link_rate)
+            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
@@ -810,6 +808,21 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
     return result
 
 
+def _gate(image, iface, instance_type, nodes, ssh_opts) -> int:
+    """doctor --bandwidth --quick: the network gate's table; 1 where a node FAILs."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.troubleshoot import network
+
+    if not image:
+        raise LaunchError("--image is required: the network gate runs inside the job's image")
+    r = network.quick(nodes, image=image, iface=iface, ssh_opts=ssh_opts, instance_type=instance_type)
+    print("\n".join(r.table()))
+    print(r.summary())
+    if r.culprits:
+        print(r.failure())
+    return 1 if r.culprits else 0
+
+
 @task(iterable=["ssh_opt", "env"], help={
     **NODE_HELP,
     "image": "image to check with (digest on every node, and the in-container checks)",
@@ -818,12 +831,14 @@ def _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface
     "min_free_gb": "free GiB wanted on Docker's data root besides the image (default 10)",
     "job": "a running job whose container may hold port 2022",
     "bandwidth": "run the allreduce bandwidth sweep instead (as `dtrain bench-network`; needs --image)",
+    "quick": "with --bandwidth: the launch's network gate instead of the sweep (seconds; names a node whose "
+             "link is well below its peers'): PASS/WARN/FAIL per node",
     **{k: v for k, v in NETWORK_HELP.items() if k not in ("image", "iface")},
 })
 def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
            ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
            min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes="1073741824",
-           iters="5", instance_type=None, env=None, tcp_streams="1"):
+           iters="5", instance_type=None, env=None, tcp_streams="1", quick=False):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
 
@@ -837,7 +852,13 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
             shm_size = values.docker_size("--shm-size", shm_size, "16g")
         if job is not None:
             values.name("--job", job)
+        if quick and not bandwidth:
+            raise values.BadValue("--quick goes with --bandwidth: dtrain doctor --bandwidth --quick --image REF")
+        if instance_type is not None:
+            values.instance_type("--instance-type", instance_type)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
+        if bandwidth and quick:
+            sys.exit(_gate(image, iface, instance_type, nodes, _ssh_opts(ssh_opt, ssh_config, cluster)))
         if bandwidth:
             r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
                            nodes, _ssh_opts(ssh_opt, ssh_config, cluster))

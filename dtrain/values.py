@@ -84,6 +84,42 @@ def docker_size(flag: str, text, example: str = "16g") -> str:
     return m.group(1) + (m.group(2) or "b") if m.group(2) != "t" else str(int(m.group(1)) << 10) + "g"
 
 
+_RATE = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)([kmg]?bit)", re.ASCII)
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+def bit_rate(flag: str, text) -> int:
+    """A link rate in tc's decimal bit units (`1gbit`, `500mbit`, `100kbit`) -> bits per second."""
+    accepted = "a rate such as 1gbit, 500mbit or 100kbit"
+    s = _plain(flag, text, accepted).strip().lower()
+    m = _RATE.fullmatch(s)
+    bits = int(float(m.group(1)) * _RATE_UNITS[m.group(2)]) if m else 0
+    if bits <= 0:
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return bits
+
+
+def link_rates(flag: str, items: Iterable[str] | None, nodes: int) -> tuple[int | None, dict[int, int]]:
+    """`--link-rate` given once or more, each a comma list of RATE (every node) or INDEX=RATE
+    (node INDEX of 1..nodes): (every node's rate or None, {index: rate}); the last one wins."""
+    default: int | None = None
+    per_node: dict[int, int] = {}
+    for item in items or []:
+        for part in _plain(flag, item, "RATE or INDEX=RATE, e.g. 1gbit,3=100mbit").split(","):
+            index, sep, rate = part.strip().rpartition("=")
+            if not sep:
+                default = bit_rate(flag, rate)
+                continue
+            if not (index.isascii() and index.isdigit() and 1 <= int(index) <= nodes):
+                raise BadValue(f"{flag} {shown(part)}: expected INDEX=RATE with INDEX a node from 1 to {nodes}, "
+                               "e.g. 3=100mbit")
+            try:
+                per_node[int(index)] = bit_rate(flag, rate)
+            except BadValue:
+                raise BadValue(f"{flag} {shown(part)}: expected INDEX=RATE with a rate such as 100mbit") from None
+    return default, per_node
+
+
 def env_name(name: str) -> bool:
     """A POSIX shell variable name: what every launcher forwards (torchrun/ray drop others)."""
     return bool(ENV_NAME.fullmatch(name))

@@ -375,16 +375,19 @@ def _hostfile(info: ClusterInfo) -> str:
 
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
        timeout: float = 90.0, nic_names: dict[int, str] | None = None,
-       link_rate: str | None = None) -> ClusterInfo:
+       link_rate: str | int | None = None,
+       node_link_rates: dict[int, str | int] | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
 
     nic_names: {node index: NIC name} for nodes whose NIC is not NODE_IFNAME (e.g. {2: "eth0"}:
     mixed instance generations/AMIs); a running cluster's NICs are renamed to match, the
     others back to NODE_IFNAME.
 
-    ``link_rate`` (tc units: ``1gbit``, ``500mbit``) limits each node's link both ways, as
+    ``link_rate`` (tc units: ``1gbit``, ``500mbit``; or bits per second) limits each node's link both ways, as
     a NIC of that speed would (ECR throughput for benchmarks); None (default) removes any
     limit. It is (re)applied on every call, also to a cluster that is already up.
+    ``node_link_rates`` ({index: rate}) gives those nodes their own rate instead (one slow
+    node among fast ones: the network gate's tests); set_link_rate changes one node's later.
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -395,15 +398,19 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes must be an integer in 1..{MAX_NODES}, got {nodes!r}")
     try:
-        rate = nx.parse_rate(link_rate) if link_rate is not None else None
+        rate = _rate(link_rate) if link_rate is not None else None
+        rates = {i: _rate(r) for i, r in (node_link_rates or {}).items()}
     except ValueError as e:
         raise ClusterError(f"--link-rate: {e}") from None
+    bad = [i for i in rates if not 1 <= i <= nodes]
+    if bad:
+        raise ClusterError(f"--link-rate {bad[0]}=...: no node {bad[0]} (nodes 1..{nodes})")
     with _locked():
         st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
                 _log(quiet, f"already up with {nodes} node(s)")
-                _set_link_rates(st.info, rate, quiet)
+                _set_link_rates(st.info, rate, rates, quiet)
                 return _name_nics(st.info, nic_names or {}, quiet)
             if st.nodes != nodes and not recreate:
                 raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
@@ -425,10 +432,19 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             if isinstance(e, (ClusterError, KeyboardInterrupt)):
                 raise
             raise ClusterError(f"cluster up failed: {e}") from e
-        _set_link_rates(info, rate, quiet)
+        _set_link_rates(info, rate, rates, quiet)
         _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
                     f"ssh -F {info.ssh_config} node-1")
         return _name_nics(info, nic_names or {}, quiet)
+
+
+def _rate(rate: str | int) -> int:
+    """A rate in tc units (1gbit) or bits per second -> bits per second; ValueError else."""
+    if isinstance(rate, int) and not isinstance(rate, bool):
+        if rate <= 0:
+            raise ValueError(f"bad rate {rate!r}: bits per second > 0")
+        return rate
+    return nx.parse_rate(str(rate))
 
 
 def _check_ifname(name: str) -> None:
@@ -463,14 +479,34 @@ def _name_nics(info: ClusterInfo, names: dict[int, str], quiet: bool) -> Cluster
     return info
 
 
-def _set_link_rates(info: ClusterInfo, bits_per_s: int | None, quiet: bool) -> None:
-    """Each node's link limited to bits_per_s both ways: the host end of its veth (what
-    reaches the node: pulls) and its own NIC (what it sends); None: unlimited."""
+def _set_link_rates(info: ClusterInfo, bits_per_s: int | None, per_node: dict[int, int], quiet: bool) -> None:
+    """Each node's link limited to per_node.get(index, bits_per_s) both ways; None: unlimited."""
     if bits_per_s is not None:
         _log(quiet, f"links limited to {bits_per_s / 1e6:g} Mbit/s per node")
+    for i, bits in sorted(per_node.items()):
+        _log(quiet, f"node-{i}: link limited to {bits / 1e6:g} Mbit/s")
     for node in info.nodes:
-        nx.set_link_rate(f"{VETH_PREFIX}{node.index}", bits_per_s)
-        nx.set_link_rate(node.ifname, bits_per_s, netns=node.netns)
+        _node_link_rate(node, per_node.get(node.index, bits_per_s))
+
+
+def _node_link_rate(node: NodeInfo, bits_per_s: int | None) -> None:
+    """One node's link: the host end of its veth (what reaches the node: pulls, peers' traffic)
+    and its own NIC (what it sends)."""
+    nx.set_link_rate(f"{VETH_PREFIX}{node.index}", bits_per_s)
+    nx.set_link_rate(node.ifname, bits_per_s, netns=node.netns)
+
+
+def set_link_rate(index: int, bits_per_s: int | None) -> None:
+    """Limit node `index`'s link both ways on the running cluster (tc, at once; the others stay
+    as they are); None removes its limit. A later up() sets every node's rate again."""
+    state = _load_state()
+    if not state or "info" not in state:
+        raise ClusterError("no simulated cluster is up (dtrain cluster up)")
+    info = ClusterInfo.from_dict(state["info"])
+    node = next((n for n in info.nodes if n.index == index), None)
+    if node is None:
+        raise ClusterError(f"no node {index} (nodes 1..{len(info.nodes)})")
+    _node_link_rate(node, bits_per_s)
 
 
 def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shlex
 import signal
 import socket
@@ -25,6 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from dtrain import values
 
 NETNS_DIR = Path("/run/netns")
 MNTNS_DIR = Path("/run/dtrain-mntns")
@@ -113,15 +114,12 @@ def add_node_netns(netns: str, bridge: str, host_veth: str, node_ifname: str,
     sh(["ip", "-n", netns, "-batch", "-"], input="\n".join(batch) + "\n")
 
 
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-
-
 def parse_rate(rate: str) -> int:
     """`1gbit`, `500mbit`, `100kbit` (tc's decimal bit units) -> bits per second; ValueError else."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?bit)", rate.strip().lower())
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 500mbit, 100kbit")
-    return int(float(m.group(1)) * _RATE_UNITS[m.group(2)])
+    try:
+        return values.bit_rate("rate", rate)
+    except values.BadValue:
+        raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 500mbit, 100kbit") from None
 
 
 def tbf_args(bits_per_s: int) -> list[str]:

@@ -686,6 +686,20 @@ def interface_for_address(ip_addr_json: str, address: str, *, host: str | None =
     raise LaunchError(f"{where}no interface carries {address} (seen: {', '.join(seen) or 'none'})")
 
 
+def interface_address(ip_addr_json: str, iface: str) -> str:
+    """The first IPv4 address of NIC `iface` in a node's `ip -j addr` output ("" where none)."""
+    try:
+        links = json.loads(ip_addr_json or "[]")
+    except ValueError:
+        return ""
+    for link in links if isinstance(links, list) else []:
+        if link.get("ifname") == iface:
+            for info in link.get("addr_info") or []:
+                if info.get("family") == "inet" and info.get("local"):
+                    return str(info["local"])
+    return ""
+
+
 def check_same_iface(per_node: Mapping[str, str]) -> str:
     """The one NIC name all nodes share (NCCL_SOCKET_IFNAME, btl_tcp_if_include take one)."""
     if not per_node:

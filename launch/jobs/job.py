@@ -39,7 +39,7 @@ from dtrain import contract
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, node_programs, store, supervision
+from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.remote.hosts import Node
@@ -84,6 +84,7 @@ class JobSpec:
     imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
+    check_network: bool = False  # the network gate between the containers before the job (netgate)
 
     @property
     def restarts(self) -> int:
@@ -106,6 +107,7 @@ class NodeFacts:
     driver: str = ""  # NVIDIA driver version, "" without GPUs
     port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when the port is taken
     network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
+    iface_address: str = ""  # with --iface: that NIC's IPv4 address ("": address is on the job's NIC)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
-                     tuple(p.get("port_jobs", "").split()), network)
+                     tuple(p.get("port_jobs", "").split()), network,
+                     commands.interface_address(ipjson, chosen) if iface else "")
 
 
 def check_spares(spec: JobSpec, given: int) -> None:
@@ -191,6 +194,19 @@ def check_spares(spec: JobSpec, given: int) -> None:
     if spec.min_nodes is not None and not 1 <= spec.min_nodes <= ranked:
         raise LaunchError(f"--min-nodes {spec.min_nodes}: between 1 and the {ranked} node(s) "
                           + (f"that run ranks ({given} given, {spec.spares} spare(s))" if spec.spares else "given"))
+
+
+def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) -> dict[str, str]:
+    """The network gate's culprits as the nodes the run leaves out ({hostname: why}): each node
+    that would run ranks needs a spare that is not a culprit itself to take its place; without
+    enough, the launch fails naming them (GateResult.failure)."""
+    out = {f.hostname: f"slow link: {gate.culprits[f.node.host]}" for f in facts if f.node.host in gate.culprits}
+    ranked = facts[:len(facts) - spares]
+    need = sum(f.hostname in out for f in ranked)
+    have = sum(f.hostname not in out for f in facts[len(facts) - spares:])
+    if need > have:
+        raise LaunchError(gate.failure() + (f"; {have} healthy spare(s) for {need} node(s)" if spares else ""))
+    return out
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
@@ -465,6 +481,28 @@ class Job:
             self._write_node_env(started.facts)
         return started
 
+    def gate_nodes(self, started: Started) -> netgate.GateResult:
+        """The network gate (--check-network) between the started containers, on the job's NIC:
+        a few seconds of TCP streams in two ring rounds (launch/jobs/netgate.py); says one line
+        (lowest and median rate, time taken) and returns the result, whose .culprits name the
+        nodes whose link is well below their peers' or the instance type's expectation."""
+        result = netgate.run_gate(self.ssh, started.facts, container_name(self.spec.name))
+        self.say(f"[launch] {result.summary()}")
+        return result
+
+    def _take_out(self, facts: Sequence[NodeFacts], out: dict[str, str]) -> None:
+        """Nodes the gate named, before the job: their containers go, spares take their places
+        (once every node's start session has ended: a container removed before its sshd was seen
+        would end the job)."""
+        if failure := self.up_failure(self.spec.ready_timeout + 30):
+            raise failure
+        store.record(self.spec.name, quarantined=dict(out))
+        nodes = [f.node for f in facts if f.hostname in out]
+        for f in facts:
+            if f.hostname in out:
+                self.say(f"[launch] {f.hostname} taken out before the start: {out[f.hostname]}")
+        self.ssh.run(nodes, lambda n: store.remove_argv(self.spec.name), timeout=60)
+
     def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
         """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
         directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
@@ -622,18 +660,20 @@ class Job:
         if quarantined:
             ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks))
-        prefix = run_argv(spec, started.facts, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
+        live = [f for f in started.facts if f.hostname not in (quarantined or {})]
+        prefix = run_argv(spec, live, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
                                 quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
-    def run_supervised(self, started: Started, node_dir: str, ompi: int) -> int:
+    def run_supervised(self, started: Started, node_dir: str, ompi: int,
+                       quarantined: dict[str, str] | None = None) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
         by launch/node/host/supervise.sh): attached, its output streams here until it ends;
         detached (--detach), this returns once the job runs, and the nodes supervise it alone."""
-        facts = started.facts
-        first = facts[0]
-        plan = self.plan(started, node_dir, ompi)
+        plan = self.plan(started, node_dir, ompi, quarantined)
+        facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
+        first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
         store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host)
         shown = commands.attempt_argv(plan.run, plan.nodes)[0]
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
@@ -740,14 +780,14 @@ class Job:
                 shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
             self.ssh.close()
 
-    def _job(self, started: Started, node_dir: str, ompi: int) -> int:
+    def _job(self, started: Started, node_dir: str, ompi: int, quarantined: dict[str, str] | None = None) -> int:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
             if self.launcher.name == "ray":
                 code = self._run_ray(started.facts, started.facts[0].iface)
             else:
-                code = self.run_supervised(started, node_dir, ompi)
+                code = self.run_supervised(started, node_dir, ompi, quarantined)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -776,11 +816,17 @@ class Job:
             store.record(self.spec.name, node_dir=prepared.node_dir)
             pulled = self.pull(prepared)
             started = self.up(prepared, pulled)
+            quarantined: dict[str, str] = {}
+            if self.spec.check_network:
+                gate = self.gate_nodes(started)
+                if gate.culprits:  # the one place a launch learns of a slow node: spares take their place
+                    quarantined = gate_out(started.facts, self.spec.spares, gate)
+                    self._take_out(started.facts, quarantined)
             ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started, prepared.node_dir, ompi)
+            code = self._job(started, prepared.node_dir, ompi, quarantined)
             if self.detached:
                 store.record(self.spec.name, state="detached")
                 return 0

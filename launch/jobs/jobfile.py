@@ -67,6 +67,7 @@ class JobFile(BaseModel):
     spares: Optional[int] = Field(default=None, ge=0, le=1000)
     checkpoint_dir: Optional[str] = None
     no_spot_watch: Optional[bool] = None
+    check_network: Optional[bool] = None
 
     @field_validator("command", mode="before")
     @classmethod

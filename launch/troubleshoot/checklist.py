@@ -654,6 +654,40 @@ ENTRIES: tuple[Entry, ...] = (
         related=("efa-unused", "nccl-iface"),
     ),
     Entry(
+        id="slow-link",
+        title="one node's link is well below its peers' (the network gate names it)",
+        symptom="`dtrain launch --check-network` stops before the job's first step with one line naming "
+                "the node, its measured rate and what it was compared with, and removes everything it "
+                "started; `dtrain doctor --bandwidth --quick` shows that node FAIL. Without the gate: "
+                "training runs at a fraction of its speed, every step waiting on one node.",
+        messages=("error: network gate: slow link on node-3 (10.213.0.13): 47.9 Mbit/s, below 50% of its "
+                  "peers' median 2.41 Gbit/s (docs/troubleshooting.md#slow-link)",),
+        signatures=_re(r"network gate: slow link on (?P<node>[^ ;:(]+)"),
+        cause="What the gate measured (launch/jobs/netgate.py): inside the job's containers, on the "
+              "job's NIC, every node sends one TCP stream for 1 s to its neighbour in a ring, then one "
+              "to the next but one (python3 sockets: launch/node/netgate.py), so each node sends to two "
+              "peers and receives from two, one stream each way at a time. A node's rate is the lower "
+              "of its best send and its best receive: a node slow one way is slow in both pairs of that "
+              "way, its peers each keep a fast one. The node is named when its rate is below half its "
+              "peers' median, or below half of what one TCP flow reaches on its instance type "
+              "(min(`link_gbps`, 5 Gbit/s, AWS's single-flow limit outside a cluster placement group), "
+              "from `launch/jobs/network_expectations.yaml`, the table `doctor --bandwidth` uses). "
+              "On EC2: an instance on degraded hardware, a node in another Availability Zone or "
+              "outside the placement group, an instance type smaller than the others, traffic over "
+              "the instance's allowance (ENA drops it), a path through a NAT or proxy.",
+        fix="Replace the node: stop and start the instance (it moves to other hardware), or launch "
+            "without it (drop it from the hostfile). Put the nodes in one cluster placement group, "
+            "of one instance type.",
+        confirm="`dtrain doctor --bandwidth --quick --image REF`: per node its best send and receive, "
+                "its rate and PASS/WARN/FAIL (WARN: below 75% of the peers' median, or nothing to "
+                "compare with: 2 nodes on a type the table does not know). On the node, "
+                "`ethtool -S <nic> | grep allowance_exceeded`: ENA's counts of packets dropped over "
+                "the instance's allowance.",
+        source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html",
+                "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-network-performance-ena.html"),
+        related=("nccl-few-sockets", "efa-unused"),
+    ),
+    Entry(
         id="memlock",
         title="locked-memory limit too low for EFA / verbs memory registration",
         symptom="Warnings at start, then memory registration failures or crashes in the "

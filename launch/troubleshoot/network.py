@@ -1,11 +1,13 @@
 """`dtrain doctor --bandwidth` / `dtrain bench-network`: an allreduce bus-bandwidth sweep across
 the nodes, inside the job's own image, launched as a job (same flags as `dtrain launch`), next
 to raw TCP throughput between the same containers; then a verdict against the expectation for
-the instance type (network_expectations.yaml) with the likely causes from the checklist.
+the instance type (launch/jobs/network_expectations.yaml, shared with the network gate:
+launch/jobs/netgate.py) with the likely causes from the checklist.
 
 GPU images: nccl-tests' all_reduce_perf (built into the GPU variants). CPU images:
 launch/node/examples/allreduce_bw.py (gloo or Horovod) with the same busbw definition.
-Parsing, the table and the verdict are pure functions.
+Parsing, the table and the verdict are pure functions. `quick` (`doctor --bandwidth --quick`)
+runs the launch's network gate instead: seconds, naming a slow node (launch/jobs/netgate.py).
 """
 
 from __future__ import annotations
@@ -16,17 +18,15 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Literal, Sequence
-
-import yaml
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_count
+from dtrain.launch.jobs.netgate import (EXPECTATIONS, Expectation, GateResult, expectation_for,  # noqa: F401
+                                        load_expectations, run_gate)  # (EXPECTATIONS: the table is the gate's too)
 from dtrain.launch.remote.hosts import Node
 
-EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
 EX = contract.EXAMPLES
 ALL_REDUCE_PERF = "/opt/nccl-tests/build/all_reduce_perf"
 MIN_BYTES, MAX_BYTES = 1 << 20, 1 << 30
@@ -96,31 +96,6 @@ def format_table(rows: Sequence[SweepRow], tcp_gbs: float | None) -> str:
 
 
 # ---------------------------------------------------------------- expectations and verdict
-
-
-@dataclass(frozen=True)
-class Expectation:
-    instance_type: str
-    busbw: float | None  # None: unknown
-    link_gbps: float | None
-    efa: bool
-    source: str
-
-
-def load_expectations(path: Path = EXPECTATIONS) -> dict[str, Expectation]:
-    data = yaml.safe_load(path.read_text())["instance_types"]
-    out = {}
-    for itype, d in data.items():
-        bus = d.get("busbw")
-        if bus != "unknown" and not isinstance(bus, (int, float)):
-            raise ValueError(f"{path}: instance_types.{itype}.busbw: a number or 'unknown', got {bus!r}")
-        out[itype] = Expectation(itype, None if bus == "unknown" else float(bus), d.get("link_gbps"),
-                                 bool(d.get("efa")), d["source"])
-    return out
-
-
-def expectation_for(instance_type: str | None, table: dict[str, Expectation]) -> Expectation | None:
-    return table.get(instance_type or "")
 
 
 @dataclass(frozen=True)
@@ -285,3 +260,28 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
     spec = JobSpec(image=image, command=tuple(command), launcher=launcher, name=name, env=dict(env or {}),
                    iface=iface, ssh_opts=ssh_opts, job_timeout=1800, extra_mca=tuple(extra_mca))
     return run_sweep(spec, nodes, gpu=gpu, instance_type=instance_type, say=say)
+
+
+# ---------------------------------------------------------------- the quick check: the network gate
+
+
+def quick(nodes: list[Node], *, image: str, iface: str | None = None, ssh_opts: tuple[str, ...] = (),
+          instance_type: str | None = None, say: Callable[[str], None] = print) -> GateResult:
+    """`doctor --bandwidth --quick`: the launch's network gate (launch/jobs/netgate.py) instead of
+    the sweep: the image's containers started on every node as a launch starts them (Job.up),
+    a few seconds of TCP streams between them, the containers always removed."""
+    import shutil
+
+    from dtrain.launch.jobs import store
+    from dtrain.launch.jobs.job import Job, JobSpec
+
+    spec = JobSpec(image=image, command=("true",), name=store.default_name("netgate"), iface=iface,
+                   ssh_opts=ssh_opts, ready_timeout=20)
+    job = Job(spec, nodes, say=lambda m: None)
+    try:
+        say(f"[doctor] starting {image} on {len(nodes)} node(s) for the network gate")
+        started = job.up()
+        return run_gate(job.ssh, started.facts, contract.container_name(job.spec.name), instance_type=instance_type)
+    finally:
+        job.teardown()
+        shutil.rmtree(job.dir, ignore_errors=True)
