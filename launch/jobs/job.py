@@ -51,6 +51,7 @@ from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's 
 from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
+FIRST_ROUND_S = 120  # the longest a node may take to answer the first round (its lock, the job's directory)
 READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
                       r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
@@ -114,6 +115,26 @@ class Started:
     timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
 
 
+class Relay:
+    """Where the lines of the nodes' launch sessions go: the step that reads them now (the first
+    round, then the start step, in the same sessions)."""
+
+    def __init__(self, target: Callable[[Node, str], None]) -> None:
+        self.target = target
+
+    def __call__(self, node: Node, line: str) -> None:
+        self.target(node, line)
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """The nodes' launch sessions after the first round (host/prepare.sh prepare_up): each
+    waits for its start step's arguments and secrets on stdin (start_on_nodes sends them)."""
+
+    fanout: Fanout
+    relay: Relay
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What the prepare step found (Job.prepare): the job's directory on every node, which nodes
@@ -124,6 +145,7 @@ class Prepared:
     login: Login | None = None  # the registry login (ECR); None: asked by the start step
     digest: str = ""  # the registry's digest of the image (--pull always); "" unknown
     timeline: timeline.Timeline = ()  # each node's first round
+    sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
 
 
 @dataclass(frozen=True)
@@ -233,15 +255,25 @@ def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
             spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout), "detach" if spec.detach else "attach"]
 
 
-def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
-    """The node step that does a whole launch on one node (launch/node/host/up.sh); with
-    node_dir, the container mounts the job's directory and the node's watchdog starts."""
+def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+    """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
+    with node_dir, the container mounts the job's directory and the node's watchdog starts."""
     head, rest = commands.docker_run_parts(container_spec(spec, node_dir))
     watch = watch_argv(spec, node_dir) if node_dir else []
-    return node_programs.host_argv(
-        "up", str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
-        node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
-        str(len(head)), *head, *rest)
+    return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
+            node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
+            str(len(head)), *head, *rest]
+
+
+def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+    """up_args as the node program's argv (a session of its own)."""
+    return node_programs.host_argv("up", *up_args(spec, registry_args, public_key, node_dir))
+
+
+def go_text(args: Sequence[str]) -> str:
+    """What a first-round session (host/prepare.sh prepare_up) reads to go on with up: `go N`,
+    then the N arguments, each ending in a NUL."""
+    return f"go {len(args)}\n" + "".join(a + "\0" for a in args)
 
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
@@ -285,7 +317,8 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
 def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], public_key: str,
                    secrets: str, say: Callable[[str], None], node_dir: str = "",
                    login: Login | None = None, *, t0: float | None = None,
-                   on_phase: Callable[[timeline.Entry], None] | None = None) -> tuple[Started, Fanout]:
+                   on_phase: Callable[[timeline.Entry], None] | None = None,
+                   sessions: Sessions | None = None) -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -297,11 +330,12 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
 
     The nodes' phase lines (up.sh: `container`, then `sshd`) are timeline entries, times
     after t0 (the launch's start, epoch; default now): Started.timeline has each node's
-    `container`; on_phase gets the later ones (`sshd`) as they come."""
+    `container`; on_phase gets the later ones (`sshd`) as they come. sessions: the first
+    round's, open (Job.prepare): the step goes on in them instead of sessions of its own."""
     began = time.monotonic()
     t0 = time.time() if t0 is None else t0
     login = login_for(spec.image) if login is None else login
-    argv = up_argv(spec, login.args, public_key, node_dir)
+    args = up_args(spec, login.args, public_key, node_dir)
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
     phases: list[timeline.Entry] = []
@@ -321,15 +355,21 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
                 running.add(n.host)
                 news.notify_all()
 
-    sessions = ssh.start(nodes, lambda n: argv, timeout=1800, stdin=lambda n: login.stdin + secrets,
-                         on_line=on_line)
+    if sessions is None:
+        argv = node_programs.host_argv("up", *args)
+        fan = ssh.start(nodes, lambda n: argv, timeout=1800, stdin=lambda n: login.stdin + secrets, on_line=on_line)
+    else:
+        fan = sessions.fanout
+        sessions.relay.target = on_line
+        for n in nodes:
+            fan.send(n.host, go_text(args) + login.stdin + secrets)
     started = list(nodes)  # until the sessions say otherwise
     try:
         with news:  # until every container runs, or a session ended before starting its own
-            while len(running) < len(nodes) and not set(sessions.ended()) - running:
+            while len(running) < len(nodes) and not set(fan.ended()) - running:
                 news.wait(0.05)
         if len(running) < len(nodes):
-            results = sessions.results()
+            results = fan.results()
             # Where ssh never connected nothing started; anywhere else a container may exist.
             started = [n for n, r in zip(nodes, results) if not is_connection_error(r.returncode, r.stderr)]
             raise_on_failure(results, "starting containers")
@@ -337,10 +377,10 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
             out = {h: "\n".join(v) for h, v in lines.items()}
             result = replace(_check_nodes(spec, nodes, out, running), timeline=tuple(phases))
     except LaunchError as e:
-        sessions.cancel()
+        fan.cancel()
         raise StartFailed(str(e), started) from None
     except BaseException:
-        sessions.cancel()
+        fan.cancel()
         raise
     capped = [f for f in result.facts if f.memlock >= 0]
     if capped:
@@ -352,7 +392,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     say(f"[launch] {len(result.facts)} node(s): NIC {nic}, "
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
         f"{container_name(spec.name)} running with the job key ({time.monotonic() - began:.1f} s)")
-    return result, sessions
+    return result, fan
 
 
 def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], running: set[str]) -> Started:
@@ -425,7 +465,7 @@ class Job:
         # for teardown: where this launch may have left something, set by the step that left it
         self.started: list[Node] = []  # nodes where a container or the job's directory may exist
         self.keydir: Path | None = None
-        self._sessions: Fanout | None = None  # the nodes' launch sessions (up())
+        self._sessions: Fanout | None = None  # the nodes' launch sessions (prepare(), up())
         self._watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
@@ -466,7 +506,8 @@ class Job:
                                                      public, private + env_file(self.spec.env), self.say,
                                                      prepared.node_dir, prepared.login,
                                                      t0=rec.t0 if rec else None,
-                                                     on_phase=(lambda e: rec.add([e])) if rec else None)
+                                                     on_phase=(lambda e: rec.add([e])) if rec else None,
+                                                     sessions=prepared.sessions)
         except StartFailed as e:
             self.started = e.started
             raise
@@ -601,13 +642,57 @@ class Job:
         login, digest = self._registry()
         # what each node is asked about the image (host/holds.sh): IMAGE POLICY DIGEST
         question = () if login is None else (self.spec.image, self.spec.pull, digest)
-        # First on each node its lock of the name (refused: exit 3, nothing changed there).
-        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), self.owner, *question)
+        # First on each node its lock of the name (refused: exit 3, nothing changed there). The
+        # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
+        argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)
+        said: dict[str, list[str]] = {n.host: [] for n in self.nodes}
+        done: dict[str, float] = {}
+        news = threading.Condition()
+
+        def first_round(n: Node, line: str) -> None:
+            with news:
+                if line == "prepared=1":
+                    done[n.host] = time.time()
+                    news.notify_all()
+                else:
+                    said[n.host].append(line)
+
+        relay = Relay(first_round)
         t = time.time()
-        results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120)
-        took = timeline.rounds("first-round", {r.host: (t, t + r.seconds) for r in results}, t0)
-        # teardown removes only where this launch may hold the node's lock: never where another
-        # launch of the same name holds it (exit 3), nor where ssh never connected
+        self.started = list(self.nodes)  # until the sessions say otherwise
+        self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
+                                                   hold_stdin=True, timeout=1800, on_line=relay)
+        deadline = time.monotonic() + FIRST_ROUND_S
+        with news:  # until every node prepared, or a session ended before it did
+            while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
+                   and time.monotonic() < deadline):
+                news.wait(0.05)
+        if len(done) < len(self.nodes):  # the others end now, before their start step
+            for n in self.nodes:
+                sessions.send(n.host, "", close=True)
+            if not set(sessions.ended()) - set(done):  # no node failed: some did not answer in time
+                sessions.cancel()
+                silent = [n.host for n in self.nodes if n.host not in done]
+                raise LaunchError(f"preparing the job's directory: no answer within {FIRST_ROUND_S} s from "
+                                  f"{', '.join(silent)}")
+            self._first_round_failed(sessions.results())
+        took = timeline.rounds("first-round", {h: (t, done[h]) for h in done}, t0)
+        with news:
+            # the directory: the last absolute path a node printed (not an ssh warning on stderr)
+            dirs = {h: ([x for x in lines if x.startswith("/")] or [""])[-1] for h, lines in said.items()}
+            held = {h: line.split(" ", 1)[1] for h, lines in said.items() for line in lines
+                    if line.startswith("held sha256:")}
+        if len(set(dirs.values())) > 1:
+            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
+                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
+        if wd is not None:
+            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
+        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay))
+
+    def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
+        """The first round's results where a node did not prepare: the LaunchError naming it.
+        teardown then removes only where this launch may hold the node's lock: never where
+        another launch of the same name holds it (exit 3), nor where ssh never connected."""
         self.started = [n for n, r in zip(self.nodes, results)
                         if r.ok or (r.returncode != 3 and not is_connection_error(r.returncode, r.stderr))]
         locked = [r for r in results if r.returncode == 3]
@@ -616,15 +701,7 @@ class Job:
                 f"  {r.host}: {(r.stderr.strip().splitlines() or ['its lock of the name is taken'])[-1]}"
                 for r in locked))
         raise_on_failure(results, "preparing the job's directory")
-        dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
-        held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
-                if line.startswith("held sha256:")}
-        if len(set(dirs.values())) > 1:
-            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
-                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
-        if wd is not None:
-            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
-        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took))
+        raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
     def plan(self, started: Started, node_dir: str, ompi: int) -> dict:
         """What the supervisor runs (plan.json): the launcher command apart from its nodes and
