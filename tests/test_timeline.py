@@ -4,15 +4,24 @@ supervisor's phase events through Render, and the node programs' own lines."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import node_programs, timeline
+from dtrain.launch.jobs import node_programs, store, timeline
+from dtrain.launch.jobs.job import Job, JobSpec
+from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.jobs.supervision import Render
 from dtrain.launch.jobs.timeline import Entry
 
 EV = contract.SUPERVISOR_EVENT
 T0 = 1000.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def phase_line(**fields) -> str:
@@ -122,3 +131,33 @@ def test_node_programs_print_phase_lines_the_launcher_reads():
                         'phase sshd "$a"', "t", EV], capture_output=True, text=True, timeout=30)
     (e,) = timeline.node_lines("n1", r.stdout.splitlines(), t0=0.0, now=0.0)
     assert e.phase == "sshd" and 0 <= e.seconds < 5
+
+
+@pytest.mark.cluster
+def test_a_launch_records_every_phase_of_every_node_and_status_prints_them(cluster, remote_images, tmp_path,
+                                                                           monkeypatch):
+    """A 2-node launch: its record has each phase of the launch for each node (non-negative
+    times), its log the table (and none of the nodes' phase lines), `dtrain status --job` too."""
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path))
+    nodes = parse_hostfile(cluster.hostfile)[:2]
+    name = "t-timeline"
+    spec = JobSpec(image=remote_images["pytorch-ddp"], command=("python", "-c", "print('step 1', flush=True)"),
+                   name=name, ssh_opts=("-F", cluster.ssh_config))
+    assert Job(spec, nodes, say=lambda m: None).run() == 0
+    entries = timeline.from_json(store.load_job(name)["timeline"])
+    got = {(e.node, e.phase): e for e in entries}
+    assert len(got) == len(entries)
+    for n in nodes:
+        for phase in contract.LAUNCH_PHASES:
+            e = got.get((n.host, phase))
+            assert e is not None and e.start >= 0 and e.seconds >= 0 and e.restart == 0, (n.host, phase, entries)
+    assert {e.node for e in entries} == {n.host for n in nodes}
+    log = store.job_log(name).read_text()
+    assert f"{timeline.PREFIX} launch" in log and contract.SUPERVISOR_EVENT not in log, log
+    assert log.index("[node-") < log.index(timeline.PREFIX)  # after every node's first step
+    r = subprocess.run([sys.executable, "-m", "invoke", "status", "--job", name], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "DTRAIN_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^launch\s+" + r"\s+".join(contract.LAUNCH_PHASES) + r"\s+done at$", r.stdout, re.M), r.stdout
+    for n in nodes:
+        assert re.search(rf"^{re.escape(n.host)}(\s+\d+\.\d\d){{7}}$", r.stdout, re.M), r.stdout
