@@ -660,8 +660,9 @@ class Job:
         relay = Relay(first_round)
         t = time.time()
         self.started = list(self.nodes)  # until the sessions say otherwise
+        # their time limit: the pull step's (1800 s) while they wait, then the start step's
         self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
-                                                   hold_stdin=True, timeout=1800, on_line=relay)
+                                                   hold_stdin=True, timeout=3600, on_line=relay)
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
             while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
