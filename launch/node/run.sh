@@ -55,7 +55,9 @@ if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 
 if [ -n "$ready" ]; then
   deadline=$(( $(date +%s) + ready )); pids=()
-  since=$(date +%s.%N)
+  # the time with a fraction: bash 5's $EPOCHREALTIME (no process), else date
+  stamp() { if [ -n "${EPOCHREALTIME:-}" ]; then t=${EPOCHREALTIME/,/.}; else t=$(date +%s.%N); fi; }
+  stamp; since=$t
   for ((i = 0; i < ${#hosts[@]}; i += 2)); do
     h=${hosts[i]}
     ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
@@ -66,8 +68,9 @@ if [ -n "$ready" ]; then
         sleep 0.1
       done
       if [ -n "$phase_says" ]; then
+        stamp
         printf '%s{"event": "phase", "phase": "ready", "node": "%s", "at": %s, "end": %s}\n' \
-          "$phase_says" "$h" "$since" "$(date +%s.%N)" >&2
+          "$phase_says" "$h" "$since" "$t" >&2
       fi ) &
     pids+=($!)
   done
