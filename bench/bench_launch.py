@@ -191,7 +191,8 @@ def scale(counts: list[int], repeat: int) -> None:
                      f"{mem - mem0:+.1f} GiB"))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
         last = load_job(f"bench-{n}-{repeat - 1}-warm")
-        print(timeline.text(timeline.from_json(last.get("timeline")), [x.host for x in parse_hostfile(info.hostfile)[:n]]),
+        hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
+        print(timeline.text(timeline.from_json(last.get("timeline")), hosts),
               file=sys.stderr, flush=True)
     print(markdown(rows))
 
