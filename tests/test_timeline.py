@@ -110,7 +110,8 @@ def test_render_times_each_nodes_first_line_and_passes_phase_events_on():
     assert got == [Entry("10.0.0.2", "ready", 4.0, 0.5), Entry("10.0.0.2", "first-step", 5.0, 1.0),
                    Entry("10.0.0.1", "first-step", 5.0, 2.0)]
     got.clear()
-    r.feed(phase_line(phase="detection", node="node-2", seconds=1.5))
+    assert r.feed(phase_line(phase="detection", node="node-2", seconds=1.5, restart=1)) == [
+        "[launch] restart 1: detection node-2 1.5 s"]  # a restart's phases are shown as they come
     r.feed(EV + json.dumps({"event": "restart", "attempt": 1, "reason": "lost node-2", "dropped": ["node-2"]}))
     r.feed(phase_line(phase="resumed", node="", seconds=3.0))
     r.feed(EV + json.dumps({"event": "running", "attempt": 1, "nodes": ["node-1"], "ranks": ["node-1"]}))

@@ -104,6 +104,9 @@ def describe(ev: dict) -> str:
         took = f" (the attempt ended in {ev['ended_in']} s)" if "ended_in" in ev else ""
         return (f"[launch] restart {ev.get('attempt')}: {ev.get('reason')}; "
                 f"dropped {', '.join(ev.get('dropped', [])) or 'none'}{took}")
+    if name == "phase":
+        where = f" {ev['node']}" if ev.get("node") else ""
+        return f"[launch] restart {ev.get('restart')}: {ev.get('phase')}{where} {ev.get('seconds')} s"
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":
@@ -179,8 +182,8 @@ class Render:
         if ev is not None:
             out = self._flush()
             self._event(ev)
-            if ev["event"] == contract.PHASE_EVENT:  # the timeline's; the log shows it as a table
-                return out
+            if ev["event"] == contract.PHASE_EVENT and ev.get("phase") in contract.LAUNCH_PHASES:
+                return out  # the launch's own (run.sh --ready): the log shows them as a table
             if ev["event"] == "running":
                 self._attempt(list(ev.get("ranks", [])))
             if ev["event"] in FINAL:
