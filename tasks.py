@@ -522,14 +522,22 @@ def _report_failure(name, code):
     print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
 
-@task
-def status(c):
-    """Recent jobs and their state."""
-    from dtrain.launch.jobs.store import status_rows
+@task(help={"job": "a job's name: its row, and the timeline of its launch and restarts (seconds per node and phase)"})
+def status(c, job=None):
+    """Recent jobs and their state; with --job JOB: that job and its timeline."""
+    from dtrain.launch.jobs.store import job_timeline, status_rows
 
     from dtrain.table import text
 
-    print(text(status_rows()))
+    with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
+        print(text(status_rows(name=job)))
+        if job is not None:
+            print()
+            print(job_timeline(job))
 
 
 @task(help={"job": "job name (default: the latest)",

@@ -19,6 +19,9 @@ launches a slim copy of the image (below, `slim`), so that 32 nodes need not eac
 1.1 GB framework before anything can be timed; the launch path does not touch the framework.
 
     python bench/bench_launch.py --scale 8,16,32 [--repeat 3]
+
+Each count's last warm launch's timeline (launch/jobs/timeline.py: seconds per node and phase,
+`dtrain status --job`) is printed after its row, on stderr: where the launch's time goes.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
-from dtrain.launch.jobs.store import job_log  # noqa: E402
+from dtrain.launch.jobs import timeline  # noqa: E402
+from dtrain.launch.jobs.store import job_log, load_job  # noqa: E402
 from dtrain.launch.remote.transport import close_masters  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
@@ -186,6 +190,10 @@ def scale(counts: list[int], repeat: int) -> None:
                      f"{m['warm']:.2f} s", f"{m['par']:.2f} s", f"{m['warm'] / m['par']:.2f}x",
                      f"{mem - mem0:+.1f} GiB"))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+        last = load_job(f"bench-{n}-{repeat - 1}-warm")
+        hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
+        print(timeline.text(timeline.from_json(last.get("timeline")), hosts),
+              file=sys.stderr, flush=True)
     print(markdown(rows))
 
 

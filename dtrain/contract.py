@@ -53,6 +53,14 @@ SUPERVISOR_EVENT = "dtrain-supervisor "
 READY_FAILED = 97
 READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdict (run.sh --ready-says)
 
+# The timeline of a launch (launch/jobs/timeline.py): the phases each node measures of its own
+# steps (lines `SUPERVISOR_EVENT{"event": "phase", "phase": P, "at": EPOCH, "seconds": S}` from
+# launch/node/host/ and run.sh) or the launcher measures of its rounds, in their order; then a
+# restart's phases, from the supervisor's `phase` events ({"phase": P, "node": host, "seconds": S}).
+PHASE_EVENT = "phase"
+LAUNCH_PHASES = ("first-round", "pull", "container", "sshd", "ready", "first-step")
+RESTART_PHASES = ("detection", "teardown", "spare-in", "resumed")
+
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.
 NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"
 if not NODE_SCRIPTS.is_dir():  # installed: dtrain/launch/node

@@ -291,3 +291,30 @@ def test_broken_on_line_does_not_block_the_child():
     # 200k lines overflow any pipe buffer: the output must keep being drained.
     [r] = run_all([Node("n1", 1)], lambda n: sh("seq 200000"), on_line=on_line, timeout=20)
     assert (r.returncode, r.error, len(r.stdout.splitlines())) == (0, None, 200000)
+
+
+def test_a_held_stdin_is_a_dialogue_each_node_answers_then_reads_more():
+    """hold_stdin: the text given first, then what send() adds once the node answered; a
+    command that printed something and then failed to connect is not run again."""
+    from dtrain.launch.remote.fanout import Fanout
+
+    heard: dict[str, list[str]] = {n.host: [] for n in NODES}
+    news = threading.Event()
+
+    def on_line(n, line):
+        heard[n.host].append(line)
+        if all(heard.values()):
+            news.set()
+
+    fan = Fanout(NODES, lambda n: sh('read a; echo "got $a"; read b; echo "then $b"'),
+                 stdin=lambda n: f"one {n.host}\n", hold_stdin=True, on_line=on_line, timeout=10)
+    assert news.wait(5) and not fan.done()  # each answered, and waits for more
+    for n in NODES:
+        fan.send(n.host, f"two {n.host}\n")
+    results = fan.results()
+    assert [r.stdout for r in results] == [f"got one {n.host}\nthen two {n.host}\n" for n in NODES]
+    # ssh's "Connection reset" after the command printed: it ran, so it is not run again
+    fan = Fanout([NODES[0]], lambda n: sh('echo ran; echo "Connection reset by peer" >&2; exit 255'),
+                 stdin=lambda n: "", hold_stdin=True, retries=2, backoff=0.01)
+    fan.send(NODES[0].host, "", close=True)
+    assert fan.results()[0].attempts == 1

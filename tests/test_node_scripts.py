@@ -228,6 +228,32 @@ def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
     assert list((job / "workdir").iterdir()) == [] and oct(job.stat().st_mode & 0o777) == "0o700"
 
 
+def test_prepare_up_goes_on_with_up_in_the_same_session_when_the_launcher_says_go(tmp_path):
+    """The first round and the start step in one session: prepare (the watchdog's program up to
+    a NUL), `prepared=1`, then up with the arguments the launcher sends (`go N`, N NUL-ended
+    words, empty ones too), the rest of stdin up's own."""
+    from dtrain.launch.jobs.job import go_text
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    fake = "up() { printf '<%s>' \"$@\"; echo; echo \"cwd=$PWD\"; cat; }"
+    args = ["2022", "", "", "r/x:1", "arg with\nnewline"]
+    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", fake=fake, env=env,
+             stdin="#!/bin/bash\necho watch\n\0" + go_text(args) + "KEY\nENV\n")
+    assert r.returncode == 0, r.stderr
+    job = (tmp_path / ".dtrain" / "node-jobs" / "j").resolve()
+    assert r.stdout.split("\n")[:2] == [str(job), "prepared=1"]
+    assert "<2022><><><r/x:1><arg with\nnewline>\n" in r.stdout and r.stdout.endswith("KEY\nENV\n")
+    assert f"cwd={tmp_path}" in r.stdout  # up runs where a session of its own would: the home directory
+    assert (job / "watch.sh").read_text() == "#!/bin/bash\necho watch\n"
+    # the launch ended before its start step (another node refused): nothing more here
+    for stdin in ("w\0", "w\0stop\n"):
+        r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", fake=fake, env=env, stdin=stdin)
+        assert r.returncode == 0 and r.stdout.splitlines() == [str(job), "prepared=1"], r.stdout
+    # another launch holds the name: refused before anything
+    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "other 2 u", fake=fake, env=env, stdin="w\0go 0\n")
+    assert r.returncode == 3 and "prepared=1" not in r.stdout
+
+
 @pytest.mark.parametrize("policy,digest,held", [
     ("missing", "", True),
     ("always", "sha256:d1", True),

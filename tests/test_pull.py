@@ -345,16 +345,17 @@ def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_im
     job = Job(spec(cluster, image, ["python", "-c", "print('step 1')"], "t-pull"), nodes_of(cluster, 3),
               say=said.append)
     programs: list[str] = []  # the launch's sessions, by step (host programs) or name: no pull.sh here
-    real_run = job.ssh.run
+    real_start = job.ssh.start
 
-    def run(nodes, command, **kw):
+    def start(nodes, command, **kw):
         for n in nodes:
             argv = list(command(n))
-            programs.append(argv[7] if argv[3] == "dtrain-node" else argv[3])
-        return real_run(nodes, command, **kw)
-    job.ssh.run = run  # type: ignore[method-assign]
+            programs.append(argv[8] if argv[3] == "dtrain-node" else argv[3])
+        return real_start(nodes, command, **kw)
+    job.ssh.start = start  # type: ignore[method-assign]  # ssh.run starts its sessions through it too
     assert job.run() == 0, said
-    assert programs.count("prepare") == 3 and "pull.sh" not in programs, programs
+    # one session per node for the first round and the start step (prepare_up); nothing pulled
+    assert programs.count("prepare_up") == 3 and "pull.sh" not in programs and "up" not in programs, programs
     assert f"[launch] pull {image}: pulled on 0, already on 3 of 3 nodes" in said, said
     assert _manifest_requests(cluster, repo) - before == 1  # --pull always, warm: the launcher's one HEAD
 

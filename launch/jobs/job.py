@@ -39,7 +39,7 @@ from dtrain import contract
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision
+from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision, timeline
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
 from dtrain.launch.remote.hosts import Node
@@ -51,6 +51,7 @@ from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's 
 from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
 
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
+FIRST_ROUND_S = 120  # the longest a node may take to answer the first round (its lock, the job's directory)
 READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
                       r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
@@ -118,6 +119,27 @@ class Started:
     image_id: str
     ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
     subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
+    timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
+
+
+class Relay:
+    """Where the lines of the nodes' launch sessions go: the step that reads them now (the first
+    round, then the start step, in the same sessions)."""
+
+    def __init__(self, target: Callable[[Node, str], None]) -> None:
+        self.target = target
+
+    def __call__(self, node: Node, line: str) -> None:
+        self.target(node, line)
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """The nodes' launch sessions after the first round (host/prepare.sh prepare_up): each
+    waits for its start step's arguments and secrets on stdin (start_on_nodes sends them)."""
+
+    fanout: Fanout
+    relay: Relay
 
 
 @dataclass(frozen=True)
@@ -129,6 +151,8 @@ class Prepared:
     held: dict[str, str] = field(default_factory=dict)  # host -> image ID of the nodes that hold it
     login: Login | None = None  # the registry login (ECR); None: asked by the start step
     digest: str = ""  # the registry's digest of the image (--pull always); "" unknown
+    timeline: timeline.Timeline = ()  # each node's first round
+    sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
 
 
 @dataclass(frozen=True)
@@ -137,6 +161,7 @@ class Pulled:
     was pulled here first: a node whose pull failed but holds an image of that name uses it)."""
 
     policy: str
+    timeline: timeline.Timeline = ()  # each node's pull (0 s where it held the image)
 
 
 class StartFailed(LaunchError):
@@ -262,15 +287,25 @@ def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
             spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout), "detach" if spec.detach else "attach"]
 
 
-def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
-    """The node step that does a whole launch on one node (launch/node/host/up.sh); with
-    node_dir, the container mounts the job's directory and the node's watchdog starts."""
+def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+    """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
+    with node_dir, the container mounts the job's directory and the node's watchdog starts."""
     head, rest = commands.docker_run_parts(container_spec(spec, node_dir))
     watch = watch_argv(spec, node_dir) if node_dir else []
-    return node_programs.host_argv(
-        "up", str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
-        node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
-        str(len(head)), *head, *rest)
+    return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
+            node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
+            str(len(head)), *head, *rest]
+
+
+def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+    """up_args as the node program's argv (a session of its own)."""
+    return node_programs.host_argv("up", *up_args(spec, registry_args, public_key, node_dir))
+
+
+def go_text(args: Sequence[str]) -> str:
+    """What a first-round session (host/prepare.sh prepare_up) reads to go on with up: `go N`,
+    then the N arguments, each ending in a NUL."""
+    return f"go {len(args)}\n" + "".join(a + "\0" for a in args)
 
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
@@ -286,7 +321,7 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         opts += ["--fill-hosts"]
     if ready:
         opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
-                 contract.READY_SAYS,
+                 contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
                  "--port", str(contract.SSH_PORT)]
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
@@ -313,7 +348,9 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
 
 def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], public_key: str,
                    secrets: str, say: Callable[[str], None], node_dir: str = "",
-                   login: Login | None = None) -> tuple[Started, Fanout]:
+                   login: Login | None = None, *, t0: float | None = None,
+                   on_phase: Callable[[timeline.Entry], None] | None = None,
+                   sessions: Sessions | None = None) -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -321,41 +358,61 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     Returns once every node's container runs and the checks across nodes pass: the facts, and
     the nodes' sessions, each still waiting for its container's sshd. secrets: the stdin of
     every session (registry password line, private key, env file). Raises StartFailed naming
-    the nodes where a container may exist; its own sessions are ended then."""
-    t0 = time.monotonic()
+    the nodes where a container may exist; its own sessions are ended then.
+
+    The nodes' phase lines (up.sh: `container`, then `sshd`) are timeline entries, times
+    after t0 (the launch's start, epoch; default now): Started.timeline has each node's
+    `container`; on_phase gets the later ones (`sshd`) as they come. sessions: the first
+    round's, open (Job.prepare): the step goes on in them instead of sessions of its own."""
+    began = time.monotonic()
+    t0 = time.time() if t0 is None else t0
     login = login_for(spec.image) if login is None else login
-    argv = up_argv(spec, login.args, public_key, node_dir)
+    args = up_args(spec, login.args, public_key, node_dir)
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
+    phases: list[timeline.Entry] = []
     news = threading.Condition()
 
     def on_line(n: Node, line: str) -> None:
         with news:
+            if line.startswith(contract.SUPERVISOR_EVENT):
+                late = n.host in running
+                for entry in timeline.node_lines(n.host, [line], t0=t0, now=time.time()):
+                    phases.append(entry)
+                    if late and on_phase is not None:
+                        on_phase(entry)
+                return
             lines[n.host].append(line)
             if line == "run=1":
                 running.add(n.host)
                 news.notify_all()
 
-    sessions = ssh.start(nodes, lambda n: argv, timeout=1800, stdin=lambda n: login.stdin + secrets,
-                         on_line=on_line)
+    if sessions is None:
+        argv = node_programs.host_argv("up", *args)
+        fan = ssh.start(nodes, lambda n: argv, timeout=1800, stdin=lambda n: login.stdin + secrets, on_line=on_line)
+    else:
+        fan = sessions.fanout
+        sessions.relay.target = on_line
+        for n in nodes:
+            fan.send(n.host, go_text(args) + login.stdin + secrets)
     started = list(nodes)  # until the sessions say otherwise
     try:
         with news:  # until every container runs, or a session ended before starting its own
-            while len(running) < len(nodes) and not set(sessions.ended()) - running:
+            while len(running) < len(nodes) and not set(fan.ended()) - running:
                 news.wait(0.05)
         if len(running) < len(nodes):
-            results = sessions.results()
+            results = fan.results()
             # Where ssh never connected nothing started; anywhere else a container may exist.
             started = [n for n, r in zip(nodes, results) if not is_connection_error(r.returncode, r.stderr)]
             raise_on_failure(results, "starting containers")
         with news:
             out = {h: "\n".join(v) for h, v in lines.items()}
-        result = _check_nodes(spec, nodes, out, running)
+            result = replace(_check_nodes(spec, nodes, out, running), timeline=tuple(phases))
     except LaunchError as e:
-        sessions.cancel()
+        fan.cancel()
         raise StartFailed(str(e), started) from None
     except BaseException:
-        sessions.cancel()
+        fan.cancel()
         raise
     capped = [f for f in result.facts if f.memlock >= 0]
     if capped:
@@ -366,8 +423,8 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
         f"{'/'.join(sorted({f.iface for f in result.facts}))} (subnet {result.subnet})"
     say(f"[launch] {len(result.facts)} node(s): NIC {nic}, "
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
-        f"{container_name(spec.name)} running with the job key ({time.monotonic() - t0:.1f} s)")
-    return result, sessions
+        f"{container_name(spec.name)} running with the job key ({time.monotonic() - began:.1f} s)")
+    return result, fan
 
 
 def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], running: set[str]) -> Started:
@@ -398,6 +455,13 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
         raise LaunchError(f"no container started on {', '.join(missing)}")
     ompi = int(label[1]) if len(label) == 3 and label[1].isdigit() else None
     return Started(facts, next(iter(ids.values())), ompi, subnet)
+
+
+def pull_timeline(ended: dict[str, float | None], nodes: Sequence[Node], began: float,
+                  t0: float) -> timeline.Timeline:
+    """Each node's `pull` phase: from the pull step's start (began) to its pull's end; 0 s
+    where nothing was pulled (the node held the image, or --pull never)."""
+    return tuple(timeline.rounds("pull", {n.host: (began, ended.get(n.host) or began) for n in nodes}, t0))
 
 
 # ---------------------------------------------------------------- the run
@@ -433,7 +497,7 @@ class Job:
         # for teardown: where this launch may have left something, set by the step that left it
         self.started: list[Node] = []  # nodes where a container or the job's directory may exist
         self.keydir: Path | None = None
-        self._sessions: Fanout | None = None  # the nodes' launch sessions (up())
+        self._sessions: Fanout | None = None  # the nodes' launch sessions (prepare(), up())
         self._watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
@@ -461,17 +525,21 @@ class Job:
 
     # -- steps
 
-    def up(self, prepared: Prepared = Prepared(), pulled: Pulled | None = None) -> Started:
+    def up(self, prepared: Prepared = Prepared(), pulled: Pulled | None = None,
+           rec: timeline.Recorder | None = None) -> Started:
         """start_on_nodes for this job (launch; doctor without the steps before): a fresh key
         pair, the containers on every node; then a watcher ends the job if a node's sshd never
-        comes up."""
+        comes up. rec: where the nodes' later phases (sshd) go, as they come."""
         private, public = self._keypair()
         self.started = list(self.nodes)
         policy = pulled.policy if pulled else self.spec.pull
         try:
             started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
                                                      public, private + env_file(self.spec.env), self.say,
-                                                     prepared.node_dir, prepared.login)
+                                                     prepared.node_dir, prepared.login,
+                                                     t0=rec.t0 if rec else None,
+                                                     on_phase=(lambda e: rec.add([e])) if rec else None,
+                                                     sessions=prepared.sessions)
         except StartFailed as e:
             self.started = e.started
             raise
@@ -582,24 +650,28 @@ class Job:
                 stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
                 self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
 
-    def pull(self, prepared: Prepared) -> Pulled:
+    def pull(self, prepared: Prepared, t0: float = 0.0) -> Pulled:
         """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
         and rate while it pulls, then one summary line naming the slowest node; nothing pulled,
         and no session opened, where prepare found the image held (the registry's digest, for
         --pull always). The start step then pulls only where a node has no image of that name
         (a failed pull here, a local image there: it is used, with the warning below; no image:
-        the start step's error names the node)."""
+        the start step's error names the node). t0: the launch's start (its timeline)."""
+        t = time.time()
         if self.spec.pull == "never":
-            return Pulled(self.spec.pull)
+            return Pulled(self.spec.pull, pull_timeline({}, self.nodes, t, t0))
         tty = self.say is print and sys.stdout.isatty()
         out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
+        progress = []
         try:
-            pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
-                          login=prepared.login, digest=prepared.digest, show_present=False,  # "": not asked again
-                          held=prepared.held)
+            progress = pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
+                                     login=prepared.login, digest=prepared.digest,
+                                     show_present=False,  # "": not asked again
+                                     held=prepared.held, clock=time.time)
         except LaunchError as e:
             self.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
-        return Pulled("missing")
+        return Pulled("missing", pull_timeline({p.host: p.ended for p in progress if p.state == "pulled"},
+                                               self.nodes, t, t0))
 
     def _registry(self) -> tuple[Login | None, str]:
         """What the registry says once for every step: its login and (--pull always) the
@@ -613,21 +685,69 @@ class Job:
                                     password=login.password if login.registry else None, timeout=3) or ""
         return login, digest
 
-    def prepare(self, wd: wdir.Workdir | None) -> Prepared:
+    def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
         another launch holds it refuses, changing nothing), the job's directory on every node
         (~/.dtrain/node-jobs/<job>, made anew, with the node watchdog's program), then the
         workdir, sent to every node at once.
-        The same round asks each node whether it holds the image already (pull())."""
+        The same round asks each node whether it holds the image already (pull()).
+        t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
         watch = contract.node_script("watch.sh")
         login, digest = self._registry()
         # what each node is asked about the image (host/holds.sh): IMAGE POLICY DIGEST
         question = () if login is None else (self.spec.image, self.spec.pull, digest)
-        # First on each node its lock of the name (refused: exit 3, nothing changed there).
-        argv = node_programs.host_argv("prepare", wdir.node_job_dir(self.spec.name), self.owner, *question)
-        results = self.ssh.run(self.nodes, lambda n: argv, stdin=lambda n: watch, timeout=120)
-        # teardown removes only where this launch may hold the node's lock: never where another
-        # launch of the same name holds it (exit 3), nor where ssh never connected
+        # First on each node its lock of the name (refused: exit 3, nothing changed there). The
+        # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
+        argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)
+        said: dict[str, list[str]] = {n.host: [] for n in self.nodes}
+        done: dict[str, float] = {}
+        news = threading.Condition()
+
+        def first_round(n: Node, line: str) -> None:
+            with news:
+                if line == "prepared=1":
+                    done[n.host] = time.time()
+                    news.notify_all()
+                else:
+                    said[n.host].append(line)
+
+        relay = Relay(first_round)
+        t = time.time()
+        self.started = list(self.nodes)  # until the sessions say otherwise
+        # their time limit: the pull step's (1800 s) while they wait, then the start step's
+        self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
+                                                   hold_stdin=True, timeout=3600, on_line=relay)
+        deadline = time.monotonic() + FIRST_ROUND_S
+        with news:  # until every node prepared, or a session ended before it did
+            while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
+                   and time.monotonic() < deadline):
+                news.wait(0.05)
+        if len(done) < len(self.nodes):  # the others end now, before their start step
+            for n in self.nodes:
+                sessions.send(n.host, "", close=True)
+            if not set(sessions.ended()) - set(done):  # no node failed: some did not answer in time
+                sessions.cancel()
+                silent = [n.host for n in self.nodes if n.host not in done]
+                raise LaunchError(f"preparing the job's directory: no answer within {FIRST_ROUND_S} s from "
+                                  f"{', '.join(silent)}")
+            self._first_round_failed(sessions.results())
+        took = timeline.rounds("first-round", {h: (t, done[h]) for h in done}, t0)
+        with news:
+            # the directory: the last absolute path a node printed (not an ssh warning on stderr)
+            dirs = {h: ([x for x in lines if x.startswith("/")] or [""])[-1] for h, lines in said.items()}
+            held = {h: line.split(" ", 1)[1] for h, lines in said.items() for line in lines
+                    if line.startswith("held sha256:")}
+        if len(set(dirs.values())) > 1:
+            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
+                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
+        if wd is not None:
+            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
+        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay))
+
+    def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
+        """The first round's results where a node did not prepare: the LaunchError naming it.
+        teardown then removes only where this launch may hold the node's lock: never where
+        another launch of the same name holds it (exit 3), nor where ssh never connected."""
         self.started = [n for n, r in zip(self.nodes, results)
                         if r.ok or (r.returncode != 3 and not is_connection_error(r.returncode, r.stderr))]
         locked = [r for r in results if r.returncode == 3]
@@ -636,15 +756,7 @@ class Job:
                 f"  {r.host}: {(r.stderr.strip().splitlines() or ['its lock of the name is taken'])[-1]}"
                 for r in locked))
         raise_on_failure(results, "preparing the job's directory")
-        dirs = {r.host: (r.stdout.strip().splitlines() or [""])[-1] for r in results}
-        held = {r.host: line.split(" ", 1)[1] for r in results for line in r.stdout.splitlines()
-                if line.startswith("held sha256:")}
-        if len(set(dirs.values())) > 1:
-            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
-                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
-        if wd is not None:
-            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
-        return Prepared(next(iter(dirs.values())), held, login, digest)
+        raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
     def plan(self, started: Started, node_dir: str, ompi: int,
              quarantined: dict[str, str] | None = None) -> commands.RunPlan:
@@ -667,14 +779,20 @@ class Job:
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
     def run_supervised(self, started: Started, node_dir: str, ompi: int,
-                       quarantined: dict[str, str] | None = None) -> int:
+                       quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
         by launch/node/host/supervise.sh): attached, its output streams here until it ends;
-        detached (--detach), this returns once the job runs, and the nodes supervise it alone."""
+        detached (--detach), this returns once the job runs, and the nodes supervise it alone.
+        quarantined: nodes the network gate left out (spares take their places). rec: the
+        launch's timeline so far; the readiness check's and the supervisor's phases join it (each
+        node's first step, a restart's phases), and the log shows it as a table once every node
+        made its first step (or the output ends before)."""
         plan = self.plan(started, node_dir, ompi, quarantined)
         facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
         first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
-        store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host)
+        rec = rec or timeline.Recorder(time.time())
+        store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host,
+                     node_names=node_names(facts))
         shown = commands.attempt_argv(plan.run, plan.nodes)[0]
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
@@ -709,7 +827,9 @@ class Job:
             timer = threading.Timer(self.spec.job_timeout, expire)
             timer.daemon = True
             timer.start()
-        render = supervision.Render(self.launcher.name, first.hostname)
+        on_phase, show_timeline = self._timeline_sink(rec, facts, [n.hostname for n in plan.nodes])
+        render = supervision.Render(self.launcher.name, first.hostname, t0=rec.t0, names=node_names(facts),
+                                    on_phase=on_phase)
         ready_lines: list[str] = []
         last = ""  # ssh's own last word, where the link to the first node is lost
         if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
@@ -729,6 +849,7 @@ class Job:
                     store.record(self.spec.name, quarantined=dict(render.quarantined))
             for shown in render.flush():
                 self._emit(shown)
+            show_timeline()  # where not every node made a first step (or detached: none yet)
             proc.wait()
         finally:
             if timer:
@@ -763,6 +884,33 @@ class Job:
         store.record(self.spec.name, final=final)
         return render.exit_code or 0
 
+    def _timeline_sink(self, rec: timeline.Recorder, facts: Sequence[NodeFacts],
+                       ranked: Sequence[str]) -> tuple[Callable[[timeline.Entry], None], Callable[[], None]]:
+        """(on_phase, show): on_phase adds an entry to rec; once every node of `ranked`
+        (hostnames: the nodes that run a rank) made its first step, the timeline goes into the
+        log as a table (show does it now, where it has not yet); a restart's phases go into the
+        job's record as they come."""
+        names = node_names(facts)
+        hosts = [f.node.host for f in facts]
+        ranked = [names.get(h, h) for h in ranked]
+        shown = threading.Event()
+
+        def show() -> None:
+            if not shown.is_set():
+                shown.set()
+                for line in timeline.log_lines(rec.entries(), hosts):
+                    self._emit(line)
+                store.record(self.spec.name, timeline=timeline.to_json(rec.entries()))
+
+        def on_phase(entry: timeline.Entry) -> None:
+            rec.add([entry])
+            if entry.restart:
+                store.record(self.spec.name, timeline=timeline.to_json(rec.entries()))
+            elif timeline.complete(rec.entries(), ranked):
+                show()
+
+        return on_phase, show
+
     def teardown(self) -> None:
         """Remove the job's containers and keys everywhere (from any thread; once)."""
         with self._teardown_lock:
@@ -780,14 +928,15 @@ class Job:
                 shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
             self.ssh.close()
 
-    def _job(self, started: Started, node_dir: str, ompi: int, quarantined: dict[str, str] | None = None) -> int:
+    def _job(self, started: Started, node_dir: str, ompi: int, quarantined: dict[str, str] | None = None,
+             rec: timeline.Recorder | None = None) -> int:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
             if self.launcher.name == "ray":
                 code = self._run_ray(started.facts, started.facts[0].iface)
             else:
-                code = self.run_supervised(started, node_dir, ompi, quarantined)
+                code = self.run_supervised(started, node_dir, ompi, quarantined, rec)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -803,19 +952,23 @@ class Job:
             raise LaunchError("--detach, --max-restarts and --spares are for mpirun, horovodrun and torchrun, not ray")
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
+        rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases
         store.new_record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
                          command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
                          ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
-                         **store.launcher_fields(), started=time.time(), state="starting", exit_code=None)
+                         **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None)
         self._log = store.open_private(self.dir / "output.log")
         code = 1
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()
         try:
-            prepared = self.prepare(wd)
+            prepared = self.prepare(wd, rec.t0)
+            rec.add(prepared.timeline)
             store.record(self.spec.name, node_dir=prepared.node_dir)
-            pulled = self.pull(prepared)
-            started = self.up(prepared, pulled)
+            pulled = self.pull(prepared, rec.t0)
+            rec.add(pulled.timeline)
+            started = self.up(prepared, pulled, rec)
+            rec.add(started.timeline)
             quarantined: dict[str, str] = {}
             if self.spec.check_network:
                 gate = self.gate_nodes(started)
@@ -826,7 +979,7 @@ class Job:
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started, prepared.node_dir, ompi, quarantined)
+            code = self._job(started, prepared.node_dir, ompi, quarantined, rec)
             if self.detached:
                 store.record(self.spec.name, state="detached")
                 return 0
@@ -850,7 +1003,7 @@ class Job:
             if self._log:
                 self._log.close()
             restore()
-            store.record(self.spec.name, ended=time.time())
+            store.record(self.spec.name, ended=time.time(), timeline=timeline.to_json(rec.entries()))
             store.release_launch_lock(self._lock)
             self._lock = None
 
@@ -886,6 +1039,11 @@ def _beat(stdin) -> None:
             stdin.flush()
         except (OSError, ValueError):
             return
+
+
+def node_names(facts: Sequence[NodeFacts]) -> dict[str, str]:
+    """A node's hostname and address -> its host, as the launch names it (the timeline's rows)."""
+    return {**{f.address: f.node.host for f in facts}, **{f.hostname: f.node.host for f in facts}}
 
 
 def lost_link_error(first: NodeFacts, last: str, spec: JobSpec) -> str:

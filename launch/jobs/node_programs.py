@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dtrain import contract
 
 # launch/node/host/: one function per file, main.sh last (it calls the step).
-HOST_FILES = ("probe.sh", "login.sh", "image.sh", "start.sh", "up.sh", "remove.sh", "doctor.sh", "holds.sh",
+HOST_FILES = ("phase.sh", "probe.sh", "login.sh", "image.sh", "start.sh", "up.sh", "remove.sh", "doctor.sh", "holds.sh",
               "prepare.sh", "supervise.sh", "main.sh")
 
 

@@ -334,13 +334,18 @@ def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:
 
 def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...] = ()) -> int:
     """A detached job's output as the launch shows it, read from its first node; follow:
-    until the job ends. Returns the job's exit code where it ended, else 0."""
+    until the job ends. Returns the job's exit code where it ended, else 0. The supervisor's
+    `phase` events in it (a restart's) join the timeline in the job's record."""
+    from dtrain.launch.jobs import timeline
     from dtrain.launch.jobs.supervision import Render
 
     first = _first_node(job)
     ssh = SshTransport([first], ssh_opts or job.get("ssh_opts", []), multiplex=False)
     argv = ssh.argv(first, node_file_argv(job["name"], "output.log", follow))
-    render = Render(job.get("launcher", "mpirun"), (job.get("ranks") or [first.host])[0])
+    phases: list = []
+    names = job.get("node_names") if isinstance(job.get("node_names"), dict) else {}
+    render = Render(job.get("launcher", "mpirun"), (job.get("ranks") or [first.host])[0],
+                    t0=float(job.get("started") or 0), names=names, on_phase=phases.append)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace")
     assert proc.stdout and proc.stderr
@@ -357,6 +362,11 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
         if proc.poll() is None:
             proc.terminate()
         proc.wait()
+        restarts = [e for e in phases if e.restart]  # the launch's own came with the launch
+        if restarts:
+            now = read_record(job_dir(job["name"]) / "job.json") or {}
+            record(job["name"], timeline=timeline.to_json(timeline.merge(timeline.from_json(now.get("timeline")),
+                                                                          restarts)))
     if render.final is None and proc.returncode not in (0, -15):
         said = proc.stderr.read().strip()[-300:]
         if proc.returncode == SSH_FAILURE:  # ssh's own end: the keepalives found the link lost
@@ -367,12 +377,14 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
     return render.exit_code or 0
 
 
-def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
-    """The latest jobs, one row each; a record that cannot be read is a row saying so (the
-    other jobs' rows are unaffected)."""
+def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...]]:
+    """The latest jobs (or the job `name`), one row each; a record that cannot be read is a row
+    saying so (the other jobs' rows are unaffected)."""
     sweep()
     rows = [("job", "state", "launcher", "nodes", "image", "exit")]
-    paths = sorted(jobs_dir().glob("*/job.json"), key=_mtime)[-limit:]
+    if name is not None:
+        load_job(name)  # a LaunchError naming it where there is no such job
+    paths = [job_dir(name) / "job.json"] if name else sorted(jobs_dir().glob("*/job.json"), key=_mtime)[-limit:]
     records = [(p, read_record(p)) for p in paths]
 
     def ask(j: dict) -> dict:
@@ -405,6 +417,25 @@ def status_rows(limit: int = 10) -> list[tuple[str, ...]]:
         rows.append((str(j["name"]), state, str(j.get("launcher", "")), str(len(nodes)),
                      str(j.get("image", "")), "" if j.get("exit_code") is None else str(j["exit_code"])))
     return rows
+
+
+def job_timeline(name: str) -> str:
+    """The job's timeline (launch/jobs/timeline.py) as tables: a row per node, a column per
+    phase, seconds; a detached job's restarts read from its first node first (node_logs)."""
+    from dtrain.launch.jobs import timeline
+
+    job = load_job(name)
+    if job.get("detached"):
+        import io
+
+        with contextlib.suppress(LaunchError):
+            node_logs(job, False, out=io.StringIO())
+        job = load_job(name)
+    entries = timeline.from_json(job.get("timeline"))
+    if not entries:
+        return f"no timeline recorded for job {name} (a launch before dtrain recorded one)"
+    order = [n.host for n in job_nodes(job)]
+    return timeline.text(entries, order)
 
 
 def follow(path: Path, job: dict, out=sys.stdout) -> None:

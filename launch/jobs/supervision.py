@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import commands, timeline
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -26,6 +27,7 @@ FINAL = ("succeeded", "failed")
 LAUNCHER_BEAT_S = 5  # an attached launcher writes a line to its supervisor's stdin this often
 LAUNCHER_SILENCE_S = 30  # the supervisor stops an attached job after this long without one
 NODE_LINE = re.compile(r"^\[([A-Za-z0-9._-]+)\] (.*)$")  # torchrun lines, as the supervisor tags them
+RANK_LINE = re.compile(r"^\[([A-Za-z0-9._-]+) r\d+\] ")  # a rank's line as shown: [hostname rN] ...
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,12 @@ def describe(ev: dict) -> str:
 @dataclass
 class Render:
     """Supervisor output -> lines for a user. mpirun's tagged chunks are reassembled per rank
-    (MpiOutput), torchrun's local ranks become global ones, events become [launch] lines."""
+    (MpiOutput), torchrun's local ranks become global ones, events become [launch] lines.
+
+    The timeline (launch/jobs/timeline.py): `phase` events (the readiness check's, a restart's)
+    and each node's first line of the job (its `first-step`, timed from the `running` event of
+    the first attempt) go to on_phase as entries, times after t0 (the launch's start, epoch);
+    names: a hostname or address -> the node's host (the timeline's rows)."""
 
     launcher: str
     first: str  # the first node's hostname: where untagged mpirun lines come from
@@ -134,6 +141,42 @@ class Render:
     quarantined: dict[str, str] = field(default_factory=dict)  # nodes out of the job for good, and why
     _lost: dict[str, str] = field(default_factory=dict)
     _mpi: object = None
+    t0: float = 0.0
+    names: Mapping[str, str] = field(default_factory=dict)
+    on_phase: Callable[[timeline.Entry], None] | None = None
+    clock: Callable[[], float] = time.time
+    _attempt_no: int = -1  # the latest `running` event's attempt
+    _restarts: int = 0  # the latest `restart` event's
+    _running_at: float | None = None  # when the first attempt's `running` event came
+    _stepped: set = field(default_factory=set)  # hostnames whose first step is in
+
+    def _phase(self, entry: timeline.Entry | None) -> None:
+        if entry is not None and self.on_phase is not None:
+            self.on_phase(entry)
+
+    def _first_steps(self, shown: list[str]) -> None:
+        """A node's first line of the first attempt: its first step."""
+        if self._running_at is None or self._attempt_no != 0 or self.on_phase is None:
+            return
+        for line in shown:
+            m = RANK_LINE.match(line)
+            if m and m.group(1) not in self._stepped:
+                self._stepped.add(m.group(1))
+                host = self.names.get(m.group(1), m.group(1))
+                self._phase(timeline.Entry(host, "first-step", round(self._running_at - self.t0, 3),
+                                           round(max(self.clock() - self._running_at, 0.0), 3)))
+
+    def _event(self, ev: dict) -> None:
+        """What the timeline takes from an event."""
+        if ev["event"] == "running":
+            self._attempt_no = int(ev.get("attempt") or 0)
+            if self._attempt_no == 0:
+                self._running_at = self.clock()
+        elif ev["event"] == "restart":
+            self._restarts = int(ev.get("attempt") or 0)
+        elif ev["event"] == contract.PHASE_EVENT:
+            self._phase(timeline.from_event(ev, t0=self.t0, now=self.clock(), names=self.names,
+                                            restart=timeline.restart_of(ev, self._attempt_no, self._restarts)))
 
     def _attempt(self, ranks: list[str]) -> None:
         from dtrain.launch.jobs.output import MpiOutput
@@ -142,9 +185,17 @@ class Render:
         self._mpi = MpiOutput(ranks, self.first)
 
     def feed(self, line: str) -> list[str]:
+        shown = self._feed(line)
+        self._first_steps(shown)
+        return shown
+
+    def _feed(self, line: str) -> list[str]:
         ev = parse_event(line)
         if ev is not None:
-            out = self.flush()
+            out = self._flush()
+            self._event(ev)
+            if ev["event"] == contract.PHASE_EVENT and ev.get("phase") in contract.LAUNCH_PHASES:
+                return out  # the launch's own (run.sh --ready): the log shows them as a table
             if ev["event"] == "running":
                 self._attempt(list(ev.get("ranks", [])))
             if ev["event"] == "lost":
@@ -169,6 +220,11 @@ class Render:
         return self._mpi.feed(line)
 
     def flush(self) -> list[str]:
+        shown = self._flush()
+        self._first_steps(shown)
+        return shown
+
+    def _flush(self) -> list[str]:
         return self._mpi.flush() if self._mpi is not None else []
 
     @property

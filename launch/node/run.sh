@@ -12,10 +12,13 @@
 #   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
 #   --port PORT        the containers' sshd port (--ready)
 #   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
+#   --phase-says TEXT  with --ready: a line on stderr for each node once reached, TEXT then
+#                      {"event": "phase", "phase": "ready", "node": ADDR, "at": EPOCH, "end": EPOCH}
+#                      (the launch's timeline: launch/jobs/timeline.py)
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=
-envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=()
+envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=() phase_says=''
 while [ $# -gt 0 ]; do
   case $1 in
     --env) envfile=$2; shift 2 ;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --ready-says) READY_SAYS=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
+    --phase-says) phase_says=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -51,6 +55,9 @@ if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 
 if [ -n "$ready" ]; then
   deadline=$(( $(date +%s) + ready )); pids=()
+  # the time with a fraction: bash 5's $EPOCHREALTIME (no process), else date
+  stamp() { if [ -n "${EPOCHREALTIME:-}" ]; then t=${EPOCHREALTIME/,/.}; else t=$(date +%s.%N); fi; }
+  stamp; since=$t
   for ((i = 0; i < ${#hosts[@]}; i += 2)); do
     h=${hosts[i]}
     ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
@@ -59,7 +66,12 @@ if [ -n "$ready" ]; then
           echo "${READY_SAYS}sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
         fi
         sleep 0.1
-      done ) &
+      done
+      if [ -n "$phase_says" ]; then
+        stamp
+        printf '%s{"event": "phase", "phase": "ready", "node": "%s", "at": %s, "end": %s}\n' \
+          "$phase_says" "$h" "$since" "$t" >&2
+      fi ) &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || exit "$READY_FAILED"; done

@@ -88,6 +88,9 @@ fi
 say "watching $c"
 next_spot=0
 while :; do
+  # First a pause: the launch has just started the container (its first look would cost a
+  # docker CLI call on every node while the launch's next steps need the CPU).
+  sleep 2
   status=$(docker inspect -f '{{.State.Status}}' "$c" 2>&1)
   case $status in
     running) ;;
@@ -114,5 +117,4 @@ while :; do
       finish "spot interruption: node left the job"
     fi
   fi
-  sleep 2
 done

@@ -135,18 +135,43 @@ def _pump(stream, sink: list[str], node: Node, emit: Callable[[Node, str], None]
         raise failure  # reported by threading.excepthook
 
 
-def _feed(proc: subprocess.Popen, stdin: str) -> None:
-    assert proc.stdin
-    try:  # small payloads (a key, a token): never in argv, where `ps` shows them
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+class _Stdin:
+    """One node's standard input: the text given at the start and what Fanout.send adds later
+    (held open until then). Each attempt gets all of it so far (a retry, the same dialogue)."""
+
+    def __init__(self, text: str, hold: bool) -> None:
+        self._lock = threading.Lock()
+        self._text = text
+        self._closed = not hold
+        self._proc: subprocess.Popen | None = None
+
+    def _write(self, text: str) -> None:
+        assert self._proc is not None and self._proc.stdin
+        try:  # small payloads (a key, a token): never in argv, where `ps` shows them
+            if text:
+                self._proc.stdin.write(text)
+                self._proc.stdin.flush()
+            if self._closed:
+                self._proc.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the command ended (or closed its input): its result says what happened
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._proc = proc
+            self._write(self._text)
+
+    def send(self, text: str, close: bool) -> None:
+        with self._lock:
+            self._text += text
+            self._closed = self._closed or close
+            if self._proc is not None:
+                self._write(text)
 
 
 def _attempt(
     children: _Children, node: Node, argv: list[str], timeout: float | None, emit,
-    stdin: str | None = None,
+    stdin: _Stdin | None = None,
 ) -> tuple[int | None, str, str, str | None]:
     """One run: (returncode, stdout, stderr, error-or-None for timeouts/start failures)."""
     try:
@@ -164,7 +189,7 @@ def _attempt(
     for t in pumps:
         t.start()
     if stdin is not None:
-        _feed(proc, stdin)
+        stdin.attach(proc)
     error = None
     try:
         proc.wait(timeout)
@@ -188,7 +213,8 @@ def _run_node(
     retries: int,
     backoff: float,
     emit,
-    stdin: str | None = None,
+    stdin: _Stdin | None = None,
+    once_heard: bool = False,
 ) -> NodeResult:
     start = time.monotonic()
     attempts = 0
@@ -196,6 +222,7 @@ def _run_node(
         attempts += 1
         rc, out, err, error = _attempt(children, node, argv, timeout, emit, stdin)
         retry = is_connection_error(rc, err) and attempts <= (min(retries, 1) if is_unreachable(rc, err) else retries)
+        retry = retry and not (once_heard and out)  # it ran: a dialogue is not run again
         # Event.wait doubles as an interruptible sleep: Ctrl-C ends the backoff at once.
         if not retry or children.cancelled.wait(backoff * 2 ** (attempts - 1)):
             break
@@ -219,6 +246,9 @@ class Fanout:
     host did not answer at all (is_unreachable: each attempt cost a whole connect timeout). on_line(node, line)
     gets each stdout/stderr line as it arrives (one call at a time; the caller prefixes).
     stdin(node): text written to that node's standard input (secrets go here, not in argv).
+    hold_stdin: keep each node's standard input open after that text, for a dialogue: send()
+    writes more (the launch's first round, then its start step, in one session per node); a
+    command that printed something is not retried then (it ran; a retry would run it again).
     """
 
     def __init__(
@@ -232,6 +262,7 @@ class Fanout:
         backoff: float = 0.5,
         on_line: Callable[[Node, str], None] | None = None,
         stdin: Callable[[Node], str | None] | None = None,
+        hold_stdin: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be > 0, got {concurrency}")
@@ -246,13 +277,16 @@ class Fanout:
                     on_line(node, line)
 
         self.nodes = nodes
+        self._stdin = {n.host: _Stdin((stdin(n) or "") if stdin else "", hold_stdin)
+                       for n in nodes if stdin is not None or hold_stdin}
         self._children = _Children()
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(nodes))),
                                         thread_name_prefix="fanout")
         self._futures = [
             self._pool.submit(
                 _run_node, n, a, self._children, timeout=timeout, retries=retries, backoff=backoff,
-                emit=emit, stdin=stdin(n) if stdin else None,
+                emit=emit, stdin=self._stdin.get(n.host) if stdin is not None or hold_stdin else None,
+                once_heard=hold_stdin,
             )
             for n, a in zip(nodes, argvs)
         ]
@@ -263,6 +297,10 @@ class Fanout:
     def ended(self) -> list[str]:
         """Hosts whose command has ended (every line it printed already passed on_line)."""
         return [n.host for n, f in zip(self.nodes, self._futures) if f.done()]
+
+    def send(self, host: str, text: str, close: bool = True) -> None:
+        """More of host's standard input (hold_stdin); close: then its end."""
+        self._stdin[host].send(text, close)
 
     def results(self) -> list[NodeResult]:
         try:

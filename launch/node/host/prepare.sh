@@ -2,21 +2,45 @@
 # prepare REL OWNER [IMAGE POLICY DIGEST]: first the node's lock of the job's name (lock_job:
 # refused, exit 3, where another launch holds it), then the job's directory on this node, ~/REL
 # (made anew, 0700, with an empty workdir/; an earlier launch's watchdog of it stopped), and the
-# node watchdog's program in it (launch/node/watch.sh, from stdin). With IMAGE: first a line
+# node watchdog's program in it (launch/node/watch.sh, from stdin, up to a NUL or its end). With IMAGE: first a line
 # `held ID` where the node already holds it as POLICY asks (holds), so the launch pulls only
 # elsewhere. Prints the directory's absolute path last (the launcher mounts it into the container).
 prepare() {
-  local d id
+  local d id prog
   d=$(job_path "$1") || exit 2
   lock_job "$d" "$2" || exit
   if [ -n "${3:-}" ] && id=$(holds "$3" "$4" "${5:-}"); then echo "held $id"; fi
   stop_watch "$d"  # a watchdog of an earlier launch of this job would remove what this one puts here
   rm -rf "$d" 2>/dev/null
-  if ! { mkdir -p "$d/workdir" && chmod 700 "$d" && cat > "$d/watch.sh"; }; then
+  { IFS= read -r -d '' prog || true; }
+  if ! { mkdir -p "$d/workdir" && chmod 700 "$d" && printf '%s' "$prog" > "$d/watch.sh"; }; then
     echo "cannot make $d" >&2
     exit 1
   fi
   cd "$d" && pwd -P
+}
+
+# prepare_up REL OWNER [IMAGE POLICY DIGEST]: the launch's first round and its start step in one
+# session (no second ssh session, program and shell per node). prepare (stdin: the watchdog's
+# program, then a NUL), then a line `prepared=1`; then the launcher's word on stdin: a line
+# `go N`, then up's N arguments, each ending in a NUL; the rest of stdin is up's (password
+# line, key, env file). The end of stdin, or another line: the launch ended before its
+# containers (another node refused, a pull failed), nothing more happens here.
+prepare_up() {
+  local line n i a args=()
+  prepare "$@"
+  echo prepared=1
+  IFS= read -r line || exit 0
+  case $line in
+    "go "[0-9]*) n=${line#go } ;;
+    *) exit 0 ;;
+  esac
+  for ((i = 0; i < n; i++)); do
+    IFS= read -r -d '' a || { echo "prepare_up: $i of $n arguments" >&2; exit 2; }
+    args+=("$a")
+  done
+  cd "${HOME:-/}" || cd /
+  up "${args[@]}"
 }
 
 # job_path REL: ~/REL, where REL is .dtrain/.../NAME with NAME a job name (letters, digits,

@@ -30,10 +30,12 @@ node_flags() {
 # file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
 # its first NHEAD words, then node_flags, then the rest), wait until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
+# Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
 watch=()
 start() {
   local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0
   shift 6
+  [ -n "${t_up:-}" ] || { now; t_up=$t; }
   echo started=1  # from here on, the launcher removes what may be on this node
   umask 077
   { rm -rf "$kd" && mkdir "$kd" && printf '%s' "$key" > "$kd/id_ed25519" &&
@@ -43,6 +45,7 @@ start() {
   "${@:1:nhead}" "${flags[@]}" "${@:nhead+1}" >/dev/null || exit 1
   # The job's watchdog (up's $watch): detached from this session, it outlives the launcher.
   if [ "${#watch[@]}" -gt 0 ]; then setsid nohup bash "${watch[@]}" </dev/null >/dev/null 2>&1 & fi
+  phase container "${t_up:-$t}"; t_run=$t
   echo run=1  # the launcher may go on now; this session still reports sshd (or a crash)
   # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
   SECONDS=0
@@ -56,4 +59,5 @@ start() {
     fi
     sleep 0.1
   done
+  phase sshd "$t_run"
 }

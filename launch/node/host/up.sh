@@ -3,10 +3,12 @@
 # the whole launch on one node, in one ssh session. WATCH: NWATCH words, the node watchdog's
 # argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). stdin: the registry password line (where REGISTRY is set),
 # the job's private key, its env file. Prints the probe's facts and `image=...`; then, unless
-# the node declines (gate), `started=1` and starts the container (start).
+# the node declines (gate), `started=1` and starts the container (start), and the timeline's
+# phase lines (phase.sh): `container` from here to the container running, then `sshd`.
 up() {
   local ssh_port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
   shift 9
+  now; t_up=$t  # the timeline's `container` phase: from here to the container running (start)
   watch=("${@:2:$1}")
   shift $(($1 + 1))
   login "$registry" "$user"
