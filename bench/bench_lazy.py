@@ -317,9 +317,9 @@ def publish(builder: Node, tar: Path, local: str, remote: str) -> None:
     builder.docker("load", "-q", "-i", str(tar))
     builder.docker("tag", local, remote)
     builder.docker("push", "-q", remote)
-    csock = str(builder.dir / "containerd" / "containerd.sock")
-    builder.in_ns("soci", "-a", csock, "-n", "moby", "create", "--min-layer-size", "0", remote)
-    builder.in_ns("soci", "-a", csock, "-n", "moby", "push", remote)
+    soci = [str(builder.bindir / "soci"), "-a", str(builder.dir / "containerd" / "containerd.sock"), "-n", "moby"]
+    builder.in_ns(*soci, "create", "--min-layer-size", "0", remote)
+    builder.in_ns(*soci, "push", remote)
 
 
 # --- samples -----------------------------------------------------------------------------------
