@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import shutil
 import ssl
@@ -80,6 +81,9 @@ REGISTRY = f"{HOST_ADDR}:{REG_PORT}"
 IPT_TAG = "dtrain-lazy"  # not the cluster's comment: `cluster down` must not touch these rules
 BINARIES = {"containerd": "usr/bin", "containerd-shim-runc-v2": "usr/bin", "ctr": "usr/bin", "soci": "usr/bin",
             "soci-snapshotter-grpc": "usr/bin", "dockerd": "usr/sbin", "docker-proxy": "usr/sbin"}
+# the node's storage: SOCI lazy loading, Docker 26's default (classic layer store, overlay2), and
+# the containerd image store with the overlayfs snapshotter (what lazy loading switches the node to)
+MODES = ("soci", "overlay2", "overlayfs")
 FRAMEWORK = {"pytorch-ddp": "torch", "horovod-pytorch": "torch", "horovod-tensorflow": "tensorflow"}
 ACCEPT = ", ".join(("application/vnd.oci.image.manifest.v1+json",
                     "application/vnd.docker.distribution.manifest.v2+json"))
@@ -126,7 +130,10 @@ def soci_config(background_fetch: bool) -> str:
 
 
 def daemon_json(driver: str) -> str:
-    """dockerd 26 on the containerd image store with `driver` as its snapshotter (soci, overlayfs)."""
+    """dockerd 26 on the containerd image store with `driver` as its snapshotter (soci,
+    overlayfs); `overlay2`: the classic layer store, whose `docker push` gzips the layers."""
+    if driver == "overlay2":
+        return json.dumps({"storage-driver": "overlay2"}) + "\n"
     return json.dumps({"features": {"containerd-snapshotter": True}, "storage-driver": driver}) + "\n"
 
 
@@ -312,12 +319,16 @@ def registry_layers(ref: str, cafile: Path) -> list[int]:
 
 
 def publish(builder: Node, tar: Path, local: str, remote: str) -> None:
-    """The image from a `docker save` tar into the registry (gzip layers, as `docker push`
-    makes them), then its SOCI index (every layer, see the docstring) beside it."""
+    """The image from a `docker save` tar into the registry with gzip layers (the builder's
+    Docker uses the classic layer store: `docker push` from the containerd store would send
+    the loaded layers uncompressed), then pulled into the builder's containerd and its SOCI
+    index (every layer, see the docstring) built and pushed beside it."""
     builder.docker("load", "-q", "-i", str(tar))
     builder.docker("tag", local, remote)
     builder.docker("push", "-q", remote)
-    soci = [str(builder.bindir / "soci"), "-a", str(builder.dir / "containerd" / "containerd.sock"), "-n", "moby"]
+    csock = str(builder.dir / "containerd" / "containerd.sock")
+    builder.in_ns(str(builder.bindir / "ctr"), "-a", csock, "-n", "soci", "images", "pull", remote)
+    soci = [str(builder.bindir / "soci"), "-a", csock, "-n", "soci"]
     builder.in_ns(*soci, "create", "--min-layer-size", "0", remote)
     builder.in_ns(*soci, "push", remote)
 
@@ -392,14 +403,16 @@ def contract_check(node: Node, ref: str) -> str:
     data = node.dir / "data"
     data.mkdir()
     (data / "marker").write_text("mounted\n")
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]  # capped as the launcher caps it
     spec = ContainerSpec(job="lazycheck", image=ref, gpus=False, mounts=(Mount(str(data), "/data", True),),
-                         key_dir=str(job), env={"DTRAIN_LAZY": "yes"})
+                         key_dir=str(job), env={"DTRAIN_LAZY": "yes"},
+                         memlock=-1 if hard == resource.RLIM_INFINITY else hard)
     argv = docker_run_argv(spec)
     node.docker("pull", "-q", ref)
     node.docker(*argv[1:])
     ssh = ["ssh", "-p", str(contract.SSH_PORT), "-i", str(job / "id_ed25519"), "-o", "BatchMode=yes",
            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=3",
-           f"root@{node_addr(node.i)}", "cat /data/marker; tr '\\0' '\\n' < /proc/1/environ | grep DTRAIN_LAZY"]
+           "-o", "LogLevel=ERROR", f"root@{node_addr(node.i)}", "cat /data/marker && echo DTRAIN_LAZY=$DTRAIN_LAZY"]
     deadline = time.monotonic() + 60
     while True:
         r = sh("nsenter", f"--net=/run/netns/lz{node.i}", *ssh, check=False)
@@ -408,7 +421,7 @@ def contract_check(node: Node, ref: str) -> str:
         time.sleep(1)
     node.stop()
     if r.returncode != 0:
-        return f"FAIL: ssh -p {contract.SSH_PORT}: {r.stderr.strip()[-200:]}"
+        return f"FAIL: ssh -p {contract.SSH_PORT}: exit {r.returncode}: {(r.stdout + r.stderr).strip()[-200:]}"
     return "ok: " + " / ".join(r.stdout.split())
 
 
@@ -441,10 +454,11 @@ def main() -> None:
         (STATE / "registry.yml").write_text(registry_config(STATE / "registry", cert, key))
         reg = subprocess.Popen(["docker-registry", "serve", str(STATE / "registry.yml")], stdout=subprocess.DEVNULL,
                                stderr=open(STATE / "registry.log", "w"), start_new_session=True)
-        builder = Node(0, bindir, env, driver="overlayfs").start()
+        builder = Node(0, bindir, env, driver="overlay2").start()
         nodes = [builder] + [Node(i, bindir, env) for i in range(1, max(counts) + 1)]
         first_rows = [("image", "compressed", "link", "nodes", "lazy: first step", "lazy: bytes/node",
-                       "pull+run: first step", "pull+run: bytes/node", "floor (bytes/link)", "lazy / pull+run")]
+                       "pull+run: first step", "pull+run, containerd store", "pull+run: bytes/node",
+                       "floor (bytes/link)", "lazy / pull+run", "lazy / containerd store")]
         steady_rows = [("image", "link", "warm node step", "lazy step, first 30 s", "lazy step, after 60 s",
                         "lazy 0-30 s / warm", "lazy 60 s+ / warm")]
         import_rows = [("image", "compressed", "lazy pull (index, zTOCs, config)", "import fetched", "import / image")]
@@ -468,27 +482,26 @@ def main() -> None:
                     set_rate(i, bits)
                 link = args.link_rate if bits else "unlimited"
                 for n in counts:
-                    lazy, pull = [], []
-                    for _ in range(args.repeat):  # interleaved: a drift in the machine's speed hits both
-                        for nd in nodes[1:n + 1]:
-                            nd.driver = "soci"
-                        lazy.append(sample(nodes[1:n + 1], remote, framework))
-                        for nd in nodes[1:n + 1]:
-                            nd.driver = "overlayfs"
-                        pull.append(sample(nodes[1:n + 1], remote, framework))
-                    lt = statistics.median(max(r.first for r in s) for s in lazy)
-                    pt = statistics.median(max(r.first for r in s) for s in pull)
-                    lb = statistics.median(statistics.mean(r.nbytes for r in s) for s in lazy)
-                    pb = statistics.median(statistics.mean(r.nbytes for r in s) for s in pull)
+                    runs: dict[str, list[list[Run]]] = {d: [] for d in MODES}
+                    for _ in range(args.repeat):  # interleaved: a drift in the machine's speed hits all alike
+                        for driver in MODES:
+                            for nd in nodes[1:n + 1]:
+                                nd.driver = driver
+                            runs[driver].append(sample(nodes[1:n + 1], remote, framework))
+                    first = {d: statistics.median(max(r.first for r in s) for s in runs[d]) for d in MODES}
+                    nbytes = {d: statistics.median(statistics.mean(r.nbytes for r in s) for s in runs[d]) for d in MODES}
                     fl = floor_seconds(size, bits)
-                    first_rows.append((img.family, mib(size), link, str(n), f"{lt:.1f} s", mib(lb), f"{pt:.1f} s",
-                                       mib(pb), f"{fl:.1f} s" if fl else "-", f"{lt / pt:.2f}x"))
+                    first_rows.append((img.family, mib(size), link, str(n), f"{first['soci']:.1f} s", mib(nbytes['soci']),
+                                       f"{first['overlay2']:.1f} s", f"{first['overlayfs']:.1f} s",
+                                       mib(nbytes['overlay2']), f"{fl:.1f} s" if fl else "-",
+                                       f"{first['soci'] / first['overlay2']:.2f}x",
+                                       f"{first['soci'] / first['overlayfs']:.2f}x"))
                     print(" | ".join(first_rows[-1]), file=sys.stderr, flush=True)
             if args.steady > 0:
                 set_rate(1, rate)
                 nodes[1].driver = "soci"
                 lazy_steps = sample(nodes[1:2], remote, framework, args.steady)[0].steps
-                nodes[1].driver = "overlayfs"
+                nodes[1].driver = "overlay2"
                 warm_steps = sample(nodes[1:2], remote, framework, args.steady)[0].steps
                 warm = step_median(warm_steps, 0, args.steady + 1)
                 early, late = step_median(lazy_steps, 0, 30), step_median(lazy_steps, 60, args.steady + 1)

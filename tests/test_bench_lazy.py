@@ -28,6 +28,7 @@ def test_soci_config_background_fetch(on):
 def test_daemon_json_uses_the_containerd_store_with_the_driver():
     assert json.loads(B["daemon_json"]("soci")) == {"features": {"containerd-snapshotter": True},
                                                   "storage-driver": "soci"}
+    assert json.loads(B["daemon_json"]("overlay2")) == {"storage-driver": "overlay2"}
 
 
 @pytest.mark.parametrize("line, want", [("step 0 1700000000.5\n", (0, 1700000000.5)), ("step 12 3.25", (12, 3.25)),
