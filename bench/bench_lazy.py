@@ -1,7 +1,9 @@
 """Lazy loading with SOCI: time to the first training step and bytes fetched before it,
 `docker pull && docker run` on a node whose Docker uses the SOCI snapshotter (lazy) against the
-same commands on a node with the overlayfs snapshotter (pull), and the floor (the image's
-compressed bytes at the link rate).
+same commands on a node with Docker 26's default classic layer store (overlay2: pull+run) and
+on one with the containerd image store and the overlayfs snapshotter (what turning lazy loading
+on switches a node to, for images without an index), and the floor (the image's compressed
+bytes at the link rate).
 
 Engines: Debian 13 (trixie)'s docker.io 26.1.5, containerd 1.7.24 and soci-snapshotter 0.4.1,
 unpacked, not installed (this machine is Debian 12; all three are Go binaries linked against
@@ -37,6 +39,10 @@ OCI referrers fallback tag (sha256-DIGEST) that `soci push` writes. Indexes are 
 `soci create --min-layer-size 0`: Docker passes no layer size to the snapshotter, and a layer
 without a zTOC makes soci 0.4.1 try to fetch it itself, fail after ~8 s ("size of descriptor
 is 0"), then leave it to containerd.
+
+The images are pushed to that registry from a builder (lz0) whose Docker uses the classic
+store, so their layers are gzip as `dtrain push` makes them (a containerd-store engine pushes
+a loaded image's layers uncompressed), pulled into its containerd with `ctr`, indexed there.
 
 Rows: first step = until every node printed its first step (`docker pull -q REF && docker run
 --rm --network host REF python lazy_train.py`), each node emptied (daemons restarted on fresh
