@@ -45,8 +45,8 @@ store, so their layers are gzip as `dtrain push` makes them (a containerd-store 
 a loaded image's layers uncompressed), pulled into its containerd with `ctr`, indexed there.
 
 Rows: first step = until every node printed its first step (`docker pull -q REF && docker run
---rm --network host REF python lazy_train.py`), each node emptied (daemons restarted on fresh
-state) before every sample; bytes = what the node's link carried until then; the steady table:
+--rm --network host REF python lazy_train.py`, launch/node/examples/), each node emptied
+(daemons restarted on fresh state) before every sample; bytes = what the node's link carried until then; the steady table:
 median step time, lazy over the first 30 s and after 60 s, against a warm (fully pulled) node;
 the import table: bytes a framework import fetched (background fetch off), after the pull.
 """
@@ -81,6 +81,7 @@ from dtrain.launch.jobs.commands import ContainerSpec, Mount, docker_run_argv  #
 from dtrain.table import markdown  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+TRAIN = ROOT / "launch" / "node" / "examples" / "lazy_train.py"  # mounted: the images may predate it
 STATE = Path("/var/tmp/dtrain-lazy/bench")
 BRIDGE, HOST_ADDR, PREFIXLEN, REG_PORT = "lzbr0", "10.214.0.1", 24, 5443
 REGISTRY = f"{HOST_ADDR}:{REG_PORT}"
@@ -351,7 +352,7 @@ class Run:
 def run_on(node: Node, ref: str, framework: str, seconds: float, t0: float) -> Run:
     node.docker("pull", "-q", ref)
     argv = ["docker", "-H", node.sock, "run", "--rm", "--network", "host",
-            "--mount", f"type=bind,src={HERE / 'lazy_train.py'},dst=/lazy_train.py,readonly",
+            "--mount", f"type=bind,src={TRAIN},dst=/lazy_train.py,readonly",
             ref, "python", "/lazy_train.py", "--framework", framework, "--seconds", str(seconds)]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=node.env)
     err: list[str] = []

@@ -1,5 +1,6 @@
-"""Training steps for bench/bench_lazy.py, run in the image under test: import the framework,
-build a small MLP, train on synthetic data, print `step I UNIXTIME` after every step.
+"""Training steps for bench/bench_lazy.py (which mounts this file into the image under test):
+import the framework, build a small MLP, train on synthetic data, print `step I UNIXTIME`
+after every step.
 
     python lazy_train.py --framework torch|tensorflow [--seconds S]
 
