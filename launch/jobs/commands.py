@@ -464,6 +464,10 @@ class RunPlan:
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint
     settle: float = 1.0  # after a failed rank: wait this long before asking which nodes are left
     keep_containers: bool = False  # tests: leave the containers at the end
+    # hangs: no rank's progress for hang_timeout s (None: not watched) dumps every rank's stack and
+    # ends the attempt; progress: a rank's line matching progress_pattern ("": any line of a rank)
+    hang_timeout: float | None = None
+    progress_pattern: str = ""
 
     def __post_init__(self) -> None:
         if not self.nodes:
