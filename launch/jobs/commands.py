@@ -598,6 +598,8 @@ class ContainerSpec:
     key_dir: str | None = None  # node directory with the job's key pair, mounted at contract.JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
+    # SYS_PTRACE: py-spy reads a rank's Python stack (a hang's dump: launch/node/stacks.sh)
+    cap_add: tuple[str, ...] = ("SYS_PTRACE",)
 
     @property
     def container_name(self) -> str:
@@ -620,6 +622,10 @@ def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
         head += ["--shm-size", spec.shm_size]
     else:
         raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
+    for cap in spec.cap_add:
+        if not re.fullmatch(r"[A-Z_]+", cap):
+            raise LaunchError(f"bad capability {cap!r} (e.g. SYS_PTRACE)")
+        head += ["--cap-add", cap]
     rest: list[str] = []
     for m in spec.mounts:
         rest += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]
