@@ -37,9 +37,9 @@ def test_ranks_come_from_the_same_parsing_the_user_reads():
     assert progress.ranks_of(torch.feed("[node-2] torchrun's own line")) == []
 
 
-def test_no_stall_while_any_rank_makes_progress():
+def test_no_stall_while_any_rank_makes_progress_nor_before_the_first_progress():
     p = progress.Progress(2, started=100.0)
-    assert p.stalled(109.9, 10) is None
+    assert p.stalled(1000.0, 10) is None  # imports, rendezvous: not timed
     p.feed(0, "x", 105.0)
     assert p.stalled(114.9, 10) is None
     stall = p.stalled(115.0, 10)
@@ -77,8 +77,10 @@ def test_a_rank_that_never_spoke_is_behind_and_ranks_outside_the_world_are_ignor
     p.feed(0, "hello", 1.0)
     assert not p.feed(5, "a rank of another attempt", 2.0)
     assert p.stalled(12.0, 10).behind == (1,)
-    q = progress.Progress(3, started=0.0)  # nothing from anyone: none told apart, every rank
-    assert q.stalled(10.0, 10).behind == (0, 1, 2)
+    q = progress.Progress(3, started=0.0)  # all fell silent at once: none told apart, every rank
+    for r in range(3):
+        q.feed(r, "step 1", 1.0)
+    assert q.stalled(11.0, 10).behind == (0, 1, 2)
 
 
 def test_the_watch_reads_raw_supervisor_lines_and_the_event_names_nodes():

@@ -5,7 +5,9 @@ The supervisor (launch/node/supervise.py) feeds every output line of the attempt
 torchrun's `[default1]:` prefixes mean the same rank here as on screen), then each rank's line to
 `Progress.feed`. A line counts as progress when it matches the job's --progress-pattern, or, with
 none, any line of a rank. `Progress.stalled` says when no rank made progress for `timeout`
-seconds, and which ranks are behind. Pure: time is an argument.
+seconds, and which ranks are behind. The clock starts at the attempt's first progress line:
+imports, data set up and rendezvous before it take what they take (a start that never ends is
+for --timeout). Pure: time is an argument.
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ class Progress:
         return True
 
     def stalled(self, now: float, timeout: float) -> Stall | None:
-        """None while some rank made progress within `timeout` s; else the Stall."""
+        """None before the first progress and while some rank made progress within `timeout` s;
+        else the Stall."""
+        if not self.last:
+            return None
         lasts = {r: self.last.get(r, self.started) for r in range(self.world)}
         silent = now - max(lasts.values())
         if silent < timeout:
