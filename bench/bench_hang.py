@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dtrain.images import push as p  # noqa: E402
+from dtrain.images import build, push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
@@ -82,6 +82,10 @@ def main() -> None:
     counts = [int(x) for x in args.nodes.split(",")]
     engine.ensure_all()
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
+    # this checkout's image (its examples: hang_train.py), from the layer cache as the tests build it
+    build.build([FAMILY], img.tag, False, build.BuildOptions(
+        base_image=engine.BASE_IMAGE, ca_bundle=build.default_ca_bundle(),
+        wheelhouse=Path("/opt/wheels") if Path("/opt/wheels").is_dir() else None), say=lambda m: None)
     rows = [("nodes", "--hang-timeout (s)", "stop -> hang named (s)", "stop -> its stack in the log (s)",
              "target (s)", "stop -> job ended (s)", "runs")]
     info = cluster.up(max(3, *counts), recreate=True, quiet=True)  # the first n nodes of it
