@@ -97,11 +97,11 @@ def _int_flag(name: str, value, lo: int, hi: int | None = None) -> int:
     return values.count(name, value, lo, hi)
 
 
-def _float_flag(name: str, value, lo: float = 0.0, *, or_equal: bool = False) -> float:
-    """`--name VALUE` as a finite number > lo (>= lo with or_equal), or a one-line error."""
+def _float_flag(name: str, value, lo: float = 0.0, *, or_equal: bool = False, hi: float | None = None) -> float:
+    """`--name VALUE` as a finite number > lo (>= lo with or_equal, <= hi), or a one-line error."""
     from dtrain import values
 
-    return values.number(name, value, lo, or_equal=or_equal)
+    return values.number(name, value, lo, or_equal=or_equal, hi=hi)
 
 
 def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -398,12 +398,18 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     "check_network": "before the job, a few seconds of TCP streams between the containers (the network "
                      "gate); a node whose link is well below its peers' or its instance type's fails the "
                      "launch, named",
+    "hang_timeout": "when no rank has made progress for this many seconds: every rank's Python stack "
+                    "into the log, the ranks behind named, the attempt ended (a failed attempt: "
+                    "--max-restarts applies); default off",
+    "progress_pattern": "with --hang-timeout, a rank's output line matching this regex is progress "
+                        "(default: any line of a rank)",
 })
 def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=None, cluster=None, hostfile=None,
            hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
-           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False):
+           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
+           hang_timeout=None, progress_pattern=None):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", "f", "file", "dump")}
     with user_errors():
@@ -429,7 +435,8 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
             ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
             env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
             pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts=None,
-            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False):
+            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
+            hang_timeout=None, progress_pattern=None):
     import os
     from pathlib import Path
 
@@ -461,6 +468,11 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
 
         if workdir is not None and not Path(workdir).is_dir():
             raise LaunchError(f"--workdir {workdir}: not a directory")
+        hang = _float_flag("--hang-timeout", hang_timeout, 0, hi=86400) if hang_timeout is not None else None
+        if progress_pattern is not None:
+            values.regex("--progress-pattern", progress_pattern)
+            if hang is None:
+                raise LaunchError("--progress-pattern is what --hang-timeout counts as progress: give --hang-timeout too")
         if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
             raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
         # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
@@ -476,7 +488,7 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
                                      if max_restarts is not None else None),
                        min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
                        spares=_int_flag("--spares", spares, 0, 1000) if spares is not None else 0,
-                       checkpoint_dir=checkpoint_dir,
+                       checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=progress_pattern or "",
                        imds="" if no_spot_watch else imds, check_network=bool(check_network))
         job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))
         code = job.run()

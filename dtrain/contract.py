@@ -48,6 +48,9 @@ CHECKPOINT_NOW = f"{CONTAINER_JOB_DIR}/checkpoint-now"
 CHECKPOINT_NOW_VAR = "DTRAIN_CHECKPOINT_NOW"
 # The supervisor's events among the job's output lines: this prefix, then one JSON object.
 SUPERVISOR_EVENT = "dtrain-supervisor "
+# The supervisor's stack dump after a hang (launch/node/stacks.sh's lines): this prefix, then
+# the line as a user reads it (`[node-2 r1] ...`).
+STACK_LINE = "dtrain-stack "
 # The readiness check's exit code (launch/node/run.sh --ready, which gets it as --ready-code):
 # a node's sshd did not answer; the launcher names the node.
 READY_FAILED = 97

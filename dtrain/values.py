@@ -186,6 +186,18 @@ def choice(flag: str, text, choices: tuple[str, ...]) -> str:
     return text
 
 
+def regex(flag: str, text) -> str:
+    """A Python regular expression (re.search applies it to each line)."""
+    s = _plain(flag, text, "a regular expression (Python's re), e.g. '^step [0-9]+'")
+    try:
+        re.compile(s)
+    except re.error as e:
+        raise BadValue(f"{flag} {shown(text)}: not a regular expression: {e}; e.g. '^step [0-9]+'") from None
+    if not s:
+        raise BadValue(f"{flag} '': expected a regular expression (without the flag, any line of a rank is progress)")
+    return s
+
+
 def cidr(flag: str, text) -> str:
     """An IPv4 network `A.B.C.D/N`; a bare address is that address alone (/32)."""
     accepted = "an IPv4 network such as 10.1.2.3/32 (a bare address means /32)"

@@ -110,7 +110,7 @@ def _labels(img: Image) -> dict[str, str]:
         f"{contract.LABEL_VERSION_PREFIX}python": v.python,
     }
     pins = ["tensorflow", "tf_keras", "pytorch", "horovod", "ray", "cuda", "cudnn", "nccl",
-            "efa_installer", "aws_ofi_nccl", "nccl_tests"]
+            "efa_installer", "aws_ofi_nccl", "nccl_tests", "py_spy"]
     for key in pins:
         value = getattr(v, key)
         if value:

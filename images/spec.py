@@ -72,6 +72,7 @@ class Variant(_Strict):
     efa_installer: str | None = None
     aws_ofi_nccl: str | None = None
     nccl_tests: str | None = None  # NVIDIA/nccl-tests release: all_reduce_perf (dtrain doctor --bandwidth)
+    py_spy: str | None = None  # py-spy (PyPI): a hang's stack dump (dtrain launch --hang-timeout)
     targets: list[str] | None = None
     # Recorded image size in GiB (docs/benchmarks.md); `dtrain build` fails past
     # SIZE_BUDGET_FACTOR times it, as AWS Deep Learning Containers do.
@@ -124,6 +125,10 @@ class _RayRow(_Strict):
     pytorch: list[str]
 
 
+class _PySpyRow(_Strict):
+    python: list[str]
+
+
 class Compat(_Strict):
     os_python: dict[str, str]
     cuda_bases: dict[str, _CudaBase]
@@ -134,6 +139,7 @@ class Compat(_Strict):
     torch_companions: dict[str, dict[str, str]]  # torch minor -> {companion: its minor}
     horovod: dict[str, _HorovodRow]
     ray: dict[str, _RayRow]
+    py_spy: dict[str, _PySpyRow]
 
 
 # ---------------------------------------------------------------- the validated image
@@ -389,6 +395,8 @@ def check_variant(img: Image) -> list[Problem]:
         out += _check_horovod(img)
     if v.ray:
         out += _check_ray(img)
+    if v.py_spy:
+        out += _check_py_spy(img)
     return out
 
 
@@ -495,6 +503,17 @@ def _check_horovod(img: Image) -> list[Problem]:
             out.append(("tf_keras", "compat.horovod.keras3",
                         f"tf_keras {v.tf_keras} does not match TensorFlow {minor(v.tensorflow)}"))
     return out
+
+
+def _check_py_spy(img: Image) -> list[Problem]:
+    v, c = img.variant, img.compat
+    row = c.py_spy.get(v.py_spy or "")
+    if row is None:
+        return [("py_spy", "compat.py_spy", f"py-spy {v.py_spy} is not in compat.yaml (known: {', '.join(c.py_spy)})")]
+    if not in_range(v.python, row.python):
+        return [("py_spy", "compat.py_spy",
+                 f"py-spy {v.py_spy} reads Python {row.python[0]}-{row.python[1]}, not {v.python}")]
+    return []
 
 
 def _check_ray(img: Image) -> list[Problem]:

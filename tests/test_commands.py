@@ -246,7 +246,7 @@ def test_docker_run_full():
     )
     assert docker_run_argv(spec) == [
         "docker", "run", "-d", "--name", "dtrain-exp1", "--network", "host", "--ipc", "host",
-        "--ulimit", "memlock=-1", "--gpus", "all",
+        "--cap-add", "SYS_PTRACE", "--ulimit", "memlock=-1", "--gpus", "all",
         "--device", "/dev/infiniband/uverbs0", "--device", "/dev/infiniband/uverbs1",
         "--mount", "type=bind,src=/datasets,dst=/datasets,readonly",
         "--mount", "type=bind,src=/home/u/src,dst=/workspace",
@@ -260,7 +260,7 @@ def test_docker_run_cpu_shm_and_command():
     spec = ContainerSpec(job="t", image="img", gpus=False, shm_size="16g", command=("sleep", "infinity"), name="n1")
     assert docker_run_argv(spec) == [
         "docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g",
-        "--ulimit", "memlock=-1", "--label", "dtrain.job=t", "img", "sleep", "infinity",
+        "--cap-add", "SYS_PTRACE", "--ulimit", "memlock=-1", "--label", "dtrain.job=t", "img", "sleep", "infinity",
     ]  # fmt: skip
 
 
@@ -273,6 +273,7 @@ def test_docker_run_cpu_shm_and_command():
         ({"shm_size": "lots"}, "bad shm size 'lots' (e.g. 16g)"),
         ({"efa_devices": ("uverbs0",)}, "bad device 'uverbs0' (expected a /dev path)"),
         ({"env": {"A B": "1"}}, "container env: bad environment variable name 'A B'"),
+        ({"cap_add": ("ALL --privileged",)}, "bad capability 'ALL --privileged'"),
     ],
 )
 def test_docker_run_rejects(kw, message):

@@ -298,3 +298,16 @@ def test_ray_torch_outside_tested_range(tmp_path):
     path = write_spec(tmp_path, "ray-train", [{**RAY_CPU, "pytorch": "2.4.1"}])
     assert ("variants[0].pytorch: [compat.ray] Ray Train 2.60.0 is tested with PyTorch 2.9-2.13, "
             "not 2.4.1") in error_of(path)
+
+
+def test_py_spy_pin_is_checked_and_labelled(tmp_path):
+    from dtrain.images.render import context
+
+    imgs = [i for i in load_all() if i.variant.py_spy]
+    assert len(imgs) == len(load_all()), "every image can dump a hang's stacks"
+    assert context(imgs[0])["labels"]["dtrain.version.py-spy"] == imgs[0].variant.py_spy
+    path = write_spec(tmp_path, "ray-train", [{**RAY_CPU, "py_spy": "0.1.0"}])
+    assert "variants[0].py_spy: [compat.py_spy] py-spy 0.1.0 is not in compat.yaml" in error_of(path)
+    path = write_spec(tmp_path, "pytorch-ddp", [{"kind": "cpu", "os": "ubuntu24.04", "python": "3.12",
+                                                 "pytorch": "2.13.0", "py_spy": "0.3.14"}])
+    assert "variants[0].py_spy: [compat.py_spy] py-spy 0.3.14 reads Python 3.3-3.11, not 3.12" in error_of(path)

@@ -464,6 +464,10 @@ class RunPlan:
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint
     settle: float = 1.0  # after a failed rank: wait this long before asking which nodes are left
     keep_containers: bool = False  # tests: leave the containers at the end
+    # hangs: no rank's progress for hang_timeout s (None: not watched) dumps every rank's stack and
+    # ends the attempt; progress: a rank's line matching progress_pattern ("": any line of a rank)
+    hang_timeout: float | None = None
+    progress_pattern: str = ""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -594,6 +598,8 @@ class ContainerSpec:
     key_dir: str | None = None  # node directory with the job's key pair, mounted at contract.JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
+    # SYS_PTRACE: py-spy reads a rank's Python stack (a hang's dump: launch/node/stacks.sh)
+    cap_add: tuple[str, ...] = ("SYS_PTRACE",)
 
     @property
     def container_name(self) -> str:
@@ -616,6 +622,10 @@ def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
         head += ["--shm-size", spec.shm_size]
     else:
         raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
+    for cap in spec.cap_add:
+        if not re.fullmatch(r"[A-Z_]+", cap):
+            raise LaunchError(f"bad capability {cap!r} (e.g. SYS_PTRACE)")
+        head += ["--cap-add", cap]
     rest: list[str] = []
     for m in spec.mounts:
         rest += ["--mount", f"type=bind,src={m.src},dst={m.dst}" + (",readonly" if m.readonly else "")]

@@ -82,6 +82,8 @@ class JobSpec:
     min_nodes: int | None = None  # fewest nodes to restart on (None: every node)
     spares: int = 0  # the last `spares` nodes given are kept ready, no rank, swapped in for a lost one
     checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
+    hang_timeout: float | None = None  # no rank's progress for this long: stacks dumped, the attempt ends
+    progress_pattern: str = ""  # a rank's line matching this regex is progress ("": any line)
     imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
@@ -771,7 +773,8 @@ class Job:
         ranks, spares = plan_nodes(started.facts[:active]), plan_nodes(started.facts[active:])
         if quarantined:
             ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
-        policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks))
+        policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
+                                    progress_pattern=spec.progress_pattern)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
         prefix = run_argv(spec, live, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
@@ -948,8 +951,10 @@ class Job:
     def run(self) -> int:
         wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
         check_spares(self.spec, len(self.nodes))
-        if self.launcher.name == "ray" and (self.spec.detach or self.spec.restarts or self.spec.spares):
-            raise LaunchError("--detach, --max-restarts and --spares are for mpirun, horovodrun and torchrun, not ray")
+        if self.launcher.name == "ray" and (self.spec.detach or self.spec.restarts or self.spec.spares
+                                            or self.spec.hang_timeout):
+            raise LaunchError("--detach, --max-restarts, --spares and --hang-timeout are for mpirun, horovodrun "
+                              "and torchrun, not ray")
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases

@@ -68,6 +68,8 @@ class JobFile(BaseModel):
     checkpoint_dir: Optional[str] = None
     no_spot_watch: Optional[bool] = None
     check_network: Optional[bool] = None
+    hang_timeout: Optional[float] = Field(default=None, gt=0, le=86400)
+    progress_pattern: Optional[str] = None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -79,6 +81,16 @@ class JobFile(BaseModel):
     def _nonempty(cls, v: Optional[list[str]]) -> Optional[list[str]]:
         if v is not None and not v:
             raise ValueError("an empty command")
+        return v
+
+    @field_validator("progress_pattern")
+    @classmethod
+    def _regex(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                values.regex("progress_pattern", v)
+            except values.BadValue as e:
+                raise ValueError(str(e).removeprefix("progress_pattern ")) from None
         return v
 
     @field_validator("env", mode="before")
@@ -183,8 +195,9 @@ def dump(given: dict[str, Any]) -> str:
     for key in ("slots", "master_port", "max_restarts", "min_nodes", "spares"):
         if key in data:
             data[key] = int(data[key])
-    if "timeout" in data:
-        data["timeout"] = float(data["timeout"])
+    for key in ("timeout", "hang_timeout"):
+        if key in data:
+            data[key] = float(data[key])
     JobFile.model_validate(data)  # what is written reads back
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
     if "env" in data:

@@ -34,6 +34,8 @@ RANK_LINE = re.compile(r"^\[([A-Za-z0-9._-]+) r\d+\] ")  # a rank's line as show
 class Policy:
     max_restarts: int = 0
     min_nodes: int = 1
+    hang_timeout: float | None = None  # --hang-timeout: no rank's progress for this long ends the attempt
+    progress_pattern: str = ""  # --progress-pattern: what counts as progress ("": any line of a rank)
 
 
 def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh: Sequence[str],
@@ -53,15 +55,23 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
                             quarantined=tuple((quarantined or {}).items()), ssh=tuple(ssh),
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
                             min_nodes=policy.min_nodes, attached=attached, launcher_silence=LAUNCHER_SILENCE_S,
-                            node_dir=node_dir)
+                            node_dir=node_dir, hang_timeout=policy.hang_timeout,
+                            progress_pattern=policy.progress_pattern)
 
 
 # The launcher's dtrain modules the supervisor imports (contract, values, the command builders):
 # sent beside it (builders.json), so every attempt's command is this launcher's, whatever dtrain
 # the image holds. The images carry the same set in /opt/dtrain/py (templates/Dockerfile.j2).
+# Hang detection (progress, with the output parsing the user's view uses) is the supervisor's
+# only: the images do not need those.
 BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
                    "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
-                   "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py")
+                   "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
+                   "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
+                   "dtrain/launch/jobs/progress.py")
+# launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
+# there from beside the builders), so an image older than this launcher runs this one's.
+SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
 
 
 def builder_files() -> dict[str, str]:
@@ -72,6 +82,8 @@ def builder_files() -> dict[str, str]:
     for rel in BUILDER_MODULES:
         name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
         out[rel] = Path(importlib.import_module(name).__file__).read_text()
+    for script in SUPERVISOR_NODE_PROGRAMS:
+        out[f"dtrain/launch/node/{script}"] = contract.node_script(script)
     return out
 
 
@@ -117,11 +129,22 @@ def describe(ev: dict) -> str:
     if name == "phase":
         where = f" {ev['node']}" if ev.get("node") else ""
         return f"[launch] restart {ev.get('restart')}: {ev.get('phase')}{where} {ev.get('seconds')} s"
+    if name == "hang":
+        return "[launch] " + hang_line(ev)
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":
         return f"[launch] job failed (exit {ev.get('exit_code')}): {ev.get('reason', '')}".rstrip(": ")
     return f"[launch] {name}"
+
+
+def hang_line(ev: dict) -> str:
+    """A `hang` event ({silent_for, ranks, nodes, ago, steps}) as one line."""
+    nodes, ago, steps = ev.get("nodes", []), ev.get("ago", {}), ev.get("steps", {})
+    who = ", ".join(f"r{r} on {n} (last progress {ago.get(str(r), '?')} s ago, {steps.get(str(r), 0)} line(s))"
+                    for r, n in zip(ev.get("ranks", []), nodes))
+    return (f"hang: no rank made progress for {ev.get('silent_for')} s (--hang-timeout); "
+            f"behind: {who or 'none told apart'}; every rank's Python stack follows")
 
 
 @dataclass
@@ -190,6 +213,8 @@ class Render:
         return shown
 
     def _feed(self, line: str) -> list[str]:
+        if line.startswith(contract.STACK_LINE):  # a hang's stack dump: already `[node rN] ...`
+            return [line[len(contract.STACK_LINE):]]
         ev = parse_event(line)
         if ev is not None:
             out = self._flush()

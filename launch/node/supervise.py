@@ -12,7 +12,10 @@ which also refreshes the heartbeat file its node watchdog waits for); a node sil
 slow (a busy CPU, a disk under writeback: its kernel still answers) is lost only after
 `lost_after` seconds of silence. A node whose session ends (its container gone) is lost at
 once. A node given a spot notice says `leaving` in its beat: the job is told to checkpoint
-now (contract.CHECKPOINT_NOW), then the attempt ends.
+now (contract.CHECKPOINT_NOW), then the attempt ends. With the plan's `hang_timeout`, an
+attempt none of whose ranks made progress for that long (launch/jobs/progress.py) is a hang:
+the `hang` event names the ranks behind, every rank's Python stack goes into the output
+(launch/node/stacks.sh), and the attempt ends as a failed one.
 
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
 starts: a lost or leaving node is swapped for a warm spare in its place (commands.swap_out:
@@ -30,7 +33,7 @@ command line.
 
 Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's
 events as lines `dtrain-supervisor {json}` (running, lost, checkpoint-now, quarantined,
-spare-in, restart, phase, succeeded, failed), on stdout and appended to output.log beside the
+spare-in, hang, restart, phase, succeeded, failed; a hang's stacks as `dtrain-stack ` lines), on stdout and appended to output.log beside the
 plan; the state (nodes, spares, quarantined, the last event) is kept in state.json. Where
 output.log or state.json cannot be written (a full disk), the job ends with an error naming
 the node and the file, its output still drained. An attached job ends too when its launcher
@@ -74,7 +77,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands  # noqa: E402
+from dtrain.launch.jobs import commands, progress  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -96,15 +99,15 @@ def start_dir(here: str, workdir: str = WORKDIR) -> str:
 
 
 def next_step(nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode], out: dict[str, str],
-              attempt: int, code: int, min_nodes: int, max_restarts: int) -> tuple[str, str]:
+              attempt: int, code: int, min_nodes: int, max_restarts: int, cause: str = "") -> tuple[str, str]:
     """After an attempt on `nodes` ended with `code` and `out` ({hostname: why}: lost, leaving)
-    among them: ("succeeded"|"failed"|"restart", why). Each node taken out is replaced by a
-    spare while any is left; without one the run goes on smaller, down to min_nodes. The first
-    node runs this supervisor: it cannot be swapped."""
-    if code == 0 and not out:
+    among them, or for `cause` (a hang): ("succeeded"|"failed"|"restart", why). Each node taken
+    out is replaced by a spare while any is left; without one the run goes on smaller, down to
+    min_nodes. The first node runs this supervisor: it cannot be swapped."""
+    if code == 0 and not out and not cause:
         return "succeeded", ""
     what = (f"lost {', '.join(f'{h} ({r})' for h, r in out.items())}" if out
-            else f"the job exited {code}")
+            else cause or f"the job exited {code}")
     if nodes[0].hostname in out:
         return "failed", (f"{what}: {nodes[0].hostname} is the job's first node, where its supervisor runs; "
                           "launch again to resume from the checkpoint")
@@ -293,6 +296,8 @@ class Supervisor:
         self.pumps: list[threading.Thread] = []  # the attempt's output readers
         self.first_line = threading.Event()  # the attempt printed something
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
+        self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
+        self.hung = ""  # set once the attempt hung: why (the restart or failure reason)
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.state: dict = {"job": plan.run.job, "launcher": plan.run.launcher, "restarts": 0,
@@ -345,6 +350,8 @@ class Supervisor:
         for raw in proc.stdout:
             self.first_line.set()
             self.emit(prefix + raw.rstrip("\r\n"))
+            if self.hang is not None:
+                self.hang.feed(prefix + raw.rstrip("\r\n"), time.monotonic())
 
     # -- nodes
 
@@ -373,6 +380,9 @@ class Supervisor:
         env = {**os.environ, **dict(run.extra_env), commands.RESTART_VAR: str(attempt)}
         argvs = commands.attempt_argv(run, nodes)
         self.first_line.clear()
+        self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
+                                   commands.rank_map(nodes), time.monotonic())
+        self.hung = ""
         if run.launcher in ("mpirun", "horovodrun"):
             self.procs = [self._spawn(argvs[0], env)]
             return
@@ -415,6 +425,9 @@ class Supervisor:
             out = self.health.lost(nodes)
             if out:
                 return 1, out, spare_out
+            if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
+                self.hung = self.on_hang(nodes, stall)
+                return 1, out, spare_out
             time.sleep(0.1)
 
     def checkpoint_now(self, nodes: Sequence[commands.PlanNode]) -> float:
@@ -436,6 +449,40 @@ class Supervisor:
             self.emit(f"[supervisor] no checkpoint confirmed within {self.plan.checkpoint_grace:g} s "
                       f"(rank 0 removes {flag} once saved): restarting from the last one")
         return time.monotonic() - t0
+
+    def on_hang(self, nodes: Sequence[commands.PlanNode], stall: progress.Stall) -> str:
+        """The `hang` event, then every process's Python stack of the attempt on every node
+        (launch/node/stacks.sh in each container, all at once, shown node by node); the reason
+        the attempt ends."""
+        fields = progress.event_fields(stall, commands.rank_map(nodes))
+        self.event("hang", **fields)
+        script = contract.node_script("stacks.sh")
+        args = ["bash", "-s", "--", commands.RESTART_VAR, str(int(self.state["restarts"]))]
+        dumps: dict[str, list[str]] = {}
+
+        def one(n: commands.PlanNode) -> None:
+            argv = [*args, n.hostname]
+            if n is not self.me:
+                argv = self.remote(n, shlex.join(argv), mux=False)
+            try:
+                r = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace", timeout=30)
+                lines = r.stdout.splitlines()
+                if r.returncode != 0:
+                    lines.append(f"[{n.hostname}] no stacks: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+            except subprocess.TimeoutExpired:
+                lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
+            dumps[n.hostname] = lines
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for n in nodes:
+            for line in dumps.get(n.hostname, []):
+                self.emit(contract.STACK_LINE + line)
+        who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
+        return f"hang: no rank made progress for {stall.silent_for} s; behind: {who}"
 
     def stop_attempt(self, grace: float = 10) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds."""
@@ -506,7 +553,7 @@ class Supervisor:
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get 1 s, not the usual 10.
-            self.stop_attempt(grace=1 if out and not leaving else 10)
+            self.stop_attempt(grace=1 if (out and not leaving) or self.hung else 10)
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -521,7 +568,8 @@ class Supervisor:
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if out:
                 self.event("lost", nodes=out)
-            step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts)
+            step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts,
+                                  cause=self.hung)
             if step == "succeeded":
                 self.event("succeeded", exit_code=0)
                 code = 0

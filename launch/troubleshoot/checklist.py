@@ -954,6 +954,54 @@ ENTRIES: tuple[Entry, ...] = (
         related=("rank-exit",),
     ),
     Entry(
+        id="hang",
+        title="the job hangs: no rank makes progress (reading a hang's stack dump)",
+        symptom="Output stops while the job still runs. With `dtrain launch --hang-timeout S` "
+                "the supervisor says so after S seconds, names the ranks behind, and every "
+                "rank's Python stack follows (`[node r<rank>] stack of pid P, state X: ...`, "
+                "then its frames, innermost first); without it, PyTorch's watchdog ends the "
+                "job after its collective timeout (NCCL: 10 min by default).",
+        messages=(
+            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); behind: r1 on "
+            "node-2 (last progress 12.6 s ago, 3 line(s)); every rank's Python stack follows",
+            "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, "
+            "OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
+            "600041 milliseconds before timing out.",
+        ),
+        signatures=_re(r"hang: no rank made progress for [\d.]+ s",
+                       r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout"),
+        cause="One rank stopped while the others wait for it in a collective: it is stuck "
+              "in data loading (a dead DataLoader worker, a network file system), in user code "
+              "(rank-dependent control flow: a rank-0-only evaluation or checkpoint that "
+              "itself calls a collective, a different number of batches per rank), paused "
+              "(SIGSTOP, a debugger, swapping), or it entered a different collective than the "
+              "others. Every other rank then waits in the collective until the timeout.",
+        fix="Read the dump rank by rank. **Which rank:** the `behind` ranks made fewer "
+            "progress lines than the others (with `--progress-pattern`, one line per step) or "
+            "fell silent first; ranks all blocked in the same collective are the victims, not "
+            "the cause. **Where:** the innermost frames of each stack: `all_reduce`, "
+            "`barrier`, `broadcast`, `allreduce` (Horovod), or DDP's backward (`_sync_buffers`, "
+            "`backward`) mean the rank waits for others; `__next__` of a DataLoader, `read`, "
+            "`_recv` on a queue, `open` mean data loading; any other frame of your own code is "
+            "where that rank is. `state T` is a stopped process, `D` one waiting on disk, `R` "
+            "one computing (a rank spinning in a loop). **Different collectives:** ranks "
+            "blocked in different collective calls (`barrier` on one, `all_reduce` on "
+            "another) ran different code paths. Without `--hang-timeout`, make the wait "
+            "shorter and fatal: `init_process_group(timeout=timedelta(minutes=5))` and "
+            "`TORCH_NCCL_ASYNC_ERROR_HANDLING=1` (`NCCL_ASYNC_ERROR_HANDLING` before torch "
+            "2.2), so a hung collective ends the process and the launcher's restart applies; "
+            "`py-spy dump --pid P` in the container (`docker exec`) shows one stack by hand.",
+        confirm="`dtrain diagnose` reports it as `hang`; the dump's frames name the rank's "
+                "file and line. `dtrain launch --hang-timeout 10 --progress-pattern '^step ' "
+                "-- python /opt/dtrain/node/examples/hang_train.py` and `kill -STOP` of one "
+                "rank in its container shows a dump to compare with (docs/launch.md, Hangs).",
+        source=("https://github.com/benfred/py-spy#how-does-py-spy-work",
+                "https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+                "https://pytorch.org/docs/stable/torch_nccl_environment_variables.html"),
+        doctor_checks=(),
+        related=("hvd-stall", "rank-exit"),
+    ),
+    Entry(
         id="gpu-oom",
         title="a rank ran out of GPU memory",
         symptom="A rank raises an out-of-memory error, usually at the first step or the "

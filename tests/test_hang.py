@@ -1,0 +1,80 @@
+"""A hang on the simulated cluster (--hang-timeout): one rank stopped with SIGSTOP through its
+node's engine; the log names it behind and holds every rank's Python stack within the timeout
++ 5 s; the attempt ends as a failed one (a restart resumes the job, or the job fails naming
+the hang), and every node is clean afterwards."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+
+from dtrain.launch.jobs.job import job_log
+from test_launch import EX
+from test_wholerun import _job, _wait_clean
+
+pytestmark = pytest.mark.cluster
+
+TIMEOUT = 10
+
+
+def _stop_rank_when(cluster, name: str, pattern: str, node: int, seen: dict) -> threading.Thread:
+    """Once the job's log matches pattern: SIGSTOP the example's rank on node `node` (docker exec
+    through that node's engine); seen["stopped"]: when; seen["stack"]: when the log first held
+    that rank's stack."""
+    def watch():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            path = job_log(name)
+            text = path.read_text() if path.exists() else ""
+            if "stopped" not in seen and re.search(pattern, text, re.M):
+                subprocess.run(["docker", "-H", cluster.nodes[node - 1].docker_host, "exec", f"dtrain-{name}",
+                                "pkill", "-STOP", "-f", "hang_train.py"], check=True, timeout=30)
+                seen["stopped"] = time.monotonic()
+            if "stopped" in seen and re.search(rf"^\[node-{node} r{node - 1}\] stack of pid", text, re.M):
+                seen["stack"] = time.monotonic()
+                return
+            time.sleep(0.1)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, remote_images):
+    name = "t-hang"
+    seen: dict = {}
+    watcher = _stop_rank_when(cluster, name, r"^\[node-2 r1\] step 3 rank 1/2$", 2, seen)
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/hang_train.py", "--steps", "8", "--step-seconds", "2"], name, n=2,
+                        env={"MASTER_ADDR": cluster.nodes[0].address, "MASTER_PORT": "29512"},
+                        hang_timeout=TIMEOUT, progress_pattern="^step ", max_restarts=1)
+    watcher.join(5)
+    assert re.search(rf"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
+                     r"behind: r1 on node-2 \(last progress [\d.]+ s ago, 3 line\(s\)\)", out, re.M), out
+    # every rank's stack: the stopped one (state T) in its sleep, the other blocked in the allreduce
+    assert re.search(r"^\[node-2 r1\] stack of pid \d+, state T: python .*hang_train\.py", out, re.M), out
+    assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
+    assert re.search(r"^\[node-1 r0\]\s+train_step \(hang_train\.py:\d+\)", out, re.M), out
+    assert seen["stack"] - seen["stopped"] <= TIMEOUT + 5, seen
+    assert "[launch] restart 1: hang: no rank made progress for" in out and "behind: r1 (node-2)" in out, out
+    assert re.search(r"^\[node-2 r1\] rank 1: done \(8 steps\)", out, re.M) and "[launch] job succeeded" in out, out
+    assert code == 0
+    _wait_clean(cluster, name)
+
+
+def test_without_a_restart_the_job_fails_naming_the_hang(cluster, remote_images):
+    name = "t-hang-fail"
+    seen: dict = {}
+    _stop_rank_when(cluster, name, r"^\[node-2 r1\] step 2 rank 1/2$", 2, seen)
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/hang_train.py", "--steps", "100", "--step-seconds", "2"], name, n=2,
+                        env={"MASTER_ADDR": cluster.nodes[0].address, "MASTER_PORT": "29513"},
+                        hang_timeout=TIMEOUT)
+    assert code != 0, out
+    assert re.search(r"^\[launch\] job failed \(exit 1\): hang: no rank made progress for 1\d\.\d s; "
+                     r"behind: r1 \(node-2\); no restart left \(--max-restarts 0\)", out, re.M), out
+    assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
+    _wait_clean(cluster, name)
