@@ -68,7 +68,7 @@ BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py
                    "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
                    "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
                    "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
-                   "dtrain/launch/jobs/progress.py")
+                   "dtrain/launch/jobs/progress.py", "dtrain/launch/jobs/timeline.py")
 # launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
 # there from beside the builders), so an image older than this launcher runs this one's.
 SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
