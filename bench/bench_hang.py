@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench_recovery's _wait_for
 
 from dtrain.images import build, push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
@@ -33,19 +34,10 @@ from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
+from bench_recovery import _wait_for  # noqa: E402 (the same wait: a line in the job's log)
 
 FAMILY = "pytorch-ddp"
 EX = contract.EXAMPLES
-
-
-def _wait_for(name: str, pattern: str, timeout: float = 300) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        path = job_log(name)
-        if path.exists() and re.search(pattern, path.read_text(), re.M):
-            return time.monotonic()
-        time.sleep(0.05)
-    raise SystemExit(f"{name}: no line matching {pattern!r} within {timeout:.0f} s")
 
 
 def one(info, image: str, n: int, timeout: float, run: int) -> tuple[float, float, float]:

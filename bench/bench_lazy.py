@@ -76,6 +76,7 @@ sys.path.insert(0, str(ROOT))
 from dtrain import contract  # noqa: E402
 from dtrain.images.render import local_ref  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
+from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.launch.jobs.commands import ContainerSpec, Mount, docker_run_argv  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
@@ -103,28 +104,9 @@ def node_addr(i: int) -> str:
 
 
 def containerd_config(d: Path) -> str:
-    """containerd 1.7 for one node: its own root/state/sockets, CRI off, the SOCI proxy snapshotter."""
-    c = d / "containerd"
-    return f"""version = 2
-root = "{c / 'root'}"
-state = "{c / 'state'}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-
-[grpc]
-  address = "{c / 'containerd.sock'}"
-
-[ttrpc]
-  address = "{c / 'containerd.sock.ttrpc'}"
-
-[debug]
-  address = ""
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{c / 'opt'}"
-
+    """containerd 1.7 for one node: the simulated cluster's own (its root/state/sockets, CRI off),
+    plus the SOCI proxy snapshotter."""
+    return cluster._containerd_config(d) + f"""
 [proxy_plugins.soci]
   type = "snapshot"
   address = "{d / 'soci' / 'soci.sock'}"
