@@ -397,7 +397,7 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
                      "and leaves the job cleanly (time to checkpoint); this turns it off",
     "check_network": "before the job, a few seconds of TCP streams between the containers (the network "
                      "gate); a node whose link is well below its peers' or its instance type's fails the "
-                     "launch, named",
+                     "launch, named (with --spares, a spare takes its place)",
     "hang_timeout": "when no rank has made progress for this many seconds: every rank's Python stack "
                     "into the log, the ranks behind named, the attempt ended (a failed attempt: "
                     "--max-restarts applies); default off",

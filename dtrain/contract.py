@@ -62,7 +62,7 @@ READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdi
 # restart's phases, from the supervisor's `phase` events ({"phase": P, "node": host, "seconds": S}).
 PHASE_EVENT = "phase"
 LAUNCH_PHASES = ("first-round", "pull", "container", "sshd", "ready", "first-step")
-RESTART_PHASES = ("detection", "teardown", "spare-in", "resumed")
+RESTART_PHASES = ("detection", "checkpoint", "teardown", "spare-in", "resumed")
 
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.
 NODE_SCRIPTS = Path(__file__).resolve().parent.parent / "launch" / "node"

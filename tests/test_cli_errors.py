@@ -64,7 +64,7 @@ CASES = {
     "min-nodes": ((*LAUNCH, "--min-nodes", "0", "--", "true"), ("--min-nodes '0'", "whole number")),
     "min-nodes-above": ((*LAUNCH, "--min-nodes", "3", "--", "true"), ("--min-nodes 3", "1 node(s) given")),
     "spares": ((*LAUNCH, "--spares", "-1", "--", "true"), ("--spares '-1'", "whole number")),
-    "spares-all": ((*LAUNCH, "--spares", "1", "--", "true"), ("--spares 1", "fewer than the 1 node(s) given")),
+    "spares-all": ((*LAUNCH, "--spares", "1", "--", "true"), ("--spares 1", "must be fewer than the 1 node(s) given")),
     "checkpoint-dir": ((*LAUNCH, "--checkpoint-dir", "ckpt", "--", "true"), ("--checkpoint-dir ckpt", "absolute")),
     "cluster-nodes": (("cluster", "up", "--nodes", "abc"), ("--nodes 'abc'", "1 to 64")),
     "manifest-workers": (("manifest", "--for", "mpijob", "--image", IMAGE, "--workers", "abc", "--", "true"),

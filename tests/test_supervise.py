@@ -311,3 +311,25 @@ def test_a_nodes_heartbeat_answers_each_line_and_ends_when_the_supervisor_goes_s
         t0 = time.monotonic()
         p.wait(sv.HEAR_S + 5)
         assert sv.HEAR_S - 0.5 < time.monotonic() - t0 < sv.HEAR_S + 2
+
+
+def test_the_gates_culprits_are_left_out_while_healthy_spares_can_take_their_places():
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import netgate
+    from dtrain.launch.jobs.job import gate_out
+
+    facts = [NodeFacts(Node(f"10.0.0.{i}", 1), f"10.0.0.{i}", f"node-{i}", "ens5", 0, (), "") for i in (1, 2, 3, 4)]
+    slow = lambda *hosts: netgate.GateResult(rates={}, culprits={h: "0.1 Gbit/s" for h in hosts})  # noqa: E731
+    assert gate_out(facts, 1, slow("10.0.0.2")) == {"node-2": "slow link: 0.1 Gbit/s"}
+    assert gate_out(facts, 1, slow("10.0.0.4")) == {"node-4": "slow link: 0.1 Gbit/s"}  # a spare: just dropped
+    with pytest.raises(LaunchError, match="0 healthy spare"):
+        gate_out(facts, 1, slow("10.0.0.2", "10.0.0.4"))
+    with pytest.raises(LaunchError, match="slow link on"):
+        gate_out(facts, 0, slow("10.0.0.3"))
+    # the plan: the spare in the culprit's place, rank 0 too
+    spec = JobSpec(image="i", command=("python", "t.py"), name="j", spares=1)
+    run = launch_command(spec)
+    ranks, spares = plan_nodes(facts[:3]), plan_nodes(facts[3:])
+    nodes, left, took = commands.swap_out(ranks, spares, {"node-1": "slow link"})
+    assert [n.hostname for n in nodes] == ["node-4", "node-2", "node-3"] and left == () and took == {"node-1": "node-4"}
+    assert commands.attempt_argv(run, nodes)[0][commands.attempt_argv(run, nodes)[0].index("-H") + 1].startswith("10.0.0.4:1")

@@ -215,8 +215,8 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
 def check_spares(spec: JobSpec, given: int) -> None:
     """--spares and --min-nodes against the nodes given: at least one node runs ranks."""
     if not 0 <= spec.spares < given:
-        raise LaunchError(f"--spares {spec.spares}: fewer than the {given} node(s) given (the last ones given "
-                          "are the spares; at least one runs the job)")
+        raise LaunchError(f"--spares {spec.spares}: must be fewer than the {given} node(s) given (the last ones "
+                          "given are the spares; at least one runs the job)")
     ranked = given - spec.spares
     if spec.min_nodes is not None and not 1 <= spec.min_nodes <= ranked:
         raise LaunchError(f"--min-nodes {spec.min_nodes}: between 1 and the {ranked} node(s) "
@@ -566,12 +566,15 @@ class Job:
         would end the job)."""
         if failure := self.up_failure(self.spec.ready_timeout + 30):
             raise failure
+        if self._watch is not None and self._watch.is_alive():
+            raise LaunchError(f"not every node's sshd came up within {self.spec.ready_timeout + 30:g} s")
         store.record(self.spec.name, quarantined=dict(out))
         nodes = [f.node for f in facts if f.hostname in out]
         for f in facts:
             if f.hostname in out:
                 self.say(f"[launch] {f.hostname} taken out before the start: {out[f.hostname]}")
-        self.ssh.run(nodes, lambda n: store.remove_argv(self.spec.name), timeout=60)
+        raise_on_failure(self.ssh.run(nodes, lambda n: store.remove_argv(self.spec.name), timeout=60),
+                         "removing the containers of the nodes the network gate named")
 
     def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
         """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
@@ -832,7 +835,7 @@ class Job:
             timer.start()
         on_phase, show_timeline = self._timeline_sink(rec, facts, [n.hostname for n in plan.nodes])
         render = supervision.Render(self.launcher.name, first.hostname, t0=rec.t0, names=node_names(facts),
-                                    on_phase=on_phase)
+                                    on_phase=on_phase, quarantined=dict(quarantined or {}))
         ready_lines: list[str] = []
         last = ""  # ssh's own last word, where the link to the first node is lost
         if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
@@ -978,11 +981,13 @@ class Job:
             if self.spec.check_network:
                 gate = self.gate_nodes(started)
                 if gate.culprits:  # the one place a launch learns of a slow node: spares take their place
+                    if failure := self.up_failure(0):
+                        raise failure  # a node whose container exited: that, not a slow link
                     quarantined = gate_out(started.facts, self.spec.spares, gate)
                     self._take_out(started.facts, quarantined)
             ompi = started.ompi or 4
             if self.launcher.needs_ssh and started.ompi is None:
-                ompi = self.wait_ready(started.facts)  # no Open MPI label: ask its mpirun
+                ompi = self.wait_ready([f for f in started.facts if f.hostname not in quarantined])  # ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self._job(started, prepared.node_dir, ompi, quarantined, rec)
             if self.detached:

@@ -13,7 +13,7 @@
 set -u
 var=$1 attempt=$2 node=$3
 spy=$(command -v py-spy || true)
-[ -n "$spy" ] || spy=/opt/venv/bin/py-spy
+[ -n "$spy" ] || spy=/usr/local/bin/py-spy  # where the images put it (templates/Dockerfile.j2)
 [ -x "$spy" ] || spy=""
 
 env_of() {  # env_of PID NAME: the value of NAME in the process's starting environment

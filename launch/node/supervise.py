@@ -135,7 +135,7 @@ def verdict(silent: float, port_answers: bool | None, plan: commands.RunPlan) ->
 # watchdog waits for, in the background (a disk under writeback must not hold up the answer).
 # With nothing from the supervisor for HEAR_S seconds (taken out of the job, the link or the
 # first node gone) it ends: the heartbeat file ages and the node's watchdog removes the job there.
-HEAR_S = 3
+HEAR_S = 10
 BEAT = ('n=0; while IFS= read -r -t {hear} _; do if [ -e {dir}/leaving ]; then echo leaving; else echo beat; fi '
         '|| exit 0; if [ $((n % {every})) -eq 0 ]; then (touch {dir}/heartbeat &); fi; n=$((n + 1)); done')
 
@@ -215,7 +215,7 @@ class Health:
         proc.wait()
         with self.lock:
             if node.hostname in self.procs and not self.sup.stopping.is_set():
-                self.ended[node.hostname] = f"sshd on {contract.SSH_PORT}: {err}"
+                self.ended[node.hostname] = f"sshd on {contract.SSH_PORT} unreachable: {err}"
 
     def _probe(self, node: commands.PlanNode, asked: float) -> None:
         ok = port_answers(node.address, self.plan.connect_timeout)
@@ -249,8 +249,15 @@ class Health:
                 ended = self.ended.get(h)
                 leaving = h in self.leaving
                 asked, answer = self.probing.get(h, (0.0, None))
-            if ended:
-                out[h] = ended
+            if ended and answer is False:
+                out[h] = ended  # its session ended and its port refuses: the container or node is gone
+            elif ended and answer is True:
+                self._rewatch(n)  # its session ended (the first node stalled?) but it answers: a new one
+            elif ended:
+                if not asked:
+                    with self.lock:
+                        self.probing[h] = (now, None)
+                    threading.Thread(target=self._probe, args=(n, now), daemon=True).start()
             elif leaving:
                 out[h] = "leaving (spot notice)"
             elif silent >= self.plan.suspect_after:
@@ -265,6 +272,13 @@ class Health:
                 with self.lock:
                     self.probing.pop(h, None)  # it answered again: a later silence asks again
         return out
+
+    def _rewatch(self, node: commands.PlanNode) -> None:
+        with self.lock:
+            self.ended.pop(node.hostname, None)
+            self.probing.pop(node.hostname, None)
+        self.procs.pop(node.hostname, None)
+        self.watch(node)
 
     def forget(self, hostname: str) -> None:
         """Stop watching a node (quarantined, or the job is ending)."""
@@ -357,7 +371,8 @@ class Supervisor:
 
     def remote(self, node: commands.PlanNode, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
         opts = (["-tt"] if tty else []) + ([] if mux else ["-o", "ControlPath=none"])
-        return [*self.plan.ssh, *opts, node.address, command]
+        # before the plan's own options: ssh keeps the first value it is given for an option
+        return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 
     def on_nodes(self, nodes: Sequence[commands.PlanNode], line: str, timeout: float = 15) -> None:
         """A fixed shell line in each node's container (this one's too), all at once."""
@@ -522,7 +537,7 @@ class Supervisor:
             self.state["spares"] = [h for h in self.state["spares"] if h != hostname]
             self.event("quarantined", node=hostname, reason=why, spare=True)
         node = next((n for n in (*self.plan.nodes, *self.plan.spares) if n.hostname == hostname), None)
-        if node is not None and node is not self.me and not why.startswith("no heartbeat"):
+        if node is not None and node is not self.me:  # unreachable now: the ssh gives up after its timeout
             subprocess.Popen(self.remote(node, "kill 1", mux=False), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -561,9 +576,12 @@ class Supervisor:
                 self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me.hostname])
                 code = 1
                 break
-            if code != 0 and not out:  # a rank failed: which nodes are still there?
-                time.sleep(self.plan.settle)
-                out = self.health.lost(nodes)
+            if code != 0 and not out:  # a rank failed: which nodes are still there? (a node gone
+                # silent just now is judged within suspect_after + connect_timeout: wait that long)
+                deadline = time.monotonic() + max(self.plan.settle, self.plan.suspect_after + self.plan.connect_timeout + 0.5)
+                while not out and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    out = self.health.lost(nodes)
             if self.me.hostname in out and not out[self.me.hostname].startswith("leaving"):
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if out:
