@@ -20,9 +20,9 @@ DTRAIN = str(Path(sys.executable).parent / "dtrain")
 SLOW = "50mbit"
 
 
-def _launch(cluster, image: str, name: str) -> subprocess.CompletedProcess:
+def _launch(cluster, image: str, name: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([DTRAIN, "launch", "--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config,
-                           "--image", image, "--name", name, "--check-network", "--",
+                           "--image", image, "--name", name, "--check-network", *extra, "--",
                            "python", "-c", "print('job ran')"], capture_output=True, text=True, timeout=400)
 
 
@@ -55,3 +55,20 @@ def test_check_network_runs_the_job_and_names_a_throttled_node(cluster, remote_i
         and "node-2" not in errors[0], errors
     assert not re.search(r"^\[node-\d r\d\] job ran$", slow.stdout, re.M), slow.stdout
     assert _left_on_nodes(cluster, "t-gate-slow") == []
+
+
+def test_with_a_spare_the_throttled_node_is_taken_out_and_the_spare_runs_in_its_place(cluster, remote_images):
+    """node-1 (rank 0, where the supervisor would run) is throttled; node-3 is the spare: the gate
+    names node-1, the spare takes rank 0 (the supervisor runs there), the job runs on node-3 and
+    node-2, and node-1 keeps nothing of the job."""
+    image = remote_images["pytorch-ddp"]
+    try:
+        cl.set_link_rate(1, nx.parse_rate(SLOW))
+        r = _launch(cluster, image, "t-gate-spare", "--spares", "1")
+    finally:
+        cl.set_link_rate(1, None)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^\[launch\] node-1 taken out before the start: slow link: ", r.stdout, re.M), r.stdout
+    assert sorted(re.findall(r"^\[(node-\d) r\d\] job ran$", r.stdout, re.M)) == ["node-2", "node-3"], r.stdout
+    assert "supervised there" in r.stdout and "on node-3, supervised there" in r.stdout, r.stdout
+    assert _left_on_nodes(cluster, "t-gate-spare") == []
