@@ -143,7 +143,9 @@ def test_requirements_installed_on_every_host_then_reused_from_the_state(cluster
 
     wheel = _wheel(tmp_path)
     code = {"requirements.txt": f"./{wheel.name}\n", wheel.name: wheel.read_bytes()}
-    command = ["python", "-c", "import socket, tinypkg; print('tinypkg', tinypkg.VERSION, socket.gethostname())"]
+    # one write per rank (print's separate words could interleave between the two ranks' output)
+    command = ["python", "-c", "import socket, sys, tinypkg; "
+               "sys.stdout.write(f'tinypkg {tinypkg.VERSION} {socket.gethostname()}\\n')"]
     runs = []
     for i in (1, 2):
         d = tmp_path / f"run{i}"

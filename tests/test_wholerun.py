@@ -137,7 +137,7 @@ def test_fewer_nodes_than_min_nodes_fails_naming_the_lost_node(cluster, remote_i
     code, out, _ = _ckpt_job(cluster, remote_images, name, 2, max_restarts=2, min_nodes=2)
     assert code != 0, out
     assert re.search(r"\[launch\] job failed \(exit \d+\): lost node-2 \(sshd on 2022 unreachable.*\): "
-                     r"1 node\(s\) left, fewer than --min-nodes 2", out), out
+                     r"1 node\(s\) left and no spare, fewer than --min-nodes 2", out), out
     _wait_clean(cluster, name)
 
 
