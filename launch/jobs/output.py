@@ -7,6 +7,10 @@ from typing import Protocol, Sequence
 
 from dtrain.launch.jobs import commands
 
+# A rank's line as the user reads it, as prefix_line and MpiOutput write it: `[node-2 r3] text`
+# (hostname, global rank, text). Render (first steps) and progress (hangs) read it back.
+RANK_LINE = re.compile(r"^\[([^\]\s]+) r(\d+)\] ?(.*)$")
+
 
 class _Facts(Protocol):
     hostname: str

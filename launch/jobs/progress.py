@@ -16,8 +16,8 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-# A line as the user reads it: `[node-2 r3] text` (output.MpiOutput, output.prefix_line).
-RANK_LINE = re.compile(r"^\[[^\]\s]+ r(\d+)\] ?(.*)$")
+from dtrain.launch.jobs.output import RANK_LINE
+
 
 
 def compile_pattern(pattern: str | None) -> re.Pattern | None:
@@ -27,7 +27,7 @@ def compile_pattern(pattern: str | None) -> re.Pattern | None:
 
 def ranks_of(shown: list[str]) -> list[tuple[int, str]]:
     """(rank, text) of each of the user's lines (supervision.Render.feed's) that a rank wrote."""
-    return [(int(m.group(1)), m.group(2)) for line in shown if (m := RANK_LINE.match(line))]
+    return [(int(m.group(2)), m.group(3)) for line in shown if (m := RANK_LINE.match(line))]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.launch.jobs import commands, timeline
+from dtrain.launch.jobs import commands, output, timeline
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -27,7 +27,6 @@ FINAL = ("succeeded", "failed")
 LAUNCHER_BEAT_S = 5  # an attached launcher writes a line to its supervisor's stdin this often
 LAUNCHER_SILENCE_S = 30  # the supervisor stops an attached job after this long without one
 NODE_LINE = re.compile(r"^\[([A-Za-z0-9._-]+)\] (.*)$")  # torchrun lines, as the supervisor tags them
-RANK_LINE = re.compile(r"^\[([A-Za-z0-9._-]+) r\d+\] ")  # a rank's line as shown: [hostname rN] ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +181,7 @@ class Render:
         if self._running_at is None or self._attempt_no != 0 or self.on_phase is None:
             return
         for line in shown:
-            m = RANK_LINE.match(line)
+            m = output.RANK_LINE.match(line)
             if m and m.group(1) not in self._stepped:
                 self._stepped.add(m.group(1))
                 host = self.names.get(m.group(1), m.group(1))
