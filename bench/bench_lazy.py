@@ -8,10 +8,12 @@ bytes at the link rate).
 Engines: Debian 13 (trixie)'s docker.io 26.1.5, containerd 1.7.24 and soci-snapshotter 0.4.1,
 unpacked, not installed (this machine is Debian 12; all three are Go binaries linked against
 glibc 2.34 at most; Debian 13's runc needs glibc 2.38, so Debian 12's runc 1.1.5 runs the
-containers). Fetch them with apt from a trixie source list, in an apt state of their own:
+containers). Fetch them with apt from a trixie source list, in an apt state of their own; the
+source list is this machine's own Debian mirror (apt's sources here) with the suite trixie:
 
+    MIRROR=$(python -c "from dtrain import engine; print(engine.debian_mirror())")
     mkdir -p /var/tmp/dtrain-lazy/apt/lists/partial /var/tmp/dtrain-lazy/debs
-    echo 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main' \\
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR trixie main" \\
         > /var/tmp/dtrain-lazy/apt/sources.list
     A="-o Dir::Etc::sourcelist=/var/tmp/dtrain-lazy/apt/sources.list -o Dir::Etc::sourceparts=-
        -o Dir::State::Lists=/var/tmp/dtrain-lazy/apt/lists -o Dir::Cache=/var/tmp/dtrain-lazy/apt/cache"

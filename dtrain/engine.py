@@ -44,14 +44,9 @@ DOCKER_SOCK = Path("/var/run/docker.sock")
 DOCKERD_LOG = Path("/var/log/dtrain/dockerd.log")
 CACHE_DIR = Path("/var/cache/dtrain")
 BASE_IMAGE = "dtrain/debian:bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
+SUITE = "bookworm"  # the base image's Debian release, the machine's own (Debian 12)
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 
-# apt sources written into the base image (debootstrap only sets "bookworm main").
-_SOURCES_LIST = (
-    f"deb {DEBIAN_MIRROR} bookworm main\n"
-    f"deb {DEBIAN_MIRROR} bookworm-updates main\n"
-    "deb http://deb.debian.org/debian-security bookworm-security main\n"
-)
 # Keep image layers small: no recommends, no cached .debs (like the official image).
 _APT_CONF = (
     'APT::Install-Recommends "false";\n'
@@ -71,6 +66,52 @@ _IMPORT_CHANGES = (
 
 class EngineError(RuntimeError):
     """Host set-up failed (a package, dockerd, the base image); str() says what to look at."""
+
+
+def apt_sources(texts: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(uri, suite, components) of every enabled `deb` source in apt's files ({path: text}):
+    one-line `.list` files and deb822 `.sources` stanzas (Enabled: no and other Types skipped)."""
+    found: list[tuple[str, str, str]] = []
+    for path, text in texts.items():
+        if path.endswith(".sources"):
+            for stanza in text.split("\n\n"):
+                f: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if ":" in line and not line.startswith(("#", " ", "\t")):
+                        key, _, value = line.partition(":")
+                        f[key.strip().lower()] = value.strip()
+                if "deb" in f.get("types", "").split() and f.get("enabled", "yes").lower() != "no":
+                    found += [(uri, suite, f.get("components", ""))
+                              for uri in f.get("uris", "").split() for suite in f.get("suites", "").split()]
+        else:
+            for line in text.splitlines():
+                words = [w for w in line.split("#", 1)[0].split() if not (w.startswith("[") or w.endswith("]"))]
+                if len(words) >= 3 and words[0] == "deb":
+                    found.append((words[1], words[2], " ".join(words[3:])))
+    return found
+
+
+def base_sources(sources: list[tuple[str, str, str]], suite: str = SUITE) -> str:
+    """The base image's sources.list: the machine's own apt sources for `suite` and its -updates
+    and -security suites, main only (debootstrap sets just "SUITE main"). EngineError naming
+    apt's files when the machine has no source for `suite`: this project names no mirror."""
+    wanted = (suite, f"{suite}-updates", f"{suite}-security")
+    lines = [f"deb {uri} {s} main" for uri, s, comps in sources if s in wanted and "main" in comps.split()]
+    if not any(line.split()[2] == suite for line in lines):
+        raise EngineError(f"no apt source for Debian {suite} main in {APT_SOURCES[0]} or {APT_SOURCES[1]}/: "
+                          f"the base image is debootstrapped from this machine's own Debian mirror")
+    return "\n".join(dict.fromkeys(lines)) + "\n"
+
+
+def host_apt_sources() -> list[tuple[str, str, str]]:
+    """apt_sources of this machine's apt files."""
+    files = [APT_SOURCES[0], *sorted(APT_SOURCES[1].glob("*.list")), *sorted(APT_SOURCES[1].glob("*.sources"))]
+    return apt_sources({str(p): p.read_text(errors="replace") for p in files if p.is_file()})
+
+
+def debian_mirror(suite: str = SUITE) -> str:
+    """The machine's Debian mirror for `suite` (what debootstrap fetches from)."""
+    return base_sources(host_apt_sources(), suite).split()[1]
 
 
 def _say(msg: str) -> None:
@@ -214,9 +255,11 @@ def _debootstrap_rootfs(rootfs: Path) -> None:
     """debootstrap --variant=minbase bookworm, then trim it for use as an image."""
     if rootfs.exists():
         shutil.rmtree(rootfs)  # leftover of an interrupted run
-    _say(f"debootstrap minbase bookworm -> {rootfs} (a few minutes)")
-    _run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR])
-    (rootfs / "etc/apt/sources.list").write_text(_SOURCES_LIST)
+    sources = base_sources(host_apt_sources())
+    mirror = sources.split()[1]
+    _say(f"debootstrap minbase {SUITE} -> {rootfs} from {mirror} (a few minutes)")
+    _run(["debootstrap", "--variant=minbase", SUITE, str(rootfs), mirror])
+    (rootfs / "etc/apt/sources.list").write_text(sources)
     (rootfs / "etc/apt/apt.conf.d/90dtrain").write_text(_APT_CONF)
     for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for f in (rootfs / junk).glob("*"):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dtrain import engine
 from dtrain.launch.infra import cluster
 from dtrain.launch.infra import netns as nx
 
@@ -39,7 +40,7 @@ def ensure_sshd_rootfs_tar() -> Path:
     with tempfile.TemporaryDirectory(dir=TEST_TAR.parent) as tmp:
         root = Path(tmp) / "rootfs"
         subprocess.run(["debootstrap", "--variant=minbase", "--include=openssh-server,iproute2",
-                        "bookworm", str(root), "http://deb.debian.org/debian"],
+                        "bookworm", str(root), engine.debian_mirror()],
                        check=True, capture_output=True)
         part = TEST_TAR.with_suffix(".tar.part")
         subprocess.run(["tar", "-C", str(root), "-cf", str(part), "."], check=True)

@@ -21,6 +21,10 @@ pytestmark = pytest.mark.cluster
 TIMEOUT = 10
 
 
+# The example's rank, not torchrun's agent (whose command line names the script too)
+RANK_PROCESS = "^[^ ]*python[^ ]* (-u )?[^ ]*hang_train\\.py"
+
+
 def _stop_rank_when(cluster, name: str, pattern: str, node: int, seen: dict) -> threading.Thread:
     """Once the job's log matches pattern: SIGSTOP the example's rank on node `node` (docker exec
     through that node's engine); seen["stopped"]: when; seen["stack"]: when the log first held
@@ -32,7 +36,7 @@ def _stop_rank_when(cluster, name: str, pattern: str, node: int, seen: dict) -> 
             text = path.read_text() if path.exists() else ""
             if "stopped" not in seen and re.search(pattern, text, re.M):
                 subprocess.run(["docker", "-H", cluster.nodes[node - 1].docker_host, "exec", f"dtrain-{name}",
-                                "pkill", "-STOP", "-f", "hang_train.py"], check=True, timeout=30)
+                                "pkill", "-STOP", "-f", RANK_PROCESS], check=True, timeout=30)
                 seen["stopped"] = time.monotonic()
             if "stopped" in seen and re.search(rf"^\[node-{node} r{node - 1}\] stack of pid", text, re.M):
                 seen["stack"] = time.monotonic()
@@ -77,4 +81,27 @@ def test_without_a_restart_the_job_fails_naming_the_hang(cluster, remote_images)
     assert re.search(r"^\[launch\] job failed \(exit 1\): hang: no rank made progress for 1\d\.\d s; "
                      r"behind: r1 \(node-2\); no restart left \(--max-restarts 0\)", out, re.M), out
     assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
+    _wait_clean(cluster, name)
+
+
+def test_under_torchrun_the_stopped_rank_is_named_and_the_job_restarts(cluster, remote_images):
+    """torchrun: one agent per node over the job's ssh; the stacks come from the workers (RANK)
+    and the agents; the restart ends every node's torchrun (the stopped worker included) and
+    starts them again."""
+    name = "t-hang-torchrun"
+    seen: dict = {}
+    watcher = _stop_rank_when(cluster, name, r"^\[node-2 r1\] step 3 rank 1/2$", 2, seen)
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/hang_train.py", "--steps", "8", "--step-seconds", "2"], name, n=2,
+                        launcher="torchrun", hang_timeout=TIMEOUT, progress_pattern="^step ", max_restarts=1)
+    watcher.join(5)
+    assert re.search(r"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
+                     r"behind: r1 on node-2", out, re.M), out
+    assert re.search(r"^\[node-2 r1\] stack of pid \d+, state T: .*hang_train\.py", out, re.M), out
+    assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
+    assert re.search(r"^\[node-1 r0\]\s+train_step \(hang_train\.py:\d+\)", out, re.M), out
+    assert seen["stack"] - seen["stopped"] <= TIMEOUT + 5, seen
+    assert "[launch] restart 1: hang: no rank made progress for" in out, out
+    assert re.search(r"^\[node-2 r1\] rank 1: done \(8 steps\)", out, re.M) and "[launch] job succeeded" in out, out
+    assert code == 0
     _wait_clean(cluster, name)

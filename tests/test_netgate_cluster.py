@@ -55,6 +55,9 @@ def test_check_network_runs_the_job_and_names_a_throttled_node(cluster, remote_i
         and "node-2" not in errors[0], errors
     assert not re.search(r"^\[node-\d r\d\] job ran$", slow.stdout, re.M), slow.stdout
     assert _left_on_nodes(cluster, "t-gate-slow") == []
+    # the job's log keeps the error line: diagnose, run on the job by name, finds slow-link on node-3
+    diag = subprocess.run([DTRAIN, "diagnose", "t-gate-slow"], capture_output=True, text=True, timeout=60)
+    assert diag.returncode == 1 and "slow-link" in diag.stdout and "node-3" in diag.stdout, diag.stdout + diag.stderr
 
 
 def test_with_a_spare_the_throttled_node_is_taken_out_and_the_spare_runs_in_its_place(cluster, remote_images):

@@ -516,6 +516,13 @@ class Job:
                 self._log.write(line + "\n")
                 self._log.flush()
 
+    def _log_only(self, line: str) -> None:
+        """A line for the job's output.log and not the screen (one the caller shows itself)."""
+        with self._out_lock:
+            if self._log:
+                self._log.write(line + "\n")
+                self._log.flush()
+
     def _keypair(self) -> tuple[str, str]:
         """A fresh ed25519 pair for this job only: (private, public)."""
         store.ensure_job_dir(self.spec.name)
@@ -1000,8 +1007,9 @@ class Job:
             store.record(self.spec.name, state="interrupted", exit_code=code)
             self.say(f"[launch] {what}: removing containers on every node")
             return code
-        except LaunchError:
+        except LaunchError as e:
             store.record(self.spec.name, state="failed to launch", exit_code=code)
+            self._log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
             raise
         finally:
             if not self.detached:

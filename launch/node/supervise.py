@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 
 def _builders(here: Path) -> None:
@@ -298,6 +298,15 @@ class Health:
 # ---------------------------------------------------------------- the supervisor
 
 
+class AttemptEnd(NamedTuple):
+    """How an attempt ended: its exit code, the nodes lost or leaving meanwhile with why, the
+    spares lost meanwhile with why, and why it hung ("" unless the hang watch ended it)."""
+    code: int
+    out: dict[str, str]
+    spare_out: dict[str, str]
+    hung: str = ""
+
+
 class Supervisor:
     def __init__(self, plan: commands.RunPlan, job_dir: Path):
         self.plan = plan
@@ -311,7 +320,6 @@ class Supervisor:
         self.first_line = threading.Event()  # the attempt printed something
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
-        self.hung = ""  # set once the attempt hung: why (the restart or failure reason)
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.state: dict = {"job": plan.run.job, "launcher": plan.run.launcher, "restarts": 0,
@@ -397,7 +405,6 @@ class Supervisor:
         self.first_line.clear()
         self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
                                    commands.rank_map(nodes), time.monotonic())
-        self.hung = ""
         if run.launcher in ("mpirun", "horovodrun"):
             self.procs = [self._spawn(argvs[0], env)]
             return
@@ -419,30 +426,26 @@ class Supervisor:
         self.pumps.append(pump)
         return proc
 
-    def watch(self, nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode]
-              ) -> tuple[int, dict[str, str], dict[str, str]]:
-        """Until the attempt ends: (its exit code, the nodes lost or leaving meanwhile with why,
-        the spares lost meanwhile with why). A lost spare only leaves the spares."""
-        out: dict[str, str] = {}
+    def watch(self, nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode]) -> AttemptEnd:
+        """Until the attempt ends: how it ended (AttemptEnd). A lost spare only leaves the spares."""
         spare_out: dict[str, str] = {}
         while True:
             codes = [p.poll() for p in self.procs]
             failed = [c for c in codes if c not in (None, 0)]
             if failed or all(c == 0 for c in codes):
-                return (failed[0] if failed else 0), out, spare_out
+                return AttemptEnd(failed[0] if failed else 0, {}, spare_out)
             if self.stopping.is_set():
-                return 143, out, spare_out
+                return AttemptEnd(143, {}, spare_out)
             if self.write_error:
-                return 1, out, spare_out
+                return AttemptEnd(1, {}, spare_out)
             for h, why in self.health.lost([s for s in spares if s.hostname not in spare_out]).items():
                 spare_out[h] = why
                 self.quarantine(h, why, spare=True)
             out = self.health.lost(nodes)
             if out:
-                return 1, out, spare_out
+                return AttemptEnd(1, out, spare_out)
             if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
-                self.hung = self.on_hang(nodes, stall)
-                return 1, out, spare_out
+                return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
             time.sleep(0.1)
 
     def checkpoint_now(self, nodes: Sequence[commands.PlanNode]) -> float:
@@ -557,8 +560,9 @@ class Supervisor:
             self.start(nodes, attempt)
             if attempt:
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
-            code, out, spare_out = self.watch(nodes, spares)
-            spares = tuple(s for s in spares if s.hostname not in spare_out)
+            end = self.watch(nodes, spares)
+            code, out = end.code, dict(end.out)
+            spares = tuple(s for s in spares if s.hostname not in end.spare_out)
             t_end = time.monotonic()
             if out:
                 for h in out:
@@ -568,7 +572,7 @@ class Supervisor:
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get 1 s, not the usual 10.
-            self.stop_attempt(grace=1 if (out and not leaving) or self.hung else 10)
+            self.stop_attempt(grace=1 if (out and not leaving) or end.hung else 10)
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -587,7 +591,7 @@ class Supervisor:
             if out:
                 self.event("lost", nodes=out)
             step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts,
-                                  cause=self.hung)
+                                  cause=end.hung)
             if step == "succeeded":
                 self.event("succeeded", exit_code=0)
                 code = 0
