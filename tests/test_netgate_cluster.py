@@ -13,6 +13,7 @@ import pytest
 
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.infra import netns as nx
+from dtrain.launch.jobs.store import job_log
 
 pytestmark = pytest.mark.cluster
 
@@ -57,7 +58,8 @@ def test_check_network_runs_the_job_and_names_a_throttled_node(cluster, remote_i
     assert _left_on_nodes(cluster, "t-gate-slow") == []
     # the job's log keeps the error line: diagnose, run on the job by name, finds slow-link on node-3
     diag = subprocess.run([DTRAIN, "diagnose", "t-gate-slow"], capture_output=True, text=True, timeout=60)
-    assert diag.returncode == 1 and "slow-link" in diag.stdout and "node-3" in diag.stdout, diag.stdout + diag.stderr
+    assert diag.returncode == 1 and "slow-link" in diag.stdout and "node-3" in diag.stdout, \
+        diag.stdout + diag.stderr + job_log("t-gate-slow").read_text()
 
 
 def test_with_a_spare_the_throttled_node_is_taken_out_and_the_spare_runs_in_its_place(cluster, remote_images):
