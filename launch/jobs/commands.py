@@ -457,8 +457,8 @@ class RunPlan:
     # health: each node's container sends a line every `beat` s over a standing session; a node
     # silent for `suspect_after` s whose sshd port does not take a connection within
     # `connect_timeout` s is lost; one silent for `lost_after` s is lost whatever its port says
-    beat: float = 0.5
-    suspect_after: float = 1.0
+    beat: float = 0.25
+    suspect_after: float = 0.6
     connect_timeout: float = 1.0
     lost_after: float = 30.0
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint

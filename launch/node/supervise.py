@@ -83,6 +83,10 @@ EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
 WORKDIR = contract.WORKDIR
 # sh: SIGKILL every process whose environment has DTRAIN_RESTART={attempt} (the attempt's ranks)
+# After a lost node, the attempt's ranks get this long after SIGTERM before SIGKILL: every
+# collective is stalled, so nothing more can be saved (a checkpoint is written whole or not at all:
+# a temporary file, then a rename), and the ranks left over are killed next on every node.
+LOST_GRACE = 0.3
 KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ" 2>/dev/null '
                 '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true') % commands.RESTART_VAR
 
@@ -564,15 +568,17 @@ class Supervisor:
             code, out = end.code, dict(end.out)
             spares = tuple(s for s in spares if s.hostname not in end.spare_out)
             t_end = time.monotonic()
-            if out:
+            if out:  # said at once: the detection, before the attempt's teardown
                 for h in out:
                     self.phase(attempt + 1, "detection", self.health.silent_for(h, t_end), node=h)
+                self.event("lost", nodes=out)
+            said = set(out)
             leaving = [n for n in nodes if out.get(n.hostname, "").startswith("leaving")]
             if leaving and not self.stopping.is_set():
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
-            # waits for the lost node's daemon. Its ranks get 1 s, not the usual 10.
-            self.stop_attempt(grace=1 if (out and not leaving) or end.hung else 10)
+            # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
+            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10)
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -588,8 +594,8 @@ class Supervisor:
                     out = self.health.lost(nodes)
             if self.me.hostname in out and not out[self.me.hostname].startswith("leaving"):
                 out.pop(self.me.hostname)  # this node answers: it is running this
-            if out:
-                self.event("lost", nodes=out)
+            if set(out) - said:
+                self.event("lost", nodes={h: why for h, why in out.items() if h not in said})
             step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts,
                                   cause=end.hung)
             if step == "succeeded":
