@@ -236,10 +236,13 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     "immutable": "ECR: immutable tags", "lifecycle_policy": "ECR lifecycle policy JSON file",
     "user": "registry user", "password": "'-': the registry password from stdin (default $DTRAIN_REGISTRY_PASSWORD); a value is refused",
     "catalog": "catalog path (default build/catalog.json)",
+    "soci": "also build each image's SOCI index and push it beside it (lazy loading; the registry needs TLS)",
+    "soci_bin": "--soci: directory with soci, ctr, containerd (default $DTRAIN_SOCI_BIN, then PATH)",
+    "containerd_socket": "--soci: the machine's containerd socket (default: a private containerd, as root)",
 })
 def push(c, ecr=False, registry=None, image=None, account=None, region=None, profile=None,
          repo_prefix="dtrain", immutable=False, lifecycle_policy=None, user=None, password=None,
-         catalog=None):
+         catalog=None, soci=False, soci_bin=None, containerd_socket=None):
     """Push built images to ECR or a registry, verify the digest by pulling it back, record it in the catalog."""
     from pathlib import Path
 
@@ -259,16 +262,23 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
+        if not soci and (soci_bin or containerd_socket):
+            raise values.BadValue(f"{'--soci-bin' if soci_bin else '--containerd-socket'} is for --soci: add --soci")
+        lazy = None
+        if soci:
+            from dtrain.images import soci as s
+
+            lazy = s.setup(soci_bin, containerd_socket)
         images, notes = p.select_images(image)
         for n in notes:
             print(n)
         path = Path(catalog) if catalog else p.CATALOG
         if ecr:
             p.push_ecr(images, profile=profile, region=region, account=account, prefix=repo_prefix,
-                       immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path)
+                       immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path, soci=lazy)
         else:
             p.push_registry(images, registry, user=user, password=password, prefix=repo_prefix,
-                            catalog_path=path)
+                            catalog_path=path, soci=lazy)
 
 
 @task(help={"k": "only tests matching this pytest -k expression",
