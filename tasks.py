@@ -747,8 +747,12 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
             "recreate": "with up: replace a cluster of another size",
             "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
                          "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
-            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
-def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
+            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)",
+            "lazy": "with up: nodes load images lazily (SOCI snapshotter, Docker 26 on the containerd store); "
+                    "the registry gets TLS",
+            "lazy_root": "with --lazy: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
+                         "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
+def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
@@ -758,6 +762,18 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
         from dtrain import values
 
         every, per_node = values.link_rates("--link-rate", link_rate, count)
+        if lazy_root and not lazy:
+            raise values.BadValue("--lazy-root is for --lazy: add --lazy")
+        mode = None
+        if lazy:
+            import os
+
+            from dtrain import engine
+
+            if action != "up":
+                raise values.BadValue(f"--lazy is for `cluster up`, not `cluster {action}`")
+            mode = cl.Lazy(lazy_root or os.environ.get(cl.LAZY_ROOT_ENV) or str(engine.LAZY_ROOT))
+            cl.check_lazy_root(mode.root)
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -765,8 +781,12 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node)
+            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
+                         lazy=mode)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
+            if info.lazy:
+                print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
+                      f"SSL_CERT_FILE={info.registry_ca} dtrain push --registry {info.registry} --soci")
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":
