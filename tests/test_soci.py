@@ -219,3 +219,21 @@ def test_push_soci_refuses_a_plain_http_registry_before_pushing(test_image, regi
     with pytest.raises(S.SociError, match=f"registry {registry} speaks plain HTTP"):
         P.push_registry([test_image], registry, user=USER, catalog_path=tmp_path / "c.json", soci=lazy)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_trixie_sources_come_from_the_machines_own():
+    text = """Types: deb
+URIs: http://mirror.example/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.example/debian-security
+Suites: bookworm-security
+Components: main
+"""
+    out = engine.suite_sources(text, "trixie")
+    assert out == ("Types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\n"
+                   "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+    assert engine.suite_sources("Types: deb-src\nURIs: x\nSuites: bookworm\n", "trixie") == ""
