@@ -617,6 +617,8 @@ def _aws(profile, region):
     "key_name": "EC2 key pair for ssh", "ssh_key": "its private key file here (written into the hostfile)",
     "ssh_cidr": "who may ssh in (default: this machine's security group inside the VPC, else its public address /32)",
     "efs": "an EFS file system (kept by `nodes down`; mounted at boot at /efs, $EFS_MOUNT)",
+    "lazy": "nodes load images lazily (SOCI snapshotter from the node's apt, Docker on the containerd store); "
+            "images pushed with `dtrain push --soci`",
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
@@ -633,7 +635,7 @@ def _aws(profile, region):
     "delete_data": "with down: delete the cluster's dataset volumes and EFS too (default: kept)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
-          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="auto", ssh_opt=None,
+          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
@@ -680,7 +682,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
         spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type, ssh_cidr=ssh_cidr,
                              min_count=min_count, spot=spot, subnet=subnet,
-                             new_vpc=new_vpc, key_name=key_name, efs=efs,
+                             new_vpc=new_vpc, key_name=key_name, efs=efs, lazy=lazy,
                              efa_interfaces=_int_flag("--efa-interfaces", efa_interfaces, 1, 64)
                              if efa_interfaces is not None else None,
                              ssh_user=ssh_user, ami=ami,
