@@ -28,7 +28,7 @@ import pytest
 from dtrain import engine
 from dtrain.images import push as P
 from dtrain.images import soci as S
-from tests.test_push import PASSWORD, USER, _free_port, docker_config, registry, test_image  # noqa: F401
+from test_push import PASSWORD, USER, _free_port, docker_config, registry, test_image  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SOCI_INDEX = "application/vnd.amazon.soci.index.v1+json"
