@@ -4,8 +4,8 @@ Nodes whose Docker runs on the containerd image store with the SOCI snapshotter
 (`dtrain cluster up --lazy`, docs/launch.md "Lazy loading") then start the image before it is
 all there. What the index needs, found by bench/bench_lazy.py (docs/benchmarks.md "Lazy
 loading (SOCI)"):
-- the image's layers as the registry holds them (gzip): they are pulled back into a containerd
-  (`ctr images pull`), not taken from the local engine;
+- the image's layers as the registry holds them (gzip): they are fetched back into a containerd
+  (`ctr content fetch`), not taken from the local engine;
 - a zTOC for every layer (`soci create --min-layer-size 0`: Docker passes the snapshotter no
   layer size, and a layer without one costs ~8 s on the node);
 - a registry with TLS: soci 0.4.1 fetches the index over HTTPS only. `soci push` writes the
@@ -149,11 +149,12 @@ def in_own_soci_lib(lib: Path | None, argv: Sequence[str]) -> list[str]:
 
 
 def index_argvs(tools: Tools, address: str, ref: str, user: str | None, lib: Path | None) -> list[list[str]]:
-    """The three commands that index ref: pull its layers into containerd, a zTOC for every
+    """The three commands that index ref: fetch its layers into containerd's content store
+    (`ctr content fetch`: the image's record and blobs, nothing unpacked), a zTOC for every
     layer, push the index (and zTOCs) beside the image."""
     soci = [tools.soci, "--address", address, "--namespace", NAMESPACE]
     return [
-        [tools.ctr, "--address", address, "--namespace", NAMESPACE, "images", "pull",
+        [tools.ctr, "--address", address, "--namespace", NAMESPACE, "content", "fetch",
          *(["--user", user] if user else []), ref],
         in_own_soci_lib(lib, [*soci, "create", "--min-layer-size", "0", ref]),
         in_own_soci_lib(lib, [*soci, "push", "--quiet", "--existing-index", "allow", ref]),
