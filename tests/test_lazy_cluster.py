@@ -54,7 +54,7 @@ def test_lazy_nodes_push_soci_doctor_and_launch(lazy_cluster, cpu_images, tmp_pa
     img = cpu_images["pytorch-ddp"]
     cert = {"SSL_CERT_FILE": info.registry_ca}
     r = dtrain("push", "--registry", info.registry, "--image", f"pytorch-ddp:{img.tag}", "--soci",
-               "--catalog", str(tmp_path / "catalog.json"), env=cert)
+               "--soci-bin", str(engine.ensure_lazy_binaries()), "--catalog", str(tmp_path / "catalog.json"), env=cert)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ref = f"{info.registry}/dtrain/pytorch-ddp:{img.tag}"
     assert f"SOCI index pushed beside {ref}" in r.stdout
@@ -70,8 +70,9 @@ def test_lazy_nodes_push_soci_doctor_and_launch(lazy_cluster, cpu_images, tmp_pa
                env=cert, timeout=400)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for node in ("node-1", "node-2"):
-        assert f"{node}  pulled lazily (SOCI): " in out, out[-3000:]
+    for node in parse_hostfile(info.hostfile):
+        assert f"{node.host}  pulled lazily (SOCI): " in out, out[-3000:]
+    assert "mounted lazily in" in out
     assert "(2 lazily)" in out and out.count("lazy-ok") >= 2
 
 

@@ -516,3 +516,4 @@ def test_lazy_events_and_lines():
     assert "lazy" not in pl.format_node(classic, 9)  # a classic node's line as it always was
     assert pl.summary([lazy, full, classic], "img", 9).startswith("img: pulled on 3 (1 lazily), already on 0")
     assert pl.summary([classic], "img", 9).startswith("img: pulled on 1, already on 0")
+    assert pl.summary([lazy], "img", 9).endswith("slowest node-1: mounted lazily in 3.0 s")

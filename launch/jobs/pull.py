@@ -298,10 +298,14 @@ def summary(progress: Sequence[NodeProgress], image: str, now: float) -> str:
     if failed:
         parts.append(f"failed on {len(failed)} ({', '.join(p.host for p in failed)})")
     text = ", ".join(parts) + f" of {len(progress)} nodes"
-    if pulled:
-        slow = max(pulled, key=lambda p: p.seconds(now))
+    full = [p for p in pulled if not p.lazy]
+    if full:
+        slow = max(full, key=lambda p: p.seconds(now))
         text += (f"; slowest {slow.host}: {_mib(slow.total)} in {slow.seconds(now):.1f} s "
                  f"({_mib(slow.rate(now))}/s)")
+    elif lazy:  # layers mounted, not downloaded: no size nor rate to speak of
+        slow = max(lazy, key=lambda p: p.seconds(now))
+        text += f"; slowest {slow.host}: mounted lazily in {slow.seconds(now):.1f} s"
     return text
 
 
