@@ -30,7 +30,10 @@ soci-snapshotter-grpc -address "$dir/soci/soci.sock" -root "$dir/soci/root" \
   -config "$dir/soci.toml" >"$dir/soci.log" 2>&1 </dev/null &
 containerd --config "$dir/containerd.toml" >"$dir/containerd.log" 2>&1 </dev/null &
 for _ in $(seq 150); do
-  if [ -S "$dir/containerd/containerd.sock" ] && [ -S "$dir/soci/soci.sock" ]; then break; fi
+  if [ -S "$dir/containerd/containerd.sock" ] && [ -S "$dir/soci/soci.sock" ]; then
+    exec dockerd "$@"
+  fi
   sleep 0.2
 done
-exec dockerd "$@"
+echo "lazy-node.sh: containerd or soci-snapshotter-grpc did not start in 30 s: see $dir/containerd.log, $dir/soci.log" >&2
+exit 1
