@@ -236,10 +236,13 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     "immutable": "ECR: immutable tags", "lifecycle_policy": "ECR lifecycle policy JSON file",
     "user": "registry user", "password": "'-': the registry password from stdin (default $DTRAIN_REGISTRY_PASSWORD); a value is refused",
     "catalog": "catalog path (default build/catalog.json)",
+    "soci": "also build each image's SOCI index and push it beside it (lazy loading; the registry needs TLS)",
+    "soci_bin": "--soci: directory with soci, ctr, containerd (default $DTRAIN_SOCI_BIN, then PATH)",
+    "containerd_socket": "--soci: the machine's containerd socket (default: a private containerd, as root)",
 })
 def push(c, ecr=False, registry=None, image=None, account=None, region=None, profile=None,
          repo_prefix="dtrain", immutable=False, lifecycle_policy=None, user=None, password=None,
-         catalog=None):
+         catalog=None, soci=False, soci_bin=None, containerd_socket=None):
     """Push built images to ECR or a registry, verify the digest by pulling it back, record it in the catalog."""
     from pathlib import Path
 
@@ -259,16 +262,23 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
+        if not soci and (soci_bin or containerd_socket):
+            raise values.BadValue(f"{'--soci-bin' if soci_bin else '--containerd-socket'} is for --soci: add --soci")
+        lazy = None
+        if soci:
+            from dtrain.images import soci as s
+
+            lazy = s.setup(soci_bin, containerd_socket)
         images, notes = p.select_images(image)
         for n in notes:
             print(n)
         path = Path(catalog) if catalog else p.CATALOG
         if ecr:
             p.push_ecr(images, profile=profile, region=region, account=account, prefix=repo_prefix,
-                       immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path)
+                       immutable=immutable, lifecycle_policy=lifecycle_policy, catalog_path=path, soci=lazy)
         else:
             p.push_registry(images, registry, user=user, password=password, prefix=repo_prefix,
-                            catalog_path=path)
+                            catalog_path=path, soci=lazy)
 
 
 @task(help={"k": "only tests matching this pytest -k expression",
@@ -607,6 +617,8 @@ def _aws(profile, region):
     "key_name": "EC2 key pair for ssh", "ssh_key": "its private key file here (written into the hostfile)",
     "ssh_cidr": "who may ssh in (default: this machine's security group inside the VPC, else its public address /32)",
     "efs": "an EFS file system (kept by `nodes down`; mounted at boot at /efs, $EFS_MOUNT)",
+    "lazy": "nodes load images lazily (SOCI snapshotter from the node's apt, Docker on the containerd store); "
+            "images pushed with `dtrain push --soci`",
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
@@ -623,7 +635,7 @@ def _aws(profile, region):
     "delete_data": "with down: delete the cluster's dataset volumes and EFS too (default: kept)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
-          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, address="auto", ssh_opt=None,
+          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
@@ -670,7 +682,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
         spec = ec2.NodesSpec(name=name, count=count, instance_type=instance_type, ssh_cidr=ssh_cidr,
                              min_count=min_count, spot=spot, subnet=subnet,
-                             new_vpc=new_vpc, key_name=key_name, efs=efs,
+                             new_vpc=new_vpc, key_name=key_name, efs=efs, lazy=lazy,
                              efa_interfaces=_int_flag("--efa-interfaces", efa_interfaces, 1, 64)
                              if efa_interfaces is not None else None,
                              ssh_user=ssh_user, ami=ami,
@@ -737,8 +749,12 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
             "recreate": "with up: replace a cluster of another size",
             "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
                          "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
-            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)"})
-def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
+            "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)",
+            "lazy": "with up: nodes load images lazily (SOCI snapshotter, Docker 26 on the containerd store); "
+                    "the registry gets TLS",
+            "lazy_root": "with --lazy: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
+                         "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
+def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
@@ -748,6 +764,18 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
         from dtrain import values
 
         every, per_node = values.link_rates("--link-rate", link_rate, count)
+        if lazy_root and not lazy:
+            raise values.BadValue("--lazy-root is for --lazy: add --lazy")
+        mode = None
+        if lazy:
+            import os
+
+            from dtrain import engine
+
+            if action != "up":
+                raise values.BadValue(f"--lazy is for `cluster up`, not `cluster {action}`")
+            mode = cl.Lazy(lazy_root or os.environ.get(cl.LAZY_ROOT_ENV) or str(engine.LAZY_ROOT))
+            cl.check_lazy_root(mode.root)
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -755,8 +783,12 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None):
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node)
+            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
+                         lazy=mode)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
+            if info.lazy:
+                print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
+                      f"SSL_CERT_FILE={info.registry_ca} dtrain push --registry {info.registry} --soci")
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":

@@ -8,19 +8,10 @@ bytes at the link rate).
 Engines: Debian 13 (trixie)'s docker.io 26.1.5, containerd 1.7.24 and soci-snapshotter 0.4.1,
 unpacked, not installed (this machine is Debian 12; all three are Go binaries linked against
 glibc 2.34 at most; Debian 13's runc needs glibc 2.38, so Debian 12's runc 1.1.5 runs the
-containers). Fetch them with apt from a trixie source list, in an apt state of their own; the
-source list is this machine's own Debian mirror (apt's sources here) with the suite trixie:
-
-    MIRROR=$(python -c "from dtrain import engine; print(engine.debian_mirror())")
-    mkdir -p /var/tmp/dtrain-lazy/apt/lists/partial /var/tmp/dtrain-lazy/debs
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR trixie main" \\
-        > /var/tmp/dtrain-lazy/apt/sources.list
-    A="-o Dir::Etc::sourcelist=/var/tmp/dtrain-lazy/apt/sources.list -o Dir::Etc::sourceparts=-
-       -o Dir::State::Lists=/var/tmp/dtrain-lazy/apt/lists -o Dir::Cache=/var/tmp/dtrain-lazy/apt/cache"
-    apt-get $A update && (cd /var/tmp/dtrain-lazy/debs && apt-get $A download soci-snapshotter containerd docker.io)
-    for d in /var/tmp/dtrain-lazy/debs/*.deb; do dpkg -x "$d" /var/tmp/dtrain-lazy/root; done
-
-(soci-snapshotter_0.4.1-5+b3, containerd_1.7.24~ds1-6+deb13u1, docker.io_26.1.5+dfsg1-9+deb13u1+b1.)
+containers). engine.ensure_lazy_binaries() fetches them with apt from the machine's own sources
+with suite trixie, in an apt state of their own, and unpacks them under /var/tmp/dtrain-lazy/root
+(the bench calls it for the default --root; measured with soci-snapshotter_0.4.1-5+b3,
+containerd_1.7.24~ds1-6+deb13u1, docker.io_26.1.5+dfsg1-9+deb13u1+b1).
 Then, with the CPU images built in the host engine (`dtrain build`), as root:
 
     flock /tmp/dtrain-turn.lock python bench/bench_lazy.py [--root /var/tmp/dtrain-lazy/root]
@@ -33,7 +24,8 @@ namespaces lz0 (builds the SOCI index) and lz1.. (the nodes, 10.214.0.11..), a r
 (Debian 12's docker-registry, distribution 2.8) with TLS on 10.214.0.1:5443 (SOCI 0.4.1 fetches
 its index over HTTPS only), state under /var/tmp/dtrain-lazy/bench; all removed at the end.
 
-What a node does (lazy_node.sh): containerd with a proxy snapshotter `soci` (its
+What a node does (launch/node/lazy-node.sh, the program `dtrain cluster up --lazy` runs on
+each node too; its configs from launch/infra/cluster.py): containerd with a proxy snapshotter `soci` (its
 soci-snapshotter-grpc's socket), dockerd with `{"features": {"containerd-snapshotter": true},
 "storage-driver": "soci"}` and `--containerd` that containerd. `docker pull` then mounts every
 layer that has a zTOC as FUSE and fetches spans on first read; the index is found with the
@@ -75,7 +67,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dtrain import contract  # noqa: E402
+from dtrain import contract, engine  # noqa: E402
+from dtrain.images import soci  # noqa: E402
 from dtrain.images.render import local_ref  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
@@ -83,14 +76,12 @@ from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.launch.jobs.commands import ContainerSpec, Mount, docker_run_argv  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+LAZY_NODE = cluster.LAZY_NODE
 TRAIN = ROOT / "launch" / "node" / "examples" / "lazy_train.py"  # mounted: the images may predate it
 STATE = Path("/var/tmp/dtrain-lazy/bench")
 BRIDGE, HOST_ADDR, PREFIXLEN, REG_PORT = "lzbr0", "10.214.0.1", 24, 5443
 REGISTRY = f"{HOST_ADDR}:{REG_PORT}"
 IPT_TAG = "dtrain-lazy"  # not the cluster's comment: `cluster down` must not touch these rules
-BINARIES = {"containerd": "usr/bin", "containerd-shim-runc-v2": "usr/bin", "ctr": "usr/bin", "soci": "usr/bin",
-            "soci-snapshotter-grpc": "usr/bin", "dockerd": "usr/sbin", "docker-proxy": "usr/sbin"}
 # the node's storage: SOCI lazy loading, Docker 26's default (classic layer store, overlay2), and
 # the containerd image store with the overlayfs snapshotter (what lazy loading switches the node to)
 MODES = ("soci", "overlay2", "overlayfs")
@@ -105,27 +96,12 @@ def node_addr(i: int) -> str:
     return f"10.214.0.{10 + i}"
 
 
-def containerd_config(d: Path) -> str:
-    """containerd 1.7 for one node: the simulated cluster's own (its root/state/sockets, CRI off),
-    plus the SOCI proxy snapshotter."""
-    return cluster._containerd_config(d) + f"""
-[proxy_plugins.soci]
-  type = "snapshot"
-  address = "{d / 'soci' / 'soci.sock'}"
-"""
-
-
-def soci_config(background_fetch: bool) -> str:
-    """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off."""
-    return f"[background_fetch]\ndisable = {'false' if background_fetch else 'true'}\n"
-
-
-def daemon_json(driver: str) -> str:
-    """dockerd 26 on the containerd image store with `driver` as its snapshotter (soci,
-    overlayfs); `overlay2`: the classic layer store, whose `docker push` gzips the layers."""
-    if driver == "overlay2":
-        return json.dumps({"storage-driver": "overlay2"}) + "\n"
-    return json.dumps({"features": {"containerd-snapshotter": True}, "storage-driver": driver}) + "\n"
+# a node's configs: the simulated cluster's lazy nodes' (containerd with the SOCI proxy
+# snapshotter, soci-snapshotter-grpc's, dockerd's: overlay2 is the classic layer store, whose
+# `docker push` gzips the layers)
+containerd_config = cluster.lazy_containerd_config
+soci_config = cluster.soci_config
+daemon_json = cluster.daemon_json
 
 
 def registry_config(root: Path, cert: Path, key: Path) -> str:
@@ -230,20 +206,16 @@ def make_tls(d: Path) -> tuple[Path, Path, Path]:
 
 
 def make_bin(root: Path, d: Path) -> Path:
-    """BIN for lazy_node.sh: the unpacked binaries under --root, not Debian 13's runc."""
-    d.mkdir(parents=True, exist_ok=True)
-    for name, sub in BINARIES.items():
-        src = root / sub / name
-        if not src.exists():
-            raise SystemExit(f"--root {root}: {sub}/{name} missing: unpack soci-snapshotter, containerd and "
-                             "docker.io there (see this file's docstring)")
-        (d / name).symlink_to(src)
-    return d
+    """BIN for lazy-node.sh: the unpacked binaries under --root, not Debian 13's runc."""
+    try:
+        return cluster.lazy_bin(root, d)
+    except cluster.ClusterError as e:
+        raise SystemExit(str(e)) from None
 
 
 @dataclass
 class Node:
-    """One simulated node (lzI): lazy_node.sh's daemons on fresh state, until stop()."""
+    """One simulated node (lzI): lazy-node.sh's daemons on fresh state, until stop()."""
 
     i: int
     bindir: Path
@@ -267,9 +239,14 @@ class Node:
         (self.dir / "soci.toml").write_text(soci_config(self.background_fetch))
         (self.dir / "daemon.json").write_text(daemon_json(self.driver))
         argv = ["nsenter", f"--net=/run/netns/lz{self.i}", "unshare", "-m", "--propagation", "private",
-                "bash", str(HERE / "lazy_node.sh"), str(self.dir), str(self.bindir)]
-        self.pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True, env=self.env).pid
+                "bash", str(LAZY_NODE), str(self.dir), str(self.bindir),
+                "--config-file", str(self.dir / "daemon.json"), "--data-root", str(self.dir / "docker"),
+                "--exec-root", str(self.dir / "exec"), "--pidfile", str(self.dir / "docker.pid"), "-H", self.sock,
+                "--containerd", str(self.dir / "containerd" / "containerd.sock"), "--containerd-namespace", "moby",
+                "--bridge", "none", "--iptables=false", "--ip6tables=false", "--userland-proxy=false"]
+        with open(self.dir / "dockerd.log", "wb") as log:
+            self.pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=self.env).pid
         deadline = time.monotonic() + 60
         while self.docker("version", check=False).returncode != 0:
             if time.monotonic() > deadline or not nx.pid_alive(self.pid):
@@ -281,7 +258,7 @@ class Node:
         return sh("docker", "-H", self.sock, *args, check=check, env=self.env)
 
     def in_ns(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        """argv in this node's network and mount namespaces (where /var/lib is its own)."""
+        """argv in this node's network and mount namespaces (where soci's /var/lib dir is its own)."""
         return sh("nsenter", "-t", str(self.pid), "-m", "-n", *argv, env=self.env)
 
     def tx_bytes(self) -> int:
@@ -318,10 +295,9 @@ def publish(builder: Node, tar: Path, local: str, remote: str) -> None:
     builder.docker("tag", local, remote)
     builder.docker("push", "-q", remote)
     csock = str(builder.dir / "containerd" / "containerd.sock")
-    builder.in_ns(str(builder.bindir / "ctr"), "-a", csock, "-n", "soci", "images", "pull", remote)
-    soci = [str(builder.bindir / "soci"), "-a", csock, "-n", "soci"]
-    builder.in_ns(*soci, "create", "--min-layer-size", "0", remote)
-    builder.in_ns(*soci, "push", remote)
+    tools = soci.Tools(str(builder.bindir / "soci"), str(builder.bindir / "ctr"), None)
+    for argv in soci.index_argvs(tools, csock, remote, None, None):  # `dtrain push --soci`'s commands
+        builder.in_ns(*argv)
 
 
 # --- samples -----------------------------------------------------------------------------------
@@ -421,8 +397,8 @@ def contract_check(node: Node, ref: str) -> str:
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--root", type=Path, default=Path("/var/tmp/dtrain-lazy/root"),
-                    help="where the Debian 13 packages are unpacked (dpkg -x)")
+    ap.add_argument("--root", type=Path, default=engine.LAZY_ROOT,
+                    help="where the Debian 13 packages are unpacked (dpkg -x; the default is fetched when missing)")
     ap.add_argument("--families", default="pytorch-ddp,horovod-tensorflow")
     ap.add_argument("--nodes", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
@@ -430,6 +406,8 @@ def main() -> None:
     ap.add_argument("--steady", type=float, default=90, help="seconds of steps for the steady-state table (0: skip)")
     ap.add_argument("--tars", type=Path, help="FAMILY.tar files (docker save) instead of the host engine's images")
     args = ap.parse_args()
+    if args.root == engine.LAZY_ROOT:
+        engine.ensure_lazy_binaries()
     counts = [int(x) for x in args.nodes.split(",")]
     rate = nx.parse_rate(args.link_rate)
     imgs = [i for i in load_all(args.families.split(",")) if not i.gpu]

@@ -340,3 +340,70 @@ def registry_trusted(registry: str) -> bool:
         return json.loads(out or "{}").get(registry, {}).get("Secure") is False
     except json.JSONDecodeError:
         return False
+
+
+# ------------------------------------------------------------ lazy loading (issue 26)
+
+# Debian 13 (trixie) packages for lazy loading with SOCI: soci-snapshotter 0.4.1 (soci,
+# soci-snapshotter-grpc), containerd 1.7.24, docker.io 26.1.5. This host is Debian 12: they
+# are unpacked (dpkg -x), not installed; Debian 12's runc runs the containers (Debian 13's
+# needs glibc 2.38). `dtrain cluster up --lazy --lazy-root`, `dtrain push --soci --soci-bin`
+# and bench/bench_lazy.py take the directory.
+LAZY_PACKAGES: tuple[str, ...] = ("soci-snapshotter", "containerd", "docker.io")
+LAZY_SUITE = "trixie"
+LAZY_ROOT = Path("/var/tmp/dtrain-lazy/root")
+LAZY_BINARIES = {"soci": "usr/bin", "soci-snapshotter-grpc": "usr/bin", "containerd": "usr/bin",
+                 "ctr": "usr/bin", "containerd-shim-runc-v2": "usr/bin", "dockerd": "usr/sbin",
+                 "docker-proxy": "usr/sbin"}
+
+
+def lazy_missing(root: Path) -> list[str]:
+    """The LAZY_BINARIES not under root (relative paths)."""
+    return [f"{sub}/{name}" for name, sub in LAZY_BINARIES.items() if not (root / sub / name).is_file()]
+
+
+def suite_sources(deb822: str, suite: str) -> str:
+    """The machine's apt sources (deb822 text) for another release: each stanza whose Suites
+    name a release itself (bookworm, not bookworm-updates/-security), with Suites: suite."""
+    out = []
+    for stanza in deb822.split("\n\n"):
+        fields = {}
+        for line in stanza.splitlines():
+            if line.strip() and not line.lstrip().startswith("#") and ":" in line:
+                k, _, v = line.partition(":")
+                fields[k.strip()] = v.strip()
+        if fields.get("Types", "").split()[:1] == ["deb"] and any("-" not in s for s in fields.get("Suites", "").split()):
+            fields["Suites"] = suite
+            out.append("\n".join(f"{k}: {v}" for k, v in fields.items()))
+    return "\n\n".join(out) + "\n" if out else ""
+
+
+def ensure_lazy_binaries(root: Path = LAZY_ROOT, sources: Path = Path("/etc/apt/sources.list.d/debian.sources")) -> Path:
+    """LAZY_PACKAGES unpacked under root: fetched with apt from the machine's own sources with
+    suite LAZY_SUITE, in an apt state of their own beside root (the .debs are kept there)."""
+    if not lazy_missing(root):
+        return root
+    base = root.parent
+    try:
+        text = suite_sources(sources.read_text(), LAZY_SUITE)
+    except OSError as e:
+        raise EngineError(f"lazy loading's binaries: cannot read the machine's apt sources {sources}: {e.strerror}") from None
+    if not text:
+        raise EngineError(f"lazy loading's binaries: no Debian release source in {sources} to fetch "
+                          f"{' '.join(LAZY_PACKAGES)} ({LAZY_SUITE}) from")
+    apt, debs = base / "apt", base / "debs"
+    (apt / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    debs.mkdir(parents=True, exist_ok=True)
+    (apt / f"{LAZY_SUITE}.sources").write_text(text)
+    opts = ["-o", f"Dir::Etc::sourcelist={apt / f'{LAZY_SUITE}.sources'}", "-o", "Dir::Etc::sourceparts=-",
+            "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}"]
+    _say(f"fetching {' '.join(LAZY_PACKAGES)} ({LAZY_SUITE}) into {debs}")
+    _run(["apt-get", *opts, "update", "-q"], capture_output=True)
+    _run(["apt-get", *opts, "download", *LAZY_PACKAGES], cwd=debs, capture_output=True)
+    for deb in sorted(debs.glob("*.deb")):
+        _run(["dpkg", "-x", str(deb), str(root)], capture_output=True)
+    missing = lazy_missing(root)
+    if missing:
+        raise EngineError(f"lazy loading's binaries: {', '.join(missing)} still missing under {root} after unpacking "
+                          f"{' '.join(LAZY_PACKAGES)}")
+    return root

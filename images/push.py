@@ -575,11 +575,12 @@ def summary_table(results: Sequence[PushResult]) -> str:
 
 
 def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREFIX,
-         catalog_path: Path = CATALOG, login: bool = True,
+         catalog_path: Path = CATALOG, login: bool = True, soci=None,
          out: Callable[[str], None] = print) -> list[PushResult]:
     """Push each image to `target`, verify it, record it; print a summary table.
     Every image is checked to be built before anything is pushed. An image whose push or
-    verification fails raises PushError; images pushed before it stay recorded."""
+    verification fails raises PushError; images pushed before it stay recorded.
+    soci (images/soci.py Setup, `--soci`): then a SOCI index is built and pushed beside each."""
     if not images:
         raise PushError("no images to push")
     built = require_built(images)
@@ -598,6 +599,10 @@ def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREF
         record(catalog_path, entry)
         results.append(PushResult(local, remote, digest, time.monotonic() - start, entry))
         out(f"verified {remote}@{digest[:19]}")
+    if soci is not None:
+        from dtrain.images import soci as lazy
+
+        lazy.build_indexes(soci, [r.remote for r in results], target.user, target.password, out)
     out("")
     out(summary_table(results))
     out(f"catalog: {catalog_path}")
@@ -606,21 +611,29 @@ def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREF
 
 def push_registry(images: Sequence[ImageLike], registry: str, *, user: str | None = None,
                   password: str | None = None, prefix: str = REPO_PREFIX,
-                  catalog_path: Path = CATALOG, out: Callable[[str], None] = print) -> list[PushResult]:
+                  catalog_path: Path = CATALOG, soci=None,
+                  out: Callable[[str], None] = print) -> list[PushResult]:
     """`dtrain push --registry HOST[:PORT]`: any Docker v2 registry. The password comes
-    from the argument or $DTRAIN_REGISTRY_PASSWORD."""
+    from the argument or $DTRAIN_REGISTRY_PASSWORD. soci: see push(); the registry must
+    speak TLS, checked first."""
     if password is None and user:
         password = os.environ.get(PASSWORD_ENV) or None
     target = Target(registry_host(registry), user, password)
-    return push(images, target, prefix=prefix, catalog_path=catalog_path, out=out)
+    if soci is not None:
+        from dtrain.images import soci as lazy
+
+        lazy.require_tls(target.registry, lazy.tls_state(target.registry))
+    return push(images, target, prefix=prefix, catalog_path=catalog_path, soci=soci, out=out)
 
 
 def push_ecr(images: Sequence[ImageLike], *, profile: str | None = None,
              region: str | None = None, account: str | None = None,
              prefix: str = REPO_PREFIX, immutable: bool = False,
              lifecycle_policy: str | Path | None = None, scan_on_push: bool = True,
-             catalog_path: Path = CATALOG, out: Callable[[str], None] = print) -> list[PushResult]:
-    """`dtrain push --ecr`: ensure the repositories, log in with a fresh token, push."""
+             catalog_path: Path = CATALOG, soci=None,
+             out: Callable[[str], None] = print) -> list[PushResult]:
+    """`dtrain push --ecr`: ensure the repositories, log in with a fresh token, push (soci:
+    see push(); ECR has TLS and the referrers API)."""
     if not images:
         raise PushError("no images to push")
     policy = read_lifecycle_policy(lifecycle_policy)
@@ -630,7 +643,7 @@ def push_ecr(images: Sequence[ImageLike], *, profile: str | None = None,
     target = ecr_prepare(session, names, scan_on_push=scan_on_push, immutable=immutable,
                          lifecycle_policy=policy, account=account, out=out)
     out(f"logging in to {target.registry}")
-    return push(images, target, prefix=prefix, catalog_path=catalog_path, out=out)
+    return push(images, target, prefix=prefix, catalog_path=catalog_path, soci=soci, out=out)
 
 
 def select_images(image: str | None = None) -> tuple[list[ImageLike], list[str]]:

@@ -286,3 +286,12 @@ def test_no_unpigz_warns_under_docker():
     assert one(facts(unpigz="/usr/bin/unpigz"))["docker"].status == "PASS"
     assert one(facts())["docker"].status == "PASS"
     assert one(facts(docker="Cannot connect", unpigz=""))["docker"].status == "FAIL"
+
+
+def test_lazy_load_says_whether_the_node_can():
+    lazy = one(facts(docker_info='26.1.5|{"runc":{}}|/var/lib/docker|soci'))["lazy-load"]
+    assert lazy.status == "PASS" and lazy.detail.startswith("can lazy-load: storage driver soci (Docker 26.1.5")
+    full = one(facts(docker_info='24.0|{"runc":{}}|/var/lib/docker|overlay2'))["lazy-load"]
+    assert full.status == "PASS" and full.detail.startswith("full pulls: storage driver overlay2")
+    assert "unknown" in one(facts())["lazy-load"].detail  # an older node program's 3 fields
+    assert one(facts(docker="Cannot connect"))["lazy-load"].status == "FAIL"

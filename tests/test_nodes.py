@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import shutil
 import subprocess
+import sys
 
 import boto3
 import cfnlint.api
@@ -69,10 +71,12 @@ RESOLVED = {
 }
 
 
-@pytest.mark.parametrize("case", ["new-vpc-efa-spot-efs", "subnet-plain-key"])
+@pytest.mark.parametrize("case", ["new-vpc-efa-spot-efs", "subnet-plain-key", "lazy", "lazy-efs"])
 def test_template_passes_cfn_lint(case):
     if case.startswith("new-vpc"):
         s, res = spec(new_vpc=True, spot=True, efs=True), RESOLVED["efa"]
+    elif case.startswith("lazy"):
+        s, res = spec(new_vpc=True, lazy=True, efs=case == "lazy-efs"), RESOLVED["efa"]
     else:
         s, res = spec(instance_type="c5.xlarge", subnet="subnet-0123456789abcdef0", key_name="k"), RESOLVED["plain"]
     matches = cfnlint.api.lint(json.dumps(ec2.stack_template(s, res), indent=1),
@@ -556,3 +560,61 @@ def test_multi_efa_in_a_subnet_behind_an_internet_gateway_warns(aws):
     ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
     assert any(m.startswith(f"[nodes] warning: --subnet {sub} reaches the internet through {igw}") for m in said), said
     assert ec2.subnet_route_warning(spec(instance_type="p4d.24xlarge", subnet=sub, efa_interfaces=1), 1, igw) is None
+
+
+def test_lazy_user_data_sets_the_switch_above_the_script():
+    script = ec2.FIRST_BOOT.read_text()
+    shebang, rest = script.split("\n", 1)
+    lazy = ec2.user_data(spec(lazy=True), RESOLVED["efa"])["Fn::Base64"]
+    assert lazy == f"{shebang}\n# set by dtrain nodes up (CloudFormation)\nDTRAIN_LAZY=1\n{rest}"
+    both = ec2.user_data(spec(lazy=True, efs=True), RESOLVED["efa"])["Fn::Base64"]["Fn::Join"][1]
+    assert both[0].endswith("DTRAIN_LAZY=1\nDTRAIN_EFS_ID=") and both[-1] == rest
+
+
+SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "$LOG"
+"""
+
+
+@pytest.mark.parametrize("have_package", [True, False])
+def test_first_boot_lazy_configures_soci_and_keeps_the_amis_daemon_json(tmp_path, have_package):
+    """first-boot.sh with DTRAIN_LAZY=1, stand-ins for apt-get and systemctl: the unit, the
+    containerd proxy snapshotter (once), Docker on the containerd store with the nvidia runtime
+    kept; where the package cannot be had, the node is left as it was and the boot goes on."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "apt-get").write_text(APT)
+    (bin_ / "systemctl").write_text(SYSTEMCTL)
+    (bin_ / "unpigz").write_text("#!/bin/sh\n")
+    (bin_ / "python3").symlink_to(sys.executable)
+    for tool in ("mkdir", "grep"):
+        (bin_ / tool).symlink_to(shutil.which(tool))
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    if have_package:
+        (tmp_path / "lists").touch()
+    etc = tmp_path / "etc"
+    daemon = etc / "docker" / "daemon.json"
+    daemon.parent.mkdir(parents=True)
+    daemon.write_text(json.dumps({"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}))
+    conf = etc / "containerd" / "config.toml"
+    conf.parent.mkdir()
+    conf.write_text('disabled_plugins = ["cri"]\n')
+    log = tmp_path / "calls.log"
+    env = {"PATH": str(bin_), "LOG": str(log), "LISTS": str(tmp_path / "lists"), "BROKEN": "0" if have_package else "1",
+           "DTRAIN_LAZY": "1", "DTRAIN_DAEMON_JSON": str(daemon), "DTRAIN_CONTAINERD_CONF": str(conf),
+           "DTRAIN_UNIT_DIR": str(etc / "systemd")}
+    for _ in range(2):  # a second run (a reboot that runs user data again) changes nothing more
+        r = subprocess.run(["/bin/bash", str(ec2.FIRST_BOOT)], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    calls = log.read_text()
+    if not have_package:
+        assert "install -y soci-snapshotter" in calls and "enable" not in calls and "restart" not in calls
+        assert json.loads(daemon.read_text()) == {"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}
+        return
+    assert calls.count("install -y soci-snapshotter") == 2 and "enable --now dtrain-soci.service" in calls
+    assert "restart containerd docker" in calls
+    assert json.loads(daemon.read_text()) == {"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+                                              "features": {"containerd-snapshotter": True}, "storage-driver": "soci"}
+    assert conf.read_text().count("[proxy_plugins.soci]") == 1
+    assert "ExecStart=/usr/bin/soci-snapshotter-grpc" in (etc / "systemd" / "dtrain-soci.service").read_text()

@@ -498,3 +498,22 @@ def test_pull_argv_logs_in_first_into_a_config_of_its_own(tmp_path):
     assert cfg.startswith("/dev/shm/dtrain-docker-") and not os.path.exists(cfg)
     no_login = pl.pull_argv("r.io/a:1", "missing", "sha256:x")
     assert no_login[3:] == ["pull.sh", "r.io/a:1", "missing", "sha256:x"]
+
+
+def test_lazy_events_and_lines():
+    assert pl.parse_line("storage soci") == pl.Event("storage", driver="soci")
+    assert pl.parse_line("lazy 7") == pl.Event("lazy", layers=7)
+    assert pl.parse_line("lazy x") is None and pl.parse_line("storage") is None
+    lazy, full, classic = pl.NodeProgress("node-1"), pl.NodeProgress("node-2"), pl.NodeProgress("node-3")
+    for p, lines in ((lazy, ["pulling", "storage soci", "lazy 7"]),
+                     (full, ["pulling", "storage soci", "progress 100 100 100", "lazy 0"]),
+                     (classic, ["pulling", "storage overlay2", "progress 100 100 100"])):
+        for i, line in enumerate([*lines, "pulled sha256:" + "a" * 64]):
+            p.apply(pl.parse_line(line), float(i))
+    assert lazy.lazy and not full.lazy and not classic.lazy
+    assert pl.format_node(lazy, 9).startswith("node-1  pulled lazily (SOCI): 7 layer(s) mounted")
+    assert "full pull on a lazy-loading node: no SOCI index" in pl.format_node(full, 9)
+    assert "lazy" not in pl.format_node(classic, 9)  # a classic node's line as it always was
+    assert pl.summary([lazy, full, classic], "img", 9).startswith("img: pulled on 3 (1 lazily), already on 0")
+    assert pl.summary([classic], "img", 9).startswith("img: pulled on 1, already on 0")
+    assert pl.summary([lazy], "img", 9).endswith("slowest node-1: mounted lazily in 3.0 s")

@@ -13,6 +13,12 @@ Layout (node i = 1..N)::
             dockerd socket /var/lib/dtrain-cluster/node<i>/docker.sock,
             sshd on 10.213.0.(10+i):22 (root, cluster identity key only)
 
+Lazy mode (``up(..., lazy=Lazy(root))``, ``dtrain cluster up --lazy``; issue 26): every node
+runs launch/node/lazy-node.sh instead (soci-snapshotter-grpc, containerd with it as a proxy
+snapshotter, dockerd 26 on the containerd image store with storage driver ``soci``: Debian 13's
+binaries unpacked under ``root``), and the registry speaks TLS with a self-signed certificate
+the nodes' daemons trust (SSL_CERT_FILE: soci 0.4.1 fetches SOCI indexes over HTTPS only).
+
 The functions here are plain Python; a thin Invoke task calls them.
 """
 
@@ -32,6 +38,9 @@ from typing import Iterator
 
 from dtrain.launch.infra import netns as nx
 from dtrain.launch.infra.netns import sh
+
+LAZY_NODE = Path(__file__).resolve().parent.parent / "node" / "lazy-node.sh"
+LAZY_ROOT_ENV = "DTRAIN_LAZY_ROOT"  # where Debian 13's lazy-loading binaries are unpacked (dpkg -x)
 
 # --------------------------------------------------------------------------
 # fixed layout
@@ -86,6 +95,14 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class Lazy:
+    """Lazy mode's input: where Debian 13's soci-snapshotter, containerd and docker.io are
+    unpacked (engine.LAZY_BINARIES under it)."""
+
+    root: str
+
+
+@dataclass(frozen=True)
 class ClusterInfo:
     nodes: tuple[NodeInfo, ...]
     identity_file: str    # private key accepted by every node's sshd (user root)
@@ -99,6 +116,8 @@ class ClusterInfo:
     subnet: str = f"{SUBNET_PREFIX}0/{PREFIXLEN}"
     node_ifname: str = NODE_IFNAME
     state_dir: str = str(STATE_DIR)
+    lazy: bool = False    # nodes load images lazily (SOCI); the registry speaks TLS
+    registry_ca: str = ""  # lazy: a CA bundle holding the registry's certificate (SSL_CERT_FILE)
 
     @property
     def names(self) -> list[str]:
@@ -141,6 +160,8 @@ class ClusterStatus:
                 s += " (leftovers: " + ", ".join(self.leftovers) + "; run cluster down)"
             return s
         head = f"cluster: {'up' if self.up else 'DEGRADED'}, {self.nodes} node(s), registry {self.info.registry}"
+        if self.info.lazy:
+            head += f" (TLS: SSL_CERT_FILE={self.info.registry_ca}), lazy loading (SOCI)"
         lines = [head]
         for n in self.info.nodes:
             lines.append(f"  {n.name:8} {n.address:14} ssh root@{n.address}:22  DOCKER_HOST={n.docker_host}")
@@ -165,12 +186,13 @@ def _node(i: int) -> NodeInfo:
                     state_dir=str(d))
 
 
-def _info(n: int) -> ClusterInfo:
+def _info(n: int, lazy: bool = False) -> ClusterInfo:
     return ClusterInfo(nodes=tuple(_node(i) for i in range(1, n + 1)),
                        identity_file=str(STATE_DIR / "id_ed25519"),
                        hostfile=str(STATE_DIR / "hostfile"),
                        ssh_config=str(STATE_DIR / "ssh_config"),
-                       registry=REGISTRY)
+                       registry=REGISTRY, lazy=lazy,
+                       registry_ca=str(STATE_DIR / "registry" / "ca-bundle.pem") if lazy else "")
 
 
 STATE_FILE = STATE_DIR / "state.json"
@@ -258,7 +280,12 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 # config files
 
 
-def _registry_config(regdir: Path) -> str:
+def _registry_config(regdir: Path, tls: tuple[Path, Path] | None = None) -> str:
+    """docker-registry's config; tls (certificate, key): HTTPS on the same address (lazy mode)."""
+    tls_lines = f"""
+  tls:
+    certificate: {tls[0]}
+    key: {tls[1]}""" if tls else ""
     return f"""version: 0.1
 log:
   level: warn
@@ -272,7 +299,7 @@ storage:
   cache:
     blobdescriptor: inmemory
 http:
-  addr: {REGISTRY}
+  addr: {REGISTRY}{tls_lines}
 """
 
 
@@ -299,6 +326,81 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [plugins."io.containerd.internal.v1.opt"]
   path = "{c / 'opt'}"
 """
+
+
+def lazy_containerd_config(d: Path) -> str:
+    """A lazy node's containerd (lazy-node.sh): the classic node's, plus soci-snapshotter-grpc
+    as the proxy snapshotter `soci` (its socket under d/soci)."""
+    return _containerd_config(d) + f"""
+[proxy_plugins.soci]
+  type = "snapshot"
+  address = "{d / 'soci' / 'soci.sock'}"
+"""
+
+
+def soci_config(background_fetch: bool = True) -> str:
+    """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off."""
+    return f"[background_fetch]\ndisable = {'false' if background_fetch else 'true'}\n"
+
+
+def daemon_json(driver: str, extra: dict | None = None) -> str:
+    """dockerd 26's daemon.json on the containerd image store with `driver` as its snapshotter
+    (soci: lazy; overlayfs); `overlay2`: the classic layer store."""
+    base = ({"storage-driver": "overlay2"} if driver == "overlay2"
+            else {"features": {"containerd-snapshotter": True}, "storage-driver": driver})
+    return json.dumps({**base, **(extra or {})}) + "\n"
+
+
+def check_lazy_root(root: str | Path) -> None:
+    """ClusterError naming what lazy mode misses under root, and how to get it."""
+    from dtrain import engine
+
+    missing = engine.lazy_missing(Path(root))
+    if missing:
+        raise ClusterError(f"--lazy-root {root}: {', '.join(missing[:3])} missing: unpack Debian 13's "
+                           f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x; `python -c 'from dtrain import engine; "
+                           f"engine.ensure_lazy_binaries()'` fetches them to {engine.LAZY_ROOT}) or set ${LAZY_ROOT_ENV}")
+
+
+def lazy_bin(root: Path, d: Path) -> Path:
+    """BIN for lazy-node.sh: links to the binaries unpacked under root (engine.LAZY_BINARIES),
+    leaving out Debian 13's runc."""
+    from dtrain import engine
+
+    check_lazy_root(root)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    for name, sub in engine.LAZY_BINARIES.items():
+        (d / name).symlink_to(root / sub / name)
+    return d
+
+
+def _registry_tls(regdir: Path) -> tuple[Path, Path, Path]:
+    """A self-signed certificate for the registry's address; (cert, key, CA bundle: the
+    machine's CAs and it, for SSL_CERT_FILE)."""
+    cert, key, bundle = regdir / "registry.crt", regdir / "registry.key", regdir / "ca-bundle.pem"
+    sh(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=dtrain-cluster",
+        "-addext", f"subjectAltName=IP:{BRIDGE_ADDR}", "-keyout", str(key), "-out", str(cert)])
+    system = Path("/etc/ssl/certs/ca-certificates.crt")
+    bundle.write_text((system.read_text() if system.exists() else "") + cert.read_text())
+    return cert, key, bundle
+
+
+def _registry_answers(tls: bool) -> bool:
+    if not tls:
+        return nx.http_tcp_get(BRIDGE_ADDR, REGISTRY_PORT, "/v2/") == 200
+    import socket
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((BRIDGE_ADDR, REGISTRY_PORT), timeout=2) as s, \
+                ctx.wrap_socket(s) as t:
+            t.sendall(f"GET /v2/ HTTP/1.0\r\nHost: {REGISTRY}\r\n\r\n".encode())
+            return int(t.recv(4096).split(b" ", 2)[1]) == 200
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 # sshd runs `bash -c CMD` for every `ssh node CMD`, and bash reads ~/.bashrc then. The nodes
@@ -376,7 +478,7 @@ def _hostfile(info: ClusterInfo) -> str:
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
        timeout: float = 90.0, nic_names: dict[int, str] | None = None,
        link_rate: str | int | None = None,
-       node_link_rates: dict[int, str | int] | None = None) -> ClusterInfo:
+       node_link_rates: dict[int, str | int] | None = None, lazy: Lazy | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
 
     nic_names: {node index: NIC name} for nodes whose NIC is not NODE_IFNAME (e.g. {2: "eth0"}:
@@ -388,6 +490,9 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     limit. It is (re)applied on every call, also to a cluster that is already up.
     ``node_link_rates`` ({index: rate}) gives those nodes their own rate instead (one slow
     node among fast ones: the network gate's tests); set_link_rate changes one node's later.
+
+    ``lazy``: the nodes load images lazily (see the module's docstring); a cluster up in the
+    other mode counts as another size (``recreate``).
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -405,8 +510,18 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     bad = [i for i in rates if not 1 <= i <= nodes]
     if bad:
         raise ClusterError(f"--link-rate {bad[0]}=...: no node {bad[0]} (nodes 1..{nodes})")
+    if lazy is not None:
+        check_lazy_root(lazy.root)  # before anything is touched
     with _locked():
         st = _status()
+        if st.info is not None and st.info.lazy != (lazy is not None):
+            mode = "lazy" if st.info.lazy else "classic"
+            if not recreate:
+                raise ClusterError(f"a cluster with {st.nodes} node(s) is up in {mode} mode; run 'cluster down' "
+                                   "first (or up(..., recreate=True))")
+            _log(quiet, f"existing cluster is in {mode} mode; rebuilding")
+            _down(quiet)
+            st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
                 _log(quiet, f"already up with {nodes} node(s)")
@@ -424,7 +539,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             _down(quiet)
         t0 = time.monotonic()
         try:
-            info = _up(nodes, quiet, timeout)
+            info = _up(nodes, quiet, timeout, lazy)
         except BaseException as e:
             _log(quiet, f"up failed ({type(e).__name__}: {e}); tearing down")
             with contextlib.suppress(Exception):
@@ -509,8 +624,8 @@ def set_link_rate(index: int, bits_per_s: int | None) -> None:
     _node_link_rate(node, bits_per_s)
 
 
-def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
-    info = _info(n)
+def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None) -> ClusterInfo:
+    info = _info(n, lazy is not None)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE_DIR, 0o755)
     state: dict = {"nodes": n, "created": time.time(), "pids": {}, "info": info.to_dict()}
@@ -535,10 +650,15 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
         if not hk.exists():
             sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(hk)])
         _write(d / "sshd_config", _sshd_config(node))
-        _write(d / "containerd.toml", _containerd_config(d))
-        # dockerd 20.10 derives the engine ID from a libtrust key, by default the
-        # shared /etc/docker/key.json: give every node its own, or all report one ID.
-        _write(d / "daemon.json", json.dumps({"deprecated-key-path": str(d / "key.json")}) + "\n")
+        if lazy:
+            _write(d / "containerd.toml", lazy_containerd_config(d))
+            _write(d / "soci.toml", soci_config())
+            _write(d / "daemon.json", daemon_json("soci"))
+        else:
+            _write(d / "containerd.toml", _containerd_config(d))
+            # dockerd 20.10 derives the engine ID from a libtrust key, by default the
+            # shared /etc/docker/key.json: give every node its own, or all report one ID.
+            _write(d / "daemon.json", json.dumps({"deprecated-key-path": str(d / "key.json")}) + "\n")
 
     # network ---------------------------------------------------------------
     _log(quiet, f"network: bridge {BRIDGE} {BRIDGE_ADDR}/{PREFIXLEN}, {n} namespace(s)")
@@ -555,14 +675,18 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
 
     # registry (host netns, bridge address only) ------------------------------
     regdir = STATE_DIR / "registry"
-    _write(regdir / "config.yml", _registry_config(regdir))
+    regdir.mkdir(parents=True, exist_ok=True)
+    tls = _registry_tls(regdir)[:2] if lazy else None
+    _write(regdir / "config.yml", _registry_config(regdir, tls))
     (regdir / "data").mkdir(parents=True, exist_ok=True)
     rpid = nx.spawn(["docker-registry", "serve", str(regdir / "config.yml")], regdir / "registry.log")
     record("registry", rpid)
 
     # containerd per node, then dockerd per node (all started in parallel) -------
-    _log(quiet, f"starting containerd + dockerd on {n} node(s)")
-    for node in info.nodes:
+    _log(quiet, f"starting containerd + dockerd on {n} node(s)" + (" (lazy: soci-snapshotter-grpc, dockerd 26 on "
+                                                                  "the containerd store)" if lazy else ""))
+    bindir = lazy_bin(Path(lazy.root), STATE_DIR / "lazy-bin") if lazy else None
+    for node in info.nodes if not lazy else ():
         d = Path(node.state_dir)
         pid = nx.spawn(nx.node_argv(node.netns, node.name,
                                     ["containerd", "--config", str(d / "containerd.toml")]),
@@ -571,10 +695,14 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
     for node in info.nodes:
         d = Path(node.state_dir)
         sock = d / "containerd" / "containerd.sock"
-        _wait(f"{node.name}: containerd", sock.exists, timeout,
-              [state["pids"][f"{node.name}/containerd"]], [d / "containerd.log"])
+        if not lazy:
+            _wait(f"{node.name}: containerd", sock.exists, timeout,
+                  [state["pids"][f"{node.name}/containerd"]], [d / "containerd.log"])
+        # lazy: lazy-node.sh starts soci-snapshotter-grpc and containerd, then execs dockerd
+        first = ["env", f"SSL_CERT_FILE={info.registry_ca}", "bash", str(LAZY_NODE), str(d), str(bindir)] \
+            if lazy else ["dockerd"]
         pid = nx.spawn(nx.node_argv(node.netns, node.name, [
-            "dockerd",
+            *first,
             "--config-file", str(d / "daemon.json"),
             "--data-root", str(d / "docker"),
             "--exec-root", str(d / "exec"),
@@ -592,13 +720,13 @@ def _up(n: int, quiet: bool, timeout: float) -> ClusterInfo:
             d / "sshd.out")
         record(f"{node.name}/sshd", pid)
 
-    _wait("registry", lambda: nx.http_tcp_get(BRIDGE_ADDR, REGISTRY_PORT, "/v2/") == 200,
-          timeout, [rpid], [regdir / "registry.log"])
+    _wait("registry", lambda: _registry_answers(bool(lazy)), timeout, [rpid], [regdir / "registry.log"])
     for node in info.nodes:
         d = Path(node.state_dir)
         _wait(f"{node.name}: dockerd",
               lambda: (nx.http_unix_get(node.docker_socket, "/_ping") or (0,))[0] == 200,
-              timeout, [state["pids"][f"{node.name}/dockerd"]], [d / "dockerd.log"])
+              timeout, [state["pids"][f"{node.name}/dockerd"]],
+              [d / "dockerd.log"] + ([d / "containerd.log", d / "soci.log"] if lazy else []))
         _wait(f"{node.name}: sshd", lambda: nx.tcp_open(node.address, 22), timeout,
               [state["pids"][f"{node.name}/sshd"]], [d / "sshd.log", d / "sshd.out"])
         _log(quiet, f"{node.name} ready: {node.address}, {node.docker_host}")
@@ -649,7 +777,7 @@ def _status() -> ClusterStatus:
             problems.append(f"{key} (pid {pid}) not running")
     if not nx.link_exists(BRIDGE):
         problems.append(f"bridge {BRIDGE} missing")
-    if "registry" in pids and nx.http_tcp_get(BRIDGE_ADDR, REGISTRY_PORT, "/v2/") != 200:
+    if "registry" in pids and not _registry_answers(info.lazy):
         problems.append(f"registry {REGISTRY} not answering")
     for node in info.nodes:
         if not nx.netns_exists(node.netns):
@@ -762,7 +890,8 @@ def _down(quiet: bool, wait: bool = False) -> None:
 
 
 _DAEMON_COMMS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
-                 "runc", "sshd", "docker-registry", "docker-proxy"}
+                 "runc", "sshd", "docker-registry", "docker-proxy",
+                 "soci-snapshotte"}  # soci-snapshotter-grpc, as /proc/PID/comm cuts it (15 characters)
 
 
 def _comm(pid: int) -> str:

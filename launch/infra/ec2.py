@@ -80,6 +80,7 @@ class NodesSpec:
     s3_buckets: tuple[str, ...] = ()  # the nodes' role may read these (and write, with s3_write)
     s3_write: bool = False
     instance_profile: str | None = None  # an existing profile instead of the stack's; "none": no role
+    lazy: bool = False  # lazy loading with SOCI on every node (first-boot.sh: DTRAIN_LAZY=1)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -536,15 +537,18 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
 
 def user_data(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     """launch/node/first-boot.sh; with --efs, the file system's id and the region set above
-    it (AWS values, not user text) so it mounts the EFS at /efs at every boot."""
+    it (AWS values, not user text) so it mounts the EFS at /efs at every boot; with --lazy,
+    DTRAIN_LAZY=1 (lazy loading with SOCI)."""
     script = FIRST_BOOT.read_text()
-    if not spec.efs:
+    if not spec.efs and not spec.lazy:
         return {"Fn::Base64": script}
-    fs: Any = res.file_system or {"Ref": "FileSystem"}
     shebang, rest = script.split("\n", 1)
+    head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + ("DTRAIN_LAZY=1\n" if spec.lazy else "")
+    if not spec.efs:
+        return {"Fn::Base64": head + rest}
+    fs: Any = res.file_system or {"Ref": "FileSystem"}
     return {"Fn::Base64": {"Fn::Join": ["", [
-        f"{shebang}\n# set by dtrain nodes up (CloudFormation)\nDTRAIN_EFS_ID=", fs,
-        "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n", rest]]}}
+        f"{head}DTRAIN_EFS_ID=", fs, "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n", rest]]}}
 
 
 def _instance_profile(spec: NodesSpec) -> dict[str, Any] | None:

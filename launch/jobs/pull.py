@@ -179,11 +179,13 @@ def resolve_digest(image: str, *, user: str | None = None, password: str | None 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # present | pulling | progress | pulled
+    kind: str  # present | pulling | progress | storage | lazy | pulled
     image_id: str = ""
     downloaded: int = 0
     total: int = 0
     unpacked: int = 0
+    driver: str = ""  # storage: Docker's storage driver (soci: the node loads images lazily)
+    layers: int = 0  # lazy: layers the pull mounted lazily
 
 
 def parse_line(line: str) -> Event | None:
@@ -196,6 +198,10 @@ def parse_line(line: str) -> Event | None:
         return Event(kind, image_id=args[0])
     if kind == "pulling" and not args:
         return Event(kind)
+    if kind == "storage" and len(args) == 1:
+        return Event(kind, driver=args[0])
+    if kind == "lazy" and len(args) == 1 and args[0].isdigit():
+        return Event(kind, layers=int(args[0]))
     if kind == "progress" and len(args) in (2, 3) and all(a.isdigit() for a in args):
         nums = [int(a) for a in args] + [0]
         return Event(kind, downloaded=nums[0], total=nums[1], unpacked=nums[2])
@@ -215,11 +221,22 @@ class NodeProgress:
     ended: float | None = None
     error: str = ""
     image_id: str = ""
+    driver: str = ""  # Docker's storage driver, where the node pulled (soci: lazy-loading node)
+    lazy_layers: int | None = None  # a lazy-loading node: layers mounted lazily (0: a full pull)
+
+    @property
+    def lazy(self) -> bool:
+        """The image came lazily: a SOCI node mounted its layers instead of pulling them."""
+        return bool(self.lazy_layers)
 
     def apply(self, ev: Event, now: float) -> None:
         if self.started is None:
             self.started = now
-        if ev.kind == "progress":
+        if ev.kind == "storage":
+            self.driver = ev.driver
+        elif ev.kind == "lazy":
+            self.lazy_layers = ev.layers
+        elif ev.kind == "progress":
             self.state = "pulling"
             # the total grows as the engine learns each layer's size; never let it shrink
             self.downloaded, self.total = ev.downloaded, max(self.total, ev.total, ev.downloaded)
@@ -260,7 +277,11 @@ def format_node(p: NodeProgress, now: float) -> str:
         return f"{p.host}  FAILED: {p.error}"
     if p.state == "pulling" and not p.total and not p.downloaded:
         return f"{p.host}  pulling (layer sizes not known yet)  {s}"
+    if p.state == "pulled" and p.lazy:
+        return f"{p.host}  pulled lazily (SOCI): {p.lazy_layers} layer(s) mounted, read on first use  {s}"
     pct = f"  unpacked {100 * p.unpacked // p.total}%" if p.total else ""
+    if p.state == "pulled" and p.driver == "soci":  # a lazy-loading node that found no index
+        pct += "  (full pull on a lazy-loading node: no SOCI index for this image; `dtrain push --soci`)"
     head = "pulled " if p.state == "pulled" else "pulling"
     total = _mib(p.total) if p.total else "?"
     return f"{p.host}  {head} {_mib(p.downloaded)} / {total}  {_mib(p.rate(now))}/s{pct}  {s}"
@@ -271,14 +292,20 @@ def summary(progress: Sequence[NodeProgress], image: str, now: float) -> str:
     pulled = [p for p in progress if p.state == "pulled"]
     present = [p for p in progress if p.state == "present"]
     failed = [p for p in progress if p.state == "failed"]
-    parts = [f"{image}: pulled on {len(pulled)}, already on {len(present)}"]
+    lazy = [p for p in pulled if p.lazy]
+    parts = [f"{image}: pulled on {len(pulled)}" + (f" ({len(lazy)} lazily)" if lazy else "")
+             + f", already on {len(present)}"]
     if failed:
         parts.append(f"failed on {len(failed)} ({', '.join(p.host for p in failed)})")
     text = ", ".join(parts) + f" of {len(progress)} nodes"
-    if pulled:
-        slow = max(pulled, key=lambda p: p.seconds(now))
+    full = [p for p in pulled if not p.lazy]
+    if full:
+        slow = max(full, key=lambda p: p.seconds(now))
         text += (f"; slowest {slow.host}: {_mib(slow.total)} in {slow.seconds(now):.1f} s "
                  f"({_mib(slow.rate(now))}/s)")
+    elif lazy:  # layers mounted, not downloaded: no size nor rate to speak of
+        slow = max(lazy, key=lambda p: p.seconds(now))
+        text += f"; slowest {slow.host}: mounted lazily in {slow.seconds(now):.1f} s"
     return text
 
 

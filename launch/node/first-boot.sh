@@ -8,6 +8,12 @@
 # 2. With `nodes up --efs`, the stack puts DTRAIN_EFS_ID and DTRAIN_EFS_REGION (AWS ids, not
 #    user text) above this script: the cluster's EFS is mounted at /efs now and at every boot
 #    (an fstab line, nofail), and EFS_MOUNT=/efs goes to /etc/environment (seed 002).
+# 3. With `nodes up --lazy`, DTRAIN_LAZY=1 above this script: lazy loading with SOCI (issue 26,
+#    docs/launch.md "Lazy loading"). soci-snapshotter from the node's own apt sources (Debian 13,
+#    Ubuntu 24.04 have the package), run by a unit of its own before containerd; containerd gets
+#    it as the proxy snapshotter `soci`; Docker moves to the containerd image store with storage
+#    driver soci (daemon.json merged: the AMI's nvidia runtime stays). Where the package cannot
+#    be had the node stays as it was: `dtrain doctor` (lazy-load) says "full pulls".
 set -u
 
 install_pigz() {
@@ -38,6 +44,57 @@ mount_efs() {
   return 0
 }
 
+SOCI_UNIT='[Unit]
+Description=SOCI snapshotter (lazy image loading; dtrain nodes up --lazy)
+Before=containerd.service
+
+[Service]
+ExecStart=/usr/bin/soci-snapshotter-grpc
+Restart=always
+Type=simple
+
+[Install]
+WantedBy=multi-user.target
+'
+SOCI_PROXY='
+[proxy_plugins.soci]
+  type = "snapshot"
+  address = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock"
+'
+
+configure_lazy() {
+  [ "${DTRAIN_LAZY:-}" = 1 ] || return 0
+  local conf=${DTRAIN_CONTAINERD_CONF:-/etc/containerd/config.toml} daemon=${DTRAIN_DAEMON_JSON:-/etc/docker/daemon.json}
+  local units=${DTRAIN_UNIT_DIR:-/etc/systemd/system}
+  if ! command -v soci-snapshotter-grpc >/dev/null; then
+    command -v apt-get >/dev/null || return 0
+    export DEBIAN_FRONTEND=noninteractive
+    get() { apt-get -q -o DPkg::Lock::Timeout=300 "$@"; }
+    get install -y soci-snapshotter || { get update && get install -y soci-snapshotter; } || return 0
+  fi
+  mkdir -p "${conf%/*}" "${daemon%/*}" "$units"
+  printf '%s' "$SOCI_UNIT" > "$units/dtrain-soci.service"
+  grep -q '^\[proxy_plugins.soci\]' "$conf" 2>/dev/null || printf '%s' "$SOCI_PROXY" >> "$conf"
+  python3 -c '
+import json, sys
+path = sys.argv[1]
+try:
+    with open(path) as f:
+        d = json.load(f)
+except (OSError, ValueError):
+    d = {}
+d.setdefault("features", {})["containerd-snapshotter"] = True
+d["storage-driver"] = "soci"
+with open(path, "w") as f:
+    json.dump(d, f, indent=2)
+' "$daemon" || return 0
+  systemctl daemon-reload
+  systemctl enable --now dtrain-soci.service
+  systemctl restart containerd docker
+  return 0
+}
+
 install_pigz
 mount_efs
+configure_lazy
 exit 0

@@ -16,6 +16,10 @@
 #   progress DL TOTAL UNPACKED   bytes downloaded, bytes to download, compressed bytes unpacked
 #                            (sums over the layers the engine fetches; from the docker CLI's
 #                            progress, which it prints only to a terminal: hence `script`)
+#   storage DRIVER           Docker's storage driver, after `pulling` (soci: the node loads lazily)
+#   lazy N                   a lazy node only, before `pulled`: N layers were mounted lazily (FUSE
+#                            mounts of the SOCI snapshotter the pull added; 0: it pulled in full,
+#                            the image has no SOCI index the snapshotter could read)
 #   pulled ID                done (image ID)
 # Errors go to stderr, exit 1. The image is passed to `script` in the environment, never
 # spliced into its command text.
@@ -41,6 +45,11 @@ if id=$(holds "$image" "$policy" "$digest"); then
 fi
 
 echo pulling
+# Only where it pulls (a warm launch returned above): the driver says whether the node is lazy.
+driver=$(docker info --format '{{.Driver}}' 2>/dev/null)
+echo "storage ${driver:-unknown}"
+soci_mounts() { awk '$0 ~ / - fuse[^ ]* / && /soci/ {n++} END {print n + 0}' /proc/self/mountinfo; }
+[ "$driver" != soci ] || mounts_before=$(soci_mounts)
 export DTRAIN_PULL_IMAGE=$image
 # The docker CLI under a pty (`script`): progress as it draws it, cursor moves and \r included.
 # Sizes are the CLI's (decimal units, 4 significant digits): about 0.1% off.
@@ -85,4 +94,5 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 id=$(image_id) || { echo "docker pull $image: image not on the node after the pull" >&2; exit 1; }
+[ "$driver" != soci ] || echo "lazy $(( $(soci_mounts) - mounts_before ))"
 echo "pulled $id"

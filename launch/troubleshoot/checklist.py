@@ -30,6 +30,9 @@ DOCTOR_CHECKS: dict[str, str] = {
     "docker": "the Docker engine runs and the launcher's user may use it (WARN where `unpigz` is "
               "not on the node: dockerd then decompresses layers with Go's gzip, and a cold pull "
               "takes 1.4-1.5x as long, docs/benchmarks.md)",
+    "lazy-load": "whether the node loads images lazily: Docker's storage driver is the SOCI snapshotter "
+                 "(`soci`, Docker on the containerd image store: `dtrain cluster up --lazy`); else it pulls "
+                 "in full, as a node always did",
     "nvidia-runtime": "where the node has NVIDIA GPUs, Docker has the nvidia runtime (`--gpus all` works)",
     "gpu-driver": "the host driver is at least the image CUDA's min_driver (images/compat.yaml)",
     "port-2022": "nothing but the dtrain container's sshd listens on port 2022 of the node",
@@ -1124,6 +1127,34 @@ ENTRIES: tuple[Entry, ...] = (
         doctor_checks=(),
         catch_all=True,
         related=("host-oom",),
+    ),
+    Entry(
+        id="lazy-full-pull",
+        title="A lazy-loading node pulled the whole image",
+        symptom="`dtrain launch`'s pull step says `full pull on a lazy-loading node` for a node whose "
+                "`dtrain doctor` check `lazy-load` says it can lazy-load, and the pull takes longer than "
+                "a plain pull: about 8 s more per layer.",
+        messages=(
+            "node-1  pulled 330 MiB / 330 MiB  40 MiB/s  unpacked 100%  (full pull on a lazy-loading node: "
+            "no SOCI index for this image; `dtrain push --soci`)  8.3 s",
+        ),
+        signatures=_re(r"full pull on a lazy-loading node"),
+        cause="The node's SOCI snapshotter found no index it could read for the image's digest, so "
+              "containerd pulled and unpacked every layer. The image was pushed without `--soci`, or "
+              "pushed again after it was indexed (a new digest); or the registry has no TLS (soci "
+              "0.4.1 fetches the index over HTTPS only); or its certificate is not one the snapshotter "
+              "trusts (a self-signed one needs `SSL_CERT_FILE` in soci-snapshotter-grpc's environment). "
+              "Without an index soci 0.4.1 then tries to fetch each layer itself, and with Docker's "
+              "size-0 descriptors its registry client gives up only after 9 attempts (~8 s a layer, "
+              "`giving up after 9 attempt(s)` in its log).",
+        fix="Push with `dtrain push --soci` to a registry with TLS (ECR; the simulated cluster's in "
+            "`dtrain cluster up --lazy`, with `SSL_CERT_FILE` pointing at its bundle). The launch "
+            "itself goes on either way: a node that finds no index pulls in full.",
+        confirm="`dtrain doctor` check `lazy-load`; the registry's referrers fallback tag of the "
+                "image's digest (`sha256-HEX`) holds the index; the snapshotter's log (on the simulated "
+                "cluster /var/lib/dtrain-cluster/nodeN/soci.log) says why it skipped the index.",
+        source=("https://github.com/awslabs/soci-snapshotter/blob/v0.4.1/docs/getting-started.md",),
+        doctor_checks=("lazy-load",),
     ),
 )
 

@@ -27,7 +27,7 @@ from dtrain.launch.troubleshoot import checklist
 from dtrain.launch.errors import LaunchError
 
 Status = Literal["PASS", "WARN", "FAIL"]
-CHECKS = ("ssh", "docker", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
+CHECKS = ("ssh", "docker", "lazy-load", "gpu-driver", "nvidia-runtime", "port-2022", "nic", "hostnames",
           "image-digest", "disk", "clock", "efa", "peer-2022", "shm", "memlock")
 
 SHM_MIN_KB = 1024 * 1024  # 1 GiB: NCCL and DataLoader workers use /dev/shm
@@ -122,6 +122,10 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
                 "with Go's gzip: cold pulls 1.4-1.5x slower (install pigz)")
         else:
             add(h, "docker", "PASS", engine)
+        if docker_ok:
+            add(h, "lazy-load", *lazy_verdict(f.get("docker_info", "")))
+        else:
+            add(h, "lazy-load", "FAIL", "engine not answering")
 
         labels = image_labels(f.get("image_labels")) if opts.image else {}
         gpus, driver = int(f.get("gpus") or 0), f.get("driver", "")
@@ -216,6 +220,18 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
                 f"{lock} KiB, not unlimited" + (": EFA will fail to register memory" if efa else
                                                "; fine without EFA"))
     return rows
+
+
+def lazy_verdict(docker_info: str) -> tuple[Status, str]:
+    """Whether the node loads images lazily: its storage driver (docker_info's 4th field) is
+    the SOCI snapshotter (Docker on the containerd image store; `dtrain cluster up --lazy`).
+    Either way a PASS: a node that cannot pulls in full, as always."""
+    fields = docker_info.split("|")
+    driver = fields[3] if len(fields) >= 4 else ""
+    if driver == "soci":
+        return "PASS", (f"can lazy-load: storage driver soci (Docker {fields[0]} on the containerd image store); "
+                        "images pushed with `dtrain push --soci` start before they are all there")
+    return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off)"
 
 
 def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[Status, str]:

@@ -4,12 +4,13 @@
 doctor() {
   local info root id
   echo "t=$(date +%s.%N)"
-  if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}' 2>&1); then
+  # the storage driver last: `soci` where the node loads images lazily (dtrain cluster up --lazy)
+  if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}|{{.Driver}}' 2>&1); then
     echo "docker=ok"; echo "docker_info=$info"
   else
     echo "docker=$(echo "$info" | tail -1)"
   fi
-  root=$(echo "${info:-}" | awk -F'|' 'NF == 3 {print $3}'); root=${root:-/var/lib/docker}
+  root=$(echo "${info:-}" | awk -F'|' 'NF == 4 {print $3}'); root=${root:-/var/lib/docker}
   echo "disk_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')"
   echo "instance_type=$(cat /sys/devices/virtual/dmi/id/product_name 2>/dev/null)"
   echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"
