@@ -250,21 +250,29 @@ def test_image(engine, tmp_path_factory):
     subprocess.run([DOCKER, "image", "rm", "-f", image_id], capture_output=True)
 
 
+def registry_config(d: Path, tls: tuple[Path, Path] | None = None) -> int:
+    """d/config.yml (and d/htpasswd, USER's bcrypt hash) for docker-registry on 127.0.0.1 and a
+    free port, with TLS where tls is (certificate, key); the port."""
+    ht = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, check=True, text=True)
+    (d / "htpasswd").write_text(ht.stdout)
+    port = _free_port()
+    tls_field = f", tls: {{certificate: {tls[0]}, key: {tls[1]}}}" if tls else ""
+    (d / "config.yml").write_text(f"""version: 0.1
+log: {{level: warn}}
+storage: {{filesystem: {{rootdirectory: {d / 'data'}}}}}
+http: {{addr: 127.0.0.1:{port}{tls_field}}}
+auth: {{htpasswd: {{realm: dtrain-test, path: {d / 'htpasswd'}}}}}
+""")
+    return port
+
+
 @pytest.fixture(scope="session")
 def registry(engine, tmp_path_factory):
     """Debian's docker-registry with htpasswd (bcrypt) auth on 127.0.0.1:<free port>."""
     exe = shutil.which("docker-registry")
     assert exe and shutil.which("htpasswd"), "launch.engine.ensure_packages installs docker-registry and apache2-utils"
     d = tmp_path_factory.mktemp("registry")
-    ht = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, check=True, text=True)
-    (d / "htpasswd").write_text(ht.stdout)
-    port = _free_port()
-    (d / "config.yml").write_text(f"""version: 0.1
-log: {{level: warn}}
-storage: {{filesystem: {{rootdirectory: {d / 'data'}}}}}
-http: {{addr: 127.0.0.1:{port}}}
-auth: {{htpasswd: {{realm: dtrain-test, path: {d / 'htpasswd'}}}}}
-""")
+    port = registry_config(d)
     log = open(d / "registry.log", "wb")
     proc = subprocess.Popen([exe, "serve", str(d / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20

@@ -28,7 +28,7 @@ import pytest
 from dtrain import engine
 from dtrain.images import push as P
 from dtrain.images import soci as S
-from test_push import PASSWORD, USER, _free_port, docker_config, registry, test_image  # noqa: F401
+from test_push import PASSWORD, USER, _free_port, docker_config, registry, registry_config, test_image  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SOCI_INDEX = "application/vnd.amazon.soci.index.v1+json"
@@ -148,15 +148,7 @@ def tls_registry(tmp_path_factory):
     cert, key = _cert(d)
     bundle = d / "bundle.pem"
     bundle.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text() + cert.read_text())
-    ht = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, check=True, text=True)
-    (d / "htpasswd").write_text(ht.stdout)
-    port = _free_port()
-    (d / "config.yml").write_text(f"""version: 0.1
-log: {{level: warn}}
-storage: {{filesystem: {{rootdirectory: {d / 'data'}}}}}
-http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {cert}, key: {key}}}}}
-auth: {{htpasswd: {{realm: dtrain-test, path: {d / 'htpasswd'}}}}}
-""")
+    port = registry_config(d, (cert, key))
     log = open(d / "registry.log", "wb")
     proc = subprocess.Popen([shutil.which("docker-registry"), "serve", str(d / "config.yml")], stdout=log,
                             stderr=subprocess.STDOUT)

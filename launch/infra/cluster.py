@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from dtrain.images import soci
 from dtrain.launch.infra import netns as nx
 from dtrain.launch.infra.netns import sh
 
@@ -304,25 +305,10 @@ http:
 
 
 def _containerd_config(d: Path) -> str:
+    """A node's own containerd, under d/containerd (soci.containerd_config, with its opt plugin's
+    directory there too)."""
     c = d / "containerd"
-    return f"""version = 2
-root = "{c / 'root'}"
-state = "{c / 'state'}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-
-[grpc]
-  address = "{c / 'containerd.sock'}"
-
-[ttrpc]
-  address = "{c / 'containerd.sock.ttrpc'}"
-
-[debug]
-  address = ""
-  level = "warn"
-
-[metrics]
-  address = ""
-
+    return soci.containerd_config(c) + f"""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{c / 'opt'}"
 """
