@@ -261,10 +261,11 @@ def test_prepare_up_goes_on_with_up_in_the_same_session_when_the_launcher_says_g
     ("always", "", False),  # no digest from the registry: always pull
 ])
 def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, digest, held):
-    fake = ("docker() { [ \"$1 $2 $3\" = 'image inspect --format' ] || return 9; "
-            "echo 'sha256:abc [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
+    fake = ("docker() { [ \"$1 $2 $4 $5\" = 'inspect -f r/x:1 dtrain-j' ] || return 9; "
+            "echo 'sha256:abc - 4 [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; echo 'Error: No such object: dtrain-j'; }")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, fake=fake, stdin="w", env=env)
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, "dtrain-j", fake=fake,
+             stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1] == str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())  # the directory: still the last line
@@ -272,10 +273,34 @@ def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, 
 
 
 def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
-    fake = "docker() { echo 'Error: No such image: r/x:1' >&2; return 1; }"
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake, stdin="w",
-             env={**os.environ, "HOME": str(tmp_path)})
+    fake = "docker() { echo 'Error: No such object: r/x:1'; return 1; }"
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+             stdin="w", env={**os.environ, "HOME": str(tmp_path)})
     assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())]
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_start_step_reads_the_first_rounds_inspect_where_the_node_held_the_image(tmp_path, held):
+    """prepare_up: one `docker inspect` in the whole session where the node held the image (the
+    first round's, which also saw the job's stale container: removed); where it did not (the pull
+    step pulled it since), the start step asks the engine again and finds it."""
+    from dtrain.launch.jobs.job import go_text
+
+    calls = tmp_path / "calls"
+    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in inspect) "
+            "if [ -n \"$HELD\" ] || [ \"$(wc -l < \"$CALLS\")\" -gt 1 ]; then echo \"$LINE\"; "
+            "else echo 'Error: No such object: r/x:1'; fi; echo \"$STALE\" ;; esac; }\n"
+            "probe() { :; }; gate() { :; }; start() { echo \"start $*\"; }")
+    env = {**os.environ, "HOME": str(tmp_path), "CALLS": str(calls), "HELD": "1" if held else "",
+           "LINE": f"{IMG_ID} - 4 []", "STALE": f"{CONTAINER_ID} - 4"}
+    args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "1", "docker"]
+    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+             env=env, stdin="w\0" + go_text(args) + "KEY\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert (f"held {IMG_ID}" in lines) == held
+    assert f"image=- 4 {IMG_ID}" in lines and "docker=ok" in lines
+    assert calls.read_text().splitlines() == (["inspect -f", "rm -f"] if held else ["inspect -f", "inspect -f", "rm -f"])
 
 
 def test_prepare_takes_the_nodes_lock_of_the_name_and_remove_releases_it(tmp_path):
