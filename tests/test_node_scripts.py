@@ -198,6 +198,23 @@ def test_run_sh_exports_env_values_exactly_and_fills_hosts_once(tmp_path):
     assert not Path("/tmp/pwned").exists()
 
 
+def test_run_sh_ready_reaches_every_node_but_the_one_it_skips(tmp_path):
+    """--ready: one ssh per --host (each node's sshd reached, its phase line said), none to
+    --ready-skip's (the container's own node, where mpirun starts its ranks without ssh)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\nfor a; do :; done\necho "${@: -2:1}" >> "$REACHED"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REACHED": str(tmp_path / "reached")}
+    hosts = [a for i in (1, 2, 3) for a in ("--host", f"10.0.0.{i}", f"node-{i}")]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "5",
+                        "--ready-skip", "10.0.0.1", "--phase-says", "EV ", "--", "echo", "ran"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    assert sorted((tmp_path / "reached").read_text().split()) == ["root@10.0.0.2", "root@10.0.0.3"]
+    assert sorted(ln.split('"node": "')[1][:8] for ln in r.stderr.splitlines()) == ["10.0.0.2", "10.0.0.3"]
+
+
 def test_env_file_is_names_and_base64():
     text = env_file({"A": "x\ny", "B": '"'})
     assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"

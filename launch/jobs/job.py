@@ -311,10 +311,12 @@ def go_text(args: Sequence[str]) -> str:
 
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
-             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None) -> list[str]:
+             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
+             ready_skip: str = "") -> list[str]:
     """`docker exec` of command in the job's container on a node, through launch/node/run.sh:
     the job's env values exported from its file, the nodes in /etc/hosts (fill_hosts: this
-    container's; ready: every container's, by ssh to each node's sshd first). cwd: where the
+    container's; ready: every container's, by ssh to each node's sshd first, but ready_skip's,
+    the address of the node it runs on where the command reaches no sshd there). cwd: where the
     command starts (`docker exec -w`); None: the image's WORKDIR."""
     opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
     for f in facts:
@@ -324,7 +326,7 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
     if ready:
         opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
                  contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
-                 "--port", str(contract.SSH_PORT)]
+                 "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
@@ -810,8 +812,10 @@ class Job:
         if self.spec.detach:  # in the background, its output to its files only
             sup = ["setsid", "-f", "sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "dtrain-supervisor", *sup]
         # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
-        # each node; its health probes), so their sshd answers first, whatever the launcher.
-        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True)
+        # each node; its health probes), so their sshd answers first, whatever the launcher; its
+        # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
+        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
+                         ready_skip="" if self.launcher.ssh_here else first.address)
         if not self.spec.detach:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(

@@ -8,6 +8,8 @@
 #   --ready SECONDS    ssh to every node's container at once (filling its /etc/hosts), leaving a
 #                      master connection per node that mpirun's daemon launch reuses; exits
 #                      with --ready-code naming the node whose sshd does not answer within SECONDS
+#   --ready-skip ADDR  a --host the ready check leaves out: this container's own node, where the
+#                      command starts nothing over ssh (mpirun's local ranks)
 #   --ready-code N     that exit code (dtrain/contract.py READY_FAILED)
 #   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
 #   --port PORT        the containers' sshd port (--ready)
@@ -18,13 +20,14 @@
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=
-envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=() phase_says=''
+envfile='' fill=0 ready='' skip='' port=22 hosts=() ssh_opts=() phase_says=''
 while [ $# -gt 0 ]; do
   case $1 in
     --env) envfile=$2; shift 2 ;;
     --host) hosts+=("$2" "$3"); shift 3 ;;
     --fill-hosts) fill=1; shift ;;
     --ready) ready=$2; shift 2 ;;
+    --ready-skip) skip=$2; shift 2 ;;
     --ready-code) READY_FAILED=$2; shift 2 ;;
     --ready-says) READY_SAYS=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
@@ -60,6 +63,7 @@ if [ -n "$ready" ]; then
   stamp; since=$t
   for ((i = 0; i < ${#hosts[@]}; i += 2)); do
     h=${hosts[i]}
+    [ "$h" != "$skip" ] || continue
     ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
             < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
