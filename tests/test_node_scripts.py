@@ -215,6 +215,35 @@ def test_run_sh_ready_reaches_every_node_but_the_one_it_skips(tmp_path):
     assert sorted(ln.split('"node": "')[1][:8] for ln in r.stderr.splitlines()) == ["10.0.0.2", "10.0.0.3"]
 
 
+@pytest.mark.parametrize("ssh_rc", [0, 255])
+def test_run_sh_ready_beside_starts_the_command_at_once_and_gives_it_the_checks_end(tmp_path, ssh_rc):
+    """--ready-beside: the command (the supervisor's ready_code) starts while the handshakes
+    still run and gets their verdict on its fd 3: 0 once every node answered; where one never
+    does, --ready-code, the node named on stderr. The check's process is reaped, nothing left."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/bash\nsleep 0.5\ndate +%s.%N >> "$ENDED"\nexit {ssh_rc}\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENDED": str(tmp_path / "ended")}
+    probe = ("import importlib.util, os, time; t = time.time(); "
+             f"s = importlib.util.spec_from_file_location('sv', {str(NODE / 'supervise.py')!r}); "
+             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); code = m.ready_code(); "
+             "print(t, code, 'DTRAIN_READY_FD' in os.environ, [p for p in os.listdir('/proc') if p.isdigit() "
+             "and open(f'/proc/{p}/stat').read().split()[3] == str(os.getpid())])")
+    hosts = [a for i in (1, 2) for a in ("--host", f"10.0.0.{i}", f"node-{i}")]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "1",
+                        "--ready-code", "97", "--ready-says", "SAYS ", "--ready-beside", "--",
+                        sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    started, code, left_env, children = r.stdout.split(" ", 3)
+    ended = [float(x) for x in (tmp_path / "ended").read_text().split()]
+    assert float(started) < min(ended)  # python started before any handshake was done
+    assert code == ("0" if ssh_rc == 0 else "97") and left_env == "False" and children.strip() == "[]"
+    assert ("SAYS sshd on 10.0.0" in r.stderr) == (ssh_rc != 0)
+
+
 def test_env_file_is_names_and_base64():
     text = env_file({"A": "x\ny", "B": '"'})
     assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"

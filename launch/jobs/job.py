@@ -312,12 +312,13 @@ def go_text(args: Sequence[str]) -> str:
 
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
              fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
-             ready_skip: str = "") -> list[str]:
+             ready_skip: str = "", ready_beside: bool = False) -> list[str]:
     """`docker exec` of command in the job's container on a node, through launch/node/run.sh:
     the job's env values exported from its file, the nodes in /etc/hosts (fill_hosts: this
     container's; ready: every container's, by ssh to each node's sshd first, but ready_skip's,
-    the address of the node it runs on where the command reaches no sshd there). cwd: where the
-    command starts (`docker exec -w`); None: the image's WORKDIR."""
+    the address of the node it runs on where the command reaches no sshd there; ready_beside:
+    the command starts beside that check and waits for its end itself: the supervisor). cwd:
+    where the command starts (`docker exec -w`); None: the image's WORKDIR."""
     opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
     for f in facts:
         opts += ["--host", f.address, f.hostname]
@@ -327,6 +328,7 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
                  contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
                  "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
+        opts += ["--ready-beside"] if ready_beside else []
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
@@ -814,8 +816,11 @@ class Job:
         # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
         # each node; its health probes), so their sshd answers first, whatever the launcher; its
         # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
+        # attached: python starts beside the check (detached, the node's program waits for the
+        # supervisor's first event, which a failed check would never give: the check first)
         inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
-                         ready_skip="" if self.launcher.ssh_here else first.address)
+                         ready_skip="" if self.launcher.ssh_here else first.address,
+                         ready_beside=not self.spec.detach)
         if not self.spec.detach:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(
