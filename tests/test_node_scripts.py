@@ -401,19 +401,23 @@ def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
     """attach: supervise.py, the plan and the builders from stdin, then exec ARGV with the rest
     of stdin (its end stops a foreground job); detach: ARGV returns at once, the first events
     are printed."""
+    from dtrain.launch.jobs.job import counted_text
+
     d = tmp_path / "job"
     d.mkdir()
+    sup = "# é → ü\nSUP\n\n"  # multibyte text and trailing newlines, exactly
     r = host('supervise "$@"', str(d), "attach", "sh", "-c", 'cat; echo " argv=$1"', "x", "1 2",
-             stdin="SUP\0{\"plan\": 1}\0{\"dtrain/x.py\": \"\"}\0rest of stdin")
+             stdin=counted_text([sup, '{"plan": 1}', '{"dtrain/x.py": "ü"}']) + "rest of stdin",
+             env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "rest of stdin argv=1 2\n"
-    assert (d / "supervise.py").read_text() == "SUP" and (d / "plan.json").read_text() == '{"plan": 1}'
-    assert (d / "builders.json").read_text() == '{"dtrain/x.py": ""}'
+    assert (d / "supervise.py").read_text() == sup and (d / "plan.json").read_text() == '{"plan": 1}'
+    assert (d / "builders.json").read_text() == '{"dtrain/x.py": "ü"}'
     assert oct((d / "plan.json").stat().st_mode & 0o777) == "0o600"
     started = ('(sleep 0.3; echo \'dtrain-supervisor {"event": "running", "attempt": 0}\' >> "$1/output.log") '
                '>/dev/null 2>&1 &')
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin="SUP\0{}\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin=counted_text(["SUP", "{}", "{}"]))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith('dtrain-supervisor {"event": "running"'), r.stdout
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin="SUP\0{}\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin=counted_text(["SUP", "{}", "{}"]))
     assert r.returncode == 97  # the readiness check's code, for the launcher to name the node

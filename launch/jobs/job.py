@@ -310,6 +310,11 @@ def go_text(args: Sequence[str]) -> str:
     return f"go {len(args)}\n" + "".join(a + "\0" for a in args)
 
 
+def counted_text(parts: Sequence[str]) -> str:
+    """What host/supervise.sh reads: a line of each part's length in bytes, then the parts."""
+    return " ".join(str(len(p.encode())) for p in parts) + "\n" + "".join(parts)
+
+
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
              fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
              ready_skip: str = "", ready_beside: bool = False) -> list[str]:
@@ -825,8 +830,8 @@ class Job:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(
             "supervise", node_dir, "detach" if self.spec.detach else "attach", *inner))
-        payload = "".join(part + "\0" for part in (contract.node_script("supervise.py"), json.dumps(plan.to_json()),
-                                                   json.dumps(supervision.builder_files())))
+        payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
+                                json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
         assert proc.stdin and proc.stdout
