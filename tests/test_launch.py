@@ -269,6 +269,8 @@ def test_sshd_unreachable_after_start_removes_started_containers(cluster, remote
     finally:
         on_node(cluster, 3, f"iptables -D {rule}")
     assert containers_left(cluster, "t-blocked") == []
+    for i in (1, 2, 3):  # the check's masters to node-2 went with the first container
+        assert on_node(cluster, i, "pgrep -af 'dtrain-[m]ux-' || true").stdout == ""
 
 
 def test_node_whose_sshd_never_listens_ends_the_running_job(cluster, remote_images):
