@@ -97,6 +97,19 @@ def test_nodes_resolve_each_other_in_every_container(cluster, remote_images):
     assert on_node(cluster, 2, "cat /etc/hosts").stdout == before
 
 
+def test_mpirun_reaches_each_other_node_over_one_master_and_leaves_none(cluster, remote_images):
+    """The readiness check opens one ssh master per other node in the first container, which
+    mpirun's daemon launch reuses; none to the first node itself (mpirun starts its ranks there
+    without ssh). Once the job ends no master is left anywhere (the container went with them)."""
+    script = 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then echo "masters $(ls /tmp | grep -c "^dtrain-mux-")"; fi'
+    code, out = run(cluster, remote_images["pytorch-ddp"], ["bash", "-c", script], "t-masters")
+    assert code == 0, out
+    assert re.search(r"^\[node-1 r0\] masters 2$", out, re.M), out
+    for i in (1, 2, 3):  # the nodes share this machine's processes: an ssh master of the job's would show
+        assert on_node(cluster, i, "pgrep -af 'dtrain-[m]ux-' || true").stdout == ""
+    assert containers_left(cluster, "t-masters") == []
+
+
 def test_ddp_torchrun_on_2_nodes(cluster, remote_images):
     code, out = run(cluster, remote_images["pytorch-ddp"], ["python", f"{EX}/ddp_grads.py"],
                     "t-ddp-torchrun", n=2, launcher="torchrun")
@@ -256,6 +269,8 @@ def test_sshd_unreachable_after_start_removes_started_containers(cluster, remote
     finally:
         on_node(cluster, 3, f"iptables -D {rule}")
     assert containers_left(cluster, "t-blocked") == []
+    for i in (1, 2, 3):  # the check's masters to node-2 went with the first container
+        assert on_node(cluster, i, "pgrep -af 'dtrain-[m]ux-' || true").stdout == ""
 
 
 def test_node_whose_sshd_never_listens_ends_the_running_job(cluster, remote_images):

@@ -198,6 +198,52 @@ def test_run_sh_exports_env_values_exactly_and_fills_hosts_once(tmp_path):
     assert not Path("/tmp/pwned").exists()
 
 
+def test_run_sh_ready_reaches_every_node_but_the_one_it_skips(tmp_path):
+    """--ready: one ssh per --host (each node's sshd reached, its phase line said), none to
+    --ready-skip's (the container's own node, where mpirun starts its ranks without ssh)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\nfor a; do :; done\necho "${@: -2:1}" >> "$REACHED"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REACHED": str(tmp_path / "reached")}
+    hosts = [a for i in (1, 2, 3) for a in ("--host", f"10.0.0.{i}", f"node-{i}")]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "5",
+                        "--ready-skip", "10.0.0.1", "--phase-says", "EV ", "--", "echo", "ran"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    assert sorted((tmp_path / "reached").read_text().split()) == ["root@10.0.0.2", "root@10.0.0.3"]
+    assert sorted(ln.split('"node": "')[1][:8] for ln in r.stderr.splitlines()) == ["10.0.0.2", "10.0.0.3"]
+
+
+@pytest.mark.parametrize("ssh_rc", [0, 255])
+def test_run_sh_ready_beside_starts_the_command_at_once_and_gives_it_the_checks_end(tmp_path, ssh_rc):
+    """--ready-beside: the command (the supervisor's ready_code) starts while the handshakes
+    still run and gets their verdict on its fd 3: 0 once every node answered; where one never
+    does, --ready-code, the node named on stderr. The check's process is reaped, nothing left."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/bash\nsleep 0.5\ndate +%s.%N >> "$ENDED"\nexit {ssh_rc}\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENDED": str(tmp_path / "ended")}
+    probe = ("import importlib.util, os, time; t = time.time(); "
+             f"s = importlib.util.spec_from_file_location('sv', {str(NODE / 'supervise.py')!r}); "
+             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); code = m.ready_code(); "
+             "print(t, code, 'DTRAIN_READY_FD' in os.environ, [p for p in os.listdir('/proc') if p.isdigit() "
+             "and open(f'/proc/{p}/stat').read().split()[3] == str(os.getpid())])")
+    hosts = [a for i in (1, 2) for a in ("--host", f"10.0.0.{i}", f"node-{i}")]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "1",
+                        "--ready-code", "97", "--ready-says", "SAYS ", "--ready-beside", "--",
+                        sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    started, code, left_env, children = r.stdout.split(" ", 3)
+    ended = [float(x) for x in (tmp_path / "ended").read_text().split()]
+    assert float(started) < min(ended)  # python started before any handshake was done
+    assert code == ("0" if ssh_rc == 0 else "97") and left_env == "False" and children.strip() == "[]"
+    assert ("SAYS sshd on 10.0.0" in r.stderr) == (ssh_rc != 0)
+
+
 def test_env_file_is_names_and_base64():
     text = env_file({"A": "x\ny", "B": '"'})
     assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"
@@ -261,10 +307,11 @@ def test_prepare_up_goes_on_with_up_in_the_same_session_when_the_launcher_says_g
     ("always", "", False),  # no digest from the registry: always pull
 ])
 def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, digest, held):
-    fake = ("docker() { [ \"$1 $2 $3\" = 'image inspect --format' ] || return 9; "
-            "echo 'sha256:abc [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
+    fake = ("docker() { [ \"$1 $2 $4 $5\" = 'inspect -f r/x:1 dtrain-j' ] || return 9; "
+            "echo 'sha256:abc - 4 [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; echo 'Error: No such object: dtrain-j'; }")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, fake=fake, stdin="w", env=env)
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, "dtrain-j", fake=fake,
+             stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1] == str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())  # the directory: still the last line
@@ -272,10 +319,34 @@ def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, 
 
 
 def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
-    fake = "docker() { echo 'Error: No such image: r/x:1' >&2; return 1; }"
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake, stdin="w",
-             env={**os.environ, "HOME": str(tmp_path)})
+    fake = "docker() { echo 'Error: No such object: r/x:1'; return 1; }"
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+             stdin="w", env={**os.environ, "HOME": str(tmp_path)})
     assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())]
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_start_step_reads_the_first_rounds_inspect_where_the_node_held_the_image(tmp_path, held):
+    """prepare_up: one `docker inspect` in the whole session where the node held the image (the
+    first round's, which also saw the job's stale container: removed); where it did not (the pull
+    step pulled it since), the start step asks the engine again and finds it."""
+    from dtrain.launch.jobs.job import go_text
+
+    calls = tmp_path / "calls"
+    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in inspect) "
+            "if [ -n \"$HELD\" ] || [ \"$(wc -l < \"$CALLS\")\" -gt 1 ]; then echo \"$LINE\"; "
+            "else echo 'Error: No such object: r/x:1'; fi; echo \"$STALE\" ;; esac; }\n"
+            "probe() { :; }; gate() { :; }; start() { echo \"start $*\"; }")
+    env = {**os.environ, "HOME": str(tmp_path), "CALLS": str(calls), "HELD": "1" if held else "",
+           "LINE": f"{IMG_ID} - 4 []", "STALE": f"{CONTAINER_ID} - 4"}
+    args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "1", "docker"]
+    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+             env=env, stdin="w\0" + go_text(args) + "KEY\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert (f"held {IMG_ID}" in lines) == held
+    assert f"image=- 4 {IMG_ID}" in lines and "docker=ok" in lines
+    assert calls.read_text().splitlines() == (["inspect -f", "rm -f"] if held else ["inspect -f", "inspect -f", "rm -f"])
 
 
 def test_prepare_takes_the_nodes_lock_of_the_name_and_remove_releases_it(tmp_path):
@@ -330,19 +401,23 @@ def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
     """attach: supervise.py, the plan and the builders from stdin, then exec ARGV with the rest
     of stdin (its end stops a foreground job); detach: ARGV returns at once, the first events
     are printed."""
+    from dtrain.launch.jobs.job import counted_text
+
     d = tmp_path / "job"
     d.mkdir()
+    sup = "# é → ü\nSUP\n\n"  # multibyte text and trailing newlines, exactly
     r = host('supervise "$@"', str(d), "attach", "sh", "-c", 'cat; echo " argv=$1"', "x", "1 2",
-             stdin="SUP\0{\"plan\": 1}\0{\"dtrain/x.py\": \"\"}\0rest of stdin")
+             stdin=counted_text([sup, '{"plan": 1}', '{"dtrain/x.py": "ü"}']) + "rest of stdin",
+             env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "rest of stdin argv=1 2\n"
-    assert (d / "supervise.py").read_text() == "SUP" and (d / "plan.json").read_text() == '{"plan": 1}'
-    assert (d / "builders.json").read_text() == '{"dtrain/x.py": ""}'
+    assert (d / "supervise.py").read_text() == sup and (d / "plan.json").read_text() == '{"plan": 1}'
+    assert (d / "builders.json").read_text() == '{"dtrain/x.py": "ü"}'
     assert oct((d / "plan.json").stat().st_mode & 0o777) == "0o600"
     started = ('(sleep 0.3; echo \'dtrain-supervisor {"event": "running", "attempt": 0}\' >> "$1/output.log") '
                '>/dev/null 2>&1 &')
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin="SUP\0{}\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", started, "x", str(d), stdin=counted_text(["SUP", "{}", "{}"]))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith('dtrain-supervisor {"event": "running"'), r.stdout
-    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin="SUP\0{}\0{}\0")
+    r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin=counted_text(["SUP", "{}", "{}"]))
     assert r.returncode == 97  # the readiness check's code, for the launcher to name the node

@@ -310,12 +310,20 @@ def go_text(args: Sequence[str]) -> str:
     return f"go {len(args)}\n" + "".join(a + "\0" for a in args)
 
 
+def counted_text(parts: Sequence[str]) -> str:
+    """What host/supervise.sh reads: a line of each part's length in bytes, then the parts."""
+    return " ".join(str(len(p.encode())) for p in parts) + "\n" + "".join(parts)
+
+
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
-             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None) -> list[str]:
+             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
+             ready_skip: str = "", ready_beside: bool = False) -> list[str]:
     """`docker exec` of command in the job's container on a node, through launch/node/run.sh:
     the job's env values exported from its file, the nodes in /etc/hosts (fill_hosts: this
-    container's; ready: every container's, by ssh to each node's sshd first). cwd: where the
-    command starts (`docker exec -w`); None: the image's WORKDIR."""
+    container's; ready: every container's, by ssh to each node's sshd first, but ready_skip's,
+    the address of the node it runs on where the command reaches no sshd there; ready_beside:
+    the command starts beside that check and waits for its end itself: the supervisor). cwd:
+    where the command starts (`docker exec -w`); None: the image's WORKDIR."""
     opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
     for f in facts:
         opts += ["--host", f.address, f.hostname]
@@ -324,7 +332,8 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
     if ready:
         opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
                  contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
-                 "--port", str(contract.SSH_PORT)]
+                 "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
+        opts += ["--ready-beside"] if ready_beside else []
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
@@ -706,8 +715,9 @@ class Job:
         t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
         watch = contract.node_script("watch.sh")
         login, digest = self._registry()
-        # what each node is asked about the image (host/holds.sh): IMAGE POLICY DIGEST
-        question = () if login is None else (self.spec.image, self.spec.pull, digest)
+        # what each node is asked about the image (host/prepare.sh): IMAGE POLICY DIGEST CONTAINER
+        # (the job's, whose stale one the start step removes: one `docker inspect` answers both)
+        question = () if login is None else (self.spec.image, self.spec.pull, digest, container_name(self.spec.name))
         # First on each node its lock of the name (refused: exit 3, nothing changed there). The
         # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
         argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)
@@ -816,14 +826,19 @@ class Job:
         if self.spec.detach:  # in the background, its output to its files only
             sup = ["setsid", "-f", "sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "dtrain-supervisor", *sup]
         # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
-        # each node; its health probes), so their sshd answers first, whatever the launcher.
-        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True)
+        # each node; its health probes), so their sshd answers first, whatever the launcher; its
+        # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
+        # attached: python starts beside the check (detached, the node's program waits for the
+        # supervisor's first event, which a failed check would never give: the check first)
+        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
+                         ready_skip="" if self.launcher.ssh_here else first.address,
+                         ready_beside=not self.spec.detach)
         if not self.spec.detach:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
         argv = self.ssh.argv(first.node, node_programs.host_argv(
             "supervise", node_dir, "detach" if self.spec.detach else "attach", *inner))
-        payload = "".join(part + "\0" for part in (contract.node_script("supervise.py"), json.dumps(plan.to_json()),
-                                                   json.dumps(supervision.builder_files())))
+        payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
+                                json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
         assert proc.stdin and proc.stdout

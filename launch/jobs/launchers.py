@@ -6,6 +6,9 @@ and the nodes' facts in, the command to run in a node's container out.
                (mpirun, horovodrun); True: one command in every node's container (torchrun)
     needs_ssh  the containers' sshd must answer node to node before the command (readiness
                check), and the image's Open MPI major version matters
+    ssh_here   the command reaches its own node's sshd too (torchrun: the supervisor's ssh to
+               every node; horovodrun: its own check of every host); False: the readiness check
+               leaves that node out (mpirun starts the ranks there without ssh)
     argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node):
                commands.attempt_argv, the builder the supervisor calls on a restart too
     exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
@@ -57,6 +60,7 @@ class Mpirun:
     name = "mpirun"
     per_node = False
     needs_ssh = True
+    ssh_here = False
 
     def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
              subnet: str | None = None) -> list[str]:
@@ -75,12 +79,14 @@ class Mpirun:
 
 class Horovodrun(Mpirun):
     name = "horovodrun"
+    ssh_here = True
 
 
 class Torchrun(Mpirun):
     name = "torchrun"
     per_node = True
     needs_ssh = False
+    ssh_here = True
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return commands.torchrun_env(iface)
@@ -93,6 +99,7 @@ class Ray:
     name = "ray"
     per_node = False
     needs_ssh = False
+    ssh_here = True
 
     @staticmethod
     def head_address(facts: Sequence[NodeFacts]) -> str:

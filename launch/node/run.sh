@@ -8,6 +8,12 @@
 #   --ready SECONDS    ssh to every node's container at once (filling its /etc/hosts), leaving a
 #                      master connection per node that mpirun's daemon launch reuses; exits
 #                      with --ready-code naming the node whose sshd does not answer within SECONDS
+#   --ready-beside     with --ready: COMMAND starts at once, beside the check (its own start
+#                      overlaps the handshakes), reading the check's exit code (0, or
+#                      --ready-code) from its fd 3 ($DTRAIN_READY_FD) when it ends, then
+#                      reaping its process ($DTRAIN_READY_PID)
+#   --ready-skip ADDR  a --host the ready check leaves out: this container's own node, where the
+#                      command starts nothing over ssh (mpirun's local ranks)
 #   --ready-code N     that exit code (dtrain/contract.py READY_FAILED)
 #   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
 #   --port PORT        the containers' sshd port (--ready)
@@ -18,13 +24,15 @@
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=
-envfile='' fill=0 ready='' port=22 hosts=() ssh_opts=() phase_says=''
+envfile='' fill=0 ready='' beside=0 skip='' port=22 hosts=() ssh_opts=() phase_says=''
 while [ $# -gt 0 ]; do
   case $1 in
     --env) envfile=$2; shift 2 ;;
     --host) hosts+=("$2" "$3"); shift 3 ;;
     --fill-hosts) fill=1; shift ;;
     --ready) ready=$2; shift 2 ;;
+    --ready-beside) beside=1; shift ;;
+    --ready-skip) skip=$2; shift 2 ;;
     --ready-code) READY_FAILED=$2; shift 2 ;;
     --ready-says) READY_SAYS=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
@@ -53,13 +61,17 @@ list=$(mktemp)
 add_hosts='grep -qx "# dtrain job nodes" /etc/hosts || cat >> /etc/hosts'
 if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 
-if [ -n "$ready" ]; then
-  deadline=$(( $(date +%s) + ready )); pids=()
+# ready_check: ssh to every --host but --ready-skip's at once; fails (--ready-code) naming a node
+# whose sshd does not answer within --ready seconds.
+ready_check() {
+  local deadline pids=() p h since t
+  deadline=$(( $(date +%s) + ready ))
   # the time with a fraction: bash 5's $EPOCHREALTIME (no process), else date
   stamp() { if [ -n "${EPOCHREALTIME:-}" ]; then t=${EPOCHREALTIME/,/.}; else t=$(date +%s.%N); fi; }
   stamp; since=$t
   for ((i = 0; i < ${#hosts[@]}; i += 2)); do
     h=${hosts[i]}
+    [ "$h" != "$skip" ] || continue
     ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
             < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
@@ -74,7 +86,14 @@ if [ -n "$ready" ]; then
       fi ) &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p" || exit "$READY_FAILED"; done
+  for p in "${pids[@]}"; do wait "$p" || return "$READY_FAILED"; done
+}
+
+if [ -n "$ready" ] && [ "$beside" = 1 ]; then
+  exec 3< <(ready_check; echo "$?"; rm -f "$list")
+  export DTRAIN_READY_FD=3 DTRAIN_READY_PID=$!  # the check: the command's child now (to reap)
+  exec "$@"
 fi
+if [ -n "$ready" ]; then ready_check || exit; fi
 rm -f "$list"
 exec "$@"

@@ -661,12 +661,34 @@ def _watch_stdin(sup: Supervisor, silence: float | None) -> None:
     sup.stopping.set()
 
 
+def ready_code() -> int:
+    """Where this program started beside the readiness check (launch/node/run.sh --ready-beside:
+    python's start overlaps the handshakes), that check's exit code once it ends (0: every
+    node's sshd answered), read from its pipe; its process is reaped. 0 where there is none."""
+    fd = os.environ.pop("DTRAIN_READY_FD", "")
+    pid = os.environ.pop("DTRAIN_READY_PID", "")
+    if not fd.isdigit():
+        return 0
+    said = b""
+    while not said.endswith(b"\n") and (chunk := os.read(int(fd), 64)):
+        said += chunk
+    os.close(int(fd))
+    if pid.isdigit():
+        try:
+            os.waitpid(int(pid), 0)
+        except ChildProcessError:
+            pass
+    return int(said) if said.strip().isdigit() else contract.READY_FAILED
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: supervise.py PLAN.json", file=sys.stderr)
         return 2
     path = Path(argv[1])
     plan = commands.RunPlan.from_json(json.loads(path.read_text()))
+    if code := ready_code():  # a node's sshd did not answer: the check named it on stderr
+        return code
     sup = Supervisor(plan, path.parent)
     if plan.attached:
         silence = plan.launcher_silence
