@@ -552,8 +552,6 @@ class Supervisor:
 
     def run(self) -> int:
         nodes, spares = self.plan.nodes, self.plan.spares
-        for n in (*nodes, *spares):
-            self.health.watch(n)
         attempt = 0
         code = 0
         while True:
@@ -562,6 +560,9 @@ class Supervisor:
                        spares=[n.hostname for n in spares])
             t_start = time.monotonic()
             self.start(nodes, attempt)
+            if attempt == 0:  # the heartbeat sessions after the first start: their handshakes
+                for n in (*nodes, *spares):  # must not hold up mpirun's daemons
+                    self.health.watch(n)
             if attempt:
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
             end = self.watch(nodes, spares)
