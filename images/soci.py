@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.containerd import containerd_config
 from dtrain.images.push import PushError
 
 BIN_ENV = "DTRAIN_SOCI_BIN"  # a directory holding soci, ctr, containerd (e.g. an unpacked package)
@@ -115,28 +116,6 @@ def require_tls(registry: str, state: str) -> None:
     if state == "plain":
         raise SociError(f"--soci: registry {registry} speaks plain HTTP, and soci 0.4.1 fetches its index over "
                         "HTTPS only: give the registry TLS (`dtrain cluster up --lazy` does for the cluster's)")
-
-
-def containerd_config(state: Path) -> str:
-    """A private containerd: everything under state, CRI off, no metrics or debug socket."""
-    return f"""version = 2
-root = "{state / 'root'}"
-state = "{state / 'state'}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-
-[grpc]
-  address = "{state / 'containerd.sock'}"
-
-[ttrpc]
-  address = "{state / 'containerd.sock.ttrpc'}"
-
-[debug]
-  address = ""
-  level = "warn"
-
-[metrics]
-  address = ""
-"""
 
 
 def in_own_soci_lib(lib: Path | None, argv: Sequence[str]) -> list[str]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from dtrain.images import soci
+from dtrain.containerd import containerd_config
 from dtrain.launch.infra import netns as nx
 from dtrain.launch.infra.netns import sh
 
@@ -305,10 +305,10 @@ http:
 
 
 def _containerd_config(d: Path) -> str:
-    """A node's own containerd, under d/containerd (soci.containerd_config, with its opt plugin's
+    """A node's own containerd, under d/containerd (containerd_config, with its opt plugin's
     directory there too)."""
     c = d / "containerd"
-    return soci.containerd_config(c) + f"""
+    return containerd_config(c) + f"""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{c / 'opt'}"
 """
