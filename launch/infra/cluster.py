@@ -140,10 +140,16 @@ class ClusterInfo:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ClusterInfo":
-        d = dict(d)
-        nodes = tuple(NodeInfo(**{k: v for k, v in n.items() if k != "docker_host"})
-                      for n in d.pop("nodes"))
-        return cls(nodes=nodes, **d)
+        """The cluster's record in STATE_FILE; one written by another version of dtrain (a key
+        this one does not know, or one it needs missing) is a ClusterError naming the file."""
+        try:
+            d = dict(d)
+            nodes = tuple(NodeInfo(**{k: v for k, v in n.items() if k != "docker_host"})
+                          for n in d.pop("nodes"))
+            return cls(nodes=nodes, **d)
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ClusterError(f"{STATE_FILE}: not a cluster record this version of dtrain reads ({e}); "
+                               "remove that cluster with `dtrain cluster down` and bring it up again") from None
 
 
 @dataclass
@@ -499,7 +505,14 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
     if lazy is not None:
         check_lazy_root(lazy.root)  # before anything is touched
     with _locked():
-        st = _status()
+        try:
+            st = _status()
+        except ClusterError:  # a record from another version of dtrain
+            if not recreate:
+                raise
+            _log(quiet, f"{STATE_FILE} is from another version of dtrain; rebuilding")
+            _down(quiet)
+            st = _status()
         if st.info is not None and st.info.lazy != (lazy is not None):
             mode = "lazy" if st.info.lazy else "classic"
             if not recreate:
