@@ -227,11 +227,14 @@ def test_run_sh_ready_beside_starts_the_command_at_once_and_gives_it_the_checks_
     (bin_dir / "ssh").write_text(f'#!/bin/bash\nsleep 0.5\ndate +%s.%N >> "$ENDED"\nexit {ssh_rc}\n')
     (bin_dir / "ssh").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENDED": str(tmp_path / "ended")}
-    probe = ("import importlib.util, os, time; t = time.time(); "
-             f"s = importlib.util.spec_from_file_location('sv', {str(NODE / 'supervise.py')!r}); "
-             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); code = m.ready_code(); "
+    probe = ("import importlib.util, os, time\nt = time.time()\n"
+             f"s = importlib.util.spec_from_file_location('sv', {str(NODE / 'supervise.py')!r})\n"
+             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); code = m.ready_code()\n"
+             "def parent(p):  # of a process that may end while /proc is read\n"
+             "    try:\n        return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1]\n"
+             "    except OSError:\n        return None\n"
              "print(t, code, 'DTRAIN_READY_FD' in os.environ, [p for p in os.listdir('/proc') if p.isdigit() "
-             "and open(f'/proc/{p}/stat').read().split()[3] == str(os.getpid())])")
+             "and parent(p) == str(os.getpid())])\n")
     hosts = [a for i in (1, 2) for a in ("--host", f"10.0.0.{i}", f"node-{i}")]
     r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "1",
                         "--ready-code", "97", "--ready-says", "SAYS ", "--ready-beside", "--",
