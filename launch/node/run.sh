@@ -65,19 +65,21 @@ if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 # whose sshd does not answer within --ready seconds.
 ready_check() {
   local deadline pids=() p h since t
-  deadline=$(( $(date +%s) + ready ))
+  deadline=$((SECONDS + ready))
   # the time with a fraction: bash 5's $EPOCHREALTIME (no process), else date
   stamp() { if [ -n "${EPOCHREALTIME:-}" ]; then t=${EPOCHREALTIME/,/.}; else t=$(date +%s.%N); fi; }
   stamp; since=$t
   for ((i = 0; i < ${#hosts[@]}; i += 2)); do
     h=${hosts[i]}
     [ "$h" != "$skip" ] || continue
-    ( until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
+    ( tries=0
+      until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
             < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
-        if [ "$(date +%s)" -ge "$deadline" ]; then
+        if [ "$SECONDS" -ge "$deadline" ]; then
           echo "${READY_SAYS}sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
         fi
-        sleep 0.1
+        # sshd not listening yet (its container just started): soon again, then less often
+        case $((tries++)) in 0|1|2|3|4) sleep 0.02 ;; 5|6|7|8|9) sleep 0.05 ;; *) sleep 0.2 ;; esac
       done
       if [ -n "$phase_says" ]; then
         stamp

@@ -87,6 +87,11 @@ WORKDIR = contract.WORKDIR
 # collective is stalled, so nothing more can be saved (a checkpoint is written whole or not at all:
 # a temporary file, then a rename), and the ranks left over are killed next on every node.
 LOST_GRACE = 0.3
+# The heartbeat sessions open once the first attempt printed its first line, or this many
+# seconds after its start if sooner: their key exchanges (one per other node) must not compete
+# with the launcher's daemons and the ranks' start. A node lost before is the launcher's own
+# failure (mpirun: a daemon that cannot start), and an attempt that ends first opens them then.
+HEARTBEAT_AFTER = 1.0
 KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ" 2>/dev/null '
                 '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true') % commands.RESTART_VAR
 
@@ -206,6 +211,9 @@ class Health:
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # a stalled link must not hold up the others
         self.procs[node.hostname] = proc
+        if self.closed.is_set():  # close() ran meanwhile (from another thread): this one goes too
+            self.forget(node.hostname)
+            return
         threading.Thread(target=self._read, args=(node, proc), daemon=True).start()
 
     def _read(self, node: commands.PlanNode, proc: subprocess.Popen) -> None:
@@ -326,6 +334,7 @@ class Supervisor:
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
+        self.watching = threading.Lock()  # held once the heartbeat sessions are opened (watch_all)
         self.state: dict = {"job": plan.run.job, "launcher": plan.run.launcher, "restarts": 0,
                             "nodes": [n.hostname for n in plan.nodes], "spares": [n.hostname for n in plan.spares],
                             "quarantined": dict(plan.quarantined), "started": time.time()}
@@ -560,12 +569,14 @@ class Supervisor:
                        spares=[n.hostname for n in spares])
             t_start = time.monotonic()
             self.start(nodes, attempt)
-            if attempt == 0:  # the heartbeat sessions after the first start: their handshakes
-                for n in (*nodes, *spares):  # must not hold up mpirun's daemons
-                    self.health.watch(n)
-            if attempt:
+            if attempt == 0:  # the heartbeat sessions once the job runs (HEARTBEAT_AFTER)
+                threading.Thread(target=self.watch_later, args=((*nodes, *spares),), daemon=True).start()
+            else:
+                self.watch_all((*nodes, *spares))  # where the first attempt ended before they opened
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
             end = self.watch(nodes, spares)
+            if end.code != 0:
+                self.watch_all((*nodes, *spares))  # which nodes are still there? asks them
             code, out = end.code, dict(end.out)
             spares = tuple(s for s in spares if s.hostname not in end.spare_out)
             t_end = time.monotonic()
@@ -623,6 +634,20 @@ class Supervisor:
         self.health.close()
         self.teardown([*nodes, *spares])
         return code
+
+    def watch_later(self, nodes: Sequence[commands.PlanNode]) -> None:
+        """watch_all once the first attempt printed a line, or HEARTBEAT_AFTER s after its start."""
+        self.first_line.wait(HEARTBEAT_AFTER)
+        self.watch_all(nodes)
+
+    def watch_all(self, nodes: Sequence[commands.PlanNode]) -> None:
+        """Open every node's heartbeat session (Health.watch), once for the job: later calls, and
+        any once the job is ending (Health.close), do nothing."""
+        if self.watching.acquire(blocking=False):
+            for n in nodes:
+                if self.health.closed.is_set() or self.stopping.is_set():
+                    break
+                self.health.watch(n)
 
     def _resumed(self, t_start: float, attempt: int) -> None:
         """The restarted attempt's first line: the job runs again."""
