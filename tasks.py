@@ -536,10 +536,15 @@ def _remainder():
 
 
 def _report_failure(name, code):
+    from dtrain.launch.troubleshoot import diagnose
+    from dtrain.launch.jobs.store import job_log, load_job
+
+    if load_job(name).get("state") == "interrupted":  # Ctrl-C, stop, SIGTERM: nothing to diagnose
+        print(f"[launch] job {name} interrupted (exit code {code}); output: dtrain logs --job {name}",
+              file=sys.stderr)
+        return
     print(f"[launch] job {name} failed with exit code {code}; output: dtrain logs --job {name}",
           file=sys.stderr)
-    from dtrain.launch.troubleshoot import diagnose
-    from dtrain.launch.jobs.store import job_log
 
     print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
