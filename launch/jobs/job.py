@@ -41,7 +41,8 @@ from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision, timeline
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
+from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
+                                         raise_on_failure)
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
@@ -610,7 +611,7 @@ class Job:
         if failed and not self._closing:
             self._up_failure = LaunchError(
                 "containers started, but not every node's sshd came up:\n" +
-                "\n".join(f"  {r.host}: {r.error}" for r in failed))
+                host_lines([(r.host, r.error or "failed") for r in failed]))
             self.teardown()
 
     def up_failure(self, timeout: float) -> LaunchError | None:

@@ -27,6 +27,7 @@ from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.login import Login
+from dtrain.launch.remote.fanout import host_lines
 from dtrain.launch.remote.transport import SshTransport
 
 PULL_SH = Path(__file__).resolve().parents[1] / "node" / "pull.sh"  # launch/node/pull.sh
@@ -427,6 +428,6 @@ def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
     failed = [p for p in board.nodes.values() if p.state == "failed"]
     if failed:
         raise LaunchError(f"pulling {image} failed on {len(failed)} of {len(nodes)} nodes:\n"
-                          + "\n".join(f"  {p.host}: {p.error}" for p in failed))
+                          + host_lines([(p.host, p.error) for p in failed]))
     return list(board.nodes.values())
 

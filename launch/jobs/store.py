@@ -32,7 +32,7 @@ from pathlib import Path
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.remote.fanout import SSH_FAILURE
+from dtrain.launch.remote.fanout import SSH_FAILURE, host_lines
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
@@ -486,5 +486,5 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
         record(name, state="stopped", ended=time.time())
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +
-                          "\n".join(f"  {r.host}: {r.error}" for r in bad))
+                          host_lines([(r.host, r.error or "failed") for r in bad]))
     return name
