@@ -593,14 +593,17 @@ def logs(c, job=None, follow=False):
                                   "ssh_config": NODE_HELP["ssh_config"]})
 def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
+    from dtrain.launch.jobs.store import load_job, stop_line
     from dtrain.launch.jobs.store import stop as stop_job
 
     with user_errors():
+        before = None
         if job is not None:
             from dtrain import values
 
             values.name("--job", job)
-        print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
+            before = load_job(job).get("state")
+        print(stop_line(stop_job(job, _ssh_opts(ssh_opt, ssh_config)), before))
 
 
 # ---------------------------------------------------------------- EC2 nodes and a dataset volume

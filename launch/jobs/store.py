@@ -466,6 +466,17 @@ def remove_argv(job: str) -> list[str]:
                                    node_job_dir(job))
 
 
+ENDED = ("succeeded", "failed", "failed to launch", "interrupted", "stopped", "launcher gone")
+
+
+def stop_line(name: str, state_before: str | None) -> str:
+    """What `stop` says: a job that had ended before it (its state then) is not "stopped" by it;
+    stop only made sure that nothing of it is left on its nodes."""
+    if state_before in ENDED:
+        return f"{name} had already ended ({state_before}); no container of it is left on its nodes"
+    return f"stopped {name}"
+
+
 def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
     """Stop a job: signal its launcher (which tears down), then make sure no container is left.
     The launcher is signalled only where the process at its recorded PID is still it (same
