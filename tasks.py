@@ -536,10 +536,15 @@ def _remainder():
 
 
 def _report_failure(name, code):
+    from dtrain.launch.troubleshoot import diagnose
+    from dtrain.launch.jobs.store import job_log, load_job
+
+    if load_job(name).get("state") == "interrupted":  # Ctrl-C, stop, SIGTERM: nothing to diagnose
+        print(f"[launch] job {name} interrupted (exit code {code}); output: dtrain logs --job {name}",
+              file=sys.stderr)
+        return
     print(f"[launch] job {name} failed with exit code {code}; output: dtrain logs --job {name}",
           file=sys.stderr)
-    from dtrain.launch.troubleshoot import diagnose
-    from dtrain.launch.jobs.store import job_log
 
     print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
@@ -588,14 +593,17 @@ def logs(c, job=None, follow=False):
                                   "ssh_config": NODE_HELP["ssh_config"]})
 def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
+    from dtrain.launch.jobs.store import load_job, stop_line
     from dtrain.launch.jobs.store import stop as stop_job
 
     with user_errors():
+        before = None
         if job is not None:
             from dtrain import values
 
             values.name("--job", job)
-        print(f"stopped {stop_job(job, _ssh_opts(ssh_opt, ssh_config))}")
+            before = load_job(job).get("state")
+        print(stop_line(stop_job(job, _ssh_opts(ssh_opt, ssh_config)), before))
 
 
 # ---------------------------------------------------------------- EC2 nodes and a dataset volume

@@ -9,8 +9,11 @@ current directory as code" mean the user's."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import re
 import sys
+from collections.abc import Iterable
 from types import ModuleType
 
 from invoke import Collection, Program
@@ -32,6 +35,46 @@ def tasks_module() -> ModuleType:
     return module
 
 
+# tasks whose job command follows `--` (tasks.py's _remainder()): a word the parser does not know
+# after their flags is almost always that command without its `--`
+COMMAND_TASKS = {"launch": "dtrain launch ... -- python train.py",
+                 "manifest": "dtrain manifest ... -- python train.py",
+                 "sagemaker": "dtrain sagemaker run ... -- python train.py"}
+
+
+def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> str:
+    """The one `error: ...` line for a command line Invoke could not parse. message: Invoke's
+    (e.g. "No idea what '--hostfle' is!"); task: the task being parsed (None before any); flags:
+    that task's flags. An unknown flag is named with the task's closest flag; an unknown word
+    after a task that runs a command is named as a command missing its `--`."""
+    where = f"dtrain {task}: " if task else ""
+    helps = f"dtrain --help {task}" if task else "dtrain --list; dtrain --help TASK"
+    if m := re.fullmatch(r"Flag <Argument: (\w+)> needed value and was not given one!", message):
+        name = m.group(1).replace("_", "-")
+        return f"error: {where}{'-' if len(name) == 1 else '--'}{name} needs a value ({helps})"
+    m = re.fullmatch(r"No idea what '(.*)' is!", message)
+    if m is None:
+        return f"error: {message} ({helps})"
+    token = m.group(1)
+    if token.startswith("-"):
+        flag = token.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, [f for f in flags if f.startswith("--")], n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"error: {where}no flag {flag}{hint} ({helps})"
+    if task is None:
+        return f"error: no task {token!r} ({helps})"
+    if task in COMMAND_TASKS:
+        return (f"error: {where}{token!r} is not a flag or a task; the job's command goes after `--`: "
+                f"{COMMAND_TASKS[task]}")
+    return f"error: {where}{token!r} is not a flag of {task} or a task ({helps})"
+
+
+def _usage_error(e: ParseError) -> Exit:
+    ctx = e.context
+    return Exit(parse_error_line(str(e), ctx.name if ctx is not None and ctx.name else None,
+                                 ctx.flags if ctx is not None else ()), code=2)
+
+
 class DtrainProgram(Program):
     """Invoke's Program, where a command line it cannot parse (an unknown task or flag, a flag
     without its value) is one `error: ...` line and exit 2, as every other usage error."""
@@ -40,13 +83,13 @@ class DtrainProgram(Program):
         try:
             return super().parse_core(argv)
         except ParseError as e:
-            raise Exit(f"error: {e} (dtrain --list; dtrain --help TASK)", code=2) from None
+            raise _usage_error(e) from None
 
     def parse_tasks(self) -> None:
         try:
             super().parse_tasks()
         except ParseError as e:
-            raise Exit(f"error: {e} (dtrain --list; dtrain --help TASK)", code=2) from None
+            raise _usage_error(e) from None
 
 
 def program() -> Program:

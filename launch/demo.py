@@ -1,7 +1,8 @@
 """`dtrain demo`: the main job end to end on a local simulated cluster.
 
 Host setup -> build the CPU Horovod+TensorFlow image -> 2-node cluster -> push to its
-registry -> a real Horovod training over mpirun across the nodes -> cluster down.
+registry -> a real Horovod training over mpirun across the nodes -> cluster down (a cluster of
+that size that was up before the demo is used and left up).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def run(nodes: int = 2, keep: bool = False, epochs: int = 3) -> int:
     b.build([FAMILY], img.tag, False, b.BuildOptions(base_image=engine.BASE_IMAGE,
                                                      ca_bundle=b.default_ca_bundle()))
     say(f"3/5 simulated cluster: {nodes} nodes (netns, own dockerd and sshd each, NIC ens5)")
+    before = cluster.status()
     info = cluster.up(nodes)
+    theirs = before.up and before.nodes == nodes  # up() returned the user's cluster unchanged: it stays
     code = 1
     try:
         engine.allow_insecure_registry(info.registry)
@@ -45,8 +48,9 @@ def run(nodes: int = 2, keep: bool = False, epochs: int = 3) -> int:
                        name="demo", ssh_opts=("-F", info.ssh_config))
         code = Job(spec, parse_hostfile(info.hostfile)).run()
     finally:
-        if keep:
-            say(f"cluster kept: ssh -F {info.ssh_config} node-1; `dtrain cluster down` removes it")
+        if keep or theirs:
+            why = "it was up before the demo" if theirs else "--keep"
+            say(f"cluster kept ({why}): ssh -F {info.ssh_config} node-1; `dtrain cluster down` removes it")
         else:
             cluster.down()
     say(f"{'done' if code == 0 else f'job failed with exit code {code}'} in {time.monotonic() - t0:.0f} s")

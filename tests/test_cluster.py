@@ -210,7 +210,7 @@ def test_up_is_idempotent_and_refuses_other_size(info):
     again = cluster.up(N, quiet=True)
     assert again == info
     assert time.monotonic() - t0 < 5
-    with pytest.raises(cluster.ClusterError, match="already up"):
+    with pytest.raises(cluster.ClusterError, match=r"already up; `dtrain cluster up --recreate \.\.\.` replaces it"):
         cluster.up(N + 1, quiet=True)
     assert cluster.status().up
 

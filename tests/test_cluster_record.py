@@ -28,3 +28,13 @@ def test_record_from_another_version(change):
         cl.ClusterInfo.from_dict(d)
     msg = str(e.value)
     assert str(cl.STATE_FILE) in msg and "dtrain cluster down" in msg and "\n" not in msg
+
+
+def test_a_cluster_of_another_size_is_refused_with_the_commands_that_replace_it():
+    """The CLI's user reads this line: it names `dtrain cluster up --recreate`, not the Python
+    call (review of issue 25: it said "or up(..., recreate=True)")."""
+    for msg in (cl.refusal(2), cl.refusal(3, "lazy")):
+        assert "dtrain cluster up --recreate" in msg and "dtrain cluster down" in msg, msg
+        assert "recreate=True" not in msg and "\n" not in msg
+    assert cl.refusal(2).startswith("a cluster with 2 node(s) is already up;")
+    assert cl.refusal(3, "lazy").startswith("a cluster with 3 node(s) is up in lazy mode;")

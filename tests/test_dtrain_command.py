@@ -73,9 +73,24 @@ def test_sagemaker_run_uploads_the_users_directory(tmp_path, moto_server):
 
 
 def test_a_command_line_dtrain_cannot_parse_is_one_line_and_exit_2(tmp_path):
-    for args, what in [(("launch", "--nosuch"), "No idea what '--nosuch' is!"),
-                       (("nosuchtask",), "No idea what 'nosuchtask' is!"),
-                       (("nodes", "up", "--count"), "needed value and was not given one")]:
+    """Each names what is wrong: the unknown flag with the task's closest one, a job command
+    missing its `--`, a flag without its value (review of issue 25: Invoke's "No idea what
+    'python' is!" did not say that the `--` was missing)."""
+    image = "10.213.0.1:5000/dtrain/horovod-tensorflow:2.15.1-hvd0.28.1-cpu-py311-debian12"
+    for args, what in [
+        (("launch", "--hostfle", "hosts", "--image", image, "--", "python", "train.py"),
+         "error: dtrain launch: no flag --hostfle; did you mean --hostfile? (dtrain --help launch)"),
+        (("launch", "--max-restart=2", "--", "true"), "no flag --max-restart; did you mean --max-restarts?"),
+        (("launch", "--nosuch"), "error: dtrain launch: no flag --nosuch (dtrain --help launch)"),
+        (("launch", "--hostfile", "hosts", "--image", image, "python", "train.py"),
+         "error: dtrain launch: 'python' is not a flag or a task; the job's command goes after `--`: "
+         "dtrain launch ... -- python train.py"),
+        (("manifest", "--for", "mpijob", "python"), "the job's command goes after `--`"),
+        (("status", "foo"), "error: dtrain status: 'foo' is not a flag of status or a task"),
+        (("nosuchtask",), "error: no task 'nosuchtask' (dtrain --list"),
+        (("nodes", "up", "--count"), "error: dtrain nodes: --count needs a value (dtrain --help nodes)"),
+        (("launch", "-f"), "error: dtrain launch: -f needs a value"),
+    ]:
         r = dtrain(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
-        assert r.stderr.startswith("error: ") and what in r.stderr and "Traceback" not in r.stderr
+        assert r.stderr.startswith("error: ") and what in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

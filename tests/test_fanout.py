@@ -200,6 +200,17 @@ def test_raise_on_failure_lists_every_host():
     assert str(e.value) == "preflight failed on 2 of 3 hosts:\n  b: exit 1: x\n  c: timed out after 60s"
 
 
+def test_hosts_that_failed_the_same_way_share_one_line():
+    """A misspelt image fails on every node with the same engine message: one line naming them all
+    (review of issue 25: 2 lines per node, twice), each distinct error on its own line, in order."""
+    err = "exit 1: image r/x:1 is not on this node and could not be pulled: manifest unknown"
+    results = [NodeResult(h, 1, "", "", 1, 0.1, err) for h in ("a", "b", "c")]
+    results.insert(1, NodeResult("d", None, "", "", 1, 60.0, "timed out after 60s"))
+    with pytest.raises(LaunchError) as e:
+        raise_on_failure(results, "starting containers")
+    assert str(e.value) == f"starting containers failed on 4 of 4 hosts:\n  a, b, c: {err}\n  d: timed out after 60s"
+
+
 # --- a real sshd on 127.0.0.1 ---------------------------------------------------------------
 
 

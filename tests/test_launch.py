@@ -380,6 +380,9 @@ def test_ctrl_c_tears_down_every_node(cluster, remote_images, tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert time.monotonic() - t0 < 60
+    # the user stopped it: said in one line, no failure diagnosis (review of issue 25)
+    assert "[launch] job t-ctrlc interrupted (exit code 130); output: dtrain logs --job t-ctrlc" in out, out
+    assert "failed with exit code" not in out and "No known failure signature" not in out, out
     assert containers_left(cluster, "t-ctrlc") == []
     assert re.search(r"t-ctrlc\s+interrupted", _cli(env, "status").stdout)
 

@@ -16,7 +16,7 @@ import pytest
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import pull as pl
 from dtrain.launch.jobs.job import Job
-from test_launch import nodes_of, spec
+from test_launch import containers_left, nodes_of, on_node, spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -361,6 +361,30 @@ def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_im
 
 
 @pytest.mark.cluster
+def test_a_launch_of_an_image_the_registry_lacks_says_so_in_one_line(cluster, tmp_path):
+    """A misspelt tag: the registry's 404 to the launcher's one HEAD request is one warning; no
+    node pulls; the start step's error names every node on one line; nothing is left (review of
+    issue 25: 4 lines per node, the same engine message each time)."""
+    image = f"{cluster.registry}/dtrain/does-not-exist:1"
+    r = subprocess.run([sys.executable, "-m", "invoke", "launch", "--hostfile", cluster.hostfile, "--ssh-config",
+                        cluster.ssh_config, "--image", image, "--name", "t-absent", "--", "true"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path)})
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in out, out
+    assert (f"[launch] warning: the registry {cluster.registry} has no dtrain/does-not-exist:1 (HTTP 404): "
+            "check --image's name and tag") in r.stdout, out
+    assert "[launch] pull " not in out, out  # no node tried
+    hosts = ", ".join(n.address for n in cluster.nodes)
+    assert re.search(rf"error: starting containers failed on 3 of 3 hosts:\n  {re.escape(hosts)}: exit 1: image "
+                     rf"{re.escape(image)} is not on this node and could not be pulled: .*manifest unknown", r.stderr), out
+    assert len(out.splitlines()) == 3, out
+    assert containers_left(cluster, "t-absent") == []
+    for i in range(1, len(cluster.nodes) + 1):
+        assert on_node(cluster, i, "ls ~/.dtrain/node-jobs/ /dev/shm | grep -c t-absent", check=False).stdout.strip() == "0"
+
+
+@pytest.mark.cluster
 def test_invoke_pull_names_the_node_and_image_that_failed(cluster, tmp_path):
     image = f"{cluster.registry}/dtrain/does-not-exist:1"
     r = subprocess.run([sys.executable, "-m", "invoke", "pull", "--hostfile", cluster.hostfile, "--ssh-config",
@@ -369,7 +393,10 @@ def test_invoke_pull_names_the_node_and_image_that_failed(cluster, tmp_path):
                        timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"pulling {image} failed on 3 of 3 nodes" in r.stderr
-    assert re.search(rf"10\.213\.0\.11: exit 1: docker pull {re.escape(image)} failed .*not found", r.stderr), r.stderr
+    # every node failed the same way: one line names them all (fanout.host_lines)
+    assert re.search(rf"\n  10\.213\.0\.11, 10\.213\.0\.12, 10\.213\.0\.13: exit 1: docker pull {re.escape(image)} "
+                     rf"failed .*not found", r.stderr), r.stderr
+    assert r.stderr.count("not found") == 1, r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -464,6 +491,19 @@ def test_resolve_digest_matches_what_the_registry_stores_for_each_manifest_kind(
         assert pl.resolve_digest(f"{registry}/{repo}:{tag}") == digest, tag
     assert pl.resolve_digest(f"{registry}/{repo}:absent") is None
     assert pl.resolve_digest("127.0.0.1:1/x/y:1", timeout=2) is None  # nothing listening
+    # what the launch tells apart (review of issue 25: a misspelt image was a pull failure per node)
+    assert pl.ask_registry(f"{registry}/{repo}:absent") == pl.RegistryAnswer(None, absent=True)
+    assert pl.ask_registry(f"{registry}/dtrain/nosuchrepo:1") == pl.RegistryAnswer(None, absent=True)
+    assert pl.ask_registry(f"{registry}/{repo}:v2") == pl.RegistryAnswer(want["v2"])
+    assert pl.ask_registry("127.0.0.1:1/x/y:1", timeout=2) == pl.RegistryAnswer(None)  # no answer: not absent
+
+
+def test_the_launch_says_in_one_line_that_the_registry_has_no_such_image():
+    from dtrain.launch.jobs.job import absent_line
+
+    line = absent_line("10.213.0.1:5000/dtrain/horovod-tensorflw:2.15.1-hvd0.28.1-cpu-py311-debian12")
+    assert line.startswith("the registry 10.213.0.1:5000 has no dtrain/horovod-tensorflw:2.15.1-hvd0.28.1-cpu-py311-"
+                           "debian12 (HTTP 404): check --image's name and tag") and "\n" not in line
 
 
 def test_pull_argv_logs_in_first_into_a_config_of_its_own(tmp_path):

@@ -126,12 +126,21 @@ def test_readers_survive_a_partial_or_corrupt_record_of_another_job(home):
     with pytest.raises(LaunchError, match="output.log: no output kept"):
         store.read_log(store.job_log("partial"))
     assert store.stop("partial") == "partial"  # no nodes recorded: nothing to remove
+    assert store.stop_line("partial", None) == "stopped partial"
+    assert store.stop_line("good", "running") == "stopped good"
+    assert store.stop_line("good", "interrupted") == ("good had already ended (interrupted); no container of it "
+                                                      "is left on its nodes")
     env = {**os.environ, "DTRAIN_HOME": str(home)}
     for args in (["status"], ["logs", "--job", "good"], ["logs", "--job", "partial"], ["logs", "--job", "cut"]):
         r = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=120)
         assert "Traceback" not in r.stderr, (args, r.stderr)
         assert (r.returncode == 0) == (args[-1] in ("status", "good")), (args, r.stdout, r.stderr)
+    # a job that had ended is not said to be stopped (review of issue 25: "stopped good")
+    r = subprocess.run([sys.executable, "-m", "invoke", "stop", "--job", "good"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "good had already ended (succeeded); no container of it is left on its nodes\n", r.stdout
 
 
 LAUNCHER = """

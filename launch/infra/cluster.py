@@ -516,8 +516,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
         if st.info is not None and st.info.lazy != (lazy is not None):
             mode = "lazy" if st.info.lazy else "classic"
             if not recreate:
-                raise ClusterError(f"a cluster with {st.nodes} node(s) is up in {mode} mode; run 'cluster down' "
-                                   "first (or up(..., recreate=True))")
+                raise ClusterError(refusal(st.nodes, mode))
             _log(quiet, f"existing cluster is in {mode} mode; rebuilding")
             _down(quiet)
             st = _status()
@@ -527,8 +526,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
                 _set_link_rates(st.info, rate, rates, quiet)
                 return _name_nics(st.info, nic_names or {}, quiet)
             if st.nodes != nodes and not recreate:
-                raise ClusterError(f"a cluster with {st.nodes} node(s) is already up; run "
-                                   f"'cluster down' first (or up(..., recreate=True))")
+                raise ClusterError(refusal(st.nodes))
             _log(quiet, "existing cluster is " + ("degraded: " + "; ".join(st.problems)
                                                   if not st.up else f"{st.nodes} node(s)")
                  + "; rebuilding")
@@ -550,6 +548,14 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
         _log(quiet, f"up: {nodes} node(s) in {time.monotonic() - t0:.1f}s; "
                     f"ssh -F {info.ssh_config} node-1")
         return _name_nics(info, nic_names or {}, quiet)
+
+
+def refusal(nodes: int, mode: str | None = None) -> str:
+    """Why up() refuses a cluster of another size (or mode, "lazy"/"classic") that is up, and the
+    commands that replace it (recreate=True in Python)."""
+    what = f"is up in {mode} mode" if mode else "is already up"
+    return (f"a cluster with {nodes} node(s) {what}; `dtrain cluster up --recreate ...` replaces it "
+            "(or `dtrain cluster down` first)")
 
 
 def _rate(rate: str | int) -> int:

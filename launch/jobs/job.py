@@ -41,11 +41,12 @@ from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision, timeline
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.remote.fanout import SSH_FAILURE, Fanout, NodeResult, is_connection_error, raise_on_failure
+from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
+                                         raise_on_failure)
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
-from dtrain.launch.jobs.pull import pull_on_nodes, resolve_digest
+from dtrain.launch.jobs.pull import RegistryAnswer, ask_registry, parse_ref, pull_on_nodes
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
@@ -155,6 +156,7 @@ class Prepared:
     digest: str = ""  # the registry's digest of the image (--pull always); "" unknown
     timeline: timeline.Timeline = ()  # each node's first round
     sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
+    absent: bool = False  # the registry said it has no such image (--pull always; HTTP 404)
 
 
 @dataclass(frozen=True)
@@ -610,7 +612,7 @@ class Job:
         if failed and not self._closing:
             self._up_failure = LaunchError(
                 "containers started, but not every node's sshd came up:\n" +
-                "\n".join(f"  {r.host}: {r.error}" for r in failed))
+                host_lines([(r.host, r.error or "failed") for r in failed]))
             self.teardown()
 
     def up_failure(self, timeout: float) -> LaunchError | None:
@@ -681,6 +683,9 @@ class Job:
         t = time.time()
         if self.spec.pull == "never":
             return Pulled(self.spec.pull, pull_timeline({}, self.nodes, t, t0))
+        if prepared.absent:  # a misspelt name or tag: no node would get it; one line, not one per node
+            self.say(f"[launch] warning: {absent_line(self.spec.image)}")
+            return Pulled("missing", pull_timeline({}, self.nodes, t, t0))
         tty = self.say is print and sys.stdout.isatty()
         out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
         progress = []
@@ -694,17 +699,17 @@ class Job:
         return Pulled("missing", pull_timeline({p.host: p.ended for p in progress if p.state == "pulled"},
                                                self.nodes, t, t0))
 
-    def _registry(self) -> tuple[Login | None, str]:
+    def _registry(self) -> tuple[Login | None, RegistryAnswer]:
         """What the registry says once for every step: its login and (--pull always) the
-        image's digest; (None, "") for --pull never."""
+        image's digest, or that it has no such image; (None, unknown) for --pull never."""
         if self.spec.pull == "never":
-            return None, ""
+            return None, RegistryAnswer(None)
         login = login_for(self.spec.image)
-        digest = ""
+        answer = RegistryAnswer(None)
         if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
-            digest = resolve_digest(self.spec.image, user=login.user if login.registry else None,
-                                    password=login.password if login.registry else None, timeout=3) or ""
-        return login, digest
+            answer = ask_registry(self.spec.image, user=login.user if login.registry else None,
+                                  password=login.password if login.registry else None, timeout=3)
+        return login, answer
 
     def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
@@ -714,7 +719,8 @@ class Job:
         The same round asks each node whether it holds the image already (pull()).
         t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
         watch = contract.node_script("watch.sh")
-        login, digest = self._registry()
+        login, answer = self._registry()
+        digest = answer.digest or ""
         # what each node is asked about the image (host/prepare.sh): IMAGE POLICY DIGEST CONTAINER
         # (the job's, whose stale one the start step removes: one `docker inspect` answers both)
         question = () if login is None else (self.spec.image, self.spec.pull, digest, container_name(self.spec.name))
@@ -764,7 +770,8 @@ class Job:
                               + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
         if wd is not None:
             wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
-        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay))
+        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay),
+                        absent=answer.absent)
 
     def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
         """The first round's results where a node did not prepare: the LaunchError naming it.
@@ -1110,6 +1117,16 @@ class Signalled(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def absent_line(image: str) -> str:
+    """The launch's one line where the registry has no such image (HTTP 404 to the launcher's
+    HEAD request): nothing is pulled; the start step fails on every node without an image of
+    that name, naming them."""
+    ref = parse_ref(image)
+    return (f"the registry {ref.registry} has no {ref.repository}:{ref.reference} (HTTP 404): check --image's "
+            "name and tag (`dtrain push` prints what it pushed); nothing pulled, a node that holds an image "
+            "of that name uses it")
 
 
 def interrupt_code(e: KeyboardInterrupt) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.login import Login
+from dtrain.launch.remote.fanout import host_lines
 from dtrain.launch.remote.transport import SshTransport
 
 PULL_SH = Path(__file__).resolve().parents[1] / "node" / "pull.sh"  # launch/node/pull.sh
@@ -129,10 +130,27 @@ def _bearer_token(challenge: str, auth: str | None, timeout: float,
     return body.get("token") or body.get("access_token")
 
 
+@dataclass(frozen=True)
+class RegistryAnswer:
+    """What the registry said of an image: its manifest digest (None: not known), and whether
+    it said it has no such manifest (HTTP 404: a misspelt name or tag, or not pushed)."""
+
+    digest: str | None
+    absent: bool = False
+
+
 def resolve_digest(image: str, *, user: str | None = None, password: str | None = None,
                    timeout: float = 10.0, insecure: Collection[str] | None = None) -> str | None:
     """The registry's manifest digest for image (HEAD /v2/REPO/manifests/TAG), or None when it
-    cannot be had (no answer, auth it cannot do): the nodes then decide by themselves.
+    cannot be had (no answer, auth it cannot do, no such image): the nodes then decide by
+    themselves. ask_registry: the same request, and whether the registry said it has no such image."""
+    return ask_registry(image, user=user, password=password, timeout=timeout, insecure=insecure).digest
+
+
+def ask_registry(image: str, *, user: str | None = None, password: str | None = None,
+                 timeout: float = 10.0, insecure: Collection[str] | None = None) -> RegistryAnswer:
+    """The registry's manifest digest for image (HEAD /v2/REPO/manifests/TAG), None where it
+    cannot be had (no answer, auth it cannot do), absent where the registry answers 404.
 
     https first; plain http where https cannot connect (insecure registries as on the
     simulated cluster). Bearer challenges (Docker Hub) get an anonymous token; user/password
@@ -142,7 +160,7 @@ def resolve_digest(image: str, *, user: str | None = None, password: str | None 
     collection means exactly those host[:port] names. Unauthenticated requests may use http."""
     ref = parse_ref(image)
     if _DIGEST_RE.match(ref.reference):
-        return ref.reference
+        return RegistryAnswer(ref.reference)
     marked = _marked(insecure)
     basic = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()) if user else None
     for scheme in ("https", "http"):
@@ -157,21 +175,23 @@ def resolve_digest(image: str, *, user: str | None = None, password: str | None 
             try:
                 with urllib.request.urlopen(req, timeout=timeout) as r:
                     digest = r.headers.get("Docker-Content-Digest", "")
-                    return digest if _DIGEST_RE.match(digest) else None
+                    return RegistryAnswer(digest if _DIGEST_RE.match(digest) else None)
             except urllib.error.HTTPError as e:
+                if e.code == 404:  # MANIFEST_UNKNOWN / NAME_UNKNOWN (a HEAD answer has no body)
+                    return RegistryAnswer(None, absent=True)
                 challenge = e.headers.get("WWW-Authenticate", "")
                 if e.code != 401 or not challenge.lower().startswith("bearer") or not trusted():
-                    return None  # over plain http to an unmarked registry: no token is sent
+                    return RegistryAnswer(None)  # over plain http to an unmarked registry: no token is sent
                 try:
                     token = _bearer_token(challenge, basic, timeout, marked)
                 except (OSError, ValueError):
-                    return None
+                    return RegistryAnswer(None)
                 if not token:
-                    return None
+                    return RegistryAnswer(None)
                 auth = f"Bearer {token}"
             except (urllib.error.URLError, ssl.SSLError, OSError):
                 break  # try the next scheme
-    return None
+    return RegistryAnswer(None)
 
 
 # --- pull.sh's lines -------------------------------------------------------------------------
@@ -427,6 +447,6 @@ def pull_on_nodes(nodes: Sequence[Node], image: str, policy: str = "always", *,
     failed = [p for p in board.nodes.values() if p.state == "failed"]
     if failed:
         raise LaunchError(f"pulling {image} failed on {len(failed)} of {len(nodes)} nodes:\n"
-                          + "\n".join(f"  {p.host}: {p.error}" for p in failed))
+                          + host_lines([(p.host, p.error) for p in failed]))
     return list(board.nodes.values())
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.remote.fanout import SSH_FAILURE
+from dtrain.launch.remote.fanout import SSH_FAILURE, host_lines
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
@@ -466,6 +466,17 @@ def remove_argv(job: str) -> list[str]:
                                    node_job_dir(job))
 
 
+ENDED = ("succeeded", "failed", "failed to launch", "interrupted", "stopped", "launcher gone")
+
+
+def stop_line(name: str, state_before: str | None) -> str:
+    """What `stop` says: a job that had ended before it (its state then) is not "stopped" by it;
+    stop only made sure that nothing of it is left on its nodes."""
+    if state_before in ENDED:
+        return f"{name} had already ended ({state_before}); no container of it is left on its nodes"
+    return f"stopped {name}"
+
+
 def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
     """Stop a job: signal its launcher (which tears down), then make sure no container is left.
     The launcher is signalled only where the process at its recorded PID is still it (same
@@ -486,5 +497,5 @@ def stop(name: str | None, ssh_opts: tuple[str, ...] = ()) -> str:
         record(name, state="stopped", ended=time.time())
     if bad:
         raise LaunchError("could not reach every node to remove the containers:\n" +
-                          "\n".join(f"  {r.host}: {r.error}" for r in bad))
+                          host_lines([(r.host, r.error or "failed") for r in bad]))
     return name

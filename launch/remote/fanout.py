@@ -326,9 +326,19 @@ def run_all(nodes: Sequence[Node], make_argv: Callable[[Node], list[str]], **opt
     return Fanout(nodes, make_argv, **options).results()
 
 
+def host_lines(failures: Sequence[tuple[str, str]]) -> str:
+    """`  HOST: ERROR` lines for (host, error) pairs, one per distinct error in the order first
+    seen: hosts that failed the same way share its line (`  h1, h2: exit 1: x`), so 32 nodes that
+    cannot pull a misspelt image make one line, not 32."""
+    hosts: dict[str, list[str]] = {}
+    for host, error in failures:
+        hosts.setdefault(error, []).append(host)
+    return "\n".join(f"  {', '.join(h)}: {error}" for error, h in hosts.items())
+
+
 def raise_on_failure(results: Sequence[NodeResult], what: str) -> None:
-    """One LaunchError listing every failed host and why; nothing if all succeeded."""
+    """One LaunchError naming every failed host and why (host_lines); nothing if all succeeded."""
     failed = [r for r in results if not r.ok]
     if failed:
-        lines = "\n".join(f"  {r.host}: {r.error}" for r in failed)
+        lines = host_lines([(r.host, r.error or "failed") for r in failed])
         raise LaunchError(f"{what} failed on {len(failed)} of {len(results)} hosts:\n{lines}")
