@@ -8,6 +8,7 @@ import pytest
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
+from dtrain.launch.jobs import job
 from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
                         rank_nodes, torchrun_node_argv)
 
@@ -30,6 +31,15 @@ def test_probe_to_facts():
     assert (f.address, f.iface, f.gpus, f.memlock) == ("10.0.0.11", "ens5", 8, -1)
     assert f.efa == ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1")
     assert facts_from_probe(Node("h", 1), probe(memlock="8388608"), None).memlock == 8388608
+
+
+def test_memlock_warning_names_only_capped_nodes_with_efa():
+    efa_capped = facts_from_probe(Node("a", 1), probe(memlock="8388608"), None)
+    plain_capped = facts_from_probe(Node("b", 1), probe(memlock="8388608", efa="", gpus="0"), None)
+    efa_unlimited = facts_from_probe(Node("c", 1), probe(), None)
+    line = job.memlock_warning([efa_capped, plain_capped, efa_unlimited])
+    assert line.startswith("dockerd cannot lift the memlock limit on a (8192 KiB):") and "\n" not in line, line
+    assert job.memlock_warning([plain_capped, efa_unlimited]) == ""  # the simulated cluster: no warning
 
 
 def test_probe_errors_name_the_node():

@@ -427,17 +427,25 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     except BaseException:
         fan.cancel()
         raise
-    capped = [f for f in result.facts if f.memlock >= 0]
-    if capped:
-        say(f"[launch] warning: dockerd cannot lift the memlock limit on "
-            f"{', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
-            "containers get that, not unlimited; EFA needs unlimited (docs/troubleshooting.md#memlock)")
+    if warning := memlock_warning(result.facts):
+        say(f"[launch] warning: {warning}")
     nic = result.facts[0].iface if result.subnet is None else \
         f"{'/'.join(sorted({f.iface for f in result.facts}))} (subnet {result.subnet})"
     say(f"[launch] {len(result.facts)} node(s): NIC {nic}, "
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
         f"{container_name(spec.name)} running with the job key ({time.monotonic() - began:.1f} s)")
     return result, fan
+
+
+def memlock_warning(facts: Sequence[NodeFacts]) -> str:
+    """The nodes with EFA devices whose dockerd cannot lift the memlock limit (their containers get
+    dockerd's ceiling: EFA registers memory and needs unlimited), as one line; "" where none. A
+    node without EFA is not named: nothing the launch runs there needs more."""
+    capped = [f for f in facts if f.memlock >= 0 and f.efa]
+    if not capped:
+        return ""
+    return (f"dockerd cannot lift the memlock limit on {', '.join(f'{f.node.host} ({f.memlock // 1024} KiB)' for f in capped)}: "
+            "containers get that, not unlimited; EFA needs unlimited (docs/troubleshooting.md#memlock)")
 
 
 def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], running: set[str]) -> Started:
