@@ -710,7 +710,8 @@ ENTRIES: tuple[Entry, ...] = (
               "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "
               "and below, and only for non-root).",
         fix="`dtrain launch` runs node containers with `--ulimit memlock=-1` (unlimited); where "
-            "dockerd itself cannot lift the limit it uses dockerd's ceiling and warns.",
+            "dockerd itself cannot lift the limit it uses dockerd's ceiling, and warns on nodes with EFA "
+            "devices (`dtrain doctor` reports it on every node).",
         confirm="`dtrain doctor` check `memlock` (`ulimit -l` in the container is "
                 "`unlimited`).",
         source=(EFA_NCCL, "https://www.open-mpi.org/faq/?category=openfabrics#ib-locked-pages",
