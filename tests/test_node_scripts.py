@@ -247,6 +247,92 @@ def test_run_sh_ready_beside_starts_the_command_at_once_and_gives_it_the_checks_
     assert ("SAYS sshd on 10.0.0" in r.stderr) == (ssh_rc != 0)
 
 
+# A fake ssh for --connect: one line per call, "HOST master|session NODELAY", where NODELAY is
+# TCP_NODELAY of the socket on its stdin (ssh-connect.pl's) and "-" where stdin is no socket.
+FAKE_SSH = r"""#!/bin/bash
+for a; do :; done
+kind=session; host=${@: -2:1}
+case " $* " in *" ProxyCommand=- "*" -f -N "*) kind=master; host=${@: -1} ;; esac
+nd=$(python3 -c 'import socket, sys
+try:
+    s = socket.socket(fileno=0); print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), s.getpeername()[1]); s.detach()
+except OSError:
+    print("-")' 2>/dev/null)
+echo "$host $kind $nd" >> "$REACHED"
+"""
+
+
+def _listeners(addrs: list[str]) -> tuple[list, int]:
+    """A listening socket on each of addrs (loopback), all on one port."""
+    import socket
+
+    for _ in range(20):
+        first = socket.create_server((addrs[0], 0))
+        port = first.getsockname()[1]
+        socks = [first]
+        try:
+            socks += [socket.create_server((a, port)) for a in addrs[1:]]
+            return socks, port
+        except OSError:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no common free port on " + ", ".join(addrs))
+
+
+def test_ssh_connect_runs_ssh_on_a_socket_with_nagle_off(tmp_path):
+    """ssh-connect.pl: the program it runs gets the connection on stdin and stdout, TCP_NODELAY
+    set (the client's 40 ms stall in a key exchange gone); a refused port fails as ssh does."""
+    import socket
+
+    (srv,), port = _listeners(["127.0.0.1"])
+    check = ("import socket; a = socket.socket(fileno=0); b = socket.socket(fileno=1); "
+             "print(a.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), a.getpeername()[1], "
+             "b.getsockname() == a.getsockname(), file=__import__('sys').stderr); a.detach(); b.detach()")
+    r = subprocess.run(["perl", str(NODE / "ssh-connect.pl"), "127.0.0.1", str(port), "3", "python3", "-c", check],
+                       capture_output=True, text=True, timeout=30)
+    srv.close()
+    assert r.returncode == 0 and r.stderr == f"1 {port} True\n", r.stderr
+    closed = socket.create_server(("127.0.0.1", 0))
+    free = closed.getsockname()[1]
+    closed.close()
+    r = subprocess.run(["perl", str(NODE / "ssh-connect.pl"), "127.0.0.1", str(free), "3", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 255 and r.stderr == f"ssh: connect to host 127.0.0.1 port {free}: Connection refused\n"
+
+
+@pytest.mark.parametrize("with_perl", [True, False])
+def test_run_sh_ready_connect_makes_each_master_with_nagle_off_then_the_session(tmp_path, with_perl):
+    """--ready --connect: per node (not --ready-skip's) first the master connection, ssh -f -N on
+    ssh-connect.pl's socket (TCP_NODELAY, the node's --port), then the session that fills its
+    /etc/hosts; where the container has no perl, the session alone, as without --connect."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    path = str(bin_dir)
+    if not with_perl:  # only what run.sh and the fake ssh use, no perl
+        for tool in ("bash", "mktemp", "rm", "sleep", "tail", "cat", "echo", "python3"):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    else:
+        path += ":" + os.environ["PATH"]
+    socks, port = _listeners(["127.0.0.2", "127.0.0.3"])
+    env = {**os.environ, "PATH": path, "REACHED": str(tmp_path / "reached")}
+    hosts = [a for i in (1, 2, 3) for a in ("--host", f"127.0.0.{i}", f"node-{i}")]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "5",
+                        "--ready-skip", "127.0.0.1", "--port", str(port), "--ssh-opt", "-o",
+                        "--ssh-opt", "ControlPath=/tmp/none-%C", "--connect", contract.node_script("ssh-connect.pl"),
+                        "--", "echo", "ran"], capture_output=True, text=True, env=env, timeout=60)
+    for s in socks:
+        s.close()
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    calls = (tmp_path / "reached").read_text().splitlines()
+    for h in ("127.0.0.2", "127.0.0.3"):
+        mine = [c.split(" ", 1)[1] for c in calls if c.startswith(f"root@{h} ")]
+        assert mine == ([f"master 1 {port}", "session -"] if with_perl else ["session -"]), calls
+
+
 def test_env_file_is_names_and_base64():
     text = env_file({"A": "x\ny", "B": '"'})
     assert text == f"A={base64.b64encode(b'x' + bytes([10]) + b'y').decode()}\nB=Ig==\n"

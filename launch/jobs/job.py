@@ -338,6 +338,7 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         opts += ["--ready-beside"] if ready_beside else []
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
+        opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
     where = ["-w", cwd] if cwd else []
     return ["docker", "exec", *env, *where, container_name(spec.name),

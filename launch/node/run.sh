@@ -18,13 +18,17 @@
 #   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
 #   --port PORT        the containers' sshd port (--ready)
 #   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
+#   --connect PROGRAM  with --ready and the master options: the text of launch/node/ssh-connect.pl;
+#                      each node's master connection is made first, over a socket it opens with
+#                      Nagle off (40 ms less a key exchange), then the session rides it. Ignored
+#                      where the image has no perl or the address is IPv6.
 #   --phase-says TEXT  with --ready: a line on stderr for each node once reached, TEXT then
 #                      {"event": "phase", "phase": "ready", "node": ADDR, "at": EPOCH, "end": EPOCH}
 #                      (the launch's timeline: launch/jobs/timeline.py)
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=
-envfile='' fill=0 ready='' beside=0 skip='' port=22 hosts=() ssh_opts=() phase_says=''
+envfile='' fill=0 ready='' beside=0 skip='' port=22 hosts=() ssh_opts=() phase_says='' connect=''
 while [ $# -gt 0 ]; do
   case $1 in
     --env) envfile=$2; shift 2 ;;
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
     --phase-says) phase_says=$2; shift 2 ;;
+    --connect) connect=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -61,6 +66,18 @@ list=$(mktemp)
 add_hosts='grep -qx "# dtrain job nodes" /etc/hosts || cat >> /etc/hosts'
 if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 
+# reach HOST: the ssh session that fills HOST's /etc/hosts; with --connect (and perl here), first
+# the master connection it then rides (ssh -f -N: back once authenticated), made by
+# ssh-connect.pl over a socket with Nagle off.
+reach() {
+  if [ -n "$connect" ] && [[ $1 != *:* ]]; then
+    perl -e "$connect" "$1" "$port" 3 ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 -o ProxyCommand=- \
+      -o ControlMaster=auto -f -N "${ssh_opts[@]}" "root@$1" || return
+  fi
+  ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$1" "$add_hosts" < "$list" >/dev/null
+}
+command -v perl >/dev/null || connect=''
+
 # ready_check: ssh to every --host but --ready-skip's at once; fails (--ready-code) naming a node
 # whose sshd does not answer within --ready seconds.
 ready_check() {
@@ -73,8 +90,7 @@ ready_check() {
     h=${hosts[i]}
     [ "$h" != "$skip" ] || continue
     ( tries=0
-      until ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$h" "$add_hosts" \
-            < "$list" >/dev/null 2>"/tmp/ssh-$h.err"; do
+      until reach "$h" 2>"/tmp/ssh-$h.err"; do
         if [ "$SECONDS" -ge "$deadline" ]; then
           echo "${READY_SAYS}sshd on $h:$port not reachable: $(tail -1 "/tmp/ssh-$h.err")" >&2; exit 1
         fi

@@ -7,7 +7,8 @@
 # check), and during its handshake it writes two small packets in a row (its debug lines once
 # the key is accepted): the second waits for the client's delayed ACK, 40 ms on Linux. With
 # TCP_NODELAY set here, on the socket sshd inherits, a key exchange from one container to
-# another takes about 0.09 s instead of 0.14 s (docs/benchmarks.md, "Launch", session 12).
+# another takes about 0.09 s instead of 0.14 s (docs/benchmarks.md, "Launch", session 12);
+# with the client's side of the same stall gone too (ssh-connect.pl), 0.04 s.
 #
 # Perl from perl-base (Debian's and Ubuntu's Essential set: every image has it) with the Socket
 # module only: it starts in a few ms. As PID 1 it reaps every child (SIGCHLD ignored), as sshd -D did.
