@@ -7,6 +7,7 @@ every function checks first and only acts when something is missing.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -68,21 +69,44 @@ class EngineError(RuntimeError):
     """Host set-up failed (a package, dockerd, the base image); str() says what to look at."""
 
 
+def deb822_stanzas(text: str) -> list[dict[str, str]]:
+    """The stanzas of a deb822 file (apt's `.sources`) as {Field: value}, field names as written,
+    comment lines left out; a continuation line (leading space or tab: a Signed-By key block)
+    stays in its field's value after a newline, so a stanza written back is the same."""
+    stanzas = []
+    for block in re.split(r"\n[ \t]*\n", text):
+        fields: dict[str, str] = {}
+        last = ""
+        for line in block.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1] in (" ", "\t"):
+                if last:
+                    fields[last] += "\n" + line
+            elif ":" in line:
+                last, _, value = line.partition(":")
+                last = last.strip()
+                fields[last] = value.strip()
+        if fields:
+            stanzas.append(fields)
+    return stanzas
+
+
+def deb822_field(stanza: dict[str, str], name: str, default: str = "") -> str:
+    """A stanza's field by name, in any case (deb822 field names are case-insensitive)."""
+    return next((v for k, v in stanza.items() if k.lower() == name.lower()), default)
+
+
 def apt_sources(texts: dict[str, str]) -> list[tuple[str, str, str]]:
     """(uri, suite, components) of every enabled `deb` source in apt's files ({path: text}):
     one-line `.list` files and deb822 `.sources` stanzas (Enabled: no and other Types skipped)."""
     found: list[tuple[str, str, str]] = []
     for path, text in texts.items():
         if path.endswith(".sources"):
-            for stanza in text.split("\n\n"):
-                f: dict[str, str] = {}
-                for line in stanza.splitlines():
-                    if ":" in line and not line.startswith(("#", " ", "\t")):
-                        key, _, value = line.partition(":")
-                        f[key.strip().lower()] = value.strip()
-                if "deb" in f.get("types", "").split() and f.get("enabled", "yes").lower() != "no":
-                    found += [(uri, suite, f.get("components", ""))
-                              for uri in f.get("uris", "").split() for suite in f.get("suites", "").split()]
+            for f in deb822_stanzas(text):
+                if "deb" in deb822_field(f, "Types").split() and deb822_field(f, "Enabled", "yes").lower() != "no":
+                    found += [(uri, suite, deb822_field(f, "Components"))
+                              for uri in deb822_field(f, "URIs").split() for suite in deb822_field(f, "Suites").split()]
         else:
             for line in text.splitlines():
                 words = [w for w in line.split("#", 1)[0].split() if not (w.startswith("[") or w.endswith("]"))]
@@ -363,18 +387,15 @@ def lazy_missing(root: Path) -> list[str]:
 
 
 def suite_sources(deb822: str, suite: str) -> str:
-    """The machine's apt sources (deb822 text) for another release: each stanza whose Suites
-    name a release itself (bookworm, not bookworm-updates/-security), with Suites: suite."""
+    """The machine's apt sources (deb822 text) for another release: each enabled `deb` stanza
+    whose Suites name a release itself (bookworm, not bookworm-updates/-security), with Suites:
+    suite and every other field (Signed-By: the keyring) as it was."""
     out = []
-    for stanza in deb822.split("\n\n"):
-        fields = {}
-        for line in stanza.splitlines():
-            if line.strip() and not line.lstrip().startswith("#") and ":" in line:
-                k, _, v = line.partition(":")
-                fields[k.strip()] = v.strip()
-        if fields.get("Types", "").split()[:1] == ["deb"] and any("-" not in s for s in fields.get("Suites", "").split()):
-            fields["Suites"] = suite
-            out.append("\n".join(f"{k}: {v}" for k, v in fields.items()))
+    for fields in deb822_stanzas(deb822):
+        suites = deb822_field(fields, "Suites").split()
+        if ("deb" in deb822_field(fields, "Types").split() and deb822_field(fields, "Enabled", "yes").lower() != "no"
+                and any("-" not in s for s in suites)):
+            out.append("\n".join(f"{k}: {suite if k.lower() == 'suites' else v}" for k, v in fields.items()))
     return "\n\n".join(out) + "\n" if out else ""
 
 

@@ -231,3 +231,15 @@ Components: main
     assert out == ("Types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\n"
                    "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
     assert engine.suite_sources("Types: deb-src\nURIs: x\nSuites: bookworm\n", "trixie") == ""
+
+
+def test_trixie_sources_keep_an_inline_key_and_skip_disabled_stanzas():
+    """A Signed-By holding the key itself (continuation lines) is kept whole, not read as fields;
+    a stanza with Enabled: no gives nothing (engine.deb822_stanzas, shared with apt_sources)."""
+    key = " -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n mQINBGPL0BUBEADmW5NlOOM=\n -----END PGP PUBLIC KEY BLOCK-----"
+    text = (f"# the machine's\ntypes: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\nComponents: main\n"
+            f"Signed-By:\n{key}\n\nTypes: deb\nURIs: http://other.example/debian\nSuites: bookworm\n"
+            f"Components: main\nEnabled: no\n")
+    assert engine.suite_sources(text, "trixie") == (
+        f"types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\nSigned-By: \n{key}\n")
+    assert engine.apt_sources({"a.sources": text}) == [("http://mirror.example/debian", "bookworm", "main")]
