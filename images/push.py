@@ -401,26 +401,44 @@ def verify_digest(remote: str, digest: str, image_id: str) -> None:
     if info.get("Id") != image_id or pinned not in (info.get("RepoDigests") or []):
         raise PushError(f"pulled {pinned} back as {info.get('Id', '?')[:19]}, not the pushed "
                         f"{image_id[:19]}")
-    _docker("tag", image_id, remote)  # leave the remote tag in place, as after a plain push
+    _docker("tag", image_id, remote)  # as before the check: push_and_verify decides whether it stays
+
+
+def refs_made_by_push(remote: str, remote_existed: bool, digests_before: Iterable[str],
+                      digest: str | None) -> list[str]:
+    """The references a push added to the engine and must remove after it: the remote tag
+    unless the user had it before, and REPO@DIGEST (the push and the pull-back add it) unless
+    the image listed it before. The local tag stays, so the image's content stays too."""
+    made = [] if remote_existed else [remote]
+    if digest and (pinned := f"{repository_of(remote)}@{digest}") not in set(digests_before):
+        made.append(pinned)
+    return made
 
 
 def push_and_verify(local: str, remote: str, out: Callable[[str], None] = print) -> str:
-    """Tag, push (streaming progress), verify by pulling back; return the manifest digest."""
+    """Tag, push (streaming progress), verify by pulling back; return the manifest digest.
+    Pushed or not, the engine keeps only the references it had before (refs_made_by_push)."""
     info = inspect_image(local)
     if info is None:
         raise PushError(f"{local} is not built")
     registry = split_ref(remote)[0]
-    r = _docker("tag", local, remote)
-    if r.returncode != 0:
-        raise PushError(f"cannot tag {local} as {remote}: {redact(r.stderr).strip()}")
-    rc, output = _stream(["push", remote], out)
-    if rc != 0:
-        raise PushError(docker_error_message(output, registry, "push"))
-    digest = parse_push_digest(output)
-    if not digest:
-        raise PushError(f"docker push {remote} reported no digest")
-    verify_digest(remote, digest, info["Id"])
-    return digest
+    remote_existed = inspect_image(remote) is not None
+    digest = None
+    try:
+        r = _docker("tag", local, remote)
+        if r.returncode != 0:
+            raise PushError(f"cannot tag {local} as {remote}: {redact(r.stderr).strip()}")
+        rc, output = _stream(["push", remote], out)
+        if rc != 0:
+            raise PushError(docker_error_message(output, registry, "push"))
+        digest = parse_push_digest(output)
+        if not digest:
+            raise PushError(f"docker push {remote} reported no digest")
+        verify_digest(remote, digest, info["Id"])
+        return digest
+    finally:
+        for ref in refs_made_by_push(remote, remote_existed, info.get("RepoDigests") or [], digest):
+            _docker("image", "rm", ref)  # untags only: never -f, the local tag keeps the image
 
 
 # ---------------------------------------------------------------- catalog
@@ -692,7 +710,7 @@ __all__ = [
     "PushError", "Target", "EcrTarget", "LocalImage", "PushResult", "CATALOG", "PASSWORD_ENV",
     "remote_ref", "repo_name", "local_ref", "parse_push_digest", "catalog_entry", "merge_entry",
     "docker_error_message", "aws_error_message", "versions_from_labels", "redact",
-    "require_built", "docker_login", "push_and_verify", "verify_digest", "record",
+    "require_built", "docker_login", "push_and_verify", "refs_made_by_push", "verify_digest", "record",
     "read_catalog", "aws_session", "ecr_prepare", "ecr_ensure_repository", "ecr_login_target",
     "read_lifecycle_policy", "push", "push_registry", "push_ecr", "select_images",
     "summary_table", "read_password_stdin", "password_from_flag",
