@@ -67,6 +67,22 @@ def test_parse_push_digest():
     assert P.parse_push_digest("639d6d91b35f: Preparing\nunauthorized") is None
 
 
+def test_push_shows_a_line_per_layer_done_and_a_summary():
+    """Docker's state lines (a line per layer per state off a terminal) become one line per
+    finished layer, its retries, and a summary; the rest is not shown."""
+    raw = ["The push refers to repository [127.0.0.1:5999/dtrain/x]",
+           "aaaaaaaaaaaa: Preparing", "bbbbbbbbbbbb: Preparing", "cccccccccccc: Preparing",
+           "cccccccccccc: Waiting", "bbbbbbbbbbbb: Layer already exists", "aaaaaaaaaaaa: Pushing",
+           "aaaaaaaaaaaa: Retrying in 5 seconds", "aaaaaaaaaaaa: Pushed",
+           "cccccccccccc: Mounted from dtrain/y", "1: digest: sha256:" + "0" * 64 + " size: 945"]
+    state = P.PushProgress()
+    shown = [t for line in raw if (t := P.push_event(line, state))]
+    assert shown == ["layer bbbbbbbbbbbb already in the registry (1/3)", "layer aaaaaaaaaaaa: retrying in 5 s",
+                     "layer aaaaaaaaaaaa pushed (2/3)", "layer cccccccccccc mounted from dtrain/y (3/3)"]
+    assert P.push_summary(state, 4.24) == "1 of 3 layers sent, 2 already in the registry (4.2 s)"
+    assert P.push_event("unauthorized: authentication required", P.PushProgress()) is None
+
+
 def test_catalog_entry_and_versions():
     labels = {"dtrain.version.python": "3.11", "dtrain.version.pytorch": "2.13.0",
               "dtrain.family": "pytorch-ddp", "org.opencontainers.image.version": "x"}
@@ -370,7 +386,11 @@ def test_push_verify_and_catalog(test_image, registry, docker_config, tmp_path, 
     assert entry["versions"] == {"python": "3.11", "pytorch": "2.13.0"}
     assert entry["pushed_at"].endswith("Z")
     out, err = capfd.readouterr()
-    assert "Pushed" in out and "IMAGE" in out and res.digest[:19] in out
+    # one line per layer when it is done and a summary; none of docker's raw state lines
+    assert re.search(r"^  layer [0-9a-f]{12} pushed \(1/1\)$", out, re.M), out
+    assert re.search(r"^  1 of 1 layers sent, 0 already in the registry \(\d+\.\d s\)$", out, re.M), out
+    assert "Preparing" not in out and "Pushed" not in out and "digest: sha256" not in out, out
+    assert "IMAGE" in out and res.digest[:19] in out
     assert PASSWORD not in out + err
 
     # again: same digest, the one entry is updated in place, not duplicated
