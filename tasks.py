@@ -198,7 +198,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
 
     import re
 
-    from dtrain import values
+    from dtrain import engine, values
 
     with user_errors():
         _family_flag(image)
@@ -216,6 +216,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
                                   pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache,
                                   wheelhouse=Path(wheelhouse) if wheelhouse else None)
+            engine.ensure_dockerd()
             pj.build(Path(project), from_, opts)
             return
         opts = b.BuildOptions(
@@ -224,6 +225,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             pip_conf=Path(pip_conf) if pip_conf else None,
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
+        engine.ensure_dockerd()
         b.build([image] if image else None, tag, all, opts)
 
 

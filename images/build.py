@@ -294,6 +294,17 @@ def _push_cache(docker: str, src: str, dst: str) -> None:
             subprocess.run([docker, "image", "rm", made], capture_output=True)
 
 
+def require_engine() -> str:
+    """The docker CLI, once the engine answers; the caller starts the engine (`dtrain build`:
+    engine.ensure_dockerd, the demo and tests: engine.ensure_all), once."""
+    from dtrain import engine
+
+    docker = engine.docker_cli()
+    if not engine.docker_ok():
+        raise BuildError("the Docker engine does not answer (`docker info`): `dtrain build` starts it")
+    return docker
+
+
 def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
     tail = log.read_text().splitlines()[-25:]
     return BuildError(
@@ -313,8 +324,7 @@ def build(families: list[str] | None, tag: str | None, all_variants: bool, opts:
     except SpecError as e:
         raise BuildError(str(e)) from None
     _check_inputs(images, opts)
-    engine.ensure_dockerd()
-    docker = engine.docker_cli()
+    docker = require_engine()
     if opts.base_image and not engine.image_exists(opts.base_image):
         raise BuildError(f"--base-image {opts.base_image} is not in the local engine "
                          "(pull or import it first)")
