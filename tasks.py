@@ -64,6 +64,7 @@ def user_errors():
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra.cluster import ClusterError
     from dtrain.engine import EngineError
+    from dtrain import contract
 
     from dtrain.values import BadValue
 
@@ -72,15 +73,15 @@ def user_errors():
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
             EngineError, BadValue) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(contract.USER_ERROR_EXIT)
     except UnicodeDecodeError as e:
         print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(contract.USER_ERROR_EXIT)
     except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
         if not type(e).__module__.startswith("botocore."):
             raise
         print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(contract.USER_ERROR_EXIT)
 
 
 def _one_line(e: BaseException) -> str:
@@ -197,7 +198,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
 
     import re
 
-    from dtrain import values
+    from dtrain import engine, values
 
     with user_errors():
         _family_flag(image)
@@ -215,6 +216,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
                                   pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache,
                                   wheelhouse=Path(wheelhouse) if wheelhouse else None)
+            engine.ensure_dockerd()
             pj.build(Path(project), from_, opts)
             return
         opts = b.BuildOptions(
@@ -223,6 +225,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             pip_conf=Path(pip_conf) if pip_conf else None,
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
+        engine.ensure_dockerd()
         b.build([image] if image else None, tag, all, opts)
 
 

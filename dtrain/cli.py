@@ -20,6 +20,7 @@ from invoke import Collection, Program
 from invoke.exceptions import Exit, ParseError
 
 import dtrain
+from dtrain import contract
 
 
 def tasks_module() -> ModuleType:
@@ -72,7 +73,7 @@ def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> st
 def _usage_error(e: ParseError) -> Exit:
     ctx = e.context
     return Exit(parse_error_line(str(e), ctx.name if ctx is not None and ctx.name else None,
-                                 ctx.flags if ctx is not None else ()), code=2)
+                                 ctx.flags if ctx is not None else ()), code=contract.USER_ERROR_EXIT)
 
 
 class DtrainProgram(Program):

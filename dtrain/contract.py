@@ -51,6 +51,10 @@ SUPERVISOR_EVENT = "dtrain-supervisor "
 # The supervisor's stack dump after a hang (launch/node/stacks.sh's lines): this prefix, then
 # the line as a user reads it (`[node-2 r1] ...`).
 STACK_LINE = "dtrain-stack "
+# The exit code of every error meant for the user (a bad flag or file, a launch that could not
+# start): the CLI exits with it (tasks.py user_errors, dtrain/cli.py) and a job that failed to
+# launch records it (launch/jobs/job.py), so `dtrain status` shows what the shell saw.
+USER_ERROR_EXIT = 2
 # The readiness check's exit code (launch/node/run.sh --ready, which gets it as --ready-code):
 # a node's sshd did not answer; the launcher names the node.
 READY_FAILED = 97

@@ -9,6 +9,7 @@ the pure command builders (IMAGE_SOURCES) and .wheelhouse/.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -264,13 +265,44 @@ def build_one(img: Image, opts: BuildOptions, *, docker: str, wheels: list[str],
     ref = local_ref(img)
     if opts.push_cache:
         for src, dst in ((f"{ref}-builder", cache_refs[0]), (ref, cache_refs[1])):
-            for cmd in ([docker, "tag", src, dst], [docker, "push", dst]):
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise BuildError(f"pushing build cache {dst} failed: {r.stderr.strip()[-400:]}")
+            _push_cache(docker, src, dst)
         say(f"{prefix} build cache pushed to {opts.push_cache}")
     return BuildResult(img.family, img.tag, ref, seconds, _image_size(docker, ref),
                        len(state.steps), len(state.cached), log_main)
+
+
+def _push_cache(docker: str, src: str, dst: str) -> None:
+    """Tag src as dst and push it; then remove the references that made in the local engine
+    (the tag, REPO@DIGEST), as `dtrain push` does: the next build reads the cache from the
+    registry, and src keeps the image."""
+    from dtrain.images.push import parse_push_digest, refs_made_by_push
+
+    def refs(ref: str) -> list[str] | None:  # its image's RepoDigests; None: no such image
+        r = subprocess.run([docker, "image", "inspect", "-f", "{{json .RepoDigests}}", ref],
+                           capture_output=True, text=True)
+        return (json.loads(r.stdout) or []) if r.returncode == 0 else None
+
+    existed, digests_before, digest = refs(dst) is not None, refs(src) or [], None
+    try:
+        for cmd in ([docker, "tag", src, dst], [docker, "push", dst]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise BuildError(f"pushing build cache {dst} failed: {r.stderr.strip()[-400:]}")
+        digest = parse_push_digest(r.stdout)
+    finally:
+        for made in refs_made_by_push(dst, existed, digests_before, digest):
+            subprocess.run([docker, "image", "rm", made], capture_output=True)
+
+
+def require_engine() -> str:
+    """The docker CLI, once the engine answers; the caller starts the engine (`dtrain build`:
+    engine.ensure_dockerd, the demo and tests: engine.ensure_all), once."""
+    from dtrain import engine
+
+    docker = engine.docker_cli()
+    if not engine.docker_ok():
+        raise BuildError("the Docker engine does not answer (`docker info`): `dtrain build` starts it")
+    return docker
 
 
 def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
@@ -292,8 +324,7 @@ def build(families: list[str] | None, tag: str | None, all_variants: bool, opts:
     except SpecError as e:
         raise BuildError(str(e)) from None
     _check_inputs(images, opts)
-    engine.ensure_dockerd()
-    docker = engine.docker_cli()
+    docker = require_engine()
     if opts.base_image and not engine.image_exists(opts.base_image):
         raise BuildError(f"--base-image {opts.base_image} is not in the local engine "
                          "(pull or import it first)")

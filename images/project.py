@@ -30,7 +30,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion
 
 from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
-                                 torch_wheel_present)
+                                 require_engine, torch_wheel_present)
 from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
 from dtrain.images.spec import Image, SpecError, load_all
 
@@ -436,8 +436,7 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
     for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):
         if path and not path.is_file():
             raise BuildError(f"{label} {path}: no such file")
-    engine.ensure_dockerd()
-    docker = engine.docker_cli()
+    docker = require_engine()
     if not engine.image_exists(p.base_ref):
         raise BuildError(f"{p.base_ref} is not built here: run `dtrain build --image {p.base.family} "
                          f"--tag {p.base.tag}` first")

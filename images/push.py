@@ -174,6 +174,47 @@ def parse_push_digest(output: str) -> str | None:
     return found[-1] if found else None
 
 
+# `docker push`'s lines about one layer (its output off a terminal: a line per state change).
+_LAYER_RE = re.compile(r"^([0-9a-f]{12}): (Preparing|Waiting|Pushing|Pushed|Layer already exists"
+                       r"|Mounted from (\S+)|Retrying in (\d+) seconds?)\b")
+
+
+@dataclass
+class PushProgress:
+    """What `docker push` said so far of each layer: id -> pushed | there | mounted (done), or
+    the state it is in."""
+
+    layers: dict[str, str] = field(default_factory=dict)
+
+    def count(self, *states: str) -> int:
+        return sum(1 for s in self.layers.values() if s in states)
+
+
+def push_event(line: str, state: PushProgress) -> str | None:
+    """Feed one line of `docker push`; return a line worth showing, if any: one per layer when
+    it is done (`layer ID pushed (2/5)`) and docker's retries. The rest is not shown: the
+    digest line is read by parse_push_digest, an error becomes one PushError naming the registry."""
+    m = _LAYER_RE.match(line.strip())
+    if not m:
+        return None
+    layer, what = m.group(1), m.group(2)
+    if m.group(4):
+        return f"layer {layer}: retrying in {m.group(4)} s"
+    done = {"Pushed": "pushed", "Layer already exists": "there"}.get(what, "mounted" if m.group(3) else None)
+    if done is None:
+        state.layers.setdefault(layer, "waiting")
+        return None
+    state.layers[layer] = done
+    said = {"pushed": "pushed", "there": "already in the registry"}.get(done, f"mounted from {m.group(3)}")
+    return f"layer {layer} {said} ({state.count('pushed', 'there', 'mounted')}/{len(state.layers)})"
+
+
+def push_summary(state: PushProgress, seconds: float) -> str:
+    """`3 of 5 layers sent, 2 already in the registry (4.2 s)`."""
+    return (f"{state.count('pushed')} of {len(state.layers)} layers sent, "
+            f"{state.count('there', 'mounted')} already in the registry ({seconds:.1f} s)")
+
+
 def _engine_trusts_plain_http(registry: str) -> bool:
     """The engine lists this registry under insecure-registries (e.g. the local cluster's)."""
     from dtrain.engine import registry_trusted
@@ -357,8 +398,10 @@ def docker_login(target: Target) -> None:
         raise PushError(docker_error_message(r.stdout + r.stderr, target.registry, "login"))
 
 
-def _stream(args: Sequence[str], out: Callable[[str], None]) -> tuple[int, str]:
-    """Run docker, printing each output line (redacted, indented) as it comes."""
+def _stream(args: Sequence[str], out: Callable[[str], None],
+            show: Callable[[str], str | None]) -> tuple[int, str]:
+    """Run docker; each output line (redacted) goes through show(), and what it returns is
+    printed, indented, as it comes. Returns (exit code, the whole output)."""
     try:
         p = subprocess.Popen([DOCKER, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, text=True, bufsize=1)
@@ -369,8 +412,8 @@ def _stream(args: Sequence[str], out: Callable[[str], None]) -> tuple[int, str]:
     for line in p.stdout:
         line = redact(line.rstrip())
         lines.append(line)
-        if line:
-            out(f"  {line}")
+        if line and (shown := show(line)):
+            out(f"  {shown}")
     return p.wait(), "\n".join(lines)
 
 
@@ -401,26 +444,46 @@ def verify_digest(remote: str, digest: str, image_id: str) -> None:
     if info.get("Id") != image_id or pinned not in (info.get("RepoDigests") or []):
         raise PushError(f"pulled {pinned} back as {info.get('Id', '?')[:19]}, not the pushed "
                         f"{image_id[:19]}")
-    _docker("tag", image_id, remote)  # leave the remote tag in place, as after a plain push
+    _docker("tag", image_id, remote)  # as before the check: push_and_verify decides whether it stays
+
+
+def refs_made_by_push(remote: str, remote_existed: bool, digests_before: Iterable[str],
+                      digest: str | None) -> list[str]:
+    """The references a push added to the engine and must remove after it: the remote tag
+    unless the user had it before, and REPO@DIGEST (the push and the pull-back add it) unless
+    the image listed it before. The local tag stays, so the image's content stays too."""
+    made = [] if remote_existed else [remote]
+    if digest and (pinned := f"{repository_of(remote)}@{digest}") not in set(digests_before):
+        made.append(pinned)
+    return made
 
 
 def push_and_verify(local: str, remote: str, out: Callable[[str], None] = print) -> str:
-    """Tag, push (streaming progress), verify by pulling back; return the manifest digest."""
+    """Tag, push (streaming progress), verify by pulling back; return the manifest digest.
+    Pushed or not, the engine keeps only the references it had before (refs_made_by_push)."""
     info = inspect_image(local)
     if info is None:
         raise PushError(f"{local} is not built")
     registry = split_ref(remote)[0]
-    r = _docker("tag", local, remote)
-    if r.returncode != 0:
-        raise PushError(f"cannot tag {local} as {remote}: {redact(r.stderr).strip()}")
-    rc, output = _stream(["push", remote], out)
-    if rc != 0:
-        raise PushError(docker_error_message(output, registry, "push"))
-    digest = parse_push_digest(output)
-    if not digest:
-        raise PushError(f"docker push {remote} reported no digest")
-    verify_digest(remote, digest, info["Id"])
-    return digest
+    remote_existed = inspect_image(remote) is not None
+    digest = None
+    try:
+        r = _docker("tag", local, remote)
+        if r.returncode != 0:
+            raise PushError(f"cannot tag {local} as {remote}: {redact(r.stderr).strip()}")
+        progress, start = PushProgress(), time.monotonic()
+        rc, output = _stream(["push", remote], out, lambda line: push_event(line, progress))
+        if rc != 0:
+            raise PushError(docker_error_message(output, registry, "push"))
+        digest = parse_push_digest(output)
+        if not digest:
+            raise PushError(f"docker push {remote} reported no digest")
+        out(f"  {push_summary(progress, time.monotonic() - start)}")
+        verify_digest(remote, digest, info["Id"])
+        return digest
+    finally:
+        for ref in refs_made_by_push(remote, remote_existed, info.get("RepoDigests") or [], digest):
+            _docker("image", "rm", ref)  # untags only: never -f, the local tag keeps the image
 
 
 # ---------------------------------------------------------------- catalog
@@ -690,9 +753,10 @@ def read_password_stdin() -> str:
 
 __all__ = [
     "PushError", "Target", "EcrTarget", "LocalImage", "PushResult", "CATALOG", "PASSWORD_ENV",
+    "PushProgress", "push_event", "push_summary",
     "remote_ref", "repo_name", "local_ref", "parse_push_digest", "catalog_entry", "merge_entry",
     "docker_error_message", "aws_error_message", "versions_from_labels", "redact",
-    "require_built", "docker_login", "push_and_verify", "verify_digest", "record",
+    "require_built", "docker_login", "push_and_verify", "refs_made_by_push", "verify_digest", "record",
     "read_catalog", "aws_session", "ecr_prepare", "ecr_ensure_repository", "ecr_login_target",
     "read_lifecycle_policy", "push", "push_registry", "push_ecr", "select_images",
     "summary_table", "read_password_stdin", "password_from_flag",

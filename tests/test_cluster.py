@@ -233,15 +233,34 @@ def _assert_nothing_left():
     assert st.info is None and not st.up and st.leftovers == []
 
 
-def test_down_removes_everything(info):
+def test_down_removes_everything(info, capfd):
+    """Also after a launch's steps: the ssh masters they keep to each node for the next launch
+    are closed first, so no session is left to find in a node's netns (the demo's teardown
+    said `stopping 2 leftover process(es)`) and no master outlives its node."""
+    from dtrain.launch.remote.hosts import parse_hostfile
+    from dtrain.launch.remote.transport import SshTransport, mux_dir
+
+    nodes = parse_hostfile(info.hostfile)
+    ssh = SshTransport(nodes, ("-F", info.ssh_config))
+    assert all(r.ok for r in ssh.run(nodes, lambda n: ["true"]))
+    ssh.close()  # as a launch ends: the shared masters stay
+
+    def masters() -> list[str]:  # the nodes with a live master in the shared directory
+        return [n.host for n in nodes if run(["ssh", "-F", info.ssh_config, "-o", f"ControlPath={mux_dir()[0]}/%C",
+                                              "-O", "check", n.host], check=False).returncode == 0]
+    assert masters() == [n.host for n in nodes]  # (the test would prove nothing without them)
     state = json.loads((cluster.STATE_DIR / "state.json").read_text())
     pids = list(state["pids"].values())
     assert len(pids) == 1 + 3 * N  # registry + (containerd, dockerd, sshd) per node
     assert _daemon_pids()
     t0 = time.monotonic()
+    capfd.readouterr()
     cluster.down()
     print(f"down took {time.monotonic() - t0:.1f}s")
+    said = capfd.readouterr().err
+    assert "leftover process" not in said, said
     assert not any(nx.pid_alive(p) for p in pids)
+    assert masters() == []
     _assert_nothing_left()
     cluster.down(quiet=True)  # idempotent on nothing
 

@@ -4,6 +4,7 @@ functions where a test must not touch an engine, and checked by shellcheck."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -484,6 +485,50 @@ def test_node_programs_refuse_a_bad_job_directory(tmp_path, rel):
     r = host('HOME= remove "$@"', "dtrain-x", "/dev/shm/dtrain-x-absent", ".dtrain/node-jobs/j",
              fake="docker() { return 0; }", env=env)
     assert r.returncode != 0 and keep.is_dir()
+
+
+def test_stop_watch_ends_the_watchdog_and_what_it_waits_on(tmp_path):
+    """stop_watch (teardown, relaunch) kills the watchdog's process group, as start.sh starts it
+    (setsid): its `sleep 2` does not outlive it (the demo's cluster teardown right after the job
+    found one per node: `stopping 1 leftover process(es)`)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "docker").write_text("#!/bin/sh\necho running\n")  # the container runs on
+    (bin_ / "docker").chmod(0o755)
+    d = tmp_path / "node-jobs" / "t-watch"
+    d.mkdir(parents=True)
+    watch = subprocess.Popen(["bash", str(NODE / "watch.sh"), "dtrain-t-watch", "img", str(d),
+                              "/dev/shm/dtrain-t-watch-absent"], env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"},
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # as start.sh's setsid
+
+    def group() -> list[str]:  # the living processes of the watchdog's group: their names
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                name, rest = stat.read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            state, _ppid, pgid = rest.split()[:3]
+            if int(pgid) == watch.pid and state != "Z":
+                out.append(name.split("(", 1)[1])
+        return sorted(out)
+    try:
+        deadline = time.monotonic() + 10
+        while "sleep" not in group() or not (d / "watch.pid").exists():
+            assert time.monotonic() < deadline, group()
+            time.sleep(0.05)
+        assert (d / "watch.pid").read_text().strip() == str(watch.pid)
+        r = host('stop_watch "$1"', str(d))
+        assert r.returncode == 0, r.stderr
+        watch.wait(5)
+        time.sleep(0.2)
+        assert group() == []
+        assert not (d / "watch.pid").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(watch.pid, 9)  # what this test started, whatever stop_watch left
+        watch.wait(5)
 
 
 def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):

@@ -363,8 +363,9 @@ def test_a_launch_shows_the_pull_where_a_node_lacks_the_image(cluster, remote_im
 @pytest.mark.cluster
 def test_a_launch_of_an_image_the_registry_lacks_says_so_in_one_line(cluster, tmp_path):
     """A misspelt tag: the registry's 404 to the launcher's one HEAD request is one warning; no
-    node pulls; the start step's error names every node on one line; nothing is left (review of
-    issue 25: 4 lines per node, the same engine message each time)."""
+    node pulls; the start step's error names every node on one line; the job's record keeps the
+    CLI's exit code; nothing is left (review of issue 25: 4 lines per node, the same engine
+    message each time)."""
     image = f"{cluster.registry}/dtrain/does-not-exist:1"
     r = subprocess.run([sys.executable, "-m", "invoke", "launch", "--hostfile", cluster.hostfile, "--ssh-config",
                         cluster.ssh_config, "--image", image, "--name", "t-absent", "--", "true"],
@@ -379,6 +380,11 @@ def test_a_launch_of_an_image_the_registry_lacks_says_so_in_one_line(cluster, tm
     assert re.search(rf"error: starting containers failed on 3 of 3 hosts:\n  {re.escape(hosts)}: exit 1: image "
                      rf"{re.escape(image)} is not on this node and could not be pulled: .*manifest unknown", r.stderr), out
     assert len(out.splitlines()) == 3, out
+    # `dtrain status` shows the exit code the shell saw (it said 1 while the CLI exited 2)
+    st = subprocess.run([sys.executable, "-m", "invoke", "status"], capture_output=True, text=True, cwd=ROOT,
+                        timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path)})
+    row = next(line.split() for line in st.stdout.splitlines() if line.startswith("t-absent "))
+    assert row[1:4] == ["failed", "to", "launch"] and row[-1] == str(r.returncode), st.stdout
     assert containers_left(cluster, "t-absent") == []
     for i in range(1, len(cluster.nodes) + 1):
         assert on_node(cluster, i, "ls ~/.dtrain/node-jobs/ /dev/shm | grep -c t-absent", check=False).stdout.strip() == "0"

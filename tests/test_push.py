@@ -67,6 +67,22 @@ def test_parse_push_digest():
     assert P.parse_push_digest("639d6d91b35f: Preparing\nunauthorized") is None
 
 
+def test_push_shows_a_line_per_layer_done_and_a_summary():
+    """Docker's state lines (a line per layer per state off a terminal) become one line per
+    finished layer, its retries, and a summary; the rest is not shown."""
+    raw = ["The push refers to repository [127.0.0.1:5999/dtrain/x]",
+           "aaaaaaaaaaaa: Preparing", "bbbbbbbbbbbb: Preparing", "cccccccccccc: Preparing",
+           "cccccccccccc: Waiting", "bbbbbbbbbbbb: Layer already exists", "aaaaaaaaaaaa: Pushing",
+           "aaaaaaaaaaaa: Retrying in 5 seconds", "aaaaaaaaaaaa: Pushed",
+           "cccccccccccc: Mounted from dtrain/y", "1: digest: sha256:" + "0" * 64 + " size: 945"]
+    state = P.PushProgress()
+    shown = [t for line in raw if (t := P.push_event(line, state))]
+    assert shown == ["layer bbbbbbbbbbbb already in the registry (1/3)", "layer aaaaaaaaaaaa: retrying in 5 s",
+                     "layer aaaaaaaaaaaa pushed (2/3)", "layer cccccccccccc mounted from dtrain/y (3/3)"]
+    assert P.push_summary(state, 4.24) == "1 of 3 layers sent, 2 already in the registry (4.2 s)"
+    assert P.push_event("unauthorized: authentication required", P.PushProgress()) is None
+
+
 def test_catalog_entry_and_versions():
     labels = {"dtrain.version.python": "3.11", "dtrain.version.pytorch": "2.13.0",
               "dtrain.family": "pytorch-ddp", "org.opencontainers.image.version": "x"}
@@ -288,6 +304,22 @@ def registry(engine, tmp_path_factory):
     proc.terminate()
     proc.wait(10)
     log.close()
+    # whatever a failed test left tagged for this throwaway registry goes with it (tags only)
+    left = _engine_refs(f"127.0.0.1:{port}/")
+    if left:
+        subprocess.run([DOCKER, "image", "rm", *left], capture_output=True)
+
+
+def _engine_refs(prefix: str) -> list[str]:
+    """The host engine's tags and REPO@DIGEST references that start with prefix."""
+    r = subprocess.run([DOCKER, "image", "ls", "--digests", "--format",
+                        "{{.Repository}} {{.Tag}} {{.Digest}}"], capture_output=True, text=True, check=True)
+    refs = set()
+    for repo, tag, digest in (line.split() for line in r.stdout.splitlines()):
+        if repo.startswith(prefix):
+            refs |= {f"{repo}:{tag}"} if tag != "<none>" else set()
+            refs |= {f"{repo}@{digest}"} if digest != "<none>" else set()
+    return sorted(refs)
 
 
 @pytest.fixture(scope="session")
@@ -344,9 +376,9 @@ def test_push_verify_and_catalog(test_image, registry, docker_config, tmp_path, 
     # the registry itself says the tag points at the recorded digest
     assert _manifest_digest(registry, "dtrain/pytorch-ddp", test_image.tag) == res.digest
     local = P.inspect_image(P.local_ref(test_image))
-    pulled = P.inspect_image(f"{registry}/dtrain/pytorch-ddp@{res.digest}")
-    assert pulled["Id"] == local["Id"]
-    assert f"{registry}/dtrain/pytorch-ddp@{res.digest}" in pulled["RepoDigests"]
+    # the engine keeps only what it had: the local tag; no REGISTRY/... tag or digest reference
+    assert _engine_refs(f"{registry}/") == [], local
+    assert not any(d.startswith(f"{registry}/") for d in local["RepoDigests"]), local
     [entry] = json.loads(catalog.read_text())["images"]
     assert entry["ref"] == remote and entry["digest"] == res.digest
     assert entry["image"] == "dtrain/pytorch-ddp" and entry["tag"] == test_image.tag
@@ -354,7 +386,11 @@ def test_push_verify_and_catalog(test_image, registry, docker_config, tmp_path, 
     assert entry["versions"] == {"python": "3.11", "pytorch": "2.13.0"}
     assert entry["pushed_at"].endswith("Z")
     out, err = capfd.readouterr()
-    assert "Pushed" in out and "IMAGE" in out and res.digest[:19] in out
+    # one line per layer when it is done and a summary; none of docker's raw state lines
+    assert re.search(r"^  layer [0-9a-f]{12} pushed \(1/1\)$", out, re.M), out
+    assert re.search(r"^  1 of 1 layers sent, 0 already in the registry \(\d+\.\d s\)$", out, re.M), out
+    assert "Preparing" not in out and "Pushed" not in out and "digest: sha256" not in out, out
+    assert "IMAGE" in out and res.digest[:19] in out
     assert PASSWORD not in out + err
 
     # again: same digest, the one entry is updated in place, not duplicated
@@ -363,6 +399,29 @@ def test_push_verify_and_catalog(test_image, registry, docker_config, tmp_path, 
     assert res2.digest == res.digest
     refs = [e["ref"] for e in json.loads(catalog.read_text())["images"]]
     assert refs == [remote, "other/ref:x"]
+    assert _engine_refs(f"{registry}/") == []
+
+
+@pytest.mark.docker
+def test_a_remote_tag_the_user_made_stays(test_image, registry, docker_config, tmp_path):
+    """push removes only the references it made: a REGISTRY/... tag made before it stays."""
+    remote = f"{registry}/mine/pytorch-ddp:{test_image.tag}"
+    subprocess.run([DOCKER, "tag", P.local_ref(test_image), remote], check=True, capture_output=True)
+    try:
+        [res] = P.push_registry([test_image], registry, user=USER, password=PASSWORD, prefix="mine",
+                                catalog_path=tmp_path / "c.json")
+        assert res.remote == remote
+        assert _engine_refs(f"{registry}/mine/") == [remote]
+        assert P.inspect_image(remote)["Id"] == P.inspect_image(P.local_ref(test_image))["Id"]
+    finally:
+        subprocess.run([DOCKER, "image", "rm", remote], capture_output=True)
+
+
+def test_refs_made_by_push():
+    remote, d = "r:5000/dtrain/x:1", "sha256:" + "a" * 64
+    assert P.refs_made_by_push(remote, False, [], d) == [remote, f"r:5000/dtrain/x@{d}"]
+    assert P.refs_made_by_push(remote, True, [f"r:5000/dtrain/x@{d}"], d) == []
+    assert P.refs_made_by_push(remote, False, [], None) == [remote]  # failed before a digest
 
 
 @pytest.mark.docker
@@ -396,6 +455,7 @@ def test_wrong_password_is_an_auth_error(test_image, registry, docker_config, tm
     assert "rejected the credentials" in str(e.value) and registry in str(e.value)
     assert "wrong-password-42" not in str(e.value) + "".join(capfd.readouterr())
     assert not catalog.exists()
+    assert _engine_refs(f"{registry}/") == []
 
 
 @pytest.mark.docker
@@ -405,6 +465,7 @@ def test_push_without_login_is_refused_and_not_recorded(test_image, registry, do
         P.push_registry([test_image], registry, prefix="anon", catalog_path=catalog)
     assert registry in str(e.value)
     assert not catalog.exists()
+    assert _engine_refs(f"{registry}/") == []  # the failed push's tag is gone too
 
 
 @pytest.mark.docker
@@ -416,6 +477,7 @@ def test_unreachable_registry(test_image, docker_config, tmp_path, login):
                         password=PASSWORD if login else None, catalog_path=tmp_path / "c.json")
     assert f"registry {closed} is unreachable" in str(e.value)
     assert ("(login)" if login else "(push)") in str(e.value)
+    assert _engine_refs(f"{closed}/") == []
 
 
 # ================================================================ ECR (moto for the API only)
@@ -569,6 +631,7 @@ def test_build_pushes_inline_cache_with_the_builder_stage(engine, registry, dock
         manifest = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/manifests/{tag}", manifest_type))
         config = json.loads(_registry_get(registry, f"dtrain-cache/pytorch-ddp/blobs/{manifest['config']['digest']}"))
         assert "moby.buildkit.cache.v0" in config, f"{tag}: no inline cache in the image config"
+    assert _engine_refs(f"{repo}:") + _engine_refs(f"{repo}@") == []  # the cache's tags were removed
 
 
 # ================================================================ project images (issue 13)
@@ -619,3 +682,4 @@ def test_project_image_builds_imports_and_pushes(cpu_images, ca_bundle, registry
     [entry] = json.loads((tmp_path / "catalog.json").read_text())["images"]
     assert entry["ref"] == f"{registry}/dtrain/{name}:{tag}"
     assert _manifest_digest(registry, f"dtrain/{name}", tag) == entry["digest"]
+    assert _engine_refs(f"{registry}/dtrain/{name}") == [] and P.inspect_image(ref2) is not None

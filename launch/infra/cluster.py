@@ -39,6 +39,8 @@ from typing import Iterator
 from dtrain.containerd import containerd_config
 from dtrain.launch.infra import netns as nx
 from dtrain.launch.infra.netns import sh
+from dtrain.launch.remote.hosts import parse_hostfile
+from dtrain.launch.remote.transport import close_masters
 
 LAZY_NODE = Path(__file__).resolve().parent.parent / "node" / "lazy-node.sh"
 LAZY_ROOT_ENV = "DTRAIN_LAZY_ROOT"  # where Debian 13's lazy-loading binaries are unpacked (dpkg -x)
@@ -847,6 +849,12 @@ def _down(quiet: bool, wait: bool = False) -> None:
     def ours(pid: int) -> bool:
         return nx.pid_alive(pid) and str(STATE_DIR) in nx.pid_cmdline(pid)
 
+    # 0. the ssh masters a launch keeps to each node for the next one (transport.MUX_PERSIST_S):
+    # their sessions would outlive sshd in the node's netns, and a cluster made again at the
+    # same addresses would be reached through a master whose link is gone
+    hostfile, ssh_config = STATE_DIR / "hostfile", STATE_DIR / "ssh_config"
+    if hostfile.is_file() and ssh_config.is_file():
+        close_masters(parse_hostfile(str(hostfile)), ("-F", str(ssh_config)))
     # 1. containers: kill them via their dockerd so its shutdown is quick
     for key, pid in pids.items():
         if key.endswith("/dockerd") and ours(pid):

@@ -1039,7 +1039,8 @@ class Job:
             self.say(f"[launch] {what}: removing containers on every node")
             return code
         except LaunchError as e:
-            store.record(self.spec.name, state="failed to launch", exit_code=code)
+            # the CLI exits with USER_ERROR_EXIT for it (tasks.py user_errors): the record says the same
+            store.record(self.spec.name, state="failed to launch", exit_code=contract.USER_ERROR_EXIT)
             self._log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
             raise
         finally:

@@ -15,11 +15,13 @@ remove() {
 }
 
 # stop_watch DIR: stop the watchdog of the job whose directory is DIR (its pid in DIR/watch.pid),
-# before a relaunch or a removal takes the directory from it.
+# before a relaunch or a removal takes the directory from it. Its whole process group (start.sh
+# starts it with setsid): the `sleep` or docker call it is waiting on goes with it, not left
+# running on its own (a cluster teardown right after a launch found them).
 stop_watch() {
   local pid
   if pid=$(cat "$1/watch.pid" 2>/dev/null) && grep -qa watch.sh "/proc/$pid/cmdline" 2>/dev/null; then
-    kill -9 "$pid" 2>/dev/null
+    kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null
   fi
   rm -f "$1/watch.pid"
 }
