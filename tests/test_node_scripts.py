@@ -49,51 +49,53 @@ def test_unknown_step_is_refused():
 
 
 IMG_ID = "sha256:" + "a" * 64
-CONTAINER_ID = "b" * 64
 
 
 def run_image(policy: str, inspect: str, pull_rc: int = 0, after_pull: str = "") -> tuple[int, str, str, list[str]]:
-    """image() against a stand-in `docker` that answers the first inspect with `inspect`,
+    """image() against a stand-in `docker` that answers the first image inspect with `inspect`,
     `docker pull` with exit pull_rc, later inspects with after_pull. (returncode, stdout,
     stderr, docker calls)."""
-    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in\n"
-            "  inspect) if [ \"$(wc -l < \"$CALLS\")\" = 1 ]; then printf '%s\\n' \"$INSPECT\"; "
+    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case \"$1 $2\" in\n"
+            "  'image inspect') if [ \"$(wc -l < \"$CALLS\")\" = 1 ]; then printf '%s\\n' \"$INSPECT\"; "
             "else printf '%s\\n' \"$AFTER\"; fi ;;\n"
-            "  pull) echo 'Error response from daemon: manifest unknown' >&2; return $PULL_RC ;;\n"
+            "  'pull -q') echo 'Error response from daemon: manifest unknown' >&2; return $PULL_RC ;;\n"
             "  esac; }\n")
     with tempfile.NamedTemporaryFile("r") as calls:
-        r = host('image "$@"', "reg:5000/dtrain/x:1", policy, "dtrain-j", fake=fake,
+        r = host('image "$@"', "reg:5000/dtrain/x:1", policy, fake=fake,
                  env={"INSPECT": inspect, "AFTER": after_pull, "PULL_RC": str(pull_rc),
                       "CALLS": calls.name, "PATH": "/usr/bin:/bin"})
         return r.returncode, r.stdout, r.stderr, calls.read().splitlines()
 
 
-def test_image_reads_image_and_stale_container_from_one_inspect():
-    here = f"{IMG_ID} 560.35.05 4\n{CONTAINER_ID} - -"
-    rc, out, err, calls = run_image("missing", here)
+def test_image_reads_the_image_from_one_typed_inspect():
+    """One `docker image inspect` (an untyped `docker inspect` of the image and the job's
+    container took twice as long); a missing image, as either CLI says it, is no engine error."""
+    rc, out, err, calls = run_image("missing", f"{IMG_ID} 560.35.05 4 []")
     assert rc == 0 and out.splitlines() == ["docker=ok", f"image=560.35.05 4 {IMG_ID}"]
-    assert calls == ["inspect -f", "rm -f"]  # no pull: the image is there; the stale container goes
-    rc, out, _, calls = run_image("missing", f"{IMG_ID} - -\nError: No such object: dtrain-j")
-    assert out.splitlines()[-1] == f"image=- - {IMG_ID}" and calls == ["inspect -f"]
+    assert calls == ["image inspect"]  # no pull: the image is there
+    for says in ("Error: No such image: reg:5000/dtrain/x:1",
+                 "Error response from daemon: No such image: reg:5000/dtrain/x:1"):
+        rc, out, _, calls = run_image("never", says)
+        assert rc == 1 and out.splitlines() == ["docker=ok"] and calls == ["image inspect"]
 
 
 def test_image_reports_the_engine_error_and_stops():
     rc, out, _, calls = run_image("always", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.")
     assert rc == 0 and out.strip() == "docker=Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
-    assert calls == ["inspect -f"]
+    assert calls == ["image inspect"]
 
 
 @pytest.mark.parametrize("policy, present, pull_rc, calls, ok", [
-    ("missing", False, 0, ["inspect -f", "pull -q", "inspect -f"], True),
-    ("missing", False, 1, ["inspect -f", "pull -q", "inspect -f"], False),
-    ("always", True, 0, ["inspect -f", "pull -q", "inspect -f"], True),
-    ("always", True, 1, ["inspect -f", "pull -q", "inspect -f"], True),  # warns, runs the local one
-    ("never", False, 0, ["inspect -f"], False),
-    ("never", True, 0, ["inspect -f"], True),
+    ("missing", False, 0, ["image inspect", "pull -q", "image inspect"], True),
+    ("missing", False, 1, ["image inspect", "pull -q", "image inspect"], False),
+    ("always", True, 0, ["image inspect", "pull -q", "image inspect"], True),
+    ("always", True, 1, ["image inspect", "pull -q", "image inspect"], True),  # warns, runs the local one
+    ("never", False, 0, ["image inspect"], False),
+    ("never", True, 0, ["image inspect"], True),
 ])
 def test_image_pull_policies(policy, present, pull_rc, calls, ok):
-    missing = "Error: No such object: reg:5000/dtrain/x:1\nError: No such object: dtrain-j"
-    line = f"{IMG_ID} - 5"
+    missing = "Error: No such image: reg:5000/dtrain/x:1"
+    line = f"{IMG_ID} - 5 []"
     rc, out, err, seen = run_image(policy, line if present else missing, pull_rc,
                                    after_pull=line if (present or pull_rc == 0) else missing)
     assert seen == calls
@@ -158,8 +160,8 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
     DOCKER_CONFIG, gone after the pull; the key and env file are the rest of stdin."""
     fake = ('docker() { echo "$1 cfg=${DOCKER_CONFIG:-none} $(ls -ld "${DOCKER_CONFIG:-/nonexistent}" 2>/dev/null | cut -c1-10)'
             ' stdin=$( [ "$1" = login ] && cat)" >> "$OUT";'
-            ' case $1 in inspect) echo "$LINE" ;; esac; }\n')
-    line = f"{IMG_ID} - 4"
+            ' case "$1 $2" in "image inspect") echo "$LINE" ;; esac; }\n')
+    line = f"{IMG_ID} - 4 []"
     r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; printf "%s" "$key$envs"',
              "reg.example:5000", "AWS", "reg.example:5000/x:1", fake=fake,
              stdin="s3cr3t\n-----BEGIN OPENSSH PRIVATE KEY-----\nk\n-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n",
@@ -169,7 +171,7 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
     login, inspect, pull = calls[0], calls[1], calls[2]
     cfg = login.split()[1].removeprefix("cfg=")
     assert login.startswith("login cfg=/dev/shm/dtrain-docker-") and "drwx------" in login and login.endswith("stdin=s3cr3t")
-    assert pull.startswith(f"pull cfg={cfg} ") and inspect.startswith("inspect cfg=none")
+    assert pull.startswith(f"pull cfg={cfg} ") and inspect.startswith("image cfg=none")
     assert not Path(cfg).exists() and "cfg_left=\n" in r.stdout
     assert r.stdout.endswith("-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n")
 
@@ -342,14 +344,57 @@ def test_env_file_is_names_and_base64():
 def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
     """up passes the sshd port to start (the probe's $port is the port's holder, not the port)."""
     head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
-    fake = ('docker() { case $1 in inspect) echo "' + IMG_ID + ' - 4" ;; esac; }\n'
-            'ss() { case "$*" in *"sport = :2022"*) [ -e "$SEEN" ] && echo LISTEN; : > "$SEEN" ;; esac; }\n'
+    # ss: nothing holds 2022 when up (its stale-container check) and the probe look, then sshd
+    fake = ('docker() { case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;; esac; }\n'
+            'ss() { case "$*" in *"sport = :2022"*) [ "$(wc -c < "$SEEN")" -ge 2 ] && echo LISTEN; '
+            'echo -n x >> "$SEEN" ;; esac; }\n'
             'nvidia-smi() { return 1; }\n')
     r = host('up "$@"', "2022", "", "", "img:1", "never", "5",
              str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake,
              stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "SEEN": str(tmp_path / "seen")})
     assert r.returncode == 0, r.stderr
     assert "started=1" in r.stdout and "run=1" in r.stdout
+
+
+def _up_with(tmp_path, fake: str, calls: Path) -> subprocess.CompletedProcess:
+    head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
+    return host('up "$@"', "2022", "", "", "img:1", "never", "5", str(tmp_path / "kd"), "ssh-ed25519 AAA",
+                "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake + 'nvidia-smi() { return 1; }\n',
+                stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "CALLS": str(calls)})
+
+
+def test_up_removes_a_container_of_the_job_that_holds_the_port_before_the_probe(tmp_path):
+    """A container of this job an earlier launch left running holds 2022: up removes it (`docker
+    rm -f` of the job's container name) before the probe looks; the container starts."""
+    calls = tmp_path / "calls"
+    fake = ('docker() { echo "$1 $2 ${3:-}" >> "$CALLS"; case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;;'
+            ' "rm -f") : > "$CALLS.gone" ;; esac; }\n'
+            'ss() { if [ ! -e "$CALLS.gone" ] || [ -e "$CALLS.run" ]; then echo LISTEN; fi; }\n')
+    fake = fake.replace('case "$1 $2" in', 'case "$1 $2" in "run -d") : > "$CALLS.run" ;;')
+    r = _up_with(tmp_path, fake, calls)
+    assert r.returncode == 0 and "run=1" in r.stdout and "port=" not in r.stdout, r.stdout + r.stderr
+    assert calls.read_text().splitlines()[:3] == ["image inspect -f", "rm -f dtrain-j", "run -d --name"]
+
+
+@pytest.mark.parametrize("says, started", [
+    ('Conflict. The container name "/dtrain-j" is already in use by container "b1". You have to remove it.', True),
+    ("Error response from daemon: no space left on device", False),
+])
+def test_start_removes_a_stopped_container_of_the_job_whose_name_is_taken_once(tmp_path, says, started):
+    """docker run refused for the name (a stopped container of this job): removed, run again;
+    any other refusal is the step's error, on stderr, nothing removed."""
+    calls = tmp_path / "calls"
+    fake = ('docker() { echo "$1 $2 ${3:-}" >> "$CALLS"; case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;;'
+            ' "run -d") if [ ! -e "$CALLS.once" ]; then : > "$CALLS.once"; echo "$SAYS" >&2; return 125; fi ;;'
+            ' esac; }\n'
+            'ss() { [ ! -e "$CALLS.once" ] || [ "$(grep -c "^run" "$CALLS")" -lt 2 ] || echo LISTEN; }\n')
+    r = _up_with(tmp_path, fake.replace("$SAYS", says.replace('"', '\\"')), calls)
+    ran = [c for c in calls.read_text().splitlines() if c.split()[0] in ("run", "rm")]
+    if started:
+        assert r.returncode == 0 and "run=1" in r.stdout, r.stderr
+        assert ran == ["run -d --name", "rm -f dtrain-j", "run -d --name"]
+    else:
+        assert r.returncode == 1 and r.stderr.strip().endswith(says) and ran == ["run -d --name"]
 
 
 def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
@@ -397,10 +442,10 @@ def test_prepare_up_goes_on_with_up_in_the_same_session_when_the_launcher_says_g
     ("always", "", False),  # no digest from the registry: always pull
 ])
 def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, digest, held):
-    fake = ("docker() { [ \"$1 $2 $4 $5\" = 'inspect -f r/x:1 dtrain-j' ] || return 9; "
-            "echo 'sha256:abc - 4 [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; echo 'Error: No such object: dtrain-j'; }")
+    fake = ("docker() { [ \"$1 $2 $3 $5 ${6:-}\" = 'image inspect -f r/x:1 ' ] || return 9; "
+            "echo 'sha256:abc - 4 [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, "dtrain-j", fake=fake,
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, fake=fake,
              stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -409,34 +454,34 @@ def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, 
 
 
 def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
-    fake = "docker() { echo 'Error: No such object: r/x:1'; return 1; }"
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+    fake = "docker() { echo 'Error: No such image: r/x:1'; return 1; }"
+    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake,
              stdin="w", env={**os.environ, "HOME": str(tmp_path)})
     assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())]
 
 
 @pytest.mark.parametrize("held", [True, False])
 def test_the_start_step_reads_the_first_rounds_inspect_where_the_node_held_the_image(tmp_path, held):
-    """prepare_up: one `docker inspect` in the whole session where the node held the image (the
-    first round's, which also saw the job's stale container: removed); where it did not (the pull
-    step pulled it since), the start step asks the engine again and finds it."""
+    """prepare_up: one `docker image inspect` in the whole session where the node held the image
+    (the first round's); where it did not (the pull step pulled it since), the start step asks
+    the engine again and finds it."""
     from dtrain.launch.jobs.job import go_text
 
     calls = tmp_path / "calls"
-    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case $1 in inspect) "
+    fake = ("docker() { echo \"$1 $2\" >> \"$CALLS\"; case \"$1 $2\" in 'image inspect') "
             "if [ -n \"$HELD\" ] || [ \"$(wc -l < \"$CALLS\")\" -gt 1 ]; then echo \"$LINE\"; "
-            "else echo 'Error: No such object: r/x:1'; fi; echo \"$STALE\" ;; esac; }\n"
-            "probe() { :; }; gate() { :; }; start() { echo \"start $*\"; }")
+            "else echo 'Error: No such image: r/x:1'; fi ;; esac; }\n"
+            "ss() { :; }; probe() { :; }; gate() { :; }; start() { echo \"start $*\"; }")
     env = {**os.environ, "HOME": str(tmp_path), "CALLS": str(calls), "HELD": "1" if held else "",
-           "LINE": f"{IMG_ID} - 4 []", "STALE": f"{CONTAINER_ID} - 4"}
+           "LINE": f"{IMG_ID} - 4 []"}
     args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "1", "docker"]
-    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", "dtrain-j", fake=fake,
+    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake,
              env=env, stdin="w\0" + go_text(args) + "KEY\n")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert (f"held {IMG_ID}" in lines) == held
     assert f"image=- 4 {IMG_ID}" in lines and "docker=ok" in lines
-    assert calls.read_text().splitlines() == (["inspect -f", "rm -f"] if held else ["inspect -f", "inspect -f", "rm -f"])
+    assert calls.read_text().splitlines() == (["image inspect"] if held else ["image inspect", "image inspect"])
 
 
 def test_prepare_takes_the_nodes_lock_of_the_name_and_remove_releases_it(tmp_path):

@@ -730,9 +730,8 @@ class Job:
         watch = contract.node_script("watch.sh")
         login, answer = self._registry()
         digest = answer.digest or ""
-        # what each node is asked about the image (host/prepare.sh): IMAGE POLICY DIGEST CONTAINER
-        # (the job's, whose stale one the start step removes: one `docker inspect` answers both)
-        question = () if login is None else (self.spec.image, self.spec.pull, digest, container_name(self.spec.name))
+        # what each node is asked about the image (host/prepare.sh): IMAGE POLICY DIGEST
+        question = () if login is None else (self.spec.image, self.spec.pull, digest)
         # First on each node its lock of the name (refused: exit 3, nothing changed there). The
         # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
         argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)

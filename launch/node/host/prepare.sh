@@ -1,19 +1,18 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
-# prepare REL OWNER [IMAGE POLICY DIGEST [CONTAINER]]: first the node's lock of the job's name
+# prepare REL OWNER [IMAGE POLICY DIGEST]: first the node's lock of the job's name
 # (lock_job: refused, exit 3, where another launch holds it), then the job's directory on this
 # node, ~/REL (made anew, 0700, with an empty workdir/; an earlier launch's watchdog of it
 # stopped), and the node watchdog's program in it (launch/node/watch.sh, from stdin, up to a NUL
 # or its end). With IMAGE: first a line `held ID` where the node already holds it as POLICY asks
-# (held_as), so the launch pulls only elsewhere; the one `docker inspect` that asks it asks for
-# CONTAINER (the job's, a stale one) too, and is kept ($inspected) where the node holds the
-# image: the start step in the same session (prepare_up, image) reads it instead of asking the
-# engine again. Prints the directory's absolute path last (the launcher mounts it into the container).
+# (held_as), so the launch pulls only elsewhere; the one `docker image inspect` that asks it is
+# kept ($inspected) where the node holds the image: the start step in the same session
+# (prepare_up, image) reads it instead of asking the engine again. Prints the directory's absolute path last (the launcher mounts it into the container).
 prepare() {
   local d prog
   d=$(job_path "$1") || exit 2
   lock_job "$d" "$2" || exit
   if [ -n "${3:-}" ]; then
-    inspect_image "$3" "${6:-}"
+    inspect_image "$3"
     if [ -z "$img_err" ] && held_as "$img_line" "$4" "${5:-}"; then echo "held ${img_line%% *}"; else inspected=''; fi
   fi
   stop_watch "$d"  # a watchdog of an earlier launch of this job would remove what this one puts here
@@ -26,7 +25,7 @@ prepare() {
   cd "$d" && pwd -P
 }
 
-# prepare_up REL OWNER [IMAGE POLICY DIGEST [CONTAINER]]: the launch's first round and its start step in one
+# prepare_up REL OWNER [IMAGE POLICY DIGEST]: the launch's first round and its start step in one
 # session (no second ssh session, program and shell per node). prepare (stdin: the watchdog's
 # program, then a NUL), then a line `prepared=1`; then the launcher's word on stdin: a line
 # `go N`, then up's N arguments, each ending in a NUL; the rest of stdin is up's (password
