@@ -39,7 +39,7 @@ def _supervisor_argvs(tmp_path, plan: commands.RunPlan, keep: list[int], attempt
     """What the supervisor runs for an attempt on the nodes `keep` (its processes not started)."""
     sup = sv.Supervisor(plan, tmp_path)
     ran: list[list[str]] = []
-    sup._spawn = lambda argv, env, prefix="": ran.append(argv)
+    sup._spawn = lambda argv, env, prefix="", node="": ran.append(argv)
     sup.remote = lambda node, line, **kw: shlex.split(line.split(" && exec ", 1)[1])
     sup.start([plan.nodes[i] for i in keep], attempt)
     return ran
@@ -72,6 +72,35 @@ def test_a_restart_on_fewer_nodes_runs_what_the_launchers_builder_makes_for_them
     if launcher == "mpirun":
         assert got[0][got[0].index("-H") + 1] == ",".join(f"{f.address}:{f.node.slots}" for f in left)
         assert got[0][-len(CMD):] == CMD
+
+
+def test_stop_attempt_does_not_wait_for_the_output_of_a_lost_nodes_session(tmp_path):
+    """A session over an ssh master (torchrun's on each node) hands its output pipe to the master,
+    which keeps it open until its keepalives give a dead link up: stop_attempt does not wait for
+    that pipe's end where the node is lost (it did, 5 s: a restart's teardown); the lines the
+    session printed are in the log."""
+    import os
+    import sys
+
+    plan = supervision.plan(launch_command(JobSpec(image="i", command=("true",), name="j"), 5, None),
+                            plan_nodes(FACTS), ssh=["ssh"], policy=supervision.Policy(min_nodes=1))
+    sup = sv.Supervisor(commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))), tmp_path)
+    # the master's part: a process outside the session's process group that holds its stdout
+    holder = ("import subprocess, sys; p = subprocess.Popen(['sleep', '30'], start_new_session=True, stdout=sys.stdout); "
+              "print('held by', p.pid, flush=True); subprocess.run(['sleep', '30'])")
+    sup.procs = [sup._spawn([sys.executable, "-c", holder], dict(os.environ), "[node-2] ", "node-2")]
+    log = tmp_path / "output.log"
+    deadline = time.monotonic() + 10
+    while "held by" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(log.read_text().split("held by ", 1)[1].split()[0])
+    try:
+        t0 = time.monotonic()
+        sup.stop_attempt(grace=0.3, lost=["node-2"])
+        assert time.monotonic() - t0 < 2
+        assert sup.procs[0].poll() is not None and sup.pumps == []
+    finally:
+        os.kill(pid, 9)
 
 
 def test_rank_map_follows_slots_in_node_order():

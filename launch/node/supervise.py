@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Collection, NamedTuple, Sequence
 
 
 def _builders(here: Path) -> None:
@@ -328,7 +328,7 @@ class Supervisor:
         self.write_error = ""  # set once output.log (or state.json) cannot be written: the job ends
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
-        self.pumps: list[threading.Thread] = []  # the attempt's output readers
+        self.pumps: list[tuple[str, threading.Thread]] = []  # the attempt's output readers: (node, reader)
         self.first_line = threading.Event()  # the attempt printed something
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
@@ -428,15 +428,17 @@ class Supervisor:
         for n, argv in zip(nodes, argvs):
             line = (f"export {commands.RESTART_VAR}={attempt}; cd {shlex.quote(self.cwd)} && "
                     f"exec {shlex.join([*self.plan.node_prefix, *argv])}")
-            self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n.hostname}] "))
+            self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n.hostname}] ", n.hostname))
 
-    def _spawn(self, argv: list[str], env: dict, prefix: str = "") -> subprocess.Popen:
+    def _spawn(self, argv: list[str], env: dict, prefix: str = "", node: str = "") -> subprocess.Popen:
+        """argv with its output read into the log (a line prefix); node: the one it runs on over
+        ssh (torchrun's sessions), whose output ends with the ssh master's channel."""
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, cwd=self.cwd)  # mpirun's ranks start there too
         pump = threading.Thread(target=self._pump, args=(proc, prefix), daemon=True)
         pump.start()
-        self.pumps.append(pump)
+        self.pumps.append((node, pump))
         return proc
 
     def watch(self, nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode]) -> AttemptEnd:
@@ -515,8 +517,10 @@ class Supervisor:
         who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
         return f"hang: no rank made progress for {stall.silent_for} s; behind: {who}"
 
-    def stop_attempt(self, grace: float = 10) -> None:
-        """End the attempt's processes: TERM, then KILL after grace seconds."""
+    def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
+        """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
+        lines. Not from a lost node's session: an ssh session over a master hands its output pipe
+        to the master, which keeps it open until its keepalives give the link up (5 s and more)."""
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -533,8 +537,8 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
                 p.wait()
-        for pump in self.pumps:  # the attempt's last lines, before the event that ends it
-            pump.join(5)
+        for node, pump in self.pumps:  # the attempt's last lines, before the event that ends it
+            pump.join(0 if node in lost else 5)
         self.pumps = []
 
     def kill_leftovers(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
@@ -590,7 +594,8 @@ class Supervisor:
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
-            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10)
+            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10,
+                              lost=[h for h, why in out.items() if not why.startswith("leaving")])
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
