@@ -66,21 +66,22 @@ def user_errors():
     from dtrain.engine import EngineError
 
     from dtrain.values import BadValue
+    from dtrain.contract import ERROR_EXIT
 
     try:
         yield
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
             EngineError, BadValue) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ERROR_EXIT)
     except UnicodeDecodeError as e:
         print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ERROR_EXIT)
     except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
         if not type(e).__module__.startswith("botocore."):
             raise
         print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ERROR_EXIT)
 
 
 def _one_line(e: BaseException) -> str:

@@ -55,6 +55,10 @@ STACK_LINE = "dtrain-stack "
 # a node's sshd did not answer; the launcher names the node.
 READY_FAILED = 97
 READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdict (run.sh --ready-says)
+# The exit code of a task that stops on an error of its own (a bad flag, a launch that failed
+# before the job started: one `error: ...` line): tasks.py exits with it and a launch's record
+# keeps it, so `dtrain status` shows what `dtrain launch` returned.
+ERROR_EXIT = 2
 
 # The timeline of a launch (launch/jobs/timeline.py): the phases each node measures of its own
 # steps (lines `SUPERVISOR_EVENT{"event": "phase", "phase": P, "at": EPOCH, "seconds": S}` from

@@ -1038,8 +1038,8 @@ class Job:
             store.record(self.spec.name, state="interrupted", exit_code=code)
             self.say(f"[launch] {what}: removing containers on every node")
             return code
-        except LaunchError as e:
-            store.record(self.spec.name, state="failed to launch", exit_code=code)
+        except LaunchError as e:  # the CLI exits with ERROR_EXIT after its one line: the record says so too
+            store.record(self.spec.name, state="failed to launch", exit_code=contract.ERROR_EXIT)
             self._log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
             raise
         finally:
