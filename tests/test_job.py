@@ -214,3 +214,37 @@ def test_signals_end_a_launch_with_128_plus_the_signal():
     assert interrupt_code(KeyboardInterrupt()) == (130, "interrupted")
     assert interrupt_code(Signalled(signal.SIGTERM)) == (143, "SIGTERM received")
     assert interrupt_code(Signalled(signal.SIGHUP)) == (129, "SIGHUP received")
+
+
+def test_a_checkpoint_dir_on_no_mount_is_warned_of_and_on_a_read_only_one_refused():
+    from dtrain.launch.jobs.commands import parse_mount
+
+    def spec(ckpt, *mounts):
+        return JobSpec(image="r/i:t", command=("true",), checkpoint_dir=ckpt,
+                       mounts=tuple(parse_mount(m) for m in mounts))
+
+    assert job.check_checkpoint_dir(spec(None)) is None
+    assert job.check_checkpoint_dir(spec("/fsx/ckpt", "/fsx")) is None
+    assert job.check_checkpoint_dir(spec("/ckpt", "/tmp/r/ckpt:/ckpt")) is None
+    assert job.check_checkpoint_dir(spec("/data/out", "/data:ro", "/scratch:/data/out")) is None  # the deeper one, rw
+    warning = job.check_checkpoint_dir(spec("/ckpt", "/fsx"))
+    assert warning.startswith("--checkpoint-dir /ckpt is not under any --mount") and "/fsxx" not in warning
+    assert job.check_checkpoint_dir(spec("/fsxx/ckpt", "/fsx")) is not None  # a prefix is not a parent
+    with pytest.raises(LaunchError, match=r"^--checkpoint-dir /data/ckpt: on a read-only --mount \(/data:ro\)"):
+        job.check_checkpoint_dir(spec("/data/ckpt", "/data:ro"))
+
+
+def test_the_launch_refuses_a_read_only_checkpoint_dir_before_any_node_and_warns_of_an_unshared_one(tmp_path):
+    import os, subprocess, sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "invoke", "launch", "--hosts", "127.0.0.1:1", "--ssh-opt", "Port=1",
+            "--image", "10.213.0.1:5000/dtrain/x:1", "--max-restarts", "1"]
+    ro = subprocess.run([*argv, "--mount", "/data:ro", "--checkpoint-dir", "/data/ckpt", "--", "true"],
+                        cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert (ro.returncode, ro.stderr.count("\n")) == (2, 1), ro.stderr
+    assert ro.stderr.startswith("error: --checkpoint-dir /data/ckpt: on a read-only --mount") and "127.0.0.1" not in ro.stderr
+    unshared = subprocess.run([*argv, "--checkpoint-dir", "/ckpt", "--", "true"],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert "[launch] warning: --checkpoint-dir /ckpt is not under any --mount" in unshared.stdout + unshared.stderr

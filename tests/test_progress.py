@@ -218,3 +218,15 @@ def test_a_stopped_rank_is_named_its_stack_dumped_and_the_attempt_ends(tmp_path)
     assert events[-1]["reason"].startswith("hang: no rank made progress for ") and "behind: r1 (node-1)" in events[-1]["reason"]
     assert proc.returncode == 1
     assert time.monotonic() - t_stop < 60
+
+
+def test_ranks_whose_last_step_lines_came_milliseconds_apart_are_not_told_apart():
+    """A job that prints its step line after the step's collective: the stopped rank printed the
+    same step as the others, a few ms apart (the lines' travel). Naming the rank whose line
+    happened to arrive first would accuse a healthy rank: every rank is named, the stacks tell."""
+    p = progress.Progress(4, started=0.0, pattern=progress.compile_pattern(r"^step "))
+    for step in range(6):
+        for r, jitter in zip(range(4), (0.004, 0.001, 0.006, 0.0)):
+            p.feed(r, f"step {step}", step * 0.5 + jitter)
+    stall = p.stalled(10.0, 5)
+    assert stall.behind == (0, 1, 2, 3) and set(stall.steps.values()) == {6}

@@ -238,3 +238,16 @@ def test_stop_without_a_name_stops_the_newest_running_job_not_an_ended_one(home)
     store.record("old-running", state="stopped", ended=time.time())
     with pytest.raises(LaunchError, match=r"^no running job to stop \(`dtrain status` lists the jobs"):
         store.stop(None)
+
+
+def test_a_launch_that_fails_to_start_records_the_exit_code_the_cli_returned(home):
+    """`dtrain status` shows the exit code `dtrain launch` returned: a launch that stops on its
+    own error (here: no node reachable, 127.0.0.1:1) exits 2 with one line, and its record says 2."""
+    env = {**os.environ, "DTRAIN_HOME": str(home)}
+    p = subprocess.run([sys.executable, "-m", "invoke", "launch", "--hosts", "127.0.0.1:1", "--ssh-opt", "Port=1",
+                        "--image", "10.213.0.1:5000/dtrain/x:1", "--name", "nolaunch", "--", "true"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: ") and "127.0.0.1" in p.stderr and "Traceback" not in p.stderr
+    record = json.loads((home / "jobs" / "nolaunch" / "job.json").read_text())
+    assert (record["state"], record["exit_code"]) == ("failed to launch", p.returncode)

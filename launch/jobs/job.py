@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shlex
 import secrets
@@ -223,6 +224,25 @@ def check_spares(spec: JobSpec, given: int) -> None:
     if spec.min_nodes is not None and not 1 <= spec.min_nodes <= ranked:
         raise LaunchError(f"--min-nodes {spec.min_nodes}: between 1 and the {ranked} node(s) "
                           + (f"that run ranks ({given} given, {spec.spares} spare(s))" if spec.spares else "given"))
+
+
+def check_checkpoint_dir(spec: JobSpec) -> str | None:
+    """--checkpoint-dir against the --mounts: on a read-only one is an error (nothing could be
+    saved); on none, a warning (each container's own disk: a spare or a restarted container
+    would not find it, and the run would start over), or None."""
+    path = spec.checkpoint_dir
+    if not path:
+        return None
+    under = sorted((m for m in spec.mounts if posixpath.commonpath([m.dst, posixpath.normpath(path)]) == m.dst),
+                   key=lambda m: len(m.dst))
+    if under and under[-1].readonly:
+        raise LaunchError(f"--checkpoint-dir {path}: on a read-only --mount ({under[-1].dst}:ro); a checkpoint "
+                          "must be writable (mount it rw)")
+    if not under:
+        return (f"--checkpoint-dir {path} is not under any --mount: each container's own disk, which a spare or a "
+                "restart does not see (the run would start over); give a --mount every node shares, e.g. "
+                "--mount /fsx --checkpoint-dir /fsx/ckpt")
+    return None
 
 
 def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) -> dict[str, str]:
@@ -991,6 +1011,7 @@ class Job:
     def run(self) -> int:
         wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
         check_spares(self.spec, len(self.nodes))
+        unshared = check_checkpoint_dir(self.spec)
         if self.launcher.name == "ray" and (self.spec.detach or self.spec.restarts or self.spec.spares
                                             or self.spec.hang_timeout):
             raise LaunchError("--detach, --max-restarts, --spares and --hang-timeout are for mpirun, horovodrun "
@@ -1003,6 +1024,8 @@ class Job:
                          ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
                          **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None)
         self._log = store.open_private(self.dir / "output.log")
+        if unshared:
+            self.say(f"[launch] warning: {unshared}")
         code = 1
         t0 = time.monotonic()
         restore = _sigterm_as_interrupt()

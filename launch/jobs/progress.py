@@ -74,11 +74,13 @@ class Progress:
 
 def behind(lasts: dict[int, float], steps: dict[int, int], *, counted: bool) -> tuple[int, ...]:
     """The ranks behind the others. With a progress pattern (one line per step), those with
-    fewer steps than the most advanced, where counts differ. Otherwise by time: a stopped rank's
-    last line is older than those of the ranks that went on until they blocked waiting for it,
-    so the ranks before the widest gap between last-progress times (every rank when all fell
-    silent at once: nothing tells them apart)."""
-    if counted and min(steps.values()) < max(steps.values()):
+    fewer steps than the most advanced; every rank where all made as many steps (a job that
+    prints its step line after the step's collective: the stopped rank printed its last step
+    with the others, a few ms apart, and which line arrived first is noise, not a culprit).
+    Otherwise by time: a stopped rank's last line is older than those of the ranks that went
+    on until they blocked waiting for it, so the ranks before the widest gap between
+    last-progress times (every rank when all fell silent at once: nothing tells them apart)."""
+    if counted:
         low = min(steps.values())
         return tuple(sorted(r for r, n in steps.items() if n == low))
     order = sorted(lasts, key=lambda r: (lasts[r], r))
