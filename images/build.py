@@ -9,7 +9,6 @@ the pure command builders (IMAGE_SOURCES) and .wheelhouse/.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -275,14 +274,10 @@ def _push_cache(docker: str, src: str, dst: str) -> None:
     """Tag src as dst and push it; then remove the references that made in the local engine
     (the tag, REPO@DIGEST), as `dtrain push` does: the next build reads the cache from the
     registry, and src keeps the image."""
-    from dtrain.images.push import parse_push_digest, refs_made_by_push
+    from dtrain.images.push import inspect_image, parse_push_digest, refs_made_by_push
 
-    def refs(ref: str) -> list[str] | None:  # its image's RepoDigests; None: no such image
-        r = subprocess.run([docker, "image", "inspect", "-f", "{{json .RepoDigests}}", ref],
-                           capture_output=True, text=True)
-        return (json.loads(r.stdout) or []) if r.returncode == 0 else None
-
-    existed, digests_before, digest = refs(dst) is not None, refs(src) or [], None
+    existed, digest = inspect_image(dst) is not None, None
+    digests_before = (inspect_image(src) or {}).get("RepoDigests") or []
     try:
         for cmd in ([docker, "tag", src, dst], [docker, "push", dst]):
             r = subprocess.run(cmd, capture_output=True, text=True)

@@ -344,10 +344,8 @@ def test_env_file_is_names_and_base64():
 def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
     """up passes the sshd port to start (the probe's $port is the port's holder, not the port)."""
     head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
-    # ss: nothing holds 2022 when up (its stale-container check) and the probe look, then sshd
     fake = ('docker() { case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;; esac; }\n'
-            'ss() { case "$*" in *"sport = :2022"*) [ "$(wc -c < "$SEEN")" -ge 2 ] && echo LISTEN; '
-            'echo -n x >> "$SEEN" ;; esac; }\n'
+            'ss() { case "$*" in *"sport = :2022"*) [ -e "$SEEN" ] && echo LISTEN; : > "$SEEN" ;; esac; }\n'
             'nvidia-smi() { return 1; }\n')
     r = host('up "$@"', "2022", "", "", "img:1", "never", "5",
              str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake,
@@ -364,8 +362,8 @@ def _up_with(tmp_path, fake: str, calls: Path) -> subprocess.CompletedProcess:
 
 
 def test_up_removes_a_container_of_the_job_that_holds_the_port_before_the_probe(tmp_path):
-    """A container of this job an earlier launch left running holds 2022: up removes it (`docker
-    rm -f` of the job's container name) before the probe looks; the container starts."""
+    """A container of this job an earlier launch left running holds 2022: up's probe removes it
+    (`docker rm -f` of the job's container name) and looks again; the container starts."""
     calls = tmp_path / "calls"
     fake = ('docker() { echo "$1 $2 ${3:-}" >> "$CALLS"; case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;;'
             ' "rm -f") : > "$CALLS.gone" ;; esac; }\n'
@@ -374,6 +372,16 @@ def test_up_removes_a_container_of_the_job_that_holds_the_port_before_the_probe(
     r = _up_with(tmp_path, fake, calls)
     assert r.returncode == 0 and "run=1" in r.stdout and "port=" not in r.stdout, r.stdout + r.stderr
     assert calls.read_text().splitlines()[:3] == ["image inspect -f", "rm -f dtrain-j", "run -d --name"]
+
+
+def test_probe_alone_names_what_holds_the_port_and_removes_nothing(tmp_path):
+    """The probe step of doctor and the like (no container name): the holder named, no container removed."""
+    calls = tmp_path / "calls"
+    fake = ('docker() { echo "$1 $2" >> "$CALLS"; }\nss() { echo "LISTEN 0 128 *:2022 *:*"; }\n'
+            'nvidia-smi() { return 1; }\n')
+    r = host('probe "$@"', "2022", fake=fake, env={**os.environ, "CALLS": str(calls)})
+    assert r.returncode == 0 and "port=LISTEN 0 128 *:2022 *:*" in r.stdout.splitlines(), r.stdout
+    assert "rm -f" not in (calls.read_text() if calls.exists() else "")
 
 
 @pytest.mark.parametrize("says, started", [

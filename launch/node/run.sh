@@ -70,11 +70,12 @@ if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 # the master connection it then rides (ssh -f -N: back once authenticated), made by
 # ssh-connect.pl over a socket with Nagle off.
 reach() {
+  local ssh=(ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3)
   if [ -n "$connect" ] && [[ $1 != *:* ]]; then
-    perl -e "$connect" "$1" "$port" 3 ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 -o ProxyCommand=- \
-      -o ControlMaster=auto -f -N "${ssh_opts[@]}" "root@$1" || return
+    perl -e "$connect" "$1" "$port" 3 "${ssh[@]}" -o ProxyCommand=- -o ControlMaster=auto -f -N "${ssh_opts[@]}" \
+      "root@$1" || return
   fi
-  ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3 "${ssh_opts[@]}" "root@$1" "$add_hosts" < "$list" >/dev/null
+  "${ssh[@]}" "${ssh_opts[@]}" "root@$1" "$add_hosts" < "$list" >/dev/null
 }
 command -v perl >/dev/null || connect=''
 

@@ -1,10 +1,12 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
-# probe PORT: what the launcher needs to know about this node, one key=value a line
+# probe PORT [CONTAINER]: what the launcher needs to know about this node, one key=value a line
 # (launch/jobs/job.py facts_from_probe parses them). Sets $gpus $driver $efa $port $memlock for
 # the steps after it in the same session. Builtins where they do: a node may run this with
-# the launch's other steps on few cores.
+# the launch's other steps on few cores. CONTAINER (up's: the job's): where the port is held, a
+# container of that name (left running by an earlier launch of the job that could not clean
+# up) is removed first and the port looked at again; a stopped one is start's.
 probe() {
-  local ssh_port=$1 h dpid a b c d e f dev
+  local ssh_port=$1 stale=${2:-} h dpid a b c d e f dev
   # shellcheck disable=SC2086 # split SSH_CONNECTION into its four fields
   set -- ${SSH_CONNECTION:-}
   echo "addr=${3:-}"
@@ -21,6 +23,9 @@ probe() {
   # ss filters in the kernel (reading /proc/net/tcp costs ~10x more); -p, slow (it reads every
   # process), only to name a holder.
   port=$(ss -Hltn "sport = :$ssh_port" 2>/dev/null)
+  if [ -n "$port" ] && [ -n "$stale" ] && docker rm -f "$stale" >/dev/null 2>&1; then
+    port=$(ss -Hltn "sport = :$ssh_port" 2>/dev/null)
+  fi
   if [ -n "$port" ]; then
     port=$(ss -Hltnp "sport = :$ssh_port" 2>/dev/null | head -1)
     echo "port=$port"

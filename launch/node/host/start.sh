@@ -33,7 +33,7 @@ node_flags() {
 # Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
 watch=()
 start() {
-  local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0 err
+  local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0 err run
   shift 6
   [ -n "${t_up:-}" ] || { now; t_up=$t; }
   echo started=1  # from here on, the launcher removes what may be on this node
@@ -42,10 +42,11 @@ start() {
     printf '%s\n' "$pub" > "$kd/authorized_keys" && printf '%s' "$envs" > "$kd/env"; } \
     || { echo "cannot write the job key to $kd" >&2; exit 1; }
   node_flags
+  run=("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}")
   # A stopped container of the job left by an earlier launch takes the name: removed, once.
-  if ! err=$("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}" 2>&1 >/dev/null); then
+  if ! err=$("${run[@]}" 2>&1 >/dev/null); then
     if [[ $err != *"is already in use by container"* ]] || ! docker rm -f "$name" >/dev/null 2>&1 ||
-       ! err=$("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}" 2>&1 >/dev/null); then
+       ! err=$("${run[@]}" 2>&1 >/dev/null); then
       printf '%s\n' "$err" >&2
       exit 1
     fi

@@ -14,10 +14,7 @@ up() {
   login "$registry" "$user"
   read_secrets
   image "$ref" "$pull"
-  # A container of this job left running by an earlier launch (one that could not clean up)
-  # holds the port: removed before the probe names what holds it (a stopped one: start).
-  [ -z "$(ss -Hltn "sport = :$ssh_port" 2>/dev/null)" ] || docker rm -f "$name" >/dev/null 2>&1
-  probe "$ssh_port"
+  probe "$ssh_port" "$name"
   gate || exit 0
   start "$kd" "$pub" "$timeout" "$ssh_port" "$name" "$@"
 }
