@@ -432,11 +432,14 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             raise jobfile.LaunchError(f"-f {f} and --file {file}: give one job file")
         path = f or file
         flags["command"] = _remainder() or None
-        given = jobfile.merge(jobfile.load(path) if path else {}, flags)
+        from_file = jobfile.load(path) if path else {}
+        given = jobfile.merge(from_file, flags)
         if dump:
             print(jobfile.dump(given), end="")
             return
-        _launch(**{**LAUNCH_DEFAULTS, **given})
+        # a later check of a value the file gave names the file's line, not the flag
+        where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
+        _launch(where, **{**LAUNCH_DEFAULTS, **given})
 
 
 # What `dtrain launch` does where neither a flag nor the job file says.
@@ -444,7 +447,7 @@ LAUNCH_DEFAULTS = {"launcher": "mpirun", "master_port": "29500", "rdzv": "static
                    "workdir_limit": "1g", "command": []}
 
 
-def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None,
+def _launch(where, image=None, command=(), launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None,
             ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
             env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
             pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts=None,
@@ -453,11 +456,11 @@ def _launch(image=None, command=(), launcher="mpirun", name=None, cluster=None, 
     import os
     from pathlib import Path
 
-    from dtrain.launch.jobs import commands
+    from dtrain.launch.jobs import commands, jobfile
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs.job import Job, JobSpec
 
-    with user_errors():
+    with user_errors(), jobfile.located(where):
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
         _image_flag(image)

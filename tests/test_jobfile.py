@@ -62,6 +62,30 @@ def test_a_bad_job_file_is_one_line_naming_the_file_line_and_key(tmp_path, text,
     assert "\n" not in str(e.value)
 
 
+def test_a_value_checked_against_the_nodes_names_the_files_line_or_the_flag(tmp_path):
+    """spares: checked against the node count once the nodes are known: the file's line where
+    the file gave it, the flag where the command line did; no node is contacted either way."""
+    (tmp_path / "hosts").write_text("h1\nh2\n")
+    (tmp_path / "job.yaml").write_text("image: reg/x:1\nhostfile: hosts\nspares: 9\ncommand: python t.py\n")
+    r = _cli(tmp_path, "launch", "-f", "job.yaml")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: job.yaml:3: spares 9: must be fewer than the 2 node(s) given"), r.stderr
+    r = _cli(tmp_path, "launch", "-f", "job.yaml", "--spares", "5")
+    assert r.returncode == 2 and r.stderr.startswith("error: --spares 5: must be fewer than the 2 node(s)"), r.stderr
+    (tmp_path / "job.yaml").write_text("image: reg/x:1\nhostfile: hosts\nprogress_pattern: step\ncommand: x\n")
+    r = _cli(tmp_path, "launch", "-f", "job.yaml")
+    assert r.returncode == 2 and r.stderr.startswith("error: job.yaml:3: progress_pattern is what --hang-timeout"), \
+        r.stderr
+
+
+def test_located_leaves_other_errors_and_other_flags_alone():
+    with pytest.raises(LaunchError, match="^--spare-parts 1: x$"), jobfile.located({"spares": "j.yaml:3"}):
+        raise LaunchError("--spare-parts 1: x")
+    with pytest.raises(LaunchError, match="^j.yaml:3: max_restarts 2: x$"), \
+            jobfile.located({"max_restarts": "j.yaml:3"}):
+        raise LaunchError("--max-restarts 2: x")
+
+
 def test_the_cli_says_it_in_one_line_and_exits_non_zero(tmp_path):
     (tmp_path / "job.yaml").write_text("image: reg/x:1\nenv:\n  TOKEN:\ncommand: python t.py\n")
     env = {k: v for k, v in os.environ.items() if k != "TOKEN"}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -172,6 +174,30 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
             pairs.append(f"{k}={v}")
         out["env"] = pairs
     return out
+
+
+def origins(path: str | Path, keys: Iterable[str]) -> dict[str, str]:
+    """{key: "FILE:LINE"} for the job file's top-level keys among `keys` (those a launch takes
+    from the file, not from a flag): where a later check of a value names it (located)."""
+    doc = yaml.compose(Path(path).read_text())
+    return {k: f"{path}:{line_of(doc, (k,)) or 1}" for k in keys}
+
+
+@contextmanager
+def located(where: Mapping[str, str]) -> Iterator[None]:
+    """A LaunchError or BadValue about a flag whose value came from the job file (where: {key:
+    "FILE:LINE"}, origins) names the file, line and key instead of the flag: `--spares 9: must
+    be fewer...` -> `job.yaml:7: spares 9: must be fewer...`. Checks of a value against others
+    (the node count) run after the file is read, in the flags' own terms."""
+    try:
+        yield
+    except (LaunchError, values.BadValue) as e:
+        text = str(e)
+        for key, at in where.items():
+            flag = "--" + key.replace("_", "-")
+            if text == flag or text.startswith((flag + " ", flag + ":")):
+                raise type(e)(f"{at}: {key}{text[len(flag):]}") from None
+        raise
 
 
 def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
