@@ -65,7 +65,7 @@ READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdi
 # launch/node/host/ and run.sh) or the launcher measures of its rounds, in their order; then a
 # restart's phases, from the supervisor's `phase` events ({"phase": P, "node": host, "seconds": S}).
 PHASE_EVENT = "phase"
-LAUNCH_PHASES = ("first-round", "pull", "container", "sshd", "ready", "first-step")
+LAUNCH_PHASES = ("first-round", "pull", "container", "sshd", "network-gate", "ready", "first-step")
 RESTART_PHASES = ("detection", "checkpoint", "teardown", "spare-in", "resumed")
 
 # launch/node/ on this machine: the node scripts the launcher sends over ssh.

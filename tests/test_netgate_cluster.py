@@ -13,7 +13,9 @@ import pytest
 
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.infra import netns as nx
-from dtrain.launch.jobs.store import job_log
+from dtrain.launch.jobs import timeline
+from dtrain.launch.jobs.store import job_log, load_job
+from dtrain.launch.remote.hosts import parse_hostfile
 
 pytestmark = pytest.mark.cluster
 
@@ -43,6 +45,10 @@ def test_check_network_runs_the_job_and_names_a_throttled_node(cluster, remote_i
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "[launch] network gate: 3 node(s), rate min" in ok.stdout, ok.stdout
     assert len(re.findall(r"^\[node-\d r\d\] job ran$", ok.stdout, re.M)) == 3, ok.stdout
+    # the gate is a phase of the launch's timeline, every node's row: the log's table and the record's
+    assert re.search(r"^\[launch\] timeline launch .*\bnetwork-gate\b", ok.stdout, re.M), ok.stdout
+    gated = [e for e in timeline.from_json(load_job("t-gate-ok")["timeline"]) if e.phase == "network-gate"]
+    assert sorted(e.node for e in gated) == sorted(n.host for n in parse_hostfile(cluster.hostfile)) and all(e.seconds > 0 for e in gated)
     try:
         cl.set_link_rate(3, nx.parse_rate(SLOW))
         slow = _launch(cluster, image, "t-gate-slow")

@@ -1039,7 +1039,10 @@ class Job:
             rec.add(started.timeline)
             quarantined: dict[str, str] = {}
             if self.spec.check_network:
+                began = time.time()
                 gate = self.gate_nodes(started)
+                rec.add(timeline.rounds("network-gate", {f.node.host: (began, time.time()) for f in started.facts},
+                                        rec.t0))
                 if gate.culprits:  # the one place a launch learns of a slow node: spares take their place
                     if failure := self.up_failure(0):
                         raise failure  # a node whose container exited: that, not a slow link
