@@ -248,3 +248,19 @@ def test_the_launch_refuses_a_read_only_checkpoint_dir_before_any_node_and_warns
     unshared = subprocess.run([*argv, "--checkpoint-dir", "/ckpt", "--", "true"],
                               cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert "[launch] warning: --checkpoint-dir /ckpt is not under any --mount" in unshared.stdout + unshared.stderr
+
+
+def test_the_first_nodes_container_waits_for_the_supervisor_only_with_the_jobs_directory():
+    """up's docker run for the standby node runs launch/node/standby.sh on the job's directory
+    (mounted: its FIFOs are there) instead of the image's CMD; any other node's, or one without
+    the directory (doctor), keeps the image's CMD."""
+    from dtrain.launch.jobs import node_programs, supervision
+
+    spec = JobSpec(image="reg/x:1", command=("true",), name="t")
+    waits = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/node-jobs/t", standby=True)
+    plain = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/node-jobs/t")
+    standby = node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR])
+    assert waits[-len(standby) - 1:] == ["reg/x:1", *standby] and plain[-1] == "reg/x:1"
+    assert waits[:-len(standby)] == plain
+    assert job.container_spec(spec, "", standby=True).command == ()
+    assert f"type=bind,src=/home/u/.dtrain/node-jobs/t,dst={supervision.CONTAINER_JOB_DIR}" in waits

@@ -608,3 +608,79 @@ def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
     assert r.stdout.startswith('dtrain-supervisor {"event": "running"'), r.stdout
     r = host('supervise "$@"', str(d), "detach", "sh", "-c", "exit 97", stdin=counted_text(["SUP", "{}", "{}"]))
     assert r.returncode == 97  # the readiness check's code, for the launcher to name the node
+
+
+def _standby(d: Path) -> subprocess.Popen:
+    """launch/node/standby.sh as a container runs it: PID 1 of a PID namespace of its own
+    (its kill -1 reaches that namespace only), the job's directory d with prepare's FIFOs."""
+    os.mkfifo(d / "sup.in")
+    os.mkfifo(d / "sup.out")
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "bash", str(NODE / "standby.sh"), str(d)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_standby_runs_what_the_relay_sends_and_the_relay_gives_its_output_and_code(tmp_path):
+    """host/supervise.sh standby mode (relay) -> launch/node/standby.sh: the argv exactly
+    (spaces, UTF-8), the session's stdin the supervisor's (its end stops it), the output to the
+    end and the exit code; a process the supervisor left (an ssh master holding its output) is
+    killed, so the relay ends with the supervisor, and the standby ends after the relay."""
+    d = tmp_path / "job"
+    d.mkdir()
+    standby = _standby(d)
+    try:
+        job = 'echo "argv: $*"; (sleep 100 &); while read -r l; do echo "got $l"; done; echo ended >&2; exit 7'
+        t = time.monotonic()
+        r = host('relay "$@"', str(d), "bash", "-c", job, "dtrain-run", "a b", "é ü",
+                 stdin="beat\nbeat 2\n", env={**os.environ, "LC_ALL": "C.UTF-8"})
+        assert r.returncode == 7, r.stderr
+        assert r.stdout == "argv: a b é ü\ngot beat\ngot beat 2\nended\n", r.stdout
+        assert time.monotonic() - t < 10  # not the orphan's 100 s
+        assert standby.wait(15) == 7, standby.stdout.read() if standby.stdout else ""
+        assert (d / "sup.rc").read_text() == "7\n"
+    finally:
+        standby.kill()
+        standby.wait()
+
+
+def test_the_relay_says_137_where_the_container_went_and_fails_where_no_standby_answers(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    standby = _standby(d)
+    relay = subprocess.Popen(["bash", "-c", LIBRARY + "\n" + LABELS + 'relay "$@"', "t", str(d), "sleep", "100"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not _has_child(standby.pid, "sleep"):
+            assert time.monotonic() < deadline, "the standby did not start the supervisor"
+            time.sleep(0.05)
+        standby.kill()  # `docker rm -f`: the namespace's init and everything in it
+        out, err = relay.communicate(timeout=15)
+        assert relay.returncode == 137 and out == "", (relay.returncode, out, err)
+    finally:
+        standby.kill()
+        relay.kill()
+        standby.wait()
+        relay.wait()
+    # FIFOs, but no container waiting on them: not a hang, one line and exit 1 after STANDBY_WAIT
+    e = tmp_path / "none"
+    e.mkdir()
+    os.mkfifo(e / "sup.in")
+    os.mkfifo(e / "sup.out")
+    r = host('STANDBY_WAIT=0.5; relay "$@"', str(e), "true")
+    assert r.returncode == 1 and r.stderr == "the job's container did not take its supervisor within 0.5 s\n", r.stderr
+
+
+def _has_child(pid: int, name: str) -> bool:
+    """Whether any descendant of pid runs `name`."""
+    kids = {pid}
+    for _ in range(6):
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                comm, rest = stat.read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            if int(rest.split()[1]) in kids:
+                if comm.split("(", 1)[1] == name:
+                    return True
+                kids.add(int(stat.parent.name))
+    return False

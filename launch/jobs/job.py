@@ -124,6 +124,7 @@ class Started:
     ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
     subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
     timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
+    standby: str = ""  # the host whose container waits for the supervisor (launch/node/standby.sh)
 
 
 class Relay:
@@ -292,16 +293,21 @@ def ompi_major(version_output: str) -> int:
     return int(m.group(1))
 
 
-def container_spec(spec: JobSpec, node_dir: str = "") -> commands.ContainerSpec:
+def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> commands.ContainerSpec:
     """The job's container, without the node's own flags (the node adds them: start.sh).
     The user's --env values are not in it: they go in the job's env file. node_dir: the
-    job's directory on the nodes (supervisor, heartbeat, log; the workdir), mounted."""
+    job's directory on the nodes (supervisor, heartbeat, log; the workdir), mounted. standby:
+    the first node's, which waits for the supervisor (launch/node/standby.sh) instead of a
+    `docker exec` of it later (needs node_dir: its FIFOs are there)."""
     mounts = spec.mounts
+    command: tuple[str, ...] = ()
     if node_dir:
         mounts += (commands.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
         if spec.workdir:
             mounts += (commands.Mount(f"{node_dir}/workdir", contract.WORKDIR),)
-    return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts,
+        if standby:
+            command = tuple(node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR]))
+    return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts, command=command,
                                   shm_size=spec.shm_size, key_dir=node_key_dir(spec.name))
 
 
@@ -311,10 +317,12 @@ def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
             spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout), "detach" if spec.detach else "attach"]
 
 
-def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
+def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "",
+            standby: bool = False) -> list[str]:
     """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
-    with node_dir, the container mounts the job's directory and the node's watchdog starts."""
-    head, rest = commands.docker_run_parts(container_spec(spec, node_dir))
+    with node_dir, the container mounts the job's directory and the node's watchdog starts.
+    standby: the container waits for the job's supervisor (container_spec)."""
+    head, rest = commands.docker_run_parts(container_spec(spec, node_dir, standby))
     watch = watch_argv(spec, node_dir) if node_dir else []
     return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
             node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
@@ -361,8 +369,13 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
     env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
     where = ["-w", cwd] if cwd else []
-    return ["docker", "exec", *env, *where, container_name(spec.name),
-            *node_programs.container_argv("run.sh", [*opts, "--", *command])]
+    return ["docker", "exec", *env, *where, container_name(spec.name), *in_container(opts, command)]
+
+
+def in_container(opts: Sequence[str], command: Sequence[str]) -> list[str]:
+    """launch/node/run.sh with its options, then command: argv in the container (run_argv's
+    after `docker exec NAME`; the first node's standby runs it as it is)."""
+    return node_programs.container_argv("run.sh", [*opts, "--", *command])
 
 
 def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4,
@@ -384,7 +397,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
                    secrets: str, say: Callable[[str], None], node_dir: str = "",
                    login: Login | None = None, *, t0: float | None = None,
                    on_phase: Callable[[timeline.Entry], None] | None = None,
-                   sessions: Sessions | None = None) -> tuple[Started, Fanout]:
+                   sessions: Sessions | None = None, standby: str = "") -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -397,11 +410,14 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     The nodes' phase lines (up.sh: `container`, then `sshd`) are timeline entries, times
     after t0 (the launch's start, epoch; default now): Started.timeline has each node's
     `container`; on_phase gets the later ones (`sshd`) as they come. sessions: the first
-    round's, open (Job.prepare): the step goes on in them instead of sessions of its own."""
+    round's, open (Job.prepare): the step goes on in them instead of sessions of its own.
+    standby: the host whose container waits for the job's supervisor (container_spec); "" none."""
     began = time.monotonic()
     t0 = time.time() if t0 is None else t0
     login = login_for(spec.image) if login is None else login
+    standby = standby if node_dir and standby in {n.host for n in nodes} else ""
     args = up_args(spec, login.args, public_key, node_dir)
+    waits = up_args(spec, login.args, public_key, node_dir, standby=True) if standby else args
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
     phases: list[timeline.Entry] = []
@@ -422,13 +438,13 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
                 news.notify_all()
 
     if sessions is None:
-        argv = node_programs.host_argv("up", *args)
-        fan = ssh.start(nodes, lambda n: argv, timeout=1800, stdin=lambda n: login.stdin + secrets, on_line=on_line)
+        fan = ssh.start(nodes, lambda n: node_programs.host_argv("up", *(waits if n.host == standby else args)),
+                        timeout=1800, stdin=lambda n: login.stdin + secrets, on_line=on_line)
     else:
         fan = sessions.fanout
         sessions.relay.target = on_line
         for n in nodes:
-            fan.send(n.host, go_text(args) + login.stdin + secrets)
+            fan.send(n.host, go_text(waits if n.host == standby else args) + login.stdin + secrets)
     started = list(nodes)  # until the sessions say otherwise
     try:
         with news:  # until every container runs, or a session ended before starting its own
@@ -441,7 +457,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
             raise_on_failure(results, "starting containers")
         with news:
             out = {h: "\n".join(v) for h, v in lines.items()}
-            result = replace(_check_nodes(spec, nodes, out, running), timeline=tuple(phases))
+            result = replace(_check_nodes(spec, nodes, out, running), timeline=tuple(phases), standby=standby)
     except LaunchError as e:
         fan.cancel()
         raise StartFailed(str(e), started) from None
@@ -582,13 +598,15 @@ class Job:
         private, public = self._keypair()
         self.started = list(self.nodes)
         policy = pulled.policy if pulled else self.spec.pull
+        # attached, the first node's container waits for the supervisor: no `docker exec` later
+        standby = self.nodes[0].host if not self.spec.detach and self.launcher.name != "ray" else ""
         try:
             started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
                                                      public, private + env_file(self.spec.env), self.say,
                                                      prepared.node_dir, prepared.login,
                                                      t0=rec.t0 if rec else None,
                                                      on_phase=(lambda e: rec.add([e])) if rec else None,
-                                                     sessions=prepared.sessions)
+                                                     sessions=prepared.sessions, standby=standby)
         except StartFailed as e:
             self.started = e.started
             raise
@@ -868,10 +886,14 @@ class Job:
         inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
                          ready_skip="" if self.launcher.ssh_here else first.address,
                          ready_beside=not self.spec.detach)
-        if not self.spec.detach:
+        mode = "detach" if self.spec.detach else "attach"
+        if started.standby == first.node.host:  # its container waits for run.sh's argv (standby.sh)
+            exec_head = ["docker", "exec", container_name(self.spec.name)]
+            assert inner[:3] == exec_head, inner[:3]
+            inner, mode = inner[3:], "standby"
+        elif not self.spec.detach:
             inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
-        argv = self.ssh.argv(first.node, node_programs.host_argv(
-            "supervise", node_dir, "detach" if self.spec.detach else "attach", *inner))
+        argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dir, mode, *inner))
         payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
                                 json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

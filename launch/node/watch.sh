@@ -48,7 +48,7 @@ remove_files() {
   fi
   if [ "$keep" = detach ]; then
     rm -f "$dir/plan.json" "$dir/builders.json" "$dir/env" "$dir/heartbeat" "$dir/leaving" "$dir/supervise.py" \
-      "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json" "$dir/watch.pid"
+      "$dir/watch.sh" "$dir/watch.log" "$dir/spot.json" "$dir/watch.pid" "$dir/sup.in" "$dir/sup.out" "$dir/sup.rc"
     rmdir "$dir" 2>/dev/null  # only where nothing is kept (not the first node)
   else
     rm -rf "${dir:?}"

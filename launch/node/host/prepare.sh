@@ -3,7 +3,8 @@
 # (lock_job: refused, exit 3, where another launch holds it), then the job's directory on this
 # node, ~/REL (made anew, 0700, with an empty workdir/; an earlier launch's watchdog of it
 # stopped), and the node watchdog's program in it (launch/node/watch.sh, from stdin, up to a NUL
-# or its end). With IMAGE: first a line `held ID` where the node already holds it as POLICY asks
+# or its end), and the FIFOs through which the first node's container takes its supervisor
+# (supervise.sh relay, launch/node/standby.sh). With IMAGE: first a line `held ID` where the node already holds it as POLICY asks
 # (held_as), so the launch pulls only elsewhere; the one `docker image inspect` that asks it is
 # kept ($inspected) where the node holds the image: the start step in the same session
 # (prepare_up, image) reads it instead of asking the engine again. Prints the directory's absolute path last (the launcher mounts it into the container).
@@ -18,7 +19,8 @@ prepare() {
   stop_watch "$d"  # a watchdog of an earlier launch of this job would remove what this one puts here
   rm -rf "$d" 2>/dev/null
   { IFS= read -r -d '' prog || true; }
-  if ! { mkdir -p "$d/workdir" && chmod 700 "$d" && printf '%s' "$prog" > "$d/watch.sh"; }; then
+  if ! { mkdir -p "$d/workdir" && chmod 700 "$d" && printf '%s' "$prog" > "$d/watch.sh" &&
+          mkfifo "$d/sup.in" "$d/sup.out"; }; then
     echo "cannot make $d" >&2
     exit 1
   fi
