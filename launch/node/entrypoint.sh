@@ -2,7 +2,7 @@
 # Entrypoint of every dtrain image.
 #   no arguments: sshd on port 2022 in the foreground (a node of a job), one `sshd -i` per
 #                 connection behind sshd-listen.pl (Nagle off: no 40 ms stalls in key exchanges)
-#   arguments:    start sshd in the background, then exec the arguments
+#   arguments:    the same listener in the background, then exec the arguments
 #   train:        a SageMaker training job (`docker run IMAGE train`): the job key from the
 #                 `dtrain` channel, sshd, then sagemaker_train.py (reads /opt/ml, runs the job)
 # Each container gets its own host key, made here, never baked into the image.
@@ -67,13 +67,15 @@ done < <(env -0)
 printf '%s\n' "$line" > "$conf"
 
 mkdir -p /run/sshd
-if [ "$#" -eq 0 ]; then
-  # sshd-listen.pl accepts on sshd's port with Nagle off and runs sshd -i per connection: the
-  # image's sshd itself (sshd.real), its wrapper's work (host key, /run/sshd) being done above.
-  port=22 sshd=/usr/sbin/sshd
-  [ ! -x /usr/sbin/sshd.real ] || sshd=/usr/sbin/sshd.real
-  while read -r k v _; do [ "${k,,}" != port ] || { port=$v; break; }; done < /etc/ssh/sshd_config
-  exec perl "${0%/*}/sshd-listen.pl" "$port" "$sshd" -e
-fi
-/usr/sbin/sshd -e
+# sshd-listen.pl accepts on sshd's port with Nagle off and runs sshd -i per connection: the
+# image's sshd itself (sshd.real), its wrapper's work (host key, /run/sshd) being done above.
+port=22 sshd=/usr/sbin/sshd
+[ ! -x /usr/sbin/sshd.real ] || sshd=/usr/sbin/sshd.real
+while read -r k v _; do [ "${k,,}" != port ] || { port=$v; break; }; done < /etc/ssh/sshd_config
+listen=(perl "${0%/*}/sshd-listen.pl" "$port" "$sshd" -e)
+if [ "$#" -eq 0 ]; then exec "${listen[@]}"; fi
+# With a command (the first node's standby under an attached launch, SageMaker's `train`): the
+# listener in the background, its readiness not waited for (whoever connects retries), and the
+# command in front at once.
+"${listen[@]}" &
 exec "$@"
