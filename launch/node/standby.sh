@@ -2,7 +2,8 @@
 # The first node's container under an attached launch waits here for the job's supervisor, so
 # that no `docker exec` (0.06 s, and a CLI and runc's CPU) stands between the launcher's word
 # and the supervisor: launch/jobs/job.py runs this container as `docker run ... IMAGE bash -c
-# "$(cat standby.sh)" dtrain-standby DIR` (the image's entrypoint starts sshd, then this).
+# "$(cat standby.sh)" dtrain-standby DIR` (the image's entrypoint starts sshd beside this; an
+# image built before dtrain's entrypoint did that runs `sshd -e` first, which works as well).
 # DIR: the job's directory (mounted), with two FIFOs the node made (host/prepare.sh):
 #   sup.in   from host/supervise.sh (standby mode): a line of byte counts, then run.sh's argv
 #            (each part counted; `bash -c RUNSH NAME ARGS...`, as `docker exec` would run it);
