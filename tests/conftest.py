@@ -95,6 +95,25 @@ def cluster(_cluster_session, engine):
 
 
 @pytest.fixture
+def nic_down(cluster):
+    """nic_down(i): a context in which simulated node i's NIC (its veth on the host, dtv<index>)
+    is down, giving its address: how a test makes a node unreachable (never an address where no
+    node is). Up again after, whatever happened inside."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def down(i: int):
+        node = cluster.nodes[i - 1]
+        subprocess.run(["ip", "link", "set", f"dtv{node.index}", "down"], check=True)
+        try:
+            yield node.address
+        finally:
+            subprocess.run(["ip", "link", "set", f"dtv{node.index}", "up"], check=True)
+
+    return down
+
+
+@pytest.fixture
 def remote_images(cluster, cpu_images):
     """CPU images pushed to the cluster's registry: {family: remote ref}."""
     from dtrain.images import push as p

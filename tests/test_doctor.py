@@ -161,26 +161,27 @@ def test_disk_requirement(cluster):
 
 
 @pytest.mark.cluster
-def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path):
+def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path, nic_down):
     """A node that does not answer, and a GPU image on nodes without GPUs."""
     docker = engine.docker_cli()
     ref = f"{cluster.registry}/dtrain/doctor-gpu-label:1"
     subprocess.run(f"tar -cf - -T /dev/null | {docker} import --change 'LABEL dtrain.kind=gpu' "
                    f"--change 'LABEL dtrain.min-driver=570.124.06' - {ref} && {docker} push -q {ref}",
                    shell=True, check=True, capture_output=True)
-    ns = nodes(cluster, 1) + [Node("10.213.0.99", 1, 22, "root")]
-    rows = {(r.node, r.check): r for r in dr.run(ns, dr.Options(image=ref, ssh_opts=("-F", cluster.ssh_config)),
-                                                  say=lambda m: None)}
-    assert status(rows, "10.213.0.99", "ssh") == "FAIL"
+    ns = nodes(cluster, 1) + [nodes(cluster, 3)[2]]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{addr(cluster, 1)} slots=1 port=22 user=root\n{addr(cluster, 3)} slots=1 port=22 user=root\n")
+    with nic_down(3) as gone:
+        rows = {(r.node, r.check): r for r in dr.run(ns, dr.Options(image=ref, ssh_opts=("-F", cluster.ssh_config)),
+                                                      say=lambda m: None)}
+        # The CLI: exit non-zero, the failing row, and the checklist entries that explain it.
+        out = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--hostfile", str(hostfile),
+                              "--ssh-config", cluster.ssh_config], cwd=ROOT, capture_output=True, text=True)
+    assert status(rows, gone, "ssh") == "FAIL"
     r = rows[(addr(cluster, 1), "gpu-driver")]
     assert r.status == "FAIL" and "570.124.06" in r.detail
-    # The CLI: exit non-zero, the failing row, and the checklist entries that explain it.
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text(f"{addr(cluster, 1)} slots=1 port=22 user=root\n10.213.0.99 slots=1 port=22 user=root\n")
-    out = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--hostfile", str(hostfile),
-                          "--ssh-config", cluster.ssh_config], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "10.213.0.99  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout
+    assert f"{gone}  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout
 
 
 # ---------------------------------------------------------------- rules without a real cause here

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import json
 import shutil
+import re
 import subprocess
 import sys
 
@@ -371,15 +372,12 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
 
 
 @pytest.mark.cluster
-def test_wait_ready_on_real_nodes(cluster):
+def test_wait_ready_on_real_nodes(cluster, nic_down):
     nodes = parse_hostfile(cluster.hostfile)
     ec2.wait_ready(nodes, ssh_opts=("-F", cluster.ssh_config), timeout=60, say=quiet)
-    from dtrain.launch.remote.hosts import Node
-
-    gone = Node("10.213.0.99", user="root")  # no node there
-    with pytest.raises(LaunchError, match=r"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: 10.213.0.99: "):
-        ec2.wait_ready([*nodes, gone], ssh_opts=("-F", cluster.ssh_config),
-                       timeout=1, say=quiet)
+    with nic_down(3) as gone, pytest.raises(
+            LaunchError, match=rf"^1 node\(s\) not ready \(ssh \+ docker\) after 1s: {re.escape(gone)}: "):
+        ec2.wait_ready(nodes, ssh_opts=("-F", cluster.ssh_config), timeout=1, say=quiet)
 
 
 # a stand-in apt-get: `update` refreshes the lists (when apt works at all); `install` needs them
