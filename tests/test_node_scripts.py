@@ -670,6 +670,33 @@ def test_the_relay_says_137_where_the_container_went_and_fails_where_no_standby_
     assert r.returncode == 1 and r.stderr == "the job's container did not take its supervisor within 0.5 s\n", r.stderr
 
 
+def test_the_standby_ends_where_the_launcher_went_mid_output_and_passes_an_empty_argument(tmp_path):
+    """kill -9 of the launcher: its ssh session goes (the relay killed, the session's pipes
+    closed) while the supervisor still prints; the supervisor sees its stdin end and stops, the
+    standby writes its code and ends, though nothing reads sup.out any more. An empty argument
+    arrives as one (counted as 0 bytes)."""
+    d = tmp_path / "job"
+    d.mkdir()
+    standby = _standby(d)
+    job = 'echo "argv: $#[$1]"; while read -r -t 0.01 _ || [ $? -gt 128 ]; do echo tick; done; exit 5'
+    relay = subprocess.Popen(["bash", "-c", LIBRARY + "\n" + LABELS + 'relay "$@"', "t", str(d),
+                              "bash", "-c", job, "dtrain-run", ""],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert relay.stdout.readline() == b"argv: 1[]\n"
+        assert relay.stdout.readline() == b"tick\n"
+        relay.kill()  # the relay, then what sshd does when the session goes: its pipes closed
+        relay.stdin.close()
+        relay.stdout.close()
+        assert standby.wait(15) == 5, standby.stdout.read() if standby.stdout else ""
+        assert (d / "sup.rc").read_text() == "5\n"
+    finally:
+        standby.kill()
+        relay.kill()
+        standby.wait()
+        relay.wait()
+
+
 def _has_child(pid: int, name: str) -> bool:
     """Whether any descendant of pid runs `name`."""
     kids = {pid}
