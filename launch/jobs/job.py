@@ -348,12 +348,23 @@ def counted_text(parts: Sequence[str]) -> str:
 def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
              fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
              ready_skip: str = "", ready_beside: bool = False) -> list[str]:
-    """`docker exec` of command in the job's container on a node, through launch/node/run.sh:
-    the job's env values exported from its file, the nodes in /etc/hosts (fill_hosts: this
-    container's; ready: every container's, by ssh to each node's sshd first, but ready_skip's,
-    the address of the node it runs on where the command reaches no sshd there; ready_beside:
-    the command starts beside that check and waits for its end itself: the supervisor). cwd:
-    where the command starts (`docker exec -w`); None: the image's WORKDIR."""
+    """`docker exec` of run_script_argv in the job's container on a node. cwd: where the command
+    starts (`docker exec -w`); None: the image's WORKDIR."""
+    env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
+    where = ["-w", cwd] if cwd else []
+    return ["docker", "exec", *env, *where, container_name(spec.name),
+            *run_script_argv(spec, facts, command, ready=ready, fill_hosts=fill_hosts, ready_skip=ready_skip,
+                             ready_beside=ready_beside)]
+
+
+def run_script_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
+                    fill_hosts: bool, ready_skip: str = "", ready_beside: bool = False) -> list[str]:
+    """command through launch/node/run.sh, as argv in the container (after `docker exec NAME`;
+    the first node's standby runs it as it is): the job's env values exported from its file,
+    the nodes in /etc/hosts (fill_hosts: this container's; ready: every container's, by ssh to
+    each node's sshd first, but ready_skip's, the address of the node it runs on where the
+    command reaches no sshd there; ready_beside: the command starts beside that check and waits
+    for its end itself: the supervisor)."""
     opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
     for f in facts:
         opts += ["--host", f.address, f.hostname]
@@ -367,14 +378,6 @@ def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], 
         for o in CONTAINER_SSH_MUX:
             opts += ["--ssh-opt", o]
         opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
-    env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
-    where = ["-w", cwd] if cwd else []
-    return ["docker", "exec", *env, *where, container_name(spec.name), *in_container(opts, command)]
-
-
-def in_container(opts: Sequence[str], command: Sequence[str]) -> list[str]:
-    """launch/node/run.sh with its options, then command: argv in the container (run_argv's
-    after `docker exec NAME`; the first node's standby runs it as it is)."""
     return node_programs.container_argv("run.sh", [*opts, "--", *command])
 
 
@@ -849,7 +852,7 @@ class Job:
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
                                     progress_pattern=spec.progress_pattern)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
-        prefix = run_argv(spec, live, [], ready=False, fill_hosts=True)[3:] if self.launcher.per_node else []
+        prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
                                 quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
@@ -883,16 +886,14 @@ class Job:
         # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
         # attached: python starts beside the check (detached, the node's program waits for the
         # supervisor's first event, which a failed check would never give: the check first)
-        inner = run_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
-                         ready_skip="" if self.launcher.ssh_here else first.address,
-                         ready_beside=not self.spec.detach)
-        mode = "detach" if self.spec.detach else "attach"
+        inner = run_script_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
+                                ready_skip="" if self.launcher.ssh_here else first.address,
+                                ready_beside=not self.spec.detach)
         if started.standby == first.node.host:  # its container waits for run.sh's argv (standby.sh)
-            exec_head = ["docker", "exec", container_name(self.spec.name)]
-            assert inner[:3] == exec_head, inner[:3]
-            inner, mode = inner[3:], "standby"
-        elif not self.spec.detach:
-            inner = [*inner[:2], "-i", *inner[2:]]  # docker exec -i: stdin's end stops the job
+            mode = "standby"
+        else:  # attached, docker exec -i: stdin's end stops the job
+            mode = "detach" if self.spec.detach else "attach"
+            inner = ["docker", "exec", *([] if self.spec.detach else ["-i"]), container_name(self.spec.name), *inner]
         argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dir, mode, *inner))
         payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
                                 json.dumps(supervision.builder_files())))
