@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs import job
+from dtrain.launch.jobs import commands, job
 from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
                         rank_nodes, torchrun_node_argv)
 
@@ -80,16 +81,21 @@ def test_torchrun_lines_get_global_rank():
     assert prefix_line("W1121 warning", default_node="node-2", torch_base=4) == "[node-2] W1121 warning"
 
 
-def test_job_argv_uses_addresses_and_tags_output():
+def test_job_argv_uses_addresses_and_tags_output_per_rank():
+    """mpirun without --tag-output: each rank's command runs under launch/node/rank_output.py
+    (its text in argv), which tags the rank's lines; horovodrun's command too."""
     spec = JobSpec(image="img", command=("python", "t.py"), name="j", env={"A": "1"})
     argv = job_argv(spec, facts(2), "ens5")
-    assert argv[:3] == ["mpirun", "--tag-output", "--allow-run-as-root"]
+    program = contract.node_script("rank_output.py")
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"] and "--tag-output" not in argv
     assert argv[argv.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:2"
     assert ["--mca", "btl_tcp_if_include", "ens5"] == argv[argv.index("btl_tcp_if_include") - 1:][:3]
     assert argv[argv.index("A") - 1] == "-x" and not any("A=" in a for a in argv)  # the value is not in argv
-    assert argv[-2:] == ["python", "t.py"]
+    assert argv[-7:] == ["python3", "-I", "-S", "-c", program, "python", "t.py"]
+    assert commands.shown_argv(argv, program)[-3:] == ["<launch/node/rank_output.py>", "python", "t.py"]
     hv = job_argv(JobSpec(image="i", command=("python", "t.py"), name="j", launcher="horovodrun"), facts(2), "ens5")
     assert "horovodrun" in hv and hv[hv.index("-p") + 1] == "2022" and "--network-interface" in hv
+    assert hv[-7:] == ["python3", "-I", "-S", "-c", program, "python", "t.py"]
 
 
 def test_torchrun_per_node():

@@ -21,8 +21,9 @@ from dtrain.launch.remote.hosts import Node, hosts_list
 
 _ENV_NAME_RE = re.compile(rf"^{values.ENV_NAME.pattern}$", re.ASCII)  # the one rule: dtrain/values.py
 
-# What `mpirun --tag-output` puts before each chunk a rank writes: `[1,3]<stdout>:` (job,
-# rank; the job part is absent in some versions). Group 1 is the rank.
+# What `mpirun --tag-output` puts before each chunk a rank writes, and launch/node/rank_output.py
+# before each line: `[1,3]<stdout>:` (job, rank; the job part is absent in some versions, and in
+# horovodrun's Gloo prefix). Group 1 is the rank.
 MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"
 
 # Forwarded by name from the launcher's environment to every rank.
@@ -357,6 +358,9 @@ class LaunchCommand:
     master_port: int = 29500
     rdzv: str = "static"
     job: str = ""
+    # mpirun, horovodrun: the text of launch/node/rank_output.py, which runs each rank's command
+    # and tags its lines itself ("": Open MPI's --tag-output tags them, losing some; see there)
+    rank_output: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {k: (list(map(list, v)) if k in ("extra_env", "mca") else list(v) if isinstance(v, tuple) else v)
@@ -395,12 +399,13 @@ def attempt_argv(run: LaunchCommand, nodes: Sequence[PlanNode]) -> list[list[str
             iface=nodes[0].iface, env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
             forward=[*run.forward, RESTART_VAR, *extra], ompi_major=run.ompi,
             ssh_options=CONTAINER_SSH_MUX, extra_mca=[*mpi_defaults(run.mca), *run.mca])
-        argv = (mpirun_argv(peers, list(run.command), **kw) if run.subnet is None
-                else mpirun_mixed_argv(peers, list(run.command), subnet=run.subnet, **kw))
-        return [[argv[0], "--tag-output", *argv[1:]]]
+        command = rank_output_argv(run.rank_output, run.command)
+        argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
+                else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
+        return [argv if run.rank_output else [argv[0], "--tag-output", *argv[1:]]]
     if run.launcher == "horovodrun":  # horovodrun forwards its whole environment (extra_env too)
-        return [horovodrun_argv(peers, list(run.command), iface=nodes[0].iface, ssh_port=contract.SSH_PORT,
-                                env_names=[*run.env_names, *extra])]
+        return [horovodrun_argv(peers, rank_output_argv(run.rank_output, run.command), iface=nodes[0].iface,
+                                ssh_port=contract.SSH_PORT, env_names=[*run.env_names, *extra])]
     if run.launcher == "torchrun":
         out = []
         for rank, n in enumerate(nodes):
@@ -410,6 +415,23 @@ def attempt_argv(run: LaunchCommand, nodes: Sequence[PlanNode]) -> list[list[str
             out.append(["env", *(f"{k}={v}" for k, v in env.items()), t[0], "--tee", "3", *t[1:]])
         return out
     raise ValueError(f"attempt_argv: no supervised launcher {run.launcher!r}")
+
+
+# What runs launch/node/rank_output.py (its text follows) before a rank's command: -I -S, only
+# the standard library, whatever PYTHON* variables the job sets.
+RANK_OUTPUT_HEAD = ("python3", "-I", "-S", "-c")
+RANK_OUTPUT_SHOWN = "<launch/node/rank_output.py>"  # its text where a command is shown
+
+
+def rank_output_argv(program: str, command: Sequence[str]) -> list[str]:
+    """The rank's command under rank_output.py (its text: program), which tags each line of its
+    output with the rank; the command as it is where program is ""."""
+    return [*RANK_OUTPUT_HEAD, program, *command] if program and command else list(command)
+
+
+def shown_argv(argv: Sequence[str], program: str) -> list[str]:
+    """argv as the launch shows it: rank_output.py's text as RANK_OUTPUT_SHOWN."""
+    return [RANK_OUTPUT_SHOWN if program and a == program else a for a in argv]
 
 
 def rank_map(nodes: Sequence[PlanNode]) -> list[str]:

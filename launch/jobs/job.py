@@ -876,7 +876,7 @@ class Job:
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
-                    if plan.max_restarts else spares) + f": {shlex.join(shown)}")
+                    if plan.max_restarts else spares) + f": {shlex.join(commands.shown_argv(shown, plan.run.rank_output))}")
         job_dir = supervision.CONTAINER_JOB_DIR
         sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
         if self.spec.detach:  # in the background, its output to its files only

@@ -48,7 +48,8 @@ def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> c
     return commands.LaunchCommand(
         launcher=spec.launcher, command=tuple(spec.command), env_names=tuple(spec.env), forward=tuple(spec.forward),
         extra_env=extra, mca=tuple(spec.extra_mca), ompi=ompi, subnet=subnet, master_port=spec.master_port,
-        rdzv=spec.rdzv, job=spec.name)
+        rdzv=spec.rdzv, job=spec.name,
+        rank_output=contract.node_script("rank_output.py") if spec.launcher in ("mpirun", "horovodrun") else "")
 
 
 def plan_nodes(facts: Sequence[NodeFacts]) -> list[commands.PlanNode]:

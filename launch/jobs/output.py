@@ -36,13 +36,15 @@ def prefix_line(line: str, *, default_node: str, torch_base: int) -> str:
 
 
 class MpiOutput:
-    """Turns `mpirun --tag-output` lines into `[node r<rank>] text` lines.
+    """Turns tagged mpirun lines into `[node r<rank>] text` lines: tagged by
+    launch/node/rank_output.py (each rank's lines), or by Open MPI's --tag-output (each chunk).
 
-    Open MPI tags every chunk a rank writes. Unbuffered output (PYTHONUNBUFFERED=1) writes a
-    line's text and its newline separately, so chunks of different ranks share one physical
-    line: `[1,2]<stdout>:loss 0.3[1,1]<stdout>:loss 0.4` then `[1,2]<stdout>:`. Each tagged
+    A rank's unfinished line goes tagged without its newline (a pause in it; a line longer than
+    a packet), so segments of different ranks share one physical line:
+    `[1,2]<stdout>:loss 0.3[1,1]<stdout>:loss 0.4` then `[1,2]<stdout>: step 2`. Each tagged
     segment before the last one of a line is an unfinished line of its rank: kept until that
-    rank's newline arrives."""
+    rank's newline arrives. Two tags on one segment (horovodrun adds --tag-output's to
+    rank_output.py's) are one: the first is an empty unfinished line."""
 
     _TAG = re.compile(commands.MPI_OUTPUT_TAG)
 

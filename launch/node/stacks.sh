@@ -3,9 +3,9 @@
 #   stacks.sh VAR ATTEMPT NODE
 # The attempt's processes are those whose environment has VAR=ATTEMPT (DTRAIN_RESTART: what the
 # supervisor gives each attempt, launch/node/supervise.py KILL_ATTEMPT finds them the same way);
-# each Python one among them is dumped with `py-spy dump` (it reads the process's memory, so a
-# rank stuck in a collective or stopped with SIGSTOP is read too; the container needs
-# CAP_SYS_PTRACE). Every line starts with `[NODE rRANK] ` (the rank from
+# each Python one among them (but launch/node/rank_output.py, which tags a rank's lines) is
+# dumped with `py-spy dump` (it reads the process's memory, so a rank stuck in a collective or
+# stopped with SIGSTOP is read too; the container needs CAP_SYS_PTRACE). Every line starts with `[NODE rRANK] ` (the rank from
 # OMPI_COMM_WORLD_RANK or RANK; `[NODE] ` for a launcher process such as torchrun's agent).
 # Without py-spy (an image older than it): SIGABRT, then SIGCONT, to each such process: one that
 # enabled faulthandler (PYTHONFAULTHANDLER=1 in its --env) writes its stack to its own stderr,
@@ -26,6 +26,8 @@ for p in /proc/[0-9]*; do
   grep -qzx "$var=$attempt" "$p/environ" 2>/dev/null || continue
   exe=$(readlink "$p/exe" 2>/dev/null) || continue
   case ${exe##*/} in python*) ;; *) continue ;; esac
+  # not the rank's output tagger (launch/node/rank_output.py, its text in its command line)
+  grep -qza '^# dtrain-rank-output' "$p/cmdline" 2>/dev/null && continue
   rank=$(env_of "$pid" OMPI_COMM_WORLD_RANK)
   [ -n "$rank" ] || rank=$(env_of "$pid" RANK)
   label="[$node${rank:+ r$rank}]"
