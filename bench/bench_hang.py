@@ -38,6 +38,8 @@ from bench_recovery import _wait_for  # noqa: E402 (the same wait: a line in the
 
 FAMILY = "pytorch-ddp"
 EX = contract.EXAMPLES
+# the rank's python, not launch/node/rank_output.py before it (whose command line names the script too)
+RANK_PROCESS = "^[^ ]*python[^ ]* (-u )?[^ ]*hang_train\\.py"
 
 
 def one(info, image: str, n: int, timeout: float, run: int) -> tuple[float, float, float]:
@@ -55,7 +57,7 @@ def one(info, image: str, n: int, timeout: float, run: int) -> tuple[float, floa
     runner.start()
     _wait_for(name, rf"^\[node-{n} r{last}\] step 3 rank {last}/{n}$")
     subprocess.run(["docker", "-H", info.nodes[last].docker_host, "exec", f"dtrain-{name}",
-                    "pkill", "-STOP", "-f", "hang_train.py"], check=True, timeout=30)
+                    "pkill", "-STOP", "-f", RANK_PROCESS], check=True, timeout=30)
     t0 = time.monotonic()
     hang = _wait_for(name, rf"^\[launch\] hang: .* behind: r{last} on node-{n} ")
     stack = _wait_for(name, rf"^\[node-{n} r{last}\]\s+load_batch \(hang_train\.py:\d+\)")

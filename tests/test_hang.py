@@ -21,7 +21,8 @@ pytestmark = pytest.mark.cluster
 TIMEOUT = 10
 
 
-# The example's rank, not torchrun's agent (whose command line names the script too)
+# The example's rank, not torchrun's agent nor launch/node/rank_output.py (whose command lines name
+# the script too)
 RANK_PROCESS = "^[^ ]*python[^ ]* (-u )?[^ ]*hang_train\\.py"
 
 
