@@ -36,9 +36,16 @@ def _stop_rank_when(cluster, name: str, pattern: str, node: int, seen: dict) -> 
             path = job_log(name)
             text = path.read_text() if path.exists() else ""
             if "stopped" not in seen and re.search(pattern, text, re.M):
-                subprocess.run(["docker", "-H", cluster.nodes[node - 1].docker_host, "exec", f"dtrain-{name}",
-                                "pkill", "-STOP", "-f", RANK_PROCESS], check=True, timeout=30)
-                seen["stopped"] = time.monotonic()
+                try:  # pkill: 1 where nothing matched; tried again until the deadline (seen["errors"])
+                    r = subprocess.run(["docker", "-H", cluster.nodes[node - 1].docker_host, "exec", f"dtrain-{name}",
+                                        "pkill", "-STOP", "-f", RANK_PROCESS],
+                                       capture_output=True, text=True, timeout=30)
+                    if r.returncode == 0:
+                        seen["stopped"] = time.monotonic()
+                    else:
+                        seen.setdefault("errors", []).append(f"pkill exit {r.returncode}: {r.stderr.strip()}")
+                except subprocess.TimeoutExpired as e:
+                    seen.setdefault("errors", []).append(str(e))
             if "stopped" in seen and re.search(rf"^\[node-{node} r{node - 1}\] stack of pid", text, re.M):
                 seen["stack"] = time.monotonic()
                 return
@@ -61,6 +68,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, re
                         ["python", f"{EX}/hang_train.py", "--steps", "8", "--step-seconds", "2"], name, n=2,
                         env=env, launcher=launcher, hang_timeout=TIMEOUT, progress_pattern="^step ", max_restarts=1)
     watcher.join(5)
+    assert "stopped" in seen, (seen, out)
     assert re.search(rf"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
                      r"behind: r1 on node-2 \(last progress [\d.]+ s ago, 3 line\(s\)\)", out, re.M), out
     # every rank's stack: the stopped one (state T) in its sleep, the other blocked in the allreduce
