@@ -139,20 +139,21 @@ def main() -> None:
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
     image = p.push_registry([p.LocalImage(img.family, img.tag)], info.registry, out=lambda m: None)[0].remote
     res: dict[str, list[tuple[int, bool, float]]] = {"dtrain": [], "by hand (--tag-output)": [], "floor (untagged)": []}
-    up = "bench-output-up"
+    up = "bench-output-up"  # the by-hand runs' containers (one job per node: between dtrain's runs)
     spec = JobSpec(image=image, command=("sleep", "3600"), name=up, pull="missing", detach=True,
                    ssh_opts=("-F", info.ssh_config))
-    if Job(spec, parse_hostfile(info.hostfile)[:n], say=lambda m: None).run() != 0:
-        raise SystemExit(f"{up} failed: {job_log(up).read_text()[-2000:]}")
-    try:
-        for r in range(args.runs):  # interleaved: each run, each way once
-            res["dtrain"].append(dtrain(info, image, n, lines, f"bench-output-{r}"))
+    for r in range(args.runs):  # interleaved: each run, each way once
+        res["dtrain"].append(dtrain(info, image, n, lines, f"bench-output-{r}"))
+        if Job(spec, parse_hostfile(info.hostfile)[:n], say=lambda m: None).run() != 0:
+            raise SystemExit(f"{up} failed: {job_log(up).read_text()[-2000:]}")
+        try:
             res["by hand (--tag-output)"].append(by_hand(info, up, n, lines, tag=True))
             res["floor (untagged)"].append(by_hand(info, up, n, lines, tag=False))
-            print(r, {k: v[-1] for k, v in res.items()}, file=sys.stderr, flush=True)
-    finally:
-        store.stop(up, ("-F", info.ssh_config))
-    rows = [("way", f"lines arrived with their rank (of {n * lines:,})", "each rank in order", "seconds (median)")]
+        finally:
+            store.stop(up, ("-F", info.ssh_config))
+        print(r, {k: v[-1] for k, v in res.items()}, file=sys.stderr, flush=True)
+    rows = [("way", f"lines arrived with their rank (of {n * lines:,})", "each rank's complete and in order",
+             "seconds (median)")]
     for way, runs in res.items():
         arrived = [a for a, _, _ in runs]
         rows.append((way, " / ".join(f"{a:,}" for a in arrived) + ("" if "floor" not in way else " (no rank)"),
