@@ -150,3 +150,26 @@ def test_horovodrun_tags_on_top_of_these_are_read_as_one():
     assert m.feed("[1,1]<stderr>:[1,1]<stdout>:step 3 loss 0.2") == ["[node-2 r1] step 3 loss 0.2"]
     assert m.feed("[1,0]<stderr>:[1,0]<stdout>:loss 0.3[1,1]<stderr>:[1,1]<stdout>:x") == ["[node-2 r1] x"]
     assert m.feed("[1,0]<stderr>:[1,0]<stdout>: step 2") == ["[node-1 r0] loss 0.3 step 2"]
+
+
+def test_a_progress_bar_is_a_line_per_update_and_streams_stay_apart():
+    """tqdm's way: `\\r` then the bar, on stderr, a newline at the end; stdout between: each
+    update is one line, no empty one, and stdout's line is not glued to stderr's open one."""
+    code = ("import sys, time\n"
+            "for i in (0, 50, 100):\n"
+            "    sys.stderr.write(f'\\r{i:3d}%|bar|'); sys.stderr.flush(); time.sleep(0.05)\n"
+            "print('done', flush=True)\n"
+            "sys.stderr.write('\\n')\n")
+    proc = start(py(code))
+    raw = proc.stderr.read().decode()
+    assert proc.wait(30) == 0
+    # as the supervisor reads mpirun's output: text mode, \r a line end too
+    m = MpiOutput(["node-1", "node-1", "node-2"], "node-1")
+    lines = [s for line in raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")[:-1] for s in m.feed(line)]
+    lines += m.flush()
+    assert sorted(lines) == sorted(["[node-2 r2]   0%|bar|", "[node-2 r2]  50%|bar|", "[node-2 r2] 100%|bar|",
+                                    "[node-2 r2] done"]), (raw, lines)
+    s = ro.Stream(0, b"[1,0]<stderr>:")
+    assert s.take(b"\r 10%") == [] and s.flush() == [b"[1,0]<stderr>: 10%"]  # no empty line before it
+    assert s.take(b"\r 20%") == [b"[1,0]<stderr>:\r"] and s.flush() == [b"[1,0]<stderr>: 20%"]
+    assert s.take(b"\r") == [] and s.take(b"\n") == [b"[1,0]<stderr>:\r\n"]  # \r\n cut in two reads

@@ -23,8 +23,8 @@ _ENV_NAME_RE = re.compile(rf"^{values.ENV_NAME.pattern}$", re.ASCII)  # the one 
 
 # What `mpirun --tag-output` puts before each chunk a rank writes, and launch/node/rank_output.py
 # before each line: `[1,3]<stdout>:` (job, rank; the job part is absent in some versions, and in
-# horovodrun's Gloo prefix). Group 1 is the rank.
-MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"
+# horovodrun's Gloo prefix). Group 1 is the rank, group 2 the stream.
+MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:"
 
 # Forwarded by name from the launcher's environment to every rank.
 MPI_FORWARD = ("NCCL_DEBUG", "PATH", "LD_LIBRARY_PATH")

@@ -42,34 +42,34 @@ class MpiOutput:
     A rank's unfinished line goes tagged without its newline (a pause in it; a line longer than
     a packet), so segments of different ranks share one physical line:
     `[1,2]<stdout>:loss 0.3[1,1]<stdout>:loss 0.4` then `[1,2]<stdout>: step 2`. Each tagged
-    segment before the last one of a line is an unfinished line of its rank: kept until that
-    rank's newline arrives. Two tags on one segment (horovodrun adds --tag-output's to
+    segment before the last one of a line is an unfinished line of its rank's stream (stdout,
+    stderr): kept until that stream's newline arrives. Two tags on one segment (horovodrun adds --tag-output's to
     rank_output.py's) are one: the first is an empty unfinished line."""
 
     _TAG = re.compile(commands.MPI_OUTPUT_TAG)
 
     def __init__(self, ranks: list[str], default_node: str):
         self.ranks, self.default_node = ranks, default_node
-        self.pending: dict[int, str] = {}
+        self.pending: dict[tuple[int, str], str] = {}  # (rank, stream): its unfinished line
 
     def _fmt(self, rank: int, text: str) -> str:
         node = self.ranks[rank] if rank < len(self.ranks) else "?"
         return f"[{node} r{rank}] {text}"
 
     def feed(self, line: str) -> list[str]:
-        parts = self._TAG.split(line)  # [before, rank, text, rank, text, ...]
+        parts = self._TAG.split(line)  # [before, rank, stream, text, rank, stream, text, ...]
         out = [f"[{self.default_node}] {parts[0]}"] if parts[0] or len(parts) == 1 else []
-        segments = list(zip(parts[1::2], parts[2::2]))
-        for i, (rank_s, text) in enumerate(segments):
-            rank = int(rank_s)
-            text = self.pending.pop(rank, "") + text
+        segments = list(zip(parts[1::3], parts[2::3], parts[3::3]))
+        for i, (rank_s, stream, text) in enumerate(segments):
+            key = (int(rank_s), stream)
+            text = self.pending.pop(key, "") + text
             if i < len(segments) - 1:
-                self.pending[rank] = text  # no newline yet for this rank
+                self.pending[key] = text  # no newline yet for this rank's stream
             elif text or i == 0:
-                out.append(self._fmt(rank, text))
+                out.append(self._fmt(key[0], text))
         return out
 
     def flush(self) -> list[str]:
-        out = [self._fmt(r, t) for r, t in sorted(self.pending.items())]
+        out = [self._fmt(r, t) for (r, _), t in sorted(self.pending.items())]
         self.pending.clear()
         return out

@@ -12,8 +12,9 @@ HOROVOD_RANK, PMIX_RANK); where none is set, COMMAND is exec'd as it is.
 - COMMAND's stdout is a pseudo-terminal, as Open MPI gives a rank (programs line-buffer it),
   its stderr a pipe; stdin, the environment and the process group are this process's.
 - Each line becomes `[1,RANK]<stdout>:LINE` (or <stderr>), the format launch/jobs/output.py
-  (MpiOutput) and dtrain diagnose read. A line not ended within 5 ms of its last byte goes as
-  it is, without a newline (a prompt, a progress bar's `\\r`); its rest follows tagged again.
+  (MpiOutput) and dtrain diagnose read. A `\\r` ends a line too (a progress bar's updates: one
+  line each). A line not ended within 5 ms of its last byte goes as it is, without its end (a
+  prompt, a progress bar's text before its next `\\r`); its rest follows tagged again.
 - All of it goes to this process's stderr, a pipe from Open MPI's daemon, as packets (the
   pipe's packet mode, O_DIRECT): each write of whole tagged lines, at most 4 KB, is one read
   of the daemon, so a rank's lines never break apart, nor mix with another rank's, on the way
@@ -89,24 +90,39 @@ def packets(pieces: list[bytes]) -> list[bytes]:
 
 
 class Stream:
-    """One of COMMAND's outputs: what is read of it and not yet sent (an unfinished line)."""
+    """One of COMMAND's outputs: what is read of it and not yet sent (an unfinished line), and
+    whether the last piece sent left a line open (sent without its end)."""
 
     def __init__(self, fd: int, tag: bytes):
-        self.fd, self.tag, self.rest = fd, tag, b""
+        self.fd, self.tag, self.rest, self.open = fd, tag, b"", False
 
     def take(self, data: bytes) -> list[bytes]:
-        """The pieces of `data`'s finished lines; an unfinished one is kept (rest), unless it
-        fills a packet already."""
+        """The pieces of `data`'s finished lines, ended by \n or \r (a progress bar's update);
+        an unfinished one is kept (rest), unless it fills a packet already. A \r last is kept
+        too: it may be the first half of \r\n."""
         data = self.rest + data
-        cut = data.rfind(b"\n") + 1
+        end = data[:-1] if data.endswith(b"\r") else data
+        cut = max(end.rfind(b"\n"), end.rfind(b"\r")) + 1
         if len(data) - cut >= PACKET:
             cut = len(data)
         self.rest = data[cut:]
-        return tagged(self.tag, data[:cut])
+        return self._pieces(data[:cut])
 
     def flush(self) -> list[bytes]:
         rest, self.rest = self.rest, b""
-        return tagged(self.tag, rest) if rest else []
+        return self._pieces(rest)
+
+    def _pieces(self, data: bytes) -> list[bytes]:
+        """tagged(data), less a lone \r where no line is open: a progress bar writes \r before
+        its text, which would make an empty line; where a line is open, the \r ends it."""
+        out = []
+        for piece in tagged(self.tag, data):
+            body = piece[len(self.tag):]
+            if body == b"\r" and not self.open:
+                continue
+            out.append(piece)
+            self.open = not body.endswith((b"\n", b"\r"))
+        return out
 
 
 def packet_mode(fd: int) -> None:
