@@ -111,7 +111,7 @@ def test_exit_codes_and_signals_come_through():
     assert start(["sh", "-c", "kill -KILL $$"]).wait(30) == -signal.SIGKILL
     p = start(["no-such-command-dtrain"])
     assert p.wait(30) == 127
-    assert p.stderr.read() == (b"[1,2]<stderr>:dtrain rank output: cannot run 'no-such-command-dtrain': "
+    assert p.stderr.read() == (b"[1,2]<stderr>:rank_output.py: cannot run 'no-such-command-dtrain': "
                                b"No such file or directory\n")
 
 

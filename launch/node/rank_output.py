@@ -160,7 +160,7 @@ def start(argv: list[str]) -> tuple[int, int, int]:
                     os.close(fd)
             os.execvp(argv[0], argv)
         except OSError as e:
-            os.write(2, f"dtrain rank output: cannot run '{argv[0]}': {e.strerror}\n".encode(errors="replace"))
+            os.write(2, f"rank_output.py: cannot run '{argv[0]}': {e.strerror}\n".encode(errors="replace"))
         finally:
             os._exit(127)
     os.close(slave)

@@ -162,7 +162,7 @@ ENTRIES: tuple[Entry, ...] = (
             "/usr/bin/env: 'python': No such file or directory",
             "mpirun was unable to launch the specified application as it could not access",
             "mpirun was unable to find the specified executable file, and therefore",
-            "dtrain rank output: cannot run 'python': No such file or directory",
+            "rank_output.py: cannot run 'python': No such file or directory",
             "orted: error while loading shared libraries: libopen-rte.so.40: cannot open "
             "shared object file: No such file or directory",
         ),
@@ -172,7 +172,7 @@ ENTRIES: tuple[Entry, ...] = (
             r"\b(?:mpirun|prterun) was unable to launch the specified application as it could "
             r"not access",
             r"\b(?:mpirun|prterun) was unable to find the specified executable file",
-            r"dtrain rank output: cannot run '[^']*': No such file or directory",  # launch/node/rank_output.py
+            r"rank_output\.py: cannot run '[^']*': No such file or directory",  # launch/node/rank_output.py
             r"\b(?:orted|prted|python3?): error while loading shared libraries",
         ),
         cause="Docker `ENV` is the environment of the container's first process, not of "
