@@ -173,3 +173,10 @@ def test_a_progress_bar_is_a_line_per_update_and_streams_stay_apart():
     assert s.take(b"\r 10%") == [] and s.flush() == [b"[1,0]<stderr>: 10%"]  # no empty line before it
     assert s.take(b"\r 20%") == [b"[1,0]<stderr>:\r"] and s.flush() == [b"[1,0]<stderr>: 20%"]
     assert s.take(b"\r") == [] and s.take(b"\n") == [b"[1,0]<stderr>:\r\n"]  # \r\n cut in two reads
+
+
+def test_stack_dumps_know_the_tagger_by_its_first_line():
+    """launch/node/stacks.sh leaves out the process whose command line holds an argument that
+    starts `# dtrain-rank-output` (python3 -c PROGRAM): the program's first line."""
+    assert PROGRAM.startswith("# dtrain-rank-output")
+    assert "grep -qza '^# dtrain-rank-output' \"$p/cmdline\"" in contract.node_script("stacks.sh")

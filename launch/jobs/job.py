@@ -874,9 +874,10 @@ class Job:
                      node_names=node_names(facts))
         shown = commands.attempt_argv(plan.run, plan.nodes)[0]
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
+        shown = commands.shown_argv(shown, plan.run.rank_output)  # rank_output.py's name, not its text
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
-                    if plan.max_restarts else spares) + f": {shlex.join(commands.shown_argv(shown, plan.run.rank_output))}")
+                    if plan.max_restarts else spares) + f": {shlex.join(shown)}")
         job_dir = supervision.CONTAINER_JOB_DIR
         sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
         if self.spec.detach:  # in the background, its output to its files only

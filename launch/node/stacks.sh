@@ -5,8 +5,9 @@
 # supervisor gives each attempt, launch/node/supervise.py KILL_ATTEMPT finds them the same way);
 # each Python one among them (but launch/node/rank_output.py, which tags a rank's lines) is
 # dumped with `py-spy dump` (it reads the process's memory, so a rank stuck in a collective or
-# stopped with SIGSTOP is read too; the container needs CAP_SYS_PTRACE). Every line starts with `[NODE rRANK] ` (the rank from
-# OMPI_COMM_WORLD_RANK or RANK; `[NODE] ` for a launcher process such as torchrun's agent).
+# stopped with SIGSTOP is read too; the container needs CAP_SYS_PTRACE). Every line starts with
+# `[NODE rRANK] ` (the rank from OMPI_COMM_WORLD_RANK or RANK; `[NODE] ` for a launcher process
+# such as torchrun's agent).
 # Without py-spy (an image older than it): SIGABRT, then SIGCONT, to each such process: one that
 # enabled faulthandler (PYTHONFAULTHANDLER=1 in its --env) writes its stack to its own stderr,
 # which reaches the job's log through the launcher; the attempt is ending anyway.
