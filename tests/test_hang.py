@@ -75,6 +75,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, re
     assert re.search(r"^\[node-2 r1\] stack of pid \d+, state T: .*python.* .*hang_train\.py", out, re.M), out
     assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
     assert re.search(r"^\[node-1 r0\]\s+train_step \(hang_train\.py:\d+\)", out, re.M), out
+    assert "dtrain-rank-output" not in out, "the rank's output tagger (rank_output.py) is no rank: no stack of it"
     assert seen["stack"] - seen["stopped"] <= TIMEOUT + 5, seen
     assert "[launch] restart 1: hang: no rank made progress for" in out and "behind: r1 (node-2)" in out, out
     assert re.search(r"^\[node-2 r1\] rank 1: done \(8 steps\)", out, re.M) and "[launch] job succeeded" in out, out
