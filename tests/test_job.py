@@ -270,3 +270,27 @@ def test_the_first_nodes_container_waits_for_the_supervisor_only_with_the_jobs_d
     assert waits[:-len(standby)] == plain
     assert job.container_spec(spec, "", standby=True).command == ()
     assert f"type=bind,src=/home/u/.dtrain/node-jobs/t,dst={supervision.CONTAINER_JOB_DIR}" in waits
+
+
+def test_read_lines_gives_each_reads_lines_as_text_mode_would():
+    """output.read_lines (the launcher's and the supervisor's reader): a list per read, lines
+    as Python's text mode ends them (\\r\\n split across reads too), UTF-8 across reads."""
+    import io
+    import random
+
+    from dtrain.launch.jobs.output import read_lines
+
+    def reads(chunks):
+        it = iter([*chunks, b""])
+        return lambda size: next(it)
+
+    got = list(read_lines(reads([b"a\nb", b"c\r", b"\nd\re\xff\n", b"\xc3", b"\xa9 end"])))
+    assert got == [["a"], ["bc", "d", "e\ufffd"], ["é end"]]
+    rng = random.Random(7)
+    for _ in range(300):
+        pieces = [b"a", b"\r", b"\n", b"\r\n", "é".encode(), b"\xff"]
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(40)))
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randrange(6))))
+        chunks = [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)]) if data[i:j]]
+        want = [line.rstrip("\n") for line in io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace")]
+        assert [line for batch in read_lines(reads(chunks)) for line in batch] == want, (data, chunks)

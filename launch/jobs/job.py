@@ -18,6 +18,7 @@ in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -34,13 +35,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 from dtrain import contract
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, netgate, node_programs, store, supervision, timeline
+from dtrain.launch.jobs import commands, netgate, node_programs, output, store, supervision, timeline
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
@@ -564,16 +565,40 @@ class Job:
         self._teardown_lock = threading.Lock()
         self._closing = False
         self._out_lock = threading.Lock()
+        self._pending: list[str] | None = None  # lines of an output batch (_batched)
         self._log = None
         self.detached = False
         self._timed_out = False
 
     def _emit(self, line: str) -> None:
+        """A line of the job's output, to the screen and the job's log; within _batched, kept
+        (in order) until the batch ends."""
         with self._out_lock:
-            print(line, flush=True)
-            if self._log:
-                self._log.write(line + "\n")
-                self._log.flush()
+            if self._pending is not None:
+                self._pending.append(line)
+            else:
+                self._write(line + "\n")
+
+    def _write(self, text: str) -> None:  # the output lock held
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if self._log:
+            self._log.write(text)
+            self._log.flush()
+
+    @contextlib.contextmanager
+    def _batched(self) -> Iterator[None]:
+        """The lines emitted meanwhile go out together: one write and one flush each for the
+        screen and the log (a flush per line cost the launcher 2/3 of its time on chatty jobs)."""
+        with self._out_lock:
+            self._pending = []
+        try:
+            yield
+        finally:
+            with self._out_lock:
+                lines, self._pending = self._pending, None
+                if lines:
+                    self._write("".join(line + "\n" for line in lines))
 
     def _log_only(self, line: str) -> None:
         """A line for the job's output.log and not the screen (one the caller shows itself)."""
@@ -922,18 +947,19 @@ class Job:
         if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
             threading.Thread(target=_beat, args=(proc.stdin,), name="dtrain-beat", daemon=True).start()
         try:
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                if SSH_SAID.match(line):
-                    last = line.strip()
-                if line.startswith(contract.READY_SAYS):
-                    ready_lines.append(line)
-                    continue
-                seen = len(render.quarantined)
-                for shown in render.feed(line):
-                    self._emit(shown)
-                if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
-                    store.record(self.spec.name, quarantined=dict(render.quarantined))
+            for lines in output.read_lines(proc.stdout.buffer.read1):  # what each read brought, at once
+                with self._batched():
+                    for line in lines:
+                        if SSH_SAID.match(line):
+                            last = line.strip()
+                        if line.startswith(contract.READY_SAYS):
+                            ready_lines.append(line)
+                            continue
+                        seen = len(render.quarantined)
+                        for shown in render.feed(line):
+                            self._emit(shown)
+                        if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
+                            store.record(self.spec.name, quarantined=dict(render.quarantined))
             for shown in render.flush():
                 self._emit(shown)
             show_timeline()  # where not every node made a first step (or detached: none yet)

@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import codecs
 import re
-from typing import Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from dtrain.launch.jobs import commands
 
 # A rank's line as the user reads it, as prefix_line and MpiOutput write it: `[node-2 r3] text`
 # (hostname, global rank, text). Render (first steps) and progress (hangs) read it back.
 RANK_LINE = re.compile(r"^\[([^\]\s]+) r(\d+)\] ?(.*)$")
+
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # what Python's text mode takes for a line's end
+
+
+def read_lines(read: Callable[[int], bytes], size: int = 65536) -> Iterator[list[str]]:
+    """The lines of a byte stream, as each read (read(size): b"" at its end) brings them: a
+    list per read, so that a reader writes them out at once (one write and one flush for many
+    lines, where a line each cost the launcher most of its time on chatty output). Lines end as
+    in text mode (\\r\\n, \\r, \\n; a \\r last is held, it may be half of \\r\\n); UTF-8, bad bytes
+    replaced; the last unfinished line comes at the end."""
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    rest = ""
+    while True:
+        data = read(size)
+        text = rest + decode(data, final=not data)
+        if not data:
+            lines = _NEWLINE.split(text)
+            if lines[-1] == "":
+                lines.pop()
+            if lines:
+                yield lines
+            return
+        cut = len(text) - 1 if text.endswith("\r") else len(text)
+        lines = _NEWLINE.split(text[:cut])
+        rest = lines.pop() + text[cut:]
+        if lines:
+            yield lines
 
 
 class _Facts(Protocol):

@@ -77,7 +77,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands, progress  # noqa: E402
+from dtrain.launch.jobs import commands, output, progress  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -348,14 +348,20 @@ class Supervisor:
                 f"{e.strerror or e}; free space there and launch again")
 
     def emit(self, line: str) -> None:
+        self.emit_all([line])
+
+    def emit_all(self, lines: Sequence[str]) -> None:
+        """Lines to the log and the launcher: one write and one flush for all (a flush per line
+        is a packet per line over ssh, and most of the launcher's time on chatty output)."""
+        text = "".join(line + "\n" for line in lines)
         with self.lock:
             if not self.write_error:
                 try:
-                    self.log.write(line + "\n")
+                    self.log.write(text)
                 except OSError as e:  # a full disk: the job ends (watch), its output still drains
                     self.write_error = self.cannot_write("output.log", e)
             try:
-                sys.stdout.write(line + "\n")
+                sys.stdout.write(text)
                 sys.stdout.flush()
             except (BrokenPipeError, ValueError):
                 pass  # a foreground launcher that went away; the log still has it
@@ -381,12 +387,16 @@ class Supervisor:
         self.event("phase", restart=restart, phase=phase, node=node, seconds=round(seconds, 2))
 
     def _pump(self, proc: subprocess.Popen, prefix: str) -> None:
+        """The attempt's output, as each read brings it, to the log and the launcher."""
         assert proc.stdout is not None
-        for raw in proc.stdout:
+        for raw in output.read_lines(proc.stdout.buffer.read1):
             self.first_line.set()
-            self.emit(prefix + raw.rstrip("\r\n"))
+            lines = [prefix + line for line in raw]
+            self.emit_all(lines)
             if self.hang is not None:
-                self.hang.feed(prefix + raw.rstrip("\r\n"), time.monotonic())
+                now = time.monotonic()
+                for line in lines:
+                    self.hang.feed(line, now)
 
     # -- nodes
 
