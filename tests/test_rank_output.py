@@ -76,6 +76,30 @@ def test_a_stream_keeps_an_unfinished_line_until_its_end_or_a_flush():
     assert s.take(b"y" * 5000) == [b"[1,0]<stdout>:" + b"y" * room, b"[1,0]<stdout>:" + b"y" * (5000 - room)]
 
 
+def test_a_long_line_is_cut_between_utf8_characters():
+    """A tag inside a character would leave both halves unreadable (U+FFFD twice on the screen):
+    long lines are cut, and a read ending inside a character is held, at characters' edges."""
+    tag = b"[1,0]<stdout>:"
+    for ch in ("\u00e9", "\u65e5", "\U0001f600"):  # 2, 3 and 4 bytes
+        line = (ch * 3000 + "\n").encode()
+        pieces = ro.tagged(tag, line)
+        assert len(pieces) > 1 and b"".join(p[len(tag):] for p in pieces) == line
+        assert all(p[len(tag):].decode() for p in pieces)  # each piece whole characters
+        s = ro.Stream(0, tag)
+        part = (ch * 3000).encode()[:-1]  # the last character read in part
+        sent = s.take(part)
+        assert s.rest == part[len(part) - len(ch.encode()) + 1:]
+        assert all(p[len(tag):].decode() for p in sent + s.take(ch.encode()[-1:] + b"\n"))
+    assert ro.tagged(tag, b"\xff" * 5000)[0] == tag + b"\xff" * (4096 - 14 - 64)  # no UTF-8: cut as it is
+
+
+def test_a_long_non_ascii_line_arrives_readable():
+    text = "\u65e5\u672c" * 3000
+    proc = start(py(f"print({text!r})"))
+    chunks = reads(proc.stderr.fileno())
+    assert proc.wait(30) == 0
+    assert lines_of(chunks) == [f"[node-2 r2] {text}"]
+
 def test_many_short_lines_arrive_whole_and_in_order_under_a_slow_reader():
     """100,000 short lines on stdout and 1,000 on stderr, read late, 4 KB at a time (the pipe
     full meanwhile): each read begins with the rank's tag (a packet), none is lost."""

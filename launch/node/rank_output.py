@@ -61,15 +61,30 @@ def fits(size: int, lines: int) -> bool:
 
 def tagged(tag: bytes, data: bytes) -> list[bytes]:
     """`data` (whole lines, or a line's part without its newline) as tagged pieces: each line
-    one piece, a line too long for a packet cut into pieces that each carry the tag."""
+    one piece, a line too long for a packet cut (between UTF-8 characters) into pieces that
+    each carry the tag."""
     room = PACKET - len(tag) - 2 * ORTE_TAG
     out = []
     for line in data.splitlines(keepends=True):
         while len(line) > room:
-            out.append(tag + line[:room])
-            line = line[room:]
+            cut = char_cut(line, room)
+            out.append(tag + line[:cut])
+            line = line[cut:]
         out.append(tag + line)
     return out
+
+
+def char_cut(data: bytes, n: int) -> int:
+    """n, or less where data[:n] would end inside a UTF-8 character: a tag between its bytes
+    would make both halves unreadable (n where data is no UTF-8 there)."""
+    for p in range(n - 1, max(n - 4, 0) - 1, -1):
+        b = data[p]
+        if b < 0x80 or b >= 0xF8:  # ASCII, or no UTF-8 byte
+            return n
+        if b >= 0xC0:  # a character's first byte
+            size = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return p if 0 < p and p + size > n else n
+    return n
 
 
 def packets(pieces: list[bytes]) -> list[bytes]:
@@ -98,13 +113,13 @@ class Stream:
 
     def take(self, data: bytes) -> list[bytes]:
         """The pieces of `data`'s finished lines, ended by \n or \r (a progress bar's update);
-        an unfinished one is kept (rest), unless it fills a packet already. A \r last is kept
-        too: it may be the first half of \r\n."""
+        an unfinished one is kept (rest), unless it fills a packet already (then all but a UTF-8
+        character read in part goes). A \r last is kept too: it may be the first half of \r\n."""
         data = self.rest + data
         end = data[:-1] if data.endswith(b"\r") else data
         cut = max(end.rfind(b"\n"), end.rfind(b"\r")) + 1
         if len(data) - cut >= PACKET:
-            cut = len(data)
+            cut = char_cut(data, len(data))  # a character read in part waits for its rest
         self.rest = data[cut:]
         return self._pieces(data[:cut])
 
