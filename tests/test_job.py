@@ -294,3 +294,27 @@ def test_read_lines_gives_each_reads_lines_as_text_mode_would():
         chunks = [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)]) if data[i:j]]
         want = [line.rstrip("\n") for line in io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace")]
         assert [line for batch in read_lines(reads(chunks)) for line in batch] == want, (data, chunks)
+
+
+def test_a_shown_line_is_one_write_with_its_newline(monkeypatch):
+    """Ctrl-C between a line and its newline (print() writes them apart) glued the launch's
+    `[launch] interrupted: ...` to the last rank line on the screen."""
+    import io
+    import sys
+
+    writes: list[str] = []
+
+    class Screen(io.StringIO):
+        def write(self, s):
+            writes.append(s)
+            return super().write(s)
+
+    monkeypatch.setattr(sys, "stdout", Screen())
+    j = job.Job(JobSpec(image="img", command=("true",), name="t-emit"), [Node("10.0.0.1", 1)], say=print)
+    j._emit("[node-1 r0] tick 5001")
+    assert writes == ["[node-1 r0] tick 5001\n"]
+    with j._batched():  # the lines of one read of the job's output: one write, each line ended
+        j._emit("[node-1 r0] tick 5002")
+        j._emit("[node-2 r1] tick 5002")
+        assert writes == ["[node-1 r0] tick 5001\n"]
+    assert writes[1:] == ["[node-1 r0] tick 5002\n[node-2 r1] tick 5002\n"]
