@@ -76,6 +76,19 @@ def test_a_stream_keeps_an_unfinished_line_until_its_end_or_a_flush():
     assert s.take(b"y" * 5000) == [b"[1,0]<stdout>:" + b"y" * room, b"[1,0]<stdout>:" + b"y" * (5000 - room)]
 
 
+def test_a_progress_bar_shows_one_line_an_update_and_no_empty_one():
+    """tqdm writes `\\r` before each update: the first ends no line (it showed as an empty
+    line of the rank); the next ones end the update before them."""
+    s = ro.Stream(0, b"[1,0]<stdout>:")
+    sent = s.take(b"\r 0%") + s.flush() + s.take(b"\r 50%") + s.flush() + s.take(b"\r100%\n")
+    assert sent == [b"[1,0]<stdout>: 0%", b"[1,0]<stdout>:\r", b"[1,0]<stdout>: 50%", b"[1,0]<stdout>:\r",
+                    b"[1,0]<stdout>:100%\n"]
+    m = MpiOutput(["node-1"], "node-1")  # read as supervise.py reads mpirun's output: \\r ends a line
+    shown = [out for ln in b"".join(sent).decode().splitlines() for out in m.feed(ln)]
+    assert shown + m.flush() == ["[node-1 r0]  0%", "[node-1 r0]  50%", "[node-1 r0] 100%"]
+    assert s.take(b"\r\n\r\r\n") == [b"[1,0]<stdout>:\r\n", b"[1,0]<stdout>:\r\n"]  # a CRLF empty line stays
+
+
 def test_a_long_line_is_cut_between_utf8_characters():
     """A tag inside a character would leave both halves unreadable (U+FFFD twice on the screen):
     long lines are cut, and a read ending inside a character is held, at characters' edges."""
