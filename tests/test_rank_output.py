@@ -217,3 +217,23 @@ def test_stack_dumps_know_the_tagger_by_its_first_line():
     starts `# dtrain-rank-output` (python3 -c PROGRAM): the program's first line."""
     assert PROGRAM.startswith("# dtrain-rank-output")
     assert "grep -qza '^# dtrain-rank-output' \"$p/cmdline\"" in contract.node_script("stacks.sh")
+
+
+def test_a_child_left_writing_is_not_waited_for_and_the_open_line_still_goes():
+    """The command exits, leaving a child that holds its output and writes on without a
+    newline: the tagger exits as the command did about DRAIN s later, and sends the open line."""
+    code = ("import os, sys, time\n"
+            "print('main done', flush=True)\n"
+            "if os.fork() == 0:\n"
+            "    while True: sys.stdout.write('x'); sys.stdout.flush(); time.sleep(0.001)\n"
+            "sys.exit(4)\n")
+    t0 = time.monotonic()
+    proc = start(py(code), start_new_session=True)
+    try:
+        assert proc.wait(30) == 4
+        took = time.monotonic() - t0
+        raw = proc.stderr.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert raw.startswith(b"[1,2]<stdout>:main done\n[1,2]<stdout>:x") and raw.endswith(b"x"), raw[-80:]
+    assert ro.DRAIN <= took < ro.DRAIN + 3, took

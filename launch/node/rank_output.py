@@ -20,6 +20,9 @@ HOROVOD_RANK, PMIX_RANK); where none is set, COMMAND is exec'd as it is.
   of the daemon, so a rank's lines never break apart, nor mix with another rank's, on the way
   to mpirun. Each packet also leaves room for `--tag-output`'s own tags (horovodrun adds that
   option) within Open MPI's 8 KB.
+- When COMMAND has exited, its outputs are read for DRAIN s more at most: a child it left
+  running and holding them (which Open MPI would wait for) is not waited for, its output after
+  that is not read, and this exits as COMMAND did.
 - Signals: Open MPI signals a rank's process group, which COMMAND is in, so this process
   ignores SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 and relays until COMMAND's
   output ends; it then exits as COMMAND did (its code, or the same signal).
@@ -40,7 +43,7 @@ PACKET = 4096  # the most Open MPI's daemon reads at once (ORTE_IOF_BASE_MSG_MAX
 TAGGED_MAX = 8192  # Open MPI's buffer for one read once --tag-output tagged it
 ORTE_TAG = 32  # room per line for such a tag: `[JOB,RANK]<stdout>:` and its end
 PARTIAL_WAIT = 0.005  # s a line may stay unfinished before it goes as it is
-DRAIN = 0.5  # s the output may go on once COMMAND has exited (a child of it holding the terminal)
+DRAIN = 0.5  # s the output may go on once COMMAND has exited (a child of it left holding it)
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMIX_RANK")
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -222,7 +225,10 @@ def relay(pid: int, streams: list[Stream], out: int) -> int:
             done, st = os.waitpid(pid, os.WNOHANG)
             if done:
                 status, drain_end = st, time.monotonic() + DRAIN
-        elif time.monotonic() > drain_end:
+        elif time.monotonic() > drain_end:  # COMMAND gone; what a child of it still writes is not waited for
+            pieces = [piece for s in live.values() for piece in s.flush()]
+            if pieces:
+                all(write_all(out, p) for p in packets(pieces))
             break
         unfinished = any(s.rest for s in live.values())
         ready = poll.poll(PARTIAL_WAIT * 1000 if unfinished else 50 if status is not None else 200)
