@@ -45,7 +45,8 @@ ORTE_TAG = 32  # room per line for such a tag: `[JOB,RANK]<stdout>:` and its end
 PARTIAL_WAIT = 0.005  # s a line may stay unfinished before it goes as it is
 DRAIN = 0.5  # s the output may go on once COMMAND has exited (a child of it left holding it)
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMIX_RANK")
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# what this process outlives: sent to the process group, COMMAND gets them too
+OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def rank_of(env) -> int | None:
@@ -169,7 +170,7 @@ def start(argv: list[str]) -> tuple[int, int, int]:
     pid = os.fork()
     if pid == 0:
         try:
-            for s in (signal.SIGPIPE, signal.SIGXFSZ, *RELAYED):  # as Python found them: default
+            for s in (signal.SIGPIPE, signal.SIGXFSZ, *OUTLIVED):  # as Python found them: default
                 signal.signal(s, signal.SIG_DFL)
             os.dup2(slave, 1)
             os.dup2(err_w, 2)
@@ -274,7 +275,7 @@ def main(argv: list[str]) -> None:
     rank = rank_of(os.environ)
     if rank is None:
         os.execvp(argv[0], argv)
-    for s in RELAYED:
+    for s in OUTLIVED:
         signal.signal(s, lambda *_: None)  # the process group has it: COMMAND gets its own
     pid, out_r, err_r = start(argv)
     packet_mode(2)
