@@ -897,9 +897,9 @@ class Job:
         rec = rec or timeline.Recorder(time.time())
         store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host,
                      node_names=node_names(facts))
-        shown = commands.attempt_argv(plan.run, plan.nodes)[0]
+        # the first attempt's command, rank_output.py's name in it, not its text
+        shown = commands.shown_argv(commands.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
-        shown = commands.shown_argv(shown, plan.run.rank_output)  # rank_output.py's name, not its text
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
                     if plan.max_restarts else spares) + f": {shlex.join(shown)}")
