@@ -22,6 +22,15 @@ launches a slim copy of the image (below, `slim`), so that 32 nodes need not eac
 
 Each count's last warm launch's timeline (launch/jobs/timeline.py: seconds per node and phase,
 `dtrain status --job`) is printed after its row, on stderr: where the launch's time goes.
+
+--against REV compares the working tree's warm launch with git revision REV's (from issue 24 on:
+its `Job(spec, nodes).run()`), interleaved to take the shared machine's drift out: per round
+the bare parallel fan-out, then one warm launch of each revision, each from a fresh process that
+imports that revision's code, the revisions' order turned each round (the second launch of a
+round pays for the first's leftovers: both places are reported). Each revision launches the slim
+image with its own launch/node/ in /opt/dtrain/node (entrypoint, standby, listeners).
+
+    python bench/bench_launch.py --against REV [--nodes 2,8] [--repeat 6]
 """
 
 from __future__ import annotations
@@ -36,12 +45,14 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+CODE = Path(os.environ.get("BENCH_DTRAIN_TREE") or ROOT)  # --against: the revision a launch runs
+sys.path.insert(0, str(CODE))
 
 from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
@@ -78,7 +89,7 @@ def by_hand(info, image: str, hosts: list[str], parallel: bool, fast_kex: bool =
     return seconds
 
 
-def dtrain(info, image: str, n: int, i: int, cold: bool) -> float:
+def dtrain(info, image: str, n: int, i: int | str, cold: bool) -> float:
     name = f"bench-{n}-{i}-{'cold' if cold else 'warm'}"
     nodes = parse_hostfile(info.hostfile)[:n]
     if cold:
@@ -197,13 +208,127 @@ def scale(counts: list[int], repeat: int) -> None:
     print(markdown(rows))
 
 
+def revision_tree(rev: str, dest: Path) -> tuple[str, Path]:
+    """(REV's short hash, the checkout's REV unpacked into dest): git archive, no worktree left."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--short", f"{rev}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode:
+        raise SystemExit(f"--against {rev}: not a revision of {ROOT}")
+    dest.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", sha.stdout.strip()], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+    if archive.wait():
+        raise SystemExit(f"--against {rev}: git archive failed")
+    return sha.stdout.strip(), dest
+
+
+def node_image(slim_ref: str, tree: Path, suffix: str) -> str:
+    """slim_ref with tree's launch/node/ in /opt/dtrain/node: the image as that revision would
+    have built it, as far as a launch can tell. Tagged SLIM_REF-SUFFIX in this engine."""
+    tag = f"{slim_ref}-{suffix}"
+    r = subprocess.run(["docker", "build", "-q", "-t", tag, "-f", "-", str(tree / "launch" / "node")],
+                       input=f"FROM {slim_ref}\nCOPY . /opt/dtrain/node/\n", text=True, capture_output=True)
+    if r.returncode:
+        raise SystemExit(f"making {tag} failed: {r.stderr.strip()[-2000:]}")
+    return tag
+
+
+def one_launch(tree: Path, n: int, image: str, name: str) -> float:
+    """A warm launch of tree's code in a fresh process (this file, --one): its seconds."""
+    r = subprocess.run([sys.executable, __file__, "--one", str(n), image, name],
+                       env={**os.environ, "BENCH_DTRAIN_TREE": str(tree)}, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"launch of {tree} on {n} nodes failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return float(r.stdout.split()[-1])
+
+
+def against(revs: list[str], counts: list[int], repeat: int) -> None:
+    """The working tree beside each of revs, interleaved (module docstring, --against)."""
+    from dtrain.launch.jobs.pull import pull_on_nodes
+
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+        trees = {"working tree": ("wt", ROOT)}
+        for rev in revs:
+            sha, tree = revision_tree(rev, Path(tmp) / rev.replace("/", "_"))
+            trees[sha] = (sha, tree)
+        info = cluster.up(max(counts), recreate=True, quiet=True)
+        engine.allow_insecure_registry(info.registry)
+        img = next(i for i in load_all([FAMILY]) if not i.gpu)
+        slim_ref = slim(p.local_ref(img))
+        images = {}
+        for label, (suffix, tree) in trees.items():
+            node_image(slim_ref, tree, suffix)
+            images[label] = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim-{suffix}")], info.registry,
+                                            out=lambda m: None)[0].remote
+            pull_on_nodes(parse_hostfile(info.hostfile), images[label], "missing", ssh_opts=("-F", info.ssh_config),
+                          out=open(os.devnull, "w"))
+        os.sync()
+        labels = list(trees)
+        head = ["nodes", "rounds", "bare parallel ssh"]
+        head += [f"{label}: warm (vs bare)" for label in labels] + [f"{label}: range; first / later in a round"
+                                                                  for label in labels]
+        rows = [tuple(head)]
+        for n in counts:
+            for label in labels:  # masters up, caches warm: a launch of each before anything is timed
+                one_launch(trees[label][1], n, images[label], f"w-{trees[label][0]}")
+            bare: list[float] = []
+            runs: dict[str, list[tuple[float, bool]]] = {label: [] for label in labels}
+            for i in range(repeat):
+                bare.append(by_hand(info, images[labels[0]], list(info.names[:n]), True))
+                order = labels[i % len(labels):] + labels[:i % len(labels)]
+                for j, label in enumerate(order):
+                    runs[label].append((one_launch(trees[label][1], n, images[label], f"r{i}-{trees[label][0]}"),
+                                        j == 0))
+                print(f"{n} nodes, round {i + 1}: bare {bare[-1]:.2f} s, "
+                      + ", ".join(f"{label} {runs[label][-1][0]:.2f} s" for label in order), file=sys.stderr, flush=True)
+            b = statistics.median(bare)
+            med = lambda xs: f"{statistics.median(xs):.2f} s" if xs else "-"  # noqa: E731
+            row = [str(n), str(repeat), f"{b:.2f} s"]
+            row += [f"{statistics.median(t for t, _ in runs[label]):.2f} s "
+                    f"({statistics.median(t for t, _ in runs[label]) / b:.2f}x)" for label in labels]
+            row += [f"{min(t for t, _ in runs[label]):.2f}-{max(t for t, _ in runs[label]):.2f} s; "
+                    f"{med([t for t, first in runs[label] if first])} / {med([t for t, first in runs[label] if not first])}"
+                    for label in labels]
+            rows.append(tuple(row))
+        print(markdown(rows))
+
+
+def one() -> None:
+    """--one N IMAGE NAME: one warm launch of BENCH_DTRAIN_TREE's code; its seconds on stdout and its
+    timeline on stderr."""
+    import dtrain.launch.jobs.job as job_module
+
+    n, image, name = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    if not Path(job_module.__file__).resolve().is_relative_to(CODE.resolve()):
+        raise SystemExit(f"--one: dtrain imported from {job_module.__file__}, not from {CODE}")
+    info = cluster.status().info
+    if info is None:
+        raise SystemExit("--one: no simulated cluster is up")
+    seconds = dtrain(info, image, n, name, cold=False)
+    print(f"{seconds:.3f}")
+    hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
+    print(timeline.text(timeline.from_json(load_job(f"bench-{n}-{name}-warm").get("timeline")), hosts),
+          file=sys.stderr)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        return one()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scale", help="node counts for the launcher-cost table instead, e.g. 8,16,32")
+    ap.add_argument("--against", action="append", metavar="REV",
+                    help="a git revision whose warm launch is timed beside the working tree's (repeatable)")
     args = ap.parse_args()
+    if args.against:
+        engine.ensure_dockerd()
+        try:
+            against(args.against, [int(x) for x in args.nodes.split(",")], args.repeat)
+        finally:
+            cluster.down(quiet=True)
+        return
     if args.scale:
         engine.ensure_dockerd()
         try:
