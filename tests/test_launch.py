@@ -225,18 +225,22 @@ def test_diagnose_on_real_failures(cluster, remote_images):
 
 def test_job_key_placed_with_root_ownership_and_removed_after(cluster, remote_images):
     """The per-job key: root's and 0600 in every container, in a 0700 tmpfs directory on each
-    node during the job, gone from the nodes and from this machine afterwards."""
+    node during the job, gone from the nodes and from this machine afterwards. The job's host
+    key, made by the launcher with it: the same in every container, root's and 0600, with the
+    container's umask (0022) left to the command."""
     name = "t-key"
     job = Job(spec(cluster, remote_images["pytorch-ddp"],
                    ["bash", "-c", "echo key $(stat -c '%a %U' /root/.ssh/id_ed25519 /root/.ssh/authorized_keys "
-                    "/run/dtrain-job) $(grep -c dtrain-t-key /root/.ssh/authorized_keys)"], name),
+                    "/run/dtrain-job /etc/ssh/ssh_host_ed25519_key) $(grep -c dtrain-t-key /root/.ssh/authorized_keys) "
+                    "$(umask) $(ssh-keygen -y -f /etc/ssh/ssh_host_ed25519_key | cut -d' ' -f2)"], name),
               nodes_of(cluster, 2), say=lambda m: None)
     assert job.run() == 0
     lines = [ln for ln in job_log(name).read_text().splitlines() if " key " in ln]
     assert len(lines) == 2, lines
     for line in lines:
-        assert line.endswith("key 600 root 644 root 700 root 1"), line
-    assert job.keydir is not None and not job.keydir.exists()
+        assert " key 600 root 644 root 700 root 600 root 1 0022 AAAA" in line, line
+    assert len({line.split()[-1] for line in lines}) == 1, lines
+    assert job.keys is not None and not job.keys.dir.exists()
     for i in (1, 2):
         assert "dtrain-" not in on_node(cluster, i, "ls /dev/shm").stdout
 

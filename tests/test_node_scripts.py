@@ -133,7 +133,7 @@ def test_node_declines_to_start_where_the_launcher_would_refuse(port, gpus, driv
 ])
 def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, memlock):
     """start.sh, given a probe's values, runs exactly commands.docker_run_argv's argv, and
-    writes the key pair and env file 0600 in a 0700 directory."""
+    writes the key pair, the containers' host key and the env file 0600 in a 0700 directory."""
     base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), key_dir=str(tmp_path / "kd"),
                 command=("sleep", "1"))
     head, rest = docker_run_parts(ContainerSpec(**base))
@@ -141,9 +141,10 @@ def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, me
             'ss() { echo LISTEN; }\n'
             f"gpus={gpus}; efa='{efa}'; memlock='{memlock}'\n")
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n"
+    host_key = key.replace("abc", "hk")
     envs = env_file({"TOKEN": "s3cr3t"})
     r = host('read_secrets; start "$@"', str(tmp_path / "kd"), "ssh-ed25519 AAA", "5", "2022", "dtrain-j",
-             str(len(head)), *head, *rest, fake=fake, stdin=key + envs,
+             str(len(head)), *head, *rest, fake=fake, stdin=key + host_key + envs,
              env={**os.environ, "OUT": str(tmp_path / "argv")})
     assert r.returncode == 0, r.stderr
     want = docker_run_argv(ContainerSpec(**base, gpus=gpus > 0, efa_devices=tuple(efa.split()),
@@ -151,8 +152,10 @@ def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, me
     assert (tmp_path / "argv").read_text().splitlines() == want
     kd = tmp_path / "kd"
     assert (kd / "id_ed25519").read_text() == key and (kd / "env").read_text() == envs
+    assert (kd / "ssh_host_ed25519_key").read_text() == host_key
     assert (kd / "authorized_keys").read_text() == "ssh-ed25519 AAA\n"
-    assert oct(kd.stat().st_mode & 0o777) == "0o700" and oct((kd / "env").stat().st_mode & 0o777) == "0o600"
+    assert oct(kd.stat().st_mode & 0o777) == "0o700"
+    assert {oct((kd / f).stat().st_mode & 0o777) for f in ("env", "id_ed25519", "ssh_host_ed25519_key")} == {"0o600"}
 
 
 def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
@@ -162,9 +165,10 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
             ' stdin=$( [ "$1" = login ] && cat)" >> "$OUT";'
             ' case "$1 $2" in "image inspect") echo "$LINE" ;; esac; }\n')
     line = f"{IMG_ID} - 4 []"
-    r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; printf "%s" "$key$envs"',
+    keys = "".join(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{k}\n-----END OPENSSH PRIVATE KEY-----\n" for k in "kh")
+    r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; printf "%s" "$key$hostkey$envs"',
              "reg.example:5000", "AWS", "reg.example:5000/x:1", fake=fake,
-             stdin="s3cr3t\n-----BEGIN OPENSSH PRIVATE KEY-----\nk\n-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n",
+             stdin="s3cr3t\n" + keys + "A=Yg==\n",
              env={**os.environ, "OUT": str(tmp_path / "calls"), "LINE": line})
     assert r.returncode == 0, r.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
@@ -173,7 +177,7 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
     assert login.startswith("login cfg=/dev/shm/dtrain-docker-") and "drwx------" in login and login.endswith("stdin=s3cr3t")
     assert pull.startswith(f"pull cfg={cfg} ") and inspect.startswith("image cfg=none")
     assert not Path(cfg).exists() and "cfg_left=\n" in r.stdout
-    assert r.stdout.endswith("-----END OPENSSH PRIVATE KEY-----\nA=Yg==\n")
+    assert r.stdout.endswith(keys + "A=Yg==\n")
 
 
 HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a; touch /tmp/pwned", "it's \"quoted\"",
@@ -301,6 +305,57 @@ def test_ssh_connect_runs_ssh_on_a_socket_with_nagle_off(tmp_path):
     r = subprocess.run(["perl", str(NODE / "ssh-connect.pl"), "127.0.0.1", str(free), "3", "true"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 255 and r.stderr == f"ssh: connect to host 127.0.0.1 port {free}: Connection refused\n"
+
+
+@pytest.mark.parametrize("family", ["AF_INET", "AF_INET6"])
+def test_sshd_listen_runs_sshd_i_per_connection_with_nagle_off_and_ends_on_sigterm(tmp_path, family):
+    """sshd-listen.pl (Perl builtins, Linux's socket numbers): listens on IPv6 and IPv4 at once,
+    runs `SSHD -i ARGS` on each connection (stdin and stdout the socket, TCP_NODELAY set), and a
+    container's `docker stop` (SIGTERM) ends it with 0."""
+    import signal
+    import socket
+
+    fam = getattr(socket, family)
+    if fam == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6: sshd-listen.pl's IPv6 socket cannot be checked")
+    sshd = tmp_path / "sshd"
+    sshd.write_text("#!/usr/bin/env python3\nimport socket, sys\ns = socket.socket(fileno=0)\n"
+                    "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), *sys.argv[1:], flush=True)\n"
+                    "s.detach()\n")
+    sshd.chmod(0o755)
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    proc = subprocess.Popen(["perl", str(NODE / "sshd-listen.pl"), str(port), str(sshd), "-e"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        addr = "::1" if fam == socket.AF_INET6 else "127.0.0.1"
+        for _ in range(100):
+            try:
+                conn = socket.create_connection((addr, port), timeout=5)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.02)
+        else:
+            raise AssertionError(f"nothing listens on {addr} port {port}: {proc.stderr}")
+        with conn:
+            assert conn.makefile().readline() == "1 -i -e\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sshd_listen_names_a_port_it_cannot_take():
+    import socket
+
+    taken = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    port = taken.getsockname()[1]
+    with taken:
+        r = subprocess.run(["perl", str(NODE / "sshd-listen.pl"), str(port), "/bin/true"], capture_output=True,
+                           text=True, timeout=10)
+    assert r.returncode != 0 and r.stderr.startswith(f"sshd-listen.pl: cannot listen on port {port}: "), r.stderr
 
 
 @pytest.mark.parametrize("with_perl", [True, False])

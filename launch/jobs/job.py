@@ -160,6 +160,7 @@ class Prepared:
     timeline: timeline.Timeline = ()  # each node's first round
     sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
     absent: bool = False  # the registry said it has no such image (--pull always; HTTP 404)
+    keys: Keys | None = None  # the job's keys, made while the nodes answered (None: the start step makes them)
 
 
 @dataclass(frozen=True)
@@ -529,6 +530,41 @@ def pull_timeline(ended: dict[str, float | None], nodes: Sequence[Node], began: 
 # ---------------------------------------------------------------- the run
 
 
+class Keys:
+    """The job's keys, made by two ssh-keygen runs side by side in a new 0700 directory under
+    parent (started at once; result() waits): the job's ed25519 pair, which every container
+    trusts, and the host key all its containers' sshd use (their clients check none:
+    templates/partials/ssh.j2). The directory goes in teardown."""
+
+    def __init__(self, parent: Path, comment: str) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="key-", dir=parent))
+        self._runs: list[subprocess.Popen] = []
+        try:
+            for name in ("id_ed25519", "ssh_host_ed25519_key"):
+                self._runs.append(subprocess.Popen(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(self.dir / name)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        except FileNotFoundError:
+            raise LaunchError("ssh-keygen not found: dtrain makes each job's keys with OpenSSH's ssh-keygen "
+                              "(Debian/Ubuntu: apt-get install openssh-client)") from None
+
+    def result(self) -> tuple[str, str, str]:
+        """(private key, public key line, host key)."""
+        for run in self._runs:
+            _, err = run.communicate()
+            if run.returncode:
+                raise LaunchError(f"ssh-keygen failed making the job's keys in {self.dir}: {err.strip()}")
+        return ((self.dir / "id_ed25519").read_text(), (self.dir / "id_ed25519.pub").read_text().strip(),
+                (self.dir / "ssh_host_ed25519_key").read_text())
+
+    def remove(self) -> None:
+        """The directory and the keys in it, once ssh-keygen is done writing them."""
+        for run in self._runs:
+            run.kill() if run.poll() is None else None
+            run.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Job:
     """One launch: `run()` drives the stages, each taking what the earlier ones returned:
 
@@ -558,7 +594,7 @@ class Job:
         self.ssh = SshTransport(nodes, self.spec.ssh_opts)
         # for teardown: where this launch may have left something, set by the step that left it
         self.started: list[Node] = []  # nodes where a container or the job's directory may exist
-        self.keydir: Path | None = None
+        self.keys: Keys | None = None
         self._sessions: Fanout | None = None  # the nodes' launch sessions (prepare(), up())
         self._watch: threading.Thread | None = None
         self._up_failure: LaunchError | None = None
@@ -607,30 +643,28 @@ class Job:
                 self._log.write(line + "\n")
                 self._log.flush()
 
-    def _keypair(self) -> tuple[str, str]:
-        """A fresh ed25519 pair for this job only: (private, public)."""
+    def _keys(self) -> Keys:
+        """The job's keys, being made (Keys); where they go in teardown."""
         store.ensure_job_dir(self.spec.name)
-        self.keydir = Path(tempfile.mkdtemp(prefix="key-", dir=self.dir))
-        key = self.keydir / "id_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dtrain-{self.spec.name}",
-                        "-f", str(key)], check=True)
-        return key.read_text(), (self.keydir / "id_ed25519.pub").read_text().strip()
+        self.keys = Keys(self.dir, f"dtrain-{self.spec.name}")
+        return self.keys
 
     # -- steps
 
     def up(self, prepared: Prepared = Prepared(), pulled: Pulled | None = None,
            rec: timeline.Recorder | None = None) -> Started:
-        """start_on_nodes for this job (launch; doctor without the steps before): a fresh key
-        pair, the containers on every node; then a watcher ends the job if a node's sshd never
-        comes up. rec: where the nodes' later phases (sshd) go, as they come."""
-        private, public = self._keypair()
+        """start_on_nodes for this job (launch; doctor without the steps before): the job's keys
+        (the first round's, or made now), the containers on every node; then a watcher ends the
+        job if a node's sshd never comes up. rec: where the nodes' later phases (sshd) go, as
+        they come."""
+        private, public, host_key = (prepared.keys or self._keys()).result()
         self.started = list(self.nodes)
         policy = pulled.policy if pulled else self.spec.pull
         # attached, the first node's container waits for the supervisor: no `docker exec` later
         standby = self.nodes[0].host if not self.spec.detach and self.launcher.name != "ray" else ""
         try:
             started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
-                                                     public, private + env_file(self.spec.env), self.say,
+                                                     public, private + host_key + env_file(self.spec.env), self.say,
                                                      prepared.node_dir, prepared.login,
                                                      t0=rec.t0 if rec else None,
                                                      on_phase=(lambda e: rec.add([e])) if rec else None,
@@ -819,6 +853,7 @@ class Job:
         # their time limit: the pull step's (1800 s) while they wait, then the start step's
         self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
                                                    hold_stdin=True, timeout=3600, on_line=relay)
+        keys = self._keys()  # ssh-keygen while the nodes answer: off the launch's path
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
             while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
@@ -845,7 +880,7 @@ class Job:
         if wd is not None:
             wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
         return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay),
-                        absent=answer.absent)
+                        absent=answer.absent, keys=keys)
 
     def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
         """The first round's results where a node did not prepare: the LaunchError naming it.
@@ -1037,8 +1072,8 @@ class Job:
                     if not r.ok:
                         self.say(f"[launch] warning: could not remove {name} on {r.host}: {r.error}")
                 self.started = []
-            if self.keydir and self.keydir.exists():
-                shutil.rmtree(self.keydir, ignore_errors=True)  # the job's private key goes with the job
+            if self.keys:
+                self.keys.remove()  # the job's private keys go with the job
             self.ssh.close()
 
     def _job(self, started: Started, node_dir: str, ompi: int, quarantined: dict[str, str] | None = None,
@@ -1123,8 +1158,8 @@ class Job:
                 self.teardown()
             else:  # the nodes supervise it now: only this machine's copy of the key goes
                 self.ssh.close()
-                if self.keydir and self.keydir.exists():
-                    shutil.rmtree(self.keydir, ignore_errors=True)
+                if self.keys:
+                    self.keys.remove()
             if self._log:
                 self._log.close()
             restore()

@@ -5,20 +5,47 @@
 #   arguments:    the same listener in the background, then exec the arguments
 #   train:        a SageMaker training job (`docker run IMAGE train`): the job key from the
 #                 `dtrain` channel, sshd, then sagemaker_train.py (reads /opt/ml, runs the job)
-# Each container gets its own host key, made here, never baked into the image.
+# Host keys are never baked into the image: each container makes its own here, or under
+# `dtrain launch` takes its job's (below).
 set -euo pipefail
 
-hostkey=/etc/ssh/ssh_host_ed25519_key
-[ -f "$hostkey" ] || ssh-keygen -q -t ed25519 -N "" -f "$hostkey"
+# Until sshd listens this script is on every launch's path (a node's sshd answering, the first
+# node's standby starting): builtins where a program would cost 1-2 ms each (no install, stat,
+# mkdir where the image has the directory). Files it writes are 0600 (umask 077; sshd and ssh
+# refuse keys others can read); the command gets the container's umask back.
+umask_was=0022
+while read -r k v; do [ "$k" != Umask: ] || { umask_was=$v; break; }; done < /proc/self/status
+umask 077
+
+# copy SRC DEST: SRC's bytes into DEST (a text file, with the umask's mode), by the shell alone.
+copy() {
+  local data=
+  [ -r "$1" ] || { echo "entrypoint: cannot read $1" >&2; return 1; }
+  IFS= read -r -d '' data < "$1" || true  # the end of the file, not a NUL: status 1
+  printf '%s' "$data" > "$2"
+}
 
 # `dtrain launch` mounts the job's key pair read-only at /run/dtrain-job (a 0700 directory in
 # the node's /dev/shm, owned by whoever ran ssh there): installed as root's, 0600, before sshd
-# starts, so a node whose sshd answers already trusts the job's key.
-job=/run/dtrain-job
+# starts, so a node whose sshd answers already trusts the job's key. Beside it the host key of
+# the job's containers, made by the launcher with the pair (the clients check no host key:
+# ssh_config; one per job saves each container's ssh-keygen); elsewhere one of its own.
+job=/run/dtrain-job installed=
+hostkey=/etc/ssh/ssh_host_ed25519_key
+if [ ! -f "$hostkey" ]; then
+  if [ -s "$job/ssh_host_ed25519_key" ]; then
+    copy "$job/ssh_host_ed25519_key" "$hostkey"
+  else
+    ssh-keygen -q -t ed25519 -N "" -f "$hostkey"
+  fi
+fi
 if [ -f "$job/id_ed25519" ]; then
-  install -d -m 700 -o root -g root /root/.ssh
-  install -m 600 -o root -g root "$job/id_ed25519" /root/.ssh/id_ed25519
-  install -m 644 -o root -g root "$job/authorized_keys" /root/.ssh/authorized_keys
+  [ -d /root/.ssh ] || mkdir -m 700 /root/.ssh
+  copy "$job/id_ed25519" /root/.ssh/id_ed25519
+  umask 022  # 0644, as sshd_config's StrictModes would want it
+  copy "$job/authorized_keys" /root/.ssh/authorized_keys
+  umask 077
+  installed=/root/.ssh/id_ed25519
 fi
 
 # SageMaker has no way to hand a secret to a container at launch: `dtrain sagemaker run` puts
@@ -39,7 +66,7 @@ fi
 # defaultMode 0600, as the MPI operator may mount it) is ignored by the ssh client
 # ("UNPROTECTED PRIVATE KEY FILE!"): use a private copy, listed first in ssh_config.
 for key in /root/.ssh/id_rsa /root/.ssh/id_ecdsa /root/.ssh/id_ed25519; do
-  [ -f "$key" ] || continue
+  if [ ! -f "$key" ] || [ "$key" = "$installed" ]; then continue; fi
   case "$(stat -c %a "$key")" in
     600|400) ;;
     *) install -d -m 700 /run/dtrain-ssh && install -m 600 "$key" "/run/dtrain-ssh/${key##*/}" ;;
@@ -66,7 +93,8 @@ while IFS= read -r -d '' kv; do
 done < <(env -0)
 printf '%s\n' "$line" > "$conf"
 
-mkdir -p /run/sshd
+[ -d /run/sshd ] || mkdir -p /run/sshd
+umask "$umask_was"
 # sshd-listen.pl accepts on sshd's port with Nagle off and runs sshd -i per connection: the
 # image's sshd itself (sshd.real), its wrapper's work (host key, /run/sshd) being done above.
 port=22 sshd=/usr/sbin/sshd

@@ -1,13 +1,15 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
 # The job's secrets, the rest of the session's stdin (after a login's password line): the
-# private key (up to its END line) into $key, then the job's env file (NAME=base64(value)
-# lines) into $envs. Builtins only.
+# private key (up to its END line) into $key, the containers' host key (the same) into
+# $hostkey, then the job's env file (NAME=base64(value) lines) into $envs. Builtins only.
 read_secrets() {
-  local l
-  key=
-  while IFS= read -r l; do
-    key+=$l$'\n'
-    [[ $l != *"END OPENSSH PRIVATE KEY"* ]] || break
+  local l v
+  for v in key hostkey; do
+    printf -v "$v" ''
+    while IFS= read -r l; do
+      printf -v "$v" '%s%s\n' "${!v}" "$l"
+      [[ $l != *"END OPENSSH PRIVATE KEY"* ]] || break
+    done
   done
   envs=
   IFS= read -r -d '' envs || true
@@ -26,8 +28,8 @@ node_flags() {
   for d in ${efa:-}; do flags+=(--device "$d"); done
 }
 
-# start KEYDIR PUBLIC_KEY TIMEOUT PORT NAME NHEAD ARGV...: write the job's key pair and env
-# file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
+# start KEYDIR PUBLIC_KEY TIMEOUT PORT NAME NHEAD ARGV...: write the job's key pair, the
+# containers' host key and the env file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
 # its first NHEAD words, then node_flags, then the rest), wait until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
 # Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
@@ -39,7 +41,8 @@ start() {
   echo started=1  # from here on, the launcher removes what may be on this node
   umask 077
   { rm -rf "$kd" && mkdir "$kd" && printf '%s' "$key" > "$kd/id_ed25519" &&
-    printf '%s\n' "$pub" > "$kd/authorized_keys" && printf '%s' "$envs" > "$kd/env"; } \
+    printf '%s\n' "$pub" > "$kd/authorized_keys" && printf '%s' "$hostkey" > "$kd/ssh_host_ed25519_key" &&
+    printf '%s' "$envs" > "$kd/env"; } \
     || { echo "cannot write the job key to $kd" >&2; exit 1; }
   node_flags
   run=("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}")
