@@ -23,12 +23,14 @@ launches a slim copy of the image (below, `slim`), so that 32 nodes need not eac
 Each count's last warm launch's timeline (launch/jobs/timeline.py: seconds per node and phase,
 `dtrain status --job`) is printed after its row, on stderr: where the launch's time goes.
 
---against REV compares the working tree's warm launch with git revision REV's (from issue 24 on:
-its `Job(spec, nodes).run()`), interleaved to take the shared machine's drift out: per round
-the bare parallel fan-out, then one warm launch of each revision, each from a fresh process that
-imports that revision's code, the revisions' order turned each round (the second launch of a
-round pays for the first's leftovers: both places are reported). Each revision launches the slim
-image with its own launch/node/ in /opt/dtrain/node (entrypoint, standby, listeners).
+--against REV compares the working tree's warm launch with git revision REV's (one with
+launch/jobs/timeline.py, issue 25 on), interleaved to take the shared machine's drift out: per
+round the bare parallel fan-out, then one warm launch of each revision, each from a fresh process
+that imports that revision's code, the revisions' order turned each round (the second launch of
+a round pays for the first's leftovers: both places are reported; --repeat is rounded up so that
+each revision is first as often). Each revision launches the slim image with its own
+launch/node/ in /opt/dtrain/node (entrypoint, standby, listeners); those images are removed at
+the end. Each count's last launch of each revision shows its timeline on stderr.
 
     python bench/bench_launch.py --against REV [--nodes 2,8] [--repeat 6]
 """
@@ -233,64 +235,95 @@ def node_image(slim_ref: str, tree: Path, suffix: str) -> str:
     return tag
 
 
-def one_launch(tree: Path, n: int, image: str, name: str) -> float:
-    """A warm launch of tree's code in a fresh process (this file, --one): its seconds."""
-    r = subprocess.run([sys.executable, __file__, "--one", str(n), image, name],
-                       env={**os.environ, "BENCH_DTRAIN_TREE": str(tree)}, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"launch of {tree} on {n} nodes failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return float(r.stdout.split()[-1])
+def one_launch(tree: Path, n: int, image: str, name: str) -> tuple[float, str]:
+    """A warm launch of tree's code in a fresh process (this file, --one): its seconds and its
+    timeline. Stopped (Ctrl-C reaches it too; this process's SIGTERM is passed on), the launch
+    is waited for: its teardown removes its containers and keys."""
+    proc = subprocess.Popen([sys.executable, __file__, "--one", str(n), image, name],
+                            env={**os.environ, "BENCH_DTRAIN_TREE": str(tree)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            proc.terminate()
+        proc.communicate()
+        raise
+    if proc.returncode:
+        raise SystemExit(f"launch of {tree} on {n} nodes failed:\n{out[-2000:]}{err[-2000:]}")
+    return float(out.split()[-1]), err
 
 
 def against(revs: list[str], counts: list[int], repeat: int) -> None:
-    """The working tree beside each of revs, interleaved (module docstring, --against)."""
-    from dtrain.launch.jobs.pull import pull_on_nodes
-
+    """The working tree beside each of revs, interleaved (module docstring, --against). The
+    images it makes in this engine are removed at the end."""
+    made: list[str] = []  # images made in this engine, removed at the end
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         trees = {"working tree": ("wt", ROOT)}
-        for rev in revs:
-            sha, tree = revision_tree(rev, Path(tmp) / rev.replace("/", "_"))
+        for i, rev in enumerate(revs):
+            sha, tree = revision_tree(rev, Path(tmp) / str(i))
+            if sha in trees:
+                raise SystemExit(f"--against {rev}: {sha} is given twice")
             trees[sha] = (sha, tree)
-        info = cluster.up(max(counts), recreate=True, quiet=True)
-        engine.allow_insecure_registry(info.registry)
-        img = next(i for i in load_all([FAMILY]) if not i.gpu)
-        slim_ref = slim(p.local_ref(img))
-        images = {}
-        for label, (suffix, tree) in trees.items():
-            node_image(slim_ref, tree, suffix)
-            images[label] = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim-{suffix}")], info.registry,
-                                            out=lambda m: None)[0].remote
-            pull_on_nodes(parse_hostfile(info.hostfile), images[label], "missing", ssh_opts=("-F", info.ssh_config),
-                          out=open(os.devnull, "w"))
-        os.sync()
-        labels = list(trees)
-        head = ["nodes", "rounds", "bare parallel ssh"]
-        head += [f"{label}: warm (vs bare)" for label in labels] + [f"{label}: range; first / later in a round"
-                                                                  for label in labels]
-        rows = [tuple(head)]
-        for n in counts:
-            for label in labels:  # masters up, caches warm: a launch of each before anything is timed
-                one_launch(trees[label][1], n, images[label], f"w-{trees[label][0]}")
-            bare: list[float] = []
-            runs: dict[str, list[tuple[float, bool]]] = {label: [] for label in labels}
-            for i in range(repeat):
-                bare.append(by_hand(info, images[labels[0]], list(info.names[:n]), True))
-                order = labels[i % len(labels):] + labels[:i % len(labels)]
-                for j, label in enumerate(order):
-                    runs[label].append((one_launch(trees[label][1], n, images[label], f"r{i}-{trees[label][0]}"),
-                                        j == 0))
-                print(f"{n} nodes, round {i + 1}: bare {bare[-1]:.2f} s, "
-                      + ", ".join(f"{label} {runs[label][-1][0]:.2f} s" for label in order), file=sys.stderr, flush=True)
-            b = statistics.median(bare)
-            med = lambda xs: f"{statistics.median(xs):.2f} s" if xs else "-"  # noqa: E731
-            row = [str(n), str(repeat), f"{b:.2f} s"]
-            row += [f"{statistics.median(t for t, _ in runs[label]):.2f} s "
-                    f"({statistics.median(t for t, _ in runs[label]) / b:.2f}x)" for label in labels]
-            row += [f"{min(t for t, _ in runs[label]):.2f}-{max(t for t, _ in runs[label]):.2f} s; "
-                    f"{med([t for t, first in runs[label] if first])} / {med([t for t, first in runs[label] if not first])}"
-                    for label in labels]
-            rows.append(tuple(row))
-        print(markdown(rows))
+        if repeat % len(trees):
+            repeat += len(trees) - repeat % len(trees)
+            print(f"--repeat {repeat}: each revision first in a round as often as the others", file=sys.stderr)
+        try:
+            _against(trees, counts, repeat, made)
+        finally:
+            if made:
+                subprocess.run(["docker", "image", "rm", *made], capture_output=True)
+
+
+def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int, made: list[str]) -> None:
+    """against's rounds (trees: label -> (image suffix, code)); the images it makes go in made."""
+    from dtrain.launch.jobs.pull import pull_on_nodes
+
+    info = cluster.up(max(counts), recreate=True, quiet=True)
+    engine.allow_insecure_registry(info.registry)
+    img = next(i for i in load_all([FAMILY]) if not i.gpu)
+    slim_ref = slim(p.local_ref(img))
+    made.append(slim_ref)
+    images = {}
+    for label, (suffix, tree) in trees.items():
+        made.append(node_image(slim_ref, tree, suffix))
+        images[label] = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim-{suffix}")], info.registry,
+                                        out=lambda m: None)[0].remote
+        pull_on_nodes(parse_hostfile(info.hostfile), images[label], "missing", ssh_opts=("-F", info.ssh_config),
+                      out=open(os.devnull, "w"))
+    os.sync()
+    labels = list(trees)
+    head = ["nodes", "rounds", "bare parallel ssh"]
+    head += [f"{label}: warm (vs bare)" for label in labels]
+    head += [f"{label}: range; first / later in a round" for label in labels]
+    rows = [tuple(head)]
+    med = lambda xs: f"{statistics.median(xs):.2f} s" if xs else "-"  # noqa: E731
+    for n in counts:
+        for label in labels:  # masters up, caches warm: a launch of each before anything is timed
+            one_launch(trees[label][1], n, images[label], f"w-{trees[label][0]}")
+        bare: list[float] = []
+        runs: dict[str, list[tuple[float, bool]]] = {label: [] for label in labels}
+        shown: dict[str, str] = {}
+        for i in range(repeat):
+            bare.append(by_hand(info, images[labels[0]], list(info.names[:n]), True))
+            order = labels[i % len(labels):] + labels[:i % len(labels)]
+            for j, label in enumerate(order):
+                seconds, shown[label] = one_launch(trees[label][1], n, images[label], f"r{i}-{trees[label][0]}")
+                runs[label].append((seconds, j == 0))
+            print(f"{n} nodes, round {i + 1}: bare {bare[-1]:.2f} s, "
+                  + ", ".join(f"{label} {runs[label][-1][0]:.2f} s" for label in order), file=sys.stderr, flush=True)
+        for label in labels:
+            print(f"{label}, its last launch on {n} nodes:\n{shown[label]}", file=sys.stderr, flush=True)
+        b = statistics.median(bare)
+        times = {label: [t for t, _ in runs[label]] for label in labels}
+        row = [str(n), str(repeat), f"{b:.2f} s"]
+        row += [f"{statistics.median(times[label]):.2f} s ({statistics.median(times[label]) / b:.2f}x)"
+                for label in labels]
+        row += [f"{min(times[label]):.2f}-{max(times[label]):.2f} s; "
+                f"{med([t for t, first in runs[label] if first])} / {med([t for t, first in runs[label] if not first])}"
+                for label in labels]
+        rows.append(tuple(row))
+    print(markdown(rows))
 
 
 def one() -> None:

@@ -318,3 +318,29 @@ def test_a_shown_line_is_one_write_with_its_newline(monkeypatch):
         j._emit("[node-2 r1] tick 5002")
         assert writes == ["[node-1 r0] tick 5001\n"]
     assert writes[1:] == ["[node-1 r0] tick 5002\n[node-2 r1] tick 5002\n"]
+
+
+def test_keys_are_a_pair_and_a_host_key_made_side_by_side_and_removed(tmp_path):
+    """Keys: the job's ed25519 pair and its containers' host key, two different keys, 0600 in a
+    0700 directory; result() gives the same answer every time; remove() leaves nothing."""
+    import subprocess
+
+    keys = job.Keys(tmp_path, "dtrain-t")
+    private, public, host = keys.result()
+    assert keys.result() == (private, public, host)
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----") and host.startswith("-----BEGIN OPENSSH")
+    assert public.startswith("ssh-ed25519 ") and public.endswith(" dtrain-t") and private != host
+    derived = subprocess.run(["ssh-keygen", "-y", "-f", str(keys.dir / "id_ed25519")], capture_output=True,
+                             text=True, check=True).stdout.split()[:2]
+    assert derived == public.split()[:2]
+    assert oct(keys.dir.stat().st_mode & 0o777) == "0o700"
+    assert {oct((keys.dir / f).stat().st_mode & 0o777) for f in ("id_ed25519", "ssh_host_ed25519_key")} == {"0o600"}
+    keys.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_ssh_keygen_keys_fail_naming_it_and_leave_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(LaunchError, match="ssh-keygen not found"):
+        job.Keys(tmp_path, "dtrain-t")
+    assert list(tmp_path.iterdir()) == []

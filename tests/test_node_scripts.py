@@ -160,7 +160,7 @@ def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, me
 
 def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
     """The registry password is the first stdin line; the login and the pull see a fresh
-    DOCKER_CONFIG, gone after the pull; the key and env file are the rest of stdin."""
+    DOCKER_CONFIG, gone after the pull; the keys and env file are the rest of stdin."""
     fake = ('docker() { echo "$1 cfg=${DOCKER_CONFIG:-none} $(ls -ld "${DOCKER_CONFIG:-/nonexistent}" 2>/dev/null | cut -c1-10)'
             ' stdin=$( [ "$1" = login ] && cat)" >> "$OUT";'
             ' case "$1 $2" in "image inspect") echo "$LINE" ;; esac; }\n')

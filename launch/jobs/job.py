@@ -409,7 +409,7 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
 
     Returns once every node's container runs and the checks across nodes pass: the facts, and
     the nodes' sessions, each still waiting for its container's sshd. secrets: the stdin of
-    every session (registry password line, private key, env file). Raises StartFailed naming
+    every session (registry password line, private key, host key, env file). Raises StartFailed naming
     the nodes where a container may exist; its own sessions are ended then.
 
     The nodes' phase lines (up.sh: `container`, then `sshd`) are timeline entries, times
@@ -539,29 +539,38 @@ class Keys:
     def __init__(self, parent: Path, comment: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="key-", dir=parent))
         self._runs: list[subprocess.Popen] = []
+        self._keys: tuple[str, str, str] | None = None
         try:
             for name in ("id_ed25519", "ssh_host_ed25519_key"):
                 self._runs.append(subprocess.Popen(
                     ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(self.dir / name)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        except FileNotFoundError:
-            raise LaunchError("ssh-keygen not found: dtrain makes each job's keys with OpenSSH's ssh-keygen "
-                              "(Debian/Ubuntu: apt-get install openssh-client)") from None
+        except BaseException as e:  # nothing of it stays: the directory, a key the first run made
+            self.remove()
+            if isinstance(e, FileNotFoundError):
+                raise LaunchError("ssh-keygen not found: dtrain makes each job's keys with OpenSSH's ssh-keygen "
+                                  "(Debian/Ubuntu: apt-get install openssh-client)") from None
+            raise
 
     def result(self) -> tuple[str, str, str]:
         """(private key, public key line, host key)."""
-        for run in self._runs:
-            _, err = run.communicate()
-            if run.returncode:
-                raise LaunchError(f"ssh-keygen failed making the job's keys in {self.dir}: {err.strip()}")
-        return ((self.dir / "id_ed25519").read_text(), (self.dir / "id_ed25519.pub").read_text().strip(),
-                (self.dir / "ssh_host_ed25519_key").read_text())
+        if self._keys is None:
+            for run in self._runs:
+                _, err = run.communicate()
+                if run.returncode:
+                    raise LaunchError(f"ssh-keygen failed making the job's keys in {self.dir}: {err.strip()}")
+            self._keys = ((self.dir / "id_ed25519").read_text(), (self.dir / "id_ed25519.pub").read_text().strip(),
+                          (self.dir / "ssh_host_ed25519_key").read_text())
+        return self._keys
 
     def remove(self) -> None:
         """The directory and the keys in it, once ssh-keygen is done writing them."""
         for run in self._runs:
-            run.kill() if run.poll() is None else None
+            if run.poll() is None:
+                run.kill()
             run.wait()
+            if run.stderr:
+                run.stderr.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -11,18 +11,21 @@ set -euo pipefail
 
 # Until sshd listens this script is on every launch's path (a node's sshd answering, the first
 # node's standby starting): builtins where a program would cost 1-2 ms each (no install, stat,
-# mkdir where the image has the directory). Files it writes are 0600 (umask 077; sshd and ssh
-# refuse keys others can read); the command gets the container's umask back.
-umask_was=0022
+# mkdir where the image has the directory).
+umask_was=0022  # the container's, which everything else here and the command keep
 while read -r k v; do [ "$k" != Umask: ] || { umask_was=$v; break; }; done < /proc/self/status
-umask 077
 
-# copy SRC DEST: SRC's bytes into DEST (a text file, with the umask's mode), by the shell alone.
+# copy SRC DEST MODE: SRC's bytes into a new file DEST (one already there, of an image or a
+# link, removed first: it would keep its mode), MODE 600 or 644, by the shell alone.
 copy() {
   local data=
   [ -r "$1" ] || { echo "entrypoint: cannot read $1" >&2; return 1; }
-  IFS= read -r -d '' data < "$1" || true  # the end of the file, not a NUL: status 1
+  IFS= read -r -d '' data < "$1" || [ -n "$data" ] || [ ! -s "$1" ] ||
+    { echo "entrypoint: cannot read $1" >&2; return 1; }  # status 1 at the end of the file (no NUL)
+  if [ -e "$2" ] || [ -L "$2" ]; then rm -f -- "$2"; fi
+  if [ "$3" = 600 ]; then umask 077; else umask 022; fi
   printf '%s' "$data" > "$2"
+  umask "$umask_was"
 }
 
 # `dtrain launch` mounts the job's key pair read-only at /run/dtrain-job (a 0700 directory in
@@ -34,17 +37,15 @@ job=/run/dtrain-job installed=
 hostkey=/etc/ssh/ssh_host_ed25519_key
 if [ ! -f "$hostkey" ]; then
   if [ -s "$job/ssh_host_ed25519_key" ]; then
-    copy "$job/ssh_host_ed25519_key" "$hostkey"
+    copy "$job/ssh_host_ed25519_key" "$hostkey" 600
   else
     ssh-keygen -q -t ed25519 -N "" -f "$hostkey"
   fi
 fi
 if [ -f "$job/id_ed25519" ]; then
   [ -d /root/.ssh ] || mkdir -m 700 /root/.ssh
-  copy "$job/id_ed25519" /root/.ssh/id_ed25519
-  umask 022  # 0644, as sshd_config's StrictModes would want it
-  copy "$job/authorized_keys" /root/.ssh/authorized_keys
-  umask 077
+  copy "$job/id_ed25519" /root/.ssh/id_ed25519 600
+  copy "$job/authorized_keys" /root/.ssh/authorized_keys 644
   installed=/root/.ssh/id_ed25519
 fi
 
@@ -94,7 +95,6 @@ done < <(env -0)
 printf '%s\n' "$line" > "$conf"
 
 [ -d /run/sshd ] || mkdir -p /run/sshd
-umask "$umask_was"
 # sshd-listen.pl accepts on sshd's port with Nagle off and runs sshd -i per connection: the
 # image's sshd itself (sshd.real), its wrapper's work (host key, /run/sshd) being done above.
 port=22 sshd=/usr/sbin/sshd

@@ -31,7 +31,7 @@ prepare() {
 # session (no second ssh session, program and shell per node). prepare (stdin: the watchdog's
 # program, then a NUL), then a line `prepared=1`; then the launcher's word on stdin: a line
 # `go N`, then up's N arguments, each ending in a NUL; the rest of stdin is up's (password
-# line, key, env file). The end of stdin, or another line: the launch ended before its
+# line, key, host key, env file). The end of stdin, or another line: the launch ended before its
 # containers (another node refused, a pull failed), nothing more happens here.
 prepare_up() {
   local line n i a args=()

@@ -2,7 +2,7 @@
 # up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NWATCH WATCH... NHEAD ARGV...:
 # the whole launch on one node, in one ssh session. WATCH: NWATCH words, the node watchdog's
 # argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). stdin: the registry password line (where REGISTRY is set),
-# the job's private key, its env file. Prints the probe's facts and `image=...`; then, unless
+# the job's private key, its containers' host key, its env file (read_secrets). Prints the probe's facts and `image=...`; then, unless
 # the node declines (gate), `started=1` and starts the container (start), and the timeline's
 # phase lines (phase.sh): `container` from here to the container running, then `sshd`.
 up() {
