@@ -151,6 +151,23 @@ def slim(image: str) -> str:
     return tag
 
 
+def on_nodes(info, family: str, tag: str) -> str:
+    """The local image FAMILY:TAG pushed to the cluster's registry and pulled onto every node
+    (where not already there): its reference there."""
+    from dtrain.launch.jobs.pull import pull_on_nodes
+
+    image = p.push_registry([p.LocalImage(family, tag)], info.registry, out=lambda m: None)[0].remote
+    pull_on_nodes(parse_hostfile(info.hostfile), image, "missing", ssh_opts=("-F", info.ssh_config),
+                  out=open(os.devnull, "w"))
+    return image
+
+
+def shown_timeline(info, n: int, job: str) -> str:
+    """The timeline of the bench's job on the first n nodes, as `dtrain status --job` shows it."""
+    hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
+    return timeline.text(timeline.from_json(load_job(job).get("timeline")), hosts)
+
+
 def _cpu() -> tuple[float, float]:
     """(this process's user+sys seconds, its waited-for children's)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -165,8 +182,6 @@ def _mem_used_gib() -> float:
 
 def scale(counts: list[int], repeat: int) -> None:
     """Launcher CPU, ssh sessions per node, warm launch vs bare parallel ssh, at each count."""
-    from dtrain.launch.jobs.pull import pull_on_nodes
-
     rows = [("nodes", "launcher CPU (own)", "launcher CPU (+ssh clients)", "ssh sessions per node",
              "dtrain cold", "dtrain warm", "bare parallel ssh", "warm vs parallel", "memory used")]
     mem0 = _mem_used_gib()
@@ -175,10 +190,7 @@ def scale(counts: list[int], repeat: int) -> None:
         engine.allow_insecure_registry(info.registry)
         img = next(i for i in load_all([FAMILY]) if not i.gpu)
         slim(p.local_ref(img))
-        image = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim")], info.registry,
-                                out=lambda m: None)[0].remote
-        pull_on_nodes(parse_hostfile(info.hostfile), image, "missing", ssh_opts=("-F", info.ssh_config),
-                      out=open(os.devnull, "w"))
+        image = on_nodes(info, img.family, f"{img.tag}-slim")
         os.sync()
         dtrain(info, image, 1, 0, cold=True)  # warm-up
         runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par")}
@@ -203,10 +215,7 @@ def scale(counts: list[int], repeat: int) -> None:
                      f"{m['warm']:.2f} s", f"{m['par']:.2f} s", f"{m['warm'] / m['par']:.2f}x",
                      f"{mem - mem0:+.1f} GiB"))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-        last = load_job(f"bench-{n}-{repeat - 1}-warm")
-        hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
-        print(timeline.text(timeline.from_json(last.get("timeline")), hosts),
-              file=sys.stderr, flush=True)
+        print(shown_timeline(info, n, f"bench-{n}-{repeat - 1}-warm"), file=sys.stderr, flush=True)
     print(markdown(rows))
 
 
@@ -277,8 +286,6 @@ def against(revs: list[str], counts: list[int], repeat: int) -> None:
 
 def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int, made: list[str]) -> None:
     """against's rounds (trees: label -> (image suffix, code)); the images it makes go in made."""
-    from dtrain.launch.jobs.pull import pull_on_nodes
-
     info = cluster.up(max(counts), recreate=True, quiet=True)
     engine.allow_insecure_registry(info.registry)
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
@@ -287,10 +294,7 @@ def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int,
     images = {}
     for label, (suffix, tree) in trees.items():
         made.append(node_image(slim_ref, tree, suffix))
-        images[label] = p.push_registry([p.LocalImage(img.family, f"{img.tag}-slim-{suffix}")], info.registry,
-                                        out=lambda m: None)[0].remote
-        pull_on_nodes(parse_hostfile(info.hostfile), images[label], "missing", ssh_opts=("-F", info.ssh_config),
-                      out=open(os.devnull, "w"))
+        images[label] = on_nodes(info, img.family, f"{img.tag}-slim-{suffix}")
     os.sync()
     labels = list(trees)
     head = ["nodes", "rounds", "bare parallel ssh"]
@@ -339,9 +343,7 @@ def one() -> None:
         raise SystemExit("--one: no simulated cluster is up")
     seconds = dtrain(info, image, n, name, cold=False)
     print(f"{seconds:.3f}")
-    hosts = [x.host for x in parse_hostfile(info.hostfile)[:n]]
-    print(timeline.text(timeline.from_json(load_job(f"bench-{n}-{name}-warm").get("timeline")), hosts),
-          file=sys.stderr)
+    print(shown_timeline(info, n, f"bench-{n}-{name}-warm"), file=sys.stderr)
 
 
 def main() -> None:

@@ -166,7 +166,8 @@ def test_login_uses_a_docker_config_of_its_own_and_removes_it(tmp_path):
             ' case "$1 $2" in "image inspect") echo "$LINE" ;; esac; }\n')
     line = f"{IMG_ID} - 4 []"
     keys = "".join(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{k}\n-----END OPENSSH PRIVATE KEY-----\n" for k in "kh")
-    r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; printf "%s" "$key$hostkey$envs"',
+    r = host('login "$1" "$2"; read_secrets; image "$3" always; echo "cfg_left=$login_cfg"; '
+             'printf "%s" "$key$hostkey$envs"',
              "reg.example:5000", "AWS", "reg.example:5000/x:1", fake=fake,
              stdin="s3cr3t\n" + keys + "A=Yg==\n",
              env={**os.environ, "OUT": str(tmp_path / "calls"), "LINE": line})

@@ -254,8 +254,9 @@ ENTRIES: tuple[Entry, ...] = (
                        r"No \S+ host key is known for \S+ and you have requested strict checking"),
         cause="Host keys are new for every dtrain container or job (made when the container "
               "starts, or by the launcher for a job's containers; keys never ship in the "
-              "image), so a `known_hosts` entry from an earlier container no longer matches, and an unknown key cannot be accepted without a prompt in a "
-              "non-interactive session. A client config with `StrictHostKeyChecking yes`, or a "
+              "image), so a `known_hosts` entry from an earlier container no longer matches, "
+              "and an unknown key cannot be accepted without a prompt in a non-interactive "
+              "session. A client config with `StrictHostKeyChecking yes`, or a "
               "mounted `known_hosts`, causes this.",
         fix="dtrain images set `StrictHostKeyChecking no` and `UserKnownHostsFile /dev/null` "
             "in `/etc/ssh/ssh_config`: the nodes of a job are containers on a private network "

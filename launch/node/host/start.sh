@@ -3,16 +3,20 @@
 # private key (up to its END line) into $key, the containers' host key (the same) into
 # $hostkey, then the job's env file (NAME=base64(value) lines) into $envs. Builtins only.
 read_secrets() {
-  local l v
-  for v in key hostkey; do
-    printf -v "$v" ''
-    while IFS= read -r l; do
-      printf -v "$v" '%s%s\n' "${!v}" "$l"
-      [[ $l != *"END OPENSSH PRIVATE KEY"* ]] || break
-    done
-  done
+  read_key key
+  read_key hostkey
   envs=
   IFS= read -r -d '' envs || true
+}
+
+# read_key VAR: stdin's lines up to an OpenSSH private key's END line (or the end) into VAR.
+read_key() {
+  local l k=
+  while IFS= read -r l; do
+    k+=$l$'\n'
+    [[ $l != *"END OPENSSH PRIVATE KEY"* ]] || break
+  done
+  printf -v "$1" '%s' "$k"
 }
 
 # node_flags: docker run's flags that depend on this node, from the probe's $gpus (a count),
@@ -29,8 +33,9 @@ node_flags() {
 }
 
 # start KEYDIR PUBLIC_KEY TIMEOUT PORT NAME NHEAD ARGV...: write the job's key pair, the
-# containers' host key and the env file to KEYDIR (0700, tmpfs), run ARGV (commands.docker_run_argv without the node's flags:
-# its first NHEAD words, then node_flags, then the rest), wait until the container's sshd
+# containers' host key and the env file to KEYDIR (0700, tmpfs), run ARGV
+# (commands.docker_run_argv without the node's flags: its first NHEAD words, then node_flags,
+# then the rest), wait until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
 # Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
 watch=()

@@ -2,8 +2,8 @@
 # up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NWATCH WATCH... NHEAD ARGV...:
 # the whole launch on one node, in one ssh session. WATCH: NWATCH words, the node watchdog's
 # argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). stdin: the registry password line (where REGISTRY is set),
-# the job's private key, its containers' host key, its env file (read_secrets). Prints the probe's facts and `image=...`; then, unless
-# the node declines (gate), `started=1` and starts the container (start), and the timeline's
+# the job's private key, its containers' host key, its env file (read_secrets). Prints the
+# probe's facts and `image=...`; then, unless the node declines (gate), `started=1` and starts the container (start), and the timeline's
 # phase lines (phase.sh): `container` from here to the container running, then `sshd`.
 up() {
   local ssh_port=$1 registry=$2 user=$3 ref=$4 pull=$5 timeout=$6 kd=$7 pub=$8 name=$9
