@@ -253,7 +253,7 @@ def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
     listing = "\0".join(wd.files) + "\0"
     note = left_out_line(wd.left_out)
     if note:
-        say(f"[launch] workdir {wd.root}: {note}")
+        say(f"[launch] --workdir {wd.root}: {note}")
 
     def target(n: Node) -> str:
         return f"{n.user}@{n.host}" if n.user else n.host
