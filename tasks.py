@@ -1018,8 +1018,6 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         if action != "run":
             raise LaunchError(f"unknown action {action!r}: use run")
         _image_flag(image)
-        if image is not None:
-            sm.check_ecr_image("--image", image)
         values.instance_type("--instance-type", instance_type, sagemaker=True)
         if launcher is not None:
             _choice_flag("--launcher", launcher, ("mpirun", "torchrun"))
