@@ -135,3 +135,4 @@ def test_fifos_and_devices_in_the_workdir_are_not_read(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     os.mkfifo(tmp_path / ".dtrainignore")  # an ignore file that is a FIFO would hang a read
     assert w.scan(tmp_path).files == ("main.py",)
+

@@ -265,10 +265,11 @@ def request_problems(req: Mapping[str, Any]) -> list[str]:
 def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = WORKDIR_MAX_BYTES,
                    max_files: int = WORKDIR_MAX_FILES) -> tuple[list[Path], int, list[str], list[str]]:
     """What goes to the `code` channel: (files relative to root, their bytes, what SECRETS left
-    out, the symlinks left out). launch --workdir's rules (workdir.select: .gitignore, .dtrainignore, the files that
-    hold secrets), less the not_code directories inside root (the download directory, local
-    --input directories), and less symlinks that do not lead to a file that goes itself (S3 gets
-    a link's content: a link out of the workdir would carry what the rules never saw)."""
+    out, the symlinks left out). launch --workdir's rules (workdir.select: .gitignore,
+    .dtrainignore, the files that hold secrets), less the not_code directories inside root (the
+    download directory, local --input directories), and less symlinks that do not lead to a file
+    that goes itself (S3 gets a link's content: a link out of the workdir would carry what the
+    rules never saw)."""
     from dtrain.launch.jobs import workdir as wdir
 
     root = root.resolve()
@@ -481,9 +482,10 @@ def check_ecr_image(flag: str, image: str) -> str:
     """SageMaker training runs images from Amazon ECR only (a private registry needs a VPC and
     TrainingImageConfig, which dtrain does not set)."""
     from dtrain.ecr import REGISTRY_RE
+    from dtrain.values import shown
 
     if not REGISTRY_RE.match(image):
-        raise LaunchError(f"{flag} {image[:200]!r}: SageMaker runs images from Amazon ECR only: expected "
+        raise LaunchError(f"{flag} {shown(image)}: SageMaker runs images from Amazon ECR only: expected "
                           "ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG (dtrain push --ecr puts one there)")
     return image
 

@@ -40,7 +40,7 @@ SECRETS = (
     ".env*",  # .env, .env.local, .envrc (direnv)
     "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",  # keys, certificates
     "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",  # ssh keys (their .pub too: simplest)
-    ".ssh/", ".aws/", ".gnupg/", ".kube/", ".azure/", ".config/gcloud/", "**/.docker/config.json",
+    ".ssh/", ".aws/", ".gnupg/", ".kube/", ".azure/", "**/.config/gcloud/", "**/.docker/config.json",
     "*credentials*", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".pgpass",
     "*.tfstate", "*.tfstate.*",  # Terraform state holds the secrets it made
 )
@@ -106,7 +106,7 @@ def _verdicts(specs: Specs, rel: str) -> tuple[bool | None, bool | None]:
 
 
 def decide(specs: Specs, rel: str) -> str | None:
-    """Why rel (a directory ending in /) stays here: "ignored" (an ignore file, or QUIET),
+    """Why rel (a file, or a directory ending in /) stays here: "ignored" (an ignore file, or QUIET),
     "secret" (SECRETS, no .dtrainignore `!` for it), or None: it goes."""
     verdict, dtrain = _verdicts(specs, rel)
     if verdict:
@@ -123,7 +123,10 @@ def _read_specs(directory: Path, base: str) -> Specs:
     for name in IGNORE_FILES:
         f = directory / name
         if f.is_file():
-            lines = f.read_text(errors="replace").splitlines()
+            try:
+                lines = f.read_text(errors="replace").splitlines()
+            except OSError as e:
+                raise LaunchError(f"--workdir: cannot read {f}: {e.strerror or e}") from None
             out.append((base, pathspec.GitIgnoreSpec.from_lines(lines), name == DTRAINIGNORE))
     return out
 
@@ -169,6 +172,9 @@ def select(root: Path, skip: Sequence[str] = (),
                 left_out.append(rel)
             if why:
                 continue
+            if not path.is_symlink() and not os.access(path, os.R_OK):
+                raise LaunchError(f"--workdir {root}: cannot read {rel}; make it readable, or leave it out "
+                                  f"with a line in {DTRAINIGNORE}")
             files.append(rel)
             size += path.lstat().st_size
             if check is not None:
