@@ -22,6 +22,7 @@ from dtrain.launch.jobs import sagemaker as sm
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/horovod-pytorch:t"
 
 
 def _load_train():
@@ -164,10 +165,14 @@ def test_workdir_honours_gitignore_and_size_limit(tmp_path):
     (tmp_path / "data/big.bin").write_bytes(b"x" * 2048)
     (tmp_path / ".gitignore").write_text("data/\n")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    files = sm.workdir_files(tmp_path)
-    assert files == [Path(".gitignore"), Path("main.py")]
-    with pytest.raises(LaunchError, match="put data in S3"):
-        sm.check_workdir(tmp_path, [Path("data/big.bin")], max_bytes=1024)
+    files, size, left_out, links = sm.code_selection(tmp_path)
+    assert files == [Path(".gitignore"), Path("main.py")] and left_out == links == []
+    assert size == sum((tmp_path / f).stat().st_size for f in files)
+    (tmp_path / ".gitignore").write_text("")
+    with pytest.raises(LaunchError, match="at data/big.bin; put data in S3"):
+        sm.code_selection(tmp_path, max_bytes=1024)
+    with pytest.raises(LaunchError, match="over 2 files"):
+        sm.code_selection(tmp_path, max_files=2)
 
 
 # ---------------------------------------------------------------- invoke sagemaker run, against moto
@@ -224,7 +229,7 @@ def _key_in_s3(s3, key: str) -> bool:
 def test_run_no_wait_waits_for_the_start_and_deletes_the_key(aws, tmp_path):
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="my-bucket")
-    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2,
+    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
                          name="dtrain-nowait", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), wait=False)
     printed: list[str] = []
     assert sm.run(opts, session=aws, out=printed.append, poll_s=0) == ("dtrain-nowait", 0)
@@ -267,7 +272,7 @@ def test_run_deletes_the_key_once_the_job_has_started_and_hands_it_to_a_spot_res
              ("InProgress", "Training"), ("InProgress", "Interrupted"), ("InProgress", "Restarting"),
              ("InProgress", "Downloading"), ("InProgress", "Training"), ("Completed", "Completed")]
     session = _Progressing(aws, steps, key)
-    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2, spot=True,
+    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2, spot=True,
                          name="dtrain-spot", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), download=None)
     assert sm.run(opts, session=session, out=lambda _: None, poll_s=0) == ("dtrain-spot", 0)
     assert session.seen == [("Starting", True), ("Downloading", True), ("Training", True), ("Training", False),
@@ -296,7 +301,7 @@ def test_run_deletes_the_key_on_an_error(aws, tmp_path):
         if "created training job" in line:
             seen.append(_key_in_s3(s3, "x/dtrain-err/dtrain/id_ed25519"))
             raise KeyboardInterrupt
-    opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=2,
+    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
                          name="dtrain-err", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path))
     with pytest.raises(KeyboardInterrupt):
         sm.run(opts, session=aws, out=out, poll_s=0)
@@ -304,20 +309,22 @@ def test_run_deletes_the_key_on_an_error(aws, tmp_path):
 
 
 def test_task_errors_are_one_line_exit_2():
-    r = subprocess.run([sys.executable, "-m", "invoke", "sagemaker", "run", "--image", "img:1", "--input", "data",
+    r = subprocess.run([sys.executable, "-m", "invoke", "sagemaker", "run", "--image", IMAGE, "--input", "data",
                         "--role", ROLE, "--", "python", "main.py"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: --input 'data': expected NAME=DIR or NAME=s3://BUCKET/PREFIX (NAME: letters, digits, . - _)"], r.stderr
 
 
-def test_code_files_leave_out_the_output_and_the_data_channels(tmp_path):
+def test_code_leaves_out_the_output_and_the_data_channels(tmp_path):
     root = tmp_path / "proj"
-    files = [Path("train.py"), Path("output/dtrain-1/logs.txt"), Path("output/dtrain-1/model.tar.gz"),
-             Path("data/a.csv"), Path("data2/b.csv"), Path("lib/data/c.py")]
-    assert sm.code_files(root, files, [root / "output", root / "data", tmp_path / "elsewhere"]) == [
-        Path("train.py"), Path("data2/b.csv"), Path("lib/data/c.py")]
-    assert sm.code_files(root, files, [root]) == files  # --download . would not empty the code
+    for rel in ("train.py", "output/dtrain-1/logs.txt", "output/dtrain-1/model.tar.gz", "data/a.csv", "data2/b.csv",
+                "lib/data/c.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    files, _, _, _ = sm.code_selection(root, [root / "output", root / "data", tmp_path / "elsewhere"])
+    assert files == [Path("data2/b.csv"), Path("lib/data/c.py"), Path("train.py")]
+    assert len(sm.code_selection(root, [root])[0]) == 6  # --download . would not empty the code
 
 
 def test_a_bad_download_directory_is_refused_before_anything_is_uploaded(aws, tmp_path):
@@ -325,7 +332,7 @@ def test_a_bad_download_directory_is_refused_before_anything_is_uploaded(aws, tm
     s3.create_bucket(Bucket="my-bucket")
     wd = _workdir(tmp_path)
     for bad in (wd / "main.py", wd / "main.py" / "x"):
-        opts = sm.RunOptions(image="img:1", role_arn=ROLE, command=("python", "main.py"), instances=1,
+        opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=1,
                              name="dtrain-dl", output_s3="s3://my-bucket/x", workdir=wd, download=bad)
         with pytest.raises(LaunchError, match=rf"^--download {bad}: .*main.py is not a directory"):
             sm.run(opts, session=aws, out=lambda m: None, poll_s=0)

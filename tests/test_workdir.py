@@ -76,3 +76,63 @@ def test_parse_stats_reads_rsyncs_own_output(tmp_path):
 
 def test_human():
     assert w.human(512) == "512 B" and w.human(1536) == "1.5 KiB" and w.human(3 << 30) == "3.0 GiB"
+
+
+# ---------------------------------------------------------------- files that hold secrets (issue 38)
+
+SECRET_TREE = {
+    ".env": "TOKEN=s3cr3t-marker", ".envrc": "export TOKEN=s3cr3t-marker", "sub/.env.local": "s3cr3t-marker",
+    "id_rsa": "s3cr3t-marker", "id_ed25519.pub": "ssh-ed25519 AAAA", ".ssh/config": "Host x",
+    ".aws/credentials": "[default]\naws_secret_access_key = s3cr3t-marker", ".aws/config": "[default]",
+    "certs/server.pem": "s3cr3t-marker", "tls.key": "s3cr3t-marker", "gcp_credentials.json": "{}",
+    ".netrc": "machine x password s3cr3t-marker", ".pypirc": "[pypi]", ".docker/config.json": "{}",
+    ".git-credentials": "https://u:s3cr3t-marker@x", "infra/terraform.tfstate": "{}",
+    "main.py": "print(1)\n", "id_utils.py": "x = 1\n", "environment.py": "x = 1\n", ".docker/Dockerfile": "FROM x",
+    "pkg/__pycache__/m.cpython-311.pyc": "b",
+}
+SECRET_LEFT_OUT = (".aws/", ".docker/config.json", ".env", ".envrc", ".git-credentials", ".netrc", ".pypirc", ".ssh/",
+                   "certs/server.pem", "gcp_credentials.json", "id_ed25519.pub", "id_rsa", "infra/terraform.tfstate",
+                   "sub/.env.local", "tls.key")
+
+
+def test_files_that_hold_secrets_are_left_out_by_default_even_when_git_tracks_them(tmp_path):
+    _tree(tmp_path, SECRET_TREE)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", ".env", "id_rsa"], check=True)  # tracked: still a secret
+    wd = w.scan(tmp_path)
+    assert wd.files == (".docker/Dockerfile", "environment.py", "id_utils.py", "main.py")
+    assert wd.left_out == SECRET_LEFT_OUT
+    assert wd.size == sum((tmp_path / f).stat().st_size for f in wd.files)
+    line = w.left_out_line(wd.left_out)
+    assert line.startswith("left out 15 that may hold secrets: .aws/, .docker/config.json, .env, ")
+    assert line.endswith(" and 7 more (to send one, add !NAME to .dtrainignore)")
+    assert "\n" not in line and "s3cr3t" not in line
+    assert w.left_out_line(()) is None
+
+
+def test_dtrainignore_re_includes_a_secret_holder_a_gitignore_does_not(tmp_path):
+    _tree(tmp_path, {**SECRET_TREE, ".gitignore": "!id_rsa\n", "sub/.dtrainignore": "!.env.local\n",
+                     ".dtrainignore": "!.envrc\n!.aws/\n*.ckpt\n", "model.ckpt": "big", "keep/x.ckpt": "big"})
+    wd = w.scan(tmp_path)
+    # !.aws/ re-includes the directory and what is in it; .gitignore's !id_rsa does not count
+    assert wd.files == (".aws/config", ".aws/credentials", ".docker/Dockerfile", ".dtrainignore", ".envrc",
+                        ".gitignore", "environment.py", "id_utils.py", "main.py", "sub/.dtrainignore",
+                        "sub/.env.local")
+    assert "id_rsa" in wd.left_out and ".aws/" not in wd.left_out and ".env" in wd.left_out
+    assert ".gitignore" in wd.files and "model.ckpt" not in wd.left_out  # ignored: not a secret, not named
+
+
+def test_a_secret_holders_name_that_is_not_printable_stays_one_line(tmp_path):
+    _tree(tmp_path, {"a\nb.pem": "x", "main.py": "x"})
+    line = w.left_out_line(w.scan(tmp_path).left_out)
+    assert "\n" not in line and "'a\\nb.pem'" in line
+
+
+def test_fifos_and_devices_in_the_workdir_are_not_read(tmp_path):
+    import os
+
+    _tree(tmp_path, {"main.py": "x"})
+    os.mkfifo(tmp_path / "pipe")
+    os.mkfifo(tmp_path / ".dtrainignore")  # an ignore file that is a FIFO would hang a read
+    assert w.scan(tmp_path).files == ("main.py",)
+

@@ -262,52 +262,76 @@ def request_problems(req: Mapping[str, Any]) -> list[str]:
 # ---------------------------------------------------------------- workdir, key (local side)
 
 
-def workdir_files(root: Path) -> list[Path]:
-    """The files to upload, relative to root: git's view (tracked and untracked, .gitignore
-    honoured) inside a git work tree, else every file but .git/ and __pycache__/."""
-    try:
-        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           capture_output=True, text=True, timeout=60)
-    except OSError:
-        r = None
-    if r is not None and r.returncode == 0:
-        files = [Path(p) for p in r.stdout.split("\0") if p]
-        return sorted(p for p in files if (root / p).is_file())
-    skip = {".git", "__pycache__"}
-    return sorted(p.relative_to(root) for p in root.rglob("*")
-                  if p.is_file() and not skip & set(p.relative_to(root).parts))
+def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = WORKDIR_MAX_BYTES,
+                   max_files: int = WORKDIR_MAX_FILES) -> tuple[list[Path], int, list[str], list[str]]:
+    """What goes to the `code` channel: (files relative to root, their bytes, what SECRETS left
+    out, the symlinks left out). launch --workdir's rules (workdir.select: .gitignore,
+    .dtrainignore, the files that hold secrets), less the not_code directories inside root (the
+    download directory, local --input directories), and less symlinks that do not lead to a file
+    that goes itself (S3 gets a link's content: a link out of the workdir would carry what the
+    rules never saw)."""
+    from dtrain.launch.jobs import workdir as wdir
 
-
-def code_files(root: Path, files: Sequence[Path], not_code: Sequence[Path]) -> list[Path]:
-    """files (relative to root) less those under any of the not_code directories (the download
-    directory, local --input directories) where they lie inside root."""
+    root = root.resolve()
     skip = []
     for d in not_code:
         try:
-            skip.append(d.resolve().relative_to(root.resolve()))
+            rel = d.resolve().relative_to(root)
         except ValueError:
             continue  # outside the workdir: nothing of it is uploaded as code anyway
-    return [p for p in files if not any(p == s or s in p.parents for s in skip if s != Path("."))]
+        if rel != Path("."):
+            skip.append(rel.as_posix())
+
+    def check(rel: str, count: int, size: int) -> None:
+        if count > max_files or size > max_bytes:
+            raise LaunchError(f"--workdir {root}: over {max_files} files or {max_bytes / 2**20:.0f} MiB at {rel}; "
+                              "put data in S3 and pass it with --input NAME=s3://... (or NAME=DIR), or leave it "
+                              f"out with {wdir.DTRAINIGNORE}")
+
+    wd = wdir.select(root, skip, check)
+    chosen = set(wd.files)
+    files, links = [], []
+    for rel in wd.files:
+        path = root / rel
+        if path.is_symlink():
+            try:
+                target = path.resolve(strict=True).relative_to(root).as_posix()
+            except (OSError, ValueError, RuntimeError):
+                target = None
+            if target not in chosen or not (root / target).is_file() or (root / target).is_symlink():
+                links.append(rel)
+                continue
+        files.append(Path(rel))
+    return files, sum((root / f).stat().st_size for f in files), list(wd.left_out), links
 
 
-def check_download_dir(d: Path) -> None:
-    """--download: a directory, or one that can be made (checked before anything is uploaded)."""
+def left_out_lines(left_out: Sequence[str], links: Sequence[str]) -> list[str]:
+    """What the upload left out, by name: the files that may hold secrets, the symlinks."""
+    from dtrain.launch.jobs import workdir as wdir
+
+    lines = [wdir.left_out_line(left_out)] if left_out else []
+    if links:
+        lines.append(f"left out {len(links)} symlink(s) leading out of the workdir or to a file left out: "
+                     + wdir.names(links))
+    return lines
+
+
+def check_download_dir(d: Path, inputs: Mapping[str, Path] | None = None) -> None:
+    """--download: a directory, or one that can be made, not inside a local --input directory
+    (checked before anything is uploaded)."""
     p = d.resolve()
+    for ch, src in (inputs or {}).items():
+        s = Path(src).resolve()
+        if p == s or s in p.parents:
+            raise LaunchError(f"--download {d}: inside --input {ch}={src}; the next run would upload the "
+                              "outputs as data (and a download would overwrite inputs): give a --download "
+                              "directory outside it")
     while not p.exists():
         p = p.parent
     if not p.is_dir():
         raise LaunchError(f"--download {d}: {p} is not a directory")
     if not os.access(p, os.W_OK | os.X_OK):
         raise LaunchError(f"--download {d}: {p} is not writable")
-
-
-def check_workdir(root: Path, files: Sequence[Path], max_bytes: int = WORKDIR_MAX_BYTES,
-                  max_files: int = WORKDIR_MAX_FILES) -> int:
-    total = sum((root / f).stat().st_size for f in files)
-    if len(files) > max_files or total > max_bytes:
-        raise LaunchError(f"--workdir {root}: {len(files)} files, {total / 2**20:.0f} MiB (limit {max_files} files, "
-                          f"{max_bytes / 2**20:.0f} MiB); put data in S3 and pass it with --input NAME=s3://...")
-    return total
 
 
 def make_key(directory: Path) -> Path:
@@ -454,6 +478,33 @@ def check_job_name(flag: str, name: str) -> str:
     return name
 
 
+def check_ecr_image(flag: str, image: str) -> str:
+    """SageMaker training runs images from Amazon ECR only (a private registry needs a VPC and
+    TrainingImageConfig, which dtrain does not set)."""
+    from dtrain.ecr import REGISTRY_RE
+    from dtrain.values import shown
+
+    if not REGISTRY_RE.match(image):
+        raise LaunchError(f"{flag} {shown(image)}: SageMaker runs images from Amazon ECR only: expected "
+                          "ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG (dtrain push --ecr puts one there)")
+    return image
+
+
+def check_new_job_name(sm, name: str, given: bool) -> None:
+    """Refuse a training job name that exists (DescribeTrainingJob): its code folder would get
+    this run's files, and its old model would be downloaded as this run's."""
+    try:
+        d = sm.describe_training_job(TrainingJobName=name)
+    except Exception as e:  # noqa: BLE001 -- botocore ClientError
+        code = getattr(e, "response", {}).get("Error", {}).get("Code")
+        if code == "ValidationException":  # SageMaker's answer for a job that does not exist
+            return
+        raise
+    what = f"--name {name}" if given else f"job name {name}"
+    raise LaunchError(f"{what}: a training job of that name exists ({d.get('TrainingJobStatus')}); give another "
+                      "--name, or leave --name out for a new generated name")
+
+
 def job_name(now: float | None = None) -> str:
     return "dtrain-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
 
@@ -494,43 +545,64 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     if not opts.image:
         raise LaunchError("--image is required (an ECR image built and pushed here)")
     values.image("--image", opts.image)  # before anything is uploaded
+    check_ecr_image("--image", opts.image)
     values.instance_type("--instance-type", opts.instance_type, sagemaker=True)
-    session = session or boto3.session.Session()
-    name = opts.name or job_name()
-    output = (opts.output_s3 or default_output(session)).rstrip("/")
-    bucket, prefix = check_s3_uri(output, "--output")
-    base = f"{prefix}/{name}" if prefix else name
+    if opts.name is not None:
+        check_job_name("--name", opts.name)
+    if opts.output_s3:
+        check_s3_uri(opts.output_s3.rstrip("/"), "--output")
+    # Local checks first: nothing reaches AWS (not even the default bucket) for refused input.
     root = Path(opts.workdir).resolve()
     if not root.is_dir():
         raise LaunchError(f"--workdir {root}: not a directory")
     local = {ch: Path(v) for ch, v in opts.inputs.items() if not v.startswith("s3://")}
     if opts.download is not None:
-        check_download_dir(Path(opts.download))
+        check_download_dir(Path(opts.download), local)
     # The output (downloaded here by earlier runs) and the data channels are not code.
-    files = code_files(root, workdir_files(root),
-                       [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
-    size = check_workdir(root, files)
+    files, size, left_out, links = code_selection(
+        root, [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
     task = task_name(opts.task, root)
-    state = opts.state_s3 or state_uri(output, task)
     data = {ch: local_files(d) for ch, d in local.items()}
     for ch, found in data.items():
         if not found:
             raise LaunchError(f"--input {ch}={local[ch]}: the directory has no files")
-    s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
-    inputs = {ch: f"s3://{bucket}/{base}/input/{ch}/" if ch in local else v for ch, v in opts.inputs.items()}
-    inputs |= {ch: from_job_uri(sm, job, ch) for ch, job in opts.from_jobs.items()}
+    name = opts.name or job_name()
     launcher = opts.launcher or default_launcher(opts.image)
-    job = TrainingJob(name=name, image=opts.image, role_arn=opts.role_arn, command=opts.command,
-                      output_s3=output, instances=opts.instances, instance_type=opts.instance_type,
-                      launcher=launcher, slots=opts.slots, key_s3=f"s3://{bucket}/{base}/{KEY_CHANNEL}/",
-                      code_s3=f"s3://{bucket}/{base}/{CODE_CHANNEL}/" if files else None,
-                      inputs=inputs, env=opts.env, spot=opts.spot, checkpoint_s3=state,
-                      volume_gb=opts.volume_gb, max_runtime_s=opts.max_runtime_s, metrics=opts.metrics)
-    req = create_training_job_request(job)
-    found = request_problems(req)
-    if found:
-        raise LaunchError("CreateTrainingJob request: " + "; ".join(found))
+
+    def request(output: str, from_jobs: Mapping[str, str]) -> dict[str, Any]:
+        bucket, prefix = check_s3_uri(output, "--output")
+        base = f"{prefix}/{name}" if prefix else name
+        inputs = {ch: f"s3://{bucket}/{base}/input/{ch}/" if ch in local else v for ch, v in opts.inputs.items()}
+        job = TrainingJob(name=name, image=opts.image, role_arn=opts.role_arn, command=opts.command,
+                          output_s3=output, instances=opts.instances, instance_type=opts.instance_type,
+                          launcher=launcher, slots=opts.slots, key_s3=f"s3://{bucket}/{base}/{KEY_CHANNEL}/",
+                          code_s3=f"s3://{bucket}/{base}/{CODE_CHANNEL}/" if files else None,
+                          inputs={**inputs, **from_jobs}, env=opts.env, spot=opts.spot,
+                          checkpoint_s3=opts.state_s3 or state_uri(output, task), volume_gb=opts.volume_gb,
+                          max_runtime_s=opts.max_runtime_s, metrics=opts.metrics)
+        req = create_training_job_request(job)
+        found = request_problems(req)
+        if found:
+            raise LaunchError("CreateTrainingJob request: " + "; ".join(found))
+        return req
+
+    # The whole request, checked with stand-ins for what AWS tells (the default bucket, the
+    # --from-job prefixes) before the first AWS call.
+    request(opts.output_s3.rstrip("/") if opts.output_s3 else "s3://sagemaker-us-east-1-000000000000/dtrain",
+            {ch: "s3://sagemaker-us-east-1-000000000000/x/output/" for ch in opts.from_jobs})
+    session = session or boto3.session.Session()
+    s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
+    check_new_job_name(sm, name, given=opts.name is not None)  # before any upload
+    from_jobs = {ch: from_job_uri(sm, job, ch) for ch, job in opts.from_jobs.items()}
+    output = (opts.output_s3 or default_output(session)).rstrip("/")
+    req = request(output, from_jobs)
+    bucket, prefix = check_s3_uri(output, "--output")
+    base = f"{prefix}/{name}" if prefix else name
+    state = req["CheckpointConfig"]["S3Uri"]
+    inputs = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req.get("InputDataConfig", [])}
     out(f"[sagemaker] uploading {len(files)} files ({size / 2**20:.1f} MiB) of {root} to s3://{bucket}/{base}/code/")
+    for note in left_out_lines(left_out, links):
+        out(f"[sagemaker] {note}")
     upload(s3, root, files, bucket, f"{base}/{CODE_CHANNEL}")
     for ch, d in local.items():
         out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")

@@ -6,9 +6,12 @@ in ~/.dtrain/workdir-cache/<key>: rsync hard-links what did not change from ther
 so a relaunch after editing one file sends about that file. The job's copy goes at teardown;
 the cache stays (`dtrain stop --all-jobs` does not touch it; remove ~/.dtrain/workdir-cache).
 
-What is sent: every file under DIR but what its .gitignore and .dtrainignore files exclude
-(git's rules, per directory, deeper files winning; `.git/` never), at most `limit` bytes.
-`scan` is the only function here that reads the disk; `sync` runs rsync.
+What is sent (`select`, the same rules for `dtrain sagemaker run`'s upload): every file under DIR
+but what its .gitignore and .dtrainignore files exclude (git's rules, per directory, deeper files
+winning; `.git/` never), and but the files that hold secrets by their names (SECRETS: `.env*`,
+keys, credentials), even where git tracks them; only a `.dtrainignore` line re-includes one of
+those (`!.env`). What the defaults left out is reported by name (`left_out_line`), never read.
+`select` is the only function here that reads the disk; `sync` runs rsync.
 """
 
 from __future__ import annotations
@@ -29,7 +32,21 @@ from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
-IGNORE_FILES = (".gitignore", ".dtrainignore")
+IGNORE_FILES = (".gitignore", ".dtrainignore")  # in this order: .dtrainignore's lines win
+DTRAINIGNORE = ".dtrainignore"
+# Names of files (and directories, ending in /) that hold secrets: never uploaded, whatever git
+# tracks, unless a .dtrainignore re-includes them (`!.env`). Gitignore syntax, from DIR.
+SECRETS = (
+    ".env*",  # .env, .env.local, .envrc (direnv)
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",  # keys, certificates
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",  # ssh keys (their .pub too: simplest)
+    ".ssh/", ".aws/", ".gnupg/", ".kube/", ".azure/", "**/.config/gcloud/", "**/.docker/config.json",
+    "*credentials*", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".pgpass",
+    "*.tfstate", "*.tfstate.*",  # Terraform state holds the secrets it made
+)
+QUIET = ("__pycache__/",)  # left out too, not worth a word
+_SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRETS)
+_QUIET = pathspec.GitIgnoreSpec.from_lines(QUIET)
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
 # On each node, relative to the ssh user's home; not the launcher's store (~/.dtrain/jobs): a
 # node that is also the launcher keeps the two apart.
@@ -43,6 +60,7 @@ class Workdir:
     files: tuple[str, ...]  # relative POSIX paths of regular files and symlinks, sorted
     size: int  # bytes
     key: str  # this directory's cache name on the nodes
+    left_out: tuple[str, ...] = ()  # what SECRETS kept back (directories end in /), sorted
 
 
 def parse_size(text: str) -> int:
@@ -68,16 +86,100 @@ def cache_key(root: Path) -> str:
     return hashlib.sha256(f"{socket.gethostname()}:{root.resolve()}".encode()).hexdigest()[:16]
 
 
-def _ignored(specs: list[tuple[str, pathspec.GitIgnoreSpec]], rel: str) -> bool:
-    """git's rule: the deepest directory's ignore files decide, the last matching line wins."""
-    verdict = False
-    for base, spec in specs:
+Specs = list[tuple[str, pathspec.GitIgnoreSpec, bool]]  # (directory, its rules, from .dtrainignore)
+
+
+def _verdicts(specs: Specs, rel: str) -> tuple[bool | None, bool | None]:
+    """git's rule: the deepest directory's ignore files decide, the last matching line wins.
+    (all ignore files' verdict, .dtrainignore files' alone); True: ignored, False: re-included
+    (`!`), None: no line matched."""
+    verdict = dtrain = None
+    for base, spec, from_dtrain in specs:
         if base and not rel.startswith(base + "/"):
             continue
         r = spec.check_file(rel[len(base) + 1:] if base else rel)
         if r.include is not None:
             verdict = r.include
-    return verdict
+            if from_dtrain:
+                dtrain = r.include
+    return verdict, dtrain
+
+
+def decide(specs: Specs, rel: str) -> str | None:
+    """Why rel (a file, or a directory ending in /) stays here: "ignored" (an ignore file, or QUIET),
+    "secret" (SECRETS, no .dtrainignore `!` for it), or None: it goes."""
+    verdict, dtrain = _verdicts(specs, rel)
+    if verdict:
+        return "ignored"
+    if _SECRETS.match_file(rel) and dtrain is not False:
+        return "secret"
+    if verdict is None and _QUIET.match_file(rel):
+        return "ignored"
+    return None
+
+
+def _read_specs(directory: Path, base: str) -> Specs:
+    out: Specs = []
+    for name in IGNORE_FILES:
+        f = directory / name
+        if f.is_file():
+            try:
+                lines = f.read_text(errors="replace").splitlines()
+            except OSError as e:
+                raise LaunchError(f"--workdir: cannot read {f}: {e.strerror or e}") from None
+            out.append((base, pathspec.GitIgnoreSpec.from_lines(lines), name == DTRAINIGNORE))
+    return out
+
+
+def select(root: Path, skip: Sequence[str] = (),
+           check: Callable[[str, int, int], None] | None = None) -> Workdir:
+    """The files of root that leave this machine (launch --workdir, sagemaker run): regular files
+    and symlinks, less ignored ones and SECRETS (recorded in left_out), never .git/. skip:
+    directories (relative POSIX paths) not walked at all. check(rel, files, bytes) after each
+    file: raise there to stop at a limit."""
+    root = root.expanduser()
+    specs: Specs = []
+    files: list[str] = []
+    left_out: list[str] = []
+    size = 0
+    skipped = {s.strip("/") for s in skip}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        base = here.relative_to(root).as_posix()
+        base = "" if base == "." else base
+        specs.extend(_read_specs(here, base))
+        keep = []
+        for d in sorted(dirnames):
+            rel = f"{base}/{d}" if base else d
+            link = (here / d).is_symlink()
+            why = decide(specs, rel if link else rel + "/")
+            if why == "secret":
+                left_out.append(rel if link else rel + "/")
+            elif d == ".git" or rel in skipped or why:
+                continue
+            elif link:
+                files.append(rel)  # a link to a directory travels as a link
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            rel = f"{base}/{name}" if base else name
+            path = here / name
+            if not (path.is_symlink() or path.is_file()):
+                continue  # FIFOs, sockets, devices: not code
+            why = decide(specs, rel)
+            if why == "secret":
+                left_out.append(rel)
+            if why:
+                continue
+            if not path.is_symlink() and not os.access(path, os.R_OK):
+                raise LaunchError(f"--workdir {root}: cannot read {rel}; make it readable, or leave it out "
+                                  f"with a line in {DTRAINIGNORE}")
+            files.append(rel)
+            size += path.lstat().st_size
+            if check is not None:
+                check(rel, len(files), size)
+    return Workdir(root, tuple(sorted(files)), size, cache_key(root), tuple(sorted(left_out)))
 
 
 def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
@@ -85,37 +187,29 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
     root = root.expanduser()
     if not root.is_dir():
         raise LaunchError(f"--workdir {root}: not a directory")
-    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
-    files: list[str] = []
-    size = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath).relative_to(root).as_posix()
-        base = "" if base == "." else base
-        for name in IGNORE_FILES:
-            f = Path(dirpath) / name
-            if f.is_file():
-                specs.append((base, pathspec.GitIgnoreSpec.from_lines(f.read_text(errors="replace").splitlines())))
-        keep = []
-        for d in sorted(dirnames):
-            rel = f"{base}/{d}" if base else d
-            if d != ".git" and not _ignored(specs, rel + "/") and not (Path(dirpath) / d).is_symlink():
-                keep.append(d)
-            elif (Path(dirpath) / d).is_symlink() and not _ignored(specs, rel):
-                files.append(rel)  # a link to a directory travels as a link
-        dirnames[:] = keep
-        for name in filenames:
-            rel = f"{base}/{name}" if base else name
-            path = Path(dirpath) / name
-            if _ignored(specs, rel) or not (path.is_file() or path.is_symlink()):
-                continue
-            files.append(rel)
-            size += path.lstat().st_size
-            if size > limit:
-                raise LaunchError(
-                    f"--workdir {root}: over the {human(limit)} limit (--workdir-limit) at {rel}; "
-                    "keep datasets and outputs out of it (.dtrainignore) and give them to the job "
-                    "with --mount instead")
-    return Workdir(root, tuple(sorted(files)), size, cache_key(root))
+
+    def check(rel: str, _count: int, size: int) -> None:
+        if size > limit:
+            raise LaunchError(
+                f"--workdir {root}: over the {human(limit)} limit (--workdir-limit) at {rel}; "
+                "keep datasets and outputs out of it (.dtrainignore) and give them to the job "
+                "with --mount instead")
+
+    return select(root, check=check)
+
+
+def names(rels: Sequence[str], most: int = 8) -> str:
+    """`a, b, c and 4 more`: names as one line (a name that is not printable, as repr)."""
+    shown = ", ".join(r if r.isprintable() else repr(r) for r in rels[:most])
+    return shown + (f" and {len(rels) - most} more" if len(rels) > most else "")
+
+
+def left_out_line(left_out: Sequence[str]) -> str | None:
+    """One line naming what SECRETS kept back (names only), or None when nothing was."""
+    if not left_out:
+        return None
+    return (f"left out {len(left_out)} that may hold secrets: {names(left_out)} (to send one, add "
+            f"!NAME to {DTRAINIGNORE})")
 
 
 def node_job_dir(job: str) -> str:
@@ -163,6 +257,9 @@ def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
     """Send wd to every node at once (the job's directory there exists: Job.prepare); print
     files and bytes sent per node."""
     listing = "\0".join(wd.files) + "\0"
+    note = left_out_line(wd.left_out)
+    if note:
+        say(f"[launch] --workdir {wd.root}: {note}")
 
     def target(n: Node) -> str:
         return f"{n.user}@{n.host}" if n.user else n.host
