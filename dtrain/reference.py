@@ -93,8 +93,26 @@ def check(ref: str, flag: str = "--image") -> Reference:
                            "e.g. 10.213.0.1:5000/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12") from None
 
 
+def registry_host_part(registry: str) -> str:
+    """host[:port] -> host: '[::1]:5000' -> '::1', '127.0.0.1:5000' -> '127.0.0.1', '::1' -> '::1'
+    (an IPv6 address without brackets has no port)."""
+    if registry.startswith("["):
+        end = registry.find("]")
+        return registry[1:end] if end > 0 else registry
+    return registry if registry.count(":") > 1 else registry.split(":", 1)[0]
+
+
 def is_loopback_registry(registry: str) -> bool:
-    """host[:port] on 127.0.0.0/8, ::1 or localhost: a registry the engine reaches over plain
-    http without being told (as docker does)."""
-    host = registry[1:registry.index("]")] if registry.startswith("[") else registry.rsplit(":", 1)[0]
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """The one rule for "may plain http (and a credential over it) go to this registry without
+    being told": host[:port] whose host is exactly `localhost` or an IP address on loopback
+    (127.0.0.0/8, ::1). A DNS name is never loopback here, whatever it looks like
+    (`127.example.test` can resolve anywhere), and no name is resolved."""
+    import ipaddress
+
+    host = registry_host_part(registry)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -12,7 +12,10 @@ Pure functions (`remote_ref`, `parse_push_digest`, `catalog_entry`, `docker_erro
 
 Secrets (ECR tokens, registry passwords) only ever reach `docker login` on stdin. They are
 registered with `_secret()` and scrubbed from every line this module prints or puts in an
-error message, as a second line of defence.
+error message, as a second line of defence. A push that logs in does so into a Docker config
+directory of its own (own_docker_config: 0700, on tmpfs where there is one, DOCKER_CONFIG for
+every docker call of the run, soci's too), removed at the end, failure, Ctrl-C or SIGTERM
+included: no credential is left in ~/.docker/config.json (or a credential helper) after it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -383,8 +386,72 @@ def require_built(images: Sequence[ImageLike]) -> dict[str, dict[str, Any]]:
     return found
 
 
+# What a Docker config of the run's own keeps of the user's config.json: settings the CLI needs to
+# reach the same engine the same way. Never auths, credsStore or credHelpers (credentials).
+CARRIED_SETTINGS = ("proxies", "currentContext", "experimental")
+
+
+def user_docker_config_dir(environ: dict[str, str] | None = None) -> Path:
+    """The Docker CLI's config directory: $DOCKER_CONFIG, else ~/.docker."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("DOCKER_CONFIG") or Path("~/.docker").expanduser())
+
+
+def own_config_json(user_config: Any, user_dir: Path) -> dict[str, Any]:
+    """The config.json of a push's own Docker config: the user's settings that say which engine
+    and how (CARRIED_SETTINGS), the user's CLI plugins still found; no credential. Pure."""
+    user_config = user_config if isinstance(user_config, dict) else {}
+    out = {k: user_config[k] for k in CARRIED_SETTINGS if k in user_config}
+    extra = user_config.get("cliPluginsExtraDirs")
+    out["cliPluginsExtraDirs"] = [str(user_dir / "cli-plugins"),
+                                  *(d for d in (extra if isinstance(extra, list) else []) if isinstance(d, str))]
+    return out
+
+
+def _private_tmp_parent() -> str | None:
+    """/dev/shm (tmpfs: a credential never reaches a disk) where it is a writable directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
+
+
+@contextlib.contextmanager
+def own_docker_config() -> Iterator[Path]:
+    """A Docker config directory of this run's own (mkdtemp: 0700) as DOCKER_CONFIG for every
+    docker call inside (and soci's, which reads the login from it); removed on every exit, an
+    error, Ctrl-C, SIGTERM or SIGHUP included. The user's contexts, plugins and proxies stay in
+    use; the engine's TLS client keys too (DOCKER_CERT_PATH, where the user's TLS asks for them)."""
+    from dtrain.launch.jobs.job import _sigterm_as_interrupt
+
+    user_dir = user_docker_config_dir()
+    try:
+        user_config = json.loads((user_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        user_config = {}
+    saved = {k: os.environ.get(k) for k in ("DOCKER_CONFIG", "DOCKER_CERT_PATH")}
+    restore = _sigterm_as_interrupt()
+    d = Path(tempfile.mkdtemp(prefix="dtrain-push-docker-", dir=_private_tmp_parent()))
+    try:
+        fd = os.open(d / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(own_config_json(user_config, user_dir), f)
+        if (user_dir / "contexts").is_dir():
+            (d / "contexts").symlink_to(user_dir / "contexts")
+        if saved["DOCKER_CERT_PATH"] is None and (os.environ.get("DOCKER_TLS_VERIFY") or os.environ.get("DOCKER_TLS")):
+            os.environ["DOCKER_CERT_PATH"] = str(user_dir)
+        os.environ["DOCKER_CONFIG"] = str(d)
+        yield d
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(d, ignore_errors=True)
+        restore()
+
+
 def docker_login(target: Target) -> None:
-    """`docker login --password-stdin`; the password goes through stdin only."""
+    """`docker login --password-stdin`; the password goes through stdin only, into the Docker
+    config DOCKER_CONFIG names (push: own_docker_config's)."""
     if not target.user:
         if target.password:
             raise PushError("a registry password needs a user: pass --user")
@@ -648,24 +715,25 @@ def push(images: Sequence[ImageLike], target: Target, *, prefix: str = REPO_PREF
         raise PushError("no images to push")
     built = require_built(images)
     remotes = [remote_ref(target.registry, prefix, img.family, img.tag) for img in images]
-    if login:
-        docker_login(target)
-    results = []
-    for img, remote in zip(images, remotes):
-        local = local_ref(img)
-        out(f"pushing {local} -> {remote}")
-        start = time.monotonic()
-        digest = push_and_verify(local, remote, out)
-        info = built[local]
-        entry = catalog_entry(img, remote, digest, info["Id"],
-                              (info.get("Config") or {}).get("Labels"), utc_now())
-        record(catalog_path, entry)
-        results.append(PushResult(local, remote, digest, time.monotonic() - start, entry))
-        out(f"verified {remote}@{digest[:19]}")
-    if soci is not None:
-        from dtrain.images import soci as lazy
+    with own_docker_config() if login and target.user else contextlib.nullcontext():
+        if login:
+            docker_login(target)
+        results = []
+        for img, remote in zip(images, remotes):
+            local = local_ref(img)
+            out(f"pushing {local} -> {remote}")
+            start = time.monotonic()
+            digest = push_and_verify(local, remote, out)
+            info = built[local]
+            entry = catalog_entry(img, remote, digest, info["Id"],
+                                  (info.get("Config") or {}).get("Labels"), utc_now())
+            record(catalog_path, entry)
+            results.append(PushResult(local, remote, digest, time.monotonic() - start, entry))
+            out(f"verified {remote}@{digest[:19]}")
+        if soci is not None:
+            from dtrain.images import soci as lazy
 
-        lazy.build_indexes(soci, [r.remote for r in results], target.user, target.password, out)
+            lazy.build_indexes(soci, [r.remote for r in results], target.user, target.password, out)
     out("")
     out(summary_table(results))
     out(f"catalog: {catalog_path}")
@@ -756,7 +824,8 @@ __all__ = [
     "PushProgress", "push_event", "push_summary",
     "remote_ref", "repo_name", "local_ref", "parse_push_digest", "catalog_entry", "merge_entry",
     "docker_error_message", "aws_error_message", "versions_from_labels", "redact",
-    "require_built", "docker_login", "push_and_verify", "refs_made_by_push", "verify_digest", "record",
+    "require_built", "docker_login", "own_docker_config", "own_config_json", "user_docker_config_dir",
+    "push_and_verify", "refs_made_by_push", "verify_digest", "record",
     "read_catalog", "aws_session", "ecr_prepare", "ecr_ensure_repository", "ecr_login_target",
     "read_lifecycle_policy", "push", "push_registry", "push_ecr", "select_images",
     "summary_table", "read_password_stdin", "password_from_flag",

@@ -129,8 +129,9 @@ def test_a_job_file_runs_the_same_job_as_its_flags(cluster, remote_images, tmp_p
     dumped = _cli(tmp_path, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
     assert dumped.returncode == 0, dumped.stderr
     (work / "job.yaml").write_text(dumped.stdout)
-    by_file = _cli(tmp_path, "launch", "-f", str(work / "job.yaml"), "--name", "t-jf-file",
-                   env={**env, "GREETING": "hello"})
+    assert "\nssh_config:" not in dumped.stdout  # a job file may not give one (it can run commands): the flag does
+    by_file = _cli(tmp_path, "launch", "-f", str(work / "job.yaml"), "--ssh-config", cluster.ssh_config,
+                   "--name", "t-jf-file", env={**env, "GREETING": "hello"})
     assert by_file.returncode == 0, by_file.stdout + by_file.stderr
 
     def ranks(name: str) -> list[str]:

@@ -402,6 +402,44 @@ def test_push_verify_and_catalog(test_image, registry, docker_config, tmp_path, 
     assert _engine_refs(f"{registry}/") == []
 
 
+SHIM = """#!/bin/sh
+# the real docker CLI, after a line: the Docker config this call had, its mode, the command
+printf '%s %s %s\\n' "${DOCKER_CONFIG:-none}" "$(stat -c %a "${DOCKER_CONFIG:-/nonexistent}" 2>/dev/null)" "$1" >> "$0.log"
+exec /usr/bin/docker "$@"
+"""
+
+
+@pytest.mark.docker
+def test_push_leaves_no_credential_in_any_docker_config(test_image, registry, docker_config, tmp_path, monkeypatch):
+    """The login, the push, the manifest read and the pull-back run with a Docker config of the
+    run's own (0700, /dev/shm), removed after: the user's Docker config and ~/.docker hold no
+    credential, nothing of it is left. docker runs through a shim that records DOCKER_CONFIG."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (docker_config / "config.json").write_text('{"auths": {}, "proxies": {}}\n')
+    shim = tmp_path / "docker"
+    shim.write_text(SHIM)
+    shim.chmod(0o755)
+    monkeypatch.setattr(P, "DOCKER", str(shim))
+    before = set(Path("/dev/shm").glob("dtrain-push-docker-*"))
+    [res] = P.push_registry([test_image], registry, user=USER, password=PASSWORD, prefix="own-config",
+                            catalog_path=tmp_path / "c.json")
+    assert res.digest.startswith("sha256:")  # the registry asks for the login: it was used
+    calls = [line.split(" ", 2) for line in Path(f"{shim}.log").read_text().splitlines()]
+    own = {cfg for cfg, _, cmd in calls if cmd in ("login", "push", "manifest", "pull")}
+    assert len(own) == 1 and str(docker_config) not in own, calls
+    [d] = own
+    assert d.startswith("/dev/shm/dtrain-push-docker-") and not Path(d).exists()
+    assert {mode for cfg, mode, _ in calls if cfg == d} == {"700"}, calls
+    assert [cmd for cfg, _, cmd in calls if cfg == d][0] == "login"
+    assert set(Path("/dev/shm").glob("dtrain-push-docker-*")) == before
+    basic = base64.b64encode(f"{USER}:{PASSWORD}".encode())
+    for f in [*docker_config.rglob("*"), *home.rglob("*")]:
+        assert not f.is_file() or (basic not in f.read_bytes() and PASSWORD.encode() not in f.read_bytes()), f
+    assert json.loads((docker_config / "config.json").read_text()) == {"auths": {}, "proxies": {}}
+
+
 @pytest.mark.docker
 def test_a_remote_tag_the_user_made_stays(test_image, registry, docker_config, tmp_path):
     """push removes only the references it made: a REGISTRY/... tag made before it stays."""
@@ -428,11 +466,13 @@ def test_refs_made_by_push():
 def test_verify_rejects_a_digest_of_another_image(test_image, registry, docker_config, tmp_path):
     [res] = P.push_registry([test_image], registry, user=USER, password=PASSWORD,
                             prefix="verify", catalog_path=tmp_path / "c.json")
-    with pytest.raises(PushError, match="not the pushed"):
-        P.verify_digest(res.remote, res.digest, "sha256:" + "0" * 64)
-    missing = "sha256:" + "f" * 64
-    with pytest.raises(PushError, match="cannot read back"):
-        P.verify_digest(res.remote, missing, P.inspect_image(P.local_ref(test_image))["Id"])
+    with P.own_docker_config():  # the push's login is gone with its run: a login of the test's own
+        P.docker_login(Target(registry, USER, PASSWORD))
+        with pytest.raises(PushError, match="not the pushed"):
+            P.verify_digest(res.remote, res.digest, "sha256:" + "0" * 64)
+        missing = "sha256:" + "f" * 64
+        with pytest.raises(PushError, match="cannot read back"):
+            P.verify_digest(res.remote, missing, P.inspect_image(P.local_ref(test_image))["Id"])
 
 
 @pytest.mark.docker
@@ -449,12 +489,14 @@ def test_not_built_names_the_build_command(engine, registry, docker_config, tmp_
 @pytest.mark.docker
 def test_wrong_password_is_an_auth_error(test_image, registry, docker_config, tmp_path, capfd):
     catalog = tmp_path / "catalog.json"
+    own_before = set(Path("/dev/shm").glob("dtrain-push-docker-*"))
     with pytest.raises(PushError) as e:
         P.push_registry([test_image], registry, user=USER, password="wrong-password-42",
                         catalog_path=catalog)
     assert "rejected the credentials" in str(e.value) and registry in str(e.value)
     assert "wrong-password-42" not in str(e.value) + "".join(capfd.readouterr())
     assert not catalog.exists()
+    assert set(Path("/dev/shm").glob("dtrain-push-docker-*")) == own_before  # the login's config: gone
     assert _engine_refs(f"{registry}/") == []
 
 

@@ -213,19 +213,60 @@ def test_stop_never_signals_a_process_that_got_the_launchers_pid(home):
 
 
 def test_process_identity_tells_processes_apart():
+    import hashlib
+
     a = subprocess.Popen(["sleep", "30"])
+    sleep_30 = hashlib.sha256(b"sleep\x0030\x00").hexdigest()
     try:
         for _ in range(100):  # until the child has exec'd sleep (before, its cmdline is python's)
             ident = store.process_identity(a.pid)
-            if ident and ident["cmdline"] == "sleep 30":
+            if ident and ident["cmdline_sha256"] == sleep_30:
                 break
             time.sleep(0.02)
-        assert ident and ident["cmdline"] == "sleep 30" and ident["start"]
+        assert ident == {"start": ident["start"], "cmdline_sha256": sleep_30} and ident["start"]
         assert ident != store.process_identity(os.getpid())
     finally:
         a.kill()
         a.wait()
     assert store.process_identity(a.pid) is None
+
+
+def test_the_record_keeps_no_argument_of_the_launcher(home):
+    """job.json identifies the launcher by its start time and a digest of its command line, not
+    the line: an `--env NAME=VALUE` on it stays off the disk; status and stop still know it."""
+    secret = "s3cret-value-on-argv-4711"
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), "j", f"--env=TOKEN={secret}"],
+                         env={**os.environ, "DTRAIN_HOME": str(home)}, cwd=ROOT)
+    try:
+        _wait_for(home / "jobs" / "j" / "ready")
+        assert secret in Path(f"/proc/{p.pid}/cmdline").read_bytes().decode()  # it is on the launcher's argv
+        for f in (home / "jobs").rglob("*"):
+            assert not f.is_file() or secret.encode() not in f.read_bytes(), f
+        job = store.load_job("j")
+        assert set(job["pid_identity"]) == {"start", "cmdline_sha256"}, job
+        assert store.launcher_alive(job) and store.status_rows()[1][:2] == ("j", "running")
+        assert store.stop("j") == "j"
+        assert p.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_record_of_an_older_dtrain_still_names_its_launcher(home):
+    """A job.json written before the digest (`cmdline` as text) still tells its launcher apart."""
+    p = _launcher(home, "j")
+    try:
+        ident = store.process_identity(p.pid)
+        line = Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        store.record("j", pid_identity={"start": ident["start"], "cmdline": line})
+        assert store.launcher_alive(store.load_job("j"))
+        store.record("j", pid_identity={"start": ident["start"], "cmdline": line + " x"})
+        assert not store.launcher_alive(store.load_job("j"))
+        store.record("j", pid_identity={**ident, "start": "1"})  # same line, another start: another process
+        assert not store.launcher_alive(store.load_job("j"))
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_stop_without_a_name_stops_the_newest_running_job_not_an_ended_one(home):

@@ -10,11 +10,18 @@ a bad value is one line naming the file, its line and the key. Relative paths in
 (hostfile, env_file, workdir, ssh_key, ssh_config) are relative to the file's directory.
 `env:` values that are secrets belong in the environment: a key with no value (`TOKEN:`) takes
 the launcher's own $TOKEN, as `--env TOKEN` would not: it is the file's way to name a secret.
+
+A job file is committed with the code and run by others, so it may not run a command on the
+launching machine: `ssh_opt` takes only the options in FILE_SSH_OPTIONS (none of them runs a
+local command, loads code, forwards the agent, ports or the environment, or reads another
+config), each value checked; `ssh_config` is refused (an ssh config file can hold ProxyCommand,
+LocalCommand, `Match exec`). Both are for the command line (--ssh-opt, --ssh-config).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +36,74 @@ from dtrain.yamlfile import line_of
 from dtrain.launch.errors import LaunchError
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
+
+# ssh options a job file may give (ssh -o KEY=VALUE), each with the values it may have. None of
+# them runs a command here (ProxyCommand, LocalCommand, KnownHostsCommand, Match exec), loads code
+# (PKCS11Provider, SecurityKeyProvider), sends the agent, ports or variables to a node (ForwardAgent,
+# *Forward, SendEnv, SetEnv), reads another config (Include), or takes ssh's multiplexing
+# (ControlPath). Values are checked too: ssh splices ProxyJump's user and host, and User, into a
+# command line of its own; UserKnownHostsFile is written to, so only /dev/null.
+_WORD = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+_JUMP = rf"(?:ssh://)?(?:{_WORD}@)?{_HOST}(?::[0-9]{{1,5}})?"
+_YES_NO = r"(?i:yes|no)"
+_NUMBER = r"[0-9]{1,6}"
+FILE_SSH_OPTIONS = {
+    "AddressFamily": r"(?i:any|inet|inet6)",
+    "BatchMode": _YES_NO,
+    "CheckHostIP": _YES_NO,
+    "Compression": _YES_NO,
+    "ConnectionAttempts": _NUMBER,
+    "ConnectTimeout": _NUMBER,
+    "HostKeyAlias": _HOST,
+    "IdentitiesOnly": _YES_NO,
+    "IdentityFile": r"[^\x00-\x1f\x7f\"'\s][^\x00-\x1f\x7f\"']{0,4095}",
+    "LogLevel": r"(?i:quiet|fatal|error|info|verbose|debug[123]?)",
+    "Port": _NUMBER,
+    "ProxyJump": rf"(?i:none)|{_JUMP}(?:,{_JUMP})*",
+    "ServerAliveCountMax": _NUMBER,
+    "ServerAliveInterval": _NUMBER,
+    "StrictHostKeyChecking": r"(?i:yes|no|ask|off|accept-new)",
+    "TCPKeepAlive": _YES_NO,
+    "User": _WORD,
+    "UserKnownHostsFile": r"/dev/null",
+}
+_BY_LOWER = {k.lower(): k for k in FILE_SSH_OPTIONS}
+_LOCAL_COMMAND = {"proxycommand", "localcommand", "permitlocalcommand", "knownhostscommand", "include", "match",
+                  "pkcs11provider", "securitykeyprovider", "xauthlocation"}
+_SSH_OPTION = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*)\s*(?:=|\s)\s*(.*?)\s*", re.S)
+
+
+def file_ssh_option(value: str) -> str | None:
+    """Why a job file may not give this `ssh -o` value (None: it may). Pure."""
+    m = _SSH_OPTION.fullmatch(value)
+    if not m:
+        return f"{value!r} is not an ssh option (KEY=VALUE, e.g. ProxyJump=user@bastion)"
+    key, arg = m.group(1), m.group(2)
+    if key.lower() in _LOCAL_COMMAND:
+        return (f"{key} can run a command on the launching machine, and a job file is run by others: "
+                f"take it out of the file and pass it with --ssh-opt on the command line")
+    name = _BY_LOWER.get(key.lower())
+    if name is None:
+        return (f"{key} is not an ssh option a job file may give ({', '.join(FILE_SSH_OPTIONS)}): "
+                f"take it out of the file and pass it with --ssh-opt on the command line")
+    if not re.fullmatch(FILE_SSH_OPTIONS[name], arg):
+        return (f"{name} {arg!r}: not a value a job file may give it: take it out of the file and pass it "
+                f"with --ssh-opt on the command line")
+    return None
+
+
+def check_file_ssh(job: "JobFile", doc: yaml.Node | None, where: str) -> None:
+    """LaunchError `FILE:LINE: ssh_opt.I: ...` for an ssh option a job file may not give, or
+    `FILE:LINE: ssh_config: ...` for an ssh config file (it can hold ProxyCommand)."""
+    if job.ssh_config is not None:
+        raise LaunchError(f"{where}:{line_of(doc, ('ssh_config',)) or 1}: ssh_config: an ssh config file can run "
+                          f"commands on the launching machine (ProxyCommand, LocalCommand, Match exec), and a job "
+                          f"file is run by others: take it out of the file and pass --ssh-config on the command line")
+    for i, opt in enumerate(job.ssh_opt or []):
+        why = file_ssh_option(opt)
+        if why:
+            raise LaunchError(f"{where}:{line_of(doc, ('ssh_opt', i)) or 1}: ssh_opt.{i}: {why}")
 
 
 class JobFile(BaseModel):
@@ -155,6 +230,8 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
     except values.BadValue as e:
         raise LaunchError(str(e)) from None
     job = parse(text, str(path))
+    if job.ssh_opt or job.ssh_config is not None:
+        check_file_ssh(job, yaml.compose(text), str(path))
     out = {k: v for k, v in job.model_dump().items() if v is not None}
     for key, v in out.items():  # numbers as the command line gives them: the flags' own checks apply
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -209,10 +286,19 @@ def dump(given: dict[str, Any]) -> str:
     """The job file a set of flags means. --env values are not written (a file is shared, a
     secret is not): each name is left empty, taken from the environment when the file runs."""
     data: dict[str, Any] = {}
+    left_out = []  # what a job file may not give (check_file_ssh): the command line's
     for key in JobFile.model_fields:
         v = given.get(key)
         if v in (None, [], (), False):
             continue
+        if key == "ssh_config":
+            left_out.append(("--ssh-config", v))
+            continue
+        if key == "ssh_opt":
+            left_out += [("--ssh-opt", o) for o in v if file_ssh_option(o)]
+            v = [o for o in v if not file_ssh_option(o)]
+            if not v:
+                continue
         if key == "env":
             v = {kv.partition("=")[0]: None for kv in v}
         elif key == "command":
@@ -229,4 +315,9 @@ def dump(given: dict[str, Any]) -> str:
     if "env" in data:
         text = ("# env: values are not written here; each is taken from the environment of\n"
                 "# `dtrain launch -f` (export it first), or give them in an env_file:\n") + text
+    if left_out:
+        text = ("# not written here (a job file may not give them: they can run commands on the launching\n"
+                "# machine): give them with -f on the command line: "
+                + " ".join(f"{flag} {shlex.quote(v)}" for flag, v in left_out)
+                + "\n") + text
     return text

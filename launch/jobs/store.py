@@ -10,7 +10,8 @@ Guarantees (docs/launch.md "Job names, locks and stop"):
   directory 0700, its files 0600;
 - readers survive a partial or corrupt record (read_record), and clear stale entries (sweep);
 - stop signals the launcher only where the process at its PID is still the one recorded
-  (start time and command line: process_identity).
+  (start time and a digest of its command line: process_identity; the line itself is not
+  kept, it can hold an --env value).
 """
 
 from __future__ import annotations
@@ -145,11 +146,16 @@ def new_record(job: str, /, **fields) -> None:
 # ---------------------------------------------------------------- the launcher: lock, identity
 
 
-def process_identity(pid: int | None) -> dict | None:
-    """What tells the process at pid from a later one given the same pid: its start time
-    (clock ticks since boot) and its command line; None where no such process is."""
-    if not pid or pid < 0:
-        return None
+def _cmdline_digest(cmdline: bytes) -> str:
+    """sha256 of a command line as the kernel gives it: identifies it, and keeps no argument
+    (an `--env NAME=VALUE` of the launcher's) on disk."""
+    import hashlib
+
+    return hashlib.sha256(cmdline).hexdigest()
+
+
+def _read_identity(pid: int) -> tuple[str, bytes] | None:
+    """(start time, raw command line) of the process at pid; None where no such process is."""
     proc = Path(f"/proc/{pid}")
     if Path("/proc/self/stat").exists():
         try:
@@ -158,13 +164,25 @@ def process_identity(pid: int | None) -> dict | None:
         except OSError:
             return None
         fields = stat.rsplit(")", 1)[-1].split()
-        return {"start": fields[19] if len(fields) > 19 else "",
-                "cmdline": cmd.replace(b"\0", b" ").decode(errors="replace").strip()}
+        return (fields[19] if len(fields) > 19 else ""), cmd
     r = subprocess.run(["ps", "-o", "lstart=", "-o", "args=", "-p", str(pid)], capture_output=True, text=True)
     out = r.stdout.strip()
     if r.returncode != 0 or not out:
         return None
-    return {"start": out[:24], "cmdline": out[24:].strip()}
+    return out[:24], out[24:].strip().encode()
+
+
+def process_identity(pid: int | None) -> dict | None:
+    """What tells the process at pid from a later one given the same pid: its start time
+    (clock ticks since boot) and a sha256 digest of its command line (not the line: it can
+    hold a secret, `--env TOKEN=...`); None where no such process is."""
+    if not pid or pid < 0:
+        return None
+    got = _read_identity(pid)
+    if got is None:
+        return None
+    start, cmd = got
+    return {"start": start, "cmdline_sha256": _cmdline_digest(cmd)}
 
 
 def launcher_fields() -> dict:
@@ -174,11 +192,18 @@ def launcher_fields() -> dict:
 
 def launcher_alive(job: dict) -> bool:
     """The job's launcher runs: its pid is there and is the process recorded (not a later
-    one that the system gave the same pid). A record without the identity: never."""
+    one that the system gave the same pid). A record without the identity: never. A record
+    of a dtrain before the digest (its `cmdline` as text) is still recognised."""
     pid, want = job.get("pid"), job.get("pid_identity")
-    if not isinstance(pid, int) or not isinstance(want, dict):
+    if not isinstance(pid, int) or not isinstance(want, dict) or pid <= 0:
         return False
-    return process_identity(pid) == want
+    got = _read_identity(pid)
+    if got is None or got[0] != want.get("start"):
+        return False
+    if "cmdline_sha256" in want:
+        return _cmdline_digest(got[1]) == want["cmdline_sha256"]
+    old = got[1].replace(b"\0", b" ").decode(errors="replace").strip()
+    return isinstance(want.get("cmdline"), str) and old == want["cmdline"]
 
 
 def take_launch_lock(name: str) -> int:
