@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from dtrain import contract, ecr, table
+from dtrain import contract, ecr, interrupts, table
 from dtrain.images.render import REPO_PREFIX, ROOT, local_ref
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -419,15 +419,13 @@ def own_docker_config() -> Iterator[Path]:
     docker call inside (and soci's, which reads the login from it); removed on every exit, an
     error, Ctrl-C, SIGTERM or SIGHUP included. The user's contexts, plugins and proxies stay in
     use; the engine's TLS client keys too (DOCKER_CERT_PATH, where the user's TLS asks for them)."""
-    from dtrain.launch.jobs.job import _sigterm_as_interrupt
-
     user_dir = user_docker_config_dir()
     try:
         user_config = json.loads((user_dir / "config.json").read_text())
     except (OSError, ValueError):
         user_config = {}
     saved = {k: os.environ.get(k) for k in ("DOCKER_CONFIG", "DOCKER_CERT_PATH")}
-    restore = _sigterm_as_interrupt()
+    restore = interrupts.sigterm_as_interrupt()
     d = Path(tempfile.mkdtemp(prefix="dtrain-push-docker-", dir=_private_tmp_parent()))
     try:
         fd = os.open(d / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

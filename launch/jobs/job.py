@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal, Sequence
 
 from dtrain import contract
+from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
@@ -1122,7 +1123,7 @@ class Job:
             self.say(f"[launch] warning: {unshared}")
         code = 1
         t0 = time.monotonic()
-        restore = _sigterm_as_interrupt()
+        restore = sigterm_as_interrupt()
         try:
             prepared = self.prepare(wd, rec.t0)
             rec.add(prepared.timeline)
@@ -1240,14 +1241,6 @@ def _exit_code(r: NodeResult) -> int:
     return r.returncode
 
 
-class Signalled(KeyboardInterrupt):
-    """SIGTERM (`dtrain stop`, kill) or SIGHUP (a closed terminal), raised where Ctrl-C would be."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def absent_line(image: str) -> str:
     """The launch's one line where the registry has no such image (HTTP 404 to the launcher's
     HEAD request): nothing is pulled; the start step fails on every node without an image of
@@ -1258,22 +1251,3 @@ def absent_line(image: str) -> str:
             "of that name uses it")
 
 
-def interrupt_code(e: KeyboardInterrupt) -> tuple[int, str]:
-    """(exit code, what happened): 128 + the signal, as a shell reports it (Ctrl-C: 130)."""
-    if isinstance(e, Signalled):
-        return 128 + e.signum, f"{signal.Signals(e.signum).name} received"
-    return 130, "interrupted"
-
-
-def _sigterm_as_interrupt() -> Callable[[], None]:
-    """`dtrain stop` sends SIGTERM, a closed terminal SIGHUP: treat both like Ctrl-C so
-    teardown runs. (kill -9 and a lost network: the supervisor sees its stdin end, or go
-    silent, and stops the job; each node's watchdog removes what is left there.)"""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise Signalled(signum)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None
