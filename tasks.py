@@ -121,19 +121,15 @@ def _image_flag(value: str | None, name: str = "--image") -> str | None:
 def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = False) -> str | None:
     """An image family (images/*.yaml); with tag_ok NAME:TAG (any local image name, e.g. a
     project image's) or a family. A one-line error naming the flag."""
-    import re
-
     from dtrain import values
     from dtrain.images.spec import FAMILIES
+    from dtrain.reference import check_name_tag
 
     if value is None:
         return None
     family, colon, tag = value.partition(":") if tag_ok else (value, "", "")
     if colon:
-        if not (re.fullmatch(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", family, re.ASCII)
-                and re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
-            raise values.BadValue(f"{name} {values.shown(value)}: expected FAMILY or NAME:TAG, "
-                                  "e.g. pytorch-ddp:2.13.0-cpu-py311-debian12")
+        check_name_tag(value, name, "pytorch-ddp:2.13.0-cpu-py311-debian12")
     elif family not in FAMILIES:
         raise values.BadValue(f"{name}: unknown image family {values.shown(value)}; known: {', '.join(FAMILIES)}")
     return value
@@ -196,18 +192,22 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
 
     from dtrain.images import build as b
 
-    import re
 
     from dtrain import engine, values
 
     with user_errors():
         _family_flag(image)
-        if tag is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII):
-            raise values.BadValue(f"--tag {values.shown(tag)}: expected a tag such as 2.13.0-cpu-py311-debian12")
+        if tag is not None:
+            from dtrain.reference import check_tag
+
+            check_tag(values.text("--tag", tag), "--tag")
         _family_flag(from_, "--from", tag_ok=True)
-        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image),
-                          ("--push-cache", push_cache)):
+        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image)):
             _image_flag(ref, flag)
+        if push_cache is not None:
+            from dtrain.reference import check_repository
+
+            check_repository(values.text("--push-cache", push_cache), "--push-cache")
         if project or from_:
             from dtrain.images import project as pj
 
@@ -216,8 +216,9 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
                                   pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache,
                                   wheelhouse=Path(wheelhouse) if wheelhouse else None)
+            checked = pj.check(Path(project), from_, opts)  # every flag before the engine starts
             engine.ensure_dockerd()
-            pj.build(Path(project), from_, opts)
+            pj.build(Path(project), from_, opts, checked=checked)
             return
         opts = b.BuildOptions(
             base_image=base_image, builder_image=builder_image,
@@ -225,6 +226,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             pip_conf=Path(pip_conf) if pip_conf else None,
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
+        b.check([image] if image else None, tag, all, opts)  # every flag before the engine starts
         engine.ensure_dockerd()
         b.build([image] if image else None, tag, all, opts)
 
@@ -257,9 +259,13 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
     with user_errors():
         _family_flag(image, tag_ok=True)
-        if registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9a-fA-F:]+\](?::[0-9]{1,5})?",
-                                                     registry, re.ASCII):
-            raise values.BadValue(f"--registry {values.shown(registry)}: expected HOST[:PORT], e.g. 10.213.0.1:5000")
+        if registry is not None:
+            from dtrain.reference import check_registry
+
+            check_registry(registry, "--registry")
+        from dtrain.reference import check_path
+
+        check_path(repo_prefix, "--repo-prefix")
         if account is not None and not re.fullmatch(r"[0-9]{12}", account, re.ASCII):
             raise values.BadValue(f"--account {values.shown(account)}: expected a 12-digit AWS account id")
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
