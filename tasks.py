@@ -689,8 +689,12 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
+            before = ec2.stack_state(session, name)
             data = ec2.delete_stack(session, name, delete_data=delete_data)
-            if delete_data:
+            if before is None:  # only --delete-data had something to do: the data a gone stack left
+                print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
+                      f"nothing to delete there; deleted the data it left: {', '.join(data)}")
+            elif delete_data:
                 print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
             else:
                 print(f"deleted stack {ec2.stack_name(name)}" + (
@@ -754,12 +758,31 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
                               snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
                               efs=efs, fill_from=fill_from)
-        info = ec2.load_cluster(cluster)
+        info = _cluster_record(cluster, profile)
         nodes = _nodes(None, None, None, None, None, None, None, cluster)
         made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: dtrain launch --cluster {cluster} --mount {path}:ro ...")
+
+
+def _cluster_record(cluster, profile):
+    """The cluster `nodes up` wrote here; where there is none, what its stack's state says
+    (kept by --keep-on-failure, still being made, or none at all), asked read-only."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.infra import ec2
+
+    try:
+        return ec2.load_cluster(cluster)
+    except LaunchError as missing:
+        try:
+            session = _aws(profile, None)
+            status = ec2.stack_state(session, cluster) if session.region_name else ""
+        except Exception:  # noqa: BLE001 - no credentials or region: the record's absence is the answer
+            status = ""
+        if status == "":
+            raise missing from None
+        raise ec2.unfinished_cluster(cluster, status, session.region_name) from None
 
 
 # ---------------------------------------------------------------- local simulated cluster
