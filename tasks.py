@@ -190,24 +190,22 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     """Build images with BuildKit from dockerfiles/ (run `dtrain render` first), or a project image."""
     from pathlib import Path
 
-    from dtrain.images import build as b
-
-
     from dtrain import engine, values
+    from dtrain.images import build as b
 
     with user_errors():
         _family_flag(image)
         if tag is not None:
             from dtrain.reference import check_tag
 
-            check_tag(values.text("--tag", tag), "--tag")
+            check_tag(tag, "--tag")
         _family_flag(from_, "--from", tag_ok=True)
         for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image)):
             _image_flag(ref, flag)
         if push_cache is not None:
             from dtrain.reference import check_repository
 
-            check_repository(values.text("--push-cache", push_cache), "--push-cache")
+            check_repository(push_cache, "--push-cache")
         if project or from_:
             from dtrain.images import project as pj
 

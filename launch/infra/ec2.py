@@ -843,11 +843,12 @@ def stack_state(session: Any, name: str) -> str | None:
     from botocore.exceptions import ClientError
 
     try:
-        status = session.client("cloudformation").describe_stacks(StackName=stack_name(name))["Stacks"][0]["StackStatus"]
+        stacks = session.client("cloudformation").describe_stacks(StackName=stack_name(name))["Stacks"]
     except ClientError as e:
         if "does not exist" in e.response["Error"].get("Message", ""):
             return None
         raise _client_error(e, f"DescribeStacks {stack_name(name)}") from None
+    status = stacks[0]["StackStatus"]
     return None if status == "DELETE_COMPLETE" else status
 
 
