@@ -121,19 +121,15 @@ def _image_flag(value: str | None, name: str = "--image") -> str | None:
 def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = False) -> str | None:
     """An image family (images/*.yaml); with tag_ok NAME:TAG (any local image name, e.g. a
     project image's) or a family. A one-line error naming the flag."""
-    import re
-
     from dtrain import values
     from dtrain.images.spec import FAMILIES
+    from dtrain.reference import check_name_tag
 
     if value is None:
         return None
     family, colon, tag = value.partition(":") if tag_ok else (value, "", "")
     if colon:
-        if not (re.fullmatch(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", family, re.ASCII)
-                and re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII)):
-            raise values.BadValue(f"{name} {values.shown(value)}: expected FAMILY or NAME:TAG, "
-                                  "e.g. pytorch-ddp:2.13.0-cpu-py311-debian12")
+        check_name_tag(value, name, "pytorch-ddp:2.13.0-cpu-py311-debian12")
     elif family not in FAMILIES:
         raise values.BadValue(f"{name}: unknown image family {values.shown(value)}; known: {', '.join(FAMILIES)}")
     return value
@@ -194,20 +190,22 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     """Build images with BuildKit from dockerfiles/ (run `dtrain render` first), or a project image."""
     from pathlib import Path
 
-    from dtrain.images import build as b
-
-    import re
-
     from dtrain import engine, values
+    from dtrain.images import build as b
 
     with user_errors():
         _family_flag(image)
-        if tag is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", tag, re.ASCII):
-            raise values.BadValue(f"--tag {values.shown(tag)}: expected a tag such as 2.13.0-cpu-py311-debian12")
+        if tag is not None:
+            from dtrain.reference import check_tag
+
+            check_tag(tag, "--tag")
         _family_flag(from_, "--from", tag_ok=True)
-        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image),
-                          ("--push-cache", push_cache)):
+        for flag, ref in (("--base-image", base_image), ("--builder-image", builder_image)):
             _image_flag(ref, flag)
+        if push_cache is not None:
+            from dtrain.reference import check_repository
+
+            check_repository(push_cache, "--push-cache")
         if project or from_:
             from dtrain.images import project as pj
 
@@ -216,8 +214,9 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             opts = b.BuildOptions(ca_bundle=Path(ca_bundle) if ca_bundle else b.default_ca_bundle(),
                                   pip_conf=Path(pip_conf) if pip_conf else None, no_cache=no_cache,
                                   wheelhouse=Path(wheelhouse) if wheelhouse else None)
+            checked = pj.check(Path(project), from_, opts)  # every flag before the engine starts
             engine.ensure_dockerd()
-            pj.build(Path(project), from_, opts)
+            pj.build(Path(project), from_, opts, checked=checked)
             return
         opts = b.BuildOptions(
             base_image=base_image, builder_image=builder_image,
@@ -225,6 +224,7 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             pip_conf=Path(pip_conf) if pip_conf else None,
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
+        b.check([image] if image else None, tag, all, opts)  # every flag before the engine starts
         engine.ensure_dockerd()
         b.build([image] if image else None, tag, all, opts)
 
@@ -257,9 +257,13 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
     with user_errors():
         _family_flag(image, tag_ok=True)
-        if registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9a-fA-F:]+\](?::[0-9]{1,5})?",
-                                                     registry, re.ASCII):
-            raise values.BadValue(f"--registry {values.shown(registry)}: expected HOST[:PORT], e.g. 10.213.0.1:5000")
+        if registry is not None:
+            from dtrain.reference import check_registry
+
+            check_registry(registry, "--registry")
+        from dtrain.reference import check_path
+
+        check_path(repo_prefix, "--repo-prefix")
         if account is not None and not re.fullmatch(r"[0-9]{12}", account, re.ASCII):
             raise values.BadValue(f"--account {values.shown(account)}: expected a 12-digit AWS account id")
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
@@ -683,8 +687,12 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
+            before = ec2.stack_state(session, name)
             data = ec2.delete_stack(session, name, delete_data=delete_data)
-            if delete_data:
+            if before is None:  # only --delete-data had something to do: the data a gone stack left
+                print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
+                      f"nothing to delete there; deleted the data it left: {', '.join(data)}")
+            elif delete_data:
                 print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
             else:
                 print(f"deleted stack {ec2.stack_name(name)}" + (
@@ -748,12 +756,31 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         spec = vol.VolumeSpec(cluster=cluster, size_gb=_int_flag("--size", size, 4, 16384) if size is not None else None,
                               snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
                               efs=efs, fill_from=fill_from)
-        info = ec2.load_cluster(cluster)
+        info = _cluster_record(cluster, profile)
         nodes = _nodes(None, None, None, None, None, None, None, cluster)
         made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: dtrain launch --cluster {cluster} --mount {path}:ro ...")
+
+
+def _cluster_record(cluster, profile):
+    """The cluster `nodes up` wrote here; where there is none, what its stack's state says
+    (kept by --keep-on-failure, still being made, or none at all), asked read-only."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.infra import ec2
+
+    try:
+        return ec2.load_cluster(cluster)
+    except LaunchError as missing:
+        try:
+            session = _aws(profile, None)
+            status = ec2.stack_state(session, cluster) if session.region_name else ""
+        except Exception:  # noqa: BLE001 - no credentials or region: the record's absence is the answer
+            status = ""
+        if status == "":
+            raise missing from None
+        raise ec2.unfinished_cluster(cluster, status, session.region_name) from None
 
 
 # ---------------------------------------------------------------- local simulated cluster

@@ -76,9 +76,32 @@ def _usage_error(e: ParseError) -> Exit:
                                  ctx.flags if ctx is not None else ()), code=contract.USER_ERROR_EXIT)
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def help_argv(argv: list[str], tasks: Iterable[str]) -> list[str]:
+    """Help the way users ask for it, as Invoke's `dtrain --help TASK` (pure; argv[0] is the
+    program): `dtrain --help nodes up`, `dtrain nodes --help`, `dtrain nodes up --help` and
+    `dtrain -h nodes` all mean the help of `nodes` (an action such as `up` is its first
+    argument; Invoke alone took `up` for a task, or `--help` for the action). Words after `--`
+    are a job's command, never dtrain's."""
+    head = argv[1:]
+    if "--" in head:
+        head = head[:head.index("--")]
+    if not any(a in HELP_FLAGS for a in head):
+        return argv
+    names = set(tasks)
+    task = next((a for a in head if a in names), None)
+    return argv if task is None else [argv[0], "--help", task]
+
+
 class DtrainProgram(Program):
     """Invoke's Program, where a command line it cannot parse (an unknown task or flag, a flag
     without its value) is one `error: ...` line and exit 2, as every other usage error."""
+
+    def run(self, argv=None, exit: bool = True):  # type: ignore[no-untyped-def]
+        argv = list(sys.argv if argv is None else argv.split() if isinstance(argv, str) else argv)
+        return super().run(help_argv(argv, self.namespace.task_names), exit=exit)
 
     def parse_core(self, argv):  # type: ignore[no-untyped-def]
         try:

@@ -173,10 +173,13 @@ def instance_type(flag: str, text, *, sagemaker: bool = False) -> str:
 
 def image(flag: str, text) -> str:
     """A Docker image reference (dtrain/reference.py: the engine's own grammar)."""
-    from dtrain.reference import check
+    from dtrain.reference import BadReference, check
 
     s = _plain(flag, text, "an image reference REGISTRY[:PORT]/NAME[:TAG]")
-    check(s, flag)
+    try:
+        check(s, flag)
+    except BadReference as e:  # a BadValue: a job file's image is named by its file and line
+        raise BadValue(str(e)) from None
     return s
 
 

@@ -72,8 +72,8 @@ def select(images: list[Image], tag: str | None, all_variants: bool) -> list[Ima
     if tag:
         chosen = [i for i in images if i.tag == tag]
         if not chosen:
-            known = "\n  ".join(sorted(i.tag for i in images))
-            raise BuildError(f"no variant has tag {tag}; known tags:\n  {known}")
+            known = ", ".join(sorted(i.tag for i in images))
+            raise BuildError(f"--tag {tag}: no variant has this tag; known: {known}")
         return chosen
     return images if all_variants else [i for i in images if not i.gpu]
 
@@ -200,10 +200,40 @@ def default_ca_bundle() -> Path | None:
     return None
 
 
+def check_paths(opts: BuildOptions) -> None:
+    """--ca-bundle and --pip-conf are readable regular files, --wheelhouse a directory: checked
+    before the engine starts (a FIFO or a device as a BuildKit secret would hang the build).
+    One line naming the flag."""
+    import stat
+
+    for label, path, want in (("--ca-bundle", opts.ca_bundle, "file"), ("--pip-conf", opts.pip_conf, "file"),
+                              ("--wheelhouse", opts.wheelhouse, "directory")):
+        if path is None:
+            continue
+        try:
+            mode = path.stat().st_mode
+        except OSError as e:
+            raise BuildError(f"{label} {path}: {e.strerror or e}; expected a {want} here") from None
+        ok = stat.S_ISREG(mode) if want == "file" else stat.S_ISDIR(mode)
+        if not ok:
+            raise BuildError(f"{label} {path}: not a {'regular file' if want == 'file' else 'directory'}")
+        if not os.access(path, os.R_OK | (os.X_OK if want == "directory" else 0)):
+            raise BuildError(f"{label} {path}: not readable by this user")
+
+
+def check(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions) -> list[Image]:
+    """Everything `build` can check without the engine: the variants, the rendered Dockerfiles,
+    the flags' files. The variants to build."""
+    try:
+        images = select(load_all(families), tag, all_variants)
+    except SpecError as e:
+        raise BuildError(str(e)) from None
+    _check_inputs(images, opts)
+    return images
+
+
 def _check_inputs(images: list[Image], opts: BuildOptions) -> None:
-    for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):
-        if path and not path.is_file():
-            raise BuildError(f"{label} {path}: no such file")
+    check_paths(opts)
     for img in images:
         path = output_path(img)
         if not path.exists() or path.read_text() != render(img):
@@ -314,11 +344,7 @@ def build(families: list[str] | None, tag: str | None, all_variants: bool, opts:
     """Build the selected variants one after the other; print a summary table."""
     from dtrain import engine
 
-    try:
-        images = select(load_all(families), tag, all_variants)
-    except SpecError as e:
-        raise BuildError(str(e)) from None
-    _check_inputs(images, opts)
+    images = check(families, tag, all_variants, opts)
     docker = require_engine()
     if opts.base_image and not engine.image_exists(opts.base_image):
         raise BuildError(f"--base-image {opts.base_image} is not in the local engine "

@@ -109,22 +109,23 @@ def repo_name(directory: Path) -> str:
     return "-".join(parts)[:100]
 
 
-def choose_base(from_: str, images: list[Image]) -> Image:
-    """'FAMILY' (its CPU variant) or 'FAMILY:TAG' -> the spec image to build FROM."""
+def choose_base(from_: str, images: list[Image], label: str = "--from") -> Image:
+    """'FAMILY' (its CPU variant) or 'FAMILY:TAG' -> the spec image to build FROM (label: where
+    from_ came from, for the message)."""
     family, _, tag = from_.partition(":")
     same = [i for i in images if i.family == family]
     if not same:
         known = ", ".join(sorted({i.family for i in images}))
-        raise BuildError(f"--from {from_}: unknown family {family!r}; known: {known}")
+        raise BuildError(f"{label} {from_}: unknown family {family!r}; known: {known}")
     if tag:
         chosen = [i for i in same if i.tag == tag]
         if not chosen:
-            raise BuildError(f"--from {from_}: {family} has no tag {tag}; known: "
+            raise BuildError(f"{label} {from_}: {family} has no tag {tag}; known: "
                              + ", ".join(sorted(i.tag for i in same)))
         return chosen[0]
     cpu = [i for i in same if not i.gpu]
     if len(cpu) != 1:
-        raise BuildError(f"--from {from_}: name the variant, {family}:TAG")
+        raise BuildError(f"{label} {from_}: name the variant, {family}:TAG")
     return cpu[0]
 
 
@@ -351,11 +352,18 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
     if not directory.is_dir():
         raise BuildError(f"--project {directory}: not a directory")
     config = directory / CONFIG
-    if not from_ and config.is_file():
+    label = "--from"
+    if not from_ and (config.exists() or config.is_symlink()):
+        from dtrain.values import BadValue, small_text_file
+
+        label = f"{config}: from:"
         try:
-            doc = yaml.safe_load(config.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise BuildError(f"{config}: not valid YAML: {e}") from None
+            doc = yaml.safe_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`")) or {}
+        except BadValue as e:
+            raise BuildError(str(e)) from None
+        except (yaml.YAMLError, RecursionError) as e:
+            why = " ".join(str(e).split()) if isinstance(e, yaml.YAMLError) else "nested too deep"
+            raise BuildError(f"{config}: not valid YAML: {why}") from None
         unknown = set(doc) - {"from"} if isinstance(doc, dict) else {"(not a mapping)"}
         if unknown:
             raise BuildError(f"{config}: unknown keys {', '.join(sorted(unknown))}; only `from: FAMILY[:TAG]`")
@@ -367,7 +375,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
         images = images if images is not None else load_all()
     except SpecError as e:
         raise BuildError(str(e)) from None
-    base = choose_base(from_, images)
+    base = choose_base(from_, images, label)
     req_path = directory / REQUIREMENTS
     text = req_path.read_text() if req_path.is_file() else ""
     problems = conflicts(text, base, str(req_path))
@@ -376,8 +384,9 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
     wheels = sorted(p.name for p in wheelhouse.glob("*.whl")) if wheelhouse else None
     sup, more = support(text, base, str(req_path), wheelhouse, wheels)
     problems += more
-    if problems:
-        raise BuildError("\n".join(problems))
+    if problems:  # one line: each problem names its requirements.txt line
+        raise BuildError(problems[0] if len(problems) == 1 else
+                         f"{len(problems)} problems: " + " | ".join(problems))
     has_reqs = bool(text.strip())
     key = local_ref(base) + (f"\0{sup.digest}" if has_reqs else "")
     return ProjectPlan(directory.resolve(), repo_name(directory), base, text, tree_hash(directory, key),
@@ -427,15 +436,21 @@ def build_argv(p: ProjectPlan, opts: BuildOptions, *, docker: str, dockerfile_pa
 # ---------------------------------------------------------------- side effects
 
 
+def check(directory: Path, from_: str | None, opts: BuildOptions) -> ProjectPlan:
+    """Everything a project build can check without the engine: the flags' files, the plan."""
+    from dtrain.images.build import check_paths
+
+    check_paths(opts)
+    return plan(directory, from_, wheelhouse=opts.wheelhouse)
+
+
 def build(directory: Path, from_: str | None, opts: BuildOptions,
-          say: Callable[[str], None] = print) -> str:
-    """Build the project image; returns its reference."""
+          say: Callable[[str], None] = print, checked: ProjectPlan | None = None) -> str:
+    """Build the project image (`checked`: check()'s plan, made before the engine started);
+    returns its reference."""
     from dtrain import engine
 
-    p = plan(directory, from_, wheelhouse=opts.wheelhouse)
-    for label, path in (("--ca-bundle", opts.ca_bundle), ("--pip-conf", opts.pip_conf)):
-        if path and not path.is_file():
-            raise BuildError(f"{label} {path}: no such file")
+    p = checked or check(directory, from_, opts)
     docker = require_engine()
     if not engine.image_exists(p.base_ref):
         raise BuildError(f"{p.base_ref} is not built here: run `dtrain build --image {p.base.family} "

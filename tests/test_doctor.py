@@ -296,3 +296,29 @@ def test_lazy_load_says_whether_the_node_can():
     assert full.status == "PASS" and full.detail.startswith("full pulls: storage driver overlay2")
     assert "unknown" in one(facts())["lazy-load"].detail  # an older node program's 3 fields
     assert one(facts(docker="Cannot connect"))["lazy-load"].status == "FAIL"
+
+
+def test_refused_connection_is_its_own_result(tmp_path):
+    """A loopback port nothing listens on: the ssh row says the connection was refused and asks
+    about sshd and the port; no checklist entry about keys is offered for it."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "dtrain", "doctor", "--hosts", "127.0.0.1", "--ssh-opt",
+                        f"Port={port}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"connection refused: nothing listens on 127.0.0.1 port {port}; is sshd running" in r.stdout, r.stdout
+    assert "ssh FAILED" in r.stdout and "#ssh-key-perms" not in r.stdout, r.stdout
+
+
+def test_failure_causes_follow_the_details():
+    refused = dr.ssh_detail("ssh could not connect (2 attempts): ssh: connect to host n1 port 22: Connection refused")
+    assert refused.startswith("connection refused: nothing listens on n1 port 22")
+    other = dr.ssh_detail("ssh: connect to host n2 port 22: Connection timed out")
+    assert other == "ssh: connect to host n2 port 22: Connection timed out"
+    assert not any("#ssh-key-perms" in line for line in dr.causes("ssh", [refused]))
+    both = dr.causes("ssh", [refused, other])
+    assert any("connection refused" in line for line in both) and any("#ssh-key-perms" in line for line in both)

@@ -94,3 +94,28 @@ def test_a_command_line_dtrain_cannot_parse_is_one_line_and_exit_2(tmp_path):
         r = dtrain(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
         assert r.stderr.startswith("error: ") and what in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_help_for_an_action_the_way_users_type_it(tmp_path):
+    """`dtrain --help nodes up`, `dtrain nodes --help`, `dtrain nodes up --help`, `dtrain -h
+    volume create`: the task's help, exit 0 (Invoke alone said "no task 'up'", or took --help
+    for the action)."""
+    for args, task in ((("--help", "nodes", "up"), "nodes"), (("nodes", "--help"), "nodes"),
+                       (("nodes", "up", "--help"), "nodes"), (("-h", "volume", "create"), "volume"),
+                       (("cluster", "up", "-h"), "cluster"), (("--help", "launch"), "launch")):
+        r = dtrain(tmp_path, *args)
+        assert r.returncode == 0 and f"Usage: dtrain [--core-opts] {task} [--options]" in r.stdout, \
+            (args, r.stdout + r.stderr)
+        assert not r.stderr, (args, r.stderr)
+
+
+def test_help_words_after_the_double_dash_are_the_jobs():
+    from dtrain.cli import help_argv
+
+    tasks = {"launch", "nodes", "volume"}
+    assert help_argv(["dtrain", "--help", "nodes", "up"], tasks) == ["dtrain", "--help", "nodes"]
+    assert help_argv(["dtrain", "nodes", "up", "--help"], tasks) == ["dtrain", "--help", "nodes"]
+    argv = ["dtrain", "launch", "--image", "r/x", "--", "python", "t.py", "--help"]
+    assert help_argv(argv, tasks) == argv  # the job's own --help
+    assert help_argv(["dtrain", "--help"], tasks) == ["dtrain", "--help"]
+    assert help_argv(["dtrain", "nodes", "up"], tasks) == ["dtrain", "nodes", "up"]

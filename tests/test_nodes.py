@@ -429,7 +429,8 @@ def test_nodes_cli_list_empty_and_down_typo(aws, monkeypatch, capsys):
         tasks.nodes(Context(), "down", name="typo")
     out = capsys.readouterr()
     assert exc.value.code == 2 and "deleted" not in out.out
-    assert out.err.strip() == (f"error: nodes down --name typo: no stack dtrain-typo in region {REGION}; "
+    assert out.err.strip() == (f"error: nodes down --name typo: nothing to delete: no stack dtrain-typo in region "
+                               f"{REGION}; "
                                "`dtrain nodes list` shows the clusters")
 
 

@@ -87,7 +87,8 @@ def test_nodes_up_list_down_with_the_defaults(world):
     assert r.stdout.startswith("no clusters (no dtrain stack in region us-east-1)"), r.stdout
     assert live_stacks(cfn) == [] and not hostfile.exists()
     r = dtrain(user_dir, env, "nodes", "down", "--name", "e2e")  # again, or a typo
-    assert r.returncode == 2 and r.stderr.startswith("error: nodes down --name e2e: no stack dtrain-e2e"), r.stderr
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: nodes down --name e2e: nothing to delete: no stack dtrain-e2e"), r.stderr
 
 
 @pytest.mark.parametrize("keep", [False, True])

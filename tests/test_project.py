@@ -64,7 +64,9 @@ def test_every_conflict_reported_at_once(tmp_path):
     (tmp_path / "requirements.txt").write_text("torch==1.13.1\ntabulate\nhorovod==0.20.0\n")
     with pytest.raises(BuildError) as exc:
         pj.plan(tmp_path, "horovod-pytorch", IMAGES)
-    lines = str(exc.value).splitlines()
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("2 problems: "), msg  # one line, every problem in it
+    lines = msg.removeprefix("2 problems: ").split(" | ")
     assert len(lines) == 2, lines
     assert ":1: torch==1.13.1 conflicts with dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu" in lines[0]
     assert ":3: horovod==0.20.0 conflicts" in lines[1] and "pins horovod==0.28.1" in lines[1]

@@ -44,7 +44,7 @@ def validate(operation: str, params: dict) -> None:
 
 def test_requests_match_botocore_models():
     c = cluster_of([inst(1), inst(2)])
-    req = volume.create_volume_request(c, volume.VolumeSpec(cluster="c1", size_gb=100, snapshot="snap-0123"),
+    req = volume.create_volume_request(c, volume.VolumeSpec(cluster="c1", size_gb=100, snapshot="snap-0123abcd"),
                                        volume.zone_of(c))
     assert req["VolumeType"] == "io2" and req["MultiAttachEnabled"] is True and req["AvailabilityZone"] == "us-east-1a"
     validate("CreateVolume", req)

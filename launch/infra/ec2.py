@@ -107,6 +107,9 @@ class NodesSpec:
         for b in self.s3_buckets:
             if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", b):
                 raise LaunchError(f"--s3-bucket {b!r}: not a bucket name (3-63 of a-z 0-9 . -)")
+        if self.s3_write and not self.s3_buckets:
+            raise LaunchError("--s3-write lets the nodes write to the --s3-bucket buckets, and none is given: "
+                              "add --s3-bucket NAME (repeatable)")
         if self.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", self.instance_profile):
             raise LaunchError(f"--instance-profile {self.instance_profile!r}: not an instance profile name")
         if self.instance_profile is not None and (self.s3_buckets or self.s3_write):
@@ -142,9 +145,16 @@ class Resolved:
 # --- preflight: read-only calls, every bad input an error before anything is created --------
 
 
-def _client_error(e: Any, what: str) -> LaunchError:
+def aws_error_text(e: Any) -> str:
+    """'Code: Message' of a botocore ClientError, one line, without a missing part (AWS leaves
+    Message out of some errors: it was printed as 'None')."""
     err = e.response.get("Error", {})
-    return LaunchError(f"{what}: {err.get('Code')}: {err.get('Message')}")
+    code, message = err.get("Code") or "", " ".join(str(err.get("Message") or "").split())
+    return ": ".join(p for p in (code, message) if p) or " ".join(str(e).split())
+
+
+def _client_error(e: Any, what: str) -> LaunchError:
+    return LaunchError(f"{what}: {aws_error_text(e)}")
 
 
 def preflight(session: Any, spec: NodesSpec) -> Resolved:
@@ -713,8 +723,9 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             _forget(name)
             if delete_data and wait and kept_data(session, name):
                 return delete_data_of(session, name, timeout=timeout, poll=poll)
-            raise LaunchError(f"nodes down --name {name}: no stack {stack_name(name)} in region "
-                              f"{session.region_name}; `dtrain nodes list` shows the clusters")
+            data = " and no dataset volume or EFS of the cluster either" if delete_data and wait else ""
+            raise LaunchError(f"nodes down --name {name}: nothing to delete: no stack {stack_name(name)} in region "
+                              f"{session.region_name}{data}; `dtrain nodes list` shows the clusters")
         cfn.delete_stack(StackName=stack_name(name))
         deadline = time.monotonic() + timeout
         while wait:
@@ -825,6 +836,36 @@ def load_cluster(name: str) -> Cluster:
         return Cluster.from_json(path.read_text())
     except FileNotFoundError:
         raise LaunchError(f"--cluster {name}: no such cluster here ({path} missing; `dtrain nodes list`)") from None
+
+
+def stack_state(session: Any, name: str) -> str | None:
+    """The cluster's stack status, or None when there is no such stack (or it is deleted)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        stacks = session.client("cloudformation").describe_stacks(StackName=stack_name(name))["Stacks"]
+    except ClientError as e:
+        if "does not exist" in e.response["Error"].get("Message", ""):
+            return None
+        raise _client_error(e, f"DescribeStacks {stack_name(name)}") from None
+    status = stacks[0]["StackStatus"]
+    return None if status == "DELETE_COMPLETE" else status
+
+
+def unfinished_cluster(name: str, status: str | None, region: str) -> LaunchError:
+    """What to say of `--cluster NAME` with no cluster.json here, given its stack's status
+    (pure): a stack kept by `nodes up --keep-on-failure`, or one still being made, is in
+    `nodes list` but has no hostfile to use."""
+    stack = stack_name(name)
+    if status is None:
+        return LaunchError(f"--cluster {name}: no such cluster (no stack {stack} in region {region}, no "
+                           f"{cluster_dir(name) / 'cluster.json'}); `dtrain nodes list` shows the clusters")
+    if status.endswith("IN_PROGRESS"):
+        return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region}: a `nodes up` or "
+                           f"`nodes down` is still at work; wait for it (`dtrain nodes list`), then try again")
+    return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region} but `nodes up` did not "
+                       f"finish (kept by --keep-on-failure, or made elsewhere), so there is no hostfile here; "
+                       f"`dtrain nodes down --name {name}`, then `dtrain nodes up --name {name} ...` again")
 
 
 def cluster_hostfile(name: str) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, dataset_volumes
+from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, aws_error_text, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
@@ -52,6 +52,9 @@ class VolumeSpec:
                               "or s3://BUCKET/PREFIX")
         if self.fill_from and self.efs:
             raise LaunchError("--fill-from is for a new io2 volume; on EFS, copy into the mounted path")
+        if self.snapshot is not None and not re.fullmatch(r"snap-(?:[0-9a-f]{8}|[0-9a-f]{17})", self.snapshot):
+            raise LaunchError(f"--from-snapshot {self.snapshot!r}: not a snapshot id; expected snap- and 8 or "
+                              "17 hex digits, e.g. snap-0123456789abcdef0")
         if self.efs and (self.size_gb or self.snapshot):
             raise LaunchError("--efs takes no --size or --from-snapshot (EFS grows as you write)")
         if not self.efs and self.size_gb is None and not self.snapshot:
@@ -127,11 +130,12 @@ def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeo
 
     zone = zone_of(cluster)
     ec2 = session.client("ec2")
+    if spec.snapshot:
+        check_snapshot(ec2, spec.snapshot, session.region_name)
     try:
         vol = ec2.create_volume(**create_volume_request(cluster, spec, zone))["VolumeId"]
     except ClientError as e:
-        err = e.response["Error"]
-        raise LaunchError(f"CreateVolume in {zone}: {err.get('Code')}: {err.get('Message')}") from None
+        raise LaunchError(f"CreateVolume in {zone}: {aws_error_text(e)}") from None
     say(f"[volume] {vol}: io2 Multi-Attach in {zone}; attaching to {len(cluster.instances)} nodes")
     try:
         _wait(lambda: ec2.describe_volumes(VolumeIds=[vol])["Volumes"][0]["State"] == "available",
@@ -140,10 +144,29 @@ def create_and_attach(session: Any, cluster: Cluster, spec: VolumeSpec, *, timeo
     except BaseException as e:
         _remove(ec2, vol, cluster)
         if isinstance(e, ClientError):
-            err = e.response["Error"]
-            raise LaunchError(f"volume {vol}: {err.get('Code')}: {err.get('Message')}; volume deleted") from None
+            raise LaunchError(f"volume {vol}: {aws_error_text(e)}; volume deleted") from None
         raise
     return vol
+
+
+def check_snapshot(ec2: Any, snapshot: str, region: str) -> None:
+    """--from-snapshot names a snapshot this account can read in the region, ready to use: a
+    read-only call before anything is created."""
+    from botocore.exceptions import ClientError
+
+    try:
+        found = ec2.describe_snapshots(SnapshotIds=[snapshot])["Snapshots"]
+    except ClientError as e:
+        if e.response["Error"].get("Code") not in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
+            raise LaunchError(f"--from-snapshot {snapshot}: DescribeSnapshots: {aws_error_text(e)}") from None
+        found = []
+    if not found:
+        raise LaunchError(f"--from-snapshot {snapshot}: no such snapshot in region {region} (or not shared with "
+                          f"this account); `aws ec2 describe-snapshots --owner-ids self --region {region}` lists yours")
+    state = found[0].get("State", "completed")
+    if state != "completed":
+        raise LaunchError(f"--from-snapshot {snapshot}: the snapshot is {state}; a volume is made from a completed "
+                          "one (wait, or take it again)")
 
 
 def attach_everywhere(ec2: Any, vol: str, cluster: Cluster, timeout: float, poll: float) -> None:

@@ -26,7 +26,8 @@ DOC = ROOT / "docs" / "troubleshooting.md"
 
 # The `dtrain doctor` checks the entries refer to: id -> what the check verifies on every node.
 DOCTOR_CHECKS: dict[str, str] = {
-    "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh",
+    "ssh": "the launcher reaches every node's host sshd (port 22) with BatchMode ssh (a refused connection "
+           "is said as such: nothing listens on the port, so sshd is not running or uses another port)",
     "docker": "the Docker engine runs and the launcher's user may use it (WARN where `unpigz` is "
               "not on the node: dockerd then decompresses layers with Go's gzip, and a cold pull "
               "takes 1.4-1.5x as long, docs/benchmarks.md)",

@@ -10,6 +10,7 @@ removed afterwards, whatever happened. `evaluate` is pure: facts in, rows out.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
     for n in nodes:
         h = n.host
         if h in ssh_errors:
-            add(h, "ssh", "FAIL", ssh_errors[h])
+            add(h, "ssh", "FAIL", ssh_detail(ssh_errors[h]))
             continue
         f = host[h]
         add(h, "ssh", "PASS", f"reached {f.get('hostname', h)} ({f.get('addr') or h})")
@@ -261,6 +262,32 @@ def entries_for(check: str) -> list[checklist.Entry]:
     return [e for e in checklist.ENTRIES if check in e.doctor_checks and not e.catch_all]
 
 
+REFUSED = "connection refused"
+_REFUSED_RE = re.compile(r"connect to host (\S+) port (\d+): Connection refused")
+
+
+def ssh_detail(error: str) -> str:
+    """The ssh row of a node the host pass could not reach. A refused connection (nothing
+    listens on the port: no sshd, or another port) is its own result, said as such: no key or
+    its modes is at fault there."""
+    m = _REFUSED_RE.search(error)
+    if not m:
+        return error
+    return (f"{REFUSED}: nothing listens on {m[1]} port {m[2]}; is sshd running on the node, "
+            f"and is {m[2]} its port (hostfile port=N, --ssh-opt Port=N)?")
+
+
+def causes(check: str, details: Sequence[str]) -> list[str]:
+    """The lines under `CHECK FAILED`: the checklist entries that can explain the failing rows'
+    details; a refused connection is explained by itself, not by the check's entries."""
+    lines = []
+    if any(d.startswith(REFUSED) for d in details):
+        lines.append(f"  {REFUSED} (not a key problem): start sshd on the node, or give the port it listens on")
+    if any(not d.startswith(REFUSED) for d in details):
+        lines += [f"  #{e.id}: {e.title}" for e in entries_for(check)]
+    return lines
+
+
 def format_table(rows: Sequence[Row]) -> str:
     order = {c: i for i, c in enumerate(CHECKS)}
     rows = sorted(rows, key=lambda r: (r.node, order.get(r.check, 99)))
@@ -269,8 +296,7 @@ def format_table(rows: Sequence[Row]) -> str:
     failed = sorted({r.check for r in rows if r.status == "FAIL"}, key=lambda c: order.get(c, 99))
     for check in failed:
         out.append(f"\n{check} FAILED: see docs/troubleshooting.md")
-        for e in entries_for(check):
-            out.append(f"  #{e.id}: {e.title}")
+        out += causes(check, [r.detail for r in rows if r.check == check and r.status == "FAIL"])
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "WARN", "FAIL")}
     out.append(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['WARN']} warnings")
     return "\n".join(out)
