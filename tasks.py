@@ -193,6 +193,8 @@ def _env_flags(env, env_file=None) -> dict[str, str]:
     from dtrain import values
     from dtrain.launch.jobs import commands
 
+    if env_file:
+        values.local_path("--env-file", env_file, "file", "an env file")
     return {**(commands.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
 
 

@@ -33,6 +33,7 @@ from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _
                                  require_engine, torch_wheel_present)
 from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
 from dtrain.images.spec import Image, SpecError, load_all
+from dtrain.yamlfile import compose_load
 
 CONFIG = "dtrain.yaml"
 REQUIREMENTS = "requirements.txt"
@@ -353,7 +354,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
     config = directory / CONFIG
     if not from_ and config.is_file():
         try:
-            doc = yaml.safe_load(config.read_text()) or {}
+            doc = compose_load(config.read_text())[1] or {}  # too deep, 5,000 digits: a YAMLError
         except yaml.YAMLError as e:
             raise BuildError(f"{config}: not valid YAML: {e}") from None
         unknown = set(doc) - {"from"} if isinstance(doc, dict) else {"(not a mapping)"}

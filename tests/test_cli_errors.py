@@ -496,6 +496,46 @@ def test_values_parsers():
             fn(*args, **kwargs)
 
 
+def test_file_and_region_parsers(tmp_path):
+    """dtrain/values.py's file checks: each kind of path wanted, what each kind of file is."""
+    from dtrain import values
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "key").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
+    (tmp_path / "key.pub").write_text("ssh-ed25519 AAAA x\n")
+    (tmp_path / "cfg").write_text("# c\nHost node-*\n  User root\n  Port=22\n\n")
+    (tmp_path / "pip.conf").write_text("[global]\nindex-url = http://127.0.0.1:1/simple\n")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    (tmp_path / "p.json").write_text('{"rules": []}')
+    assert values.region("--region", "us-gov-west-1") == "us-gov-west-1"
+    assert values.local_path("--d", str(tmp_path), "project") == tmp_path
+    assert values.local_path("--o", str(tmp_path / "new.yaml"), "new-file") == tmp_path / "new.yaml"
+    assert values.local_path("--o", str(tmp_path / "a" / "b"), "new-dir") == tmp_path / "a" / "b"
+    assert values.ssh_key("--k", str(tmp_path / "key")) and values.ssh_config("--c", str(tmp_path / "cfg"))
+    assert values.ini_file("--p", str(tmp_path / "pip.conf")) and values.pem_file("--c", str(tmp_path / "ca.pem"))
+    assert values.json_file("--l", str(tmp_path / "p.json"), "a policy") == {"rules": []}
+    bad = [(values.region, ("--region", "")), (values.region, ("--region", "us east 1")),
+           (values.local_path, ("--f", str(tmp_path / "fifo"), "file"), "a named pipe (FIFO)"),
+           (values.local_path, ("--f", "/dev/null", "file"), "a character device"),
+           (values.local_path, ("--f", str(tmp_path), "file"), "a directory, not a regular file"),
+           (values.local_path, ("--d", str(tmp_path / "key"), "dir"), "a regular file, not a directory"),
+           (values.local_path, ("--f", "x" * 300, "file"), "longer than 255 bytes"),
+           (values.local_path, ("--o", str(tmp_path / "no" / "x"), "new-file"), "does not exist"),
+           (values.local_path, ("--w", "/proc/self", "project"), "system directory"),
+           (values.local_path, ("--s", str(tmp_path / "key"), "socket"), "not a socket"),
+           (values.ssh_key, ("--k", str(tmp_path / "key.pub")), "a public key"),
+           (values.ssh_key, ("--k", str(tmp_path / "cfg")), "not an ssh private key"),
+           (values.ssh_config, ("--c", str(tmp_path / "key.pub")), None),
+           (values.ini_file, ("--p", str(tmp_path / "cfg")), "not a pip.conf"),
+           (values.pem_file, ("--c", str(tmp_path / "key")), "CERTIFICATE"),
+           (values.json_file, ("--l", str(tmp_path / "cfg"), "a policy"), "not valid JSON")]
+    for fn, args, *says in bad:
+        with pytest.raises(values.BadValue, match=re.escape(args[0])) as e:
+            fn(*args)
+        assert not says or says[0] is None or says[0] in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+
+
 def test_env_names_are_one_rule():
     """--env, --env-file, SageMaker's env and the container env accept the same names."""
     from dtrain import values

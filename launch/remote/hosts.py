@@ -359,6 +359,11 @@ def nodes_from_args(*, hostfile: str | None = None, hosts: str | None = None,
                           + (f" (got {', '.join(given)})" if given else ""))
     if hostfile:
         nodes = parse_hostfile(hostfile)
+        for key in dict.fromkeys(n.identity for n in nodes if n.identity):  # ssh reads it: a key, not a FIFO
+            try:
+                values.ssh_key("identity", key)
+            except values.BadValue as e:
+                raise LaunchError(f"{hostfile}: {e}") from None
     elif hosts:
         nodes = parse_hosts_arg(hosts)
     else:
