@@ -34,11 +34,11 @@ LOCAL_PATHS = {
     "containerd_socket": ("socket", "containerd's"), "lazy_root": ("dir", "unpacked Debian packages"),
     ("manifest", "output"): ("new-file", "the manifest"), ("launch", "workdir"): ("project", ""),
     ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
+    ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
 }
 # Flags named like paths that are not on this machine: nodes', containers', S3's.
 NOT_LOCAL_PATHS = {"mount", "checkpoint_dir", "path", "fill_from", ("sagemaker", "output"), "state_dir",
                    "output_s3", "ami", ("build", "from_"), ("sagemaker", "task"),
-                   "input",  # sagemaker NAME=DIR|s3://...: checked by sagemaker.parse_inputs
                    "log"}  # diagnose LOG: a file or a job name, checked by diagnose.log_path
 
 
@@ -50,7 +50,12 @@ def _local_path_flag(task_name: str, param: str, value) -> None:
     flag = _flag_name(param) if len(param) > 1 else "-" + param
     if want is None or value is None:
         return
-    if want == "ssh-key":
+    if want == "channel":  # NAME=DIR, each given: the directory is local unless s3://
+        for item in value:
+            where = item.partition("=")[2]
+            if where and not where.startswith("s3://"):
+                values.local_path(f"{flag} {values.shown(item)}:", where, "dir", what)
+    elif want == "ssh-key":
         values.ssh_key(flag, value)
     elif want == "ssh-config":
         values.ssh_config(flag, value)

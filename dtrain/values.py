@@ -222,7 +222,7 @@ def region(flag: str, text) -> str:
     boto3 sees it (an empty or odd one was botocore's ValueError)."""
     accepted = "an AWS region such as us-east-1 or eu-central-2"
     s = _plain(flag, text, accepted)
-    if not re.fullmatch(r"[a-z]{2,3}(?:-[a-z]{2,12}){1,3}-[0-9]{1,2}", s, re.ASCII):
+    if not re.fullmatch(r"[a-z]{2,4}(?:-[a-z]{2,12}){1,3}-[0-9]{1,2}", s, re.ASCII):
         raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
     return s
 
@@ -376,7 +376,8 @@ def ssh_key(flag: str, text) -> str:
         raise BadValue(f"{flag} {shown_path(text)}: an empty file, not an ssh private key")
     if "-----BEGIN " not in data or "PRIVATE KEY-----" not in data:
         hint = " (a public key: give the file without .pub)" if data.startswith(("ssh-", "ecdsa-", "sk-")) else ""
-        raise BadValue(f"{flag} {shown_path(text)}: not an ssh private key (no -----BEGIN ... PRIVATE KEY----- line){hint}")
+        raise BadValue(f"{flag} {shown_path(text)}: not an ssh private key "
+                       f"(no -----BEGIN ... PRIVATE KEY----- line){hint}")
     return str(p)
 
 

@@ -432,7 +432,7 @@ def _file_flag_cases() -> list[tuple[str, str, str]]:
             if want in READ_KINDS:
                 kinds += [k for k in CONTENT_KINDS if k != "empty" or want in EMPTY_REFUSED
                           or arg.name in EMPTY_REFUSED]
-            elif want in ("dir", "new-dir", "project", "socket"):  # a regular file where these are wanted
+            elif want in ("dir", "new-dir", "project", "socket", "channel"):  # a regular file: not these
                 kinds = [k for k in kinds if k != "directory" or want == "socket"] + ["binary"]
             cases += [(task_name, arg.name, k) for k in kinds]
     assert not unlisted, "flags that name a file: add them to tasks.LOCAL_PATHS (or NOT_LOCAL_PATHS):\n" + \
@@ -465,7 +465,12 @@ def test_every_file_flag_refuses_what_is_not_its_kind_of_file(nowhere):
         path = _kind_path(work, kind)
         return (_flag(param) in err or (param == "log" and "diagnose" in err)) or Path(path).name[:30] in err
 
-    failures = _refused_cases(nowhere, cases, lambda case: _argv(case[0], case[1], _kind_path(work, case[2])), named)
+    def argv(case):
+        task_name, param, kind = case
+        channel = (task_name, param) == ("sagemaker", "input")  # NAME=DIR
+        return _argv(task_name, param, ("data=" if channel else "") + _kind_path(work, kind))
+
+    failures = _refused_cases(nowhere, cases, argv, named)
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures)
 
 

@@ -99,7 +99,8 @@ def check_label(flag: str, key: str, value: str) -> None:
     of at most 253, NAME and VALUE at most 63 of letters, digits, - _ . (alphanumeric at both
     ends; VALUE may be empty). LaunchError naming the flag otherwise."""
     prefix, slash, name = key.rpartition("/")
-    if not (_LABEL_NAME_RE.fullmatch(name) and (not slash or (len(prefix) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(prefix)))):
+    prefix_ok = not slash or (len(prefix) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(prefix))
+    if not (_LABEL_NAME_RE.fullmatch(name) and prefix_ok):
         raise LaunchError(f"{flag} {key!r}: not a Kubernetes label key ([PREFIX/]NAME: NAME at most 63 letters, "
                           "digits, - _ . starting and ending alphanumeric; PREFIX a DNS name), e.g. "
                           "node.kubernetes.io/instance-type=p4d.24xlarge")
