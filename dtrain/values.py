@@ -334,7 +334,7 @@ def json_file(flag: str, path, what: str, *, top: type = dict) -> object:
 def pem_file(flag: str, path, what: str = "a CA bundle") -> str:
     """PEM certificates (a CA bundle): text with a -----BEGIN CERTIFICATE----- block."""
     data = text_file(flag, path, what, "PEM certificates", 16 << 20)
-    if "-----BEGIN CERTIFICATE-----" not in data:
+    if not re.search(r"-----BEGIN [A-Z509 ]*CERTIFICATE-----", data):  # CERTIFICATE, TRUSTED CERTIFICATE
         raise BadValue(f"{flag} {path}: no -----BEGIN CERTIFICATE----- block; expected {what} of PEM certificates")
     return data
 
