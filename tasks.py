@@ -21,6 +21,56 @@ def task(*args, **kwargs):
 
 SECRET_PARAMS = {"password"}  # values never shown in a message
 
+# Every path on this machine a flag names, by parameter (or (task, parameter) where tasks differ):
+# checked by _checked before the body runs (dtrain/values.py local_path and its kin), so a FIFO,
+# a device, a directory for a file is one line, never a hang. tests/test_cli_errors.py checks that
+# every flag whose help names a file or directory is here or in NOT_LOCAL_PATHS.
+LOCAL_PATHS = {
+    "hostfile": ("file", "a hostfile"), "env_file": ("file", "an env file"), "f": ("file", "a job file"),
+    "file": ("file", "a job file"), "ssh_key": ("ssh-key", ""), "ssh_config": ("ssh-config", ""),
+    "ca_bundle": ("pem", "a CA bundle"), "pip_conf": ("ini", "a pip.conf"), "wheelhouse": ("dir", "wheels"),
+    "project": ("project", ""), "lifecycle_policy": ("json", "an ECR lifecycle policy"),
+    "catalog": ("new-file", "a catalog"), "soci_bin": ("dir", "soci, ctr, containerd"),
+    "containerd_socket": ("socket", "containerd's"), "lazy_root": ("dir", "unpacked Debian packages"),
+    ("manifest", "output"): ("new-file", "the manifest"), ("launch", "workdir"): ("project", ""),
+    ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
+    ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
+}
+# Flags named like paths that are not on this machine: nodes', containers', S3's.
+NOT_LOCAL_PATHS = {"mount", "checkpoint_dir", "path", "fill_from", ("sagemaker", "output"), "state_dir",
+                   "output_s3", "ami", ("build", "from_"), ("sagemaker", "task"),
+                   "log"}  # diagnose LOG: a file or a job name, checked by diagnose.log_path
+
+
+def _local_path_flag(task_name: str, param: str, value) -> None:
+    """A path flag's value checked by its kind (LOCAL_PATHS); other flags pass."""
+    from dtrain import values
+
+    want, what = LOCAL_PATHS.get((task_name, param)) or LOCAL_PATHS.get(param) or (None, "")
+    flag = _flag_name(param) if len(param) > 1 else "-" + param
+    if want is None or value is None:
+        return
+    if want == "channel":  # NAME=DIR, each given: the directory is local unless s3://
+        for item in value:
+            where = item.partition("=")[2]
+            if where and not where.startswith("s3://"):
+                values.local_path(f"{flag} {values.shown(item)}:", where, "dir", what)
+    elif want == "ssh-key":
+        values.ssh_key(flag, value)
+    elif want == "ssh-config":
+        values.ssh_config(flag, value)
+    elif want == "json":
+        values.json_file(flag, value, what)
+    elif want == "pem":
+        values.pem_file(flag, value, what)
+    elif want == "ini":
+        values.ini_file(flag, value, what)
+    elif want == "new-file" and param == "catalog":  # read, then written
+        if values.local_path(flag, value, want, what).exists():
+            values.json_file(flag, value, what)
+    else:
+        values.local_path(flag, value, want, what)
+
 
 def _flag_name(param: str) -> str:
     return "--" + param.rstrip("_").replace("_", "-")
@@ -44,6 +94,10 @@ def _checked(body):
                     if isinstance(v, str):
                         values.text(_flag_name(param) if param in kwargs else param, v,
                                     secret=param in SECRET_PARAMS)
+            for param, value in kwargs.items():
+                if param == "region" and value is not None:
+                    values.region("--region", value)
+                _local_path_flag(body.__name__.replace("_", "-"), param, value)
         try:
             return body(c, *args, **kwargs)
         except KeyboardInterrupt:  # what was under way said what it cleaned; no traceback
@@ -140,6 +194,8 @@ def _env_flags(env, env_file=None) -> dict[str, str]:
     from dtrain import values
     from dtrain.launch.jobs import commands
 
+    if env_file:
+        values.local_path("--env-file", env_file, "file", "an env file")
     return {**(commands.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
 
 
@@ -333,6 +389,8 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
 
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
+    if region is not None:
+        values.region("--region", region)
     _ssh_key_flag(ssh_key)
     if slots is not None:
         slots = values.count("--slots", slots, 1, 4096)
@@ -350,25 +408,21 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
 
 
 def _ssh_key_flag(ssh_key):
-    """--ssh-key must name a file here (the private key for the nodes)."""
-    from pathlib import Path
-
+    """--ssh-key must name a private key file here (the key for the nodes)."""
     from dtrain import values
 
-    if ssh_key is not None and not Path(ssh_key).expanduser().is_file():
-        raise values.BadValue(f"--ssh-key {values.shown(ssh_key)}: no such file (the private key for the nodes)")
+    if ssh_key is not None:
+        values.ssh_key("--ssh-key", ssh_key)
 
 
 def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     """ssh options from --ssh-config and --ssh-opt, after those `nodes up --ssh-opt` recorded
     for --cluster (a ProxyJump to a bastion): ssh takes the first value of an option, so the
     cluster's win over a repeated one; give the cluster a new one with nodes up."""
-    import os
-
     from dtrain import values
 
-    if ssh_config is not None and not os.path.isfile(ssh_config):
-        raise values.BadValue(f"--ssh-config {values.shown(ssh_config)}: no such file")
+    if ssh_config is not None:
+        values.ssh_config("--ssh-config", ssh_config)
     recorded: tuple = ()
     if cluster:
         from dtrain.launch.infra.ec2 import cluster_dir, load_cluster
@@ -486,8 +540,8 @@ def _launch(where, image=None, command=(), launcher="mpirun", name=None, cluster
         from dtrain.launch.jobs import supervision
         from dtrain.launch.jobs.workdir import parse_size
 
-        if workdir is not None and not Path(workdir).is_dir():
-            raise LaunchError(f"--workdir {workdir}: not a directory")
+        if workdir is not None:
+            values.local_path("--workdir", workdir, "project")
         hang = _float_flag("--hang-timeout", hang_timeout, 0, hi=86400) if hang_timeout is not None else None
         if progress_pattern is not None:
             values.regex("--progress-pattern", progress_pattern)
@@ -981,18 +1035,13 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
                                         "or `latest` (the latest job)"})
 def diagnose(c, log=None):
     """Match a failed job's output against the known failure signatures: dtrain diagnose LOG|JOB|latest."""
-    from pathlib import Path
-
     from dtrain.launch.troubleshoot import diagnose as dg
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
         if not log:
             raise dg.DiagnoseError("give a log file, a job name or `latest`: dtrain diagnose LOG|JOB|latest")
-        if Path(log).exists():
-            path = Path(log)
-        else:
-            path = job_log(load_job(None if log == "latest" else log)["name"])
+        path = dg.log_path(log) or job_log(load_job(None if log == "latest" else log)["name"])
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)

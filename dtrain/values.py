@@ -32,6 +32,12 @@ def shown(text) -> str:
     return repr(s if len(s) <= 60 else s[:40] + "...") + (f" ({len(s)} characters)" if len(s) > 60 else "")
 
 
+def shown_path(text) -> str:
+    """A path as a message quotes it: whole up to 200 characters, else its end (the file's name)."""
+    s = str(text)
+    return repr(s) if len(s) <= 200 else repr("..." + s[-60:]) + f" ({len(s)} characters)"
+
+
 def _plain(flag: str, text, what: str, *, secret: bool = False) -> str:
     """The text of a value, refused when it is not a short single line of printable characters
     (a secret's message names the flag only)."""
@@ -194,7 +200,7 @@ def regex(flag: str, text) -> str:
     s = _plain(flag, text, "a regular expression (Python's re), e.g. '^step [0-9]+'")
     try:
         re.compile(s)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError, ValueError) as e:  # a{99999999999}: OverflowError
         raise BadValue(f"{flag} {shown(text)}: not a regular expression: {e}; e.g. '^step [0-9]+'") from None
     if not s:
         raise BadValue(f"{flag} '': expected a regular expression (without the flag, any line of a rank is progress)")
@@ -214,6 +220,187 @@ def cidr(flag: str, text) -> str:
     return str(net)
 
 
+def region(flag: str, text) -> str:
+    """An AWS region name (us-east-1, eu-central-2, us-gov-west-1, cn-north-1), checked before
+    boto3 sees it (an empty or odd one was botocore's ValueError)."""
+    accepted = "an AWS region such as us-east-1 or eu-central-2"
+    s = _plain(flag, text, accepted)
+    if not re.fullmatch(r"[a-z]{2,4}(?:-[a-z]{2,12}){1,3}-[0-9]{1,2}", s, re.ASCII):
+        raise BadValue(f"{flag} {shown(text)}: expected {accepted}")
+    return s
+
+
+# ---------------------------------------------------------------- files a user names
+
+NAME_BYTES_MAX = 255  # a file name's longest (every Linux file system); longer: ENAMETOOLONG
+PATH_BYTES_MAX = 4095
+# Directories that are never a project: sending one (launch --workdir) reads devices, kernel
+# files or a whole system.
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+               "/sbin", "/sys", "/usr", "/var")
+_UNDER_SYSTEM = ("/dev/", "/proc/", "/sys/", "/run/")
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words: 'a regular file', 'a directory', 'a named pipe (FIFO)', ..."""
+    import stat
+
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+_WANTED = {"file": "a regular file", "dir": "a directory", "socket": "a socket",
+           "new-file": "a regular file or a new one", "new-dir": "a directory or a new one",
+           "project": "a project directory"}
+
+
+def local_path(flag: str, text, want: str = "file", what: str = "") -> "Path":
+    """A path on this machine that a user names (a flag, a job file's key, a positional), checked
+    before it is opened: `want` is file (an existing regular file), dir (an existing directory),
+    socket, new-file (a regular file or none yet, in an existing directory), new-dir (a directory
+    or none yet) or project (a directory that is not a system one: /, /dev, /proc, /usr, ...).
+    A FIFO, a device, a directory where a file is wanted (or the reverse), a name too long:
+    BadValue, one line naming the flag and what it is. `what` says what the file should hold."""
+    import os
+    from pathlib import Path
+
+    wanted = f"{what}: {_WANTED[want]}" if what else _WANTED[want]
+    s = _plain(flag, text, f"a path to {wanted}")
+    if not s.strip():
+        raise BadValue(f"{flag} '': expected a path to {wanted}")
+    p = Path(s).expanduser()
+    b = os.fsencode(str(p))
+    if len(b) > PATH_BYTES_MAX or any(len(os.fsencode(part)) > NAME_BYTES_MAX for part in p.parts):
+        raise BadValue(f"{flag} {shown_path(text)}: a name longer than {NAME_BYTES_MAX} bytes; expected {wanted}")
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as e:
+        raise BadValue(f"{flag} {shown_path(text)}: cannot read it: {e.strerror or e}; expected {wanted}") from None
+    if st is None:
+        if want not in ("new-file", "new-dir"):
+            raise BadValue(f"{flag} {shown_path(text)}: no such {'directory' if want in ('dir', 'project') else 'file'}"
+                           f"; expected {wanted}")
+        parent = p.parent if want == "new-file" else next((a for a in p.parents if a.exists()), Path("."))
+        if not parent.is_dir():
+            raise BadValue(f"{flag} {shown_path(text)}: directory {str(parent)!r} does not exist; expected {wanted}")
+        return p
+    kind = file_kind(st.st_mode)
+    need = {"file": "a regular file", "new-file": "a regular file", "dir": "a directory",
+            "new-dir": "a directory", "project": "a directory", "socket": "a socket"}[want]
+    if kind != need:
+        raise BadValue(f"{flag} {shown_path(text)}: {kind}, not {need}; expected {wanted}")
+    if want == "project":
+        real = os.path.realpath(p)
+        if real in SYSTEM_DIRS or real.startswith(_UNDER_SYSTEM):
+            raise BadValue(f"{flag} {shown_path(text)}: {real} is a system directory, not a project; "
+                           "expected your project's directory")
+    return p
+
+
+def text_file(flag: str, path, what: str, expected: str, limit: int = 0) -> str:
+    """The text of a small file a flag names: local_path's checks, then small_text_file's,
+    errors naming the flag."""
+    p = local_path(flag, path, "file", what)
+    try:
+        return small_text_file(p, what.removeprefix("a ").removeprefix("an "), expected, limit or SMALL_FILE_MAX)
+    except BadValue as e:
+        raise BadValue(f"{flag} {e}") from None
+
+
+def json_text(flag: str, text: str, where) -> object:
+    """JSON from a file's text; too deep, a number too long or not JSON: one line naming it."""
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadValue(f"{flag} {where}: JSON nested too deep") from None
+    except ValueError as e:  # JSONDecodeError, and int()'s digit limit
+        raise BadValue(f"{flag} {where}: not valid JSON ({' '.join(str(e).split())[:120]})") from None
+
+
+def json_file(flag: str, path, what: str, *, top: type = dict) -> object:
+    """A small JSON file a flag names (an ECR lifecycle policy, a catalog): local_path's checks,
+    then JSON whose top level is `top` (an object); one line naming the flag otherwise."""
+    data = json_text(flag, text_file(flag, path, what, "JSON"), path)
+    if not isinstance(data, top):
+        raise BadValue(f"{flag} {path}: JSON {type(data).__name__}, not {what} (a JSON object)")
+    return data
+
+
+def pem_file(flag: str, path, what: str = "a CA bundle") -> str:
+    """PEM certificates (a CA bundle): text with a -----BEGIN CERTIFICATE----- block."""
+    data = text_file(flag, path, what, "PEM certificates", 16 << 20)
+    if not re.search(r"-----BEGIN [A-Z509 ]*CERTIFICATE-----", data):  # CERTIFICATE, TRUSTED CERTIFICATE
+        raise BadValue(f"{flag} {path}: no -----BEGIN CERTIFICATE----- block; expected {what} of PEM certificates")
+    return data
+
+
+_INI_SECTION = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*", re.ASCII)
+
+
+def ini_file(flag: str, path, what: str = "a pip.conf") -> str:
+    """An INI file (pip.conf): configparser reads it, its sections are names ([global],
+    [install]); one line naming the flag and the problem otherwise."""
+    import configparser
+
+    data = text_file(flag, path, what, "INI sections such as [global]")
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read_string(data, source=str(path))
+    except configparser.Error as e:
+        raise BadValue(f"{flag} {path}: not {what} ({shown(' '.join(str(e).split()))})") from None
+    bad = next((n for n in parser.sections() if not _INI_SECTION.fullmatch(n)), None)
+    if bad is not None:
+        raise BadValue(f"{flag} {path}: section {shown(bad)} is not a name; expected {what} with sections "
+                       "such as [global]")
+    return data
+
+
+SSH_KEY_MAX = 64 << 10
+
+
+def ssh_key(flag: str, text) -> str:
+    """A private key file for ssh -i: a regular file holding a PEM-armoured private key (OpenSSH's
+    own format or PEM). Empty, binary, a public key, a FIFO: one line saying what it is."""
+    p = local_path(flag, text, "file", "the nodes' ssh private key")
+    try:
+        data = small_text_file(p, "private key", "an ssh private key (-----BEGIN ... PRIVATE KEY-----)",
+                               SSH_KEY_MAX)
+    except BadValue as e:
+        raise BadValue(f"{flag} {e}") from None
+    if not data.strip():
+        raise BadValue(f"{flag} {shown_path(text)}: an empty file, not an ssh private key")
+    if "-----BEGIN " not in data or "PRIVATE KEY-----" not in data:
+        hint = " (a public key: give the file without .pub)" if data.startswith(("ssh-", "ecdsa-", "sk-")) else ""
+        raise BadValue(f"{flag} {shown_path(text)}: not an ssh private key "
+                       f"(no -----BEGIN ... PRIVATE KEY----- line){hint}")
+    return str(p)
+
+
+_SSH_CONFIG_LINE = re.compile(r"\s*(?:#.*|[A-Za-z][A-Za-z0-9]*(?:\s*=\s*|\s+).*|[A-Za-z][A-Za-z0-9]*\s*)?", re.ASCII)
+
+
+def ssh_config(flag: str, text) -> str:
+    """An ssh config file (ssh -F): a small text file of `Keyword value` lines (ssh reads the
+    values; a line that is no keyword, binary, a FIFO are refused here, naming the line)."""
+    p = local_path(flag, text, "file", "an ssh config file")
+    try:
+        data = small_text_file(p, "ssh config", "`Keyword value` lines (ssh_config(5))")
+    except BadValue as e:
+        raise BadValue(f"{flag} {e}") from None
+    for n, line in enumerate(data.splitlines(), 1):
+        if not _SSH_CONFIG_LINE.fullmatch(line):
+            raise BadValue(f"{flag} {p}:{n}: not a `Keyword value` line of an ssh config: {shown(line)}")
+    return str(p)
+
+
 SMALL_FILE_MAX = 1 << 20  # a hostfile or env file larger than 1 MiB is a mistake (/dev/zero, a log)
 
 
@@ -228,7 +415,8 @@ def small_text_file(path, what: str, expected: str, limit: int = SMALL_FILE_MAX)
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise BadValue(f"{path}: not a regular file; expected {article} {what} of {expected}")
+            raise BadValue(f"{path}: {file_kind(st.st_mode)}, not a regular file; expected {article} {what} "
+                           f"of {expected}")
         if st.st_size > limit:
             raise BadValue(f"{path}: {st.st_size} bytes, more than {article} {what} has (at most {limit}); "
                            f"expected {expected}")

@@ -3,9 +3,28 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
+
+
+class TooDeep(yaml.YAMLError):
+    """A YAML text nested deeper, or with a number longer, than a file of ours holds."""
+
+
+def compose_load(text: str) -> tuple[yaml.Node | None, Any]:
+    """(node tree, data) of a YAML text, safe_load's rules. Nesting too deep for the parser
+    (RecursionError) or an integer of thousands of digits (Python's int-string limit, a
+    ValueError): TooDeep, a yaml.YAMLError, so callers' one `except yaml.YAMLError` holds."""
+    try:
+        return yaml.compose(text), yaml.safe_load(text)
+    except RecursionError:
+        raise TooDeep("nested too deep (lists or mappings inside each other)") from None
+    except ValueError as e:  # int("9" * 5000) in the int constructor
+        if "digits" in str(e):
+            raise TooDeep(f"a number of more than {sys.get_int_max_str_digits()} digits") from None
+        raise TooDeep(f"a value YAML cannot read ({' '.join(str(e).split())[:100]})") from None
 
 
 def line_of(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:

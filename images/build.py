@@ -201,23 +201,21 @@ def default_ca_bundle() -> Path | None:
 
 
 def check_paths(opts: BuildOptions) -> None:
-    """--ca-bundle and --pip-conf are readable regular files, --wheelhouse a directory: checked
-    before the engine starts (a FIFO or a device as a BuildKit secret would hang the build).
-    One line naming the flag."""
-    import stat
+    """--ca-bundle and --pip-conf are regular files, --wheelhouse a directory (values.local_path,
+    the CLI's one rule): checked before the engine starts (a FIFO or a device as a BuildKit
+    secret would hang the build). One line naming the flag."""
+    from dtrain.values import BadValue, local_path
 
-    for label, path, want in (("--ca-bundle", opts.ca_bundle, "file"), ("--pip-conf", opts.pip_conf, "file"),
-                              ("--wheelhouse", opts.wheelhouse, "directory")):
+    for label, path, want, what in (("--ca-bundle", opts.ca_bundle, "file", "a CA bundle"),
+                                    ("--pip-conf", opts.pip_conf, "file", "a pip.conf"),
+                                    ("--wheelhouse", opts.wheelhouse, "dir", "wheels")):
         if path is None:
             continue
         try:
-            mode = path.stat().st_mode
-        except OSError as e:
-            raise BuildError(f"{label} {path}: {e.strerror or e}; expected a {want} here") from None
-        ok = stat.S_ISREG(mode) if want == "file" else stat.S_ISDIR(mode)
-        if not ok:
-            raise BuildError(f"{label} {path}: not a {'regular file' if want == 'file' else 'directory'}")
-        if not os.access(path, os.R_OK | (os.X_OK if want == "directory" else 0)):
+            local_path(label, str(path), want, what)
+        except BadValue as e:
+            raise BuildError(str(e)) from None
+        if not os.access(path, os.R_OK | (os.X_OK if want == "dir" else 0)):
             raise BuildError(f"{label} {path}: not readable by this user")
 
 

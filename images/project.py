@@ -33,6 +33,7 @@ from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _
                                  require_engine, torch_wheel_present)
 from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
 from dtrain.images.spec import Image, SpecError, load_all
+from dtrain.yamlfile import compose_load
 
 CONFIG = "dtrain.yaml"
 REQUIREMENTS = "requirements.txt"
@@ -358,12 +359,11 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
 
         label = f"{config}: from:"
         try:
-            doc = yaml.safe_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`")) or {}
+            doc = compose_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`"))[1] or {}
         except BadValue as e:
             raise BuildError(str(e)) from None
-        except (yaml.YAMLError, RecursionError) as e:
-            why = " ".join(str(e).split()) if isinstance(e, yaml.YAMLError) else "nested too deep"
-            raise BuildError(f"{config}: not valid YAML: {why}") from None
+        except yaml.YAMLError as e:  # too deep, 5,000 digits: a YAMLError too (compose_load)
+            raise BuildError(f"{config}: not valid YAML: {' '.join(str(e).split())}") from None
         unknown = set(doc) - {"from"} if isinstance(doc, dict) else {"(not a mapping)"}
         if unknown:
             raise BuildError(f"{config}: unknown keys {', '.join(sorted(unknown))}; only `from: FAMILY[:TAG]`")

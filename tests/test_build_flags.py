@@ -38,18 +38,18 @@ def files(tmp_path):
 
 
 CASES = {
-    "ca-missing": (("--ca-bundle", "{missing}"), ("--ca-bundle {missing}: No such file",)),
-    "ca-fifo": (("--ca-bundle", "{fifo}"), ("--ca-bundle {fifo}: not a regular file",)),
-    "ca-dir": (("--ca-bundle", "{dir}"), ("--ca-bundle {dir}: not a regular file",)),
-    "ca-device": (("--ca-bundle", "/dev/zero"), ("--ca-bundle /dev/zero: not a regular file",)),
-    "pip-conf-fifo": (("--pip-conf", "{fifo}"), ("--pip-conf {fifo}: not a regular file",)),
-    "wheelhouse-file": (("--wheelhouse", "{file}"), ("--wheelhouse {file}: not a directory",)),
-    "wheelhouse-missing": (("--wheelhouse", "{missing}"), ("--wheelhouse {missing}: No such file",)),
-    "project-file": (("--project", "{file}", "--from", "pytorch-ddp"), ("--project {file}: not a directory",)),
+    "ca-missing": (("--ca-bundle", "{missing}"), ("--ca-bundle '{missing}': no such file",)),
+    "ca-fifo": (("--ca-bundle", "{fifo}"), ("--ca-bundle '{fifo}': a named pipe (FIFO), not a regular file",)),
+    "ca-dir": (("--ca-bundle", "{dir}"), ("--ca-bundle '{dir}': a directory, not a regular file",)),
+    "ca-device": (("--ca-bundle", "/dev/zero"), ("--ca-bundle '/dev/zero': a character device, not a regular file",)),
+    "pip-conf-fifo": (("--pip-conf", "{fifo}"), ("--pip-conf '{fifo}': a named pipe (FIFO), not a regular file",)),
+    "wheelhouse-file": (("--wheelhouse", "{file}"), ("--wheelhouse '{file}': a regular file, not a directory",)),
+    "wheelhouse-missing": (("--wheelhouse", "{missing}"), ("--wheelhouse '{missing}': no such directory",)),
+    "project-file": (("--project", "{file}", "--from", "pytorch-ddp"), ("--project '{file}': a regular file, not a directory",)),
     "project-ca-fifo": (("--project", "{project}", "--from", "pytorch-ddp", "--ca-bundle", "{fifo}"),
-                        ("--ca-bundle {fifo}: not a regular file",)),
+                        ("--ca-bundle '{fifo}': a named pipe (FIFO), not a regular file",)),
     "project-wheelhouse": (("--project", "{project}", "--from", "pytorch-ddp", "--wheelhouse", "{fifo}"),
-                           ("--wheelhouse {fifo}: not a directory",)),
+                           ("--wheelhouse '{fifo}': a named pipe (FIFO), not a directory",)),
     "project-no-from": (("--project", "{project}"), ("--project {project}: say which family",)),
     "project-from": (("--project", "{project}", "--from", "pytorch-ddp:nope"), ("--from pytorch-ddp:nope: ",
                                                                                 "has no tag nope")),
@@ -87,4 +87,4 @@ def test_project_file_errors_are_one_line(text, tmp_path, files):
 def test_project_file_that_is_a_fifo_is_refused(tmp_path, files):
     os.mkfifo(Path(files["project"]) / "dtrain.yaml")
     r = build(tmp_path, "--project", files["project"])
-    assert r.returncode == 2 and "dtrain.yaml: not a regular file" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 2 and "dtrain.yaml: a named pipe (FIFO), not a regular file" in r.stderr, r.stdout + r.stderr

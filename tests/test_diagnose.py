@@ -320,6 +320,25 @@ def test_diagnose_file_errors(tmp_path):
         diagnose_file(tmp_path)
 
 
+def test_diagnose_refuses_what_is_not_a_log_file_before_opening_it(tmp_path):
+    """A FIFO would block forever, a device never end, a 300-character name was OSError 36:
+    each one line naming it; a job's name (no such file) is left to the job store."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, needle in ((fifo, "a named pipe (FIFO)"), ("/dev/zero", "a character device"),
+                         (tmp_path, "a directory"), ("x" * 300, "a name longer than 255 bytes"),
+                         (str(tmp_path / "nope" / "x.log"), "no such file")):
+        with pytest.raises(dg.DiagnoseError, match=re.escape(needle)):
+            dg.log_path(str(path))
+    with pytest.raises(dg.DiagnoseError, match="is a named pipe"):
+        diagnose_file(fifo)
+    assert dg.log_path("latest") is None and dg.log_path("job-1") is None
+    (tmp_path / "job.log").write_text("x\n")
+    assert dg.log_path(str(tmp_path / "job.log")) == tmp_path / "job.log"
+
+
 def test_diagnose_file_tolerates_bad_bytes(tmp_path):
     p = tmp_path / "job.log"
     p.write_bytes(b"\xff\xfe garbage\nHost key verification failed.\n\x00\x01")

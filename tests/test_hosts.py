@@ -356,10 +356,35 @@ def test_a_device_or_directory_as_hostfile_or_env_file_is_refused_before_reading
     """/dev/zero would be read until memory runs out: refused as not a regular file."""
     from dtrain.launch.jobs.commands import parse_env_file
 
-    with pytest.raises(LaunchError, match=rf"^{path}: not a regular file; expected a hostfile"):
+    kind = "a directory" if path == "/" else "a character device"
+    with pytest.raises(LaunchError, match=rf"^{path}: {kind}, not a regular file; expected a hostfile"):
         parse_hostfile(path)
-    with pytest.raises(LaunchError, match=rf"^{path}: not a regular file; expected an env file"):
+    with pytest.raises(LaunchError, match=rf"^{path}: {kind}, not a regular file; expected an env file"):
         parse_env_file(path)
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("127.0.0.1 slots=" + "9" * 5000, "slots must be an integer between 1 and 4096"),
+    ("127.0.0.1 port=" + "9" * 5000, "port must be an integer between 1 and 65535"),
+    ("a" * 254, "a host name is at most 253 characters"),
+    ("a" * 64 + ".example.com", "each dot-separated part at most 63"),
+    ("9" * 5000, "at most 253"),
+])
+def test_hostfile_numbers_and_names_are_bounded(tmp_path, line, needle):
+    """A 5,000-digit slots= or port= (Python's int-string limit) and a host name longer than
+    DNS allows: one line naming the file and line, the value shown cut short."""
+    hf = tmp_path / "hf"
+    hf.write_text(line + "\n")
+    with pytest.raises(LaunchError, match=re.escape(needle)) as e:
+        parse_hostfile(hf)
+    assert str(e.value).startswith(f"{hf}:1: ") and len(str(e.value)) < 300
+    assert parse_hostfile_text_ok(tmp_path, ("a" * 63 + ".") * 3 + "a" * 61)  # 253: the longest name
+
+
+def parse_hostfile_text_ok(tmp_path, host):
+    hf = tmp_path / "ok"
+    hf.write_text(host + " slots=2\n")
+    return parse_hostfile(hf)[0].host == host
 
 
 def test_a_huge_hostfile_is_refused_before_reading(tmp_path):

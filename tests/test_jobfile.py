@@ -52,6 +52,9 @@ def test_flags_on_the_command_line_override_the_file():
     ("image: x\ncommand: []\n", ":2", "command: Value error, an empty command"),
     ("image: [x\n", ":2", "not YAML"),
     ("- image\n", "", "expected a mapping of launch flags"),
+    ("image: " + "[" * 20000 + "]" * 20000 + "\n", "", "nested too deep"),  # was a RecursionError
+    ("image: x\nslots: " + "9" * 5000 + "\n", "", "a number of more than 4300 digits"),  # int-string limit
+    ("image: x\nprogress_pattern: a{99999999999}\n", ":2", "the repetition number is too large"),  # OverflowError
 ])
 def test_a_bad_job_file_is_one_line_naming_the_file_line_and_key(tmp_path, text, where, says):
     path = tmp_path / "job.yaml"
@@ -103,6 +106,25 @@ def test_paths_in_a_job_file_are_relative_to_the_file(tmp_path):
     got = jobfile.load(tmp_path / "proj" / "job.yaml")
     assert got["hostfile"] == str(tmp_path / "proj" / "hosts") and got["workdir"] == str(tmp_path / "proj")
     assert got["env_file"] == str(tmp_path / "e.env")
+
+
+def test_the_files_a_job_file_names_are_checked_before_anything_starts(tmp_path):
+    """A FIFO as ssh_key (it would block), /dev as workdir, a binary ssh_config, an empty region:
+    one line naming the job file's line and key, exit 2, no job record."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "bin").write_bytes(bytes(range(256)))
+    head = "image: reg/x:1\nhosts: 127.0.0.1:1\ncommand: python t.py\n"
+    for line, says in (("ssh_key: fifo", "ssh_key '" + str(tmp_path / "fifo") + "': a named pipe (FIFO)"),
+                       ("workdir: /dev", "workdir '/dev': /dev is a system directory"),
+                       ("ssh_config: bin", "ssh_config: an ssh config file can run commands on the launching machine"),
+                       ("env_file: fifo", "env_file '" + str(tmp_path / "fifo") + "': a named pipe (FIFO)"),
+                       ("region: ''\nec2_tag: a=b", "region '': expected an AWS region")):
+        (tmp_path / "job.yaml").write_text(("image: reg/x:1\ncommand: python t.py\n" if "ec2_tag" in line else head)
+                                           + line + "\n")
+        r = _cli(tmp_path, "launch", "-f", "job.yaml", env={"DTRAIN_HOME": str(tmp_path / "home"),
+                                                            "AWS_EC2_METADATA_DISABLED": "true"})
+        assert r.returncode == 2 and r.stderr.startswith("error: job.yaml:") and says in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "home").exists(), r.stderr
 
 
 # ---------------------------------------------------------------- on the simulated cluster

@@ -399,3 +399,22 @@ def test_ecs_ray_rejects(kw, message):
     with pytest.raises(LaunchError) as e:
         m.render(m.ManifestSpec(**{**base, **kw}))
     assert message in str(e.value)
+
+
+def test_node_selector_and_ecs_cluster_follow_their_services_rules():
+    """nodeSelector keys and values are Kubernetes labels; --ecs-cluster an ECS cluster name:
+    a value the service would refuse is one line naming the flag, before anything is written."""
+    from dtrain.launch.other_tools import manifests as mf
+
+    for key, value in (("node.kubernetes.io/instance-type", "p4d.24xlarge"), ("k", ""), ("a.b-c/x_y.z", "v-1"),
+                       ("k" * 63, "v" * 63)):
+        mf.check_label("--node-selector", key, value)
+    for key, value in (("bad key", "a value"), ("k", "bad value"), ("a/b/c", "x"), ("-k", "v"), ("k" * 64, "v"),
+                       ("k", "v" * 64), ("Upper.Case/k", "v"), ("/k", "v"), ("k", "-v")):
+        with pytest.raises(LaunchError, match="^--node-selector "):
+            mf.check_label("--node-selector", key, value)
+    spec = mf.spec_from_args("ecs", "r.io/x:1", ["python", "t.py"], launcher="ray", ecs_cluster="my_cluster-1")
+    assert "my_cluster-1" in mf.render(spec)
+    for bad in ("a b;c", "c" * 256, "a/b"):
+        with pytest.raises(LaunchError, match=r"^--ecs-cluster .*not an ECS cluster name"):
+            mf.render(mf.spec_from_args("ecs", "r.io/x:1", ["python", "t.py"], launcher="ray", ecs_cluster=bad))

@@ -358,11 +358,11 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
     (d / "hostfile").write_text("10.0.0.5 slots=2 user=ubuntu\n10.0.0.6 slots=2 user=ubuntu\n")
     monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
     key = tmp_path / "id"  # --ssh-key must be a file here
-    key.write_text("key\n")
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
     nodes = tasks._nodes(None, None, None, None, None, None, str(key), cluster="c9")
     assert [(n.host, n.slots, n.user, n.identity) for n in nodes] == \
         [("10.0.0.5", 2, "ubuntu", str(key)), ("10.0.0.6", 2, "ubuntu", str(key))]
-    r = invoke(env, "launch", "--cluster", "c9", "--hostfile", "/x", "--image", "img", "--", "true")
+    r = invoke(env, "launch", "--cluster", "c9", "--hostfile", str(d / "hostfile"), "--image", "img", "--", "true")
     assert r.returncode == 2 and "give --cluster or one of --hostfile" in r.stderr
     r = invoke(env, "launch", "--cluster", "nope", "--image", "img", "--", "true")
     assert r.returncode == 2 and r.stderr.startswith("error: --cluster nope: no hostfile at ")

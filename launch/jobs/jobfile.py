@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dtrain import values
-from dtrain.yamlfile import line_of
+from dtrain.yamlfile import TooDeep, compose_load, line_of
 from dtrain.launch.errors import LaunchError
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
@@ -199,8 +199,9 @@ def _env_key_line(doc: yaml.Node | None, err: dict) -> tuple:
 def parse(text: str, where: str) -> JobFile:
     """A job file's text -> JobFile; LaunchError `FILE:LINE: KEY: problem` (one line)."""
     try:
-        doc = yaml.compose(text)
-        data = yaml.safe_load(text)
+        doc, data = compose_load(text)
+    except TooDeep as e:
+        raise LaunchError(f"{where}: {e}; expected a mapping of launch flags") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
@@ -226,6 +227,7 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
     (env and mount as lists of strings, paths relative to the file made absolute)."""
     path = Path(path)
     try:
+        values.local_path("-f", str(path), "file", "a job file")
         text = values.small_text_file(path, "job file", "YAML of launch flags")
     except values.BadValue as e:
         raise LaunchError(str(e)) from None
@@ -245,7 +247,7 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
         for k, v in out["env"].items():
             if v is None:
                 if k not in environ:
-                    raise LaunchError(f"{path}:{line_of(yaml.compose(text), ('env', k))}: env.{k}: no value "
+                    raise LaunchError(f"{path}:{line_of(compose_load(text)[0], ('env', k))}: env.{k}: no value "
                                       f"here and ${k} is not set where dtrain runs")
                 v = environ[k]
             pairs.append(f"{k}={v}")
@@ -256,7 +258,7 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
 def origins(path: str | Path, keys: Iterable[str]) -> dict[str, str]:
     """{key: "FILE:LINE"} for the job file's top-level keys among `keys` (those a launch takes
     from the file, not from a flag): where a later check of a value names it (located)."""
-    doc = yaml.compose(Path(path).read_text())
+    doc = compose_load(values.small_text_file(Path(path), "job file", "YAML of launch flags"))[0]
     return {k: f"{path}:{line_of(doc, (k,)) or 1}" for k in keys}
 
 

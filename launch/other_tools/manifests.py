@@ -89,6 +89,26 @@ class ManifestSpec:
         return self.slots_per_worker or max(self.gpus_per_worker, 1)
 
 
+_LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_ECS_CLUSTER_RE = re.compile(r"[A-Za-z0-9_-]{1,255}", re.ASCII)
+
+
+def check_label(flag: str, key: str, value: str) -> None:
+    """A Kubernetes label (nodeSelector) KEY=VALUE: KEY is [PREFIX/]NAME, PREFIX a DNS subdomain
+    of at most 253, NAME and VALUE at most 63 of letters, digits, - _ . (alphanumeric at both
+    ends; VALUE may be empty). LaunchError naming the flag otherwise."""
+    prefix, slash, name = key.rpartition("/")
+    prefix_ok = not slash or (len(prefix) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(prefix))
+    if not (_LABEL_NAME_RE.fullmatch(name) and prefix_ok):
+        raise LaunchError(f"{flag} {key!r}: not a Kubernetes label key ([PREFIX/]NAME: NAME at most 63 letters, "
+                          "digits, - _ . starting and ending alphanumeric; PREFIX a DNS name), e.g. "
+                          "node.kubernetes.io/instance-type=p4d.24xlarge")
+    if value and not _LABEL_NAME_RE.fullmatch(value):
+        raise LaunchError(f"{flag} {key}={value!r}: not a Kubernetes label value (at most 63 letters, digits, - _ . "
+                          "starting and ending alphanumeric, or empty)")
+
+
 def _check(spec: ManifestSpec) -> None:
     if spec.target not in TARGETS:
         raise LaunchError(f"--for {spec.target}: use one of {', '.join(TARGETS)}")
@@ -106,6 +126,11 @@ def _check(spec: ManifestSpec) -> None:
     if spec.namespace is not None and not _NAMESPACE_RE.match(spec.namespace):
         raise LaunchError(f"--namespace {spec.namespace!r}: not a Kubernetes namespace (a DNS-1123 label: "
                           "lower-case letters, digits and -, starting and ending with a letter or digit, at most 63)")
+    for key, value in spec.node_selector.items():
+        check_label("--node-selector", key, value)
+    if not _ECS_CLUSTER_RE.fullmatch(spec.ecs_cluster):
+        raise LaunchError(f"--ecs-cluster {spec.ecs_cluster!r}: not an ECS cluster name (letters, digits, - and _, "
+                          "at most 255)")
     for name in spec.env:
         if not _ENV_NAME_RE.match(name):
             raise LaunchError(f"--env {name!r}: not an environment variable name (letters, digits and _)")

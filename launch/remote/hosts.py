@@ -39,7 +39,7 @@ class Node:
     identity: str | None = None  # private key path; None: ssh decides (agent, config, defaults)
 
     def __post_init__(self) -> None:
-        if not _HOST_RE.match(self.host):
+        if not host_ok(self.host):
             raise ValueError(f"bad host {self.host!r}")
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ValueError(f"{self.host}: slots must be a positive int, got {self.slots!r}")
@@ -52,22 +52,37 @@ class Node:
 # --- hostfile and --hosts ------------------------------------------------------------------
 
 
+HOST_MAX = 253  # a DNS name's longest; each dot-separated label at most LABEL_MAX
+LABEL_MAX = 63
+
+
+def host_ok(host: str) -> bool:
+    """A host name or IPv4 address as ssh and mpirun -H take it, within DNS's lengths."""
+    return bool(_HOST_RE.match(host)) and len(host) <= HOST_MAX and all(
+        len(label) <= LABEL_MAX for label in host.split("."))
+
+
 def _check_host(token: str, where: str) -> str:
-    if _HOST_RE.match(token):
+    if host_ok(token):
         return token
+    if _HOST_RE.match(token):
+        raise LaunchError(f"{where}: bad host {values.shown(token)}: a host name is at most {HOST_MAX} characters, "
+                          f"each dot-separated part at most {LABEL_MAX}")
     if "@" in token:
         hint = " (put the user in user=NAME)"
     elif ":" in token:
         hint = " (write slots=N, not HOST:N; IPv6 literals are not supported, use a name)"
     else:
         hint = ""
-    raise LaunchError(f"{where}: bad host {token!r}{hint}")
+    raise LaunchError(f"{where}: bad host {values.shown(token)}{hint}")
 
 
 def _positive_int(value: str, what: str, where: str, *, maximum: int | None = None) -> int:
-    if not _INT_RE.match(value) or int(value) < 1 or (maximum is not None and int(value) > maximum):
+    # at most 18 digits before int(): Python refuses to convert 4,300 or more (a ValueError)
+    if (not _INT_RE.match(value) or len(value) > 18 or int(value) < 1
+            or (maximum is not None and int(value) > maximum)):
         limit = f" between 1 and {maximum}" if maximum else " (> 0)"
-        raise LaunchError(f"{where}: {what} must be an integer{limit}, got {value!r}")
+        raise LaunchError(f"{where}: {what} must be an integer{limit}, got {values.shown(value)}")
     return int(value)
 
 
@@ -344,6 +359,11 @@ def nodes_from_args(*, hostfile: str | None = None, hosts: str | None = None,
                           + (f" (got {', '.join(given)})" if given else ""))
     if hostfile:
         nodes = parse_hostfile(hostfile)
+        for key in dict.fromkeys(n.identity for n in nodes if n.identity):  # ssh reads it: a key, not a FIFO
+            try:
+                values.ssh_key("identity", key)
+            except values.BadValue as e:
+                raise LaunchError(f"{hostfile}: {e}") from None
     elif hosts:
         nodes = parse_hosts_arg(hosts)
     else:

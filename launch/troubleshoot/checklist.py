@@ -1185,7 +1185,8 @@ confirm it, and a source. The same entries drive two commands:
 - **`dtrain diagnose LOG`** reads a job's log *after* it failed and reports every entry whose
   messages appear in it, with the matching lines (and their rank and node when the line says),
   the cause and the fix. Specific causes come first, in the order they appear in the log;
-  consequences such as "a rank exited non-zero" come last. Without Invoke:
+  consequences such as "a rank exited non-zero" come last. LOG is a regular file (a pipe or a
+  device is refused in one line), a job name, or `latest`. Without Invoke:
   `python -m dtrain.launch.troubleshoot.diagnose LOG`.
 
 Logs are easiest to read with every line attributed: dtrain's launcher prefixes lines with

@@ -238,9 +238,37 @@ def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
         return f.read(limit)
 
 
+def log_path(text: str) -> Path | None:
+    """`dtrain diagnose LOG|JOB|latest`: the log file a user names, checked to be a regular file
+    (a FIFO would block, a device never end), or None where the text is a job's name (no such
+    file, a job name's syntax). DiagnoseError, one line, for anything else."""
+    import os
+
+    from dtrain import values
+
+    name = text != "latest" and values.NAME.fullmatch(text) and len(text) <= values.NAME_MAX
+    try:
+        present = os.path.lexists(text)
+    except (OSError, ValueError):
+        present = False
+    if text == "latest" or (name and not present):
+        return None
+    try:
+        return values.local_path("diagnose", text, "file", "a job's output (or a job name from dtrain status)")
+    except values.BadValue as e:
+        raise DiagnoseError(str(e)) from None
+
+
 def diagnose_file(path: str | Path) -> list[Finding]:
+    import os
+
+    from dtrain import values
+
     p = Path(path)
     try:
+        mode = os.stat(p).st_mode
+        if values.file_kind(mode) != "a regular file":
+            raise DiagnoseError(f"{p}: is {values.file_kind(mode)}, not a log file")
         data = read_tail(p)
     except FileNotFoundError:
         raise DiagnoseError(f"{p}: no such file") from None
