@@ -6,7 +6,7 @@ job's working directory) and, for the next launch, a copy of the last one sent f
 in ~/.dtrain/nodes/HOST/workdir-cache/<key>: rsync hard-links what did not change from there
 (--link-dest), so a relaunch after editing one file sends about that file. Each node its own,
 also where nodes share the home. The job's copy goes at teardown; the cache stays (`dtrain stop
---all-jobs` does not touch it; remove ~/.dtrain/nodes/*/workdir-cache).
+--job` does not touch it; remove ~/.dtrain/nodes/*/workdir-cache).
 
 What is sent: every file under DIR but what its .gitignore and .dtrainignore files exclude
 (git's rules, per directory, deeper files winning; `.git/` never), at most `limit` bytes.
