@@ -9,6 +9,7 @@ each with its own ~/.dtrain.
 from __future__ import annotations
 
 import io
+import os
 import re
 import threading
 import time
@@ -35,7 +36,8 @@ def shared_home(_cluster_session, engine, cpu_images, tmp_path_factory):
     """(cluster, the host directory that is every node's home, the image's ref in its registry)."""
     home = tmp_path_factory.mktemp("shared-home")
     home.chmod(0o700)
-    info = cl.up(NODES, recreate=True, quiet=True, shared={str(Path.home()): str(home)})
+    # the home of the nodes' ssh user (root), as its sessions get it
+    info = cl.up(NODES, recreate=True, quiet=True, shared={os.path.expanduser("~root"): str(home)})
     engine.allow_insecure_registry(info.registry)
     imgs = [i for i in load_all() if not i.gpu and i.family == "pytorch-ddp"]
     ref = P.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog-shared-home.json")[0].remote

@@ -78,21 +78,21 @@ job_path() {
   printf '%s\n' "$nroot/jobs/$1"
 }
 
-# old_job_path NAME: where dtrain before per-node directories kept the job (~/.dtrain/node-jobs/NAME,
-# shared by nodes that share the home): read and removed only where it exists (stop, logs of
-# a job it started).
+# old_job_path NAME: where dtrain before per-node directories kept the job, into $old
+# (~/.dtrain/node-jobs/NAME, one for nodes that share the home): read and removed only where it
+# exists (logs, status and stop of a job such a dtrain started).
 old_job_path() {
-  printf '%s\n' "${HOME:?}/.dtrain/node-jobs/$1"
+  old=${HOME:?}/.dtrain/node-jobs/$1
 }
 
 # job_file NAME FILE FOLLOW: print FILE (output.log, state.json) of the job's directory on this
 # node (`dtrain logs` and `status` of a detached job); FOLLOW 1: and what is appended (tail -F).
 job_file() {
-  local d f
+  local d f old
   d=$(job_path "$1") || exit 2
   case $2 in output.log|state.json) ;; *) echo "dtrain node program: no job file '$2'" >&2; exit 2 ;; esac
   f=$d/$2
-  [ -f "$f" ] || f=$(old_job_path "$1")/$2
+  [ -f "$f" ] || { old_job_path "$1"; f=$old/$2; }
   [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }
   if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi
 }

@@ -8,7 +8,7 @@ remove() {
   if [ -n "${3:-}" ]; then
     d=$(job_path "$3") || exit 2
     stop_watch "$d"
-    old=$(old_job_path "$3")
+    old_job_path "$3"
     if [ -d "$old" ] || [ -d "$old.lock" ]; then stop_watch "$old"; else old=''; fi
   fi
   docker rm -f "$1" >/dev/null 2>&1
