@@ -136,9 +136,11 @@ def test_a_detached_job_on_nodes_that_share_a_home_is_read_and_stopped_through_i
         [(h, h) for h in HOSTS], out.getvalue()
     first = _node_dirs(home, name)[0]
     deadline = time.monotonic() + 60  # each node's watchdog removes its part; the first keeps log and state
-    while (_left(home, name) != [str(first.relative_to(home))] or sorted(p.name for p in first.iterdir())
-           != ["output.log", "state.json"]) and time.monotonic() < deadline:
+    def kept() -> tuple[list[str], list[str]]:
+        return _left(home, name), sorted(p.name for p in first.iterdir()) if first.is_dir() else []
+
+    while kept() != ([str(first.relative_to(home))], ["output.log", "state.json"]) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _left(home, name) == [str(first.relative_to(home))]
+    assert kept() == ([str(first.relative_to(home))], ["output.log", "state.json"])
     assert store.stop(name) == name
     _wait_clean(info, home, name)
