@@ -37,8 +37,17 @@ ENV_FILE = "env"  # in JOB_KEY_MOUNT: the job's --env values, NAME=base64(value)
 # The job's code in every container (--workdir's copy; a project image's COPY). Where it exists
 # every launcher starts the command there, else in the image's WORKDIR (launch/node/supervise.py).
 WORKDIR = "/workdir"
-# The job's directory on each node (~/.dtrain/node-jobs/<job>: supervisor, plan, heartbeat, log),
-# mounted here in every container of the job.
+# What a node keeps under its ssh user's home is its own, also where nodes share one home (NFS
+# /home: ParallelCluster, most Slurm clusters), keyed by its hostname (launch/node/host/prepare.sh
+# node_root; a job's nodes have hostnames of their own):
+#   ~/.dtrain/nodes/HOST/jobs/<job>/        the job's directory: watchdog, supervisor, plan,
+#                                           heartbeat, log, FIFOs, workdir/ (--workdir's copy)
+#   ~/.dtrain/nodes/HOST/jobs/<job>.lock/   the node's lock of the job's name (owner: the launch)
+#   ~/.dtrain/nodes/HOST/workdir-cache/KEY  the last --workdir sent from a directory (rsync --link-dest)
+# The node computes the path itself (the launcher passes the job's name; prepare prints the
+# directory, which the launcher mounts and sends --workdir to). The job's keys and a registry
+# login's Docker config are on the node's tmpfs (/dev/shm), never under the home.
+# The job's directory on each node is mounted here in every container of the job.
 CONTAINER_JOB_DIR = "/dtrain-job"
 # A spot notice on a node of a running job: the supervisor creates this file in every container
 # (each has its own node's job directory here) and each rank finds its path in CHECKPOINT_NOW_VAR:
@@ -80,7 +89,8 @@ def container_name(job: str) -> str:
 
 
 def node_key_dir(job: str) -> str:
-    """The job's key pair on a node: tmpfs (never on disk), 0700, removed with the container."""
+    """The job's key pair on a node: tmpfs (never on disk; each machine's own), 0700, removed
+    with the container."""
     return f"/dev/shm/{container_name(job)}"
 
 

@@ -263,13 +263,13 @@ def test_the_first_nodes_container_waits_for_the_supervisor_only_with_the_jobs_d
     from dtrain.launch.jobs import node_programs, supervision
 
     spec = JobSpec(image="reg/x:1", command=("true",), name="t")
-    waits = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/node-jobs/t", standby=True)
-    plain = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/node-jobs/t")
+    waits = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t", standby=True)
+    plain = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t")
     standby = node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR])
     assert waits[-len(standby) - 1:] == ["reg/x:1", *standby] and plain[-1] == "reg/x:1"
     assert waits[:-len(standby)] == plain
     assert job.container_spec(spec, "", standby=True).command == ()
-    assert f"type=bind,src=/home/u/.dtrain/node-jobs/t,dst={supervision.CONTAINER_JOB_DIR}" in waits
+    assert f"type=bind,src=/home/u/.dtrain/nodes/n1/jobs/t,dst={supervision.CONTAINER_JOB_DIR}" in waits
 
 
 def test_read_lines_gives_each_reads_lines_as_text_mode_would():

@@ -450,14 +450,15 @@ def test_a_second_launch_of_a_running_name_is_refused_and_the_first_unharmed(clu
         assert proc.poll() is None
         for i in range(1, len(cluster.nodes) + 1):
             on_node(cluster, i, "test -n \"$(docker ps -q --filter name=^dtrain-t-twice$ --filter status=running)\" "
-                                "&& test -f ~/.dtrain/node-jobs/t-twice/watch.pid && test -d /dev/shm/dtrain-t-twice")
+                                "&& test -f ~/.dtrain/nodes/$(hostname)/jobs/t-twice/watch.pid "
+                                "&& test -d /dev/shm/dtrain-t-twice")
         assert re.search(r"t-twice\s+running\s+mpirun\s+3", _cli(env, "status").stdout)
         r = _cli(env, "stop", "--job", "t-twice")
         assert r.returncode == 0 and "stopped t-twice" in r.stdout, r.stdout + r.stderr
         proc.communicate(timeout=120)
         assert containers_left(cluster, "t-twice") == []
         for i in range(1, len(cluster.nodes) + 1):
-            assert on_node(cluster, i, "ls -d ~/.dtrain/node-jobs/t-twice* 2>/dev/null; true").stdout == ""
+            assert on_node(cluster, i, "ls -d ~/.dtrain/nodes/$(hostname)/jobs/t-twice* 2>/dev/null; true").stdout == ""
         again = _cli({**env, "DTRAIN_HOME": str(tmp_path / "b")}, *argv)
         assert again.returncode == 0, again.stdout + again.stderr
     finally:
@@ -476,7 +477,7 @@ def _node_cli(cluster, i: int, *args: str) -> subprocess.CompletedProcess:
 
 def test_launch_from_a_node_in_its_own_hostfile(cluster, remote_images):
     """Issue 22 #8: the launcher on node 1, whose hostfile lists it. Its store (~/.dtrain/jobs)
-    and the node's job directory (~/.dtrain/node-jobs) are apart: the node's prepare and teardown
+    and the node's job directories (~/.dtrain/nodes/HOST/jobs) are apart: the node's prepare and teardown
     leave the launcher's record and output whole, attached and detached."""
     import json
 

@@ -138,7 +138,7 @@ def test_a_full_job_directory_ends_the_job_naming_the_node_and_the_path(cluster,
     """node-1's job directories on a 1 MiB tmpfs, filled while the job runs: the supervisor
     cannot append to output.log; the job ends with an error naming the node and the file."""
     name = "t-full"
-    jobs = "~/.dtrain/node-jobs"
+    jobs = "~/.dtrain/nodes/$(hostname)/jobs"
     on_node(cluster, 1, f"mkdir -p {jobs} && mount -t tmpfs -o size=1m dtrain-full {jobs}")
     filled: list[float] = []
 
@@ -162,7 +162,7 @@ def test_a_full_job_directory_ends_the_job_naming_the_node_and_the_path(cluster,
     assert ended - filled[0] < 30, f"{ended - filled[0]:.0f} s after the disk filled"
     m = re.search(r"^\[launch\] job failed \(exit 1\): cannot write (\S+)/output\.log on node-1 "
                   rf"\({cluster.nodes[0].address}\): No space left on device", out, re.M)
-    assert m and m.group(1).endswith(f"/.dtrain/node-jobs/{name}"), out[-3000:]
+    assert m and m.group(1).endswith(f"/.dtrain/nodes/node-1/jobs/{name}"), out[-3000:]
     _wait_clean(cluster, name)
 
 

@@ -34,7 +34,7 @@ def _left_on_nodes(cluster, name: str) -> list[str]:
     left = []
     for i in range(1, len(cluster.nodes) + 1):
         r = cl.node_exec(i, ["sh", "-c", f"docker ps -aq --filter name=dtrain-; ls -d /dev/shm/dtrain-{name} "
-                                         f"$HOME/.dtrain/node-jobs/{name} 2>/dev/null; true"])
+                                         f"$HOME/.dtrain/nodes/$(hostname)/jobs/{name} 2>/dev/null; true"])
         left += [f"node-{i}: {x}" for x in r.stdout.split()]
     return left
 

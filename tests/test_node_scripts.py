@@ -24,6 +24,25 @@ LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_
           f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR} SUPERVISOR_EVENT='{contract.SUPERVISOR_EVENT}'\n")
 
 
+HOST = Path("/proc/sys/kernel/hostname").read_text().strip()  # this machine's: a node's key (host/prepare.sh node_root)
+
+
+def node_jobs(home: Path) -> Path:
+    """This machine's job directories as a node with this home keeps them (dtrain/contract.py)."""
+    return home / ".dtrain" / "nodes" / HOST / "jobs"
+
+
+def on_host_argv(hostname: str, call: str, *args: str) -> list[str]:
+    """argv: the host library, then `call`, on a node named hostname (a UTS namespace of its own,
+    as the simulated cluster's nodes have)."""
+    return ["unshare", "--uts", "sh", "-c", 'printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"', hostname,
+            "bash", "-c", LIBRARY + "\n" + LABELS + "\n" + call, "t", *args]
+
+
+def on_host(hostname: str, call: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(on_host_argv(hostname, call, *args), capture_output=True, text=True, env=env, timeout=60)
+
+
 def host(call: str, *args: str, fake: str = "", stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
     """The host library's functions, then `call` (e.g. 'image "$@"') with args."""
     return subprocess.run(["bash", "-c", LIBRARY + "\n" + LABELS + fake + "\n" + call, "t", *args],
@@ -462,11 +481,11 @@ def test_start_removes_a_stopped_container_of_the_job_whose_name_is_taken_once(t
 
 
 def test_prepare_makes_the_job_directory_anew_with_the_watchdog(tmp_path):
-    job = tmp_path / ".dtrain" / "node-jobs" / "j"
+    job = node_jobs(tmp_path) / "j"
     (job / "workdir").mkdir(parents=True)
     (job / "workdir" / "stale.py").write_text("old")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", stdin="#!/bin/bash\necho watch\n", env=env)
+    r = host('prepare "$@"', "j", "me 1 t", stdin="#!/bin/bash\necho watch\n", env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(job.resolve())
     assert (job / "watch.sh").read_text() == "#!/bin/bash\necho watch\n"
@@ -482,20 +501,20 @@ def test_prepare_up_goes_on_with_up_in_the_same_session_when_the_launcher_says_g
     env = {**os.environ, "HOME": str(tmp_path)}
     fake = "up() { printf '<%s>' \"$@\"; echo; echo \"cwd=$PWD\"; cat; }"
     args = ["2022", "", "", "r/x:1", "arg with\nnewline"]
-    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", fake=fake, env=env,
+    r = host('prepare_up "$@"', "j", "me 1 t", fake=fake, env=env,
              stdin="#!/bin/bash\necho watch\n\0" + go_text(args) + "KEY\nENV\n")
     assert r.returncode == 0, r.stderr
-    job = (tmp_path / ".dtrain" / "node-jobs" / "j").resolve()
+    job = (node_jobs(tmp_path) / "j").resolve()
     assert r.stdout.split("\n")[:2] == [str(job), "prepared=1"]
     assert "<2022><><><r/x:1><arg with\nnewline>\n" in r.stdout and r.stdout.endswith("KEY\nENV\n")
     assert f"cwd={tmp_path}" in r.stdout  # up runs where a session of its own would: the home directory
     assert (job / "watch.sh").read_text() == "#!/bin/bash\necho watch\n"
     # the launch ended before its start step (another node refused): nothing more here
     for stdin in ("w\0", "w\0stop\n"):
-        r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", fake=fake, env=env, stdin=stdin)
+        r = host('prepare_up "$@"', "j", "me 1 t", fake=fake, env=env, stdin=stdin)
         assert r.returncode == 0 and r.stdout.splitlines() == [str(job), "prepared=1"], r.stdout
     # another launch holds the name: refused before anything
-    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "other 2 u", fake=fake, env=env, stdin="w\0go 0\n")
+    r = host('prepare_up "$@"', "j", "other 2 u", fake=fake, env=env, stdin="w\0go 0\n")
     assert r.returncode == 3 and "prepared=1" not in r.stdout
 
 
@@ -509,19 +528,19 @@ def test_prepare_with_an_image_says_whether_the_node_holds_it(tmp_path, policy, 
     fake = ("docker() { [ \"$1 $2 $3 $5 ${6:-}\" = 'image inspect -f r/x:1 ' ] || return 9; "
             "echo 'sha256:abc - 4 [\"r/x@sha256:d1\",\"q/x@sha256:d0\"]'; }")
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", policy, digest, fake=fake,
+    r = host('prepare "$@"', "j", "me 1 t", "r/x:1", policy, digest, fake=fake,
              stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[-1] == str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())  # the directory: still the last line
+    assert lines[-1] == str((node_jobs(tmp_path) / "j").resolve())  # the directory: still the last line
     assert lines[:-1] == (["held sha256:abc"] if held else [])
 
 
 def test_prepare_with_an_image_the_node_lacks_says_nothing_of_it(tmp_path):
     fake = "docker() { echo 'Error: No such image: r/x:1'; return 1; }"
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake,
+    r = host('prepare "$@"', "j", "me 1 t", "r/x:1", "missing", "", fake=fake,
              stdin="w", env={**os.environ, "HOME": str(tmp_path)})
-    assert r.returncode == 0 and r.stdout.splitlines() == [str((tmp_path / ".dtrain" / "node-jobs" / "j").resolve())]
+    assert r.returncode == 0 and r.stdout.splitlines() == [str((node_jobs(tmp_path) / "j").resolve())]
 
 
 @pytest.mark.parametrize("held", [True, False])
@@ -539,7 +558,7 @@ def test_the_start_step_reads_the_first_rounds_inspect_where_the_node_held_the_i
     env = {**os.environ, "HOME": str(tmp_path), "CALLS": str(calls), "HELD": "1" if held else "",
            "LINE": f"{IMG_ID} - 4 []"}
     args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "1", "docker"]
-    r = host('prepare_up "$@"', ".dtrain/node-jobs/j", "me 1 t", "r/x:1", "missing", "", fake=fake,
+    r = host('prepare_up "$@"', "j", "me 1 t", "r/x:1", "missing", "", fake=fake,
              env=env, stdin="w\0" + go_text(args) + "KEY\n")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -552,48 +571,144 @@ def test_prepare_takes_the_nodes_lock_of_the_name_and_remove_releases_it(tmp_pat
     """A second launch (another owner) of a name whose lock is held is refused (exit 3, naming
     the job and the holder) and changes nothing; the same launch may ask again; remove frees it."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    job = tmp_path / ".dtrain" / "node-jobs" / "j"
-    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
+    job = node_jobs(tmp_path) / "j"
+    assert host('prepare "$@"', "j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
     (job / "workdir" / "mine.py").write_text("first launch's")
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "hostB pid 2 tok2", stdin="w", env=env)
+    r = host('prepare "$@"', "j", "hostB pid 2 tok2", stdin="w", env=env)
     assert r.returncode == 3 and "job j is already running on this node" in r.stderr and "hostA pid 1 tok1" in r.stderr
     assert (job / "workdir" / "mine.py").exists(), "a refused launch changes nothing"
-    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
+    assert host('prepare "$@"', "j", "hostA pid 1 tok1", stdin="w", env=env).returncode == 0
     fake = "docker() { return 0; }"
-    r = host('remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-test-absent", ".dtrain/node-jobs/j", fake=fake, env=env)
+    r = host('remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-test-absent", "j", fake=fake, env=env)
     assert r.returncode == 0, r.stderr
-    assert not job.exists() and not (tmp_path / ".dtrain" / "node-jobs" / "j.lock").exists()
-    assert host('prepare "$@"', ".dtrain/node-jobs/j", "hostB pid 2 tok2", stdin="w", env=env).returncode == 0
+    assert not job.exists() and not (node_jobs(tmp_path) / "j.lock").exists()
+    assert host('prepare "$@"', "j", "hostB pid 2 tok2", stdin="w", env=env).returncode == 0
 
 
 def test_a_stale_node_lock_is_taken_over(tmp_path):
     """No watchdog alive and older than the grace (a launcher killed before its containers)."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    lock = tmp_path / ".dtrain" / "node-jobs" / "j.lock"
+    lock = node_jobs(tmp_path) / "j.lock"
     lock.mkdir(parents=True)
     (lock / "owner").write_text("gone 1 t\n")
     os.utime(lock, (time.time() - 4000, time.time() - 4000))
-    r = host('prepare "$@"', ".dtrain/node-jobs/j", "me 2 t", stdin="w", env=env)
+    r = host('prepare "$@"', "j", "me 2 t", stdin="w", env=env)
     assert r.returncode == 0, r.stderr
     assert (lock / "owner").read_text() == "me 2 t\n"
 
 
-@pytest.mark.parametrize("rel", ["", ".dtrain/node-jobs/", ".dtrain/node-jobs/..", ".dtrain/node-jobs/.",
-                                 ".dtrain/node-jobs/../x", "../.dtrain/node-jobs/j", ".dtrain", "/etc/x/y",
-                                 ".dtrain/node-jobs/a b", ".dtrain/node-jobs/-x"])
-def test_node_programs_refuse_a_bad_job_directory(tmp_path, rel):
-    """Never $HOME, ~/.dtrain or a store's root: prepare and remove check the path first."""
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/etc/x", ".dtrain", "a b", "-x", "j\n"])
+def test_node_programs_refuse_a_bad_job_name(tmp_path, name):
+    """Never $HOME, ~/.dtrain or a store's root: prepare, remove, job_file and keep_workdir check
+    the name first."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    keep = tmp_path / ".dtrain" / "node-jobs" / "other"
+    keep = node_jobs(tmp_path) / "other"
     keep.mkdir(parents=True)
-    for step in ("prepare", "remove") if rel else ("prepare",):  # remove without REL: no directory
-        args = (rel, "me 1 t") if step == "prepare" else ("dtrain-x", "/dev/shm/dtrain-x-absent", rel)
+    for step, args in [("prepare", (name, "me 1 t")), ("remove", ("dtrain-x", "/dev/shm/dtrain-x-absent", name)),
+                       ("job_file", (name, "output.log", "0")), ("keep_workdir", (name, "0123456789abcdef"))]:
+        if step == "remove" and not name:
+            continue  # remove without NAME: no directory
         r = host(f'{step} "$@"', *args, fake="docker() { return 0; }", stdin="w", env=env)
-        assert r.returncode == 2 and "bad job directory" in r.stderr, (step, r.stderr)
-    assert keep.is_dir()
-    r = host('HOME= remove "$@"', "dtrain-x", "/dev/shm/dtrain-x-absent", ".dtrain/node-jobs/j",
-             fake="docker() { return 0; }", env=env)
+        assert r.returncode == 2 and "bad job name" in r.stderr, (step, r.stderr)
+    assert keep.is_dir() and sorted(p.name for p in tmp_path.rglob("*")) == [".dtrain", "jobs", "nodes", "other", HOST]
+    r = host('HOME= remove "$@"', "dtrain-x", "/dev/shm/dtrain-x-absent", "j", fake="docker() { return 0; }", env=env)
     assert r.returncode != 0 and keep.is_dir()
+
+
+@pytest.mark.parametrize("hostname, key", [("node-1", "node-1"), ("ip-10-0-0-5.ec2.internal", "ip-10-0-0-5.ec2.internal"),
+                                           ("a b/c*", "a_b_c_"), (".hidden", "_.hidden"), ("..", "_.."), ("*", "_")])
+def test_a_nodes_root_is_keyed_by_its_hostname(tmp_path, hostname, key):
+    """Every file a node keeps under the home is under ~/.dtrain/nodes/HOST (HOST: its hostname,
+    any character but letters, digits, _ . - made _, never `.`, `..` or hidden)."""
+    r = on_host(hostname, 'node_root; echo "$nroot"; job_path j', env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"{tmp_path}/.dtrain/nodes/{key}", f"{tmp_path}/.dtrain/nodes/{key}/jobs/j"]
+
+
+def test_nodes_sharing_one_home_make_their_job_directories_apart_at_once(tmp_path):
+    """Issue 38: nodes whose home is one directory (NFS /home) each make the job's directory
+    anew at the same moment, relaunch after relaunch: each its own (and its own lock), none
+    fails, none removes another's. Four nodes, each in a UTS namespace of its own (as the
+    simulated cluster's), one HOME."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    names = [f"node-{i}" for i in range(1, 5)]
+    for launch in range(5):
+        procs = [subprocess.Popen(on_host_argv(h, 'prepare "$@"', "j", f"launcher pid 1 launch {launch}"),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env) for h in names]
+        outs = [p.communicate(f"#!/bin/bash\n# launch {launch}\n", timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [o[1] for o in outs]
+        dirs = [o[0].strip() for o in outs]
+        assert dirs == [str(tmp_path / ".dtrain" / "nodes" / h / "jobs" / "j") for h in names]
+        for d in map(Path, dirs):
+            assert (d / "watch.sh").read_text() == f"#!/bin/bash\n# launch {launch}\n"
+            assert (d / "workdir").is_dir() and (d / "sup.in").is_fifo() and (d / "sup.out").is_fifo()
+            assert (Path(f"{d}.lock") / "owner").read_text() == f"launcher pid 1 launch {launch}\n"
+        (Path(dirs[0]) / "workdir" / "mine.py").write_text("node-1's")
+        # a node removes its own part only
+        r = subprocess.run(on_host_argv("node-2", 'remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-absent", "j"),
+                           capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert not Path(dirs[1]).exists() and not Path(f"{dirs[1]}.lock").exists()
+        assert (Path(dirs[0]) / "workdir" / "mine.py").exists() and Path(f"{dirs[0]}.lock").is_dir()
+        for h in (names[0], *names[2:]):  # the other launch of the name, as teardown does
+            assert subprocess.run(on_host_argv(h, 'remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-absent", "j"),
+                                  env=env).returncode == 0
+    assert sorted(p.name for p in (tmp_path / ".dtrain" / "nodes").iterdir()) == names
+    assert all(not any((tmp_path / ".dtrain" / "nodes" / h / "jobs").iterdir()) for h in names)
+
+
+def test_job_file_prints_this_nodes_file_of_the_job_or_one_an_older_dtrain_left(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = host('job_file "$@"', "j", "output.log", "0", env=env)
+    assert r.returncode == 1 and r.stderr.strip() == "no output.log of the job on this node"
+    old = tmp_path / ".dtrain" / "node-jobs" / "j"  # a job started before per-node directories
+    old.mkdir(parents=True)
+    (old / "state.json").write_text('{"state": "running"}')
+    assert host('job_file "$@"', "j", "state.json", "0", env=env).stdout == '{"state": "running"}'
+    (node_jobs(tmp_path) / "j").mkdir(parents=True)
+    (node_jobs(tmp_path) / "j" / "state.json").write_text('{"state": "succeeded"}')
+    assert host('job_file "$@"', "j", "state.json", "0", env=env).stdout == '{"state": "succeeded"}'
+    r = host('job_file "$@"', "j", "watch.sh", "0", env=env)  # only the files `logs` and `status` read
+    assert r.returncode == 2 and "no job file 'watch.sh'" in r.stderr
+
+
+def test_remove_also_removes_a_job_an_older_dtrain_left(tmp_path):
+    """`dtrain stop` of a job an older dtrain started (~/.dtrain/node-jobs/NAME, its lock beside)."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    old = tmp_path / ".dtrain" / "node-jobs"
+    (old / "j" / "workdir").mkdir(parents=True)
+    (old / "j.lock").mkdir()
+    (old / "other").mkdir()
+    r = host('remove "$@"', "dtrain-j", "/dev/shm/dtrain-j-absent", "j", fake="docker() { return 0; }", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in old.iterdir()) == ["other"]
+
+
+def test_keep_workdir_makes_the_jobs_copy_this_nodes_cache_by_hard_links(tmp_path):
+    """After --workdir's sync: the job's workdir/ becomes the node's cache of that directory
+    (workdir.NODE_CACHE from the job's workdir/, where rsync's --link-dest looks), hard links,
+    the last one replacing the one before; nodes sharing the home each keep their own."""
+    from dtrain.launch.jobs import workdir
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    key = "0123456789abcdef"
+    for h in ("node-1", "node-2"):
+        r = subprocess.run(on_host_argv(h, 'prepare "$@"', "j", "me 1 t"), input="w", capture_output=True,
+                           text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        wd = Path(r.stdout.strip()) / "workdir"
+        (wd / "sub").mkdir()
+        (wd / "sub" / "a.py").write_text(h)
+        for _ in range(2):
+            r = subprocess.run(on_host_argv(h, 'keep_workdir "$@"', "j", key), capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stderr
+        cache = (wd / workdir.NODE_CACHE / key).resolve()
+        assert cache == tmp_path / ".dtrain" / "nodes" / h / "workdir-cache" / key
+        assert os.path.samefile(cache / "sub" / "a.py", wd / "sub" / "a.py")
+        assert sorted(p.name for p in cache.parent.iterdir()) == [key]  # no copy aside left
+    r = host('keep_workdir "$@"', "j", "../../x", env=env)
+    assert r.returncode == 2 and "bad workdir cache key" in r.stderr
 
 
 def test_stop_watch_ends_the_watchdog_and_what_it_waits_on(tmp_path):

@@ -387,7 +387,8 @@ def test_a_launch_of_an_image_the_registry_lacks_says_so_in_one_line(cluster, tm
     assert row[1:4] == ["failed", "to", "launch"] and row[-1] == str(r.returncode), st.stdout
     assert containers_left(cluster, "t-absent") == []
     for i in range(1, len(cluster.nodes) + 1):
-        assert on_node(cluster, i, "ls ~/.dtrain/node-jobs/ /dev/shm | grep -c t-absent", check=False).stdout.strip() == "0"
+        left = on_node(cluster, i, "ls ~/.dtrain/nodes/$(hostname)/jobs/ /dev/shm | grep -c t-absent", check=False)
+        assert left.stdout.strip() == "0"
 
 
 @pytest.mark.cluster

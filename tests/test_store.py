@@ -45,9 +45,10 @@ BAD_NAMES = ["", ".", "..", "a/b", "../x", "x/..", "/abs", "-x", ".hidden", "a b
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_never_become_paths(home, name):
     """Every path made from a name checks it: `stop` can never resolve to ~/.dtrain/jobs/ or ~/.dtrain."""
-    from dtrain.launch.jobs.workdir import node_job_dir
+    from dtrain.launch.jobs.workdir import refresh_cache_argv
 
-    for f in (store.check_name, store.job_dir, store.job_log, node_job_dir, store.remove_argv):
+    for f in (store.check_name, store.job_dir, store.job_log, store.remove_argv,
+              lambda n: store.node_file_argv(n, "output.log"), lambda n: refresh_cache_argv(n, "0123456789abcdef")):
         with pytest.raises(LaunchError, match="bad job name"):
             f(name)
     if isinstance(name, str) and name:

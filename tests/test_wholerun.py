@@ -23,6 +23,9 @@ from test_launch import EX, ROOT, containers_left, nodes_of, on_node, spec
 pytestmark = pytest.mark.cluster
 
 
+NODE_JOBS = "~/.dtrain/nodes/$(hostname)/jobs"  # a node's job directories (dtrain/contract.py), in its shell
+
+
 def _job(cluster, image, command, name, n=3, say=None, **kw) -> tuple[int, str, Job]:
     job = Job(spec(cluster, image, command, name, **kw), nodes_of(cluster, n), say=say or (lambda m: None))
     code = job.run()
@@ -32,8 +35,8 @@ def _job(cluster, image, command, name, n=3, say=None, **kw) -> tuple[int, str, 
 def _node_files(cluster, name: str) -> list[str]:
     left = []
     for i in range(1, len(cluster.nodes) + 1):
-        r = on_node(cluster, i, f"ls -d ~/.dtrain/node-jobs/{name} ~/.dtrain/node-jobs/{name}.lock "
-                             f"/dev/shm/dtrain-{name} 2>/dev/null", check=False)
+        r = on_node(cluster, i, f"ls -d {NODE_JOBS}/{name} {NODE_JOBS}/{name}.lock /dev/shm/dtrain-{name} 2>/dev/null",
+                    check=False)
         left += [f"node-{i}:{p}" for p in r.stdout.split()]
     return left
 
@@ -276,7 +279,7 @@ def test_a_detached_job_runs_on_without_the_launcher_and_logs_follow_it(cluster,
     status = _invoke(tmp_path, "status")
     assert re.search(rf"{name}\s+detached: succeeded\s.*\s0\s*$", status.stdout, re.M), status.stdout
     def kept(i: int) -> list[str]:
-        return on_node(cluster, i, f"ls -A ~/.dtrain/node-jobs/{name} 2>/dev/null; ls -d ~/.dtrain/node-jobs/{name}.lock "
+        return on_node(cluster, i, f"ls -A {NODE_JOBS}/{name} 2>/dev/null; ls -d {NODE_JOBS}/{name}.lock "
                        f"/dev/shm/dtrain-{name} 2>/dev/null; true"
                        ).stdout.split()
 

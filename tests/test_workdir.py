@@ -49,13 +49,16 @@ def test_scan_refuses_a_missing_directory(tmp_path):
 
 def test_rsync_argv_quotes_the_ssh_command_for_rsync_and_links_from_the_cache(tmp_path):
     wd = w.Workdir(tmp_path, ("a.py",), 1, "0123456789abcdef")
-    argv = w.rsync_argv(["ssh", "-F", "/tmp/my config", "-o", "BatchMode=yes"], "root@10.0.0.2", wd, "j1")
-    assert argv[-1] == "root@10.0.0.2:.dtrain/node-jobs/j1/workdir/"
+    node_dir = "/root/.dtrain/nodes/node-2/jobs/j1"  # as the node printed it (host/prepare.sh)
+    argv = w.rsync_argv(["ssh", "-F", "/tmp/my config", "-o", "BatchMode=yes"], "root@10.0.0.2", wd, node_dir)
+    assert argv[-1] == "root@10.0.0.2:/root/.dtrain/nodes/node-2/jobs/j1/workdir/"
     assert argv[-2] == f"{tmp_path}/"
     assert "--link-dest=../../../workdir-cache/0123456789abcdef/" in argv
     assert shlex.split(argv[argv.index("-e") + 1]) == ["ssh", "-F", "/tmp/my config", "-o", "BatchMode=yes"]
     with pytest.raises(LaunchError, match="backslash"):
-        w.rsync_argv(["ssh", "-o", "X=a\\b"], "h", wd, "j1")
+        w.rsync_argv(["ssh", "-o", "X=a\\b"], "h", wd, node_dir)
+    with pytest.raises(LaunchError, match="h gave no absolute job directory"):
+        w.rsync_argv(["ssh"], "h", wd, "")
 
 
 def test_parse_stats_reads_rsyncs_own_output(tmp_path):

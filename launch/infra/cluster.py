@@ -19,6 +19,11 @@ snapshotter, dockerd 26 on the containerd image store with storage driver ``soci
 binaries unpacked under ``root``), and the registry speaks TLS with a self-signed certificate
 the nodes' daemons trust (SSL_CERT_FILE: soci 0.4.1 fetches SOCI indexes over HTTPS only).
 
+Shared directories (``up(..., shared={PATH: HOST_DIR})``): HOST_DIR is mounted at PATH on every
+node, one directory for all, as NFS is on a real cluster (a home shared by the nodes, as
+ParallelCluster and most Slurm clusters have: ``shared={"/root": DIR}``). Elsewhere each node keeps
+its own ~/.dtrain (as each EC2 node has its own disk).
+
 The functions here are plain Python; a thin Invoke task calls them.
 """
 
@@ -121,6 +126,7 @@ class ClusterInfo:
     state_dir: str = str(STATE_DIR)
     lazy: bool = False    # nodes load images lazily (SOCI); the registry speaks TLS
     registry_ca: str = ""  # lazy: a CA bundle holding the registry's certificate (SSL_CERT_FILE)
+    shared: tuple[tuple[str, str], ...] = ()  # (path on every node, host directory mounted there), sorted
 
     @property
     def names(self) -> list[str]:
@@ -148,7 +154,8 @@ class ClusterInfo:
             d = dict(d)
             nodes = tuple(NodeInfo(**{k: v for k, v in n.items() if k != "docker_host"})
                           for n in d.pop("nodes"))
-            return cls(nodes=nodes, **d)
+            shared = tuple((str(a), str(b)) for a, b in d.pop("shared", ()))
+            return cls(nodes=nodes, shared=shared, **d)
         except (TypeError, KeyError, AttributeError) as e:
             raise ClusterError(f"{STATE_FILE}: not a cluster record this version of dtrain reads ({e}); "
                                "remove that cluster with `dtrain cluster down` and bring it up again") from None
@@ -174,6 +181,7 @@ class ClusterStatus:
         lines = [head]
         for n in self.info.nodes:
             lines.append(f"  {n.name:8} {n.address:14} ssh root@{n.address}:22  DOCKER_HOST={n.docker_host}")
+        lines += [f"  shared: {src} at {path} on every node" for path, src in self.info.shared]
         lines.append(f"  identity {self.info.identity_file}  hostfile {self.info.hostfile}")
         lines.append(f"  ssh -F {self.info.ssh_config} node-1")
         lines += [f"  problem: {p}" for p in self.problems]
@@ -195,13 +203,14 @@ def _node(i: int) -> NodeInfo:
                     state_dir=str(d))
 
 
-def _info(n: int, lazy: bool = False) -> ClusterInfo:
+def _info(n: int, lazy: bool = False, shared: tuple[tuple[str, str], ...] = ()) -> ClusterInfo:
     return ClusterInfo(nodes=tuple(_node(i) for i in range(1, n + 1)),
                        identity_file=str(STATE_DIR / "id_ed25519"),
                        hostfile=str(STATE_DIR / "hostfile"),
                        ssh_config=str(STATE_DIR / "ssh_config"),
                        registry=REGISTRY, lazy=lazy,
-                       registry_ca=str(STATE_DIR / "registry" / "ca-bundle.pem") if lazy else "")
+                       registry_ca=str(STATE_DIR / "registry" / "ca-bundle.pem") if lazy else "",
+                       shared=shared)
 
 
 STATE_FILE = STATE_DIR / "state.json"
@@ -407,18 +416,42 @@ PS1='\\u@\\h:\\w\\$ '
 """
 
 
-def _node_home_binds(node: NodeInfo) -> list[tuple[str, str]]:
-    """A node's own ~/.dtrain (each EC2 node has its own disk: the jobs' files a launch leaves
-    there must not be shared between nodes) and a light ~/.bashrc."""
-    own = Path(node.state_dir) / "dtrain-home"
-    own.mkdir(parents=True, exist_ok=True)
-    (Path.home() / ".dtrain").mkdir(exist_ok=True)
-    binds = [(str(own), str(Path.home() / ".dtrain"))]
-    rc = Path.home() / ".bashrc"
-    if rc.exists():
+def _node_binds(node: NodeInfo, shared: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
+    """What a node's mount namespace mounts over the host's, (source, path) in order: its own
+    ~/.dtrain (each EC2 node has its own disk: the jobs' files a launch leaves there must not be
+    shared between nodes) and a light ~/.bashrc, where no shared directory holds them; then the
+    shared directories (the same host directory at the same path on every node, as NFS)."""
+    home = Path.home()
+    binds = []
+
+    def covered(path: Path) -> bool:
+        return any(path.is_relative_to(p) for p, _ in shared)
+
+    if not covered(home / ".dtrain"):
+        own = Path(node.state_dir) / "dtrain-home"
+        own.mkdir(parents=True, exist_ok=True)
+        (home / ".dtrain").mkdir(exist_ok=True)
+        binds.append((str(own), str(home / ".dtrain")))
+    rc = home / ".bashrc"
+    if rc.exists() and not covered(rc):
         _write(STATE_DIR / "node-bashrc", _NODE_BASHRC)
         binds.append((str(STATE_DIR / "node-bashrc"), str(rc)))
-    return binds
+    return binds + [(src, path) for path, src in shared]
+
+
+def check_shared(shared: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """up()'s `shared` ({path on every node: host directory}) as the cluster records it, sorted;
+    ClusterError naming a path that is not an absolute directory of this machine (a mount
+    needs one), or a host directory that is not one."""
+    out = []
+    for path, src in sorted((shared or {}).items()):
+        if not (isinstance(path, str) and path.startswith("/") and Path(path).is_dir() and path != "/"):
+            raise ClusterError(f"shared {path!r}: the path on the nodes must be an existing directory of this "
+                               "machine (not /), as an absolute path")
+        if not (isinstance(src, str) and src.startswith("/") and Path(src).is_dir()):
+            raise ClusterError(f"shared {path}={src!r}: the host directory must exist, as an absolute path")
+        out.append((str(Path(path)), str(Path(src))))
+    return tuple(out)
 
 
 def _sshd_config(n: NodeInfo) -> str:
@@ -472,7 +505,8 @@ def _hostfile(info: ClusterInfo) -> str:
 def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
        timeout: float = 90.0, nic_names: dict[int, str] | None = None,
        link_rate: str | int | None = None,
-       node_link_rates: dict[int, str | int] | None = None, lazy: Lazy | None = None) -> ClusterInfo:
+       node_link_rates: dict[int, str | int] | None = None, lazy: Lazy | None = None,
+       shared: dict[str, str] | None = None) -> ClusterInfo:
     """Bring up ``nodes`` simulated nodes (idempotent for the same count).
 
     nic_names: {node index: NIC name} for nodes whose NIC is not NODE_IFNAME (e.g. {2: "eth0"}:
@@ -487,6 +521,10 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
 
     ``lazy``: the nodes load images lazily (see the module's docstring); a cluster up in the
     other mode counts as another size (``recreate``).
+
+    ``shared`` ({path on every node: host directory}): the host directory mounted at that path on
+    every node, one for all (a home shared by the nodes: {"/root": DIR}); a cluster up with other
+    shared directories counts as another size too.
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
@@ -506,6 +544,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
         raise ClusterError(f"--link-rate {bad[0]}=...: no node {bad[0]} (nodes 1..{nodes})")
     if lazy is not None:
         check_lazy_root(lazy.root)  # before anything is touched
+    mounts = check_shared(shared)
     with _locked():
         try:
             st = _status()
@@ -520,6 +559,12 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             if not recreate:
                 raise ClusterError(refusal(st.nodes, mode))
             _log(quiet, f"existing cluster is in {mode} mode; rebuilding")
+            _down(quiet)
+            st = _status()
+        if st.info is not None and st.info.shared != mounts:
+            if not recreate:
+                raise ClusterError(refusal(st.nodes, "shared"))
+            _log(quiet, "existing cluster has other shared directories; rebuilding")
             _down(quiet)
             st = _status()
         if st.info is not None:
@@ -538,7 +583,7 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             _down(quiet)
         t0 = time.monotonic()
         try:
-            info = _up(nodes, quiet, timeout, lazy)
+            info = _up(nodes, quiet, timeout, lazy, mounts)
         except BaseException as e:
             _log(quiet, f"up failed ({type(e).__name__}: {e}); tearing down")
             with contextlib.suppress(Exception):
@@ -553,9 +598,9 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
 
 
 def refusal(nodes: int, mode: str | None = None) -> str:
-    """Why up() refuses a cluster of another size (or mode, "lazy"/"classic") that is up, and the
-    commands that replace it (recreate=True in Python)."""
-    what = f"is up in {mode} mode" if mode else "is already up"
+    """Why up() refuses a cluster of another size (or mode, "lazy"/"classic"; "shared": other
+    shared directories) that is up, and the commands that replace it (recreate=True in Python)."""
+    what = {None: "is already up", "shared": "is up with other shared directories"}.get(mode, f"is up in {mode} mode")
     return (f"a cluster with {nodes} node(s) {what}; `dtrain cluster up --recreate ...` replaces it "
             "(or `dtrain cluster down` first)")
 
@@ -631,8 +676,9 @@ def set_link_rate(index: int, bits_per_s: int | None) -> None:
     _node_link_rate(node, bits_per_s)
 
 
-def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None) -> ClusterInfo:
-    info = _info(n, lazy is not None)
+def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None,
+        shared: tuple[tuple[str, str], ...] = ()) -> ClusterInfo:
+    info = _info(n, lazy is not None, shared)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE_DIR, 0o755)
     state: dict = {"nodes": n, "created": time.time(), "pids": {}, "info": info.to_dict()}
@@ -678,7 +724,7 @@ def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None) -> Cluste
     for node in info.nodes:
         nx.add_node_netns(node.netns, BRIDGE, f"{VETH_PREFIX}{node.index}", node.ifname,
                           f"{node.address}/{PREFIXLEN}")
-        nx.add_node_mntns(node.netns, binds=_node_home_binds(node))
+        nx.add_node_mntns(node.netns, binds=_node_binds(node, shared))
 
     # registry (host netns, bridge address only) ------------------------------
     regdir = STATE_DIR / "registry"

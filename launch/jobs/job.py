@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
@@ -154,7 +154,9 @@ class Prepared:
     """What the prepare step found (Job.prepare): the job's directory on every node, which nodes
     hold the image already, and the registry's answers asked once for every later step."""
 
-    node_dir: str = ""  # absolute, the same on every node; "" where no prepare ran (doctor)
+    # host -> the job's directory there (absolute, as the node printed it: each node's own, also
+    # where nodes share the home); empty where no prepare ran (doctor)
+    node_dirs: dict[str, str] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)  # host -> image ID of the nodes that hold it
     login: Login | None = None  # the registry login (ECR); None: asked by the start step
     digest: str = ""  # the registry's digest of the image (--pull always); "" unknown
@@ -400,7 +402,7 @@ def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, ifa
 
 
 def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], public_key: str,
-                   secrets: str, say: Callable[[str], None], node_dir: str = "",
+                   secrets: str, say: Callable[[str], None], node_dirs: Mapping[str, str] | None = None,
                    login: Login | None = None, *, t0: float | None = None,
                    on_phase: Callable[[timeline.Entry], None] | None = None,
                    sessions: Sessions | None = None, standby: str = "") -> tuple[Started, Fanout]:
@@ -417,13 +419,15 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     after t0 (the launch's start, epoch; default now): Started.timeline has each node's
     `container`; on_phase gets the later ones (`sshd`) as they come. sessions: the first
     round's, open (Job.prepare): the step goes on in them instead of sessions of its own.
+    node_dirs: host -> the job's directory there (Prepared.node_dirs), mounted in its container.
     standby: the host whose container waits for the job's supervisor (container_spec); "" none."""
     began = time.monotonic()
     t0 = time.time() if t0 is None else t0
     login = login_for(spec.image) if login is None else login
-    standby = standby if node_dir and standby in {n.host for n in nodes} else ""
-    args = up_args(spec, login.args, public_key, node_dir)
-    waits = up_args(spec, login.args, public_key, node_dir, standby=True) if standby else args
+    dirs = node_dirs or {}
+    standby = standby if dirs.get(standby) and standby in {n.host for n in nodes} else ""
+    args = {n.host: up_args(spec, login.args, public_key, dirs.get(n.host, ""), standby=n.host == standby)
+            for n in nodes}
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
     phases: list[timeline.Entry] = []
@@ -444,13 +448,13 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
                 news.notify_all()
 
     if sessions is None:
-        fan = ssh.start(nodes, lambda n: node_programs.host_argv("up", *(waits if n.host == standby else args)),
+        fan = ssh.start(nodes, lambda n: node_programs.host_argv("up", *args[n.host]),
                         timeout=1800, stdin=lambda n: login.stdin + secrets, on_line=on_line)
     else:
         fan = sessions.fanout
         sessions.relay.target = on_line
         for n in nodes:
-            fan.send(n.host, go_text(waits if n.host == standby else args) + login.stdin + secrets)
+            fan.send(n.host, go_text(args[n.host]) + login.stdin + secrets)
     started = list(nodes)  # until the sessions say otherwise
     try:
         with news:  # until every container runs, or a session ended before starting its own
@@ -675,7 +679,7 @@ class Job:
         try:
             started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
                                                      public, private + host_key + env_file(self.spec.env), self.say,
-                                                     prepared.node_dir, prepared.login,
+                                                     prepared.node_dirs, prepared.login,
                                                      t0=rec.t0 if rec else None,
                                                      on_phase=(lambda e: rec.add([e])) if rec else None,
                                                      sessions=prepared.sessions, standby=standby)
@@ -833,8 +837,8 @@ class Job:
     def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
         another launch holds it refuses, changing nothing), the job's directory on every node
-        (~/.dtrain/node-jobs/<job>, made anew, with the node watchdog's program), then the
-        workdir, sent to every node at once.
+        (each node's own, ~/.dtrain/nodes/HOST/jobs/<job>: dtrain/contract.py; made anew, with
+        the node watchdog's program), then the workdir, sent to every node at once.
         The same round asks each node whether it holds the image already (pull()).
         t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
         watch = contract.node_script("watch.sh")
@@ -844,7 +848,7 @@ class Job:
         question = () if login is None else (self.spec.image, self.spec.pull, digest)
         # First on each node its lock of the name (refused: exit 3, nothing changed there). The
         # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
-        argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)
+        argv = node_programs.host_argv("prepare_up", store.check_name(self.spec.name), self.owner, *question)
         said: dict[str, list[str]] = {n.host: [] for n in self.nodes}
         done: dict[str, float] = {}
         news = threading.Condition()
@@ -884,12 +888,11 @@ class Job:
             dirs = {h: ([x for x in lines if x.startswith("/")] or [""])[-1] for h, lines in said.items()}
             held = {h: line.split(" ", 1)[1] for h, lines in said.items() for line in lines
                     if line.startswith("held sha256:")}
-        if len(set(dirs.values())) > 1:
-            raise LaunchError("the job's directory differs between nodes (different ssh users or homes): "
-                              + ", ".join(f"{h}: {d}" for h, d in dirs.items()) + "; use one ssh user everywhere")
+        if missing := [h for h, d in dirs.items() if not d]:
+            raise LaunchError(f"preparing the job's directory: no directory from {', '.join(missing)}")
         if wd is not None:
-            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say)
-        return Prepared(next(iter(dirs.values())), held, login, digest, tuple(took), Sessions(sessions, relay),
+            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say, dirs=dirs)
+        return Prepared(dirs, held, login, digest, tuple(took), Sessions(sessions, relay),
                         absent=answer.absent, keys=keys)
 
     def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
@@ -906,14 +909,15 @@ class Job:
         raise_on_failure(results, "preparing the job's directory")
         raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
-    def plan(self, started: Started, node_dir: str, ompi: int,
+    def plan(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
              quarantined: dict[str, str] | None = None) -> commands.RunPlan:
         """What the supervisor runs (plan.json): the launcher command apart from its nodes, the
         nodes (the last `--spares` of them ready, with no rank) and the restart policy; it builds
         each attempt's command from them (commands.attempt_argv), the first one as the launch
         shows it. A per-node command (torchrun) runs in its container through
         launch/node/run.sh: the job's --env values from its file. quarantined: nodes taken out
-        before the start ({host: why}; a spare takes each one's place)."""
+        before the start ({host: why}; a spare takes each one's place). node_dirs: host -> the
+        job's directory there (the plan names the first node's)."""
         spec = self.spec
         active = len(started.facts) - spec.spares
         ranks, spares = plan_nodes(started.facts[:active]), plan_nodes(started.facts[active:])
@@ -923,11 +927,13 @@ class Job:
                                     progress_pattern=spec.progress_pattern)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
         prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
+        first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
+        node_dir = node_dirs.get(first, "")
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
                                 quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
-    def run_supervised(self, started: Started, node_dir: str, ompi: int,
+    def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
                        quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> int:
         """The job under its supervisor in the first container (launch/node/supervise.py, started
         by launch/node/host/supervise.sh): attached, its output streams here until it ends;
@@ -936,7 +942,7 @@ class Job:
         launch's timeline so far; the readiness check's and the supervisor's phases join it (each
         node's first step, a restart's phases), and the log shows it as a table once every node
         made its first step (or the output ends before)."""
-        plan = self.plan(started, node_dir, ompi, quarantined)
+        plan = self.plan(started, node_dirs, ompi, quarantined)
         facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
         first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
         rec = rec or timeline.Recorder(time.time())
@@ -965,7 +971,7 @@ class Job:
         else:  # attached, docker exec -i: stdin's end stops the job
             mode = "detach" if self.spec.detach else "attach"
             inner = ["docker", "exec", *([] if self.spec.detach else ["-i"]), container_name(self.spec.name), *inner]
-        argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dir, mode, *inner))
+        argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dirs[first.node.host], mode, *inner))
         payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
                                 json.dumps(supervision.builder_files())))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -1086,7 +1092,7 @@ class Job:
                 self.keys.remove()  # the job's private keys go with the job
             self.ssh.close()
 
-    def _job(self, started: Started, node_dir: str, ompi: int, quarantined: dict[str, str] | None = None,
+    def _job(self, started: Started, node_dirs: Mapping[str, str], ompi: int, quarantined: dict[str, str] | None = None,
              rec: timeline.Recorder | None = None) -> int:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
@@ -1094,7 +1100,7 @@ class Job:
             if self.launcher.name == "ray":
                 code = self._run_ray(started.facts, started.facts[0].iface)
             else:
-                code = self.run_supervised(started, node_dir, ompi, quarantined, rec)
+                code = self.run_supervised(started, node_dirs, ompi, quarantined, rec)
         except LaunchError:
             if failure := self.up_failure(self.spec.ready_timeout + 30):
                 raise failure from None
@@ -1127,7 +1133,7 @@ class Job:
         try:
             prepared = self.prepare(wd, rec.t0)
             rec.add(prepared.timeline)
-            store.record(self.spec.name, node_dir=prepared.node_dir)
+            store.record(self.spec.name, node_dirs=prepared.node_dirs)
             pulled = self.pull(prepared, rec.t0)
             rec.add(pulled.timeline)
             started = self.up(prepared, pulled, rec)
@@ -1147,7 +1153,7 @@ class Job:
             if self.launcher.needs_ssh and started.ompi is None:
                 ompi = self.wait_ready([f for f in started.facts if f.hostname not in quarantined])  # ask its mpirun
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started, prepared.node_dir, ompi, quarantined, rec)
+            code = self._job(started, prepared.node_dirs, ompi, quarantined, rec)
             if self.detached:
                 store.record(self.spec.name, state="detached")
                 return 0

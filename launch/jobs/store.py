@@ -331,13 +331,9 @@ def _first_node(job: dict) -> Node:
 
 
 def node_file_argv(job: str, name: str, follow: bool = False) -> list[str]:
-    """On a node: print the job's file (output.log, state.json) from its directory there;
-    follow: keep printing what is appended (tail -F)."""
-    from dtrain.launch.jobs.workdir import node_job_dir
-
-    return ["sh", "-c", 'f="${HOME:?}/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
-            'if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi',
-            "dtrain-job-file", node_job_dir(job), name, "1" if follow else "0"]
+    """On a node: print the job's file (output.log, state.json) from its directory there (the
+    node finds its own: host/prepare.sh job_file); follow: keep printing what is appended (tail -F)."""
+    return node_programs.host_argv("job_file", check_name(job), name, "1" if follow else "0")
 
 
 def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:
@@ -485,10 +481,8 @@ def follow(path: Path, job: dict, out=sys.stdout) -> None:
 def remove_argv(job: str) -> list[str]:
     """The node step that removes a job's container, key directory and files (a detached
     job's log and state too) and releases the node's lock of the name; fine if none is there."""
-    from dtrain.launch.jobs.workdir import node_job_dir
-
     return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job),
-                                   node_job_dir(job))
+                                   check_name(job))
 
 
 ENDED = ("succeeded", "failed", "failed to launch", "interrupted", "stopped", "launcher gone")

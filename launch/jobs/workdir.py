@@ -1,10 +1,12 @@
 """`--workdir DIR`: the job's code on every node, in parallel, before the containers start.
 
-Each node keeps the job's copy in ~/.dtrain/node-jobs/<job>/workdir (mounted at /workdir, the job's
-working directory) and, for the next launch, a copy of the last one sent from this directory
-in ~/.dtrain/workdir-cache/<key>: rsync hard-links what did not change from there (--link-dest),
-so a relaunch after editing one file sends about that file. The job's copy goes at teardown;
-the cache stays (`dtrain stop --all-jobs` does not touch it; remove ~/.dtrain/workdir-cache).
+Each node keeps the job's copy in its job directory's workdir/ (~/.dtrain/nodes/HOST/jobs/<job>/workdir,
+the path the node printed when it made the directory: dtrain/contract.py; mounted at /workdir, the
+job's working directory) and, for the next launch, a copy of the last one sent from this directory
+in ~/.dtrain/nodes/HOST/workdir-cache/<key>: rsync hard-links what did not change from there
+(--link-dest), so a relaunch after editing one file sends about that file. Each node its own,
+also where nodes share the home. The job's copy goes at teardown; the cache stays (`dtrain stop
+--job` does not touch it; remove ~/.dtrain/nodes/*/workdir-cache).
 
 What is sent (`select`, the same rules for `dtrain sagemaker run`'s upload): every file under DIR
 but what its .gitignore and .dtrainignore files exclude (git's rules, per directory, deeper files
@@ -23,7 +25,7 @@ import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pathspec
 
@@ -48,10 +50,10 @@ QUIET = ("__pycache__/",)  # left out too, not worth a word
 _SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRETS)
 _QUIET = pathspec.GitIgnoreSpec.from_lines(QUIET)
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
-# On each node, relative to the ssh user's home; not the launcher's store (~/.dtrain/jobs): a
-# node that is also the launcher keeps the two apart.
-NODE_JOBS = ".dtrain/node-jobs"
-NODE_CACHE = ".dtrain/workdir-cache"
+# On each node, relative to its job's workdir/ (~/.dtrain/nodes/HOST/jobs/<job>/workdir): the
+# node's cache of this directory, ~/.dtrain/nodes/HOST/workdir-cache/<key> (host/prepare.sh
+# keep_workdir puts it there).
+NODE_CACHE = "../../../workdir-cache"
 
 
 @dataclass(frozen=True)
@@ -212,23 +214,17 @@ def left_out_line(left_out: Sequence[str]) -> str | None:
             f"!NAME to {DTRAINIGNORE})")
 
 
-def node_job_dir(job: str) -> str:
-    """The job's directory on a node (its lock beside it: the same path + `.lock`)."""
-    from dtrain.launch.jobs.store import check_name
-
-    return f"{NODE_JOBS}/{check_name(job)}"
-
-
-def rsync_argv(ssh: Sequence[str], target: str, wd: Workdir, job: str) -> list[str]:
-    """rsync of wd's files to target:~/.dtrain/node-jobs/<job>/workdir, hard-linking unchanged
-    files from the node's cache of this directory. ssh: the ssh argv that reaches the node,
-    without the host (rsync's -e takes it as one string, quoted as rsync splits it)."""
+def rsync_argv(ssh: Sequence[str], target: str, wd: Workdir, node_dir: str) -> list[str]:
+    """rsync of wd's files to target:NODE_DIR/workdir, NODE_DIR the job's directory on that node
+    (absolute, as the node printed it: Job.prepare), hard-linking unchanged files from the
+    node's cache of this directory. ssh: the ssh argv that reaches the node, without the host
+    (rsync's -e takes it as one string, quoted as rsync splits it)."""
     if any("\\" in a for a in ssh):
         raise LaunchError("ssh options for --workdir cannot hold a backslash (rsync's -e)")
-    dest = f"{node_job_dir(job)}/workdir/"
-    return ["rsync", "-a", "--stats", "--files-from=-", "--from0",
-            f"--link-dest=../../../{NODE_CACHE.split('/', 1)[1]}/{wd.key}/",
-            "-e", shlex.join(ssh), f"{wd.root}/", f"{target}:{dest}"]
+    if not node_dir.startswith("/"):
+        raise LaunchError(f"--workdir: {target} gave no absolute job directory ({node_dir!r})")
+    return ["rsync", "-a", "--stats", "--files-from=-", "--from0", f"--link-dest={NODE_CACHE}/{wd.key}/",
+            "-e", shlex.join(ssh), f"{wd.root}/", f"{target}:{node_dir}/workdir/"]
 
 
 _STATS = {"files": re.compile(r"Number of regular files transferred: ([\d,]+)"),
@@ -245,17 +241,18 @@ def parse_stats(out: str) -> tuple[int, int]:
 
 
 def refresh_cache_argv(job: str, key: str) -> list[str]:
-    """On the node, after the sync: the job's copy becomes the cache of the next launch
-    (hard links: no data copied). Paths are ours (job names are [A-Za-z0-9_.-])."""
-    return ["bash", "-c", 'set -e; cache="$2/$3"; rm -rf "$cache.new"; mkdir -p "$2"; '
-            'cp -al "$1/workdir" "$cache.new"; rm -rf "$cache"; mv "$cache.new" "$cache"',
-            "dtrain-workdir-cache", node_job_dir(job), NODE_CACHE, key]
+    """On the node, after the sync: the job's copy becomes the node's cache of this directory
+    for the next launch (hard links: no data copied; host/prepare.sh keep_workdir)."""
+    from dtrain.launch.jobs import node_programs
+    from dtrain.launch.jobs.store import check_name
+
+    return node_programs.host_argv("keep_workdir", check_name(job), key)
 
 
 def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
-         say: Callable[[str], None] = print) -> list[NodeResult]:
-    """Send wd to every node at once (the job's directory there exists: Job.prepare); print
-    files and bytes sent per node."""
+         say: Callable[[str], None] = print, *, dirs: Mapping[str, str]) -> list[NodeResult]:
+    """Send wd to every node at once (the job's directory there exists: Job.prepare; dirs: host
+    -> that directory, as the node printed it); print files and bytes sent per node."""
     listing = "\0".join(wd.files) + "\0"
     note = left_out_line(wd.left_out)
     if note:
@@ -264,8 +261,8 @@ def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
     def target(n: Node) -> str:
         return f"{n.user}@{n.host}" if n.user else n.host
 
-    results = run_all(nodes, lambda n: rsync_argv(ssh.prefix(n), target(n), wd, job),
-                      stdin=lambda n: listing, timeout=3600)
+    argvs = {n.host: rsync_argv(ssh.prefix(n), target(n), wd, dirs.get(n.host, "")) for n in nodes}
+    results = run_all(nodes, lambda n: argvs[n.host], stdin=lambda n: listing, timeout=3600)
     raise_on_failure(results, f"sending --workdir {wd.root}")
     ssh.run(nodes, lambda n: refresh_cache_argv(job, wd.key), timeout=120,
             what="keeping the workdir for the next launch")

@@ -1,16 +1,20 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
-# remove NAME KEYDIR [REL]: remove a job's container, its key directory and its directory ~/REL
-# (a detached job's log and state included: `dtrain stop` is the end of it), and release the
-# node's lock of the name (~/REL.lock); fine if none is there.
+# remove CONTAINER KEYDIR [NAME]: remove a job's container, its key directory and this node's
+# directory of job NAME (job_path; a detached job's log and state included: `dtrain stop` is the
+# end of it), and release the node's lock of the name (its .lock beside it); fine if none is
+# there. A job that dtrain before per-node directories started (old_job_path) goes too.
 remove() {
-  local d=
+  local d='' old=''
   if [ -n "${3:-}" ]; then
     d=$(job_path "$3") || exit 2
     stop_watch "$d"
+    old_job_path "$3"
+    if [ -d "$old" ] || [ -d "$old.lock" ]; then stop_watch "$old"; else old=''; fi
   fi
   docker rm -f "$1" >/dev/null 2>&1
   case $2 in /dev/shm/dtrain-?*) rm -rf "$2" ;; esac
   [ -z "$d" ] || rm -rf "${d:?}" "${d:?}.lock"
+  [ -z "$old" ] || rm -rf "${old:?}" "${old:?}.lock"
   true
 }
 
