@@ -45,7 +45,7 @@ BAD_NAMES = ["", ".", "..", "a/b", "../x", "x/..", "/abs", "-x", ".hidden", "a b
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_never_become_paths(home, name):
     """Every path made from a name checks it: `stop` can never resolve to ~/.dtrain/jobs/ or ~/.dtrain."""
-    from dtrain.launch.jobs.workdir import node_job_dir
+    from dtrain.launch.jobs.store import node_job_dir
 
     for f in (store.check_name, store.job_dir, store.job_log, node_job_dir, store.remove_argv):
         with pytest.raises(LaunchError, match="bad job name"):

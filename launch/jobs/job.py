@@ -844,7 +844,7 @@ class Job:
         question = () if login is None else (self.spec.image, self.spec.pull, digest)
         # First on each node its lock of the name (refused: exit 3, nothing changed there). The
         # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
-        argv = node_programs.host_argv("prepare_up", wdir.node_job_dir(self.spec.name), self.owner, *question)
+        argv = node_programs.host_argv("prepare_up", store.node_job_dir(self.spec.name), self.owner, *question)
         said: dict[str, list[str]] = {n.host: [] for n in self.nodes}
         done: dict[str, float] = {}
         news = threading.Condition()

@@ -323,6 +323,16 @@ def job_nodes(job: dict) -> list[Node]:
                           f"({jobs_dir() / str(job.get('name'))}/job.json)") from None
 
 
+# On each node, relative to the ssh user's home; not the launcher's store (~/.dtrain/jobs): a
+# node that is also the launcher keeps the two apart.
+NODE_JOBS = ".dtrain/node-jobs"
+
+
+def node_job_dir(job: str) -> str:
+    """The job's directory on a node (its lock beside it: the same path + `.lock`)."""
+    return f"{NODE_JOBS}/{check_name(job)}"
+
+
 def _first_node(job: dict) -> Node:
     nodes = job_nodes(job)
     if not nodes:
@@ -333,8 +343,6 @@ def _first_node(job: dict) -> Node:
 def node_file_argv(job: str, name: str, follow: bool = False) -> list[str]:
     """On a node: print the job's file (output.log, state.json) from its directory there;
     follow: keep printing what is appended (tail -F)."""
-    from dtrain.launch.jobs.workdir import node_job_dir
-
     return ["sh", "-c", 'f="${HOME:?}/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
             'if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi',
             "dtrain-job-file", node_job_dir(job), name, "1" if follow else "0"]
@@ -485,8 +493,6 @@ def follow(path: Path, job: dict, out=sys.stdout) -> None:
 def remove_argv(job: str) -> list[str]:
     """The node step that removes a job's container, key directory and files (a detached
     job's log and state too) and releases the node's lock of the name; fine if none is there."""
-    from dtrain.launch.jobs.workdir import node_job_dir
-
     return node_programs.host_argv("remove", contract.container_name(job), contract.node_key_dir(job),
                                    node_job_dir(job))
 

@@ -10,7 +10,6 @@ foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.launch.jobs import commands, output, timeline
+from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -91,16 +91,6 @@ def container_ssh(mux: Sequence[str] = ()) -> list[str]:
     return ["ssh", "-p", str(contract.SSH_PORT), "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
             *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
-
-
-def parse_event(line: str) -> dict | None:
-    if not line.startswith(EVENT):
-        return None
-    try:
-        ev = json.loads(line[len(EVENT):])
-    except json.JSONDecodeError:
-        return None
-    return ev if isinstance(ev, dict) and "event" in ev else None
 
 
 def describe(ev: dict) -> str:

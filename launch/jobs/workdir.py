@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import pathspec
 
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.store import node_job_dir
 from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
@@ -48,9 +49,6 @@ QUIET = ("__pycache__/",)  # left out too, not worth a word
 _SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRETS)
 _QUIET = pathspec.GitIgnoreSpec.from_lines(QUIET)
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
-# On each node, relative to the ssh user's home; not the launcher's store (~/.dtrain/jobs): a
-# node that is also the launcher keeps the two apart.
-NODE_JOBS = ".dtrain/node-jobs"
 NODE_CACHE = ".dtrain/workdir-cache"
 
 
@@ -210,13 +208,6 @@ def left_out_line(left_out: Sequence[str]) -> str | None:
         return None
     return (f"left out {len(left_out)} that may hold secrets: {names(left_out)} (to send one, add "
             f"!NAME to {DTRAINIGNORE})")
-
-
-def node_job_dir(job: str) -> str:
-    """The job's directory on a node (its lock beside it: the same path + `.lock`)."""
-    from dtrain.launch.jobs.store import check_name
-
-    return f"{NODE_JOBS}/{check_name(job)}"
 
 
 def rsync_argv(ssh: Sequence[str], target: str, wd: Workdir, job: str) -> list[str]:
