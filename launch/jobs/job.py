@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence, TypeVar
 
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
@@ -219,6 +219,17 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
                      commands.interface_address(ipjson, chosen) if iface else "")
 
 
+T = TypeVar("T")
+
+
+def split_spares(nodes: Sequence[T], k: int) -> tuple[list[T], list[T]]:
+    """(the nodes that run ranks, the spares): the spares are the last k nodes given."""
+    if not 0 <= k <= len(nodes):
+        raise ValueError(f"split_spares: {k} spare(s) of {len(nodes)} node(s)")
+    cut = len(nodes) - k
+    return list(nodes[:cut]), list(nodes[cut:])
+
+
 def check_spares(spec: JobSpec, given: int) -> None:
     """--spares and --min-nodes against the nodes given: at least one node runs ranks."""
     if not 0 <= spec.spares < given:
@@ -254,9 +265,9 @@ def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) 
     that would run ranks needs a spare that is not a culprit itself to take its place; without
     enough, the launch fails naming them (GateResult.failure)."""
     out = {f.hostname: f"slow link: {gate.culprits[f.node.host]}" for f in facts if f.node.host in gate.culprits}
-    ranked = facts[:len(facts) - spares]
+    ranked, spare = split_spares(facts, spares)
     need = sum(f.hostname in out for f in ranked)
-    have = sum(f.hostname not in out for f in facts[len(facts) - spares:])
+    have = sum(f.hostname not in out for f in spare)
     if need > have:
         raise LaunchError(gate.failure() + (f"; {have} healthy spare(s) for {need} node(s)" if spares else ""))
     return out
@@ -915,8 +926,7 @@ class Job:
         launch/node/run.sh: the job's --env values from its file. quarantined: nodes taken out
         before the start ({host: why}; a spare takes each one's place)."""
         spec = self.spec
-        active = len(started.facts) - spec.spares
-        ranks, spares = plan_nodes(started.facts[:active]), plan_nodes(started.facts[active:])
+        ranks, spares = (plan_nodes(f) for f in split_spares(started.facts, spec.spares))
         if quarantined:
             ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
