@@ -767,3 +767,44 @@ def _has_child(pid: int, name: str) -> bool:
                     return True
                 kids.add(int(stat.parent.name))
     return False
+
+
+def test_workdir_cache_job_file_and_write_private_run_from_their_files(tmp_path):
+    """The node programs that were shell text in Python strings (issue 39): each is a file of
+    launch/node/ run as `bash -c TEXT NAME ARGS...`, the values arguments; run here as the
+    node's ssh session would (its home the current directory and $HOME)."""
+    from dtrain.launch.jobs import store, workdir
+    from dtrain.launch.jobs.node_programs import program_argv
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    run = lambda argv, **kw: subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,  # noqa: E731
+                                            timeout=30, **kw)
+    cache_argv = workdir.refresh_cache_argv("j", "k1")
+    assert cache_argv[:2] == ["bash", "-c"] and cache_argv[2] == (NODE / "workdir-cache.sh").read_text()
+    assert cache_argv[3:] == ["dtrain-workdir-cache", ".dtrain/node-jobs/j", ".dtrain/workdir-cache", "k1"]
+    (tmp_path / ".dtrain/node-jobs/j/workdir/sub").mkdir(parents=True)
+    (tmp_path / ".dtrain/node-jobs/j/workdir/sub/a.txt").write_text("a")
+    for _ in range(2):  # again: the cache of before is replaced
+        r = run(cache_argv)
+        assert r.returncode == 0, r.stderr
+    cached = tmp_path / ".dtrain/workdir-cache/k1/sub/a.txt"
+    assert cached.read_text() == "a"
+    assert cached.stat().st_ino == (tmp_path / ".dtrain/node-jobs/j/workdir/sub/a.txt").stat().st_ino  # a hard link
+    assert not (tmp_path / ".dtrain/workdir-cache/k1.new").exists()
+
+    file_argv = store.node_file_argv("j", "state.json")
+    assert file_argv[3:] == ["dtrain-job-file", ".dtrain/node-jobs/j", "state.json", "0"]
+    assert store.node_file_argv("j", "output.log", follow=True)[3:] == [
+        "dtrain-job-file", ".dtrain/node-jobs/j", "output.log", "1"]
+    r = run(file_argv)
+    assert (r.returncode, r.stderr) == (1, "no state.json of the job on this node\n")
+    (tmp_path / ".dtrain/node-jobs/j/state.json").write_text('{"state": "running"}')
+    assert run(file_argv).stdout == '{"state": "running"}'
+
+    private = tmp_path / "kd" / "node.env"
+    private.parent.mkdir()
+    write = program_argv("write-private.sh", [str(private)])
+    assert write[3:] == ["dtrain-write-private", str(private)]
+    assert run(write, input="NCCL_SOCKET_IFNAME=ens5\n").returncode == 0
+    assert private.read_text() == "NCCL_SOCKET_IFNAME=ens5\n"
+    assert oct(private.stat().st_mode & 0o777) == "0o600"

@@ -729,7 +729,7 @@ class Job:
         directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
         path = f"{node_key_dir(self.spec.name)}/{commands.NODE_ENV_FILE}"
         by_host = {f.node.host: f for f in facts}
-        results = self.ssh.run(self.nodes, lambda n: ["sh", "-c", 'umask 077; cat > "$1"', "sh", path],
+        results = self.ssh.run(self.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
                                stdin=lambda n: commands.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
                                timeout=60)
         raise_on_failure(results, "writing each node's NIC")

@@ -343,9 +343,7 @@ def _first_node(job: dict) -> Node:
 def node_file_argv(job: str, name: str, follow: bool = False) -> list[str]:
     """On a node: print the job's file (output.log, state.json) from its directory there;
     follow: keep printing what is appended (tail -F)."""
-    return ["sh", "-c", 'f="${HOME:?}/$1/$2"; [ -f "$f" ] || { echo "no $2 of the job on this node" >&2; exit 1; }; '
-            'if [ "$3" = 1 ]; then exec tail -n +1 -F "$f" 2>/dev/null; else exec cat "$f"; fi',
-            "dtrain-job-file", node_job_dir(job), name, "1" if follow else "0"]
+    return node_programs.program_argv("job-file.sh", [node_job_dir(job), name, "1" if follow else "0"])
 
 
 def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import pathspec
 
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import node_programs
 from dtrain.launch.jobs.store import node_job_dir
 from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node
@@ -238,9 +239,7 @@ def parse_stats(out: str) -> tuple[int, int]:
 def refresh_cache_argv(job: str, key: str) -> list[str]:
     """On the node, after the sync: the job's copy becomes the cache of the next launch
     (hard links: no data copied). Paths are ours (job names are [A-Za-z0-9_.-])."""
-    return ["bash", "-c", 'set -e; cache="$2/$3"; rm -rf "$cache.new"; mkdir -p "$2"; '
-            'cp -al "$1/workdir" "$cache.new"; rm -rf "$cache"; mv "$cache.new" "$cache"',
-            "dtrain-workdir-cache", node_job_dir(job), NODE_CACHE, key]
+    return node_programs.program_argv("workdir-cache.sh", [node_job_dir(job), NODE_CACHE, key])
 
 
 def sync(wd: Workdir, nodes: Sequence[Node], job: str, ssh: SshTransport,
