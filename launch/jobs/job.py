@@ -230,6 +230,13 @@ def split_spares(nodes: Sequence[T], k: int) -> tuple[list[T], list[T]]:
     return list(nodes[:cut]), list(nodes[cut:])
 
 
+def supervisor_argv(job_dir: str, detach: bool) -> list[str]:
+    """The supervisor's command in the first container (after run.sh); detach: in the
+    background (setsid), its output to its files only (launch/node/detach.sh)."""
+    sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
+    return ["setsid", "-f", *node_programs.program_argv("detach.sh", sup)] if detach else sup
+
+
 def check_spares(spec: JobSpec, given: int) -> None:
     """--spares and --min-nodes against the nodes given: at least one node runs ranks."""
     if not 0 <= spec.spares < given:
@@ -959,9 +966,7 @@ class Job:
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
                     if plan.max_restarts else spares) + f": {shlex.join(shown)}")
         job_dir = supervision.CONTAINER_JOB_DIR
-        sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
-        if self.spec.detach:  # in the background, its output to its files only
-            sup = ["setsid", "-f", "sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "dtrain-supervisor", *sup]
+        sup = supervisor_argv(job_dir, self.spec.detach)
         # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
         # each node; its health probes), so their sshd answers first, whatever the launcher; its
         # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
