@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from dtrain import contract, ecr, interrupts, table
+from dtrain.images.errors import PushError
 from dtrain.images.render import REPO_PREFIX, ROOT, local_ref
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -46,10 +47,6 @@ CATALOG_VERSION = 1
 PASSWORD_ENV = "DTRAIN_REGISTRY_PASSWORD"
 # How the user makes a missing image; the build task owns the exact flags.
 BUILD_HINT = "dtrain build --image {family} --tag {tag}"
-
-
-class PushError(Exception):
-    """A push cannot go on. str() is the user-facing message (never holds a secret)."""
 
 
 class ImageLike(Protocol):

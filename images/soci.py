@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain.containerd import containerd_config
-from dtrain.images.push import PushError
+from dtrain.images.errors import PushError
 
 BIN_ENV = "DTRAIN_SOCI_BIN"  # a directory holding soci, ctr, containerd (e.g. an unpacked package)
 NAMESPACE = "dtrain-soci"  # the containerd namespace the image is pulled into to be indexed

@@ -882,3 +882,41 @@ def _has_child(pid: int, name: str) -> bool:
                     return True
                 kids.add(int(stat.parent.name))
     return False
+
+
+def test_write_private_runs_from_its_file(tmp_path):
+    """A node program that was shell text in a Python string (issue 39): a file of launch/node/
+    run as `bash -c TEXT NAME ARGS...`, the values arguments; run here as the node's ssh session
+    would (its home the current directory and $HOME)."""
+    from dtrain.launch.jobs.node_programs import program_argv
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    run = lambda argv, **kw: subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,  # noqa: E731
+                                            timeout=30, **kw)
+    private = tmp_path / "kd" / "node.env"
+    private.parent.mkdir()
+    write = program_argv("write-private.sh", [str(private)])
+    assert write[3:] == ["dtrain-write-private", str(private)]
+    assert run(write, input="NCCL_SOCKET_IFNAME=ens5\n").returncode == 0
+    assert private.read_text() == "NCCL_SOCKET_IFNAME=ens5\n"
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_detached_supervisor_runs_from_detach_sh_without_the_sessions_streams(tmp_path):
+    from dtrain.launch.jobs.job import supervisor_argv
+
+    assert supervisor_argv("/job", False) == ["python3", "/job/supervise.py", "/job/plan.json"]
+    argv = supervisor_argv("/job", True)
+    assert argv[:4] == ["setsid", "-f", "bash", "-c"] and argv[4] == (NODE / "detach.sh").read_text()
+    assert argv[5:] == ["dtrain-detach", "python3", "/job/supervise.py", "/job/plan.json"]
+    # the program with another command: its stdin empty, its stdout and stderr nowhere
+    out = tmp_path / "out"
+    probe = ["sh", "-c", f'read -r x; echo "got=$x" > {out}; echo to-stdout; echo to-stderr >&2']
+    r = subprocess.run([*argv[:5], "dtrain-detach", *probe], input="typed\n", capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+    for _ in range(100):
+        if out.exists() and out.read_text():
+            break
+        time.sleep(0.05)
+    assert out.read_text() == "got=\n"

@@ -342,6 +342,16 @@ def test_a_nodes_heartbeat_answers_each_line_and_ends_when_the_supervisor_goes_s
         assert sv.HEAR_S - 0.5 < time.monotonic() - t0 < sv.HEAR_S + 2
 
 
+def test_the_spares_are_the_last_k_nodes_given():
+    from dtrain.launch.jobs.job import split_spares
+
+    assert split_spares(["a", "b", "c", "d"], 1) == (["a", "b", "c"], ["d"])
+    assert split_spares(("a", "b"), 0) == (["a", "b"], [])
+    assert split_spares(["a", "b"], 2) == ([], ["a", "b"])
+    with pytest.raises(ValueError, match="3 spare"):
+        split_spares(["a", "b"], 3)
+
+
 def test_the_gates_culprits_are_left_out_while_healthy_spares_can_take_their_places():
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.jobs import netgate

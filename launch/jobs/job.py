@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Mapping, Sequence
+from typing import Callable, Iterator, Literal, Mapping, Sequence, TypeVar
 
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
@@ -221,6 +221,24 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
                      commands.interface_address(ipjson, chosen) if iface else "")
 
 
+T = TypeVar("T")
+
+
+def split_spares(nodes: Sequence[T], k: int) -> tuple[list[T], list[T]]:
+    """(the nodes that run ranks, the spares): the spares are the last k nodes given."""
+    if not 0 <= k <= len(nodes):
+        raise ValueError(f"split_spares: {k} spare(s) of {len(nodes)} node(s)")
+    cut = len(nodes) - k
+    return list(nodes[:cut]), list(nodes[cut:])
+
+
+def supervisor_argv(job_dir: str, detach: bool) -> list[str]:
+    """The supervisor's command in the first container (after run.sh); detach: in the
+    background (setsid), its output to its files only (launch/node/detach.sh)."""
+    sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
+    return ["setsid", "-f", *node_programs.program_argv("detach.sh", sup)] if detach else sup
+
+
 def check_spares(spec: JobSpec, given: int) -> None:
     """--spares and --min-nodes against the nodes given: at least one node runs ranks."""
     if not 0 <= spec.spares < given:
@@ -256,9 +274,9 @@ def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) 
     that would run ranks needs a spare that is not a culprit itself to take its place; without
     enough, the launch fails naming them (GateResult.failure)."""
     out = {f.hostname: f"slow link: {gate.culprits[f.node.host]}" for f in facts if f.node.host in gate.culprits}
-    ranked = facts[:len(facts) - spares]
+    ranked, spare = split_spares(facts, spares)
     need = sum(f.hostname in out for f in ranked)
-    have = sum(f.hostname not in out for f in facts[len(facts) - spares:])
+    have = sum(f.hostname not in out for f in spare)
     if need > have:
         raise LaunchError(gate.failure() + (f"; {have} healthy spare(s) for {need} node(s)" if spares else ""))
     return out
@@ -722,7 +740,7 @@ class Job:
         directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
         path = f"{node_key_dir(self.spec.name)}/{commands.NODE_ENV_FILE}"
         by_host = {f.node.host: f for f in facts}
-        results = self.ssh.run(self.nodes, lambda n: ["sh", "-c", 'umask 077; cat > "$1"', "sh", path],
+        results = self.ssh.run(self.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
                                stdin=lambda n: commands.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
                                timeout=60)
         raise_on_failure(results, "writing each node's NIC")
@@ -919,8 +937,7 @@ class Job:
         before the start ({host: why}; a spare takes each one's place). node_dirs: host -> the
         job's directory there (the plan names the first node's)."""
         spec = self.spec
-        active = len(started.facts) - spec.spares
-        ranks, spares = plan_nodes(started.facts[:active]), plan_nodes(started.facts[active:])
+        ranks, spares = (plan_nodes(f) for f in split_spares(started.facts, spec.spares))
         if quarantined:
             ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
@@ -955,9 +972,7 @@ class Job:
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
                     if plan.max_restarts else spares) + f": {shlex.join(shown)}")
         job_dir = supervision.CONTAINER_JOB_DIR
-        sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
-        if self.spec.detach:  # in the background, its output to its files only
-            sup = ["setsid", "-f", "sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "dtrain-supervisor", *sup]
+        sup = supervisor_argv(job_dir, self.spec.detach)
         # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
         # each node; its health probes), so their sshd answers first, whatever the launcher; its
         # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).

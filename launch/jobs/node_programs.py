@@ -30,6 +30,11 @@ def host_argv(step: str, *args: str) -> list[str]:
             step, *args]
 
 
+def program_argv(script: str, args: Sequence[str]) -> list[str]:
+    """argv for a node's shell or inside a container: launch/node/<script> with args."""
+    return ["bash", "-c", contract.node_script(script), f"dtrain-{script.removesuffix('.sh')}", *args]
+
+
 def container_argv(script: str, args: Sequence[str]) -> list[str]:
     """argv inside a container (after `docker exec NAME`): launch/node/<script> with args."""
-    return ["bash", "-c", contract.node_script(script), f"dtrain-{script.removesuffix('.sh')}", *args]
+    return program_argv(script, args)

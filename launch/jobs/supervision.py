@@ -10,7 +10,7 @@ foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.launch.jobs import commands, output, timeline
+from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -58,27 +59,69 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
                             progress_pattern=policy.progress_pattern)
 
 
-# The launcher's dtrain modules the supervisor imports (contract, values, the command builders):
-# sent beside it (builders.json), so every attempt's command is this launcher's, whatever dtrain
-# the image holds. The images carry the same set in /opt/dtrain/py (templates/Dockerfile.j2).
-# Hang detection (progress, with the output parsing the user's view uses) is the supervisor's
-# only: the images do not need those.
-BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
-                   "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
-                   "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
-                   "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
-                   "dtrain/launch/jobs/progress.py", "dtrain/launch/jobs/timeline.py")
+# The launcher's dtrain modules the supervisor imports (contract, values, the command builders,
+# hang detection), and the modules those import, at any depth: read from launch/node/supervise.py's
+# import statements (ast), so a new import is sent too. Sent beside it (builders.json), so every
+# attempt's command is this launcher's, whatever dtrain the image holds.
 # launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
 # there from beside the builders), so an image older than this launcher runs this one's.
 SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
 
 
+# An import statement of dtrain, at any indent (a function's too), parenthesized over lines or not.
+_DTRAIN_IMPORT = re.compile(r"^[ \t]*(from[ \t]+dtrain[\w.]*[ \t]+import[ \t]+(?:\([^)]*\)|[^\n]*)|import[ \t]+dtrain[^\n]*)",
+                            re.M)
+
+
+def _dtrain_imports(path: Path) -> set[str]:
+    """The dtrain modules a file's import statements name, at module level or in a function;
+    `from A import B` names A.B where that is a module, else A. Each statement is found by
+    _DTRAIN_IMPORT and read by ast (a whole file's parse would cost a launch 0.1 s)."""
+    import ast
+    import importlib.util
+
+    def module(name: str) -> str:
+        try:
+            return name if importlib.util.find_spec(name) else name.rpartition(".")[0]
+        except ModuleNotFoundError:  # B is a name in module A, not a module
+            return name.rpartition(".")[0]
+
+    out = set()
+    for m in _DTRAIN_IMPORT.finditer(path.read_text()):
+        for node in ast.parse(m.group(1)).body:
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out |= {module(f"{node.module}.{a.name}") for a in node.names}
+    return {n for n in out if n == "dtrain" or n.startswith("dtrain.")}
+
+
+@functools.cache
+def shipped_modules(program: Path) -> tuple[str, ...]:
+    """The dtrain modules program imports and theirs, at any depth, with their packages'
+    __init__: paths under the import root (dtrain/launch/jobs/commands.py), sorted."""
+    import importlib.util
+
+    seen: set[str] = set()
+    todo = sorted(_dtrain_imports(program))
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for n in [".".join(parts[:i]) for i in range(1, len(parts) + 1)]:
+            if n not in seen:
+                seen.add(n)
+                todo.extend(sorted(_dtrain_imports(Path(importlib.util.find_spec(n).origin)) - seen))
+    return tuple(sorted(n.replace(".", "/") + ("/__init__.py" if importlib.util.find_spec(n).submodule_search_locations
+                                             is not None else ".py") for n in seen))
+
+
 def builder_files() -> dict[str, str]:
-    """BUILDER_MODULES: {path under the import root: text}, read from this dtrain."""
+    """The supervisor's modules (shipped_modules of launch/node/supervise.py) and
+    SUPERVISOR_NODE_PROGRAMS: {path under the import root: text}, read from this dtrain."""
     import importlib
 
     out = {}
-    for rel in BUILDER_MODULES:
+    for rel in shipped_modules(contract.NODE_SCRIPTS / "supervise.py"):
         name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
         out[rel] = Path(importlib.import_module(name).__file__).read_text()
     for script in SUPERVISOR_NODE_PROGRAMS:
@@ -91,16 +134,6 @@ def container_ssh(mux: Sequence[str] = ()) -> list[str]:
     return ["ssh", "-p", str(contract.SSH_PORT), "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
             *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
-
-
-def parse_event(line: str) -> dict | None:
-    if not line.startswith(EVENT):
-        return None
-    try:
-        ev = json.loads(line[len(EVENT):])
-    except json.JSONDecodeError:
-        return None
-    return ev if isinstance(ev, dict) and "event" in ev else None
 
 
 def describe(ev: dict) -> str:

@@ -12,6 +12,7 @@ its first step, and `dtrain status JOB` prints them. Pure functions, but for Rec
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -63,6 +64,17 @@ def from_event(ev: Mapping, *, t0: float, now: float, node: str = "", restart: i
                  int(_num(ev.get("restart")) or restart))
 
 
+def parse_event(line: str) -> dict | None:
+    """A `dtrain-supervisor {json}` event line (contract.SUPERVISOR_EVENT) as its dict, else None."""
+    if not line.startswith(contract.SUPERVISOR_EVENT):
+        return None
+    try:
+        ev = json.loads(line[len(contract.SUPERVISOR_EVENT):])
+    except json.JSONDecodeError:
+        return None
+    return ev if isinstance(ev, dict) and "event" in ev else None
+
+
 def restart_of(ev: Mapping, attempt: int, restarts: int) -> int:
     """Which restart a `phase` event belongs to, where it does not say ("restart": N): the
     supervisor emits detection and teardown before its `restart` event, spare-in and resumed
@@ -77,8 +89,6 @@ def restart_of(ev: Mapping, attempt: int, restarts: int) -> int:
 
 def node_lines(node: str, lines: Iterable[str], *, t0: float, now: float) -> list[Entry]:
     """The phase events among a node program's output lines (launch/node/host/)."""
-    from dtrain.launch.jobs.supervision import parse_event
-
     out = []
     for line in lines:
         ev = parse_event(line.rstrip("\n"))

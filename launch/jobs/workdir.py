@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 import pathspec
 
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import node_programs
 from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
