@@ -165,6 +165,12 @@ def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
     return values.choice(name, value, choices)
 
 
+def _launcher_names(**having: bool) -> tuple[str, ...]:
+    from dtrain.launch.jobs import launchers
+
+    return launchers.names(**having)
+
+
 def _image_flag(value: str | None, name: str = "--image") -> str | None:
     """An image reference checked against Docker's grammar before anything runs."""
     from dtrain import values
@@ -524,7 +530,7 @@ def _launch(where, image=None, command=(), launcher="mpirun", name=None, cluster
         _image_flag(image)
         command = tuple(command)
         _choice_flag("--pull", pull, ("always", "missing", "never"))
-        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun", "ray"))
+        _choice_flag("--launcher", launcher, _launcher_names())
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
         port = _int_flag("--master-port", master_port, 1, 65535)
         seconds = _float_flag("--timeout", timeout) if timeout is not None else None
@@ -926,7 +932,7 @@ NETWORK_HELP = {
 def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface) -> None:
     """The sweep's flags, checked before any node is reached."""
     if launcher is not None:
-        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+        _choice_flag("--launcher", launcher, _launcher_names(supervised=True))
     _int_flag("--max-bytes", max_bytes, 8, 1 << 40)
     _int_flag("--iters", iters, 1, 100000)
     _int_flag("--tcp-streams", tcp_streams, 1, 64)

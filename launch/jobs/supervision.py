@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.launch.jobs import commands, output, timeline
+from dtrain.launch.jobs import commands, launchers, output, timeline
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -50,6 +50,7 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
     files names). No --env value is in it: names only."""
     if policy.min_nodes > len(nodes):
         raise ValueError(f"plan: --min-nodes {policy.min_nodes} > {len(nodes)} nodes")
+    launchers.attempt_argv(run, nodes)  # a programming mistake fails here, not on the node
     return commands.RunPlan(run=run, nodes=tuple(nodes), spares=tuple(spares),
                             quarantined=tuple((quarantined or {}).items()), ssh=tuple(ssh),
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
@@ -63,8 +64,12 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
 # the image holds. The images carry the same set in /opt/dtrain/py (templates/Dockerfile.j2).
 # Hang detection (progress, with the output parsing the user's view uses) is the supervisor's
 # only: the images do not need those.
+# The launcher modules: the registry's, whatever it holds (launch/jobs/launchers/).
+LAUNCHER_MODULES = ("dtrain/launch/jobs/launchers/__init__.py", "dtrain/launch/jobs/launchers/base.py",
+                    *sorted({type(la).__module__.replace(".", "/") + ".py" for la in launchers.LAUNCHERS.values()}))
 BUILDER_MODULES = ("dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
                    "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
+                   *LAUNCHER_MODULES,
                    "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
                    "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
                    "dtrain/launch/jobs/progress.py", "dtrain/launch/jobs/timeline.py")
@@ -232,7 +237,7 @@ class Render:
             if ev["event"] in FINAL:
                 self.final = ev
             return out + [describe(ev)]
-        if self.launcher == "torchrun":
+        if launchers.get(self.launcher).per_node:  # the supervisor tags each node's lines
             m = NODE_LINE.match(line)
             if m and m.group(1) in self.ranks:
                 from dtrain.launch.jobs.output import prefix_line
