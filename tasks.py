@@ -446,8 +446,8 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     "file": "the same as -f",
     "dump": "print the job file these flags (and -f) mean, and exit",
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
-    "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
-                "as its driver; image: ray-train)",
+    "launcher": "mpirun (default), horovodrun, torchrun, ray (a Ray cluster, then the command "
+                "as its driver; image: ray-train) or accelerate (Hugging Face accelerate launch on every node)",
     "name": "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is refused, an ended one's is reused",
     "env": "K=V for every rank (repeatable)",
     "env_file": "file of K=V lines; every variable is forwarded to every rank",

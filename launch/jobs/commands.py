@@ -234,12 +234,17 @@ def torchrun_argv(
         argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{master_addr}:{master_port}", "--rdzv_id", job_id]
     else:
         raise ValueError(f"torchrun_argv: rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    # torchrun runs the script with its own Python: `python train.py` (the form mpirun takes)
-    # becomes `train.py`, and `python -m pkg` becomes `-m pkg`.
+    return argv + script_argv(command)
+
+
+def script_argv(command: Sequence[str]) -> list[str]:
+    """The command as a launcher that runs the script with its own Python takes it (torchrun,
+    accelerate launch): `python train.py` (the form mpirun takes) becomes `train.py`, and
+    `python -m pkg` becomes `-m pkg`."""
     command = list(command)
     if len(command) > 1 and re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", command[0]):
         command = command[1:]
-    return argv + command
+    return command
 
 
 def torchrun_env(iface: str) -> dict[str, str]:

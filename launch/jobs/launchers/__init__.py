@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import commands
 from dtrain.launch.jobs.launchers import base
+from dtrain.launch.jobs.launchers.accelerate import Accelerate
 from dtrain.launch.jobs.launchers.base import Launcher, plan_nodes
 from dtrain.launch.jobs.launchers.horovodrun import Horovodrun
 from dtrain.launch.jobs.launchers.mpirun import Mpirun
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["LAUNCHERS", "Launcher", "attempt_argv", "choices", "env_file", "get", "launch_command", "names",
            "plan_nodes"]
 
-LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray)}
+LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate)}
 
 CONTAINER_SSH_MUX = commands.CONTAINER_SSH_MUX  # the builders' (launch/jobs/commands.py)
 MPI_DEFAULTS = commands.MPI_DEFAULTS
