@@ -165,6 +165,12 @@ def _choice_flag(name: str, value: str, choices: tuple[str, ...]) -> str:
     return values.choice(name, value, choices)
 
 
+def _launcher_names(**having: bool) -> tuple[str, ...]:
+    from dtrain.launch.jobs import launchers
+
+    return launchers.names(**having)
+
+
 def _image_flag(value: str | None, name: str = "--image") -> str | None:
     """An image reference checked against Docker's grammar before anything runs."""
     from dtrain import values
@@ -440,8 +446,8 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     "file": "the same as -f",
     "dump": "print the job file these flags (and -f) mean, and exit",
     "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
-    "launcher": "mpirun (default), horovodrun, torchrun or ray (a Ray cluster, then the command "
-                "as its driver; image: ray-train)",
+    "launcher": "mpirun (default), horovodrun, torchrun, ray (a Ray cluster, then the command "
+                "as its driver; image: ray-train) or accelerate (Hugging Face accelerate launch on every node)",
     "name": "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is refused, an ended one's is reused",
     "env": "K=V for every rank (repeatable)",
     "env_file": "file of K=V lines; every variable is forwarded to every rank",
@@ -524,7 +530,7 @@ def _launch(where, image=None, command=(), launcher="mpirun", name=None, cluster
         _image_flag(image)
         command = tuple(command)
         _choice_flag("--pull", pull, ("always", "missing", "never"))
-        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun", "ray"))
+        _choice_flag("--launcher", launcher, _launcher_names())
         _choice_flag("--rdzv", rdzv, ("static", "c10d"))
         port = _int_flag("--master-port", master_port, 1, 65535)
         seconds = _float_flag("--timeout", timeout) if timeout is not None else None
@@ -926,7 +932,7 @@ NETWORK_HELP = {
 def _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface) -> None:
     """The sweep's flags, checked before any node is reached."""
     if launcher is not None:
-        _choice_flag("--launcher", launcher, ("mpirun", "horovodrun", "torchrun"))
+        _choice_flag("--launcher", launcher, _launcher_names(supervised=True))
     _int_flag("--max-bytes", max_bytes, 8, 1 << 40)
     _int_flag("--iters", iters, 1, 100000)
     _int_flag("--tcp-streams", tcp_streams, 1, 64)

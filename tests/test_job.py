@@ -11,7 +11,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import commands, job
 from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
-                        rank_nodes, torchrun_node_argv)
+                        rank_nodes, per_node_argv)
 
 IPJSON = json.dumps([
     {"ifname": "lo", "mtu": 65536, "addr_info": [{"family": "inet", "local": "127.0.0.1"}]},
@@ -100,7 +100,7 @@ def test_job_argv_uses_addresses_and_tags_output_per_rank():
 
 def test_torchrun_per_node():
     spec = JobSpec(image="img", command=("python", "t.py"), name="j", launcher="torchrun")
-    argv = torchrun_node_argv(spec, facts(3), 2, "ens5")
+    argv = per_node_argv(spec, facts(3), 2, "ens5")
     assert argv[:2] == ["docker", "exec"] and "NCCL_SOCKET_IFNAME=ens5" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
     opts = argv[argv.index("dtrain-run") + 1:argv.index("--")]
     assert "--fill-hosts" in opts and opts[opts.index("--host") + 1:][:2] == ["10.0.0.1", "node-1"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import jobfile
+from dtrain.launch.jobs import jobfile, launchers
 
 DTRAIN = [sys.executable, "-m", "dtrain"]
 
@@ -46,7 +46,8 @@ def test_flags_on_the_command_line_override_the_file():
 @pytest.mark.parametrize("text, where, says", [
     ("image: x\nimagee: y\n", ":2", "imagee: unknown key"),
     ("image: x\nmax_restarts: lots\n", ":2", "max_restarts: Input should be a valid integer"),
-    ("image: x\nlauncher: mpi\n", ":2", "launcher: Input should be 'mpirun', 'horovodrun', 'torchrun' or 'ray'"),
+    ("image: x\nlauncher: mpi\n", ":2",  # the registry's launchers: 'mpirun', 'horovodrun', ... or 'ray'
+     "launcher: Input should be " + launchers.choices([f"'{n}'" for n in launchers.names()])),
     ("image: x\nenv:\n  OK: 1\n  9BAD: 2\n", ":4", "env.9BAD: Value error, '9BAD' is not a variable name"),
     ("image: x\nmount:\n  - /a\n  - [1]\n", ":4", "mount.1: Input should be a valid string"),
     ("image: x\ncommand: []\n", ":2", "command: Value error, an empty command"),

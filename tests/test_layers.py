@@ -53,14 +53,26 @@ NODE_ALLOWED = {
 }
 # The one import cycle left, resolved by moving the launchers into a package (issue 39):
 # job -> launchers -> netgate -> job. Remove it from here with that change.
-KNOWN_CYCLES = ({"dtrain.launch.jobs.job", "dtrain.launch.jobs.launchers", "dtrain.launch.jobs.netgate"},)
+KNOWN_CYCLES: tuple[set[str], ...] = ()
 
 
-def _imports(path: Path, package: str = "") -> list[tuple[int, str]]:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (for type names only: never run)."""
+    return {id(n) for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body for n in ast.walk(stmt)}
+
+
+def _imports(path: Path, package: str = "", *, runtime: bool = False) -> list[tuple[int, str]]:
     """(line, module) of every import in path, at any depth; `from A import B` gives A.B.
-    package: the file's package, for relative imports."""
+    package: the file's package, for relative imports. runtime: without those under
+    `if TYPE_CHECKING:`."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree) if runtime else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -99,7 +111,7 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        deps = {_target(imported, modules) for _, imported in _imports(path, package)}
+        deps = {_target(imported, modules) for _, imported in _imports(path, package, runtime=True)}
         graph[name] = {d for d in deps if d and d != name}
     return graph
 

@@ -277,7 +277,7 @@ def test_sagemaker_request_contract():
     a = d["AlgorithmSpecification"]
     assert a == {"TrainingImage": HVD, "TrainingInputMode": "File"}
     assert d["HyperParameters"] == {"dtrain_command": json.dumps(list(CMD)), "dtrain_launcher": "mpirun",
-                                    "dtrain_workdir": "code", "dtrain_slots": "8"}
+                                    "dtrain_per_node": "0", "dtrain_workdir": "code", "dtrain_slots": "8"}
     assert d["ResourceConfig"] == {"InstanceCount": 1, "InstanceType": "ml.p4d.24xlarge", "VolumeSizeInGB": 100}
     assert d["RoleArn"] == "arn:aws:iam::111122223333:role/Train"
     assert d["OutputDataConfig"] == {"S3OutputPath": "s3://bkt/out"}

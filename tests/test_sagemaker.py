@@ -131,7 +131,7 @@ def test_request_is_valid_for_botocore_with_channels_and_spot():
     assert "ContainerEntrypoint" not in req["AlgorithmSpecification"]  # SageMaker runs `IMAGE train`
     assert [c["ChannelName"] for c in req["InputDataConfig"]] == ["imagenet", "code", "dtrain"]
     assert req["HyperParameters"] == {"dtrain_command": '["python", "main.py"]', "dtrain_launcher": "torchrun",
-                                      "dtrain_workdir": "code"}
+                                      "dtrain_per_node": "1", "dtrain_workdir": "code"}
     assert req["EnableManagedSpotTraining"] is True
     assert req["StoppingCondition"] == {"MaxRuntimeInSeconds": 86400, "MaxWaitTimeInSeconds": 172800}
     assert req["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
@@ -338,3 +338,22 @@ def test_a_bad_download_directory_is_refused_before_anything_is_uploaded(aws, tm
             sm.run(opts, session=aws, out=lambda m: None, poll_s=0)
     assert "Contents" not in s3.list_objects_v2(Bucket="my-bucket")
     assert aws.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+@pytest.mark.parametrize("launcher, per_node", [("mpirun", False), ("torchrun", True)])
+def test_per_node_comes_from_the_launcher_module(tmp_path, launcher, per_node):
+    """The node program does not compare launcher names: how hosts take part (every host runs the
+    launcher, or the first across all) comes in dtrain_per_node, set from the launcher's module."""
+    hps = sm.hyperparameters(["python", "main.py"], launcher, 2)
+    assert hps["dtrain_per_node"] == ("1" if per_node else "0")
+    c = train.read_contract(_ml(tmp_path, "algo-2", hosts=("algo-1", "algo-2"), hps=hps))
+    job = train.job_args(c.hyperparameters, gpus=0)
+    assert job.per_node is per_node
+    assert (train.launch_argv(c, job, []) is None) is not per_node
+
+
+def test_bad_per_node_hyperparameter(tmp_path):
+    hps = {**sm.hyperparameters(["x"], "mpirun", 1), "dtrain_per_node": "yes"}
+    c = train.read_contract(_ml(tmp_path, "algo-1", hps=hps))
+    with pytest.raises(train.ContractError, match="dtrain_per_node: 'yes'"):
+        train.job_args(c.hyperparameters, gpus=0)

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from dtrain import ROOT
-from dtrain.launch.jobs import commands, supervision
+from dtrain.launch.jobs import commands, launchers, supervision
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
@@ -371,4 +371,4 @@ def test_the_gates_culprits_are_left_out_while_healthy_spares_can_take_their_pla
     ranks, spares = plan_nodes(facts[:3]), plan_nodes(facts[3:])
     nodes, left, took = commands.swap_out(ranks, spares, {"node-1": "slow link"})
     assert [n.hostname for n in nodes] == ["node-4", "node-2", "node-3"] and left == () and took == {"node-1": "node-4"}
-    assert commands.attempt_argv(run, nodes)[0][commands.attempt_argv(run, nodes)[0].index("-H") + 1].startswith("10.0.0.4:1")
+    assert launchers.attempt_argv(run, nodes)[0][launchers.attempt_argv(run, nodes)[0].index("-H") + 1].startswith("10.0.0.4:1")

@@ -234,12 +234,17 @@ def torchrun_argv(
         argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{master_addr}:{master_port}", "--rdzv_id", job_id]
     else:
         raise ValueError(f"torchrun_argv: rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    # torchrun runs the script with its own Python: `python train.py` (the form mpirun takes)
-    # becomes `train.py`, and `python -m pkg` becomes `-m pkg`.
+    return argv + script_argv(command)
+
+
+def script_argv(command: Sequence[str]) -> list[str]:
+    """The command as a launcher that runs the script with its own Python takes it (torchrun,
+    accelerate launch): `python train.py` (the form mpirun takes) becomes `train.py`, and
+    `python -m pkg` becomes `-m pkg`."""
     command = list(command)
     if len(command) > 1 and re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", command[0]):
         command = command[1:]
-    return argv + command
+    return command
 
 
 def torchrun_env(iface: str) -> dict[str, str]:
@@ -341,11 +346,11 @@ def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 @dataclass(frozen=True)
 class LaunchCommand:
     """What the launcher command of a job is made of, apart from its nodes: made once by the
-    launcher (launch/jobs/launchers.py), written into the supervisor's plan, and given to
-    attempt_argv with the nodes of each attempt, on the launcher and in the supervisor alike.
+    launcher (launch/jobs/launchers/), written into the supervisor's plan, and given to
+    launchers.attempt_argv with the nodes of each attempt, on the launcher and in the supervisor alike.
     No --env value is in it: only names (the values come from each node's 0600 file)."""
 
-    launcher: str  # mpirun | horovodrun | torchrun
+    launcher: str  # a supervised launcher's name (launch/jobs/launchers/)
     command: tuple[str, ...]
     env_names: tuple[str, ...] = ()  # the job's --env names
     forward: tuple[str, ...] = ()  # more names every rank gets from the launcher command's environment
@@ -355,12 +360,13 @@ class LaunchCommand:
     mca: tuple[tuple[str, str], ...] = ()  # the user's --mca
     ompi: int = 4  # Open MPI's major version in the image
     subnet: str | None = None  # where nodes name their NICs differently (tcp_include)
-    master_port: int = 29500
+    master_port: int = contract.TORCH_MASTER_PORT
     rdzv: str = "static"
     job: str = ""
     # mpirun, horovodrun: the text of launch/node/rank_output.py, which runs each rank's command
     # and tags its lines itself ("": Open MPI's --tag-output tags them, losing some; see there)
     rank_output: str = ""
+    per_node: bool = False  # one command per node, each started over ssh (torchrun), else one in the first
 
     def to_json(self) -> dict[str, Any]:
         return {k: (list(map(list, v)) if k in ("extra_env", "mca") else list(v) if isinstance(v, tuple) else v)
@@ -382,39 +388,6 @@ class PlanNode:
     hostname: str
     slots: int
     iface: str
-
-
-def attempt_argv(run: LaunchCommand, nodes: Sequence[PlanNode]) -> list[list[str]]:
-    """The launcher command of one attempt on `nodes` (in rank order): [argv] run in the first
-    node's container (mpirun, horovodrun; its -np/-H from nodes), or one argv per node, run in
-    that node's container (torchrun: --nnodes and --node_rank from nodes, NCCL/Gloo on that
-    node's NIC). The one author of the command: the launch and every restart of the supervisor
-    (launch/node/supervise.py) call it, each with the nodes it has."""
-    if not nodes:
-        raise ValueError("attempt_argv: no nodes")
-    peers = [Node(n.address, n.slots) for n in nodes]
-    extra = [k for k, _ in run.extra_env]
-    if run.launcher == "mpirun":
-        kw: dict[str, Any] = dict(
-            iface=nodes[0].iface, env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
-            forward=[*run.forward, RESTART_VAR, *extra], ompi_major=run.ompi,
-            ssh_options=CONTAINER_SSH_MUX, extra_mca=[*mpi_defaults(run.mca), *run.mca])
-        command = rank_output_argv(run.rank_output, run.command)
-        argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
-                else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
-        return [argv if run.rank_output else [argv[0], "--tag-output", *argv[1:]]]
-    if run.launcher == "horovodrun":  # horovodrun forwards its whole environment (extra_env too)
-        return [horovodrun_argv(peers, rank_output_argv(run.rank_output, run.command), iface=nodes[0].iface,
-                                ssh_port=contract.SSH_PORT, env_names=[*run.env_names, *extra])]
-    if run.launcher == "torchrun":
-        out = []
-        for rank, n in enumerate(nodes):
-            t = torchrun_argv(len(nodes), rank, n.slots, nodes[0].address, run.master_port,
-                              list(run.command), rdzv=run.rdzv, job_id=run.job)
-            env = {**torchrun_env(n.iface), **dict(run.extra_env)}
-            out.append(["env", *(f"{k}={v}" for k, v in env.items()), t[0], "--tee", "3", *t[1:]])
-        return out
-    raise ValueError(f"attempt_argv: no supervised launcher {run.launcher!r}")
 
 
 # What runs launch/node/rank_output.py (its text follows) before a rank's command: -I -S, only
@@ -463,7 +436,7 @@ def swap_out(nodes: Sequence[PlanNode], spares: Sequence[PlanNode], out: Mapping
 class RunPlan:
     """What a supervised run is: made once by the launcher (launch/jobs/job.py plan), written to
     the first node as plan.json, read by the supervisor (launch/node/supervise.py), which builds
-    every attempt's command from it with attempt_argv. No --env value is in it: names only."""
+    every attempt's command from it with launchers.attempt_argv. No --env value is in it: names only."""
 
     run: LaunchCommand  # the launcher command apart from its nodes
     nodes: tuple[PlanNode, ...]  # the ranks' nodes in rank order; the first runs the supervisor
@@ -499,7 +472,6 @@ class RunPlan:
         names = [n.hostname for n in (*self.nodes, *self.spares)]
         if len(set(names)) != len(names):
             raise ValueError(f"RunPlan: a node twice in {names}")
-        attempt_argv(self.run, self.nodes)  # a programming mistake fails here, not on the node
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

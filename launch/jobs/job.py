@@ -47,14 +47,15 @@ from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, LAUNCHERS, env_file, launch_command, plan_nodes
+from dtrain.launch.jobs import launchers
+from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import RegistryAnswer, ask_registry, parse_ref, pull_on_nodes
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
 
-Launcher = Literal["mpirun", "horovodrun", "torchrun", "ray"]
+Launcher = str  # a name in the launchers' registry (launch/jobs/launchers/)
 FIRST_ROUND_S = 120  # the longest a node may take to answer the first round (its lock, the job's directory)
 READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
@@ -72,7 +73,7 @@ class JobSpec:
     iface: str | None = None  # override the detected NIC
     mounts: tuple[commands.Mount, ...] = ()
     shm_size: str | None = None  # None: --ipc host
-    master_port: int = 29500
+    master_port: int = contract.TORCH_MASTER_PORT
     rdzv: Literal["static", "c10d"] = "static"
     pull: Literal["always", "missing", "never"] = "always"  # as docker's --pull
     ready_timeout: float = 60
@@ -408,12 +409,14 @@ def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 
              subnet: str | None = None) -> list[str]:
     """mpirun / horovodrun argv run in the first node's container. subnet: where nodes name
     their NICs differently (commands.tcp_include), mpirun by subnet, each rank on its node's NIC."""
-    return LAUNCHERS[spec.launcher].argv(spec, facts, 0, iface, ompi, subnet=subnet)
+    return launchers.get(spec.launcher).argv(spec, facts, 0, iface, ompi, subnet=subnet)
 
 
-def torchrun_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
-    """torchrun on node `rank`: `docker exec` of it in that node's container (/etc/hosts filled)."""
-    return run_argv(spec, facts, LAUNCHERS["torchrun"].argv(spec, facts, rank, iface), ready=False, fill_hosts=True)
+def per_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
+    """A per-node launcher's command (torchrun) on node `rank`: `docker exec` of it in that
+    node's container (/etc/hosts filled)."""
+    return run_argv(spec, facts, launchers.get(spec.launcher).argv(spec, facts, rank, iface), ready=False,
+                    fill_hosts=True)
 
 
 # ---------------------------------------------------------------- the start on nodes
@@ -524,7 +527,7 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
         raise LaunchError(f"nodes hold different images for {spec.image}; all must run the same:\n{lines}")
     check_driver(facts, {h: v[0] for h, v in info.items() if len(v) == 3 and v[0] != "-"})
     label = next(iter(info.values()))
-    if spec.launcher == "horovodrun":  # one --network-interface for all nodes
+    if launchers.get(spec.launcher).same_iface:  # horovodrun: one --network-interface for all nodes
         commands.check_same_iface({f.node.host: f.iface for f in facts})
     subnet = commands.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in facts})
     taken = [f for f in facts if f.port_holder]
@@ -616,7 +619,7 @@ class Job:
             raise LaunchError("no command: put it after `--`, e.g. dtrain launch ... -- python train.py")
         name = store.check_name(spec.name or store.default_name())
         self.spec = replace(spec, name=name)
-        self.launcher = LAUNCHERS[self.spec.launcher]
+        self.launcher = launchers.get(self.spec.launcher)
         self.nodes = nodes
         self.say = say
         self.dir = store.job_dir(name)
@@ -693,7 +696,7 @@ class Job:
         self.started = list(self.nodes)
         policy = pulled.policy if pulled else self.spec.pull
         # attached, the first node's container waits for the supervisor: no `docker exec` later
-        standby = self.nodes[0].host if not self.spec.detach and self.launcher.name != "ray" else ""
+        standby = self.nodes[0].host if not self.spec.detach and self.launcher.supervised else ""
         try:
             started, self._sessions = start_on_nodes(self.ssh, replace(self.spec, pull=policy), self.nodes,
                                                      public, private + host_key + env_file(self.spec.env), self.say,
@@ -931,7 +934,7 @@ class Job:
              quarantined: dict[str, str] | None = None) -> commands.RunPlan:
         """What the supervisor runs (plan.json): the launcher command apart from its nodes, the
         nodes (the last `--spares` of them ready, with no rank) and the restart policy; it builds
-        each attempt's command from them (commands.attempt_argv), the first one as the launch
+        each attempt's command from them (launchers.attempt_argv), the first one as the launch
         shows it. A per-node command (torchrun) runs in its container through
         launch/node/run.sh: the job's --env values from its file. quarantined: nodes taken out
         before the start ({host: why}; a spare takes each one's place). node_dirs: host -> the
@@ -966,7 +969,7 @@ class Job:
         store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host,
                      node_names=node_names(facts))
         # the first attempt's command, rank_output.py's name in it, not its text
-        shown = commands.shown_argv(commands.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
+        shown = commands.shown_argv(launchers.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
@@ -1112,7 +1115,7 @@ class Job:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
-            if self.launcher.name == "ray":
+            if not self.launcher.supervised:  # Ray: its own cluster, the command its driver
                 code = self._run_ray(started.facts, started.facts[0].iface)
             else:
                 code = self.run_supervised(started, node_dirs, ompi, quarantined, rec)
@@ -1128,10 +1131,10 @@ class Job:
         wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
         check_spares(self.spec, len(self.nodes))
         unshared = check_checkpoint_dir(self.spec)
-        if self.launcher.name == "ray" and (self.spec.detach or self.spec.restarts or self.spec.spares
-                                            or self.spec.hang_timeout):
-            raise LaunchError("--detach, --max-restarts, --spares and --hang-timeout are for mpirun, horovodrun "
-                              "and torchrun, not ray")
+        if not self.launcher.supervised and (self.spec.detach or self.spec.restarts or self.spec.spares
+                                             or self.spec.hang_timeout):
+            raise LaunchError("--detach, --max-restarts, --spares and --hang-timeout are for "
+                              f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}")
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dtrain import values
 from dtrain.yamlfile import TooDeep, compose_load, line_of
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import launchers
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 
@@ -113,7 +114,7 @@ class JobFile(BaseModel):
 
     image: Optional[str] = None
     command: Optional[list[str]] = None  # a list, or one string split as a shell would (no shell runs it)
-    launcher: Optional[Literal["mpirun", "horovodrun", "torchrun", "ray"]] = None
+    launcher: Optional[Literal[launchers.names()]] = None  # the registry's (launch/jobs/launchers/)
     name: Optional[str] = None
     # where the nodes come from (one of cluster, hostfile, hosts, ec2_tag) and how to reach them
     cluster: Optional[str] = None

@@ -25,6 +25,7 @@ from typing import Any
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import launchers
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
 CODE_CHANNEL = "code"  # the uploaded workdir; the command runs there
@@ -174,9 +175,12 @@ def state_uri(output: str, task: str) -> str:
 
 def hyperparameters(command: Sequence[str], launcher: str, slots: int | None) -> dict[str, str]:
     """What launch/node/sagemaker_train.py reads (strings: SageMaker keeps only strings)."""
-    if launcher not in ("mpirun", "torchrun"):
-        raise LaunchError(f"--launcher {launcher}: use mpirun or torchrun")
-    hps = {"dtrain_command": json.dumps(list(command)), "dtrain_launcher": launcher, "dtrain_workdir": CODE_CHANNEL}
+    if launcher not in launchers.names(sagemaker=True):
+        raise LaunchError(f"--launcher {launcher}: use {launchers.choices(launchers.names(sagemaker=True))}")
+    # dtrain_per_node: every host runs the launcher (torchrun), or the first runs it across all
+    # over ssh (mpirun): what the node program does differently, said here, not by name there
+    hps = {"dtrain_command": json.dumps(list(command)), "dtrain_launcher": launcher,
+           "dtrain_per_node": "1" if launchers.get(launcher).per_node else "0", "dtrain_workdir": CODE_CHANNEL}
     if slots is not None:
         hps["dtrain_slots"] = str(slots)
     return hps
@@ -201,8 +205,8 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
         raise LaunchError("no command: put it after `--`, e.g. dtrain sagemaker run ... -- python train.py")
     if job.instances < 1:
         raise LaunchError(f"--instances {job.instances}: must be at least 1")
-    if job.instances > 1 and job.launcher == "mpirun" and not job.key_s3:
-        raise LaunchError("mpirun across instances needs the job key channel (key_s3)")
+    if job.instances > 1 and launchers.get(job.launcher).needs_ssh and not job.key_s3:
+        raise LaunchError(f"{job.launcher} across instances needs the job key channel (key_s3)")
     check_s3_uri(job.output_s3, "--output")
     if job.spot and job.max_wait_s is not None and job.max_wait_s < job.max_runtime_s:
         raise LaunchError(f"spot: MaxWaitTimeInSeconds {job.max_wait_s} must be at least the run time {job.max_runtime_s}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.launch.jobs import commands, output, timeline
+from dtrain.launch.jobs import commands, launchers, output, timeline
 from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -51,6 +51,7 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
     files names). No --env value is in it: names only."""
     if policy.min_nodes > len(nodes):
         raise ValueError(f"plan: --min-nodes {policy.min_nodes} > {len(nodes)} nodes")
+    launchers.attempt_argv(run, nodes)  # a programming mistake fails here, not on the node
     return commands.RunPlan(run=run, nodes=tuple(nodes), spares=tuple(spares),
                             quarantined=tuple((quarantined or {}).items()), ssh=tuple(ssh),
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
@@ -265,7 +266,7 @@ class Render:
             if ev["event"] in FINAL:
                 self.final = ev
             return out + [describe(ev)]
-        if self.launcher == "torchrun":
+        if launchers.get(self.launcher).per_node:  # the supervisor tags each node's lines
             m = NODE_LINE.match(line)
             if m and m.group(1) in self.ranks:
                 from dtrain.launch.jobs.output import prefix_line

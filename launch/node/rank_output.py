@@ -5,7 +5,7 @@ rank's output into an 8 KB buffer and drops what does not fit: many short lines 
 
     python3 -I -S -c "$(cat rank_output.py)" COMMAND ARGS...
 
-launch/jobs/commands.py (attempt_argv) puts this before the job's command on the mpirun command
+launch/jobs/launchers/ (mpirun.py, horovodrun.py: attempt_argv) puts this before the job's command on the mpirun command
 line, which then runs without --tag-output. The rank comes from OMPI_COMM_WORLD_RANK (or
 HOROVOD_RANK, PMIX_RANK); where none is set, COMMAND is exec'd as it is.
 

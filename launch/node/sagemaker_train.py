@@ -4,8 +4,10 @@
 The entrypoint installs the job key from the `dtrain` channel and starts sshd on 2022, then
 runs this program, which reads SageMaker's contract under /opt/ml:
   input/config/resourceconfig.json   hosts, current_host, network_interface_name
-  input/config/hyperparameters.json  dtrain_command (JSON list), dtrain_launcher, dtrain_slots,
-                                     dtrain_workdir (a channel; default `code`)
+  input/config/hyperparameters.json  dtrain_command (JSON list), dtrain_launcher, dtrain_per_node
+                                     ("1": every host runs it; "0", the default: the first host
+                                     across all over ssh), dtrain_slots, dtrain_workdir (a channel;
+                                     default `code`)
   input/data/<channel>/              channels (File mode); `dtrain` holds the job's ssh key
 and runs the job with the project's own command builders (dtrain.launch.jobs.commands):
   mpirun   (Horovod images): the first host (sorted hosts[0]) waits for every host's sshd,
@@ -48,7 +50,7 @@ from dtrain.launch.remote.hosts import Node  # noqa: E402
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)
 SSH_PORT = contract.SSH_PORT
-TORCH_PORT = 29500
+TORCH_PORT = contract.TORCH_MASTER_PORT
 SSH_OPTIONS = ("-o ConnectionAttempts=10",)
 DONE_DIR = Path("/run/dtrain-sagemaker")  # where the first host leaves mpirun's exit code
 READY = "ready"  # DONE_DIR/ready on every host: `ok` once its requirements are installed, else the error
@@ -78,9 +80,10 @@ class Contract:
 @dataclass(frozen=True)
 class JobArgs:
     command: tuple[str, ...]
-    launcher: str  # mpirun | torchrun
+    launcher: str  # a name of LAUNCH_ARGV
     slots: int
     workdir: str | None  # a channel name, or None
+    per_node: bool = False  # every host runs the launcher; False: the first across all over ssh
 
 
 def _read_json(path: Path) -> dict:
@@ -128,12 +131,16 @@ def job_args(hps: dict[str, str], gpus: int) -> JobArgs:
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
         raise ContractError(f"hyperparameter dtrain_command: expected a non-empty JSON list of strings, got {raw!r}")
     launcher = hps.get("dtrain_launcher", "mpirun")
-    if launcher not in ("mpirun", "torchrun"):
-        raise ContractError(f"hyperparameter dtrain_launcher: {launcher!r}; use mpirun or torchrun")
+    if launcher not in LAUNCH_ARGV:
+        raise ContractError(f"hyperparameter dtrain_launcher: {launcher!r}; use {' or '.join(LAUNCH_ARGV)}")
+    per_node = hps.get("dtrain_per_node", "0")
+    if per_node not in ("0", "1"):
+        raise ContractError(f"hyperparameter dtrain_per_node: {per_node!r}; expected 0 or 1")
     slots_raw = hps.get("dtrain_slots") or str(max(gpus, 1))
     if not slots_raw.isdigit() or int(slots_raw) < 1:
         raise ContractError(f"hyperparameter dtrain_slots: {slots_raw!r} is not a positive integer")
-    return JobArgs(tuple(command), launcher, int(slots_raw), hps.get("dtrain_workdir", "code") or None)
+    return JobArgs(tuple(command), launcher, int(slots_raw), hps.get("dtrain_workdir", "code") or None,
+                   per_node=per_node == "1")
 
 
 def _env_name(channel: str) -> str:
@@ -157,14 +164,26 @@ def sm_env(c: Contract, gpus: int, ml: Path = ML) -> dict[str, str]:
     return env
 
 
-def launch_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str] | None:
-    """This host's launch command; None: a non-first host of an mpirun job (it only serves ssh)."""
-    if job.launcher == "torchrun":
-        return commands.torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
-    if c.rank != 0:
-        return None
+def _torchrun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
+    return commands.torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
+
+
+def _mpirun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
     return commands.mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
                                 forward=forward, ssh_port=SSH_PORT, ssh_options=SSH_OPTIONS)
+
+
+# The launchers this program runs, by the name dtrain_launcher gives (launch/jobs/sagemaker.py
+# allows those whose launcher module says `sagemaker`); how hosts take part: dtrain_per_node.
+LAUNCH_ARGV = {"mpirun": _mpirun_argv, "torchrun": _torchrun_argv}
+
+
+def launch_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str] | None:
+    """This host's launch command; None: a non-first host of a job the first host runs across
+    all (mpirun: it only serves ssh)."""
+    if not job.per_node and c.rank != 0:
+        return None
+    return LAUNCH_ARGV[job.launcher](c, job, forward)
 
 
 def requirements_key(text: str, python: str, machine: str) -> str:
@@ -328,14 +347,14 @@ def main(ml: Path = ML) -> int:
     for d in ("model", "output/data", "checkpoints"):
         (ml / d).mkdir(parents=True, exist_ok=True)
     extra = {k: v for k, v in sm_env(c, gpus, ml).items() if k not in os.environ}
-    if job.launcher == "torchrun":
+    if job.per_node:  # NCCL and Gloo on this host's NIC (torchrun's own rendezvous)
         extra |= commands.torchrun_env(c.iface)
     env = {**os.environ, **extra}
     cwd = c.channels.get(job.workdir) if job.workdir else None
     try:
         site = install_requirements(Path(cwd) if cwd else None, ml / "checkpoints", env)
     except ContractError as e:
-        if job.launcher == "mpirun" and c.rank != 0:
+        if not job.per_node and c.rank != 0:
             mark_ready(str(e))
         write_failure(str(e), ml)
         return 2
@@ -351,14 +370,14 @@ def main(ml: Path = ML) -> int:
             write_failure(f"the job failed on {c.hosts[0]} (mpirun exit code {code}); see its log", ml)
         return 0 if code == 0 else 1
     try:
-        if job.launcher == "mpirun":
+        if not job.per_node:
             wait_for_sshd(c.hosts)
             wait_for_ready(c.hosts[1:])
         print(f"dtrain sagemaker: {c.current_host} ({c.rank + 1}/{len(c.hosts)}) runs: {' '.join(argv)}", flush=True)
         code, tail = run_tee(argv, cwd, env)
     except (ContractError, OSError) as e:
         code, tail = 127, [str(e)]
-    if job.launcher == "mpirun" and len(c.hosts) > 1:
+    if not job.per_node and len(c.hosts) > 1:
         notify_hosts(c.hosts[1:], code)
     if code != 0:
         write_failure(f"{argv[0]} exited with code {code} on {c.current_host}; last output:\n" + "\n".join(tail), ml)

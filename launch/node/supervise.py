@@ -25,7 +25,7 @@ end every node's container is stopped (its watchdog removes it and the node's jo
 
 The plan is written by the launcher (commands.RunPlan, launch/jobs/supervision.py): the job's
 launcher command apart from its nodes, the nodes and spares, the restart policy. Each
-attempt's command comes from the same builder the launcher used (commands.attempt_argv, sent
+attempt's command comes from the same builder the launcher used (launchers.attempt_argv, sent
 beside this program with the rest of the launcher's dtrain modules) for the nodes the attempt
 has. Values of the job's --env come from its 0600 file on each node (launch/node/run.sh
 exports them: this program's environment, and torchrun's on the other nodes), never on a
@@ -77,7 +77,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands, output, progress  # noqa: E402
+from dtrain.launch.jobs import commands, launchers, output, progress  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -420,15 +420,15 @@ class Supervisor:
     # -- one attempt
 
     def start(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
-        """The attempt's launcher command for `nodes`, from the builders (commands.attempt_argv),
+        """The attempt's launcher command for `nodes`, from the builders (launchers.attempt_argv),
         as the launcher made the first one."""
         run = self.plan.run
         env = {**os.environ, **dict(run.extra_env), commands.RESTART_VAR: str(attempt)}
-        argvs = commands.attempt_argv(run, nodes)
+        argvs = launchers.attempt_argv(run, nodes)
         self.first_line.clear()
         self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
                                    commands.rank_map(nodes), time.monotonic())
-        if run.launcher in ("mpirun", "horovodrun"):
+        if not run.per_node:  # mpirun, horovodrun: one command here starts every rank
             self.procs = [self._spawn(argvs[0], env)]
             return
         # torchrun: one per node over the job's ssh (a tty, so that ending this ssh ends the

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import commands, launchers
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import sagemaker
 
@@ -67,7 +67,7 @@ class ManifestSpec:
     workers: int = 2  # nodes (pods, ECS tasks, SageMaker instances)
     gpus_per_worker: int = 0  # 0: CPU
     slots_per_worker: int | None = None  # ranks per worker; default: the GPUs, or 1 on CPU
-    launcher: Literal["mpirun", "torchrun", "ray"] | None = None  # ecs/sagemaker; default by target
+    launcher: str | None = None  # a launcher with `manifests` (launch/jobs/launchers/); default by target
     # ECS with launcher ray: the DNS name workers join the head at (see ecs_ray_context)
     ray_head_address: str = "ray-head.dtrain.internal"
     ecs_cluster: str = "dtrain"  # ECS: the cluster the Ray services run in
@@ -114,7 +114,13 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"--for {spec.target}: use one of {', '.join(TARGETS)}")
     if not spec.image or spec.image.startswith("-") or any(c.isspace() for c in spec.image):
         raise LaunchError(f"bad image {spec.image!r}")
-    node_only = spec.target == "ecs" and spec.launcher != "ray"  # the node container: sshd on 2022
+    if spec.launcher is not None and (spec.launcher not in launchers.LAUNCHERS
+                                      or not launchers.get(spec.launcher).manifests):
+        ecs = {n for n in launchers.names(manifests=True) if launchers.get(n).starts_cluster}
+        raise LaunchError(f"--launcher {spec.launcher}: use "
+                          + launchers.choices([n + " (ECS)" * (n in ecs) for n in launchers.names(manifests=True)]))
+    cluster = spec.launcher is not None and launchers.get(spec.launcher).starts_cluster  # Ray's head and workers
+    node_only = spec.target == "ecs" and not cluster  # the node container: sshd on 2022
     if node_only and spec.command:
         raise LaunchError("--for ecs: the task definition is the node container (sshd on 2022), it runs no "
                           "command; run the job with mpirun on one of the tasks (docs/other-tools.md, \"Amazon "
@@ -137,11 +143,10 @@ def _check(spec: ManifestSpec) -> None:
     if spec.workers < 1 or spec.gpus_per_worker < 0 or spec.slots < 1:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
-    if spec.launcher not in (None, "mpirun", "torchrun", "ray"):
-        raise LaunchError(f"--launcher {spec.launcher}: use mpirun, torchrun or ray (ECS)")
-    if spec.launcher == "ray" and spec.target != "ecs":
-        raise LaunchError(f"--launcher ray: only for --for ecs (a Ray head and worker services), not {spec.target}")
-    if spec.launcher == "ray" and not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$", spec.ray_head_address):
+    if cluster and spec.target != "ecs":
+        raise LaunchError(f"--launcher {spec.launcher}: only for --for ecs (a Ray head and worker services), "
+                          f"not {spec.target}")
+    if cluster and not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$", spec.ray_head_address):
         raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
     if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
         raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
@@ -171,7 +176,7 @@ def sagemaker_job(spec: ManifestSpec) -> sagemaker.TrainingJob:
     workdir upload). Across instances mpirun needs the job key: the `dtrain` channel points at
     OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
     launcher = spec.launcher or "mpirun"
-    needs_key = spec.workers > 1 and launcher == "mpirun"
+    needs_key = spec.workers > 1 and launchers.get(launcher).needs_ssh
     return sagemaker.TrainingJob(
         name=spec.name, image=spec.image, role_arn=spec.role_arn, command=spec.command,
         output_s3=spec.output_s3, instances=spec.workers,
@@ -222,7 +227,7 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
     elif spec.target == "pytorchjob":
         ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": TORCH_MASTER_PORT,
                 "env": commands.torchrun_env(POD_IFACE) | spec.env}
-    elif spec.target == "ecs" and spec.launcher == "ray":
+    elif template_name(spec) != spec.target:  # ecs-ray
         ctx |= ecs_ray_context(spec)
     elif spec.target == "ecs":
         ctx |= {"command": _ecs_command(spec), "env": spec.env}
@@ -241,7 +246,8 @@ def _jinja() -> jinja2.Environment:
 
 
 def template_name(spec: ManifestSpec) -> str:
-    return "ecs-ray" if spec.target == "ecs" and spec.launcher == "ray" else spec.target
+    cluster = spec.launcher is not None and launchers.get(spec.launcher).starts_cluster
+    return f"{spec.target}-{spec.launcher}" if spec.target == "ecs" and cluster else spec.target
 
 
 def render(spec: ManifestSpec) -> str:

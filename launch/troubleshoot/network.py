@@ -22,6 +22,7 @@ from typing import Callable, Literal, Sequence
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import launchers
 from dtrain.launch.infra.instance_types import efa_count
 from dtrain.launch.jobs.netgate import (EXPECTATIONS, Expectation, GateResult, expectation_for,  # noqa: F401
                                         load_expectations, run_gate)  # (EXPECTATIONS: the table is the gate's too)
@@ -251,10 +252,10 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
 
     backend = cpu_backend(family_of(image))
     launcher = launcher or ("mpirun" if gpu or backend != "torch" else "torchrun")
-    if launcher not in ("mpirun", "horovodrun", "torchrun"):
-        raise LaunchError(f"--launcher {launcher}: use mpirun, horovodrun or torchrun")
-    if gpu and launcher == "torchrun":
-        raise LaunchError("--launcher torchrun: all_reduce_perf is an MPI program; use mpirun")
+    if launcher not in launchers.names(supervised=True):
+        raise LaunchError(f"--launcher {launcher}: use {launchers.choices(launchers.names(supervised=True))}")
+    if gpu and not launchers.get(launcher).mpi_ranks:
+        raise LaunchError(f"--launcher {launcher}: all_reduce_perf is an MPI program; use mpirun")
     command = sweep_command(gpu=gpu, backend=backend, min_bytes=min_bytes, max_bytes=max_bytes, iters=iters,
                             tcp_seconds=tcp_seconds, tcp_streams=tcp_streams)
     spec = JobSpec(image=image, command=tuple(command), launcher=launcher, name=name, env=dict(env or {}),
