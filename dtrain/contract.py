@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SSH_PORT = 2022  # the containers' sshd (the host keeps 22)
+MASTER_PORT = 29500  # torchrun/Gloo/NCCL rendezvous port on the first node, unless --master-port
 NETGATE_PORT = 2023  # the network gate's streams between a job's containers (launch/node/netgate.py)
 # Every ssh session dtrain opens probes the link: a peer silent for INTERVAL x COUNT seconds
 # (a dropped link, a node gone) ends the session instead of leaving it waiting forever.
