@@ -32,7 +32,8 @@ LOCAL_PATHS = {
     "project": ("project", ""), "lifecycle_policy": ("json", "an ECR lifecycle policy"),
     "catalog": ("new-file", "a catalog"), "soci_bin": ("dir", "soci, ctr, containerd"),
     "containerd_socket": ("socket", "containerd's"), "lazy_root": ("dir", "unpacked Debian packages"),
-    ("manifest", "output"): ("new-file", "the manifest"), ("launch", "workdir"): ("project", ""),
+    ("manifest", "output"): ("new-file", "the manifest"), ("launch", "output"): ("new-file", "the job description"),
+    ("launch", "workdir"): ("project", ""),
     ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
     ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
 }
@@ -471,9 +472,10 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
 
 def _launch(where, cfg):
     """Run the launch `cfg` (JobFile's fields, flags over the file over defaults()) on its nodes."""
+    from dtrain.launch.jobs import jobfile
     from dtrain.launch.jobs.job import Job
 
-    with user_errors(), jobfile_located(where):
+    with user_errors(), jobfile.located(where):
         if cfg["instance_type"] is not None or cfg["role"] is not None:
             from dtrain.launch.errors import LaunchError
 
@@ -485,12 +487,6 @@ def _launch(where, cfg):
         if code != 0:
             _report_failure(job.spec.name, code)
         sys.exit(code)
-
-
-def jobfile_located(where):
-    from dtrain.launch.jobs import jobfile
-
-    return jobfile.located(where)
 
 
 def launch_spec(cfg):

@@ -30,7 +30,6 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
 
 from dtrain import values
 from dtrain.contract import MASTER_PORT
@@ -121,6 +120,10 @@ def _flag(key: str) -> str:
 NUMBERS = {"slots": (True, 1, 4096), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
            "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
            "hang_timeout": (False, 0, 86400)}
+
+
+class BadNumber(ValueError):
+    """A number of the file refused by its flag's parser: `KEY 'VALUE': expected ...` (parse)."""
 
 
 def number(key: str, text: Any) -> int | float:
@@ -217,7 +220,7 @@ class JobFile(BaseModel):
         try:
             return number(info.field_name, f"{v:g}" if isinstance(v, float) else str(v))
         except values.BadValue as e:
-            raise PydanticCustomError("bad_value", str(e).removeprefix(_flag(info.field_name) + " ")) from None
+            raise BadNumber(str(e).removeprefix(_flag(info.field_name) + " ")) from None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -302,7 +305,10 @@ def parse(text: str, where: str) -> JobFile:
         key = ".".join(str(p) for p in loc) or "(top)"
         msg = "unknown key (see dtrain launch --help)" if err["type"] == "extra_forbidden" else err["msg"]
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        sep = " " if err["type"] == "bad_value" else ": "  # `KEY 'VALUE': expected ...`, as the flag's
+        bad = (err.get("ctx") or {}).get("error")
+        sep = ": "
+        if isinstance(bad, BadNumber):  # `KEY 'VALUE': expected ...`, the flag's own words
+            sep, msg = " ", str(bad)
         raise LaunchError(f"{where}{f':{line}' if line else ''}: {key}{sep}{msg}{more}") from None
 
 
