@@ -32,7 +32,8 @@ LOCAL_PATHS = {
     "project": ("project", ""), "lifecycle_policy": ("json", "an ECR lifecycle policy"),
     "catalog": ("new-file", "a catalog"), "soci_bin": ("dir", "soci, ctr, containerd"),
     "containerd_socket": ("socket", "containerd's"), "lazy_root": ("dir", "unpacked Debian packages"),
-    ("manifest", "output"): ("new-file", "the manifest"), ("launch", "workdir"): ("project", ""),
+    ("manifest", "output"): ("new-file", "the manifest"), ("launch", "output"): ("new-file", "the job description"),
+    ("launch", "workdir"): ("project", ""),
     ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
     ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
 }
@@ -375,17 +376,18 @@ def test(c, k=None, unit=False):
 
 # ---------------------------------------------------------------- running jobs
 
-NODE_HELP = {
-    "cluster": "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)",
-    "hostfile": "lines `HOST slots=N [port=22] [user=U] [identity=KEY]`",
-    "hosts": "h1:4,h2:4",
-    "ec2_tag": "Key=Value: running instances with this tag (private IPs; slots = GPUs)",
-    "region": "AWS region for --ec2-tag",
-    "slots": "slots per node for --ec2-tag (default: GPUs of the instance type)",
-    "ssh_user": "ssh user on the nodes (default: from the hostfile or ~/.ssh/config)",
-    "ssh_key": "ssh identity for the nodes",
-    "ssh_opt": "extra ssh -o option to reach the nodes (repeatable)",
-    "ssh_config": "ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's",
+from dtrain.launch.jobs import jobfile as _jobfile  # noqa: E402  the launch flags' help: the job file's model
+
+LAUNCH_HELP = _jobfile.help_texts()
+NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_tag", "region", "slots", "ssh_user",
+                                         "ssh_key", "ssh_opt", "ssh_config")}
+# `dtrain launch` flags that are not fields of a launch (JobFile): which file, what to do with it.
+LAUNCH_TASK_ONLY_HELP = {
+    "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
+    "file": "the same as -f",
+    "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs: the "
+            "job description)",
+    "output": "--target mpijob|pytorchjob|ecs: write the description to this file instead of stdout",
 }
 
 
@@ -440,55 +442,15 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
         x for o in (ssh_opt or []) for x in ("-o", o))
 
 
-@task(iterable=["env", "mount", "ssh_opt"], help={
-    **NODE_HELP,
-    "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
-    "file": "the same as -f",
-    "dump": "print the job file these flags (and -f) mean, and exit",
-    "image": "image reference every node pulls (ECR: logged in with a token from boto3)",
-    "launcher": "mpirun (default), horovodrun, torchrun, ray (a Ray cluster, then the command "
-                "as its driver; image: ray-train) or accelerate (Hugging Face accelerate launch on every node)",
-    "name": "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is refused, an ended one's is reused",
-    "env": "K=V for every rank (repeatable)",
-    "env_file": "file of K=V lines; every variable is forwarded to every rank",
-    "iface": "network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)",
-    "mount": "/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro",
-    "shm_size": "container /dev/shm size, e.g. 16g (default: --ipc host)",
-    "master_port": "torchrun master port (default 29500)",
-    "rdzv": "torchrun rendezvous: static (default) or c10d",
-    "pull": "always (default: unless the node holds the registry's digest, with progress), missing (only where absent) or never",
-    "timeout": "stop the job after this many seconds",
-    "workdir": "directory sent to every node (rsync, only what changed; .gitignore/.dtrainignore "
-               "apply), mounted at /workdir, the job's working directory",
-    "workdir_limit": "refuse a --workdir larger than this (default 1g; data belongs on a --mount)",
-    "detach": "return once the job runs; the nodes supervise it (dtrain logs --follow, status, stop)",
-    "max_restarts": "restart the job after a failed rank or a lost node, this many times (default 0; "
-                    "with --spares, one per spare)",
-    "min_nodes": "with no spare left, restart on the nodes left while at least this many remain "
-                 "(default: all of them)",
-    "spares": "keep the last K nodes given ready (image, container, sshd) with no rank; a lost node, or "
-              "one given a spot notice, is swapped for one and the job restarts at full size",
-    "checkpoint_dir": "DTRAIN_CHECKPOINT_DIR for every rank: where it saves and resumes (a path "
-                      "in the containers, e.g. on a --mount)",
-    "no_spot_watch": "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice "
-                     "and leaves the job cleanly (time to checkpoint); this turns it off",
-    "check_network": "before the job, a few seconds of TCP streams between the containers (the network "
-                     "gate); a node whose link is well below its peers' or its instance type's fails the "
-                     "launch, named (with --spares, a spare takes its place)",
-    "hang_timeout": "when no rank has made progress for this many seconds: every rank's Python stack "
-                    "into the log, the ranks behind named, the attempt ended (a failed attempt: "
-                    "--max-restarts applies); default off",
-    "progress_pattern": "with --hang-timeout, a rank's output line matching this regex is progress "
-                        "(default: any line of a rank)",
-})
+@task(iterable=["env", "mount", "ssh_opt"], help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP})
 def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=None, cluster=None, hostfile=None,
            hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
-           hang_timeout=None, progress_pattern=None):
+           hang_timeout=None, progress_pattern=None, target=None, instance_type=None, role=None, output=None):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
-    flags = {k: v for k, v in locals().items() if k not in ("c", "f", "file", "dump")}
+    flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
         from dtrain.launch.jobs import jobfile
 
@@ -498,83 +460,89 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
         flags["command"] = _remainder() or None
         from_file = jobfile.load(path) if path else {}
         given = jobfile.merge(from_file, flags)
-        if dump:
+        cfg = {**jobfile.defaults(), **given}
+        if cfg["target"] == "nodes" and output is not None:
+            raise jobfile.LaunchError("--output is where --target mpijob|pytorchjob|ecs writes the description")
+        if dump and cfg["target"] in ("nodes", "sagemaker"):
             print(jobfile.dump(given), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
         where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
-        _launch(where, **{**LAUNCH_DEFAULTS, **given})
+        if cfg["target"] != "nodes":
+            from dtrain.launch import jobtarget
+
+            with jobfile.located(where):
+                sys.exit(jobtarget.run(given, output=None if dump else output))
+        _launch(where, cfg)
 
 
-# What `dtrain launch` does where neither a flag nor the job file says.
-LAUNCH_DEFAULTS = {"launcher": "mpirun", "master_port": "29500", "rdzv": "static", "pull": "always",
-                   "workdir_limit": "1g", "command": []}
-
-
-def _launch(where, image=None, command=(), launcher="mpirun", name=None, cluster=None, hostfile=None, hosts=None,
-            ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None,
-            env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port="29500", rdzv="static",
-            pull="always", timeout=None, workdir=None, workdir_limit="1g", detach=False, max_restarts=None,
-            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
-            hang_timeout=None, progress_pattern=None):
-    import os
-    from pathlib import Path
-
-    from dtrain.launch.jobs import commands, jobfile
-    from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs.job import Job, JobSpec
+def _launch(where, cfg):
+    """Run the launch `cfg` (JobFile's fields, flags over the file over defaults()) on its nodes."""
+    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs.job import Job
 
     with user_errors(), jobfile.located(where):
-        if not image:
-            raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
-        _image_flag(image)
-        command = tuple(command)
-        _choice_flag("--pull", pull, ("always", "missing", "never"))
-        _choice_flag("--launcher", launcher, _launcher_names())
-        _choice_flag("--rdzv", rdzv, ("static", "c10d"))
-        port = _int_flag("--master-port", master_port, 1, 65535)
-        seconds = _float_flag("--timeout", timeout) if timeout is not None else None
-        envs = _env_flags(env, env_file)
-        from dtrain import values
+        if cfg["instance_type"] is not None or cfg["role"] is not None:
+            from dtrain.launch.errors import LaunchError
 
-        if name is not None:
-            values.name("--name", name)
-        if shm_size is not None:
-            shm_size = values.docker_size("--shm-size", shm_size, "16g")
-        if iface is not None:
-            values.name("--iface", iface, 15)
-        from dtrain.launch.jobs import supervision
-        from dtrain.launch.jobs.workdir import parse_size
-
-        if workdir is not None:
-            values.local_path("--workdir", workdir, "project")
-        hang = _float_flag("--hang-timeout", hang_timeout, 0, hi=86400) if hang_timeout is not None else None
-        if progress_pattern is not None:
-            values.regex("--progress-pattern", progress_pattern)
-            if hang is None:
-                raise LaunchError("--progress-pattern is what --hang-timeout counts as progress: give --hang-timeout too")
-        if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
-            raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
-        # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
-        # turns the watch on for any nodes (tests: tests/imds.py)
-        imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or (
-            supervision.EC2_IMDS if ec2_tag or cluster else "")
-        spec = JobSpec(image=image, command=command, launcher=launcher, name=name or "", env=envs,
-                       iface=iface, mounts=tuple(commands.parse_mount(m) for m in mount or []),
-                       shm_size=shm_size, master_port=port, rdzv=rdzv, pull=pull,
-                       job_timeout=seconds, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster),
-                       workdir=workdir, workdir_limit=parse_size(workdir_limit), detach=bool(detach),
-                       max_restarts=(_int_flag("--max-restarts", max_restarts, 0, 1000)
-                                     if max_restarts is not None else None),
-                       min_nodes=_int_flag("--min-nodes", min_nodes, 1) if min_nodes is not None else None,
-                       spares=_int_flag("--spares", spares, 0, 1000) if spares is not None else 0,
-                       checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=progress_pattern or "",
-                       imds="" if no_spot_watch else imds, check_network=bool(check_network))
-        job = Job(spec, _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster))
+            raise LaunchError(f"--{'instance-type' if cfg['instance_type'] is not None else 'role'} is for "
+                              f"--target sagemaker (the nodes are given by --hosts, --hostfile, --cluster, --ec2-tag)")
+        job = Job(launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"], cfg["slots"],
+                                           cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"]))
         code = job.run()
         if code != 0:
             _report_failure(job.spec.name, code)
         sys.exit(code)
+
+
+def launch_spec(cfg):
+    """The JobSpec a launch's config means, every value checked by the flag's own parser (a value from
+    the job file too: jobfile.located names its line)."""
+    import os
+
+    from dtrain import values
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import commands, jobfile, supervision
+    from dtrain.launch.jobs.job import JobSpec
+    from dtrain.launch.jobs.workdir import parse_size
+
+    image, name, shm_size, iface, workdir = cfg["image"], cfg["name"], cfg["shm_size"], cfg["iface"], cfg["workdir"]
+    if not image:
+        raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
+    _image_flag(image)
+    _choice_flag("--pull", cfg["pull"], ("always", "missing", "never"))
+    _choice_flag("--launcher", cfg["launcher"], _launcher_names())
+    _choice_flag("--rdzv", cfg["rdzv"], ("static", "c10d"))
+    number = {k: None if cfg[k] is None else jobfile.number(k, cfg[k]) for k in jobfile.NUMBERS}  # the model's bounds
+    port, seconds, hang = number["master_port"], number["timeout"], number["hang_timeout"]
+    envs = _env_flags(cfg["env"], cfg["env_file"])
+    if name is not None:
+        values.name("--name", name)
+    if shm_size is not None:
+        shm_size = values.docker_size("--shm-size", shm_size, "16g")
+    if iface is not None:
+        values.name("--iface", iface, 15)
+    if workdir is not None:
+        values.local_path("--workdir", workdir, "project")
+    if cfg["progress_pattern"] is not None:
+        values.regex("--progress-pattern", cfg["progress_pattern"])
+        if hang is None:
+            raise LaunchError("--progress-pattern is what --hang-timeout counts as progress: give --hang-timeout too")
+    checkpoint_dir = cfg["checkpoint_dir"]
+    if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
+        raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
+    # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
+    # turns the watch on for any nodes (tests: tests/imds.py)
+    imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or (
+        supervision.EC2_IMDS if cfg["ec2_tag"] or cfg["cluster"] else "")
+    return JobSpec(image=image, command=tuple(cfg["command"]), launcher=cfg["launcher"], name=name or "", env=envs,
+                   iface=iface, mounts=tuple(commands.parse_mount(m) for m in cfg["mount"] or []),
+                   shm_size=shm_size, master_port=port, rdzv=cfg["rdzv"], pull=cfg["pull"],
+                   job_timeout=seconds, ssh_opts=_ssh_opts(cfg["ssh_opt"], cfg["ssh_config"], cfg["cluster"]),
+                   workdir=workdir, workdir_limit=parse_size(cfg["workdir_limit"]), detach=bool(cfg["detach"]),
+                   max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
+                   checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
+                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]))
 
 
 @task(iterable=["ssh_opt"], help={
@@ -1102,7 +1070,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         _image_flag(image)
         values.instance_type("--instance-type", instance_type, sagemaker=True)
         if launcher is not None:
-            _choice_flag("--launcher", launcher, ("mpirun", "torchrun"))
+            _choice_flag("--launcher", launcher, _launcher_names(sagemaker=True))
         if name is not None:
             sm.check_job_name("--name", name)
         if not Path(workdir).is_dir():
@@ -1166,7 +1134,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
         values.name("--name", name)
         values.env_pairs("--env", env)
         if launcher is not None:
-            _choice_flag("--launcher", launcher, ("mpirun", "torchrun", "ray"))
+            _choice_flag("--launcher", launcher, _launcher_names(manifests=True))
         if slots_per_worker is not None:
             _int_flag("--slots-per-worker", slots_per_worker, 1, 1024)
         if instance_type is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SSH_PORT = 2022  # the containers' sshd (the host keeps 22)
-TORCH_MASTER_PORT = 29500  # torchrun's master (rendezvous) port: --master-port's default, manifests, SageMaker
+MASTER_PORT = 29500  # torchrun's master (rendezvous) port: --master-port's default, manifests, SageMaker
 NETGATE_PORT = 2023  # the network gate's streams between a job's containers (launch/node/netgate.py)
 # Every ssh session dtrain opens probes the link: a peer silent for INTERVAL x COUNT seconds
 # (a dropped link, a node gone) ends the session instead of leaving it waiting forever.

@@ -45,8 +45,8 @@ def test_flags_on_the_command_line_override_the_file():
 
 @pytest.mark.parametrize("text, where, says", [
     ("image: x\nimagee: y\n", ":2", "imagee: unknown key"),
-    ("image: x\nmax_restarts: lots\n", ":2", "max_restarts: Input should be a valid integer"),
-    ("image: x\nlauncher: mpi\n", ":2",  # the registry's launchers: 'mpirun', 'horovodrun', ... or 'ray'
+    ("image: x\nmax_restarts: lots\n", ":2", "max_restarts 'lots': expected a whole number from 0 to 1000"),  # the flag's words
+    ("image: x\nlauncher: mpi\n", ":2",  # the registry's launchers: 'mpirun', 'horovodrun', ... or 'accelerate'
      "launcher: Input should be " + launchers.choices([f"'{n}'" for n in launchers.names()])),
     ("image: x\nenv:\n  OK: 1\n  9BAD: 2\n", ":4", "env.9BAD: Value error, '9BAD' is not a variable name"),
     ("image: x\nmount:\n  - /a\n  - [1]\n", ":4", "mount.1: Input should be a valid string"),

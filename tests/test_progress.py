@@ -149,7 +149,7 @@ def test_job_file_keys(tmp_path):
     with pytest.raises(LaunchError, match=r"job.yaml:3: progress_pattern: .*not a regular expression"):
         jobfile.load(f)
     f.write_text("image: r/i:t\nhang_timeout: -1\n")
-    with pytest.raises(LaunchError, match=r"job.yaml:2: hang_timeout: Input should be greater than 0"):
+    with pytest.raises(LaunchError, match=r"job.yaml:2: hang_timeout '-1': expected a number > 0 and <= 86400"):
         jobfile.load(f)
 
 

@@ -360,7 +360,7 @@ class LaunchCommand:
     mca: tuple[tuple[str, str], ...] = ()  # the user's --mca
     ompi: int = 4  # Open MPI's major version in the image
     subnet: str | None = None  # where nodes name their NICs differently (tcp_include)
-    master_port: int = contract.TORCH_MASTER_PORT
+    master_port: int = contract.MASTER_PORT
     rdzv: str = "static"
     job: str = ""
     # mpirun, horovodrun: the text of launch/node/rank_output.py, which runs each rank's command

@@ -73,7 +73,7 @@ class JobSpec:
     iface: str | None = None  # override the detected NIC
     mounts: tuple[commands.Mount, ...] = ()
     shm_size: str | None = None  # None: --ipc host
-    master_port: int = contract.TORCH_MASTER_PORT
+    master_port: int = contract.MASTER_PORT
     rdzv: Literal["static", "c10d"] = "static"
     pull: Literal["always", "missing", "never"] = "always"  # as docker's --pull
     ready_timeout: float = 60

@@ -29,12 +29,17 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dtrain import values
+from dtrain.contract import MASTER_PORT
 from dtrain.yamlfile import TooDeep, compose_load, line_of
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
+
+# Where a launch runs: its nodes (the default), a SageMaker training job, or the description of one
+# for another tool (launch/other_tools/manifests.py), written for the user to submit.
+TARGETS = ("nodes", "sagemaker", "mpijob", "pytorchjob", "ecs")
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 
@@ -107,47 +112,117 @@ def check_file_ssh(job: "JobFile", doc: yaml.Node | None, where: str) -> None:
             raise LaunchError(f"{where}:{line_of(doc, ('ssh_opt', i)) or 1}: ssh_opt.{i}: {why}")
 
 
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+# The numbers of a launch: (whole?, lo, hi). values.count (whole) or values.number (> lo) checks
+# them, from a flag (tasks.launch_spec) and from a job file (JobFile) alike.
+NUMBERS = {"slots": (True, 1, 4096), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
+           "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
+           "hang_timeout": (False, 0, 86400)}
+
+
+class BadNumber(ValueError):
+    """A number of the file refused by its flag's parser: `KEY 'VALUE': expected ...` (parse)."""
+
+
+def number(key: str, text: Any) -> int | float:
+    """The value of the launch's number `key` (NUMBERS), or BadValue naming its flag."""
+    whole, lo, hi = NUMBERS[key]
+    return values.count(_flag(key), text, lo, hi) if whole else values.number(_flag(key), text, lo, hi=hi)
+
+
 class JobFile(BaseModel):
-    """What `dtrain launch` takes, by flag name. None: not given (the flag's default applies)."""
+    """What `dtrain launch` takes, by flag name: the one schema of a launch. Each field's
+    description is the flag's help; json_schema_extra's launch_default is what applies where
+    neither a flag nor the file gives it (defaults()). None: not given."""
 
     model_config = ConfigDict(extra="forbid")
 
-    image: Optional[str] = None
-    command: Optional[list[str]] = None  # a list, or one string split as a shell would (no shell runs it)
-    launcher: Optional[Literal[launchers.names()]] = None  # the registry's (launch/jobs/launchers/)
-    name: Optional[str] = None
+    image: Optional[str] = Field(None, description="image reference every node pulls (ECR: logged in with a token from boto3)")
+    command: Optional[list[str]] = Field(None, description="what follows `--`: the job's command")  # a list, or one string split as a shell would (no shell runs it)
+    launcher: Optional[Literal[launchers.names()]] = Field(None, description=(  # the registry's (launch/jobs/launchers/)
+        "mpirun (default), horovodrun, torchrun, ray (a Ray cluster, then the command as its driver; image: "
+        "ray-train) or accelerate (Hugging Face accelerate launch on every node)"),
+        json_schema_extra={"launch_default": "mpirun"})
+    name: Optional[str] = Field(None, description=(
+        "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is "
+        "refused, an ended one's is reused"))
+    target: Optional[Literal[TARGETS]] = Field(None, description=(
+        "where the job runs: nodes (default: the nodes given, in containers), sagemaker (a training job: "
+        "--instance-type, --role; as many instances as nodes), mpijob, pytorchjob or ecs (the job "
+        "description, printed or --output)"), json_schema_extra={"launch_default": "nodes"})
+    instance_type: Optional[str] = Field(None, description="--target sagemaker: the instances' type, e.g. ml.g5.12xlarge")
+    role: Optional[str] = Field(None, description="--target sagemaker: the SageMaker execution role ARN")
     # where the nodes come from (one of cluster, hostfile, hosts, ec2_tag) and how to reach them
-    cluster: Optional[str] = None
-    hostfile: Optional[str] = None
-    hosts: Optional[str] = None
-    ec2_tag: Optional[str] = None
-    region: Optional[str] = None
-    slots: Optional[int] = Field(default=None, ge=1)
-    ssh_user: Optional[str] = None
-    ssh_key: Optional[str] = None
-    ssh_opt: Optional[list[str]] = None
-    ssh_config: Optional[str] = None
+    cluster: Optional[str] = Field(None, description=(
+        "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)"))
+    hostfile: Optional[str] = Field(None, description="lines `HOST slots=N [port=22] [user=U] [identity=KEY]`")
+    hosts: Optional[str] = Field(None, description="h1:4,h2:4")
+    ec2_tag: Optional[str] = Field(None, description="Key=Value: running instances with this tag (private IPs; slots = GPUs)")
+    region: Optional[str] = Field(None, description="AWS region for --ec2-tag (and --target sagemaker)")
+    slots: Optional[int] = Field(None, description="slots per node for --ec2-tag (default: GPUs of the instance type)")
+    ssh_user: Optional[str] = Field(None, description="ssh user on the nodes (default: from the hostfile or ~/.ssh/config)")
+    ssh_key: Optional[str] = Field(None, description="ssh identity for the nodes")
+    ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
+    ssh_config: Optional[str] = Field(None, description="ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's")
     # the job
-    env: Optional[dict[str, Optional[str]]] = None  # NAME: value, or NAME: (empty) for the launcher's $NAME
-    env_file: Optional[str] = None
-    iface: Optional[str] = None
-    mount: Optional[list[str]] = None
-    shm_size: Optional[str] = None
-    master_port: Optional[int] = Field(default=None, ge=1, le=65535)
-    rdzv: Optional[Literal["static", "c10d"]] = None
-    pull: Optional[Literal["always", "missing", "never"]] = None
-    timeout: Optional[float] = Field(default=None, gt=0)
-    workdir: Optional[str] = None
-    workdir_limit: Optional[str] = None
-    detach: Optional[bool] = None
-    max_restarts: Optional[int] = Field(default=None, ge=0, le=1000)
-    min_nodes: Optional[int] = Field(default=None, ge=1)
-    spares: Optional[int] = Field(default=None, ge=0, le=1000)
-    checkpoint_dir: Optional[str] = None
-    no_spot_watch: Optional[bool] = None
-    check_network: Optional[bool] = None
-    hang_timeout: Optional[float] = Field(default=None, gt=0, le=86400)
-    progress_pattern: Optional[str] = None
+    env: Optional[dict[str, Optional[str]]] = Field(None, description="K=V for every rank (repeatable)")  # NAME: value, or NAME: (empty) for the launcher's $NAME
+    env_file: Optional[str] = Field(None, description="file of K=V lines; every variable is forwarded to every rank")
+    iface: Optional[str] = Field(None, description="network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)")
+    mount: Optional[list[str]] = Field(None, description="/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro")
+    shm_size: Optional[str] = Field(None, description="container /dev/shm size, e.g. 16g (default: --ipc host)")
+    master_port: Optional[int] = Field(None, description=f"torchrun master port (default {MASTER_PORT})",
+                                       json_schema_extra={"launch_default": str(MASTER_PORT)})
+    rdzv: Optional[Literal["static", "c10d"]] = Field(None, description="torchrun rendezvous: static (default) or c10d",
+                                                      json_schema_extra={"launch_default": "static"})
+    pull: Optional[Literal["always", "missing", "never"]] = Field(None, description=(
+        "always (default: unless the node holds the registry's digest, with progress), missing (only where "
+        "absent) or never"), json_schema_extra={"launch_default": "always"})
+    timeout: Optional[float] = Field(None, description="stop the job after this many seconds")
+    workdir: Optional[str] = Field(None, description=(
+        "directory sent to every node (rsync, only what changed; .gitignore/.dtrainignore apply), mounted at "
+        "/workdir, the job's working directory"))
+    workdir_limit: Optional[str] = Field(None, description="refuse a --workdir larger than this (default 1g; data belongs on a --mount)",
+                                         json_schema_extra={"launch_default": "1g"})
+    detach: Optional[bool] = Field(None, description=(
+        "return once the job runs; the nodes supervise it (dtrain logs --follow, status, stop)"))
+    max_restarts: Optional[int] = Field(None, description=(
+        "restart the job after a failed rank or a lost node, this many times (default 0; with --spares, one per "
+        "spare)"))
+    min_nodes: Optional[int] = Field(None, description=(
+        "with no spare left, restart on the nodes left while at least this many remain (default: all of them)"))
+    spares: Optional[int] = Field(None, description=(
+        "keep the last K nodes given ready (image, container, sshd) with no rank; a lost node, or one given a "
+        "spot notice, is swapped for one and the job restarts at full size"))
+    checkpoint_dir: Optional[str] = Field(None, description=(
+        "DTRAIN_CHECKPOINT_DIR for every rank: where it saves and resumes (a path in the containers, e.g. on a "
+        "--mount)"))
+    no_spot_watch: Optional[bool] = Field(None, description=(
+        "with --ec2-tag or --cluster, each node polls EC2's spot interruption notice and leaves the job cleanly "
+        "(time to checkpoint); this turns it off"))
+    check_network: Optional[bool] = Field(None, description=(
+        "before the job, a few seconds of TCP streams between the containers (the network gate); a node whose "
+        "link is well below its peers' or its instance type's fails the launch, named (with --spares, a spare "
+        "takes its place)"))
+    hang_timeout: Optional[float] = Field(None, description=(
+        "when no rank has made progress for this many seconds: every rank's Python stack into the log, the "
+        "ranks behind named, the attempt ended (a failed attempt: --max-restarts applies); default off"))
+    progress_pattern: Optional[str] = Field(None, description=(
+        "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank)"))
+
+    @field_validator(*NUMBERS, mode="before")
+    @classmethod
+    def _number(cls, v: Any, info: ValidationInfo) -> Any:
+        """The flag's own parser (dtrain/values.py) and bounds: a value from the file and from the
+        flag are refused in the same words."""
+        if v is None or isinstance(v, bool):
+            return v
+        try:
+            return number(info.field_name, f"{v:g}" if isinstance(v, float) else str(v))
+        except values.BadValue as e:
+            raise BadNumber(str(e).removeprefix(_flag(info.field_name) + " ")) from None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -189,6 +264,18 @@ class JobFile(BaseModel):
         return v
 
 
+def defaults() -> dict[str, Any]:
+    """{field: value} where neither a flag nor the job file says, in the flags' (string) form;
+    None: no value (the field's help says what that means)."""
+    out: dict[str, Any] = {k: (f.json_schema_extra or {}).get("launch_default") for k, f in JobFile.model_fields.items()}
+    return {**out, "command": []}
+
+
+def help_texts() -> dict[str, str]:
+    """{field: the flag's help}: `dtrain launch --help` (tasks.py) reads them."""
+    return {k: f.description or "" for k, f in JobFile.model_fields.items() if k != "command"}
+
+
 def _env_key_line(doc: yaml.Node | None, err: dict) -> tuple:
     """An error in env's names: the loc of the bad name itself (its own line)."""
     if err["loc"] == ("env",) and "is not a variable name" in err["msg"]:
@@ -220,7 +307,11 @@ def parse(text: str, where: str) -> JobFile:
         key = ".".join(str(p) for p in loc) or "(top)"
         msg = "unknown key (see dtrain launch --help)" if err["type"] == "extra_forbidden" else err["msg"]
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        raise LaunchError(f"{where}{f':{line}' if line else ''}: {key}: {msg}{more}") from None
+        bad = (err.get("ctx") or {}).get("error")
+        sep = ": "
+        if isinstance(bad, BadNumber):  # `KEY 'VALUE': expected ...`, the flag's own words
+            sep, msg = " ", str(bad)
+        raise LaunchError(f"{where}{f':{line}' if line else ''}: {key}{sep}{msg}{more}") from None
 
 
 def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from dtrain.launch.remote.hosts import Node  # noqa: E402
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)
 SSH_PORT = contract.SSH_PORT
-TORCH_PORT = contract.TORCH_MASTER_PORT
+TORCH_PORT = contract.MASTER_PORT
 SSH_OPTIONS = ("-o ConnectionAttempts=10",)
 DONE_DIR = Path("/run/dtrain-sagemaker")  # where the first host leaves mpirun's exit code
 READY = "ready"  # DONE_DIR/ready on every host: `ok` once its requirements are installed, else the error

@@ -41,7 +41,7 @@ FILENAMES = {"mpijob": "mpijob.yaml", "pytorchjob": "pytorchjob.yaml",
 POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
 SSH_MOUNT = "/root/.ssh"  # where the MPI operator mounts the job's key Secret
-TORCH_MASTER_PORT = 23456  # the training operator's default; it sets MASTER_PORT from it
+MASTER_PORT = 23456  # the training operator's default; it sets MASTER_PORT from it
 MPI_SSH_OPTIONS = ("-o ConnectionAttempts=10",)  # the operator's own retry while workers start
 SAGEMAKER_INSTANCE = {0: "ml.m5.2xlarge", 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
 PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
@@ -225,7 +225,7 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
         ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": dict(spec.env),
                 "env": commands.training_env(POD_IFACE) | spec.env}
     elif spec.target == "pytorchjob":
-        ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": TORCH_MASTER_PORT,
+        ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": MASTER_PORT,
                 "env": commands.torchrun_env(POD_IFACE) | spec.env}
     elif template_name(spec) != spec.target:  # ecs-ray
         ctx |= ecs_ray_context(spec)

@@ -1,6 +1,6 @@
 """torchrun: one command in every node's container (the supervisor starts each over the job's
 ssh), --nnodes and --node_rank from the attempt's nodes, NCCL and Gloo on each node's own NIC
-(commands.torchrun_argv, torchrun_env; the master port: contract.TORCH_MASTER_PORT)."""
+(commands.torchrun_argv, torchrun_env; the master port: contract.MASTER_PORT)."""
 
 from __future__ import annotations
 
