@@ -7,20 +7,23 @@ import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "other-tools.md"
+DOCS = [ROOT / "docs" / "other-tools.md", ROOT / "docs" / "architecture.md"]
 TOP = ("launch/", "dtrain/", "images/", "templates/", "tests/", "docs/", "dockerfiles/")
 
 
-def test_every_repository_path_named_exists():
-    named = {m.split("::")[0] for m in re.findall(r"`([^`\s]+)`", DOC.read_text()) if m.startswith(TOP)}
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_repository_path_named_exists(doc):
+    named = {m.split("::")[0].rstrip(",") for m in re.findall(r"`([^`\s]+)`", doc.read_text()) if m.startswith(TOP)}
     assert named, "the doc names no path: the pattern is wrong"
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, missing
 
 
-def test_every_python_object_named_exists():
-    named = set(re.findall(r"`(dtrain\.(?:launch|images)(?:\.[A-Za-z_]+)+)", DOC.read_text()))
+def test_every_python_object_named_exists(doc=DOCS[0]):
+    named = set(re.findall(r"`(dtrain\.(?:launch|images)(?:\.[A-Za-z_]+)+)", doc.read_text()))
     found = 0
     for dotted in sorted(named):
         parts = dotted.split(".")
@@ -38,7 +41,7 @@ def test_every_python_object_named_exists():
 
 def test_ecs_example_takes_no_command():
     """The usage block shows `-- CMD` only where the target takes one: `--for ecs` refuses it."""
-    for line in DOC.read_text().splitlines():
+    for line in DOCS[0].read_text().splitlines():
         if line.startswith("dtrain manifest --for") and "-- CMD" in line:
             target = line.split("--for ", 1)[1].split()[0]
             assert "ecs" not in target.split("|") or "--launcher ray" in line, line
