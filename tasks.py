@@ -1121,8 +1121,6 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
-    from pathlib import Path
-
     from dtrain.launch.other_tools import manifests as mf
 
     from dtrain import values
@@ -1139,8 +1137,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             _int_flag("--slots-per-worker", slots_per_worker, 1, 1024)
         if instance_type is not None:
             values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
-        if output is not None and not Path(output).parent.is_dir():
-            raise values.BadValue(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
+        mf.check_output(output)
         text = mf.render(mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
@@ -1149,11 +1146,4 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
             ecs_cluster=ecs_cluster))
-        if output:
-            try:
-                Path(output).write_text(text)
-            except OSError as e:
-                raise values.BadValue(f"--output {output!r}: cannot write: {e.strerror or e}") from None
-            print(f"wrote {output}")
-        else:
-            print(text, end="")
+        print(mf.write(text, output), end="")

@@ -152,8 +152,7 @@ def _manifest(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | Non
     if cfg["name"] is not None:
         values.name("--name", cfg["name"])
     env_items = [f"{k}={v}" for k, v in env(cfg).items()]
-    if output is not None and not Path(output).parent.is_dir():
-        raise values.BadValue(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
+    mf.check_output(output)
     try:
         text = mf.render(mf.spec_from_args(
             cfg["target"], cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
@@ -161,12 +160,5 @@ def _manifest(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | Non
     except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
         raise type(e)(str(e).replace("--for ", "--target ")) from None
     note()
-    if output:
-        try:
-            Path(output).write_text(text)
-        except OSError as e:
-            raise values.BadValue(f"--output {output!r}: cannot write: {e.strerror or e}") from None
-        print(f"wrote {output}")
-    else:
-        print(text, end="")
+    print(mf.write(text, output), end="")
     return 0

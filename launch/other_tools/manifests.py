@@ -259,6 +259,24 @@ def render(spec: ManifestSpec) -> str:
     return text
 
 
+def check_output(output: str | None) -> None:
+    """--output's directory exists (checked before anything is rendered)."""
+    if output is not None and not Path(output).parent.is_dir():
+        raise LaunchError(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
+
+
+def write(text: str, output: str | None) -> str:
+    """The rendered description into --output (None: nothing written); what to print: the text,
+    or the line that names the file."""
+    if not output:
+        return text
+    try:
+        Path(output).write_text(text)
+    except OSError as e:
+        raise LaunchError(f"--output {output!r}: cannot write: {e.strerror or e}") from None
+    return f"wrote {output}\n"
+
+
 def load_target(path: Path) -> str:
     """The target of a file named as in FILENAMES (docs/examples)."""
     return next(t for t, f in FILENAMES.items() if f == Path(path).name)
