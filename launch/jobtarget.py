@@ -33,7 +33,6 @@ IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "ifa
 MANIFEST_REFUSED = ("timeout", "role")
 # ... and ignores: the image holds the code; the tool, not dtrain, waits for the job.
 MANIFEST_IGNORED = ("workdir", "detach")
-SAGEMAKER_ONLY = ("role",)
 
 
 def _flag(key: str) -> str:

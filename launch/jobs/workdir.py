@@ -244,7 +244,6 @@ def parse_stats(out: str) -> tuple[int, int]:
 def refresh_cache_argv(job: str, key: str) -> list[str]:
     """On the node, after the sync: the job's copy becomes the node's cache of this directory
     for the next launch (hard links: no data copied; host/prepare.sh keep_workdir)."""
-    from dtrain.launch.jobs import node_programs
     from dtrain.launch.jobs.store import check_name
 
     return node_programs.host_argv("keep_workdir", check_name(job), key)
