@@ -368,18 +368,24 @@ def inspect_image(ref: str) -> dict[str, Any] | None:
     return json.loads(r.stdout)[0]
 
 
+def not_built_message(images: Sequence[ImageLike]) -> str:
+    """One line naming every image not built and the command that builds it."""
+    return "not built yet: " + "; ".join(
+        f"{local_ref(img)} (run `{BUILD_HINT.format(family=img.family, tag=img.tag)}`)" for img in images)
+
+
 def require_built(images: Sequence[ImageLike]) -> dict[str, dict[str, Any]]:
-    """{local ref: inspect data}; PushError listing every image not built, with its command."""
+    """{local ref: inspect data}; PushError naming, on one line, every image not built."""
     found, missing = {}, []
     for img in images:
         ref = local_ref(img)
         info = inspect_image(ref)
         if info is None:
-            missing.append(f"  {ref}: run `{BUILD_HINT.format(family=img.family, tag=img.tag)}`")
+            missing.append(img)
         else:
             found[ref] = info
     if missing:
-        raise PushError("not built yet:\n" + "\n".join(missing))
+        raise PushError(not_built_message(missing))
     return found
 
 

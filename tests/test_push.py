@@ -52,6 +52,13 @@ def test_remote_ref():
             P.remote_ref(*bad)
 
 
+def test_images_not_built_are_named_on_one_line_with_their_build_command():
+    msg = P.not_built_message([LocalImage("pytorch-ddp", "T1"), LocalImage("ray-train", "T2")])
+    assert msg == ("not built yet: dtrain/pytorch-ddp:T1 (run `dtrain build --image pytorch-ddp --tag T1`); "
+                   "dtrain/ray-train:T2 (run `dtrain build --image ray-train --tag T2`)")
+    assert "\n" not in msg
+
+
 def test_split_and_loopback():
     assert P.split_ref("127.0.0.1:5000/dtrain/pytorch-ddp:t") == ("127.0.0.1:5000", "dtrain/pytorch-ddp", "t")
     assert P.repository_of("h:1/a/b:t") == "h:1/a/b"
