@@ -16,8 +16,8 @@ from dtrain.launch.remote.hosts import Node
 CHECKPOINT = f"{contract.CHECKPOINT_NOW_VAR}={contract.CHECKPOINT_NOW}"
 
 
-def facts(n: int = 3, slots: int = 2) -> list[NodeFacts]:
-    return [NodeFacts(Node(f"h{i}", slots), f"10.0.0.{i}", f"node-{i}", f"ens{4 + i}", 0, (), "")
+def facts(n: int = 3, slots: int = 2, gpus: int = 0) -> list[NodeFacts]:
+    return [NodeFacts(Node(f"h{i}", slots), f"10.0.0.{i}", f"node-{i}", f"ens{4 + i}", gpus, (), "")
             for i in range(1, n + 1)]
 
 
@@ -31,12 +31,21 @@ def test_one_command_per_node_for_3_nodes():
     assert run.per_node and run.rank_output == ""  # the supervisor ssh's each node; torchrun-style tags
     argvs = launchers.attempt_argv(run, launchers.plan_nodes(facts()))
     assert argvs == [[
-        "env", f"NCCL_SOCKET_IFNAME=ens{4 + r}", f"GLOO_SOCKET_IFNAME=ens{4 + r}", CHECKPOINT,
-        "accelerate", "launch", "--multi_gpu", "--num_machines", "3", "--machine_rank", str(r - 1),
+        "env", f"NCCL_SOCKET_IFNAME=ens{4 + r}", f"GLOO_SOCKET_IFNAME=ens{4 + r}", "ACCELERATE_USE_CPU=true",
+        CHECKPOINT, "accelerate", "launch", "--multi_gpu", "--num_machines", "3", "--machine_rank", str(r - 1),
         "--num_processes", "6", "--main_process_ip", "10.0.0.1", "--main_process_port", "29500",
         "--rdzv_backend", "static", "--same_network", "--tee", "3", "train.py", "--lr", "0.1",
     ] for r in (1, 2, 3)]
     assert "s3cret" not in str(argvs)  # --env values: the node's file, never the argv
+
+
+def test_gpu_nodes_leave_accelerate_to_pick_nccl():
+    """ACCELERATE_USE_CPU only where a node has no GPU: on CPU nodes without it accelerate 1.15
+    sees no CUDA and every process trains alone (DistributedType.NO)."""
+    run = launchers.launch_command(spec())
+    gpu = launchers.attempt_argv(run, launchers.plan_nodes(facts(gpus=8, slots=8)))
+    assert all("ACCELERATE_USE_CPU=true" not in a for a in gpu)
+    assert [a[a.index("--num_processes") + 1] for a in gpu] == ["24"] * 3
 
 
 def test_the_launcher_as_the_launch_and_the_supervisor_use_it():
@@ -83,3 +92,60 @@ def test_nodes_with_different_slots_are_a_user_error():
 def test_bad_topology_is_a_programming_mistake(args):
     with pytest.raises(ValueError):
         accelerate_argv(*args, "10.0.0.1", 29500, ["t.py"])
+
+
+ACC_SCRIPT = '''\
+import torch
+from accelerate import Accelerator
+
+acc = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+for step in range(3):
+    x = torch.randn(8, 4) + acc.process_index  # each rank its own data: only DDP keeps them equal
+    acc.backward(model(x).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+    w = acc.unwrap_model(model).weight.sum().item()
+    print(f"step {step} rank {acc.process_index}/{acc.num_processes} {acc.distributed_type} w {w:.6f}", flush=True)
+print("gathered", acc.gather(torch.tensor([acc.process_index + 1.0])).tolist(), flush=True)
+'''
+
+
+@pytest.mark.cluster
+def test_accelerate_trains_across_3_nodes_from_a_project_image(cluster, remote_images, ca_bundle, tmp_path):
+    """The seam's proof on real nodes: a project whose requirements.txt brings accelerate, built
+    FROM the pytorch-ddp CPU image and pushed to the cluster registry, runs `accelerate launch`
+    on 3 simulated nodes with 2 processes each: 6 ranks in one Gloo group (gather sees all six)
+    whose weights agree at every step, though each rank draws its own data."""
+    import re
+    from dataclasses import replace
+
+    from dtrain.images import project as pj
+    from dtrain.images.build import BuildOptions
+    from dtrain.images.push import push_and_verify
+    from dtrain.launch.jobs.job import Job, job_log
+    from dtrain.launch.remote.hosts import parse_hostfile
+
+    proj = tmp_path / "acc-demo"
+    proj.mkdir()
+    (proj / "requirements.txt").write_text("accelerate==1.15.0\n")
+    (proj / "acc_train.py").write_text(ACC_SCRIPT)
+    ref = pj.build(proj, "pytorch-ddp", BuildOptions(ca_bundle=ca_bundle), say=lambda m: None)
+    remote = f"{cluster.registry}/{ref}"
+    push_and_verify(ref, remote, out=lambda m: None)
+
+    nodes = [replace(n, slots=2) for n in parse_hostfile(cluster.hostfile)[:3]]
+    job = Job(JobSpec(image=remote, command=("python", "/workdir/acc_train.py"), name="t-accelerate",
+                      launcher="accelerate", ssh_opts=("-F", cluster.ssh_config)), nodes, say=lambda m: None)
+    code = job.run()
+    out = job_log("t-accelerate").read_text()
+    assert code == 0, out[-4000:]
+    steps = re.findall(r"step (\d) rank (\d)/(\d) DistributedType\.(\w+) w (\S+)", out)
+    assert sorted({(s, r) for s, r, *_ in steps}) == [(str(s), str(r)) for s in range(3) for r in range(6)], out[-3000:]
+    assert {(n, t) for _, _, n, t, _ in steps} == {("6", "MULTI_CPU")}
+    for s in "012":
+        assert len({w for step, _, _, _, w in steps if step == s}) == 1, f"step {s}: ranks disagree"
+    assert out.count("gathered [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]") == 6

@@ -382,12 +382,13 @@ class LaunchCommand:
 @dataclass(frozen=True)
 class PlanNode:
     """One node of a run as the builders and the supervisor see it: the address peers reach it
-    at, its hostname, its ranks and the NIC the job uses there."""
+    at, its hostname, its ranks, the NIC the job uses there and its GPUs (0: a CPU node)."""
 
     address: str
     hostname: str
     slots: int
     iface: str
+    gpus: int = 0
 
 
 # What runs launch/node/rank_output.py (its text follows) before a rank's command: -I -S, only

@@ -3,9 +3,11 @@ torch.distributed.run itself): --num_machines and --machine_rank from the attemp
 --num_processes the ranks of all nodes (accelerate gives each node num_processes/num_machines,
 so every node takes the same number), NCCL and Gloo on each node's own NIC.
 
-`--multi_gpu` picks accelerate's torch.distributed.run path on GPU and CPU images alike (on a
-node without a GPU the processes join over Gloo). Not `--cpu`: accelerate refuses it beside
-`--multi_gpu`, and alone it runs one process per node that expects mpirun's environment.
+`--multi_gpu` picks accelerate's torch.distributed.run path on GPU and CPU nodes alike. On a node
+without a GPU, ACCELERATE_USE_CPU=true makes each process join over Gloo (accelerate's
+PartialState: without it, no CUDA means DistributedType.NO and every process trains alone, seen
+with accelerate 1.15). Not `--cpu`: accelerate refuses it beside `--multi_gpu`, and alone it runs
+one process per node that expects mpirun's environment.
 static rendezvous: `--same_network` (--main_process_ip/port are the master's address, ranks by
 --machine_rank); c10d: they are the rendezvous endpoint. `--tee 3`: each rank's lines tagged
 as torchrun's (launch/jobs/output.py). An accelerate config file in the image still gives the
@@ -53,7 +55,8 @@ class Accelerate(Launcher):
         total = sum(n.slots for n in nodes)
         out = []
         for rank, n in enumerate(nodes):
-            env = {**commands.torchrun_env(n.iface), **dict(run.extra_env)}
+            cpu = {} if n.gpus else {"ACCELERATE_USE_CPU": "true"}
+            env = {**commands.torchrun_env(n.iface), **cpu, **dict(run.extra_env)}
             out.append(["env", *(f"{k}={v}" for k, v in env.items()),
                         *accelerate_argv(len(nodes), rank, total, nodes[0].address, run.master_port,
                                          run.command, rdzv=run.rdzv)])

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 def plan_nodes(facts: Sequence[NodeFacts]) -> list[commands.PlanNode]:
     """The nodes as the plan and the builders take them, in rank order."""
-    return [commands.PlanNode(f.address, f.hostname, f.node.slots, f.iface) for f in facts]
+    return [commands.PlanNode(f.address, f.hostname, f.node.slots, f.iface, f.gpus) for f in facts]
 
 
 def launch_command(spec: JobSpec, launcher: Launcher, ompi: int = 4, subnet: str | None = None
