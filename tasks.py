@@ -843,8 +843,12 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
 
             if action != "up":
                 raise values.BadValue(f"--lazy is for `cluster up`, not `cluster {action}`")
-            mode = cl.Lazy(lazy_root or os.environ.get(cl.LAZY_ROOT_ENV) or str(engine.LAZY_ROOT))
-            cl.check_lazy_root(mode.root)
+            root = lazy_root or os.environ.get(cl.LAZY_ROOT_ENV)
+            if root:
+                cl.check_lazy_root(root)
+            else:  # the default: Debian 13's packages fetched and unpacked there once
+                root = str(engine.ensure_lazy_binaries())
+            mode = cl.Lazy(root)
         if action == "up":
             names = {}
             for kv in nic or []:

@@ -83,15 +83,25 @@ def find_tools(bin_dir: str | None, socket_path: str | None,
     return Tools(found["soci"], found["ctr"], found.get("containerd"))
 
 
-def setup(bin_dir: str | None, socket_path: str | None, euid: int | None = None) -> Setup:
-    """--soci's flags checked before anything runs."""
+def setup(bin_dir: str | None, socket_path: str | None, euid: int | None = None,
+          fetch: Callable[[], Path] | None = None) -> Setup:
+    """--soci's flags checked before anything runs. Without --soci-bin, $DTRAIN_SOCI_BIN or the
+    tools on PATH, the Debian 13 packages `dtrain cluster up --lazy` uses are taken from where
+    it unpacks them, fetched there first if missing (fetch: engine.ensure_lazy_binaries)."""
     if socket_path is not None and not Path(socket_path).is_socket():
         raise SociError(f"--containerd-socket {socket_path}: not a socket (is containerd running there?)")
-    tools = find_tools(bin_dir or os.environ.get(BIN_ENV) or None, socket_path)
     if socket_path is None and (os.geteuid() if euid is None else euid) != 0:
         raise SociError("--soci starts a private containerd, which needs root: run as root, or pass "
                         "--containerd-socket PATH of the machine's containerd")
-    return Setup(tools, socket_path)
+    chosen = bin_dir or os.environ.get(BIN_ENV) or None
+    if chosen is None:
+        try:
+            return Setup(find_tools(None, socket_path), socket_path)
+        except SociError:
+            from dtrain import engine
+
+            chosen = str((fetch or engine.ensure_lazy_binaries)())
+    return Setup(find_tools(chosen, socket_path), socket_path)
 
 
 def tls_state(registry: str, timeout: float = 5.0) -> str:

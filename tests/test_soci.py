@@ -243,3 +243,20 @@ def test_trixie_sources_keep_an_inline_key_and_skip_disabled_stanzas():
     assert engine.suite_sources(text, "trixie") == (
         f"types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\nSigned-By: \n{key}\n")
     assert engine.apt_sources({"a.sources": text}) == [("http://mirror.example/debian", "bookworm", "main")]
+
+
+def test_without_a_bin_dir_the_tools_come_from_the_fetched_packages(tmp_path, monkeypatch):
+    """docs/launch.md's order as written on a fresh machine: `push --soci` with no --soci-bin, no
+    $DTRAIN_SOCI_BIN and no soci on PATH takes the Debian 13 packages that `cluster up --lazy`
+    fetches (engine.ensure_lazy_binaries), fetching them when missing."""
+    monkeypatch.delenv(S.BIN_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no soci, ctr, containerd there
+    asked = []
+
+    def fetch():
+        asked.append(1)
+        return engine.ensure_lazy_binaries()
+
+    lazy = S.setup(None, None, euid=0, fetch=fetch)
+    assert asked == [1] and lazy.tools.soci == str(engine.LAZY_ROOT / "usr/bin/soci")
+    assert lazy.tools.containerd == str(engine.LAZY_ROOT / "usr/bin/containerd")

@@ -361,8 +361,8 @@ def check_lazy_root(root: str | Path) -> None:
     missing = engine.lazy_missing(Path(root))
     if missing:
         raise ClusterError(f"--lazy-root {root}: {', '.join(missing[:3])} missing: unpack Debian 13's "
-                           f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x; `python -c 'from dtrain import engine; "
-                           f"engine.ensure_lazy_binaries()'` fetches them to {engine.LAZY_ROOT}) or set ${LAZY_ROOT_ENV}")
+                           f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x), or leave out --lazy-root and "
+                           f"${LAZY_ROOT_ENV}: `dtrain cluster up --lazy` then fetches them to {engine.LAZY_ROOT}")
 
 
 def lazy_bin(root: Path, d: Path) -> Path:
