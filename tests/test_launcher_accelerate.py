@@ -111,6 +111,8 @@ for step in range(3):
     w = acc.unwrap_model(model).weight.sum().item()
     print(f"step {step} rank {acc.process_index}/{acc.num_processes} {acc.distributed_type} w {w:.6f}", flush=True)
 print("gathered", acc.gather(torch.tensor([acc.process_index + 1.0])).tolist(), flush=True)
+acc.wait_for_everyone()
+acc.end_training()  # destroys the process group: without it Gloo's threads may abort the exit
 '''
 
 
