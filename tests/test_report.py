@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import struct
 import subprocess
 import sys
@@ -290,4 +291,46 @@ def test_the_report_of_a_run_with_a_restart_renders_in_headless_chromium(chromiu
     width, height, colours = _png_pixels(shot.read_bytes())
     assert (width, height) == (1400, 1000)
     assert len(colours) > 20, colours  # text, lanes and bars, not a blank page
+    print(f"screenshot: {shot}")
+
+
+@pytest.mark.cluster
+def test_a_real_run_with_a_hang_and_a_restart_is_reported_and_renders(cluster, remote_images, chromium, tmp_path):
+    """A job on the simulated cluster (torchrun, the network gate, a rank stopped after its 3rd
+    step, a restart): its report from the store has every node's phases, the restart and why,
+    both ranks' step times in both attempts, the gate's rates and the hang's stacks; Chromium
+    renders it."""
+    from test_hang import TIMEOUT, _stop_rank_when
+    from test_launch import EX, nodes_of
+    from test_wholerun import _job, _wait_clean
+
+    name = "t-report-run"
+    seen: dict = {}
+    _stop_rank_when(cluster, name, r"^\[node-2 r1\] step 3 rank 1/2$", 2, seen)
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/hang_train.py", "--steps", "6", "--step-seconds", "1"], name, n=2,
+                        launcher="torchrun", hang_timeout=TIMEOUT, progress_pattern="^step ", max_restarts=1,
+                        check_network=True)
+    assert code == 0 and "stopped" in seen, (seen, out)
+    _wait_clean(cluster, name)
+    run = report.load(name)
+    hosts = tuple(n.host for n in nodes_of(cluster, 2))
+    assert run.nodes == hosts and run.state == "succeeded" and run.timed
+    assert {e.node for e in run.entries if e.restart == 0 and e.phase == "container"} == set(hosts)
+    assert [r.attempt for r in run.restarts] == [1] and "hang: no rank made progress" in run.restarts[0].why
+    assert {(s.rank, s.attempt) for s in run.steps if s.seconds is not None} == {(0, 0), (1, 0), (0, 1), (1, 1)}
+    resumed = [s.seconds for s in run.steps if s.seconds is not None and s.attempt == 1]
+    assert 0.5 < statistics.median(resumed) < 5, resumed  # --step-seconds 1: the lines timed as they came
+    assert sorted(g.node for g in run.gate) == sorted(hosts) and all(g.gbps > 0 for g in run.gate)
+    assert run.hangs and any("stack of pid" in line for line in run.hangs[0].dump)
+    page = tmp_path / "run.html"
+    report.write(run, page)
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert dom.returncode == 0 and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
+    for h in hosts:
+        assert f'<g class="lane" data-node="{h}">' in dom.stdout
+    assert dom.stdout.count('<figure class="rank') == 2 and '<g class="restart-mark">' in dom.stdout
+    shot = tmp_path / "run.png"
+    r = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
+    assert r.returncode == 0 and len(_png_pixels(shot.read_bytes())[2]) > 20, r.stderr[-2000:]
     print(f"screenshot: {shot}")
