@@ -105,6 +105,10 @@ def test_a_recorded_run_with_a_restart_reads_into_phases_restarts_hangs_and_step
     assert [g.node for g in run.gate] == list(HOSTS) and run.gate[2].status == "WARN"
     assert run.quarantined == {"10.213.0.13": "slow link: 2.2 Gbit/s"}
     assert run.events[0].text == "[launch] job started on 2 node(s): node-1, node-2" and run.events[0].at == 8.0
+    assert run.attempts == (
+        report.Attempt(0, 8.0, 20.0, "restart 1: hang: no rank made progress for 10.1 s; behind: r1 (node-2); "
+                                     "same nodes (the attempt ended in 2.1 s)"),
+        report.Attempt(1, 20.5, 31.5, "job succeeded"))
 
 
 def test_restart_phase_lines_are_not_restarts():
@@ -123,6 +127,8 @@ def test_the_page_has_a_lane_per_node_the_restart_marked_the_steps_the_gate_and_
     assert page.count('class="phase"') == 3 * 5 + 2 + 3
     assert 'data-phase="teardown"' in page and 'data-phase="network-gate"' in page
     assert '<g class="restart-mark">' in page and "restart 1 at" in page
+    assert page.count('<rect class="attempt"') == 2 and "<td>how it ended</td>" not in page
+    assert "<td>restart 1: hang: no rank made progress for 10.1 s; behind: r1 (node-2); same nodes" in page
     assert page.count('<figure class="rank') == 2 and "r1 on node-2: median" in page
     assert "<details><summary>at " in page and "load_batch (hang_train.py:24)" in page
     assert "slow link: 2.2 Gbit/s" in page and "succeeded" in page
@@ -164,6 +170,14 @@ def test_a_record_without_times_timeline_or_gate_says_so():
     page = report.html(report.read(old, "[h1 r0] hello\n", ""))
     assert "no timeline recorded for this job" in page and "no step times: the log has no times" in page
     assert "no network gate in this launch" in page and '<g class="lane" data-node="h1">' in page
+    restarted = report.read(old, "[launch] job started on 1 node(s): h1\n[launch] restart 1: lost h1: gone; same nodes\n", "")
+    assert restarted.attempts == () and "<td>lost h1: gone; same nodes</td>" in report.html(restarted)
+
+
+def test_an_attempt_without_an_end_in_the_log_ends_with_the_record():
+    log, times = timed(["[launch] job started on 2 node(s): node-1, node-2", "[node-1 r0] step 1"])
+    run = report.read(recorded_job(), log, times)
+    assert run.attempts == (report.Attempt(0, 8.0, 60.0, "the log ends"),)
 
 
 def _dtrain(home: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:

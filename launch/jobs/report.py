@@ -51,6 +51,17 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One run of the job's command on its nodes: from the supervisor's `running` event to the
+    restart after it or the job's end; how: that restart's reason or the end's line."""
+
+    number: int
+    start: float
+    end: float
+    how: str
+
+
+@dataclass(frozen=True)
 class Hang:
     at: float | None
     line: str  # `hang: no rank made progress ...` (supervision.hang_line)
@@ -96,6 +107,7 @@ class Run:
     duration: float | None
     entries: timeline.Timeline
     restarts: tuple[Restart, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
     hangs: tuple[Hang, ...] = ()
     steps: tuple[Step, ...] = ()
     pattern: str = ""
@@ -163,6 +175,35 @@ def restarts_of(lines: Sequence[Line]) -> list[Restart]:
     return out
 
 
+_STARTED = re.compile(r"^\[launch\] job (?:started|restarted \(attempt (\d+)\)) on ")
+_ENDED = ("[launch] job succeeded", "[launch] job failed", "[launch] job timed out", "error:")
+
+
+def attempts_of(lines: Sequence[Line], end: float | None) -> list[Attempt]:
+    """The attempts, from the `job started`/`job restarted (attempt N)` lines to the restart that
+    ended each (`restart N: why`), the job's last word, or `end` (the record's)."""
+    out: list[Attempt] = []
+    cur: tuple[int, float] | None = None
+    last = None
+    for line in lines:
+        if line.at is None:
+            continue
+        last = line.at
+        m = _STARTED.match(line.text)
+        r = _RESTART.match(line.text)
+        if m:
+            cur = (int(m.group(1) or 0), line.at)
+        elif cur and r and not _PHASE_LINE.match(r.group(2)):
+            out.append(Attempt(cur[0], cur[1], line.at, f"restart {r.group(1)}: {r.group(2)}"))
+            cur = None
+        elif cur and line.text.startswith(_ENDED):
+            out.append(Attempt(cur[0], cur[1], line.at, line.text.removeprefix("[launch] ")))
+            cur = None
+    if cur is not None:
+        out.append(Attempt(cur[0], cur[1], max(end or 0.0, last or 0.0, cur[1]), "the log ends"))
+    return out
+
+
 def hangs_of(lines: Sequence[Line]) -> list[Hang]:
     """`[launch] hang: ...` lines, each with the stack dump lines after it."""
     out = []
@@ -189,14 +230,19 @@ def _float(x: object) -> float | None:
         return None
 
 
+def _list(x: object) -> list:
+    return x if isinstance(x, list) else []
+
+
 def gate_of(data: object) -> tuple[tuple[GateNode, ...], tuple[GatePair, ...]]:
     """The record's `gate` (netgate.GateResult.to_json); what cannot be read is left out."""
     if not isinstance(data, dict):
         return (), ()
+    per_node = data.get("nodes") if isinstance(data.get("nodes"), dict) else {}
     nodes = tuple(GateNode(str(h), _float(d.get("gbps")) or 0.0, str(d.get("status", "")), str(d.get("why", "")))
-                  for h, d in (data.get("nodes") or {}).items() if isinstance(d, dict))
+                  for h, d in per_node.items() if isinstance(d, dict))
     pairs = tuple(GatePair(str(p.get("src", "")), str(p.get("dst", "")), _float(p.get("gbps")), str(p.get("error", "")))
-                  for p in data.get("pairs") or [] if isinstance(p, dict))
+                  for p in _list(data.get("pairs")) if isinstance(p, dict))
     return nodes, pairs
 
 
@@ -205,7 +251,7 @@ def read(job: Mapping, log: str = "", times: str = "") -> Run:
     t0 = _float(job.get("started")) or 0.0
     ended = _float(job.get("ended"))
     lines = stamp(log, times, t0)
-    nodes = tuple(str(n.get("host", "")) for n in job.get("nodes") or [] if isinstance(n, dict))
+    nodes = tuple(str(n.get("host", "")) for n in _list(job.get("nodes")) if isinstance(n, dict))
     names = job.get("node_names") if isinstance(job.get("node_names"), dict) else {}
     entries = timeline.from_json(job.get("timeline"))
     gate, pairs = gate_of(job.get("gate"))
@@ -221,7 +267,8 @@ def read(job: Mapping, log: str = "", times: str = "") -> Run:
         image=str(job.get("image", "")), exit_code=code if isinstance(code, int) else None, nodes=nodes,
         names={str(k): str(v) for k, v in names.items()},
         duration=None if ended is None or not t0 else round(ended - t0, 3), entries=entries,
-        restarts=tuple(restarts_of(lines)), hangs=tuple(hangs_of(lines)), steps=tuple(steps), pattern=pattern,
+        restarts=tuple(restarts_of(lines)), attempts=tuple(attempts_of(lines, None if ended is None else ended - t0)),
+        hangs=tuple(hangs_of(lines)), steps=tuple(steps), pattern=pattern,
         timed=bool(times.strip()), gate=gate, pairs=pairs,
         quarantined={str(k): str(v) for k, v in (job.get("quarantined") or {}).items()}
         if isinstance(job.get("quarantined"), dict) else {},
@@ -317,7 +364,8 @@ def gantt(run: Run, width: int = 1200) -> str:
     left, lane, top = 230, 26, 22
     plot = width - left - 20
     span = span_of(run)
-    height = top + lane * len(hosts) + 30
+    rows = len(hosts) + (1 if run.attempts else 0)
+    height = top + lane * rows + 30
 
     def x(t: float) -> float:
         return left + plot * max(t, 0.0) / span
@@ -338,6 +386,19 @@ def gantt(run: Run, width: int = 1200) -> str:
                        f'width="{w:.1f}" height="{lane - 8}" rx="2" fill="{COLOURS.get(en.phase, OTHER)}">'
                        f'<title>{e(_label(h, run.names))}: {e(what)} at {en.start:.2f} s, took {en.seconds:.2f} s'
                        f'</title></rect>')
+        out.append("</g>")
+    if run.attempts:
+        y = top + len(hosts) * lane
+        out.append(f'<g class="attempts"><text x="{left - 8}" y="{y + 17}" text-anchor="end">attempts</text>')
+        for a in run.attempts:
+            w = max(plot * (a.end - a.start) / span, 1.5)
+            fill = "#4e79a7" if a.how.startswith("job succeeded") else "#e15759" if a.how.startswith("restart") \
+                else "#9aa5b1" if a.how == "the log ends" else "#c62828"
+            label = f"attempt {a.number}" if w > 70 else f"{a.number}"
+            out.append(f'<rect class="attempt" data-attempt="{a.number}" x="{x(a.start):.1f}" y="{y + 4}" '
+                       f'width="{w:.1f}" height="{lane - 8}" rx="2" fill="{fill}" fill-opacity="0.35" stroke="{fill}">'
+                       f'<title>attempt {a.number}: {a.start:.2f} s to {a.end:.2f} s, {e(a.how)}</title></rect>'
+                       f'<text x="{x(a.start) + 4:.1f}" y="{y + 17}">{e(label)}</text>')
         out.append("</g>")
     for r in run.restarts:
         if r.at is None:
@@ -455,9 +516,12 @@ def html(run: Run) -> str:
             f"took {_secs(run.duration)} s, {len(run.restarts)} restart(s), {len(run.hangs)} hang(s)"]
     parts = [f"<h1>dtrain job {e(run.name)}</h1>", *(f'<p class="meta">{m}</p>' for m in meta)]
     parts += ["<h2>Phases per node</h2>", gantt(run)]
-    if run.restarts:
-        parts += ["<h2>Restarts</h2>", _table(("restart", "at (s)", "why"),
-                                              ((r.attempt, _secs(r.at), r.why) for r in run.restarts), num=(1,))]
+    if run.attempts and (run.restarts or len(run.attempts) > 1):
+        parts += ["<h2>Attempts and restarts</h2>",
+                  _table(("attempt", "from (s)", "to (s)", "how it ended"),
+                         ((a.number, _secs(a.start), _secs(a.end), a.how) for a in run.attempts), num=(1, 2))]
+    elif run.restarts:  # a log without times
+        parts += ["<h2>Restarts</h2>", _table(("restart", "why"), ((r.attempt, r.why) for r in run.restarts))]
     if run.quarantined:
         parts += ["<h2>Quarantined nodes</h2>",
                   _table(("node", "why"), ((_label(h, run.names), why) for h, why in run.quarantined.items()))]
