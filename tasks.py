@@ -34,6 +34,7 @@ LOCAL_PATHS = {
     "containerd_socket": ("socket", "containerd's"), "lazy_root": ("dir", "unpacked Debian packages"),
     ("manifest", "output"): ("new-file", "the manifest"), ("launch", "output"): ("new-file", "the job description"),
     ("launch", "workdir"): ("project", ""),
+    ("report", "output"): ("new-file", "the report"),
     ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
     ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
 }
@@ -603,6 +604,24 @@ def status(c, job=None):
         if job is not None:
             print()
             print(job_timeline(job))
+
+
+@task(help={"job": "job name (default: the latest)",
+            "output": "the HTML file to write (default: JOB-report.html in this directory)"})
+def report(c, job=None, output=None):
+    """A job's run as one HTML file: phases per node, restarts and why, step times per rank,
+    the network gate, hangs with their stacks, the events."""
+    from pathlib import Path
+
+    from dtrain.launch.jobs import report as rep
+
+    with user_errors():
+        if job is not None:
+            from dtrain import values
+
+            values.name("--job", job)
+        run = rep.load(job)
+        print(rep.write(run, Path(output) if output else rep.default_output(run.name)))
 
 
 @task(help={"job": "job name (default: the latest)",

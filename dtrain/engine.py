@@ -35,6 +35,7 @@ PACKAGES: tuple[str, ...] = (
     "rsync",  # --workdir: the launcher's side and the (simulated) nodes'; EC2 AMIs ship it
     "git",  # tests make throw-away repositories (SageMaker's source upload, workdir sync)
     "pigz",  # dockerd decompresses layers with unpigz when it is on PATH (docs/benchmarks.md: cold pull)
+    "chromium",  # tests/test_report.py renders `dtrain report`'s page in a real headless browser
 )
 # Programs from the base system (Debian Essential/required: bash, coreutils, tar, util-linux,
 # mount, dpkg, apt) are not listed; tests/test_host_packages.py checks every program the

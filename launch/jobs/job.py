@@ -638,6 +638,7 @@ class Job:
         self._out_lock = threading.Lock()
         self._pending: list[str] | None = None  # lines of an output batch (_batched)
         self._log = None
+        self._times = None  # output.times: when each write to output.log came (_log_write)
         self.detached = False
         self._timed_out = False
 
@@ -653,9 +654,17 @@ class Job:
     def _write(self, text: str) -> None:  # the output lock held
         sys.stdout.write(text)
         sys.stdout.flush()
+        self._log_write(text)
+
+    def _log_write(self, text: str) -> None:  # the output lock held
+        """Lines to output.log, and when they came to output.times (`EPOCH COUNT` a write: the
+        report's step times, launch/jobs/report.py)."""
         if self._log:
             self._log.write(text)
             self._log.flush()
+        if self._times:
+            self._times.write(f"{time.time():.3f} {text.count(chr(10))}\n")
+            self._times.flush()
 
     @contextlib.contextmanager
     def _batched(self) -> Iterator[None]:
@@ -674,9 +683,7 @@ class Job:
     def _log_only(self, line: str) -> None:
         """A line for the job's output.log and not the screen (one the caller shows itself)."""
         with self._out_lock:
-            if self._log:
-                self._log.write(line + "\n")
-                self._log.flush()
+            self._log_write(line + "\n")
 
     def _keys(self) -> Keys:
         """The job's keys, being made (Keys); where they go in teardown."""
@@ -1141,8 +1148,10 @@ class Job:
         store.new_record(self.spec.name, name=self.spec.name, image=self.spec.image, launcher=self.spec.launcher,
                          command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
                          ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
+                         progress_pattern=self.spec.progress_pattern,
                          **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None)
         self._log = store.open_private(self.dir / "output.log")
+        self._times = store.open_private(self.dir / "output.times")
         if unshared:
             self.say(f"[launch] warning: {unshared}")
         code = 1
@@ -1160,6 +1169,7 @@ class Job:
             if self.spec.check_network:
                 began = time.time()
                 gate = self.gate_nodes(started)
+                store.record(self.spec.name, gate=gate.to_json())  # dtrain report: per node and pair
                 rec.add(timeline.rounds("network-gate", {f.node.host: (began, time.time()) for f in started.facts},
                                         rec.t0))
                 if gate.culprits:  # the one place a launch learns of a slow node: spares take their place
@@ -1194,8 +1204,9 @@ class Job:
                 self.ssh.close()
                 if self.keys:
                     self.keys.remove()
-            if self._log:
-                self._log.close()
+            for f in (self._log, self._times):
+                if f:
+                    f.close()
             restore()
             store.record(self.spec.name, ended=time.time(), timeline=timeline.to_json(rec.entries()))
             store.release_launch_lock(self._lock)

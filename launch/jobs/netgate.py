@@ -221,6 +221,14 @@ class GateResult:
         return ("network gate: slow link on " + "; ".join(f"{self.name(h)}: {why}" for h, why in self.culprits.items())
                 + " (docs/troubleshooting.md#slow-link)")
 
+    def to_json(self) -> dict:
+        """What the job's record keeps of the gate (dtrain report): per node (by host) its
+        rate, verdict and why; every pair measured; the wall time."""
+        return {"seconds": round(self.seconds, 3),
+                "nodes": {h: {"name": self.names.get(h, ""), "gbps": round(rate, 3), "status": self.status(h),
+                              "why": self.culprits.get(h, "")} for h, rate in self.rates.items()},
+                "pairs": [{"src": p.src, "dst": p.dst, "gbps": p.gbps, "error": p.error} for p in self.pairs]}
+
     def table(self) -> list[str]:
         """Lines to print: per node its best send and receive, its rate and verdict."""
         best_out: dict[str, float] = {}
