@@ -141,6 +141,15 @@ def test_up_multi_efa_from_outside_then_down_leaves_no_address(aws, itype, efas)
     assert addresses(aws) == [] and stacks(aws) == [] and running(aws) == []
 
 
+def test_inside_the_vpc_the_addresses_are_the_way_out(aws):
+    """From inside the default VPC (private addresses): the nodes still need a way out, so they
+    get their addresses, and the hostfile keeps the private ones."""
+    cluster, hostfile = ec2.up(aws, spec(instance_type="p4d.24xlarge", count=2), address="private",
+                               poll=0.05, timeout=5, say=quiet)
+    assert len(addresses(aws)) == 2 and all(i.public_ip for i in cluster.instances)
+    assert [n.host for n in parse_hostfile(hostfile)] == [i.private_ip for i in cluster.instances]
+
+
 def test_a_failed_up_leaves_no_address(aws):
     def not_ready(_instances):
         raise LaunchError("2 node(s) not ready (ssh + docker)")
