@@ -149,7 +149,7 @@ class Resolved:
     address: str = "private"  # what the hostfile uses (start decides it: see decide_reach)
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
-    addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (see way_out)
+    addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -586,8 +586,8 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         # the addresses, and then releases them.
         names = [f"Address{k}" for k in range(1, res.addresses + 1)]
         for n in names:
-            resources[n] = {"Type": "AWS::EC2::EIP", **({"DependsOn": "GatewayAttachment"} if spec.new_vpc else {}),
-                            "Properties": {"Domain": "vpc", "Tags": tags}}
+            resources[n] = {"Type": "AWS::EC2::EIP", "Properties": {"Domain": "vpc", "Tags": tags},
+                            **({"DependsOn": "GatewayAttachment"} if spec.new_vpc else {})}
         resources["Nodes"]["DependsOn"] = [*([resources["Nodes"]["DependsOn"]] if spec.efs else []), *names]
         outputs["Addresses"] = {"Value": {"Fn::Join": [",", [{"Fn::GetAtt": [n, "AllocationId"]} for n in names]]}}
     return {
