@@ -50,13 +50,18 @@ def test_hostfile_full(tmp_path):
         ("h1 slots=-2", "slots must be an integer between 1 and 4096, got '-2'"),
         ("h1 slots=", "empty value for slots"),
         ("h1 slots=2 slots=3", "slots given twice"),
-        ("h1 max_slots=4", "unknown key 'max_slots' in 'max_slots=4' (expected one of slots, port, user, identity)"),
-        ("h1 4", "unknown token '4' (expected KEY=VALUE, KEY one of slots, port, user, identity)"),
+        ("h1 max_slots=4", "unknown key 'max_slots' in 'max_slots=4' (expected one of slots, port, user, identity, jump)"),
+        ("h1 4", "unknown token '4' (expected KEY=VALUE, KEY one of slots, port, user, identity, jump)"),
         ("h1 port=70000", "port must be an integer between 1 and 65535, got '70000'"),
         ("h1 user=-oProxyCommand=x", "bad user '-oProxyCommand=x'"),
         ("ubuntu@h1 slots=1", "bad host 'ubuntu@h1' (put the user in user=NAME)"),
         ("h1:4", "bad host 'h1:4' (write slots=N, not HOST:N; IPv6 literals are not supported, use a name)"),
         ("-oProxyCommand=x", "bad host '-oProxyCommand=x'"),
+        ("h1 jump=-oProxyCommand=x", "bad jump host '-oProxyCommand=x' (expected [USER@]HOST[:PORT])"),
+        ("h1 jump=a@b@c", "bad jump host 'a@b@c' (expected [USER@]HOST[:PORT])"),
+        ("h1 jump=bastion:0", "bad jump host 'bastion:0' (expected [USER@]HOST[:PORT])"),
+        ("h1 jump=b1,b2", "bad jump host 'b1,b2' (expected [USER@]HOST[:PORT])"),
+        ("h1 jump=", "empty value for jump"),
     ],
 )
 def test_hostfile_errors_name_file_and_line(tmp_path, line, message):
@@ -64,6 +69,16 @@ def test_hostfile_errors_name_file_and_line(tmp_path, line, message):
     with pytest.raises(LaunchError) as e:
         parse_hostfile(p)
     assert str(e.value) == f"{p}:3: {message}"
+
+
+def test_hostfile_jump_host(tmp_path):
+    """jump=: the node is reached through that ssh jump host (nodes without a public address)."""
+    p = write(tmp_path, "10.0.1.5 slots=8 user=ubuntu jump=ubuntu@203.0.113.9\n"
+                        "10.0.1.6 slots=8 jump=bastion.example:2222\n10.0.1.7 jump=bastion\n")
+    assert parse_hostfile(p) == [Node("10.0.1.5", 8, user="ubuntu", jump="ubuntu@203.0.113.9"),
+                                 Node("10.0.1.6", 8, jump="bastion.example:2222"), Node("10.0.1.7", 1, jump="bastion")]
+    with pytest.raises(ValueError, match="bad jump host"):
+        Node("h1", jump="-J")
 
 
 def test_hostfile_duplicate_names_both_lines(tmp_path):
@@ -137,6 +152,20 @@ def test_ssh_argv_full():
         "-o", "LogLevel=ERROR",
         "ubuntu@10.0.0.2", "--", "echo 'a b' '$HOME'",
     ]  # fmt: skip
+
+
+def test_ssh_argv_jump_host():
+    """The node's jump= becomes -J, ahead of the caller's options (the first value wins in
+    ssh); `ssh -G` (which connects nowhere) reads it as the ProxyJump of that connection."""
+    import subprocess
+
+    node = Node("10.0.1.5", 8, user="ubuntu", jump="ubuntu@bastion.example:2222")
+    argv = ssh_argv(node, ["true"], extra_opts=["-o", "ProxyJump=other"])
+    assert argv[:3] == ["ssh", "-J", "ubuntu@bastion.example:2222"] and argv[-3:] == ["ubuntu@10.0.1.5", "--", "true"]
+    assert "-J" not in ssh_argv(Node("10.0.1.5", 8), ["true"])
+    out = subprocess.run(["ssh", "-G", *argv[1:-2]], capture_output=True, text=True, timeout=10,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}).stdout
+    assert "proxyjump ubuntu@bastion.example:2222" in out.splitlines(), out
 
 
 def test_ssh_argv_leaves_unset_options_to_ssh_config():

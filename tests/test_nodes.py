@@ -335,13 +335,17 @@ def test_cli_bad_instance_type_is_one_line_and_creates_nothing(moto_server):
     assert r.returncode == 0 and r.stdout.startswith("no clusters (no dtrain stack in region ")
 
 
-def test_cli_multi_efa_in_the_default_vpc_is_one_line_and_creates_nothing(moto_server):
+def test_cli_multi_efa_without_elastic_ips_left_is_one_line_and_creates_nothing(moto_server):
     url, env = moto_server
+    s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+    for _ in range(4):  # of the region's 5 (moto's vpc-max-elastic-ips)
+        s.client("ec2", endpoint_url=url).allocate_address(Domain="vpc")
     r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
                "--ssh-cidr", CIDR, "--ami", "ami-dca37ea5", "--address", "private")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("error: p4d.24xlarge gets 4 network interfaces (one per EFA)") and \
+    assert r.stderr.startswith("error: --count 2: p4d.24xlarge's nodes each need an Elastic IP") and \
         "--efa-interfaces 1" in r.stderr, r.stderr
+    assert len(s.client("ec2", endpoint_url=url).describe_addresses()["Addresses"]) == 4
     r = invoke(env, "nodes", "up", "--name", "c1", "--count", "2", "--instance-type", "p4d.24xlarge",
                "--ssh-cidr", CIDR, "--efa-interfaces", "four")
     assert r.returncode == 2 and r.stderr == "error: --efa-interfaces 'four': expected a whole number from 1 to 64\n"
@@ -513,9 +517,7 @@ def test_efa_layout_template_lints_and_deploys(aws, itype):
 
 
 @pytest.mark.parametrize("kw, address, message", [
-    ({}, "private", r"^p4d\.24xlarge gets 4 network interfaces \(one per EFA\), so no public IPv4 address .* "
-                    r"in the default VPC .*--subnet SUBNET-ID .*NAT gateway, or --efa-interfaces 1 "),
-    ({"new_vpc": True}, "private", r"in the new VPC \(internet gateway only\)"),
+    # (the default VPC and --new-vpc give such nodes Elastic IPs: tests/test_nodes_addresses.py)
     ({"subnet": "private"}, "public", r"^p4d\.24xlarge gets 4 network interfaces .*cannot be reached at public "
                                       r"addresses: run dtrain from inside the VPC .*or --efa-interfaces 1 "),
 ])
@@ -540,25 +542,6 @@ def test_efa_interfaces_1_keeps_a_public_address(aws):
     assert cluster.instances[0].public_ip in hostfile
     with pytest.raises(LaunchError, match=r"^--efa-interfaces 0: must be at least 1"):
         spec(efa_interfaces=0)
-
-
-def test_multi_efa_in_a_subnet_behind_an_internet_gateway_warns(aws):
-    c = aws.client("ec2")
-    sub = _private_subnet(aws)
-    vpc = c.describe_subnets(SubnetIds=[sub])["Subnets"][0]["VpcId"]
-    s = spec(instance_type="p4d.24xlarge", count=1, subnet=sub)
-    assert ec2.subnet_default_route(aws, sub, vpc) is None
-    assert ec2.subnet_route_warning(s, 4, None) is None and ec2.subnet_route_warning(s, 4, "nat-0abc") is None
-    igw = c.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
-    c.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
-    rt = c.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-    c.create_route(RouteTableId=rt, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-    c.associate_route_table(RouteTableId=rt, SubnetId=sub)
-    assert ec2.subnet_default_route(aws, sub, vpc) == igw
-    said = []
-    ec2.up(aws, s, poll=0.05, timeout=5, say=said.append)
-    assert any(m.startswith(f"[nodes] warning: --subnet {sub} reaches the internet through {igw}") for m in said), said
-    assert ec2.subnet_route_warning(spec(instance_type="p4d.24xlarge", subnet=sub, efa_interfaces=1), 1, igw) is None
 
 
 def test_lazy_user_data_sets_the_switch_above_the_script():

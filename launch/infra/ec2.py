@@ -44,6 +44,15 @@ FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user dat
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `dtrain launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
+# Multi-EFA nodes (several network interfaces: no public IPv4 from AWS) outside a NAT'd subnet
+# get an Elastic IP on each node's primary interface: their way in (ssh) and out (registry).
+# Prices, USD (https://aws.amazon.com/vpc/pricing/): every public IPv4 address, an Elastic IP
+# included, in use or idle, since 2024-02-01, the same in every region; a NAT gateway (the
+# alternative way out) per hour and per GB it processes, in us-east-1 (other regions more).
+PUBLIC_IPV4_USD_HOUR = 0.005
+NAT_GATEWAY_USD_HOUR = 0.045
+NAT_GATEWAY_USD_GB = 0.045
+ADDRESS_QUOTA_CODE = "L-0263D0A3"  # Service Quotas, "EC2-VPC Elastic IPs" (5 per region by default)
 
 
 def stack_name(cluster: str) -> str:
@@ -140,6 +149,7 @@ class Resolved:
     address: str = "private"  # what the hostfile uses (start decides it: see decide_reach)
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
+    addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -368,13 +378,16 @@ def network_interfaces(info: dict[str, Any], limit: int | None = None) -> list[d
         for card, only in cards[1:]]
 
 
-def public_ip_error(spec: NodesSpec, interfaces: int, address: str = "private") -> str | None:
+def public_ip_error(spec: NodesSpec, interfaces: int, address: str = "private",
+                    addresses: bool = False) -> str | None:
     """Why this cluster cannot work as asked, or None. AWS gives no public IPv4 address to an
     instance launched with more than one network interface (AssociatePublicIpAddress is then
     refused, and a subnet's auto-assign does not apply): such nodes have no public address to
     ssh to, and in a subnet whose only way out is an internet gateway (the default VPC's, the
-    --new-vpc one) no way to a registry. A subnet routed through a NAT gateway works."""
-    if interfaces <= 1:
+    --new-vpc one) no way to a registry. addresses: the stack gives each node an Elastic IP
+    (see needs_addresses), which is both. A subnet routed through a NAT gateway works from
+    inside the VPC."""
+    if interfaces <= 1 or addresses:
         return None
     what = f"{spec.instance_type} gets {interfaces} network interfaces (one per EFA)"
     fewer = f"--efa-interfaces 1 (one EFA and a public address: about 1/{interfaces} of the inter-node bandwidth)"
@@ -411,14 +424,52 @@ def subnet_default_route(session: Any, subnet_id: str, vpc_id: str | None) -> st
     return None
 
 
-def subnet_route_warning(spec: NodesSpec, interfaces: int, route: str | None) -> str | None:
-    """A warning where multi-interface nodes (no public address) go into --subnet whose way
-    out is an internet gateway: they reach no registry but through VPC endpoints."""
-    if interfaces <= 1 or not spec.subnet or not (route or "").startswith("igw-"):
+def needs_addresses(spec: NodesSpec, interfaces: int, route: str | None) -> bool:
+    """Whether each node gets an Elastic IP on its primary interface (pure): nodes with more
+    than one network interface (no public IPv4 from AWS) in a subnet whose way out is an
+    internet gateway (the default VPC's, the --new-vpc one, a --subnet routed to igw-...).
+    The address is their way in (ssh from outside the VPC) and out (the registry); behind a
+    NAT gateway (route nat-...) they have a way out already.
+
+    Why not one address on node 1 as an ssh jump host and a NAT gateway for the rest: a NAT
+    gateway costs NAT_GATEWAY_USD_HOUR plus NAT_GATEWAY_USD_GB of every image pulled through
+    it (4 nodes x 20 GB: $3.60 a pull) and its own address, against PUBLIC_IPV4_USD_HOUR a
+    node; and it needs a second (private) subnet and route table in any VPC, the default one
+    included, where Elastic IPs need none."""
+    if interfaces <= 1:
+        return False
+    return not spec.subnet or (route or "").startswith("igw-")
+
+
+def addresses_line(count: int) -> str:
+    """What `nodes up` says of the way in and out it chose, with the cost (pure)."""
+    return (f"[nodes] way in and out: an Elastic IP on each node's primary interface, in the stack "
+            f"({count} x ${PUBLIC_IPV4_USD_HOUR}/h = ${count * PUBLIC_IPV4_USD_HOUR:.3f}/h; a NAT gateway "
+            f"instead: ${NAT_GATEWAY_USD_HOUR}/h + ${NAT_GATEWAY_USD_GB}/GB pulled)")
+
+
+def address_quota(session: Any) -> tuple[int, int]:
+    """(Elastic IPs allocated in the region, the most allowed: vpc-max-elastic-ips). Read-only."""
+    from botocore.exceptions import ClientError
+
+    ec2 = session.client("ec2")
+    try:
+        used = len(ec2.describe_addresses()["Addresses"])
+        attrs = ec2.describe_account_attributes(AttributeNames=["vpc-max-elastic-ips"])["AccountAttributes"]
+    except ClientError as e:
+        raise _client_error(e, "DescribeAddresses") from None
+    most = next((int(v["AttributeValue"]) for a in attrs for v in a.get("AttributeValues", [])), 5)
+    return used, most
+
+
+def address_quota_error(spec: NodesSpec, needed: int, used: int, most: int) -> str | None:
+    """Why the region cannot give the nodes their Elastic IPs, or None (pure)."""
+    if used + needed <= most:
         return None
-    return (f"warning: --subnet {spec.subnet} reaches the internet through {route}, but {spec.instance_type}'s "
-            f"{interfaces} network interfaces leave its nodes without a public address: they reach no registry "
-            "but through VPC endpoints; a subnet behind a NAT gateway (or --efa-interfaces 1) avoids that")
+    return (f"--count {spec.count}: {spec.instance_type}'s nodes each need an Elastic IP (several network "
+            f"interfaces, no public IPv4 from AWS), and the region allows {most} with {used} allocated: "
+            f"raise the quota EC2-VPC Elastic IPs ({ADDRESS_QUOTA_CODE}, Service Quotas), lower --count, "
+            f"give --subnet of a subnet behind a NAT gateway (from inside its VPC), or --efa-interfaces 1")
 
 
 # --- the template: a pure function of the spec and what preflight found ---------------------
@@ -528,6 +579,17 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
             "FileSystemId": fs, "SubnetId": subnet, "SecurityGroups": [sg]}}
         outputs["FileSystemId"] = {"Value": fs}
         resources["Nodes"]["DependsOn"] = "MountTarget"  # booting nodes mount it (user_data)
+    if res.addresses:
+        # One Elastic IP per node, associated by `nodes up` once the instances run (an Auto
+        # Scaling group's instances are not known here). The group depends on them, so deleting
+        # the stack (nodes down, a failed up) terminates the instances first, which disassociates
+        # the addresses, and then releases them.
+        names = [f"Address{k}" for k in range(1, res.addresses + 1)]
+        for n in names:
+            resources[n] = {"Type": "AWS::EC2::EIP", "Properties": {"Domain": "vpc", "Tags": tags},
+                            **({"DependsOn": "GatewayAttachment"} if spec.new_vpc else {})}
+        resources["Nodes"]["DependsOn"] = [*([resources["Nodes"]["DependsOn"]] if spec.efs else []), *names]
+        outputs["Addresses"] = {"Value": {"Fn::Join": [",", [{"Fn::GetAtt": [n, "AllocationId"]} for n in names]]}}
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": f"dtrain cluster {spec.name}: {spec.count} x {spec.instance_type} (generated by dtrain)",
@@ -548,12 +610,14 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
 def user_data(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     """launch/node/first-boot.sh; with --efs, the file system's id and the region set above
     it (AWS values, not user text) so it mounts the EFS at /efs at every boot; with --lazy,
-    DTRAIN_LAZY=1 (lazy loading with SOCI)."""
+    DTRAIN_LAZY=1 (lazy loading with SOCI); with Elastic IPs, DTRAIN_WAIT_ADDRESS=1 (no way
+    out until `nodes up` associates them)."""
     script = FIRST_BOOT.read_text()
-    if not spec.efs and not spec.lazy:
+    switches = ("DTRAIN_LAZY=1\n" if spec.lazy else "") + ("DTRAIN_WAIT_ADDRESS=1\n" if res.addresses else "")
+    if not spec.efs and not switches:
         return {"Fn::Base64": script}
     shebang, rest = script.split("\n", 1)
-    head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + ("DTRAIN_LAZY=1\n" if spec.lazy else "")
+    head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + switches
     if not spec.efs:
         return {"Fn::Base64": head + rest}
     fs: Any = res.file_system or {"Ref": "FileSystem"}
@@ -700,6 +764,35 @@ def keep_partial(session: Any, name: str, up: int) -> None:
     _, out = stack_status(session, name)
     session.client("autoscaling").update_auto_scaling_group(
         AutoScalingGroupName=out["NodesGroup"], DesiredCapacity=up)
+
+
+def primary_interface(instance: dict[str, Any]) -> str:
+    """A DescribeInstances entry's primary network interface (network card 0, device 0): the
+    one with the node's address, where its Elastic IP goes."""
+    for eni in instance.get("NetworkInterfaces", []):
+        att = eni.get("Attachment") or {}
+        if att.get("DeviceIndex") == 0 and att.get("NetworkCardIndex", 0) == 0:
+            return eni["NetworkInterfaceId"]
+    raise LaunchError(f"instance {instance['InstanceId']}: no primary network interface (card 0, device 0)")
+
+
+def attach_addresses(session: Any, instances: Sequence[Instance], allocations: Sequence[str]) -> list[Instance]:
+    """Associate the stack's Elastic IPs (allocation ids, one per node) with each instance's
+    primary interface, in hostfile order; the instances with those public addresses."""
+    from botocore.exceptions import ClientError
+
+    ec2 = session.client("ec2")
+    pairs = list(zip(instances, allocations))
+    try:
+        found = ec2.describe_instances(InstanceIds=[i.id for i in instances])["Reservations"]
+        primary = {i["InstanceId"]: primary_interface(i) for r in found for i in r["Instances"]}
+        for inst, alloc in pairs:
+            ec2.associate_address(AllocationId=alloc, NetworkInterfaceId=primary[inst.id])
+        public = {a["AllocationId"]: a["PublicIp"]
+                  for a in ec2.describe_addresses(AllocationIds=[a for _, a in pairs])["Addresses"]}
+    except ClientError as e:
+        raise _client_error(e, "AssociateAddress") from None
+    return [replace(inst, public_ip=public[alloc]) for inst, alloc in pairs]
 
 
 def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float = 1800, poll: float = 10,
@@ -973,7 +1066,12 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
     if callable(here):
         here = here() if address == "auto" or (address == "private" and not spec.ssh_cidr) else None
     reach = decide_reach(address, spec.ssh_cidr, here, None if spec.new_vpc else res.vpc_id)
-    problem = public_ip_error(spec, len(res.interfaces), reach.address)
+    route = (subnet_default_route(session, res.subnet_id, res.vpc_id)
+             if len(res.interfaces) > 1 and spec.subnet and res.subnet_id else None)
+    addresses = spec.count if needs_addresses(spec, len(res.interfaces), route) else 0
+    problem = public_ip_error(spec, len(res.interfaces), reach.address, bool(addresses))
+    if not problem and addresses:
+        problem = address_quota_error(spec, addresses, *address_quota(session))
     if problem:
         raise LaunchError(problem)
     cidr = reach.ssh_cidr if (reach.ssh_cidr or reach.ssh_group) else caller_cidr()
@@ -983,12 +1081,9 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
     if warning:
         say(warning)
     efas = sum(1 for i in res.interfaces if i.get("InterfaceType", "").startswith("efa")) or int(res.efa)
-    if len(res.interfaces) > 1 and res.subnet_id:
-        route = subnet_default_route(session, res.subnet_id, res.vpc_id)
-        warning = subnet_route_warning(spec, len(res.interfaces), route)
-        if warning:
-            say(f"[nodes] {warning}")
-    res = replace(res, address=reach.address,
+    if addresses:
+        say(addresses_line(addresses))
+    res = replace(res, address=reach.address, addresses=addresses,
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
@@ -1018,6 +1113,9 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
             say(f"[nodes] partial capacity: {len(up_)} of {spec.count} instances started "
                 f"(>= --min-count {spec.minimum}); continuing with {len(up_)}")
             keep_partial(session, spec.name, len(up_))
+        if res.addresses:
+            _, out = stack_status(session, spec.name)
+            up_ = attach_addresses(session, up_, out["Addresses"].split(","))
         if address == "public":
             bare = [i for i in up_ if not i.public_ip]
             if bare:

@@ -14,7 +14,23 @@
 #    it as the proxy snapshotter `soci`; Docker moves to the containerd image store with storage
 #    driver soci (daemon.json merged: the AMI's nvidia runtime stays). Where the package cannot
 #    be had the node stays as it was: `dtrain doctor` (lazy-load) says "full pulls".
+# 4. With an Elastic IP per node (several network interfaces, no public IPv4 from AWS), the stack
+#    puts DTRAIN_WAIT_ADDRESS=1 above this script: the node has no way out until `nodes up`
+#    associates the address once the instances run, so the steps that fetch packages wait until
+#    the instance metadata shows a public address (at most DTRAIN_ADDRESS_WAIT_S, 900 s).
 set -u
+
+wait_address() {
+  [ "${DTRAIN_WAIT_ADDRESS:-}" = 1 ] || return 0
+  local imds=${DTRAIN_IMDS:-http://169.254.169.254} end=$((SECONDS + ${DTRAIN_ADDRESS_WAIT_S:-900})) token
+  while [ "$SECONDS" -lt "$end" ]; do
+    token=$(curl -sf -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token") &&
+      curl -sf -m 2 -o /dev/null -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/public-ipv4" &&
+      return 0
+    sleep "${DTRAIN_ADDRESS_RETRY_S:-5}"
+  done
+  return 0
+}
 
 install_pigz() {
   command -v unpigz >/dev/null && return 0
@@ -94,6 +110,7 @@ with open(path, "w") as f:
   return 0
 }
 
+wait_address
 install_pigz
 mount_efs
 configure_lazy

@@ -24,7 +24,7 @@ from dtrain.launch.errors import LaunchError
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _INT_RE = re.compile(r"^[0-9]+$")
-_HOSTFILE_KEYS = ("slots", "port", "user", "identity")
+_HOSTFILE_KEYS = ("slots", "port", "user", "identity", "jump")
 MAX_SLOTS = 4096  # processes per node (the --slots flag's bound too): far above any instance's GPUs
 
 
@@ -37,6 +37,7 @@ class Node:
     port: int | None = None  # host ssh port; None: ssh decides (22, or Port in ~/.ssh/config)
     user: str | None = None  # None: ssh decides (User in ~/.ssh/config, else the local user)
     identity: str | None = None  # private key path; None: ssh decides (agent, config, defaults)
+    jump: str | None = None  # ssh jump host `[user@]host[:port]` (ssh -J); None: ssh decides (ProxyJump in config)
 
     def __post_init__(self) -> None:
         if not host_ok(self.host):
@@ -47,6 +48,8 @@ class Node:
             raise ValueError(f"{self.host}: bad port {self.port!r}")
         if self.user is not None and not _USER_RE.match(self.user):
             raise ValueError(f"{self.host}: bad user {self.user!r}")
+        if self.jump is not None and not jump_ok(self.jump):
+            raise ValueError(f"{self.host}: bad jump host {self.jump!r}")
 
 
 # --- hostfile and --hosts ------------------------------------------------------------------
@@ -60,6 +63,14 @@ def host_ok(host: str) -> bool:
     """A host name or IPv4 address as ssh and mpirun -H take it, within DNS's lengths."""
     return bool(_HOST_RE.match(host)) and len(host) <= HOST_MAX and all(
         len(label) <= LABEL_MAX for label in host.split("."))
+
+
+def jump_ok(jump: str) -> bool:
+    """One ssh jump host as `ssh -J` takes it: `[user@]host[:port]` (no leading "-", no list)."""
+    rest, at, host_port = jump.rpartition("@")
+    host, colon, port = host_port.partition(":")
+    return ((not at or bool(_USER_RE.match(rest))) and host_ok(host)
+            and (not colon or (bool(_INT_RE.match(port)) and len(port) <= 5 and 1 <= int(port) <= 65535)))
 
 
 def _check_host(token: str, where: str) -> str:
@@ -107,6 +118,9 @@ def _parse_hostfile_line(line: str, where: str) -> Node:
     user = fields.get("user")
     if user is not None and not _USER_RE.match(user):
         raise LaunchError(f"{where}: bad user {user!r}")
+    jump = fields.get("jump")
+    if jump is not None and not jump_ok(jump):
+        raise LaunchError(f"{where}: bad jump host {values.shown(jump)} (expected [USER@]HOST[:PORT])")
     return Node(
         host=host,
         # Missing slots means 1, as in mpirun and horovodrun hostfiles.
@@ -114,11 +128,13 @@ def _parse_hostfile_line(line: str, where: str) -> Node:
         port=_positive_int(fields["port"], "port", where, maximum=65535) if "port" in fields else None,
         user=user,
         identity=fields.get("identity"),
+        jump=jump,
     )
 
 
 def parse_hostfile(path: str | Path) -> list[Node]:
-    """Read `HOST [slots=N] [port=P] [user=U] [identity=PATH]` lines; `#` starts a comment.
+    """Read `HOST [slots=N] [port=P] [user=U] [identity=PATH] [jump=[USER@]HOST[:PORT]]` lines
+    (jump: reach HOST through that ssh jump host, `ssh -J`); `#` starts a comment.
 
     slots defaults to 1 (mpirun's rule). Errors name FILE:LINE.
     """
@@ -323,7 +339,7 @@ def ssh_argv(
     connect_timeout: int = 10,
     strict_host_key_checking: str = "accept-new",
 ) -> list[str]:
-    """`ssh [-p P] [-i ID] -o ... [user@]host -- 'quoted command'`.
+    """`ssh [-p P] [-i ID] [-J JUMP] -o ... [user@]host -- 'quoted command'`.
 
     Options not set on the node are left out, so ~/.ssh/config (User, Port, ProxyJump,
     IdentityFile) still applies; no -F, no -o that overrides routing. The remote side runs
@@ -337,6 +353,8 @@ def ssh_argv(
     if node.identity:
         # IdentitiesOnly: offer this key only, not every key in the agent (MaxAuthTries).
         argv += ["-i", node.identity, "-o", "IdentitiesOnly=yes"]
+    if node.jump:
+        argv += ["-J", node.jump]  # the hostfile's jump=: before extra_opts, so it wins over a ProxyJump there
     argv += [
         "-o", "BatchMode=yes",
         "-o", f"ConnectTimeout={connect_timeout}",

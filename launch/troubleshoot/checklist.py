@@ -630,8 +630,10 @@ ENTRIES: tuple[Entry, ...] = (
         fix="`dtrain nodes up` attaches every EFA the type has (DescribeInstanceTypes "
             "`NetworkCards`, `EfaInfo.MaximumEfaInterfaces`): card 0 device 0 `efa`, card i "
             "device 1 `efa-only`. Such instances get no public IPv4 address (AWS assigns none "
-            "with more than one interface), so put them in a subnet that reaches the internet "
-            "through a NAT gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
+            "with more than one interface): `nodes up` gives each an Elastic IP in the stack where "
+            "their subnet reaches the internet through an internet gateway (docs/nodes.md, \"No "
+            "public address with more than one interface\"), or put them in a subnet behind a NAT "
+            "gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
             "launch with one interface per network card the same way.",
         confirm="`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
                 "with `--image`, how many `fi_info -p efa` sees in the container); "
