@@ -427,11 +427,10 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
         values.ssh_config("--ssh-config", ssh_config)
     recorded: tuple = ()
     if cluster:
-        from dtrain.launch.infra.ec2 import cluster_dir, load_cluster
+        from dtrain.launch import targets
 
         values.name("--cluster", cluster)
-        if (cluster_dir(cluster) / "cluster.json").is_file():
-            recorded = load_cluster(cluster).ssh_opts
+        recorded = targets.ssh_opts(targets.NodeArgs(cluster=cluster))  # its provider's record
     return (("-F", ssh_config) if ssh_config else ()) + tuple(recorded) + tuple(
         x for o in (ssh_opt or []) for x in ("-o", o))
 

@@ -159,7 +159,8 @@ def test_registry_login_per_provider():
 
 def test_expectations_and_ssh_users():
     ec2 = targets.provider("ec2")
-    assert ec2.expectations("p4d.24xlarge") == targets.Expectations(gpus=8, efa=4)
+    p4d = ec2.expectations("p4d.24xlarge")
+    assert (p4d.gpus, p4d.efa, p4d.network.busbw, p4d.network.efa) == (8, 4, 57.2, True)
     assert ec2.expectations("g5.xlarge") == targets.Expectations(gpus=1, efa=0)
     assert ec2.expectations("m7i.large").gpus is None
     assert targets.provider("local").expectations(None) == targets.Expectations(gpus=0, efa=0)
@@ -183,3 +184,19 @@ def test_the_simulated_cluster_nodes(tmp_path, monkeypatch):
         targets.provider("local").discover(NodeArgs())
     (tmp_path / "hostfile").write_text("10.213.0.11 slots=1 port=22 user=root\n10.213.0.12 slots=1 port=22 user=root\n")
     assert [n.host for n in targets.provider("local").discover(NodeArgs())] == ["10.213.0.11", "10.213.0.12"]
+
+
+def test_a_nodes_up_cluster_gives_its_nodes_and_recorded_ssh_options(tmp_path, monkeypatch):
+    import tasks
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert targets.ssh_opts(NodeArgs(cluster="c2")) == ()  # none recorded: no cluster.json
+    inst = stack.Instance("i-1", "10.0.0.7", None, "us-east-1a", "g5.12xlarge")
+    stack.save_cluster(stack.Cluster("c2", "us-east-1", "dtrain-c2", "g5.12xlarge", True, 4, "ubuntu", None, (inst,),
+                                     ssh_opts=("-o", "ProxyJump=bastion")))
+    assert targets.ssh_opts(NodeArgs(cluster="c2")) == ("-o", "ProxyJump=bastion")
+    assert targets.ssh_opts(NodeArgs(hosts="h1")) == ()
+    assert tasks._ssh_opts(["ProxyJump=other"], None, "c2") == ("-o", "ProxyJump=bastion", "-o", "ProxyJump=other")
+    assert tasks._nodes(None, None, None, None, None, "alice", None, cluster="c2") == [Node("10.0.0.7", 4, user="ubuntu")]
+    with pytest.raises(LaunchError, match=r"^give --cluster or one of --hostfile, --hosts, --ec2-tag, not both$"):
+        tasks._nodes(None, "h1", None, None, None, None, None, cluster="c2")

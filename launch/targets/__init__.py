@@ -12,7 +12,7 @@ from dtrain.launch.targets import ec2, ecs, local, mpijob, nodes as on_nodes, py
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
 
 __all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "get",
-           "named", "names", "nodes", "provider", "spot_notice"]
+           "named", "names", "nodes", "provider", "spot_notice", "ssh_opts"]
 
 # --target values; the first is the default.
 TARGETS: dict[str, Target] = {t.name: t for t in (
@@ -75,11 +75,21 @@ def choose(args: NodeArgs) -> NodeProvider | None:
     return _by_flag(given[0]) if given else None
 
 
+def _named(args: NodeArgs) -> NodeProvider | None:
+    """The provider whose flags args give, without the checks (nodes() makes them)."""
+    return next((p for p in PROVIDERS.values() if any(getattr(args, f) for f in p.flags)), None)
+
+
 def spot_notice(args: NodeArgs) -> str:
-    """Where the nodes args name poll for a spot interruption notice ("": they hear none). No
-    checks: nodes() makes them."""
+    """Where the nodes args name poll for a spot interruption notice ("": they hear none)."""
     return next((p.spot_notice for p in PROVIDERS.values() if p.spot_notice and any(getattr(args, f) for f in p.flags)),
                 "")
+
+
+def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
+    """The ssh options the provider of the nodes args name recorded for them."""
+    chosen = _named(args)
+    return chosen.ssh_opts(args) if chosen else ()
 
 
 def _exactly_one() -> str:

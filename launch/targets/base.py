@@ -51,6 +51,7 @@ class Expectations:
 
     gpus: int | None  # GPUs per node (None: the provider cannot tell)
     efa: int  # EFA interfaces per node (0: none)
+    network: Any = None  # its line of launch/jobs/network_expectations.yaml (netgate.Expectation), if any
 
 
 class NodeProvider(ABC):
@@ -69,6 +70,10 @@ class NodeProvider(ABC):
     @abstractmethod
     def ssh_user(self) -> str | None:
         """The user its nodes take over ssh (None: ssh decides, or each node says)."""
+
+    def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
+        """ssh options recorded for the nodes args name (before the user's: ssh takes the first)."""
+        return ()
 
     def up(self, spec: Any, **options: Any) -> Any:
         """Bring nodes up (where the provider can; launch/infra does the work)."""

@@ -157,6 +157,12 @@ class Ec2(NodeProvider):
     def ssh_user(self) -> str | None:
         return None  # per node: the SSH_USER_TAG `nodes up` put on each instance (ubuntu, ec2-user)
 
+    def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
+        """What `nodes up --ssh-opt` recorded for --cluster (a ProxyJump to a bastion)."""
+        if args.cluster and (stack.cluster_dir(args.cluster) / "cluster.json").is_file():
+            return tuple(stack.load_cluster(args.cluster).ssh_opts)
+        return ()
+
     def up(self, spec: stack.NodesSpec, **options: Any) -> tuple[stack.Cluster, Any]:
         """A cluster's stack (launch/infra/ec2.py `up`): options are its session and the rest."""
         session = options.pop("session")
@@ -172,7 +178,10 @@ class Ec2(NodeProvider):
     def expectations(self, instance_type: str | None) -> Expectations:
         if not instance_type:
             return Expectations(gpus=None, efa=0)
-        return Expectations(gpus=KNOWN_GPU_COUNTS.get(instance_type), efa=efa_count(instance_type))
+        from dtrain.launch.jobs import netgate
+
+        return Expectations(gpus=KNOWN_GPU_COUNTS.get(instance_type), efa=efa_count(instance_type),
+                            network=netgate.expectation_for(instance_type, netgate.load_expectations()))
 
 
 PROVIDER = Ec2()
