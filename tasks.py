@@ -824,6 +824,7 @@ def _cluster_record(cluster, profile):
                          "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
+    from dtrain.launch import targets
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
@@ -851,8 +852,9 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
-                         lazy=mode)
+            local = targets.provider("local")  # launch/targets/local.py: launch/infra/cluster.py's up
+            info = local.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
+                            lazy=mode)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             if info.lazy:
                 print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
@@ -860,7 +862,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":
-            cl.down()
+            targets.provider("local").down()
         elif action == "status":
             st = cl.status()
             print("up" if st.up else "down", f"({st.nodes} nodes)")

@@ -174,8 +174,17 @@ def test_up_and_down_where_the_provider_brings_nodes_up():
         targets.provider("ssh").up(None)
     with pytest.raises(LaunchError, match=r"^ssh: dtrain does not take these nodes down$"):
         targets.provider("ssh").down()
-    assert type(targets.provider("local")).up is not NodeProvider.up
     assert type(targets.provider("ec2")).down is not NodeProvider.down
+
+
+def test_the_simulated_cluster_comes_up_and_down_through_launch_infra(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cl, "up", lambda n, **kw: calls.append(("up", n, kw)) or "info")
+    monkeypatch.setattr(cl, "down", lambda **kw: calls.append(("down", kw)))
+    local = targets.provider("local")
+    assert local.up("3", recreate=True) == "info"
+    local.down()
+    assert calls == [("up", 3, {"recreate": True}), ("down", {})]
 
 
 def test_the_simulated_cluster_nodes(tmp_path, monkeypatch):
