@@ -393,8 +393,10 @@ LAUNCH_TASK_ONLY_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
+    """The nodes the flags name, from their provider (launch/targets: --cluster and --ec2-tag EC2,
+    --hostfile and --hosts plain ssh hosts)."""
     from dtrain import values
-    from dtrain.launch.remote.hosts import nodes_from_args
+    from dtrain.launch import targets
 
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
@@ -403,17 +405,9 @@ def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=N
     _ssh_key_flag(ssh_key)
     if slots is not None:
         slots = values.count("--slots", slots, 1, 4096)
-    if cluster:
-        from dtrain.launch.errors import LaunchError
-        from dtrain.launch.infra.ec2 import cluster_hostfile
-
-        values.name("--cluster", cluster)
-        if hostfile or hosts or ec2_tag:
-            raise LaunchError("give --cluster or one of --hostfile, --hosts, --ec2-tag, not both")
-        hostfile = str(cluster_hostfile(cluster))
-    return nodes_from_args(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, region=region,
-                           slots=slots,
-                           ssh_user=ssh_user, ssh_key=ssh_key)
+    args = targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster, region=region,
+                            slots=slots)
+    return targets.nodes(args, ssh_user=ssh_user, ssh_key=ssh_key)
 
 
 def _ssh_key_flag(ssh_key):
@@ -434,11 +428,10 @@ def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
         values.ssh_config("--ssh-config", ssh_config)
     recorded: tuple = ()
     if cluster:
-        from dtrain.launch.infra.ec2 import cluster_dir, load_cluster
+        from dtrain.launch import targets
 
         values.name("--cluster", cluster)
-        if (cluster_dir(cluster) / "cluster.json").is_file():
-            recorded = load_cluster(cluster).ssh_opts
+        recorded = targets.ssh_opts(targets.NodeArgs(cluster=cluster))  # its provider's record
     return (("-F", ssh_config) if ssh_config else ()) + tuple(recorded) + tuple(
         x for o in (ssh_opt or []) for x in ("-o", o))
 
@@ -462,14 +455,18 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
         from_file = jobfile.load(path) if path else {}
         given = jobfile.merge(from_file, flags)
         cfg = {**jobfile.defaults(), **given}
-        if cfg["target"] == "nodes" and output is not None:
-            raise jobfile.LaunchError("--output is where --target mpijob|pytorchjob|ecs writes the description")
-        if dump and cfg["target"] in ("nodes", "sagemaker"):
+        from dtrain.launch import targets
+
+        target = targets.get(cfg["target"])
+        if target.on_nodes and output is not None:
+            raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
+                                      "writes the description")
+        if dump and not target.writes:
             print(jobfile.dump(given), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
         where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
-        if cfg["target"] != "nodes":
+        if not target.on_nodes:
             from dtrain.launch import jobtarget
 
             with jobfile.located(where):
@@ -503,7 +500,8 @@ def launch_spec(cfg):
 
     from dtrain import values
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs import commands, jobfile, supervision
+    from dtrain.launch import targets
+    from dtrain.launch.jobs import commands, jobfile
     from dtrain.launch.jobs.job import JobSpec
     from dtrain.launch.jobs.workdir import parse_size
 
@@ -534,8 +532,8 @@ def launch_spec(cfg):
         raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
     # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
     # turns the watch on for any nodes (tests: tests/imds.py)
-    imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or (
-        supervision.EC2_IMDS if cfg["ec2_tag"] or cfg["cluster"] else "")
+    imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or targets.spot_notice(
+        targets.NodeArgs(hostfile=cfg["hostfile"], hosts=cfg["hosts"], ec2_tag=cfg["ec2_tag"], cluster=cfg["cluster"]))
     return JobSpec(image=image, command=tuple(cfg["command"]), launcher=cfg["launcher"], name=name or "", env=envs,
                    iface=iface, mounts=tuple(commands.parse_mount(m) for m in cfg["mount"] or []),
                    shm_size=shm_size, master_port=port, rdzv=cfg["rdzv"], pull=cfg["pull"],
@@ -556,8 +554,8 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
          ssh_key=None, ssh_opt=None, ssh_config=None, pull="always"):
     """Pre-stage an image on nodes ahead of a launch, with per-node progress: dtrain pull --hosts h1,h2 --image REF"""
     from dtrain.launch.errors import LaunchError
+    from dtrain.launch import targets
     from dtrain.launch.jobs import pull as pl
-    from dtrain.launch.jobs.login import login_for
 
     with user_errors():
         if not image:
@@ -565,7 +563,8 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
         _image_flag(image)
         _choice_flag("--pull", pull, pl.POLICIES)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
-        login = login_for(image)  # ECR: a token from boto3, to each node on stdin
+        provider = targets.choose(targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster))
+        login = provider.login(image)  # ECR: a token from boto3, to each node on stdin
         pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), out=sys.stdout, login=login)
 
 
@@ -844,6 +843,7 @@ def _cluster_record(cluster, profile):
                          "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
+    from dtrain.launch import targets
     from dtrain.launch.infra import cluster as cl
 
     with user_errors():
@@ -875,8 +875,9 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
                 if not sep or not i.isdigit():
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
-            info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
-                         lazy=mode)
+            local = targets.provider("local")  # launch/targets/local.py: launch/infra/cluster.py's up
+            info = local.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
+                            lazy=mode)
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
             if info.lazy:
                 print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
@@ -884,7 +885,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":
-            cl.down()
+            targets.provider("local").down()
         elif action == "status":
             st = cl.status()
             print("up" if st.up else "down", f"({st.nodes} nodes)")

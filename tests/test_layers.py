@@ -23,10 +23,13 @@ from dtrain import ROOT
 FORBIDDEN = {
     "images": ("dtrain.launch",),
     "launch/jobs": ("dtrain.launch.infra", "dtrain.launch.troubleshoot", "dtrain.launch.other_tools",
-                    "dtrain.launch.demo"),
-    "launch/infra": ("dtrain.launch.jobs", "dtrain.launch.troubleshoot", "dtrain.launch.other_tools"),
+                    "dtrain.launch.demo", "dtrain.launch.targets", "dtrain.launch.jobtarget"),
+    "launch/infra": ("dtrain.launch.jobs", "dtrain.launch.troubleshoot", "dtrain.launch.other_tools",
+                     "dtrain.launch.targets", "dtrain.launch.jobtarget"),
+    # transport only (issue 39): nothing of where nodes come from, no AWS SDK
     "launch/remote": ("dtrain.launch.jobs", "dtrain.launch.infra", "dtrain.launch.troubleshoot",
-                      "dtrain.launch.other_tools", "dtrain.launch.demo"),
+                      "dtrain.launch.other_tools", "dtrain.launch.demo", "dtrain.launch.targets",
+                      "dtrain.launch.jobtarget", "boto3", "botocore"),
     "dtrain": ("dtrain.launch", "dtrain.images"),
 }
 # The folders of the installed package (pyproject's package-dir): folder -> its import name.
@@ -168,6 +171,14 @@ def test_layers_cover_every_folder():
             if not any(p.is_relative_to(c) for c in covered)}
     # launch/ itself and its other folders (troubleshoot, other_tools, demo.py) may use any layer
     assert all(f == ROOT / "launch" or f.parent == ROOT / "launch" for f in free), sorted(map(str, free))
+
+
+def test_remote_is_transport_only():
+    """launch/remote/ reaches nodes; where they come from (EC2 and its SDK) is launch/targets/."""
+    remote = sorted((ROOT / "launch" / "remote").rglob("*.py"))
+    assert remote and not [name for p in remote for _, name in _imports(p) if name.split(".")[0] in ("boto3", "botocore")]
+    assert not [p.name for p in remote if "ec2" in p.read_text().lower()]
+    assert {"boto3", "botocore"} <= set(FORBIDDEN["launch/remote"])
 
 
 def test_node_programs_import_only_what_their_image_has():

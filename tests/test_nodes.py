@@ -21,7 +21,8 @@ from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2
 from dtrain.launch.infra.instance_types import EFA_TYPES
-from dtrain.launch.remote.hosts import discover_ec2, parse_hostfile
+from dtrain.launch.remote.hosts import parse_hostfile
+from dtrain.launch.targets.ec2 import discover_ec2
 
 REGION = "us-east-1"
 AMI_PARAM = "/dtrain-test/dlami"  # moto reserves /aws/...; the real default is ec2.DLAMI_PARAMETER

@@ -245,7 +245,7 @@ def test_fill_from_values():
 
 
 def test_ssh_user_tag_is_what_ec2_tag_discovery_uses(aws):
-    from dtrain.launch.remote.hosts import discover_ec2
+    from dtrain.launch.targets.ec2 import discover_ec2
 
     ec2.up(aws, spec(ami="cpu"), poll=0.05, timeout=5, say=lambda m: None)
     found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)

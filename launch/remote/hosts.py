@@ -1,19 +1,18 @@
-"""The node list: hostfiles, --hosts, EC2 discovery, and the ssh argv that reaches a node.
+"""The node list: hostfiles, --hosts, and the ssh argv that reaches a node. Transport only: where
+nodes come from (a cloud, the simulated cluster) is launch/targets/.
 
-Everything here is pure except `parse_hostfile` (reads one file), `discover_ec2` (AWS API)
-and `kex_opts` (asks the local ssh client, `ssh -G`).
+Everything here is pure except `parse_hostfile` (reads one file) and `kex_opts` (asks the local
+ssh client, `ssh -G`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dtrain import contract
 from dtrain import values
@@ -189,127 +188,6 @@ def hosts_list(nodes: Sequence[Node]) -> str:
     return ",".join(f"{n.host}:{n.slots}" for n in nodes)
 
 
-# --- EC2 discovery -------------------------------------------------------------------------
-
-# Fallback GPU counts, used only when DescribeInstanceTypes cannot answer (permission denied,
-# or an endpoint/mock without GpuInfo). Real AWS and moto 5 both return GpuInfo.
-# g4dn.* = T4, g5.* = A10G, p3.* = V100, p4d/p4de = A100, p5 = H100.
-KNOWN_GPU_COUNTS: dict[str, int] = {
-    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "g4dn.12xlarge": 4,
-    "g4dn.metal": 8,
-    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "g5.12xlarge": 4,
-    "g5.24xlarge": 4,
-    "g5.48xlarge": 8,
-    "p3.2xlarge": 1,
-    "p3.8xlarge": 4,
-    "p3.16xlarge": 8,
-    "p3dn.24xlarge": 8,
-    "p4d.24xlarge": 8,
-    "p4de.24xlarge": 8,
-    "p5.48xlarge": 8,
-}
-
-
-def _parse_tag(tag: str) -> tuple[str, str]:
-    key, eq, value = tag.partition("=")
-    if not eq or not key or not value:
-        raise LaunchError(f"--ec2-tag: expected KEY=VALUE, got {tag!r}")
-    return key, value
-
-
-def _gpu_count(type_info: dict[str, Any]) -> int | None:
-    """GPUs of one DescribeInstanceTypes entry; None when it carries no GpuInfo."""
-    gpus = (type_info.get("GpuInfo") or {}).get("Gpus") or []
-    return sum(int(g.get("Count", 0)) for g in gpus) or None
-
-
-def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
-    """GPUs per instance type: API first, then KNOWN_GPU_COUNTS; CPU types get 1 slot."""
-    from botocore.exceptions import ClientError
-
-    found: dict[str, int | None] = {}
-    api_error: str | None = None
-    try:
-        for i in range(0, len(types), 100):  # the API takes at most 100 types per call
-            for info in ec2.describe_instance_types(InstanceTypes=types[i : i + 100])["InstanceTypes"]:
-                found[info["InstanceType"]] = _gpu_count(info)
-    except ClientError as e:
-        api_error = f"{e.response['Error'].get('Code')}: {e.response['Error'].get('Message')}"
-    slots: dict[str, int] = {}
-    for t in types:
-        count = found.get(t) or KNOWN_GPU_COUNTS.get(t)
-        if count is None and api_error is not None:
-            raise LaunchError(
-                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); "
-                "pass slots explicitly"
-            )
-        slots[t] = count or 1  # the API answered and lists no GPU: a CPU type, one process
-    return slots
-
-
-def discover_ec2(
-    tag: str,
-    region: str | None = None,
-    session: Any = None,
-    *,
-    slots: int | None = None,
-) -> list[Node]:
-    """Running EC2 instances tagged KEY=VALUE, as Nodes on their private IPs, in IP order.
-
-    slots: per-node override; otherwise the instance type's GPU count (CPU types: 1).
-    session: a boto3.Session; None builds a default one, so AWS_PROFILE, AWS_REGION and
-    AWS_ENDPOINT_URL apply as boto3 reads them.
-    """
-    import boto3
-    from botocore.exceptions import (
-        BotoCoreError,
-        ClientError,
-        NoCredentialsError,
-        NoRegionError,
-        ProfileNotFound,
-    )
-
-    key, value = _parse_tag(tag)
-    if slots is not None and (isinstance(slots, bool) or slots < 1):
-        raise LaunchError(f"slots must be > 0, got {slots!r}")
-    try:
-        session = session or boto3.Session()
-        ec2 = session.client("ec2", region_name=region)
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=[
-                {"Name": f"tag:{key}", "Values": [value]},
-                {"Name": "instance-state-name", "Values": ["running"]},
-            ]
-        )
-        instances = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
-        instances = [i for i in instances if i.get("PrivateIpAddress")]
-        if not instances:
-            raise LaunchError(f"no running EC2 instances tagged {key}={value} in {ec2.meta.region_name}")
-        per_type = {} if slots else _slots_by_type(ec2, sorted({i["InstanceType"] for i in instances}))
-    except NoCredentialsError:
-        raise LaunchError(
-            "no AWS credentials found: set AWS_PROFILE (then `aws sso login` if it is an SSO profile), "
-            "run `aws configure`, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
-        ) from None
-    except NoRegionError:
-        raise LaunchError("no AWS region: pass a region, or set AWS_REGION or region in your AWS profile") from None
-    except ProfileNotFound as e:
-        raise LaunchError(f"AWS profile not found: {e}") from None
-    except ClientError as e:
-        err = e.response.get("Error", {})
-        raise LaunchError(f"EC2 {e.operation_name} failed: {err.get('Code')}: {err.get('Message')}") from None
-    except BotoCoreError as e:
-        raise LaunchError(f"EC2 discovery failed: {e}") from None
-
-    instances.sort(key=lambda i: ipaddress.ip_address(i["PrivateIpAddress"]))
-    # `nodes up` tags its instances with their AMI's ssh user (ubuntu, ec2-user)
-    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]],
-                 user={t["Key"]: t["Value"] for t in i.get("Tags", [])}.get(contract.SSH_USER_TAG))
-            for i in instances]
-
-
 # --- ssh -----------------------------------------------------------------------------------
 
 
@@ -364,29 +242,6 @@ def ssh_argv(
     argv += list(extra_opts)
     argv += [f"{node.user}@{node.host}" if node.user else node.host, "--", shlex.join(command)]
     return argv
-
-
-def nodes_from_args(*, hostfile: str | None = None, hosts: str | None = None,
-                    ec2_tag: str | None = None, region: str | None = None,
-                    slots: int | None = None, ssh_user: str | None = None,
-                    ssh_key: str | None = None, ssh_port: int | None = None) -> list[Node]:
-    """The node list from exactly one of --hostfile, --hosts, --ec2-tag, with ssh defaults."""
-    given = [name for name, v in (("--hostfile", hostfile), ("--hosts", hosts), ("--ec2-tag", ec2_tag)) if v]
-    if len(given) != 1:
-        raise LaunchError("give exactly one of --hostfile FILE, --hosts h1:4,h2:4, --ec2-tag Key=Value"
-                          + (f" (got {', '.join(given)})" if given else ""))
-    if hostfile:
-        nodes = parse_hostfile(hostfile)
-        for key in dict.fromkeys(n.identity for n in nodes if n.identity):  # ssh reads it: a key, not a FIFO
-            try:
-                values.ssh_key("identity", key)
-            except values.BadValue as e:
-                raise LaunchError(f"{hostfile}: {e}") from None
-    elif hosts:
-        nodes = parse_hosts_arg(hosts)
-    else:
-        nodes = discover_ec2(ec2_tag, region, slots=slots)
-    return apply_ssh_defaults(nodes, user=ssh_user, identity=ssh_key, port=ssh_port)
 
 
 # --- key exchange ---------------------------------------------------------------------------

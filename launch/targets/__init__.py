@@ -1,0 +1,105 @@
+"""The targets' registry (SkyPilot's router, sky/provision/__init__.py): `--target` values
+(`TARGETS`, `get`, `names`) and where the nodes of `--target nodes` come from (`PROVIDERS`,
+`provider`, `choose`, `nodes`). One line per module; what differs per target is in its module
+(base.py declares what each provides; docs/architecture.md "Targets")."""
+
+from __future__ import annotations
+
+from dtrain import values
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.remote.hosts import Node, apply_ssh_defaults
+from dtrain.launch.targets import ec2, ecs, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh
+from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
+
+__all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "get",
+           "named", "names", "nodes", "provider", "spot_notice", "ssh_opts"]
+
+# --target values; the first is the default.
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    on_nodes.TARGET,
+    sagemaker.TARGET,
+    mpijob.TARGET,
+    pytorchjob.TARGET,
+    ecs.TARGET,
+)}
+
+# where the nodes come from
+PROVIDERS: dict[str, NodeProvider] = {p.name: p for p in (
+    local.PROVIDER,
+    ssh.PROVIDER,
+    ec2.PROVIDER,
+)}
+
+# The flags that name the nodes, as the errors list them: --cluster stands alone.
+_NAMED_BY = (("hostfile", "--hostfile FILE"), ("hosts", "--hosts h1:4,h2:4"), ("ec2_tag", "--ec2-tag Key=Value"))
+
+
+def names(**having: bool) -> tuple[str, ...]:
+    """The --target choices (the default first), e.g. names(writes=True)."""
+    return tuple(n for n, t in TARGETS.items() if all(getattr(t, k) == v for k, v in having.items()))
+
+
+def get(name: str) -> Target:
+    """The target called name, or one line listing the choices."""
+    if name not in TARGETS:
+        raise LaunchError(f"--target {name!r}: expected one of {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+def provider(name: str) -> NodeProvider:
+    if name not in PROVIDERS:
+        raise LaunchError(f"no node provider {name!r}: expected one of {', '.join(PROVIDERS)}")
+    return PROVIDERS[name]
+
+
+def _by_flag(key: str) -> NodeProvider:
+    return next(p for p in PROVIDERS.values() if key in p.flags)
+
+
+def named(args: NodeArgs) -> bool:
+    """Whether args name any nodes."""
+    return bool(args.cluster) or any(getattr(args, key) for key, _ in _NAMED_BY)
+
+
+def choose(args: NodeArgs) -> NodeProvider | None:
+    """The provider of the nodes args name (None: they name none); an error where they name
+    more than one source."""
+    given = [key for key, _ in _NAMED_BY if getattr(args, key)]
+    if args.cluster:
+        values.name("--cluster", args.cluster)
+        if given:
+            raise LaunchError("give --cluster or one of --hostfile, --hosts, --ec2-tag, not both")
+        return _by_flag("cluster")
+    if len(given) > 1:
+        raise LaunchError(_exactly_one() + f" (got {', '.join('--' + k.replace('_', '-') for k in given)})")
+    return _by_flag(given[0]) if given else None
+
+
+def _named(args: NodeArgs) -> NodeProvider | None:
+    """The provider whose flags args give, without the checks (nodes() makes them)."""
+    return next((p for p in PROVIDERS.values() if any(getattr(args, f) for f in p.flags)), None)
+
+
+def spot_notice(args: NodeArgs) -> str:
+    """Where the nodes args name poll for a spot interruption notice ("": they hear none)."""
+    return next((p.spot_notice for p in PROVIDERS.values() if p.spot_notice and any(getattr(args, f) for f in p.flags)),
+                "")
+
+
+def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
+    """The ssh options the provider of the nodes args name recorded for them."""
+    chosen = _named(args)
+    return chosen.ssh_opts(args) if chosen else ()
+
+
+def _exactly_one() -> str:
+    return "give exactly one of " + ", ".join(shown for _, shown in _NAMED_BY)
+
+
+def nodes(args: NodeArgs, *, ssh_user: str | None = None, ssh_key: str | None = None,
+          ssh_port: int | None = None) -> list[Node]:
+    """The nodes args name, from their provider, with the ssh defaults where a node has none."""
+    chosen = choose(args)
+    if chosen is None:
+        raise LaunchError(_exactly_one())
+    return apply_ssh_defaults(chosen.discover(args), user=ssh_user, identity=ssh_key, port=ssh_port)

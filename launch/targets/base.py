@@ -1,0 +1,109 @@
+"""What a target provides, declared once (SkyPilot's sky/provision/__init__.py is the model: one
+interface, one module per cloud, a router that picks the module; docs/architecture.md "Targets").
+
+Two kinds of target, one module each:
+
+- a `NodeProvider` is where the nodes of a launch on nodes (`--target nodes`) come from: the
+  simulated cluster (local.py), plain ssh hosts (ssh.py), EC2 (ec2.py). It finds the nodes of a
+  running target (`discover`), brings nodes up and takes them down where it can (`up`/`down`,
+  delegated to launch/infra), and says how its nodes are reached (`ssh_user`), whether a node hears
+  of its interruption (`spot_notice`), how the nodes log in to the image's registry (`login`) and
+  what an instance type has (`expectations`).
+- a `Target` is a `--target` value: `nodes` (nodes.py), or a job described for another system,
+  submitted (sagemaker.py) or written (mpijob.py, pytorchjob.py, ecs.py). It names the launch
+  fields it refuses and ignores and runs the launch its way (`run`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.login import Login
+from dtrain.launch.remote.hosts import Node
+
+# Fields the job relies on that a target off the nodes cannot honour: refused, named.
+REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
+           "checkpoint_dir")
+# Fields about the nodes themselves: a target off the nodes has its own; a line on stderr says so.
+IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
+           "shm_size", "workdir_limit", "no_spot_watch")
+
+
+@dataclass(frozen=True)
+class NodeArgs:
+    """The launch fields that name the nodes (one source: a provider's `flags`) and shape them."""
+
+    hostfile: str | None = None
+    hosts: str | None = None
+    ec2_tag: str | None = None
+    cluster: str | None = None
+    region: str | None = None
+    slots: int | None = None
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What an instance type has, as far as the provider knows without asking a node."""
+
+    gpus: int | None  # GPUs per node (None: the provider cannot tell)
+    efa: int  # EFA interfaces per node (0: none)
+    network: Any = None  # its line of launch/jobs/network_expectations.yaml (netgate.Expectation), if any
+
+
+class NodeProvider(ABC):
+    """Where the nodes come from."""
+
+    name: ClassVar[str]
+    # The launch fields (JobFile keys) that select this provider; () where no flag names it.
+    flags: ClassVar[tuple[str, ...]] = ()
+    # The metadata endpoint each node polls for a spot interruption notice ("": its nodes hear none).
+    spot_notice: ClassVar[str] = ""
+
+    @abstractmethod
+    def discover(self, args: NodeArgs) -> list[Node]:
+        """The nodes of the running target that args name (ssh defaults not applied yet)."""
+
+    @abstractmethod
+    def ssh_user(self) -> str | None:
+        """The user its nodes take over ssh (None: ssh decides, or each node says)."""
+
+    def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
+        """ssh options recorded for the nodes args name (before the user's: ssh takes the first)."""
+        return ()
+
+    def up(self, spec: Any, **options: Any) -> Any:
+        """Bring nodes up (where the provider can; launch/infra does the work)."""
+        raise LaunchError(f"{self.name}: dtrain does not bring these nodes up")
+
+    def down(self, name: str | None = None, **options: Any) -> Any:
+        """Take the nodes up() brought up down."""
+        raise LaunchError(f"{self.name}: dtrain does not take these nodes down")
+
+    @abstractmethod
+    def login(self, image: str) -> Login:
+        """How the nodes log in to the image's registry before pulling (Login(): none)."""
+
+    @abstractmethod
+    def expectations(self, instance_type: str | None) -> Expectations:
+        """What a node of this instance type has."""
+
+
+class Target(ABC):
+    """A `--target` value: where the launch runs."""
+
+    name: ClassVar[str]
+    on_nodes: ClassVar[bool] = False  # dtrain starts the containers on nodes (`dtrain launch` runs the Job)
+    writes: ClassVar[bool] = False  # writes a description (--output FILE, or stdout)
+    refused: ClassVar[tuple[str, ...]] = ()  # launch fields it cannot honour: refused, named
+    ignored: ClassVar[tuple[str, ...]] = ()  # launch fields that are its own: ignored, a line says so
+
+    @abstractmethod
+    def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
+            session: Any, note: Callable[[], None]) -> int:
+        """Run the checked launch cfg (given: the fields set by the flags or the file; count: the
+        nodes it names, None where none) and return the exit code; note() once it is checked, before
+        anything is submitted or written."""

@@ -1,0 +1,43 @@
+"""What the targets that write a job description (mpijob.py, pytorchjob.py, ecs.py) share: the
+description rendered by launch/other_tools/manifests.py (as `dtrain manifest --for T` does),
+checked, written to --output or stdout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from dtrain import values
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.targets.base import IGNORED, REFUSED, Target
+from dtrain.launch.targets.common import env
+
+
+class Description(Target):
+    writes = True
+    # beyond image, command, name, env, workers: the tool, not dtrain, times and waits for the job,
+    # and the image holds the code
+    refused = REFUSED + ("timeout", "role")
+    ignored = IGNORED + ("workdir", "detach")
+    instance_type: ClassVar[bool] = False  # takes --instance-type
+
+    def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
+            session: Any, note: Callable[[], None]) -> int:
+        from dtrain.launch.other_tools import manifests as mf
+
+        if cfg["instance_type"] is not None and not self.instance_type:
+            raise LaunchError(f"--instance-type: not for --target {self.name}; take it out for {self.name}")
+        launcher = given.get("launcher")  # default: by the target
+        if cfg["name"] is not None:
+            values.name("--name", cfg["name"])
+        env_items = [f"{k}={v}" for k, v in env(cfg).items()]
+        mf.check_output(output)
+        try:
+            text = mf.render(mf.spec_from_args(
+                self.name, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
+                env=env_items, launcher=launcher, instance_type=cfg["instance_type"]))
+        except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
+            raise type(e)(str(e).replace("--for ", "--target ")) from None
+        note()
+        print(mf.write(text, output), end="")
+        return 0

@@ -1,0 +1,187 @@
+"""EC2: running instances with a tag (--ec2-tag KEY=VALUE), or a cluster `dtrain nodes up` made
+(--cluster NAME: its stack, launch/infra/ec2.py, and the hostfile it wrote). Each node polls the
+instance metadata service for a spot interruption notice; an ECR image is pulled with a token
+fetched here; the instance type tells the GPUs and EFA interfaces."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from dtrain import contract
+from dtrain import values
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra import ec2 as stack
+from dtrain.launch.infra.instance_types import efa_count
+from dtrain.launch.jobs.login import Login, login_for
+from dtrain.launch.jobs.supervision import EC2_IMDS
+from dtrain.launch.remote.hosts import Node
+from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
+from dtrain.launch.targets.ssh import hostfile_nodes
+
+# Fallback GPU counts, used only when DescribeInstanceTypes cannot answer (permission denied,
+# or an endpoint/mock without GpuInfo). Real AWS and moto 5 both return GpuInfo.
+# g4dn.* = T4, g5.* = A10G, p3.* = V100, p4d/p4de = A100, p5 = H100.
+KNOWN_GPU_COUNTS: dict[str, int] = {
+    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g4dn.12xlarge": 4,
+    "g4dn.metal": 8,
+    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g5.12xlarge": 4,
+    "g5.24xlarge": 4,
+    "g5.48xlarge": 8,
+    "p3.2xlarge": 1,
+    "p3.8xlarge": 4,
+    "p3.16xlarge": 8,
+    "p3dn.24xlarge": 8,
+    "p4d.24xlarge": 8,
+    "p4de.24xlarge": 8,
+    "p5.48xlarge": 8,
+}
+
+
+def _parse_tag(tag: str) -> tuple[str, str]:
+    key, eq, value = tag.partition("=")
+    if not eq or not key or not value:
+        raise LaunchError(f"--ec2-tag: expected KEY=VALUE, got {tag!r}")
+    return key, value
+
+
+def _gpu_count(type_info: dict[str, Any]) -> int | None:
+    """GPUs of one DescribeInstanceTypes entry; None when it carries no GpuInfo."""
+    gpus = (type_info.get("GpuInfo") or {}).get("Gpus") or []
+    return sum(int(g.get("Count", 0)) for g in gpus) or None
+
+
+def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
+    """GPUs per instance type: API first, then KNOWN_GPU_COUNTS; CPU types get 1 slot."""
+    from botocore.exceptions import ClientError
+
+    found: dict[str, int | None] = {}
+    api_error: str | None = None
+    try:
+        for i in range(0, len(types), 100):  # the API takes at most 100 types per call
+            for info in ec2.describe_instance_types(InstanceTypes=types[i : i + 100])["InstanceTypes"]:
+                found[info["InstanceType"]] = _gpu_count(info)
+    except ClientError as e:
+        api_error = f"{e.response['Error'].get('Code')}: {e.response['Error'].get('Message')}"
+    slots: dict[str, int] = {}
+    for t in types:
+        count = found.get(t) or KNOWN_GPU_COUNTS.get(t)
+        if count is None and api_error is not None:
+            raise LaunchError(
+                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); "
+                "pass slots explicitly"
+            )
+        slots[t] = count or 1  # the API answered and lists no GPU: a CPU type, one process
+    return slots
+
+
+def discover_ec2(
+    tag: str,
+    region: str | None = None,
+    session: Any = None,
+    *,
+    slots: int | None = None,
+) -> list[Node]:
+    """Running EC2 instances tagged KEY=VALUE, as Nodes on their private IPs, in IP order.
+
+    slots: per-node override; otherwise the instance type's GPU count (CPU types: 1).
+    session: a boto3.Session; None builds a default one, so AWS_PROFILE, AWS_REGION and
+    AWS_ENDPOINT_URL apply as boto3 reads them.
+    """
+    import boto3
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        ProfileNotFound,
+    )
+
+    key, value = _parse_tag(tag)
+    if slots is not None and (isinstance(slots, bool) or slots < 1):
+        raise LaunchError(f"slots must be > 0, got {slots!r}")
+    try:
+        session = session or boto3.Session()
+        ec2 = session.client("ec2", region_name=region)
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": f"tag:{key}", "Values": [value]},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        )
+        instances = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+        instances = [i for i in instances if i.get("PrivateIpAddress")]
+        if not instances:
+            raise LaunchError(f"no running EC2 instances tagged {key}={value} in {ec2.meta.region_name}")
+        per_type = {} if slots else _slots_by_type(ec2, sorted({i["InstanceType"] for i in instances}))
+    except NoCredentialsError:
+        raise LaunchError(
+            "no AWS credentials found: set AWS_PROFILE (then `aws sso login` if it is an SSO profile), "
+            "run `aws configure`, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        ) from None
+    except NoRegionError:
+        raise LaunchError("no AWS region: pass a region, or set AWS_REGION or region in your AWS profile") from None
+    except ProfileNotFound as e:
+        raise LaunchError(f"AWS profile not found: {e}") from None
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        raise LaunchError(f"EC2 {e.operation_name} failed: {err.get('Code')}: {err.get('Message')}") from None
+    except BotoCoreError as e:
+        raise LaunchError(f"EC2 discovery failed: {e}") from None
+
+    instances.sort(key=lambda i: ipaddress.ip_address(i["PrivateIpAddress"]))
+    # `nodes up` tags its instances with their AMI's ssh user (ubuntu, ec2-user)
+    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]],
+                 user={t["Key"]: t["Value"] for t in i.get("Tags", [])}.get(contract.SSH_USER_TAG))
+            for i in instances]
+
+
+def cluster_nodes(name: str) -> list[Node]:
+    """The nodes of `dtrain nodes up --name NAME`: the hostfile it wrote here."""
+    values.name("--cluster", name)
+    return hostfile_nodes(str(stack.cluster_hostfile(name)))
+
+
+class Ec2(NodeProvider):
+    name = "ec2"
+    flags = ("cluster", "ec2_tag")
+    spot_notice = EC2_IMDS  # each node's supervisor polls it (launch/node/watch.sh)
+
+    def discover(self, args: NodeArgs) -> list[Node]:
+        if args.cluster:
+            return cluster_nodes(args.cluster)
+        return discover_ec2(args.ec2_tag or "", args.region, slots=args.slots)
+
+    def ssh_user(self) -> str | None:
+        return None  # per node: the SSH_USER_TAG `nodes up` put on each instance (ubuntu, ec2-user)
+
+    def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
+        """What `nodes up --ssh-opt` recorded for --cluster (a ProxyJump to a bastion)."""
+        if args.cluster and (stack.cluster_dir(args.cluster) / "cluster.json").is_file():
+            return tuple(stack.load_cluster(args.cluster).ssh_opts)
+        return ()
+
+    def up(self, spec: stack.NodesSpec, **options: Any) -> tuple[stack.Cluster, Any]:
+        """A cluster's stack (launch/infra/ec2.py `up`): options are its session and the rest."""
+        session = options.pop("session")
+        return stack.up(session, spec, **options)
+
+    def down(self, name: str | None = None, **options: Any) -> Any:
+        session = options.pop("session")
+        return stack.delete_stack(session, name or "", **options)
+
+    def login(self, image: str) -> Login:
+        return login_for(image)  # ECR: a token from boto3, to each node on stdin
+
+    def expectations(self, instance_type: str | None) -> Expectations:
+        if not instance_type:
+            return Expectations(gpus=None, efa=0)
+        from dtrain.launch.jobs import netgate
+
+        return Expectations(gpus=KNOWN_GPU_COUNTS.get(instance_type), efa=efa_count(instance_type),
+                            network=netgate.expectation_for(instance_type, netgate.load_expectations()))
+
+
+PROVIDER = Ec2()

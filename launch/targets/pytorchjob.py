@@ -1,0 +1,12 @@
+"""`--target pytorchjob`: the launch written as a Kubeflow PyTorchJob (training-operator v1): torchrun in every replica."""
+
+from __future__ import annotations
+
+from dtrain.launch.targets.description import Description
+
+
+class PyTorchJob(Description):
+    name = "pytorchjob"
+
+
+TARGET = PyTorchJob()

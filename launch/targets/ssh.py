@@ -1,0 +1,40 @@
+"""Plain ssh hosts (--hostfile FILE, --hosts h1:4,h2:4): machines dtrain neither made nor takes down."""
+
+from __future__ import annotations
+
+from dtrain import values
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.login import Login, login_for
+from dtrain.launch.remote.hosts import Node, parse_hostfile, parse_hosts_arg
+from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
+
+
+def hostfile_nodes(hostfile: str) -> list[Node]:
+    """The hostfile's nodes; each identity= names a private key (ssh reads it: a key, not a FIFO)."""
+    nodes = parse_hostfile(hostfile)
+    for key in dict.fromkeys(n.identity for n in nodes if n.identity):
+        try:
+            values.ssh_key("identity", key)
+        except values.BadValue as e:
+            raise LaunchError(f"{hostfile}: {e}") from None
+    return nodes
+
+
+class SshHosts(NodeProvider):
+    name = "ssh"
+    flags = ("hostfile", "hosts")
+
+    def discover(self, args: NodeArgs) -> list[Node]:
+        return hostfile_nodes(args.hostfile) if args.hostfile else parse_hosts_arg(args.hosts or "")
+
+    def ssh_user(self) -> str | None:
+        return None  # the hostfile's user=, --ssh-user, else ~/.ssh/config
+
+    def login(self, image: str) -> Login:
+        return login_for(image)  # an ECR image: a token from boto3; any other registry: none
+
+    def expectations(self, instance_type: str | None) -> Expectations:
+        return Expectations(gpus=None, efa=0)  # any machine: the nodes' facts tell
+
+
+PROVIDER = SshHosts()
