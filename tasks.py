@@ -1056,6 +1056,8 @@ def diagnose(c, log=None):
     "dependencies": "DIR: a local package sent with the code (workdir rules) and put on PYTHONPATH as "
                     "`import NAME` (repeatable)",
     "tag": "KEY=VALUE: a tag on the training job (repeatable)",
+    "local": "run the job's container on this machine's Docker, with SageMaker's /opt/ml under "
+             "DOWNLOAD/JOB/opt-ml (one instance, local --input only; nothing reaches AWS)",
     "state_dir": "S3 URI of the state directory, /opt/ml/checkpoints in the job (default OUTPUT/state/TASK/)",
     "output": "S3 path for code, key, inputs, state and the model (default s3://sagemaker-REGION-ACCOUNT/PROJECT)",
     "workdir": "directory uploaded as the `code` channel; the command runs there, after its requirements.txt "
@@ -1072,7 +1074,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
               from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None, project="dtrain", force=False, input_task=None,
-              dependencies=None, tag=None, create_role=False):
+              dependencies=None, tag=None, create_role=False, local=False):
     """Run a command as a distributed SageMaker training job: dtrain sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
 
@@ -1108,7 +1110,10 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
                              volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),
                              max_runtime_s=sm.parse_duration(max_run), metrics=sm.parse_metrics(metric or []),
                              task=task, state_s3=state_dir)
-        job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
+        if local:
+            job, code = sm.run_local(opts)
+        else:
+            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
         if not wait:
             print(job)
         sys.exit(code)

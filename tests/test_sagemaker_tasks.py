@@ -5,6 +5,7 @@ AWS is moto (in-process, or a moto server on loopback for the CLI)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -407,6 +408,7 @@ def test_ctrl_c_during_the_upload_removes_what_was_uploaded(bucket, tmp_path):
     (["--input-task", "code=prep"], "error: --input-task 'code=prep': channel 'code' is taken"),
     (["--dependencies", "nothere"], "error: --dependencies 'nothere': "),
     (["--project", "a b"], "error: --project a b: use letters, digits"),
+    (["--local", "--instances", "2"], "error: --instances 2: --local runs one instance"),
 ])
 def test_flag_errors_are_one_line(tmp_path, flags, message):
     r = subprocess.run([sys.executable, "-m", "dtrain", "sagemaker", "run", "--image", IMAGE, "--role", ROLE, *flags,
@@ -461,3 +463,79 @@ def test_documented_tasks(tmp_path, moto_server):
     assert tags["team"] == "vision" and tags[sm.PROJECT_TAG] == "imagenet" and tags[sm.TASK_TAG] == "train"
     assert d["RoleArn"].endswith(f":role/{sm.ROLE_NAME}")
     assert sum("skipped (--force runs it again)" in o for o in outputs) >= 2
+
+
+# ---------------------------------------------------------------- --local (the container's part: the lead's engine)
+
+
+TRAIN_PY = """import json, os, pathlib
+data = pathlib.Path(os.environ["SM_CHANNEL_TRAIN"])
+total = sum(int(p.read_text()) for p in sorted(data.rglob("*.txt")))
+import mylib
+out = pathlib.Path(os.environ["SM_MODEL_DIR"]) / "model.json"
+out.write_text(json.dumps({"total": total, "lib": mylib.VALUE, "hosts": json.loads(os.environ["SM_HOSTS"])}))
+"""
+
+
+def _as_the_container(argv, env):
+    """What `IMAGE train` does with the mounted tree, minus the launcher: SageMaker's contract
+    read by sagemaker_train (channels, SM_*, PYTHONPATH), the command run in the code channel.
+    The tree is the host directory of argv's `-v ML:/opt/ml`."""
+    ml = Path(argv[argv.index("-v") + 1].split(":", 1)[0])
+    c = train.read_contract(ml)
+    job = train.job_args(c.hyperparameters, gpus=0)
+    run_env = train.with_pythonpath({**env, **train.sm_env(c, 0, ml)}, ":".join(train.job_pythonpath(c, job, None)))
+    return subprocess.run(list(job.command), cwd=c.channels["code"], env=run_env).returncode
+
+
+def test_local_lays_out_opt_ml_as_sagemaker_and_keeps_the_model(tmp_path):
+    work = _work(tmp_path)
+    (work / "train.py").write_text(TRAIN_PY)
+    (work / ".env").write_text("TOKEN=x\n")  # left out, as from an upload
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (data / "1.txt").write_text("1")
+    (data / "a/2.txt").write_text("2")
+    lib = tmp_path / "libs" / "mylib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("VALUE = 'lib'\n")
+    seen = []
+
+    def runner(argv, env):
+        seen.append(argv)
+        return _as_the_container(argv, env)
+    printed: list[str] = []
+    opts = _opts(work, tmp_path, role_arn="", command=("python3", "train.py"), inputs={"train": str(data)},
+                 dependencies={"mylib": lib}, env={"WANDB_API_KEY": "secret-value"}, download=tmp_path / "out",
+                 task="local", name="local-1")
+    assert sm.run_local(opts, out=printed.append, runner=runner) == ("local-1", 0)
+    ml = tmp_path / "out/local-1/opt-ml"
+    assert json.loads((ml / "model/model.json").read_text()) == {"total": 3, "lib": "lib", "hosts": ["algo-1"]}
+    assert not (ml / "input/data/code/.env").exists() and (ml / "input/data/deps/mylib/__init__.py").is_file()
+    [argv] = seen
+    assert argv[:2] == ["docker", "run"] and argv[-2:] == [IMAGE, "train"]
+    assert f"{ml}:/opt/ml" in argv and f"{tmp_path}/out/state/local:/opt/ml/checkpoints" in argv
+    assert "WANDB_API_KEY" in argv and not any("secret-value" in a for a in argv)  # by name only
+    assert printed[-1] == f"[sagemaker local] local-1 Completed; model in {ml}/model"
+    # A failing command: its reason as the container leaves it (/opt/ml/output/failure).
+    (work / "train.py").write_text("raise SystemExit(3)\n")
+
+    def failing(argv, env):
+        ml = Path(argv[argv.index("-v") + 1].split(":", 1)[0])
+        (ml / "output/failure").write_text("python3 exited with code 3 on algo-1")
+        return 1
+    assert sm.run_local(dataclasses.replace(opts, name="local-2"), out=printed.append,
+                        runner=failing) == ("local-2", 1)
+    assert printed[-1] == "[sagemaker local] local-2 Failed: python3 exited with code 3 on algo-1"
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"instances": 2}, "--instances 2: --local runs one instance"),
+    ({"inputs": {"d": "s3://b/x"}}, "--input d=s3://b/x: --local takes local directories only"),
+    ({"input_tasks": {"p": "prep"}}, "--input-task: not with --local"),
+])
+def test_local_refusals_make_nothing(tmp_path, kw, message):
+    work = _work(tmp_path)
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        sm.run_local(_opts(work, tmp_path, download=tmp_path / "out", **kw), runner=lambda a, e: 0)
+    assert not (tmp_path / "out").exists()

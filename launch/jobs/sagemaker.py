@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -1050,3 +1051,122 @@ def env_pairs(items: Sequence[str]) -> dict[str, str]:
         out[k] = v
     return out
 
+
+
+# ---------------------------------------------------------------- --local: the same container here
+
+LOCAL_HOST = "algo-1"
+Tree = tuple[Path, Sequence[Path], str]  # (root, files relative to it, where under the channel)
+
+
+def local_refusals(opts: RunOptions) -> list[str]:
+    """What --local cannot do (one instance, local data only); each names its flag."""
+    found = []
+    if opts.instances != 1:
+        found.append(f"--instances {opts.instances}: --local runs one instance (one container here)")
+    found += [f"--input {ch}={v}: --local takes local directories only (NAME=DIR)"
+              for ch, v in opts.inputs.items() if v.startswith("s3://")]
+    found += [f"{flag}: not with --local (its output is in S3); download it and pass --input NAME=DIR"
+              for flag, given in (("--from-job", opts.from_jobs), ("--input-task", opts.input_tasks)) if given]
+    return found
+
+
+def local_tree(ml: Path, hps: Mapping[str, str], channels: Mapping[str, Sequence[Tree]]) -> Path:
+    """SageMaker's /opt/ml for one instance, as it lays it out before `train`: config
+    (resourceconfig, hyperparameters, inputdataconfig), a copy of each channel's files, model/
+    and output/data/. The container's eth0 is the NIC."""
+    (ml / "input/config").mkdir(parents=True)
+    (ml / "input/config/resourceconfig.json").write_text(json.dumps(
+        {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST], "network_interface_name": "eth0"}))
+    (ml / "input/config/hyperparameters.json").write_text(json.dumps(dict(hps)))
+    (ml / "input/config/inputdataconfig.json").write_text(json.dumps(
+        {ch: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for ch in channels}))
+    for ch, trees in channels.items():
+        (ml / "input/data" / ch).mkdir(parents=True)
+        for root, files, under in trees:
+            for f in files:
+                dest = ml / "input/data" / ch / under / f
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes((root / f).read_bytes())
+    for d in ("model", "output/data"):
+        (ml / d).mkdir(parents=True)
+    return ml
+
+
+def local_argv(docker: str, image: str, ml: Path, state: Path, env_names: Sequence[str], gpus: bool,
+               name: str) -> list[str]:
+    """`docker run ... IMAGE train` as SageMaker starts the container, /opt/ml mounted from ml
+    and the task's local state directory at /opt/ml/checkpoints; env by name only (the values
+    come from this process's environment, never argv)."""
+    return [docker, "run", "--rm", "--name", name, "--hostname", LOCAL_HOST, "-v", f"{ml}:/opt/ml",
+            "-v", f"{state}:{STATE_LOCAL}", *(x for k in env_names for x in ("-e", k)),
+            *(["--gpus", "all"] if gpus else []), image, "train"]
+
+
+def run_local(opts: RunOptions, out: Callable[[str], None] = print,
+              runner: Callable[[list[str], Mapping[str, str]], int] | None = None) -> tuple[str, int]:
+    """`dtrain sagemaker run --local`: the training job's container on this machine's engine,
+    with SageMaker's /opt/ml (channels, hyperparameters, so SM_*) at DOWNLOAD/JOB/opt-ml; the
+    model is left in its model/, the state in DOWNLOAD/state/TASK (kept across local runs of the
+    task, as OUTPUT/state/TASK is in S3). Nothing reaches AWS; no task state, no key."""
+    from dtrain import values
+
+    problems = local_refusals(opts)
+    if problems:
+        raise LaunchError(problems[0])
+    if not opts.image:
+        raise LaunchError("--image is required (an image built here)")
+    values.image("--image", opts.image)
+    if opts.name is not None:
+        check_job_name("--name", opts.name)
+    if not opts.command:
+        raise LaunchError("no command: put it after `--`, e.g. dtrain sagemaker run --local ... -- python train.py")
+    root = Path(opts.workdir).resolve()
+    if not root.is_dir():
+        raise LaunchError(f"--workdir {root}: not a directory")
+    download = Path(opts.download if opts.download is not None else "output").resolve()
+    local = {ch: Path(v) for ch, v in opts.inputs.items()}
+    check_download_dir(download, local)
+    files, _size, left_out, links = code_selection(root, [*local.values(), download])
+    deps = {dep: code_selection(d)[0] for dep, d in opts.dependencies.items()}
+    task = task_name(opts.task, root)
+    name = opts.name or task_job_name(task)
+    hps = hyperparameters(opts.command, opts.launcher or default_launcher(opts.image), opts.slots,
+                          DEPS_CHANNEL if deps else None)
+    job_dir = download / name
+    if job_dir.exists():
+        raise LaunchError(f"--name {name}: {job_dir} exists; give another --name")
+    channels: dict[str, list[Tree]] = {CODE_CHANNEL: [(root, files, "")]}
+    channels |= {ch: [(d, local_files(d), "")] for ch, d in local.items()}
+    if deps:  # each dependency as deps/NAME/, as the upload lays it out
+        channels[DEPS_CHANNEL] = [(opts.dependencies[k], f, k) for k, f in deps.items()]
+    for note in left_out_lines(left_out, links):
+        out(f"[sagemaker local] {note}")
+    ml = local_tree(job_dir / "opt-ml", hps, channels)
+    state = download / "state" / task
+    state.mkdir(parents=True, exist_ok=True)
+    if runner is None:
+        from dtrain import engine
+
+        try:
+            docker, runner = engine.docker_cli(), _run_streaming
+        except engine.EngineError as e:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise LaunchError(f"--local: {e}") from None
+    else:
+        docker = "docker"
+    argv = local_argv(docker, opts.image, ml, state, sorted(opts.env), Path("/dev/nvidia0").exists(),
+                      f"dtrain-local-{name}")
+    out(f"[sagemaker local] {name}: {opts.image} train, /opt/ml at {ml}, state {state} (task {task})")
+    code = runner(argv, {**os.environ, **opts.env})
+    failure = ml / "output/failure"
+    if code != 0:
+        reason = failure.read_text(errors="replace").strip() if failure.is_file() else f"exit code {code}"
+        out(f"[sagemaker local] {name} Failed: {reason}")
+        return name, 1
+    out(f"[sagemaker local] {name} Completed; model in {ml / 'model'}")
+    return name, 0
+
+
+def _run_streaming(argv: list[str], env: Mapping[str, str]) -> int:
+    return subprocess.run(argv, env=dict(env), check=False).returncode
