@@ -1104,7 +1104,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
                              from_jobs=from_jobs, project=sm.check_project(project), force=force,
                              input_tasks=sm.parse_input_tasks(input_task or [], {**inputs, **from_jobs}),
                              dependencies=sm.parse_dependencies(dependencies or []), tags=sm.parse_tags(tag or []),
-                             create_role=create_role,
+                             create_role=create_role, task_state=True,
                              env=values.env_pairs("--env", env), spot=not on_demand, output_s3=output, workdir=Path(workdir),
                              download=Path(download), wait=wait,
                              volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),

@@ -36,7 +36,7 @@ def _work(tmp_path: Path, name: str = "imagenet") -> Path:
 
 def _opts(work: Path, tmp_path: Path, **kw) -> sm.RunOptions:
     base = dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), output_s3=f"s3://{BUCKET}/dtrain",
-                workdir=work, download=None, spot=False)
+                workdir=work, download=None, spot=False, task_state=True)
     return sm.RunOptions(**{**base, **kw})
 
 
@@ -101,6 +101,14 @@ def test_tasks_are_per_project_and_failed_ones_run_again(bucket, tmp_path):
     failed = _Scripted(aws, {"search": "Failed"})
     c, _ = sm.run(_opts(work, tmp_path, task="t", project="alpha"), session=failed, out=lambda _: None, poll_s=0)
     assert c not in (a, b) and len(_jobs(aws)) == 3
+
+
+def test_without_task_state_every_run_is_a_new_job(bucket, tmp_path):
+    """launch --target sagemaker (no --force there): the same naming and tags, no skipping."""
+    aws, work = bucket, _work(tmp_path)
+    one, _ = sm.run(_opts(work, tmp_path, task="t", task_state=False), session=aws, out=lambda _: None, poll_s=0)
+    two, _ = sm.run(_opts(work, tmp_path, task="t", task_state=False), session=aws, out=lambda _: None, poll_s=0)
+    assert one != two and _jobs(aws) == sorted([one, two]) and one.startswith("t-")
 
 
 class _Scripted:

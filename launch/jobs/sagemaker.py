@@ -762,10 +762,6 @@ def ensure_role(iam, role: Mapping[str, Any] | None, buckets: Sequence[str], out
     return role["Arn"]
 
 
-def job_name(now: float | None = None) -> str:
-    return "dtrain-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-
-
 @dataclass(frozen=True)
 class RunOptions:
     image: str
@@ -795,6 +791,8 @@ class RunOptions:
     dependencies: Mapping[str, Path] = field(default_factory=dict)  # name -> local directory
     tags: Mapping[str, str] = field(default_factory=dict)
     create_role: bool = False  # make dtrain's role when role_arn is "" and the account has none
+    task_state: bool = False  # skip/follow by the task's last job (`dtrain sagemaker run`; launch --target
+    # sagemaker has no --force, so it keeps making a new job every time)
 
 
 _STAND_IN = "s3://sagemaker-us-east-1-000000000000/x/output/"
@@ -893,7 +891,7 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     digest = run_digest(settings, {"code": (root, files), **{f"deps/{k}": (opts.dependencies[k], v[0])
                                                              for k, v in deps.items()}},
                         {f"input/{ch}": (d, data[ch]) for ch, d in local.items()})
-    last = last_task_job(sm, opts.project, task)
+    last = last_task_job(sm, opts.project, task) if opts.task_state else None
     action = task_action(last, digest, opts.force)
     if last is not None and action != "run":
         return _follow(opts, task, last, action, s3, sm, logs, out, poll_s)
