@@ -37,9 +37,11 @@ LOCAL_PATHS = {
     ("report", "output"): ("new-file", "the report"),
     ("sagemaker", "workdir"): ("project", ""), ("sagemaker", "download"): ("new-dir", "the job's output"),
     ("sagemaker", "input"): ("channel", "an input channel's data"),  # NAME=DIR (or NAME=s3://...)
+    ("sagemaker", "dependencies"): ("dirs", "a dependency"),  # DIR, repeatable
 }
 # Flags named like paths that are not on this machine: nodes', containers', S3's.
 NOT_LOCAL_PATHS = {"mount", "checkpoint_dir", "path", "fill_from", ("sagemaker", "output"), "state_dir",
+                   ("sagemaker", "project"),  # a name (build's --project is a directory)
                    "output_s3", "ami", ("build", "from_"), ("sagemaker", "task"),
                    "log"}  # diagnose LOG: a file or a job name, checked by diagnose.log_path
 
@@ -48,6 +50,8 @@ def _local_path_flag(task_name: str, param: str, value) -> None:
     """A path flag's value checked by its kind (LOCAL_PATHS); other flags pass."""
     from dtrain import values
 
+    if (task_name, param) in NOT_LOCAL_PATHS:
+        return
     want, what = LOCAL_PATHS.get((task_name, param)) or LOCAL_PATHS.get(param) or (None, "")
     flag = _flag_name(param) if len(param) > 1 else "-" + param
     if want is None or value is None:
@@ -57,6 +61,9 @@ def _local_path_flag(task_name: str, param: str, value) -> None:
             where = item.partition("=")[2]
             if where and not where.startswith("s3://"):
                 values.local_path(f"{flag} {values.shown(item)}:", where, "dir", what)
+    elif want == "dirs":  # each given
+        for item in value:
+            values.local_path(flag, item, "dir", what)
     elif want == "ssh-key":
         values.ssh_key(flag, value)
     elif want == "ssh-config":
@@ -1048,12 +1055,14 @@ def diagnose(c, log=None):
 # ---------------------------------------------------------------- other tools
 
 
-@task(iterable=["input", "env", "metric", "from_job"], help={
+@task(iterable=["input", "env", "metric", "from_job", "input_task", "dependencies", "tag"], help={
     "action": "run",
     "instances": "number of instances (default 1)",
     "instance_type": "e.g. ml.p3.2xlarge (default ml.m5.2xlarge)",
     "image": "image reference in ECR (built and pushed here)",
-    "role": "SageMaker execution role ARN",
+    "role": "SageMaker execution role ARN (default: the account's dtrain-sagemaker role)",
+    "create_role": "without --role: make the role dtrain-sagemaker when the account has none (SageMaker's trust; "
+                   "ECR pull, its logs and metrics, the job's S3 buckets), reused by later runs",
     "input": "NAME=DIR or NAME=s3://BUCKET/PREFIX: an input channel at /opt/ml/input/data/NAME, $SM_CHANNEL_NAME "
              "(a local DIR is uploaded under the job's prefix first; repeatable)",
     "from_job": "[NAME=]JOB: an earlier job's output (model.tar.gz, output.tar.gz) as channel NAME "
@@ -1062,14 +1071,24 @@ def diagnose(c, log=None):
     "volume_size": "GiB of EBS storage per instance (default 100)",
     "max_run": "run-time limit: seconds or a duration like 2h, 90m, 1h30m (default 24h)",
     "metric": "NAME=REGEX: a metric SageMaker takes from the log (the regex's first group; repeatable)",
-    "task": "task name: runs of the same task share a state directory (default: the workdir's name)",
+    "task": "task name: runs of the same task share a state directory; a task Completed with the same code "
+            "and settings is skipped, its output reused (default: the workdir's name)",
+    "project": "project the tasks belong to (a tag; the default output's prefix; default dtrain)",
+    "force": "run the task even when it Completed with the same code and settings",
+    "input_task": "[CHANNEL=]TASK: the output of TASK's last job (Completed) as channel CHANNEL (default: "
+                  "TASK's name; repeatable)",
+    "dependencies": "DIR: a local package sent with the code (workdir rules) and put on PYTHONPATH as "
+                    "`import NAME` (repeatable)",
+    "tag": "KEY=VALUE: a tag on the training job (repeatable)",
+    "local": "run the job's container on this machine's Docker, with SageMaker's /opt/ml under "
+             "DOWNLOAD/JOB/opt-ml (one instance, local --input only; nothing reaches AWS)",
     "state_dir": "S3 URI of the state directory, /opt/ml/checkpoints in the job (default OUTPUT/state/TASK/)",
-    "output": "S3 path for code, key, inputs, state and the model (default s3://sagemaker-REGION-ACCOUNT/dtrain)",
+    "output": "S3 path for code, key, inputs, state and the model (default s3://sagemaker-REGION-ACCOUNT/PROJECT)",
     "workdir": "directory uploaded as the `code` channel; the command runs there, after its requirements.txt "
                "is installed (default: .)",
     "launcher": "mpirun or torchrun (default: torchrun for pytorch-ddp images, else mpirun)",
     "slots": "processes per instance (default: its GPUs, or 1)",
-    "name": "training job name (default dtrain-YYYYmmdd-HHMMSS)",
+    "name": "training job name (default TASK-YYYYmmdd-HHMMSS)",
     "env": "K=V in the containers' environment (repeatable)",
     "wait": "stream the logs until the job ends, then download the output (default; --no-wait: wait until it has started, remove its key from S3, print the name)",
     "download": "local directory for the output and the log, DIR/JOB/logs.txt (default ./output)",
@@ -1078,7 +1097,8 @@ def diagnose(c, log=None):
 def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
               from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
-              download="output", region=None, profile=None):
+              download="output", region=None, profile=None, project="dtrain", force=False, input_task=None,
+              dependencies=None, tag=None, create_role=False, local=False):
     """Run a command as a distributed SageMaker training job: dtrain sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
 
@@ -1100,17 +1120,24 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         if not Path(workdir).is_dir():
             raise LaunchError(f"--workdir {workdir}: not a directory")
         inputs = sm.parse_inputs(input or [])
+        from_jobs = sm.parse_from_jobs(from_job or [], inputs)
         opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
                              instances=_int_flag("--instances", instances, 1, 1000), instance_type=instance_type,
                              name=name, launcher=launcher,
                              slots=_int_flag("--slots", slots, 1, 1024) if slots is not None else None, inputs=inputs,
-                             from_jobs=sm.parse_from_jobs(from_job or [], inputs),
+                             from_jobs=from_jobs, project=sm.check_project(project), force=force,
+                             input_tasks=sm.parse_input_tasks(input_task or [], {**inputs, **from_jobs}),
+                             dependencies=sm.parse_dependencies(dependencies or []), tags=sm.parse_tags(tag or []),
+                             create_role=create_role, task_state=True,
                              env=values.env_pairs("--env", env), spot=not on_demand, output_s3=output, workdir=Path(workdir),
                              download=Path(download), wait=wait,
                              volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),
                              max_runtime_s=sm.parse_duration(max_run), metrics=sm.parse_metrics(metric or []),
                              task=task, state_s3=state_dir)
-        job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
+        if local:
+            job, code = sm.run_local(opts)
+        else:
+            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
         if not wait:
             print(job)
         sys.exit(code)

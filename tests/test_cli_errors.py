@@ -420,7 +420,8 @@ def _file_flag_cases() -> list[tuple[str, str, str]]:
             if arg.kind is bool:
                 continue
             key = (task_name, arg.name)
-            listed = tasks.LOCAL_PATHS.get(key) or tasks.LOCAL_PATHS.get(arg.name)
+            listed = None if key in tasks.NOT_LOCAL_PATHS else tasks.LOCAL_PATHS.get(key) or \
+                tasks.LOCAL_PATHS.get(arg.name)
             if not listed and key not in tasks.NOT_LOCAL_PATHS and arg.name not in tasks.NOT_LOCAL_PATHS and (
                     PATHLIKE_HELP.search(arg.help or "") or PATHLIKE_NAME.search(arg.name)):
                 unlisted.append(f"{task_name} {_flag(arg.name)}: {arg.help}")
@@ -432,7 +433,7 @@ def _file_flag_cases() -> list[tuple[str, str, str]]:
             if want in READ_KINDS:
                 kinds += [k for k in CONTENT_KINDS if k != "empty" or want in EMPTY_REFUSED
                           or arg.name in EMPTY_REFUSED]
-            elif want in ("dir", "new-dir", "project", "socket", "channel"):  # a regular file: not these
+            elif want in ("dir", "dirs", "new-dir", "project", "socket", "channel"):  # a regular file: not these
                 kinds = [k for k in kinds if k != "directory" or want == "socket"] + ["binary"]
             cases += [(task_name, arg.name, k) for k in kinds]
     assert not unlisted, "flags that name a file: add them to tasks.LOCAL_PATHS (or NOT_LOCAL_PATHS):\n" + \

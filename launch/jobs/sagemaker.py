@@ -11,9 +11,12 @@ show in the console and in DescribeTrainingJob.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -29,6 +32,11 @@ from dtrain.launch.jobs import launchers
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
 CODE_CHANNEL = "code"  # the uploaded workdir; the command runs there
+DEPS_CHANNEL = "deps"  # --dependencies DIR: DIR's name under it; the channel goes on PYTHONPATH
+DEFAULT_PROJECT = "dtrain"  # --project: a task is (project, task); the default output's prefix
+ROLE_NAME = "dtrain-sagemaker"  # --create-role makes it; without --role it is looked up
+TASK_TAG, PROJECT_TAG, DIGEST_TAG = "dtrain:task", "dtrain:project", "dtrain:digest"
+MAX_TAGS = 50  # CreateTrainingJob's limit, dtrain's own four included
 FROM_JOB_CHANNEL = "previous"  # --from-job JOB without NAME=
 STATE_LOCAL = "/opt/ml/checkpoints"  # the state directory inside the job (CheckpointConfig.LocalPath)
 MAX_RUN_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
@@ -59,6 +67,7 @@ class TrainingJob:
     slots: int | None = None  # ranks per instance; None: its GPUs, or 1
     key_s3: str | None = None  # S3 prefix holding id_ed25519 (channel `dtrain`); needed when instances > 1
     code_s3: str | None = None  # S3 prefix of the workdir (channel `code`)
+    deps_s3: str | None = None  # S3 prefix of the --dependencies (channel `deps`, put on PYTHONPATH)
     inputs: Mapping[str, str] = field(default_factory=dict)  # channel -> s3:// prefix
     env: Mapping[str, str] = field(default_factory=dict)
     spot: bool = False
@@ -81,7 +90,7 @@ def check_s3_uri(uri: str, what: str) -> tuple[str, str]:
 def _check_channel(flag: str, item: str, name: str, taken: Mapping[str, str]) -> None:
     if not _CHANNEL_RE.match(name):
         raise LaunchError(f"{flag} {item!r}: channel name {name!r}: use letters, digits, . - _")
-    if name in (KEY_CHANNEL, CODE_CHANNEL) or name in taken:
+    if name in (KEY_CHANNEL, CODE_CHANNEL, DEPS_CHANNEL) or name in taken:
         raise LaunchError(f"{flag} {item!r}: channel {name!r} is taken; use another name")
 
 
@@ -143,6 +152,71 @@ def parse_metrics(items: Sequence[str]) -> list[dict[str, str]]:
     return out
 
 
+_TAG_KEY_RE = re.compile(r"^[\w .:/=+\-@]{1,128}$")
+_TAG_VALUE_RE = re.compile(r"^[\w .:/=+\-@]{0,256}$")
+
+
+def parse_tags(items: Sequence[str]) -> dict[str, str]:
+    """--tag KEY=VALUE (repeatable) -> the training job's tags. SageMaker's characters (letters,
+    digits, spaces, _ . : / = + - @); keys `aws:*` and dtrain's own (`dtrain:*`, `dtrain.job`) refused."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        shown = item if len(item) <= 80 and item.isprintable() else repr(item[:80])
+        if not sep or not _TAG_KEY_RE.fullmatch(key) or not _TAG_VALUE_RE.fullmatch(value):
+            raise LaunchError(f"--tag {shown}: expected KEY=VALUE (KEY 1-128, VALUE at most 256 of letters, "
+                              "digits, spaces and _ . : / = + - @)")
+        if key.lower().startswith(("aws:", "dtrain:")) or key == contract.LABEL_JOB:
+            raise LaunchError(f"--tag {shown}: the key {key!r} is reserved (aws:*, dtrain:*, {contract.LABEL_JOB})")
+        if key in out:
+            raise LaunchError(f"--tag {key}: given twice")
+        out[key] = value
+    if len(out) > MAX_TAGS - 4:
+        raise LaunchError(f"--tag: {len(out)} tags; SageMaker takes {MAX_TAGS}, {MAX_TAGS - 4} besides dtrain's own")
+    return out
+
+
+def check_project(project: str) -> str:
+    """--project NAME: the tasks' namespace (a tag, and the default output's prefix)."""
+    if not _TASK_RE.match(project or ""):
+        shown = project if len(project) <= 80 and project.isprintable() else repr(project[:80])
+        raise LaunchError(f"--project {shown}: use letters, digits, . - _ (at most 63, starting with a letter "
+                          "or digit)")
+    return project
+
+
+def parse_input_tasks(items: Sequence[str], taken: Mapping[str, str]) -> dict[str, str]:
+    """--input-task [CHANNEL=]TASK (repeatable) -> {channel: task}; CHANNEL defaults to TASK."""
+    out: dict[str, str] = {}
+    for item in items:
+        channel, sep, task = item.rpartition("=")
+        channel = channel if sep else task
+        if not _TASK_RE.match(task):
+            shown = item if len(item) <= 80 and item.isprintable() else repr(item[:80])
+            raise LaunchError(f"--input-task {shown}: expected [CHANNEL=]TASK, TASK a task name (letters, digits, "
+                              ". - _, at most 63)")
+        _check_channel("--input-task", item, channel, {**taken, **out})
+        out[channel] = task
+    return out
+
+
+def parse_dependencies(items: Sequence[str], base: Path = Path(".")) -> dict[str, Path]:
+    """--dependencies DIR (repeatable) -> {DIR's name: DIR}: each goes to the `deps` channel as
+    deps/NAME/, and the channel on PYTHONPATH, so `import NAME` works in the job."""
+    out: dict[str, Path] = {}
+    for item in items:
+        d = (base / item).resolve()
+        if not d.is_dir():
+            raise LaunchError(f"--dependencies {item}: not a directory")
+        if not _TASK_RE.match(d.name):
+            raise LaunchError(f"--dependencies {item}: its name {d.name!r} is not a package name")
+        if d.name in out:
+            raise LaunchError(f"--dependencies {item}: a dependency named {d.name} is given already "
+                              f"({out[d.name]}); they would land in one directory")
+        out[d.name] = d
+    return out
+
+
 def parse_duration(value: str | int, flag: str = "--max-run") -> int:
     """Seconds from `7200`, `2h`, `90m`, `1h30m`, `1d` (1 s .. 28 days, SageMaker's limit)."""
     text = str(value).strip().lower()
@@ -173,7 +247,8 @@ def state_uri(output: str, task: str) -> str:
     return f"{output.rstrip('/')}/state/{task}/"
 
 
-def hyperparameters(command: Sequence[str], launcher: str, slots: int | None) -> dict[str, str]:
+def hyperparameters(command: Sequence[str], launcher: str, slots: int | None,
+                    pythonpath: str | None = None) -> dict[str, str]:
     """What launch/node/sagemaker_train.py reads (strings: SageMaker keeps only strings)."""
     if launcher not in launchers.names(sagemaker=True):
         raise LaunchError(f"--launcher {launcher}: use {launchers.choices(launchers.names(sagemaker=True))}")
@@ -183,6 +258,8 @@ def hyperparameters(command: Sequence[str], launcher: str, slots: int | None) ->
            "dtrain_per_node": "1" if launchers.get(launcher).per_node else "0", "dtrain_workdir": CODE_CHANNEL}
     if slots is not None:
         hps["dtrain_slots"] = str(slots)
+    if pythonpath is not None:  # a channel whose directory goes first on PYTHONPATH (--dependencies)
+        hps["dtrain_pythonpath"] = pythonpath
     return hps
 
 
@@ -213,6 +290,8 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
     channels = [_channel(k, v) for k, v in job.inputs.items()]
     if job.code_s3:
         channels.append(_channel(CODE_CHANNEL, job.code_s3))
+    if job.deps_s3:
+        channels.append(_channel(DEPS_CHANNEL, job.deps_s3))
     if job.key_s3:
         channels.append(_channel(KEY_CHANNEL, job.key_s3))
     req: dict[str, Any] = {
@@ -220,7 +299,8 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
         "RoleArn": job.role_arn,
         "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File",
                                    **({"MetricDefinitions": [dict(m) for m in job.metrics]} if job.metrics else {})},
-        "HyperParameters": hyperparameters(job.command, job.launcher, job.slots),
+        "HyperParameters": hyperparameters(job.command, job.launcher, job.slots,
+                                           DEPS_CHANNEL if job.deps_s3 else None),
         "ResourceConfig": {"InstanceCount": job.instances, "InstanceType": job.instance_type,
                            "VolumeSizeInGB": job.volume_gb},
         "OutputDataConfig": {"S3OutputPath": job.output_s3},
@@ -350,9 +430,13 @@ def make_key(directory: Path) -> Path:
 # ---------------------------------------------------------------- AWS side effects
 
 
-def upload(s3, root: Path, files: Sequence[Path], bucket: str, prefix: str) -> None:
+def upload(s3, root: Path, files: Sequence[Path], bucket: str, prefix: str, uploaded: list[str] | None = None) -> None:
+    """Each file to s3://bucket/prefix/FILE; `uploaded` gets every key before its upload starts."""
     for f in files:
-        s3.upload_file(str(root / f), bucket, f"{prefix}/{f.as_posix()}")
+        key = f"{prefix}/{f.as_posix()}"
+        if uploaded is not None:
+            uploaded.append(key)
+        s3.upload_file(str(root / f), bucket, key)
 
 
 def local_files(root: Path) -> list[Path]:
@@ -460,8 +544,8 @@ def download_output(s3, d: Mapping[str, Any], dest: Path) -> list[Path]:
     return got
 
 
-def default_output(session) -> str:
-    """s3://sagemaker-REGION-ACCOUNT/dtrain, as the SageMaker SDK's default bucket (created if absent)."""
+def default_output(session, project: str = DEFAULT_PROJECT) -> str:
+    """s3://sagemaker-REGION-ACCOUNT/PROJECT, as the SageMaker SDK's default bucket (created if absent)."""
     account = session.client("sts").get_caller_identity()["Account"]
     bucket = f"sagemaker-{session.region_name}-{account}"
     s3 = session.client("s3")
@@ -471,7 +555,7 @@ def default_output(session) -> str:
         kw = {} if session.region_name == "us-east-1" else {
             "CreateBucketConfiguration": {"LocationConstraint": session.region_name}}
         s3.create_bucket(Bucket=bucket, **kw)
-    return f"s3://{bucket}/dtrain"
+    return f"s3://{bucket}/{project}"
 
 
 def check_job_name(flag: str, name: str) -> str:
@@ -509,24 +593,189 @@ def check_new_job_name(sm, name: str, given: bool) -> None:
                       "--name, or leave --name out for a new generated name")
 
 
-def job_name(now: float | None = None) -> str:
-    return "dtrain-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+# ---------------------------------------------------------------- tasks: state, chaining, the role
+
+def task_job_name(task: str, now: float | None = None, suffix: str | None = None) -> str:
+    """A new job's name for a run of the task: TASK (as a job name takes it), the UTC time and 4
+    random hex digits (SageMaker's names are unique for ever: every run gets its own; two runs
+    in one second too)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", task).strip("-")[:42].strip("-") or "task"
+    return f"{slug}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{suffix or secrets.token_hex(2)}"
+
+
+def task_tags(project: str, task: str, digest: str) -> dict[str, str]:
+    return {PROJECT_TAG: project, TASK_TAG: task, DIGEST_TAG: digest}
+
+
+def run_digest(settings: Mapping[str, Any], trees: Mapping[str, tuple[Path, Sequence[Path]]],
+               data: Mapping[str, tuple[Path, Sequence[Path]]]) -> str:
+    """What makes a run of a task the same run again: its settings (JSON), the content of the
+    code and dependency files (trees: label -> (root, files)), the names and sizes of local data."""
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for label, (root, files) in sorted(trees.items()):
+        for f in sorted(files):
+            h.update(f"\0{label}/{f.as_posix()}\0".encode())
+            h.update(hashlib.sha256((root / f).read_bytes()).digest())
+    for label, (root, files) in sorted(data.items()):
+        for f in sorted(files):
+            h.update(f"\0{label}/{f.as_posix()}\0{(root / f).stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def task_action(last: Mapping[str, Any] | None, digest: str, force: bool) -> str:
+    """What a run does about the task's last job (its DescribeTrainingJob plus `Tags`):
+    "run" a new job, "skip" (Completed with this code and these settings), or "attach" (the same
+    run is InProgress: follow it). A job that is Stopping, or running other code, is refused."""
+    if last is None:
+        return "run"
+    status, name = last["TrainingJobStatus"], last["TrainingJobName"]
+    same = (last.get("Tags") or {}).get(DIGEST_TAG) == digest
+    if status == "Completed":
+        return "skip" if same and not force else "run"
+    if status == "InProgress":
+        if force or not same:
+            why = "--force" if force else "this run's code or settings differ from it"
+            raise LaunchError(f"--task {last['Tags'].get(TASK_TAG)}: job {name} of the task is InProgress and {why}; "
+                              "two jobs would share its state directory: wait for it, or stop it "
+                              f"(aws sagemaker stop-training-job --training-job-name {name})")
+        return "attach"
+    if status == "Stopping":
+        raise LaunchError(f"--task {last['Tags'].get(TASK_TAG)}: job {name} of the task is Stopping; run again once "
+                          "it is Stopped")
+    return "run"  # Failed, Stopped: run the task again
+
+
+def last_task_job(sm, project: str, task: str) -> dict[str, Any] | None:
+    """The task's newest training job (as Search gives it, `Tags` as a dict), or None: the jobs
+    tagged dtrain:project PROJECT and dtrain:task TASK (SageMaker's Search, by tag)."""
+    kw: dict[str, Any] = {"Resource": "TrainingJob", "MaxResults": 100, "SortBy": "CreationTime",
+                          "SortOrder": "Descending",
+                          "SearchExpression": {"Operator": "And", "Filters": [
+                              {"Name": f"Tags.{TASK_TAG}", "Operator": "Equals", "Value": task},
+                              {"Name": f"Tags.{PROJECT_TAG}", "Operator": "Equals", "Value": project}]}}
+    want = {TASK_TAG: task, PROJECT_TAG: project}
+    found: list[dict[str, Any]] = []
+    while True:
+        r = sm.search(**kw)
+        for x in r.get("Results", []):  # both tags checked here too (moto applies only the first filter)
+            job = x.get("TrainingJob") or {}
+            if want.items() <= {t["Key"]: t["Value"] for t in job.get("Tags", [])}.items():
+                found.append(job)
+        if not r.get("NextToken"):
+            break
+        kw["NextToken"] = r["NextToken"]
+    if not found:
+        return None
+    newest = max(found, key=lambda j: j["CreationTime"])
+    return {**newest, "Tags": {t["Key"]: t["Value"] for t in newest.get("Tags", [])}}
+
+
+def output_prefix(d: Mapping[str, Any]) -> str | None:
+    """The S3 prefix holding a Completed job's model.tar.gz (and output.tar.gz), or None."""
+    uri = (d.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+    if d.get("TrainingJobStatus") != "Completed" or not uri:
+        return None
+    bucket, key = check_s3_uri(uri, "ModelArtifacts")
+    return f"s3://{bucket}/{key.rsplit('/', 1)[0]}/"
+
+
+def input_task_uri(sm, project: str, channel: str, task: str) -> tuple[str, str]:
+    """--input-task CHANNEL=TASK: (the task's last job, its output prefix); one line when the
+    task has no job or its last one did not complete."""
+    last = last_task_job(sm, project, task)
+    if last is None:
+        raise LaunchError(f"--input-task {channel}={task}: no task {task} in project {project} (run it first: "
+                          f"dtrain sagemaker run --task {task} ...)")
+    uri = output_prefix(last)
+    if uri is None:
+        raise LaunchError(f"--input-task {channel}={task}: its last job {last['TrainingJobName']} is "
+                          f"{last['TrainingJobStatus']}; chain from a Completed task")
+    return last["TrainingJobName"], uri
+
+
+def role_policy(buckets: Sequence[str]) -> dict[str, Any]:
+    """The inline policy of the role --create-role makes: pull from ECR, write the job's logs
+    and metrics, read and write the given buckets (the output's, the inputs'); nothing else."""
+    arns = sorted({f"arn:aws:s3:::{b}" for b in buckets} | {f"arn:aws:s3:::{b}/*" for b in buckets})
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Ecr", "Effect": "Allow", "Resource": "*",
+         "Action": ["ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer",
+                    "ecr:BatchGetImage"]},
+        {"Sid": "Logs", "Effect": "Allow", "Resource": f"arn:aws:logs:*:*:log-group:{LOG_GROUP}*",
+         "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]},
+        {"Sid": "Metrics", "Effect": "Allow", "Resource": "*", "Action": ["cloudwatch:PutMetricData"]},
+        {"Sid": "S3", "Effect": "Allow", "Resource": arns,
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "s3:GetBucketLocation"]},
+    ]}
+
+
+TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
+                                                 "Action": "sts:AssumeRole"}]}
+ROLE_POLICY = "dtrain-training"
+
+
+def find_role(iam) -> dict[str, Any] | None:
+    """dtrain's execution role (ROLE_NAME), or None when the account has none."""
+    try:
+        return iam.get_role(RoleName=ROLE_NAME)["Role"]
+    except Exception as e:  # noqa: BLE001 -- botocore ClientError
+        if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchEntity":
+            return None
+        raise
+
+
+def role_buckets(iam) -> set[str]:
+    """The buckets dtrain's role may use now (its inline policy's S3 statement)."""
+    try:
+        doc = iam.get_role_policy(RoleName=ROLE_NAME, PolicyName=ROLE_POLICY)["PolicyDocument"]
+    except Exception as e:  # noqa: BLE001 -- botocore ClientError (NoSuchEntity: made by hand)
+        if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchEntity":
+            return set()
+        raise
+    doc = json.loads(doc) if isinstance(doc, str) else doc
+    found = set()
+    for st in doc.get("Statement", []):
+        if st.get("Sid") == "S3":
+            res = st.get("Resource", [])
+            found |= {r.split(":::", 1)[1] for r in ([res] if isinstance(res, str) else res) if "/" not in r}
+    return found
+
+
+def ensure_role(iam, role: Mapping[str, Any] | None, buckets: Sequence[str], out: Callable[[str], None]) -> str:
+    """dtrain's role as this run needs it: made when absent (SageMaker's trust, role_policy), its
+    policy widened to new buckets when dtrain made it (a role made by hand is left as it is);
+    returns its ARN. Kept afterwards: the next run finds it."""
+    if role is None:
+        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(TRUST),
+                               Description="dtrain sagemaker run: SageMaker training execution role",
+                               Tags=[{"Key": "dtrain:made-by", "Value": "dtrain sagemaker run --create-role"}])["Role"]
+        iam.put_role_policy(RoleName=ROLE_NAME, PolicyName=ROLE_POLICY,
+                            PolicyDocument=json.dumps(role_policy(sorted(set(buckets)))))
+        out(f"[sagemaker] created IAM role {ROLE_NAME} ({role['Arn']}): SageMaker's trust, ECR pull, its logs and "
+            f"metrics, S3 {', '.join(sorted(set(buckets)))}; later runs reuse it")
+        return role["Arn"]
+    have = role_buckets(iam)
+    if have and not set(buckets) <= have:
+        iam.put_role_policy(RoleName=ROLE_NAME, PolicyName=ROLE_POLICY,
+                            PolicyDocument=json.dumps(role_policy(sorted(have | set(buckets)))))
+        out(f"[sagemaker] IAM role {ROLE_NAME}: S3 access widened to {', '.join(sorted(set(buckets) - have))}")
+    return role["Arn"]
 
 
 @dataclass(frozen=True)
 class RunOptions:
     image: str
-    role_arn: str
+    role_arn: str  # "": dtrain's role (ROLE_NAME), made with create_role
     command: tuple[str, ...]
     instances: int = 1
     instance_type: str = "ml.m5.2xlarge"
-    name: str | None = None
+    name: str | None = None  # default: TASK-YYYYmmdd-HHMMSS
     launcher: str | None = None  # default by image family
     slots: int | None = None
     inputs: Mapping[str, str] = field(default_factory=dict)  # channel -> s3:// uri or local directory
     env: Mapping[str, str] = field(default_factory=dict)
     spot: bool = True  # --on-demand: False
-    output_s3: str | None = None  # default s3://sagemaker-REGION-ACCOUNT/dtrain
+    output_s3: str | None = None  # default s3://sagemaker-REGION-ACCOUNT/PROJECT
     workdir: Path = Path(".")
     download: Path | None = Path("output")  # None: do not download (nor keep the log)
     wait: bool = True
@@ -536,16 +785,32 @@ class RunOptions:
     state_s3: str | None = None  # default OUTPUT/state/TASK/
     from_jobs: Mapping[str, str] = field(default_factory=dict)  # channel -> earlier job name
     metrics: Sequence[Mapping[str, str]] = ()
+    project: str = DEFAULT_PROJECT
+    force: bool = False  # run even when the task's last job Completed this same run
+    input_tasks: Mapping[str, str] = field(default_factory=dict)  # channel -> task (of the project)
+    dependencies: Mapping[str, Path] = field(default_factory=dict)  # name -> local directory
+    tags: Mapping[str, str] = field(default_factory=dict)
+    create_role: bool = False  # make dtrain's role when role_arn is "" and the account has none
+    task_state: bool = False  # skip/follow by the task's last job (`dtrain sagemaker run`; launch --target
+    # sagemaker has no --force, so it keeps making a new job every time)
+
+
+_STAND_IN = "s3://sagemaker-us-east-1-000000000000/x/output/"
+_STAND_IN_ROLE = f"arn:aws:iam::000000000000:role/{ROLE_NAME}"
+
+
+def _bucket(uri: str) -> str:
+    return check_s3_uri(uri.rstrip("/"), "S3")[0]
 
 
 def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
-    """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited)."""
+    """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited).
+    A task whose last job Completed the same run is skipped (its output reused); one InProgress
+    with the same run is followed; otherwise a new job TASK-TIME is created."""
     import boto3
 
     from dtrain import values
 
-    if not opts.role_arn:
-        raise LaunchError("--role is required (the SageMaker execution role ARN)")
     if not opts.image:
         raise LaunchError("--image is required (an ECR image built and pushed here)")
     values.image("--image", opts.image)  # before anything is uploaded
@@ -555,6 +820,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
         check_job_name("--name", opts.name)
     if opts.output_s3:
         check_s3_uri(opts.output_s3.rstrip("/"), "--output")
+    check_project(opts.project)
+    parse_tags([f"{k}={v}" for k, v in opts.tags.items()])
     # Local checks first: nothing reaches AWS (not even the default bucket) for refused input.
     root = Path(opts.workdir).resolve()
     if not root.is_dir():
@@ -565,25 +832,32 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     # The output (downloaded here by earlier runs) and the data channels are not code.
     files, size, left_out, links = code_selection(
         root, [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
+    deps = {dep: code_selection(d) for dep, d in opts.dependencies.items()}  # the same rules as the code
     task = task_name(opts.task, root)
     data = {ch: local_files(d) for ch, d in local.items()}
     for ch, found in data.items():
         if not found:
             raise LaunchError(f"--input {ch}={local[ch]}: the directory has no files")
-    name = opts.name or job_name()
+    for dep, (dfiles, *_rest) in deps.items():
+        if not dfiles:
+            raise LaunchError(f"--dependencies {opts.dependencies[dep]}: no file to send (empty, or all left out)")
+    for ch in opts.input_tasks:
+        _check_channel("--input-task", ch, ch, {**opts.inputs, **opts.from_jobs})
+    name = opts.name or task_job_name(task)
     launcher = opts.launcher or default_launcher(opts.image)
 
-    def request(output: str, from_jobs: Mapping[str, str]) -> dict[str, Any]:
+    def request(output: str, chained: Mapping[str, str], role_arn: str, tags: Mapping[str, str]) -> dict[str, Any]:
         bucket, prefix = check_s3_uri(output, "--output")
         base = f"{prefix}/{name}" if prefix else name
         inputs = {ch: f"s3://{bucket}/{base}/input/{ch}/" if ch in local else v for ch, v in opts.inputs.items()}
-        job = TrainingJob(name=name, image=opts.image, role_arn=opts.role_arn, command=opts.command,
+        job = TrainingJob(name=name, image=opts.image, role_arn=role_arn, command=opts.command,
                           output_s3=output, instances=opts.instances, instance_type=opts.instance_type,
                           launcher=launcher, slots=opts.slots, key_s3=f"s3://{bucket}/{base}/{KEY_CHANNEL}/",
                           code_s3=f"s3://{bucket}/{base}/{CODE_CHANNEL}/" if files else None,
-                          inputs={**inputs, **from_jobs}, env=opts.env, spot=opts.spot,
+                          deps_s3=f"s3://{bucket}/{base}/{DEPS_CHANNEL}/" if deps else None,
+                          inputs={**inputs, **chained}, env=opts.env, spot=opts.spot,
                           checkpoint_s3=opts.state_s3 or state_uri(output, task), volume_gb=opts.volume_gb,
-                          max_runtime_s=opts.max_runtime_s, metrics=opts.metrics)
+                          max_runtime_s=opts.max_runtime_s, metrics=opts.metrics, tags={**tags, **opts.tags})
         req = create_training_job_request(job)
         found = request_problems(req)
         if found:
@@ -591,26 +865,51 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
         return req
 
     # The whole request, checked with stand-ins for what AWS tells (the default bucket, the
-    # --from-job prefixes) before the first AWS call.
+    # chained prefixes, the role) before the first AWS call.
     request(opts.output_s3.rstrip("/") if opts.output_s3 else "s3://sagemaker-us-east-1-000000000000/dtrain",
-            {ch: "s3://sagemaker-us-east-1-000000000000/x/output/" for ch in opts.from_jobs})
+            {ch: _STAND_IN for ch in [*opts.from_jobs, *opts.input_tasks]}, opts.role_arn or _STAND_IN_ROLE,
+            task_tags(opts.project, task, "0" * 16))
     session = session or boto3.session.Session()
     s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
-    check_new_job_name(sm, name, given=opts.name is not None)  # before any upload
+    role = None
+    if not opts.role_arn:
+        role = find_role(session.client("iam"))
+        if role is None and not opts.create_role:
+            raise LaunchError(f"--role: none given, and this account has no role {ROLE_NAME}: pass --role ARN (a "
+                              f"SageMaker execution role), or --create-role to make {ROLE_NAME} once")
     from_jobs = {ch: from_job_uri(sm, job, ch) for ch, job in opts.from_jobs.items()}
-    output = (opts.output_s3 or default_output(session)).rstrip("/")
-    req = request(output, from_jobs)
+    chained_jobs, chained = {}, {}
+    for ch, t in opts.input_tasks.items():
+        chained_jobs[ch], chained[ch] = input_task_uri(sm, opts.project, ch, t)
+    settings = {"image": opts.image, "command": list(opts.command), "instances": opts.instances,
+                "instance_type": opts.instance_type, "launcher": launcher, "slots": opts.slots, "env": dict(opts.env),
+                "inputs": {ch: v for ch, v in opts.inputs.items() if ch not in local},
+                "from_jobs": dict(opts.from_jobs),
+                "input_tasks": chained_jobs, "spot": opts.spot, "volume_gb": opts.volume_gb,
+                "max_runtime_s": opts.max_runtime_s, "metrics": [dict(m) for m in opts.metrics],
+                "output": opts.output_s3, "state": opts.state_s3}
+    digest = run_digest(settings, {"code": (root, files), **{f"deps/{k}": (opts.dependencies[k], v[0])
+                                                             for k, v in deps.items()}},
+                        {f"input/{ch}": (d, data[ch]) for ch, d in local.items()})
+    last = last_task_job(sm, opts.project, task) if opts.task_state else None
+    action = task_action(last, digest, opts.force)
+    if last is not None and action != "run":
+        return _follow(opts, task, last, action, s3, sm, logs, out, poll_s)
+    if last is not None and last["TrainingJobStatus"] == "Completed":
+        why = "--force" if opts.force else "the code or settings changed"
+        out(f"[sagemaker] task {task}: job {last['TrainingJobName']} Completed it; running it again ({why})")
+    check_new_job_name(sm, name, given=opts.name is not None)  # before any upload
+    output = (opts.output_s3 or default_output(session, opts.project)).rstrip("/")
+    buckets = sorted({_bucket(output), *(_bucket(u) for u in opts.inputs.values() if u.startswith("s3://")),
+                      *(_bucket(u) for u in [*from_jobs.values(), *chained.values()]),
+                      *([_bucket(opts.state_s3)] if opts.state_s3 else [])})
+    request(output, {**from_jobs, **chained}, opts.role_arn or _STAND_IN_ROLE, task_tags(opts.project, task, digest))
+    role_arn = opts.role_arn or ensure_role(session.client("iam"), role, buckets, out)
+    req = request(output, {**from_jobs, **chained}, role_arn, task_tags(opts.project, task, digest))
     bucket, prefix = check_s3_uri(output, "--output")
     base = f"{prefix}/{name}" if prefix else name
     state = req["CheckpointConfig"]["S3Uri"]
     inputs = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req.get("InputDataConfig", [])}
-    out(f"[sagemaker] uploading {len(files)} files ({size / 2**20:.1f} MiB) of {root} to s3://{bucket}/{base}/code/")
-    for note in left_out_lines(left_out, links):
-        out(f"[sagemaker] {note}")
-    upload(s3, root, files, bucket, f"{base}/{CODE_CHANNEL}")
-    for ch, d in local.items():
-        out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")
-        upload(s3, d, data[ch], bucket, f"{base}/input/{ch}")
     key_s3 = f"{base}/{KEY_CHANNEL}/id_ed25519"
     with tempfile.TemporaryDirectory(prefix="dtrain-sm-") as tmp:
         key_bytes = make_key(Path(tmp)).read_bytes()  # kept here only to hand a restarting spot job
@@ -618,6 +917,27 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     def put_key() -> None:
         s3.put_object(Bucket=bucket, Key=key_s3, Body=key_bytes, ServerSideEncryption="AES256")
 
+    uploaded: list[str] = []  # removed again when the job is not created (an error, Ctrl-C)
+    try:
+        out(f"[sagemaker] uploading {len(files)} files ({size / 2**20:.1f} MiB) of {root} to "
+            f"s3://{bucket}/{base}/code/")
+        for note in left_out_lines(left_out, links):
+            out(f"[sagemaker] {note}")
+        upload(s3, root, files, bucket, f"{base}/{CODE_CHANNEL}", uploaded)
+        for dep, (dfiles, dsize, dleft, dlinks) in deps.items():
+            out(f"[sagemaker] uploading {len(dfiles)} files ({dsize / 2**20:.1f} MiB) of {opts.dependencies[dep]} to "
+                f"s3://{bucket}/{base}/{DEPS_CHANNEL}/{dep}/ (on PYTHONPATH)")
+            for note in left_out_lines(dleft, dlinks):
+                out(f"[sagemaker] {dep}: {note}")
+            upload(s3, opts.dependencies[dep], dfiles, bucket, f"{base}/{DEPS_CHANNEL}/{dep}", uploaded)
+        for ch, d in local.items():
+            out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")
+            upload(s3, d, data[ch], bucket, f"{base}/input/{ch}", uploaded)
+        put_key()
+        create_job(sm, req, retry_role=role is None and not opts.role_arn, poll_s=poll_s)
+    except BaseException:
+        delete_keys(s3, bucket, [*uploaded, key_s3])
+        raise
     in_s3 = [True]  # whether the key is in S3 now (key_action decides what happens to it)
 
     def key_follows_the_job(d: Mapping[str, Any]) -> None:
@@ -629,11 +949,10 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             put_key()
         in_s3[0] = {"delete": False, "put": True}.get(action or "", in_s3[0])
 
-    put_key()
     try:
-        sm.create_training_job(**req)
+        chained_note = "".join(f", channel {ch} <- task {t}" for ch, t in opts.input_tasks.items())
         out(f"[sagemaker] created training job {name} ({opts.instances} x {opts.instance_type}, {launcher}, "
-            f"{'spot' if opts.spot else 'on-demand'}; task {task}, state {state})")
+            f"{'spot' if opts.spot else 'on-demand'}; task {task}, state {state}{chained_note})")
         if not opts.wait:  # only until the instances have the key: it must not stay in S3
             out("[sagemaker] --no-wait: waiting until the job has downloaded its inputs, to delete its key")
             wait(sm, None, name, out, poll_s, on_describe=key_follows_the_job, until=job_started)
@@ -645,13 +964,60 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             d = wait(sm, logs, name, tee, poll_s, on_describe=key_follows_the_job)
     finally:  # any error, Ctrl-C included: the key does not stay behind
         s3.delete_object(Bucket=bucket, Key=key_s3)
+    return name, _outcome(s3, d, opts.download, out)
+
+
+def _outcome(s3, d: Mapping[str, Any], download: Path | None, out: Callable[[str], None]) -> int:
+    """After the job ended: its failure reason, or its output downloaded to DOWNLOAD/JOB/."""
+    name = d["TrainingJobName"]
     if d["TrainingJobStatus"] != "Completed":
         out(f"[sagemaker] {name} {d['TrainingJobStatus']}: {d.get('FailureReason', 'no reason given')}")
-        return name, 1
-    if opts.download is not None:
-        for p in download_output(s3, d, Path(opts.download) / name):
+        return 1
+    out(f"[sagemaker] output {output_prefix(d)}")
+    if download is not None:
+        for p in download_output(s3, d, Path(download) / name):
             out(f"[sagemaker] downloaded {p}")
-    return name, 0
+    return 0
+
+
+def _follow(opts: RunOptions, task: str, last: Mapping[str, Any], action: str, s3, sm, logs,
+            out: Callable[[str], None], poll_s: float) -> tuple[str, int]:
+    """The task's last job instead of a new one: Completed ("skip": its output, as a run would
+    give it) or InProgress ("attach": its logs until it ends, then its output)."""
+    name = last["TrainingJobName"]
+    if action == "skip":
+        out(f"[sagemaker] task {task}: completed already by job {name} with this code and these settings; "
+            "skipped (--force runs it again)")
+        return name, _outcome(s3, last, opts.download if opts.wait else None, out)  # --no-wait: no download
+    out(f"[sagemaker] task {task}: job {name} is running it (InProgress); following it instead of starting another")
+    if not opts.wait:
+        return name, 0
+    with log_copy(out, Path(opts.download) / name / "logs.txt" if opts.download is not None else None) as tee:
+        d = wait(sm, logs, name, tee, poll_s)
+    return name, _outcome(s3, d, opts.download, out)
+
+
+def create_job(sm, req: Mapping[str, Any], retry_role: bool, poll_s: float, tries: int = 12) -> None:
+    """CreateTrainingJob; its refusal is one line. A role made moments ago may not be assumable
+    yet (IAM is eventually consistent): with retry_role, that refusal is retried for a minute."""
+    for attempt in range(tries):
+        try:
+            sm.create_training_job(**req)
+            return
+        except Exception as e:  # noqa: BLE001 -- botocore ClientError
+            err = getattr(e, "response", {}).get("Error", {})
+            if not err:
+                raise
+            if retry_role and "assume" in str(err.get("Message", "")).lower() and attempt < tries - 1:
+                time.sleep(poll_s / 2)
+                continue
+            raise LaunchError(f"CreateTrainingJob {req['TrainingJobName']}: {err.get('Code')}: "
+                              f"{' '.join(str(err.get('Message', '')).split())}") from None
+
+
+def delete_keys(s3, bucket: str, keys: Sequence[str]) -> None:
+    for i in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
 @contextmanager
@@ -683,3 +1049,122 @@ def env_pairs(items: Sequence[str]) -> dict[str, str]:
         out[k] = v
     return out
 
+
+
+# ---------------------------------------------------------------- --local: the same container here
+
+LOCAL_HOST = "algo-1"
+Tree = tuple[Path, Sequence[Path], str]  # (root, files relative to it, where under the channel)
+
+
+def local_refusals(opts: RunOptions) -> list[str]:
+    """What --local cannot do (one instance, local data only); each names its flag."""
+    found = []
+    if opts.instances != 1:
+        found.append(f"--instances {opts.instances}: --local runs one instance (one container here)")
+    found += [f"--input {ch}={v}: --local takes local directories only (NAME=DIR)"
+              for ch, v in opts.inputs.items() if v.startswith("s3://")]
+    found += [f"{flag}: not with --local (its output is in S3); download it and pass --input NAME=DIR"
+              for flag, given in (("--from-job", opts.from_jobs), ("--input-task", opts.input_tasks)) if given]
+    return found
+
+
+def local_tree(ml: Path, hps: Mapping[str, str], channels: Mapping[str, Sequence[Tree]]) -> Path:
+    """SageMaker's /opt/ml for one instance, as it lays it out before `train`: config
+    (resourceconfig, hyperparameters, inputdataconfig), a copy of each channel's files, model/
+    and output/data/. The container's eth0 is the NIC."""
+    (ml / "input/config").mkdir(parents=True)
+    (ml / "input/config/resourceconfig.json").write_text(json.dumps(
+        {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST], "network_interface_name": "eth0"}))
+    (ml / "input/config/hyperparameters.json").write_text(json.dumps(dict(hps)))
+    (ml / "input/config/inputdataconfig.json").write_text(json.dumps(
+        {ch: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for ch in channels}))
+    for ch, trees in channels.items():
+        (ml / "input/data" / ch).mkdir(parents=True)
+        for root, files, under in trees:
+            for f in files:
+                dest = ml / "input/data" / ch / under / f
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes((root / f).read_bytes())
+    for d in ("model", "output/data"):
+        (ml / d).mkdir(parents=True)
+    return ml
+
+
+def local_argv(docker: str, image: str, ml: Path, state: Path, env_names: Sequence[str], gpus: bool,
+               name: str) -> list[str]:
+    """`docker run ... IMAGE train` as SageMaker starts the container, /opt/ml mounted from ml
+    and the task's local state directory at /opt/ml/checkpoints; env by name only (the values
+    come from this process's environment, never argv)."""
+    return [docker, "run", "--rm", "--name", name, "--hostname", LOCAL_HOST, "-v", f"{ml}:/opt/ml",
+            "-v", f"{state}:{STATE_LOCAL}", *(x for k in env_names for x in ("-e", k)),
+            *(["--gpus", "all"] if gpus else []), image, "train"]
+
+
+def run_local(opts: RunOptions, out: Callable[[str], None] = print,
+              runner: Callable[[list[str], Mapping[str, str]], int] | None = None) -> tuple[str, int]:
+    """`dtrain sagemaker run --local`: the training job's container on this machine's engine,
+    with SageMaker's /opt/ml (channels, hyperparameters, so SM_*) at DOWNLOAD/JOB/opt-ml; the
+    model is left in its model/, the state in DOWNLOAD/state/TASK (kept across local runs of the
+    task, as OUTPUT/state/TASK is in S3). Nothing reaches AWS; no task state, no key."""
+    from dtrain import values
+
+    problems = local_refusals(opts)
+    if problems:
+        raise LaunchError(problems[0])
+    if not opts.image:
+        raise LaunchError("--image is required (an image built here)")
+    values.image("--image", opts.image)
+    if opts.name is not None:
+        check_job_name("--name", opts.name)
+    if not opts.command:
+        raise LaunchError("no command: put it after `--`, e.g. dtrain sagemaker run --local ... -- python train.py")
+    root = Path(opts.workdir).resolve()
+    if not root.is_dir():
+        raise LaunchError(f"--workdir {root}: not a directory")
+    download = Path(opts.download if opts.download is not None else "output").resolve()
+    local = {ch: Path(v) for ch, v in opts.inputs.items()}
+    check_download_dir(download, local)
+    files, _size, left_out, links = code_selection(root, [*local.values(), download])
+    deps = {dep: code_selection(d)[0] for dep, d in opts.dependencies.items()}
+    task = task_name(opts.task, root)
+    name = opts.name or task_job_name(task)
+    hps = hyperparameters(opts.command, opts.launcher or default_launcher(opts.image), opts.slots,
+                          DEPS_CHANNEL if deps else None)
+    job_dir = download / name
+    if job_dir.exists():
+        raise LaunchError(f"--name {name}: {job_dir} exists; give another --name")
+    channels: dict[str, list[Tree]] = {CODE_CHANNEL: [(root, files, "")]}
+    channels |= {ch: [(d, local_files(d), "")] for ch, d in local.items()}
+    if deps:  # each dependency as deps/NAME/, as the upload lays it out
+        channels[DEPS_CHANNEL] = [(opts.dependencies[k], f, k) for k, f in deps.items()]
+    for note in left_out_lines(left_out, links):
+        out(f"[sagemaker local] {note}")
+    ml = local_tree(job_dir / "opt-ml", hps, channels)
+    state = download / "state" / task
+    state.mkdir(parents=True, exist_ok=True)
+    if runner is None:
+        from dtrain import engine
+
+        try:
+            docker, runner = engine.docker_cli(), _run_streaming
+        except engine.EngineError as e:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise LaunchError(f"--local: {e}") from None
+    else:
+        docker = "docker"
+    argv = local_argv(docker, opts.image, ml, state, sorted(opts.env), Path("/dev/nvidia0").exists(),
+                      f"dtrain-local-{name}")
+    out(f"[sagemaker local] {name}: {opts.image} train, /opt/ml at {ml}, state {state} (task {task})")
+    code = runner(argv, {**os.environ, **opts.env})
+    failure = ml / "output/failure"
+    if code != 0:
+        reason = failure.read_text(errors="replace").strip() if failure.is_file() else f"exit code {code}"
+        out(f"[sagemaker local] {name} Failed: {reason}")
+        return name, 1
+    out(f"[sagemaker local] {name} Completed; model in {ml / 'model'}")
+    return name, 0
+
+
+def _run_streaming(argv: list[str], env: Mapping[str, str]) -> int:
+    return subprocess.run(argv, env=dict(env), check=False).returncode

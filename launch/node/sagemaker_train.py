@@ -7,7 +7,8 @@ runs this program, which reads SageMaker's contract under /opt/ml:
   input/config/hyperparameters.json  dtrain_command (JSON list), dtrain_launcher, dtrain_per_node
                                      ("1": every host runs it; "0", the default: the first host
                                      across all over ssh), dtrain_slots, dtrain_workdir (a channel;
-                                     default `code`)
+                                     default `code`), dtrain_pythonpath (a channel whose directory
+                                     goes first on PYTHONPATH: --dependencies)
   input/data/<channel>/              channels (File mode); `dtrain` holds the job's ssh key
 and runs the job with the project's own command builders (dtrain.launch.jobs.commands):
   mpirun   (Horovod images): the first host (sorted hosts[0]) waits for every host's sshd,
@@ -84,6 +85,7 @@ class JobArgs:
     slots: int
     workdir: str | None  # a channel name, or None
     per_node: bool = False  # every host runs the launcher; False: the first across all over ssh
+    pythonpath: str | None = None  # a channel name: its directory goes on PYTHONPATH (--dependencies)
 
 
 def _read_json(path: Path) -> dict:
@@ -140,7 +142,21 @@ def job_args(hps: dict[str, str], gpus: int) -> JobArgs:
     if not slots_raw.isdigit() or int(slots_raw) < 1:
         raise ContractError(f"hyperparameter dtrain_slots: {slots_raw!r} is not a positive integer")
     return JobArgs(tuple(command), launcher, int(slots_raw), hps.get("dtrain_workdir", "code") or None,
-                   per_node=per_node == "1")
+                   per_node=per_node == "1", pythonpath=hps.get("dtrain_pythonpath") or None)
+
+
+def job_pythonpath(c: Contract, job: JobArgs, site: Path | None) -> list[str]:
+    """What goes first on PYTHONPATH, in order: the dependencies' channel (each dependency is a
+    directory in it, so `import NAME` works), then the requirements installed for the job."""
+    paths = []
+    if job.pythonpath is not None:
+        if job.pythonpath not in c.channels:
+            raise ContractError(f"hyperparameter dtrain_pythonpath: no channel {job.pythonpath!r} "
+                                f"(channels: {', '.join(c.channels) or 'none'})")
+        paths.append(c.channels[job.pythonpath])
+    if site is not None:
+        paths.append(str(site))
+    return paths
 
 
 def _env_name(channel: str) -> str:
@@ -341,6 +357,7 @@ def main(ml: Path = ML) -> int:
         if job.workdir and job.workdir not in c.channels and job.workdir != "code":
             raise ContractError(f"hyperparameter dtrain_workdir: no channel {job.workdir!r} "
                                 f"(channels: {', '.join(c.channels) or 'none'})")
+        job_pythonpath(c, job, None)  # its channel is there
     except ContractError as e:
         write_failure(str(e), ml)
         return 2
@@ -358,10 +375,11 @@ def main(ml: Path = ML) -> int:
             mark_ready(str(e))
         write_failure(str(e), ml)
         return 2
-    if site is not None:
-        env = with_pythonpath(env, str(site))
+    paths = job_pythonpath(c, job, site)
+    if paths:
+        env = with_pythonpath(env, ":".join(paths))
     # Every rank gets the SM_* variables (and PYTHONPATH), whether SageMaker or this program set them.
-    forward = sorted(k for k in env if k.startswith("SM_")) + (["PYTHONPATH"] if site is not None else [])
+    forward = sorted(k for k in env if k.startswith("SM_")) + (["PYTHONPATH"] if paths else [])
     argv = launch_argv(c, job, forward=forward)
     if argv is None:
         mark_ready(None)
