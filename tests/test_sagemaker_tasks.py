@@ -547,3 +547,30 @@ def test_local_refusals_make_nothing(tmp_path, kw, message):
     with pytest.raises(LaunchError, match=re.escape(message)):
         sm.run_local(_opts(work, tmp_path, download=tmp_path / "out", **kw), runner=lambda a, e: 0)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.docker
+def test_local_runs_the_image_train_on_the_real_engine(cpu_images, tmp_path):
+    """`--local` on this machine's engine with the pytorch-ddp CPU image: the image's own `train`
+    (sagemaker_train.py) reads the tree dtrain laid out, runs the command with the channel and
+    the dependency on its paths, and the model lands on the host; a failing command's reason
+    comes back from /opt/ml/output/failure."""
+    work = _work(tmp_path)
+    (work / "train.py").write_text(TRAIN_PY)
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (data / "1.txt").write_text("1")
+    (data / "a/2.txt").write_text("2")
+    lib = tmp_path / "libs" / "mylib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("VALUE = 'lib'\n")
+    printed: list[str] = []
+    opts = _opts(work, tmp_path, image=cpu_images["pytorch-ddp"].ref, role_arn="", command=("python3", "train.py"),
+                 inputs={"train": str(data)}, dependencies={"mylib": lib}, download=tmp_path / "out",
+                 task="local", name="local-real")
+    assert sm.run_local(opts, out=printed.append) == ("local-real", 0), printed
+    ml = tmp_path / "out/local-real/opt-ml"
+    assert json.loads((ml / "model/model.json").read_text()) == {"total": 3, "lib": "lib", "hosts": ["algo-1"]}
+    (work / "train.py").write_text("raise SystemExit(3)\n")
+    assert sm.run_local(dataclasses.replace(opts, name="local-real-2"), out=printed.append)[1] == 1
+    assert printed[-1].startswith("[sagemaker local] local-real-2 Failed: ") and "3" in printed[-1], printed[-1]
