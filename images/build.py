@@ -24,9 +24,10 @@ from dtrain.images.spec import Image, SpecError, load_all, size_over_budget
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 # What the images copy from the checkout besides the wheels (.dockerignore lets these through).
-IMAGE_SOURCES = ("launch/node", "dtrain/__init__.py", "launch/__init__.py", "launch/errors.py",
-                 "launch/jobs/__init__.py", "launch/jobs/commands.py", "launch/remote/__init__.py",
-                 "launch/remote/hosts.py")
+# The modules are what launch/node/sagemaker_train.py imports (tests/test_sagemaker.py checks).
+IMAGE_SOURCES = ("launch/node", "dtrain/__init__.py", "dtrain/contract.py", "dtrain/reference.py", "dtrain/values.py",
+                 "launch/__init__.py", "launch/errors.py", "launch/jobs/__init__.py", "launch/jobs/commands.py",
+                 "launch/jobs/container.py", "launch/remote/__init__.py", "launch/remote/hosts.py")
 LOG_DIR = ROOT / "build" / "logs"
 
 

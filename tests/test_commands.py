@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from dtrain.launch.jobs import container
+from dtrain.launch.jobs.container import ssh_options
 from dtrain.launch.jobs.commands import (
     ContainerSpec,
     Mount,
@@ -51,7 +53,8 @@ def test_mpirun_two_nodes_ompi4():
 
 
 def test_mpirun_ompi5_uses_plm_ssh_args():
-    argv = mpirun_argv(NODES, ["python", "t.py"], iface="eth0", ompi_major=5, ssh_port=2222)
+    argv = mpirun_argv(NODES, ["python", "t.py"], iface="eth0", ompi_major=5,
+                       ssh=ssh_options(port=2222))
     i = argv.index("plm_ssh_args")
     assert argv[i - 1 : i + 2] == ["--mca", "plm_ssh_args", "-p 2222"]
     assert "plm_rsh_args" not in argv
@@ -62,7 +65,7 @@ def test_mpi_flags_overrides_and_dedup():
         iface="ens5",
         env={"OMP_NUM_THREADS": "4", "PATH": "/opt/bin"},
         forward=["NCCL_DEBUG", "HF_TOKEN", "OMP_NUM_THREADS"],
-        ssh_port=None,
+        ssh=(),
         extra_mca=[("btl_tcp_if_include", "ens5,ens6"), ("plm_rsh_no_tree_spawn", "true")],
     )
     assert flags == [
@@ -353,12 +356,12 @@ def test_torchrun_drops_leading_python():
 
 def test_mpirun_with_hostfile_instead_of_nodes():
     argv = mpirun_argv(None, ["python", "t.py"], iface="eth0", hostfile="/etc/mpi/hostfile", np=16,
-                       ssh_options=["-o ConnectionAttempts=10"])
+                       ssh=ssh_options(attempts=10))
     assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "16", "--hostfile", "/etc/mpi/hostfile"]
     assert "-H" not in argv
     i = argv.index("plm_rsh_args")
     assert argv[i + 1] == "-p 2022 -o ConnectionAttempts=10"
-    assert argv[6:-2] == mpi_flags(iface="eth0", ssh_options=["-o ConnectionAttempts=10"])
+    assert argv[6:-2] == mpi_flags(iface="eth0", ssh=ssh_options(attempts=10))
 
 
 def test_mpirun_nodes_and_hostfile_are_exclusive():
@@ -373,9 +376,41 @@ def test_mpirun_nodes_and_hostfile_are_exclusive():
 
 
 def test_ssh_options_without_port():
-    flags = mpi_flags(iface="eth0", ssh_port=None, ssh_options=["-o ConnectionAttempts=10"])
+    flags = mpi_flags(iface="eth0", ssh=ssh_options(port=None, attempts=10))
     assert flags[flags.index("plm_rsh_args") + 1] == "-o ConnectionAttempts=10"
-    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh_port=None)
+    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh=())
+
+
+# The container-side ssh of every caller, word for word as each caller built it before the one
+# builder (launch/jobs/container.py) replaced their own lists.
+MUX_WORDS = ["-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C", "-o", "ControlPersist=600",
+             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+
+
+def test_container_ssh_of_each_caller():
+    assert container.supervisor_ssh() == [
+        "ssh", "-p", "2022", "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", *MUX_WORDS]
+    assert container.ready_ssh() == ["ssh", "-p", "2022", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                                     *MUX_WORDS]
+    assert container.doctor_ssh() == ["ssh", "-p", "2022", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    assert container.ssh_argv(attempts=5) == ["ssh", "-p", "2022", "-o", "ConnectionAttempts=5"]  # SageMaker's
+    flags = mpi_flags(iface="eth0", ssh=container.mpirun_ssh())
+    assert flags[flags.index("plm_rsh_args") + 1] == ("-p 2022 -o ControlMaster=auto -o ControlPath=/tmp/dtrain-mux-%C "
+                                                      "-o ControlPersist=600 -o ServerAliveInterval=5 "
+                                                      "-o ServerAliveCountMax=3")
+    assert " ".join(ssh_options(attempts=10)) == "-p 2022 -o ConnectionAttempts=10"  # SageMaker's, the MPIJob's mpirun
+
+
+def test_the_mpirun_launcher_and_the_ready_check_share_the_master_connection():
+    """run.sh's ready check gets its ssh as --ssh words; mpirun's plm_rsh_args and the
+    supervisor's ssh carry the same master options, so both ride the masters it left."""
+    from dtrain.launch.jobs import launchers
+    from dtrain.launch.jobs.commands import LaunchCommand, PlanNode
+
+    run = LaunchCommand("mpirun", ("python", "t.py"))
+    argv = launchers.attempt_argv(run, [PlanNode("10.0.0.1", "n1", 1, "eth0"), PlanNode("10.0.0.2", "n2", 1, "eth0")])[0]
+    assert argv[argv.index("plm_rsh_args") + 1] == " ".join(["-p", "2022", *MUX_WORDS])
 
 
 def test_torchrun_pod_env_references():

@@ -207,8 +207,8 @@ def test_supervisor_gets_the_modules_it_imports(tmp_path):
                        "from dtrain.launch.jobs import (\n    output,\n)\n")
     assert supervision.shipped_modules(program) == (
         "dtrain/__init__.py", "dtrain/contract.py", "dtrain/launch/__init__.py", "dtrain/launch/errors.py",
-        "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py", "dtrain/launch/jobs/output.py",
-        "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py", "dtrain/reference.py",
+        "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py", "dtrain/launch/jobs/container.py",
+        "dtrain/launch/jobs/output.py", "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py", "dtrain/reference.py",
         "dtrain/table.py", "dtrain/values.py")
     files = supervision.builder_files()
     assert set(files) == {*supervision.shipped_modules(contract.NODE_SCRIPTS / "supervise.py"),

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import commands, container
 
 from dtrain.launch.other_tools import k8s_schema
 from dtrain.launch.other_tools import manifests as m
@@ -173,13 +173,12 @@ def test_mpijob_mpirun_is_launch_commands_output():
     d = doc("mpijob", env={"WANDB_MODE": "offline"})
     launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     expected = commands.mpirun_argv(None, list(CMD), iface="eth0", env_names=["WANDB_MODE"],
-                                    ssh_port=2022, ssh_options=["-o ConnectionAttempts=10"],
+                                    ssh=container.ssh_options(attempts=10),
                                     hostfile="/etc/mpi/hostfile", np=12)
     assert launcher["command"] == ["/opt/dtrain/node/entrypoint.sh"]
     assert launcher["args"] == expected
     # The flags are exactly mpi_flags, the ones `invoke launch` passes, in the same order.
-    flags = commands.mpi_flags(iface="eth0", env_names=["WANDB_MODE"], ssh_port=2022,
-                               ssh_options=["-o ConnectionAttempts=10"])
+    flags = commands.mpi_flags(iface="eth0", env_names=["WANDB_MODE"], ssh=container.ssh_options(attempts=10))
     assert expected == ["mpirun", "--allow-run-as-root", "-np", "12", "--hostfile", "/etc/mpi/hostfile",
                         *flags, *CMD]
     assert "-H" not in expected

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import commands, container
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import sagemaker as sm
 
@@ -57,8 +57,8 @@ def test_contract_hosts_sorted_and_first_host_runs_the_builders_mpirun(tmp_path)
     assert job == train.JobArgs(("python", "train.py", "--epochs", "3"), "mpirun", 8, "code")
     argv = train.launch_argv(c, job, forward=["SM_MODEL_DIR"])
     assert argv == commands.mpirun_argv([Node("algo-1", 8), Node("algo-2", 8)], ["python", "train.py", "--epochs", "3"],
-                                        iface="eth0", forward=["SM_MODEL_DIR"], ssh_port=2022,
-                                        ssh_options=("-o ConnectionAttempts=10",))
+                                        iface="eth0", forward=["SM_MODEL_DIR"],
+                                        ssh=container.ssh_options(attempts=10))
 
 
 def test_other_hosts_only_serve_ssh_for_mpirun(tmp_path):
@@ -108,10 +108,24 @@ def test_node_program_is_shellcheck_and_entrypoint_runs_it_for_train():
 
 
 def test_image_gets_the_builders_the_train_program_imports():
+    """Dockerfile.j2's COPY lines, .dockerignore and build.IMAGE_SOURCES hold exactly the modules
+    sagemaker_train.py imports (at any depth, a function's imports too)."""
+    import re
+
+    from dtrain import contract
+    from dtrain.images import build
+    from dtrain.launch.jobs import supervision
+
+    # the checkout's path of each module the image needs (dtrain.launch is launch/)
+    want = {re.sub(r"^dtrain/launch/", "launch/", m)
+            for m in supervision.shipped_modules(contract.NODE_SCRIPTS / "sagemaker_train.py")}
     docker = (ROOT / "templates/Dockerfile.j2").read_text()
-    ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    for path in ("launch/jobs/commands.py", "launch/remote/hosts.py", "launch/errors.py"):
-        assert path in docker and f"!{path}" in ignore
+    copied = {w for line in docker.splitlines() if line.startswith("COPY ") and "/opt/dtrain/py/" in line
+              for w in line.split()[1:-1]}
+    ignore = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines()
+              if line.startswith("!") and line.endswith(".py")}
+    assert copied == want and ignore == want
+    assert set(build.IMAGE_SOURCES) - {"launch/node"} == want
 
 
 # ---------------------------------------------------------------- the request

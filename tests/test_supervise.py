@@ -251,11 +251,11 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
 
 def test_every_ssh_session_probes_the_link():
     """Keepalives on the launcher's ssh and the containers' (a lost link ends the session)."""
-    from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX
+    from dtrain.launch.jobs import container
     from dtrain.launch.remote.hosts import ssh_argv
-    from dtrain.launch.jobs.supervision import container_ssh
 
-    for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):
+    for argv in (ssh_argv(NODES[0], ["true"]), container.supervisor_ssh(), container.ready_ssh(),
+                 container.mpirun_ssh()):
         assert argv.count("ServerAliveInterval=5") == 1 and argv.count("ServerAliveCountMax=3") == 1, argv
 
 

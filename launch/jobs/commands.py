@@ -17,6 +17,7 @@ from typing import Any
 
 from dtrain import contract, values
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import container
 from dtrain.launch.remote.hosts import Node, hosts_list
 
 _ENV_NAME_RE = re.compile(rf"^{values.ENV_NAME.pattern}$", re.ASCII)  # the one rule: dtrain/values.py
@@ -66,15 +67,14 @@ def mpi_flags(
     ompi_major: int = 4,
     env: Mapping[str, str] | None = None,
     forward: Sequence[str] = (),
-    ssh_port: int | None = contract.SSH_PORT,
+    ssh: Sequence[str] | None = None,
     extra_mca: Sequence[tuple[str, str]] = (),
-    ssh_options: Sequence[str] = (),
     env_names: Sequence[str] = (),
 ) -> list[str]:
     """Every mpirun flag but -np/-H: the one place the MPI contract lives (Open MPI 4 or 5).
 
-    ssh_port: the containers' sshd port; None leaves ssh's default. ssh_options: more ssh
-    arguments after `-p PORT` in the same MCA value (e.g. `-o ConnectionAttempts=10`). User env
+    ssh: the ssh options of mpirun's daemon launch, one MCA value (container.ssh_options; None:
+    its default, `-p 2022`; empty: ssh's own defaults). User env
     overrides the built-in values in place; extra_mca overrides built-in MCA params of the same name.
     env_names: user variables whose values mpirun takes from its own environment (`-x NAME`, so
     no value is in the argv), replacing built-in values in place as env does.
@@ -91,9 +91,9 @@ def mpi_flags(
         "btl_tcp_if_include": iface,
         "oob_tcp_if_include": iface,
     }
-    rsh_args = ([f"-p {ssh_port}"] if ssh_port is not None else []) + list(ssh_options)
+    rsh_args = container.ssh_options() if ssh is None else list(ssh)
     if rsh_args:
-        # One argv element "-p 2022"; Open MPI 5 (PRRTE) renamed the rsh launcher to ssh.
+        # One argv element "-p 2022 -o ..."; Open MPI 5 (PRRTE) renamed the rsh launcher to ssh.
         mca["plm_rsh_args" if ompi_major < 5 else "plm_ssh_args"] = " ".join(rsh_args)
     mca.update(dict(extra_mca))
 
@@ -121,9 +121,8 @@ def mpirun_argv(
     ompi_major: int = 4,
     env: Mapping[str, str] | None = None,
     forward: Sequence[str] = (),
-    ssh_port: int | None = contract.SSH_PORT,
+    ssh: Sequence[str] | None = None,
     extra_mca: Sequence[tuple[str, str]] = (),
-    ssh_options: Sequence[str] = (),
     hostfile: str | None = None,
     np: int | None = None,
     env_names: Sequence[str] = (),
@@ -148,7 +147,7 @@ def mpirun_argv(
     return [
         "mpirun", "--allow-run-as-root", "-np", str(np), *hosts,
         *mpi_flags(iface=iface, ompi_major=ompi_major, env=env, forward=forward,
-                   ssh_port=ssh_port, extra_mca=extra_mca, ssh_options=ssh_options, env_names=env_names),
+                   ssh=ssh, extra_mca=extra_mca, env_names=env_names),
         *command,
     ]  # fmt: skip
 
@@ -321,11 +320,6 @@ def ray_job_argv(head_address: str, command: Sequence[str]) -> list[str]:
 
 
 # --- one attempt: the launcher command for the nodes a job has now ---------------------------
-
-# ssh inside the first container: the readiness check opens one master connection per node
-# and mpirun's daemon launch (all from that container: no tree spawn) reuses them.
-CONTAINER_SSH_MUX = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C",
-                     "-o", "ControlPersist=600", *contract.ssh_keepalive_opts())  # keepalives: a lost link ends it
 
 # Open MPI settings every mpirun gets unless --mca sets them: the first container starts every
 # node's daemon over the connections the ready step left; two TCP connections per peer for MPI

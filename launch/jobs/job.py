@@ -42,13 +42,13 @@ from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  #
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, netgate, node_programs, output, store, supervision, timeline
+from dtrain.launch.jobs import commands, container, netgate, node_programs, output, store, supervision, timeline
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import launchers
-from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, env_file, launch_command, plan_nodes
+from dtrain.launch.jobs.launchers import env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import RegistryAnswer, ask_registry, parse_ref, pull_on_nodes
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
@@ -399,8 +399,8 @@ def run_script_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence
                  contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
                  "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
         opts += ["--ready-beside"] if ready_beside else []
-        for o in CONTAINER_SSH_MUX:
-            opts += ["--ssh-opt", o]
+        for word in container.ready_ssh():
+            opts += ["--ssh", word]
         opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
     return node_programs.container_argv("run.sh", [*opts, "--", *command])
 
@@ -950,7 +950,7 @@ class Job:
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
         node_dir = node_dirs.get(first, "")
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
-                                quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
+                                quarantined=quarantined, ssh=container.supervisor_ssh(),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
     def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,

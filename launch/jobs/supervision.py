@@ -130,13 +130,6 @@ def builder_files() -> dict[str, str]:
     return out
 
 
-def container_ssh(mux: Sequence[str] = ()) -> list[str]:
-    """ssh argv, without host, from one container of the job to another's sshd (contract.SSH_PORT)."""
-    return ["ssh", "-p", str(contract.SSH_PORT), "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
-
-
 def describe(ev: dict) -> str:
     """One line for a user, for each event."""
     name = ev["event"]

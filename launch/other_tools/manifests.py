@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
-from dtrain.launch.jobs import commands, launchers
+from dtrain.launch.jobs import commands, container, launchers
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import sagemaker
 
@@ -42,7 +42,7 @@ POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
 SSH_MOUNT = "/root/.ssh"  # where the MPI operator mounts the job's key Secret
 MASTER_PORT = 23456  # the training operator's default; it sets MASTER_PORT from it
-MPI_SSH_OPTIONS = ("-o ConnectionAttempts=10",)  # the operator's own retry while workers start
+MPI_SSH = container.ssh_options(attempts=10)  # the operator's own retry while workers start
 SAGEMAKER_INSTANCE = {0: "ml.m5.2xlarge", 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
 PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
 PLACEHOLDER_S3 = "s3://my-bucket/dtrain/output"
@@ -161,7 +161,7 @@ def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
     user's env goes as `-x NAME` only, its values in the launcher pod's env (as `dtrain launch`
     keeps them out of argv): an argv shows in `ps` and in every describe of the pod."""
     return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env_names=list(spec.env),
-                                ssh_port=contract.SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
+                                ssh=MPI_SSH,
                                 hostfile=MPI_HOSTFILE, np=spec.workers * spec.slots)
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Sequence
 
 from dtrain import contract, table
 from dtrain.contract import container_name
-from dtrain.launch.jobs import commands, node_programs, store
+from dtrain.launch.jobs import commands, container, node_programs, store
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.remote.transport import SshTransport
@@ -355,7 +355,7 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
                 if r.ok and not image_labels(host[n.host].get("image_labels")):
                     host[n.host]["image_labels"] = r.stdout.strip()
         check = ["docker", "exec", container_name(name), *node_programs.container_argv(
-            "doctor-container.sh", [str(contract.SSH_PORT), *(f.address for f in started.facts)])]
+            "doctor-container.sh", [*container.doctor_ssh(), "--", *(f.address for f in started.facts)])]
         results = job.ssh.run(usable, lambda n: check, timeout=120, retries=1)
         for n, r in zip(usable, results):
             if r.ok:

@@ -27,7 +27,6 @@ __all__ = ["LAUNCHERS", "Launcher", "attempt_argv", "choices", "env_file", "get"
 
 LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate)}
 
-CONTAINER_SSH_MUX = commands.CONTAINER_SSH_MUX  # the builders' (launch/jobs/commands.py)
 MPI_DEFAULTS = commands.MPI_DEFAULTS
 mpi_defaults = commands.mpi_defaults
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dtrain import contract
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import commands, container
 from dtrain.launch.jobs.launchers.base import Launcher
 from dtrain.launch.remote.hosts import Node
 
@@ -29,9 +28,9 @@ class Mpirun(Launcher):
         peers = [Node(n.address, n.slots) for n in nodes]
         extra = [k for k, _ in run.extra_env]
         kw: dict[str, Any] = dict(
-            iface=nodes[0].iface, env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
+            iface=nodes[0].iface, env_names=list(run.env_names), ssh=container.mpirun_ssh(),
             forward=[*run.forward, commands.RESTART_VAR, *extra], ompi_major=run.ompi,
-            ssh_options=commands.CONTAINER_SSH_MUX, extra_mca=[*commands.mpi_defaults(run.mca), *run.mca])
+            extra_mca=[*commands.mpi_defaults(run.mca), *run.mca])
         command = commands.rank_output_argv(run.rank_output, run.command)
         argv = (commands.mpirun_argv(peers, command, **kw) if run.subnet is None
                 else commands.mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
