@@ -82,8 +82,8 @@ def test_image_step_reports_an_engine_that_does_not_answer():
     dict(shm_size="64m", command=("sh", "-c", "sleep 60")),
 ])
 def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp_path, kw):
-    """start.sh (the node's flags from its probe) and docker_run_argv (the same flags given
-    here): the engine records the same Config and HostConfig (the name and IDs aside)."""
+    """start.sh (the node's flags from its probe) and docker_run_parts's argv with the flags put
+    between here: the engine records the same Config and HostConfig (the name and IDs aside)."""
     made = {}
     for how in ("node", "argv"):
         name = f"t-start-{how}-{uuid.uuid4().hex[:6]}"
@@ -92,8 +92,8 @@ def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp
         spec = c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(kd), **kw)
         if how == "argv":
             kd.mkdir()
-            docker(*c.docker_run_argv(c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, gpus=False,
-                                                      key_dir=str(kd), memlock=MEMLOCK, **kw))[1:])
+            head, rest = c.docker_run_parts(spec)
+            docker(*head[1:], *node_programs.node_flags(0, (), str(MEMLOCK)), *rest)
         else:
             head, rest = c.docker_run_parts(spec)
             r = host(f'gpus=0 efa= memlock={MEMLOCK}; ss() {{ echo LISTEN; }}; read_secrets; start "$@"',

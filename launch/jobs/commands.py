@@ -577,12 +577,9 @@ class ContainerSpec:
 
     job: str
     image: str
-    gpus: bool = True
-    efa_devices: tuple[str, ...] = ()  # e.g. /dev/infiniband/uverbs0
     mounts: tuple[Mount, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # None: --ipc host (host /dev/shm, what NCCL wants); else --shm-size
-    memlock: int = -1  # bytes; -1 = unlimited (EFA/RDMA pin memory). Capped where the host cannot.
     key_dir: str | None = None  # node directory with the job's key pair, mounted at contract.JOB_KEY_MOUNT
     command: tuple[str, ...] = ()  # empty: the image's CMD
     name: str | None = None  # default dtrain-JOB
@@ -595,8 +592,9 @@ class ContainerSpec:
 
 
 def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
-    """docker run's argv around the node-dependent flags (node_flags): (head, rest). A launch
-    sends both to the node, which puts its own node_flags between them (launch/node/host/start.sh)."""
+    """docker run's argv around the flags that depend on the node: (head, rest). A launch sends
+    both to the node, which puts its own flags between them (launch/node/host/start.sh node_flags:
+    memlock, GPUs, EFA devices, from the node's probe)."""
     for what, value in (("job", spec.job), ("container name", spec.container_name)):
         if not _NAME_RE.match(value):
             raise LaunchError(f"bad {what} {value!r} (letters, digits, _ . -; starting alphanumeric)")
@@ -625,24 +623,6 @@ def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
     for k, v in spec.env.items():
         rest += ["-e", f"{k}={v}"]
     return head, rest + [spec.image, *spec.command]
-
-
-def node_flags(gpus: bool, efa_devices: Sequence[str], memlock: int) -> list[str]:
-    """The flags that depend on the node: unlimited (or the host's cap of) locked memory, GPUs, EFA."""
-    argv = ["--ulimit", f"memlock={memlock}" if memlock < 0 else f"memlock={memlock}:{memlock}"]
-    if gpus:
-        argv += ["--gpus", "all"]
-    for dev in efa_devices:
-        if not dev.startswith("/dev/"):
-            raise LaunchError(f"bad device {dev!r} (expected a /dev path)")
-        argv += ["--device", dev]
-    return argv
-
-
-def docker_run_argv(spec: ContainerSpec) -> list[str]:
-    """`docker run -d` for one node: host network, shared IPC, unlimited memlock, GPUs, EFA."""
-    head, rest = docker_run_parts(spec)
-    return head + node_flags(spec.gpus, spec.efa_devices, spec.memlock) + rest
 
 
 # --- network interface ---------------------------------------------------------------------
