@@ -74,7 +74,7 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.launch.jobs import node_programs  # noqa: E402
-from dtrain.launch.jobs.commands import ContainerSpec, Mount, docker_run_parts  # noqa: E402
+from dtrain.launch.jobs.container import ContainerSpec, Mount, docker_run_parts  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 LAZY_NODE = cluster.LAZY_NODE
@@ -360,7 +360,7 @@ def import_bytes(node: Node, ref: str, framework: str) -> tuple[int, int]:
 
 
 def contract_check(node: Node, ref: str) -> str:
-    """The launcher's own `docker run -d` (commands.docker_run_parts and the node's flags: host network, a bind
+    """The launcher's own `docker run -d` (container.docker_run_parts and the node's flags: host network, a bind
     mount, the job key mount, env) on a lazy node; sshd must answer on SSH_PORT with the job's key."""
     node.stop()
     node.start()

@@ -3,21 +3,13 @@ import json
 import pytest
 
 from dtrain.launch.jobs import container
-from dtrain.launch.jobs.container import ssh_options
-from dtrain.launch.jobs.commands import (
-    ContainerSpec,
-    Mount,
-    check_same_iface,
-    docker_run_parts,
-    horovodrun_argv,
-    interface_for_address,
-    mpi_flags,
-    mpirun_argv,
-    parse_env_file,
-    parse_mount,
-    torchrun_argv,
-    torchrun_env,
-)
+from dtrain.launch.jobs.container import (ContainerSpec, Mount, docker_run_parts, parse_env_file, parse_mount,
+                                          ssh_options)
+from dtrain.launch.jobs.launchers.horovodrun import horovodrun_argv
+from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv
+from dtrain.launch.jobs.launchers.ray import ray_env, ray_head_argv, ray_job_argv, ray_wait_argv, ray_worker_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
+from dtrain.launch.jobs.nic import check_same_iface, interface_for_address
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 
@@ -342,7 +334,7 @@ def test_check_same_iface():
 
 
 def test_torchrun_drops_leading_python():
-    from dtrain.launch.jobs.commands import torchrun_argv
+    from dtrain.launch.jobs.launchers.torchrun import torchrun_argv
 
     argv = torchrun_argv(2, 0, 1, "10.0.0.1", 29500, ["python3", "train.py", "--lr", "1"])
     assert argv[-3:] == ["train.py", "--lr", "1"]
@@ -406,7 +398,8 @@ def test_the_mpirun_launcher_and_the_ready_check_share_the_master_connection():
     """run.sh's ready check gets its ssh as --ssh words; mpirun's plm_rsh_args and the
     supervisor's ssh carry the same master options, so both ride the masters it left."""
     from dtrain.launch.jobs import launchers
-    from dtrain.launch.jobs.commands import LaunchCommand, PlanNode
+    from dtrain.launch.jobs.runplan import LaunchCommand
+    from dtrain.launch.jobs.runplan import PlanNode
 
     run = LaunchCommand("mpirun", ("python", "t.py"))
     argv = launchers.attempt_argv(run, [PlanNode("10.0.0.1", "n1", 1, "eth0"), PlanNode("10.0.0.2", "n2", 1, "eth0")])[0]
@@ -426,39 +419,33 @@ def test_torchrun_pod_env_references():
 # ---------------------------------------------------------------- Ray
 
 def test_ray_head_and_worker():
-    from dtrain.launch.jobs import commands as c
-
-    assert c.ray_head_argv(node_ip="10.0.0.1") == [
+    assert ray_head_argv(node_ip="10.0.0.1") == [
         "ray", "start", "--head", "--port=6379", "--include-dashboard=false", "--disable-usage-stats",
         "--node-ip-address=10.0.0.1"]
-    assert c.ray_head_argv(6380, num_cpus=0, block=True)[-2:] == ["--num-cpus=0", "--block"]
-    assert c.ray_worker_argv("head.example:6379", num_gpus=4, block=True) == [
+    assert ray_head_argv(6380, num_cpus=0, block=True)[-2:] == ["--num-cpus=0", "--block"]
+    assert ray_worker_argv("head.example:6379", num_gpus=4, block=True) == [
         "ray", "start", "--address=head.example:6379", "--disable-usage-stats", "--num-gpus=4", "--block"]
 
 
 @pytest.mark.parametrize("call", [
-    lambda c: c.ray_head_argv(0),
-    lambda c: c.ray_head_argv(num_cpus=-1),
-    lambda c: c.ray_worker_argv("head-without-port"),
-    lambda c: c.ray_worker_argv("--address=x:1"),
-    lambda c: c.ray_wait_argv("h:1", 0, 10),
-    lambda c: c.ray_job_argv("h:1", []),
+    lambda: ray_head_argv(0),
+    lambda: ray_head_argv(num_cpus=-1),
+    lambda: ray_worker_argv("head-without-port"),
+    lambda: ray_worker_argv("--address=x:1"),
+    lambda: ray_wait_argv("h:1", 0, 10),
+    lambda: ray_job_argv("h:1", []),
 ])
 def test_ray_rejects(call):
-    from dtrain.launch.jobs import commands as c
-
     with pytest.raises(ValueError):
-        call(c)
+        call()
 
 
 def test_ray_job_and_wait():
-    from dtrain.launch.jobs import commands as c
-
-    assert c.ray_job_argv("10.0.0.1:6379", ["python", "t.py", "--x", "a b"]) == [
+    assert ray_job_argv("10.0.0.1:6379", ["python", "t.py", "--x", "a b"]) == [
         "env", "RAY_ADDRESS=10.0.0.1:6379", "python", "t.py", "--x", "a b"]
-    assert c.ray_wait_argv("10.0.0.1:6379", 3, 60) == [
+    assert ray_wait_argv("10.0.0.1:6379", 3, 60) == [
         "python", "/opt/dtrain/node/ray_wait.py", "--address", "10.0.0.1:6379", "--nodes", "3", "--timeout", "60"]
-    assert c.ray_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert ray_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
 
 
 def test_ray_node_argvs_head_first_workers_join_it():

@@ -15,7 +15,7 @@ import pytest
 
 from dtrain import contract
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.jobs.commands import ContainerSpec, docker_run_parts, parse_mount
+from dtrain.launch.jobs.container import ContainerSpec, docker_run_parts, parse_mount
 from dtrain.launch.jobs.launchers import env_file
 
 NODE = contract.NODE_SCRIPTS

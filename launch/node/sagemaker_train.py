@@ -9,7 +9,7 @@ runs this program, which reads SageMaker's contract under /opt/ml:
                                      across all over ssh), dtrain_slots, dtrain_workdir (a channel;
                                      default `code`)
   input/data/<channel>/              channels (File mode); `dtrain` holds the job's ssh key
-and runs the job with the project's own command builders (dtrain.launch.jobs.commands):
+and runs the job with the project's own command builders (the launcher modules of dtrain.launch.jobs.launchers):
   mpirun   (Horovod images): the first host (sorted hosts[0]) waits for every host's sshd,
            runs mpirun across all; then tells the others the exit code, and they exit with it.
   torchrun (pytorch-ddp): every host runs torchrun, node rank = its place in sorted hosts.
@@ -44,7 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "py"))
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands, container  # noqa: E402
+from dtrain.launch.jobs import container  # noqa: E402
+from dtrain.launch.jobs.launchers.mpirun import mpirun_argv  # noqa: E402
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env  # noqa: E402
 from dtrain.launch.remote.hosts import Node  # noqa: E402
 
 ML = Path("/opt/ml")
@@ -167,11 +169,11 @@ def sm_env(c: Contract, gpus: int, ml: Path = ML) -> dict[str, str]:
 
 
 def _torchrun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return commands.torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
+    return torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
 
 
 def _mpirun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return commands.mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
+    return mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
                                 forward=forward, ssh=MPI_SSH)
 
 
@@ -350,7 +352,7 @@ def main(ml: Path = ML) -> int:
         (ml / d).mkdir(parents=True, exist_ok=True)
     extra = {k: v for k, v in sm_env(c, gpus, ml).items() if k not in os.environ}
     if job.per_node:  # NCCL and Gloo on this host's NIC (torchrun's own rendezvous)
-        extra |= commands.torchrun_env(c.iface)
+        extra |= torchrun_env(c.iface)
     env = {**os.environ, **extra}
     cwd = c.channels.get(job.workdir) if job.workdir else None
     try:
