@@ -207,11 +207,11 @@ def _family_flag(value: str | None, name: str = "--image", *, tag_ok: bool = Fal
 def _env_flags(env, env_file=None) -> dict[str, str]:
     """--env-file's pairs, then --env NAME=VALUE's (later ones win)."""
     from dtrain import values
-    from dtrain.launch.jobs import commands
+    from dtrain.launch.jobs import container
 
     if env_file:
         values.local_path("--env-file", env_file, "file", "an env file")
-    return {**(commands.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
+    return {**(container.parse_env_file(env_file) if env_file else {}), **values.env_pairs("--env", env)}
 
 
 @task(help={"image": "one family (horovod-tensorflow, horovod-pytorch, pytorch-ddp); default all",
@@ -508,7 +508,7 @@ def launch_spec(cfg):
     from dtrain import values
     from dtrain.launch.errors import LaunchError
     from dtrain.launch import targets
-    from dtrain.launch.jobs import commands, jobfile
+    from dtrain.launch.jobs import container, jobfile
     from dtrain.launch.jobs.job import JobSpec
     from dtrain.launch.jobs.workdir import parse_size
 
@@ -542,7 +542,7 @@ def launch_spec(cfg):
     imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or targets.spot_notice(
         targets.NodeArgs(hostfile=cfg["hostfile"], hosts=cfg["hosts"], ec2_tag=cfg["ec2_tag"], cluster=cfg["cluster"]))
     return JobSpec(image=image, command=tuple(cfg["command"]), launcher=cfg["launcher"], name=name or "", env=envs,
-                   iface=iface, mounts=tuple(commands.parse_mount(m) for m in cfg["mount"] or []),
+                   iface=iface, mounts=tuple(container.parse_mount(m) for m in cfg["mount"] or []),
                    shm_size=shm_size, master_port=port, rdzv=cfg["rdzv"], pull=cfg["pull"],
                    job_timeout=seconds, ssh_opts=_ssh_opts(cfg["ssh_opt"], cfg["ssh_config"], cfg["cluster"]),
                    workdir=workdir, workdir_limit=parse_size(cfg["workdir_limit"]), detach=bool(cfg["detach"]),
@@ -656,8 +656,7 @@ def logs(c, job=None, follow=False):
                                   "ssh_config": NODE_HELP["ssh_config"]})
 def stop(c, job=None, ssh_opt=None, ssh_config=None):
     """Stop a job: its launcher tears down, and no container of it is left on any node."""
-    from dtrain.launch.jobs.store import load_job, stop_line
-    from dtrain.launch.jobs.store import stop as stop_job
+    from dtrain.launch.jobs.store import load_job, stop as stop_job, stop_line
 
     with user_errors():
         before = None

@@ -73,7 +73,8 @@ from dtrain.images.render import local_ref  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.infra import netns as nx  # noqa: E402
-from dtrain.launch.jobs.commands import ContainerSpec, Mount, docker_run_argv  # noqa: E402
+from dtrain.launch.jobs import node_programs  # noqa: E402
+from dtrain.launch.jobs.container import ContainerSpec, Mount, docker_run_parts  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 LAZY_NODE = cluster.LAZY_NODE
@@ -359,7 +360,7 @@ def import_bytes(node: Node, ref: str, framework: str) -> tuple[int, int]:
 
 
 def contract_check(node: Node, ref: str) -> str:
-    """The launcher's own `docker run -d` (commands.docker_run_argv: host network, a bind
+    """The launcher's own `docker run -d` (container.docker_run_parts and the node's flags: host network, a bind
     mount, the job key mount, env) on a lazy node; sshd must answer on SSH_PORT with the job's key."""
     node.stop()
     node.start()
@@ -371,10 +372,10 @@ def contract_check(node: Node, ref: str) -> str:
     data.mkdir()
     (data / "marker").write_text("mounted\n")
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]  # capped as the launcher caps it
-    spec = ContainerSpec(job="lazycheck", image=ref, gpus=False, mounts=(Mount(str(data), "/data", True),),
-                         key_dir=str(job), env={"DTRAIN_LAZY": "yes"},
-                         memlock=-1 if hard == resource.RLIM_INFINITY else hard)
-    argv = docker_run_argv(spec)
+    spec = ContainerSpec(job="lazycheck", image=ref, mounts=(Mount(str(data), "/data", True),),
+                         key_dir=str(job), env={"DTRAIN_LAZY": "yes"})
+    head, rest = docker_run_parts(spec)
+    argv = [*head, *node_programs.node_flags(0, (), "" if hard == resource.RLIM_INFINITY else str(hard)), *rest]
     node.docker("pull", "-q", ref)
     node.docker(*argv[1:])
     ssh = ["ssh", "-p", str(contract.SSH_PORT), "-i", str(job / "id_ed25519"), "-o", "BatchMode=yes",

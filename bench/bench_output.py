@@ -37,7 +37,8 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import Node, parse_hostfile  # noqa: E402
-from dtrain.launch.jobs import commands, store  # noqa: E402
+from dtrain.launch.jobs import container, store  # noqa: E402
+from dtrain.launch.jobs.launchers.mpirun import mpi_defaults, mpirun_argv  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec, container_name  # noqa: E402
 from dtrain.launch.jobs.output import MpiOutput  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
@@ -97,8 +98,8 @@ def dtrain(info, image: str, n: int, lines: int, name: str) -> tuple[int, bool, 
 def by_hand(info, name: str, n: int, lines: int, tag: bool) -> tuple[int, bool, float]:
     """mpirun in the first container of the running job `name`, as a user would type it."""
     peers = [Node(x.address, 1) for x in info.nodes[:n]]
-    argv = commands.mpirun_argv(peers, ["python", "-c", script(lines)], iface=IFACE, ssh_port=contract.SSH_PORT,
-                                ssh_options=commands.CONTAINER_SSH_MUX, extra_mca=commands.mpi_defaults(()))
+    argv = mpirun_argv(peers, ["python", "-c", script(lines)], iface=IFACE,
+                                ssh=container.mpirun_ssh(), extra_mca=mpi_defaults(()))
     if tag:
         argv = [argv[0], "--tag-output", *argv[1:]]
     proc = subprocess.Popen(["docker", "-H", info.nodes[0].docker_host, "exec", container_name(name), *argv],

@@ -39,7 +39,7 @@ from dtrain.images import push as p  # noqa: E402
 from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
-from dtrain.launch.jobs.commands import Mount  # noqa: E402
+from dtrain.launch.jobs.container import Mount  # noqa: E402
 from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402

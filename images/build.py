@@ -4,7 +4,7 @@
 step (the full BuildKit log goes to build/logs/), and measures time, size and cache hits.
 Secrets (CA bundle, pip config) only ever reach the build as `--secret`, never as files in
 the context. The context is the repository root, narrowed by .dockerignore to launch/node/,
-the pure command builders (IMAGE_SOURCES) and .wheelhouse/.
+the pure command builders (image_sources()) and .wheelhouse/.
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ from typing import Callable
 
 from dtrain import table
 from dtrain.images.render import ROOT, image_repo, local_ref, output_path, render  # noqa: F401 (local_ref: build.local_ref)
+from dtrain.images.render import train_sources
 from dtrain.images.spec import Image, SpecError, load_all, size_over_budget
 
 WHEELHOUSE = ROOT / ".wheelhouse"
-# What the images copy from the checkout besides the wheels (.dockerignore lets these through).
-IMAGE_SOURCES = ("launch/node", "dtrain/__init__.py", "launch/__init__.py", "launch/errors.py",
-                 "launch/jobs/__init__.py", "launch/jobs/commands.py", "launch/remote/__init__.py",
-                 "launch/remote/hosts.py")
 LOG_DIR = ROOT / "build" / "logs"
+
+
+def image_sources() -> tuple[str, ...]:
+    """What the images copy from the checkout besides the wheels (.dockerignore lets these
+    through): launch/node/ and the modules its sagemaker_train.py imports (render.train_sources)."""
+    return ("launch/node", *(f for _, files in train_sources() for f in files))
 
 
 class BuildError(Exception):
@@ -165,7 +168,7 @@ def source_stamp() -> tuple[str, str]:
     """(revision, created) for the OCI labels: the commit and its time, so the same sources
     give the same image config (no wall-clock time in labels)."""
     rev = _git("rev-parse", "HEAD") or "unknown"
-    if rev != "unknown" and _git("status", "--porcelain", "--", "images", "templates", *IMAGE_SOURCES):
+    if rev != "unknown" and _git("status", "--porcelain", "--", "images", "templates", *image_sources()):
         rev += "-dirty"
     created = _git("log", "-1", "--format=%cI") or "unknown"
     return rev, created

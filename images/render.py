@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from dtrain import contract
+from dtrain import contract, shipped
 from dtrain.images.spec import Image, load_all, minor, vtuple
 
 from dtrain import ROOT
@@ -152,6 +152,16 @@ def torch_index(img: Image) -> str:
     return f"https://download.pytorch.org/whl/{torch_flavour(img)}"
 
 
+def train_sources() -> list[tuple[str, list[str]]]:
+    """What the images copy to /opt/dtrain/py for SageMaker's `train`: the modules
+    launch/node/sagemaker_train.py imports (dtrain/shipped.py), as (folder under the import
+    root, [checkout paths]), one COPY each."""
+    by_dir: dict[str, list[str]] = {}
+    for m in shipped.shipped_modules(contract.NODE_SCRIPTS / "sagemaker_train.py"):
+        by_dir.setdefault(m.rpartition("/")[0], []).append(shipped.checkout_path(m))
+    return sorted(by_dir.items())
+
+
 def context(img: Image) -> dict[str, Any]:
     """Everything the templates need, derived from one validated Image."""
     v = img.variant
@@ -159,6 +169,7 @@ def context(img: Image) -> dict[str, Any]:
         "img": img,
         "v": v,
         "contract": contract.jinja(),
+        "train_sources": train_sources(),
         "gpu": img.gpu,
         "tag": img.tag,
         "repo": image_repo(img),

@@ -548,21 +548,20 @@ def test_env_names_are_one_rule():
     """--env, --env-file, SageMaker's env and the container env accept the same names."""
     from dtrain import values
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs import commands
-    from dtrain.launch.jobs import sagemaker as sm
+    from dtrain.launch.jobs import container, sagemaker as sm
 
     for name in ("1BAD", "A B", "", "$(id)", "A-B", "É"):
         assert not values.env_name(name)
-        assert not commands._ENV_NAME_RE.match(name)
+        assert not container._ENV_NAME_RE.match(name)
         with pytest.raises(LaunchError):
             sm.env_pairs([f"{name}=x"])
     for name in ("A", "_x", "NCCL_DEBUG"):
-        assert values.env_name(name) and commands._ENV_NAME_RE.match(name) and sm.env_pairs([f"{name}=1"])
+        assert values.env_name(name) and container._ENV_NAME_RE.match(name) and sm.env_pairs([f"{name}=1"])
 
 
 def test_binary_hostfile_and_env_file_are_one_line_errors(tmp_path):
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs.commands import parse_env_file
+    from dtrain.launch.jobs.container import parse_env_file
     from dtrain.launch.remote.hosts import parse_hostfile
 
     f = tmp_path / "bin"

@@ -2,20 +2,14 @@ import json
 
 import pytest
 
-from dtrain.launch.jobs.commands import (
-    ContainerSpec,
-    Mount,
-    check_same_iface,
-    docker_run_argv,
-    horovodrun_argv,
-    interface_for_address,
-    mpi_flags,
-    mpirun_argv,
-    parse_env_file,
-    parse_mount,
-    torchrun_argv,
-    torchrun_env,
-)
+from dtrain.launch.jobs import container
+from dtrain.launch.jobs.container import (ContainerSpec, Mount, docker_run_parts, parse_env_file, parse_mount,
+                                          ssh_options)
+from dtrain.launch.jobs.launchers.horovodrun import horovodrun_argv
+from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv
+from dtrain.launch.jobs.launchers.ray import ray_env, ray_head_argv, ray_job_argv, ray_wait_argv, ray_worker_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
+from dtrain.launch.jobs.nic import check_same_iface, interface_for_address
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 
@@ -51,7 +45,8 @@ def test_mpirun_two_nodes_ompi4():
 
 
 def test_mpirun_ompi5_uses_plm_ssh_args():
-    argv = mpirun_argv(NODES, ["python", "t.py"], iface="eth0", ompi_major=5, ssh_port=2222)
+    argv = mpirun_argv(NODES, ["python", "t.py"], iface="eth0", ompi_major=5,
+                       ssh=ssh_options(port=2222))
     i = argv.index("plm_ssh_args")
     assert argv[i - 1 : i + 2] == ["--mca", "plm_ssh_args", "-p 2222"]
     assert "plm_rsh_args" not in argv
@@ -62,7 +57,7 @@ def test_mpi_flags_overrides_and_dedup():
         iface="ens5",
         env={"OMP_NUM_THREADS": "4", "PATH": "/opt/bin"},
         forward=["NCCL_DEBUG", "HF_TOKEN", "OMP_NUM_THREADS"],
-        ssh_port=None,
+        ssh=(),
         extra_mca=[("btl_tcp_if_include", "ens5,ens6"), ("plm_rsh_no_tree_spawn", "true")],
     )
     assert flags == [
@@ -237,17 +232,18 @@ def test_parse_mount_errors(spec, message):
 
 
 def test_docker_run_full():
+    """The argv around the node's own flags (host/start.sh node_flags puts them between)."""
     spec = ContainerSpec(
         job="exp1",
         image="dtrain/hvd-torch:1.0",
-        efa_devices=("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"),
         mounts=(parse_mount("/datasets:ro"), parse_mount("/home/u/src:/workspace")),
         env={"NCCL_DEBUG": "INFO", "MSG": "a b"},
     )
-    assert docker_run_argv(spec) == [
+    head, rest = docker_run_parts(spec)
+    assert head == [
         "docker", "run", "-d", "--name", "dtrain-exp1", "--network", "host", "--ipc", "host",
-        "--cap-add", "SYS_PTRACE", "--ulimit", "memlock=-1", "--gpus", "all",
-        "--device", "/dev/infiniband/uverbs0", "--device", "/dev/infiniband/uverbs1",
+        "--cap-add", "SYS_PTRACE"]
+    assert rest == [
         "--mount", "type=bind,src=/datasets,dst=/datasets,readonly",
         "--mount", "type=bind,src=/home/u/src,dst=/workspace",
         "--label", "dtrain.job=exp1",
@@ -257,11 +253,11 @@ def test_docker_run_full():
 
 
 def test_docker_run_cpu_shm_and_command():
-    spec = ContainerSpec(job="t", image="img", gpus=False, shm_size="16g", command=("sleep", "infinity"), name="n1")
-    assert docker_run_argv(spec) == [
-        "docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g",
-        "--cap-add", "SYS_PTRACE", "--ulimit", "memlock=-1", "--label", "dtrain.job=t", "img", "sleep", "infinity",
-    ]  # fmt: skip
+    spec = ContainerSpec(job="t", image="img", shm_size="16g", command=("sleep", "infinity"), name="n1")
+    assert docker_run_parts(spec) == (
+        ["docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g", "--cap-add", "SYS_PTRACE"],
+        ["--label", "dtrain.job=t", "img", "sleep", "infinity"],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -271,7 +267,6 @@ def test_docker_run_cpu_shm_and_command():
         ({"name": "-x"}, "bad container name '-x'"),
         ({"image": "--privileged"}, "bad image '--privileged'"),
         ({"shm_size": "lots"}, "bad shm size 'lots' (e.g. 16g)"),
-        ({"efa_devices": ("uverbs0",)}, "bad device 'uverbs0' (expected a /dev path)"),
         ({"env": {"A B": "1"}}, "container env: bad environment variable name 'A B'"),
         ({"cap_add": ("ALL --privileged",)}, "bad capability 'ALL --privileged'"),
     ],
@@ -279,7 +274,7 @@ def test_docker_run_cpu_shm_and_command():
 def test_docker_run_rejects(kw, message):
     spec = ContainerSpec(**{"job": "j", "image": "img", **kw})
     with pytest.raises(LaunchError) as e:
-        docker_run_argv(spec)
+        docker_run_parts(spec)
     assert str(e.value).startswith(message)
 
 
@@ -339,7 +334,7 @@ def test_check_same_iface():
 
 
 def test_torchrun_drops_leading_python():
-    from dtrain.launch.jobs.commands import torchrun_argv
+    from dtrain.launch.jobs.launchers.torchrun import torchrun_argv
 
     argv = torchrun_argv(2, 0, 1, "10.0.0.1", 29500, ["python3", "train.py", "--lr", "1"])
     assert argv[-3:] == ["train.py", "--lr", "1"]
@@ -353,12 +348,12 @@ def test_torchrun_drops_leading_python():
 
 def test_mpirun_with_hostfile_instead_of_nodes():
     argv = mpirun_argv(None, ["python", "t.py"], iface="eth0", hostfile="/etc/mpi/hostfile", np=16,
-                       ssh_options=["-o ConnectionAttempts=10"])
+                       ssh=ssh_options(attempts=10))
     assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "16", "--hostfile", "/etc/mpi/hostfile"]
     assert "-H" not in argv
     i = argv.index("plm_rsh_args")
     assert argv[i + 1] == "-p 2022 -o ConnectionAttempts=10"
-    assert argv[6:-2] == mpi_flags(iface="eth0", ssh_options=["-o ConnectionAttempts=10"])
+    assert argv[6:-2] == mpi_flags(iface="eth0", ssh=ssh_options(attempts=10))
 
 
 def test_mpirun_nodes_and_hostfile_are_exclusive():
@@ -373,9 +368,42 @@ def test_mpirun_nodes_and_hostfile_are_exclusive():
 
 
 def test_ssh_options_without_port():
-    flags = mpi_flags(iface="eth0", ssh_port=None, ssh_options=["-o ConnectionAttempts=10"])
+    flags = mpi_flags(iface="eth0", ssh=ssh_options(port=None, attempts=10))
     assert flags[flags.index("plm_rsh_args") + 1] == "-o ConnectionAttempts=10"
-    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh_port=None)
+    assert "plm_rsh_args" not in mpi_flags(iface="eth0", ssh=())
+
+
+# The container-side ssh of every caller, word for word as each caller built it before the one
+# builder (launch/jobs/container.py) replaced their own lists.
+MUX_WORDS = ["-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/dtrain-mux-%C", "-o", "ControlPersist=600",
+             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+
+
+def test_container_ssh_of_each_caller():
+    assert container.supervisor_ssh() == [
+        "ssh", "-p", "2022", "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", *MUX_WORDS]
+    assert container.ready_ssh() == ["ssh", "-p", "2022", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                                     *MUX_WORDS]
+    assert container.doctor_ssh() == ["ssh", "-p", "2022", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    assert container.ssh_argv(attempts=5) == ["ssh", "-p", "2022", "-o", "ConnectionAttempts=5"]  # SageMaker's
+    flags = mpi_flags(iface="eth0", ssh=container.mpirun_ssh())
+    assert flags[flags.index("plm_rsh_args") + 1] == ("-p 2022 -o ControlMaster=auto -o ControlPath=/tmp/dtrain-mux-%C "
+                                                      "-o ControlPersist=600 -o ServerAliveInterval=5 "
+                                                      "-o ServerAliveCountMax=3")
+    assert " ".join(ssh_options(attempts=10)) == "-p 2022 -o ConnectionAttempts=10"  # SageMaker's, the MPIJob's mpirun
+
+
+def test_the_mpirun_launcher_and_the_ready_check_share_the_master_connection():
+    """run.sh's ready check gets its ssh as --ssh words; mpirun's plm_rsh_args and the
+    supervisor's ssh carry the same master options, so both ride the masters it left."""
+    from dtrain.launch.jobs import launchers
+    from dtrain.launch.jobs.runplan import LaunchCommand
+    from dtrain.launch.jobs.runplan import PlanNode
+
+    run = LaunchCommand("mpirun", ("python", "t.py"))
+    argv = launchers.attempt_argv(run, [PlanNode("10.0.0.1", "n1", 1, "eth0"), PlanNode("10.0.0.2", "n2", 1, "eth0")])[0]
+    assert argv[argv.index("plm_rsh_args") + 1] == " ".join(["-p", "2022", *MUX_WORDS])
 
 
 def test_torchrun_pod_env_references():
@@ -391,39 +419,33 @@ def test_torchrun_pod_env_references():
 # ---------------------------------------------------------------- Ray
 
 def test_ray_head_and_worker():
-    from dtrain.launch.jobs import commands as c
-
-    assert c.ray_head_argv(node_ip="10.0.0.1") == [
+    assert ray_head_argv(node_ip="10.0.0.1") == [
         "ray", "start", "--head", "--port=6379", "--include-dashboard=false", "--disable-usage-stats",
         "--node-ip-address=10.0.0.1"]
-    assert c.ray_head_argv(6380, num_cpus=0, block=True)[-2:] == ["--num-cpus=0", "--block"]
-    assert c.ray_worker_argv("head.example:6379", num_gpus=4, block=True) == [
+    assert ray_head_argv(6380, num_cpus=0, block=True)[-2:] == ["--num-cpus=0", "--block"]
+    assert ray_worker_argv("head.example:6379", num_gpus=4, block=True) == [
         "ray", "start", "--address=head.example:6379", "--disable-usage-stats", "--num-gpus=4", "--block"]
 
 
 @pytest.mark.parametrize("call", [
-    lambda c: c.ray_head_argv(0),
-    lambda c: c.ray_head_argv(num_cpus=-1),
-    lambda c: c.ray_worker_argv("head-without-port"),
-    lambda c: c.ray_worker_argv("--address=x:1"),
-    lambda c: c.ray_wait_argv("h:1", 0, 10),
-    lambda c: c.ray_job_argv("h:1", []),
+    lambda: ray_head_argv(0),
+    lambda: ray_head_argv(num_cpus=-1),
+    lambda: ray_worker_argv("head-without-port"),
+    lambda: ray_worker_argv("--address=x:1"),
+    lambda: ray_wait_argv("h:1", 0, 10),
+    lambda: ray_job_argv("h:1", []),
 ])
 def test_ray_rejects(call):
-    from dtrain.launch.jobs import commands as c
-
     with pytest.raises(ValueError):
-        call(c)
+        call()
 
 
 def test_ray_job_and_wait():
-    from dtrain.launch.jobs import commands as c
-
-    assert c.ray_job_argv("10.0.0.1:6379", ["python", "t.py", "--x", "a b"]) == [
+    assert ray_job_argv("10.0.0.1:6379", ["python", "t.py", "--x", "a b"]) == [
         "env", "RAY_ADDRESS=10.0.0.1:6379", "python", "t.py", "--x", "a b"]
-    assert c.ray_wait_argv("10.0.0.1:6379", 3, 60) == [
+    assert ray_wait_argv("10.0.0.1:6379", 3, 60) == [
         "python", "/opt/dtrain/node/ray_wait.py", "--address", "10.0.0.1:6379", "--nodes", "3", "--timeout", "60"]
-    assert c.ray_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert ray_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
 
 
 def test_ray_node_argvs_head_first_workers_join_it():

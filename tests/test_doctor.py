@@ -322,3 +322,20 @@ def test_failure_causes_follow_the_details():
     assert not any("#ssh-key-perms" in line for line in dr.causes("ssh", [refused]))
     both = dr.causes("ssh", [refused, other])
     assert any("connection refused" in line for line in both) and any("#ssh-key-perms" in line for line in both)
+
+
+def test_nic_from_recorded_facts_one_name_passes_names_apart_in_one_subnet_warn():
+    """The nic check on recorded `ip -j addr` output (launch/jobs/nic.py): one node's NIC
+    passes; two nodes naming theirs apart but sharing a subnet get Open MPI's subnet, a WARN."""
+    def ipjson(name, local):
+        return json.dumps([{"ifname": name, "mtu": 9001,
+                            "addr_info": [{"family": "inet", "local": local, "prefixlen": 24}]}])
+
+    assert one(facts())["nic"].status == "PASS"
+    a, b = Node("10.0.0.1", 8), Node("10.0.0.2", 8)
+    got = {"10.0.0.1": facts(), "10.0.0.2": facts(addr="10.0.0.2", hostname="ip-10-0-0-2",
+                                                  ipjson=ipjson("eth0", "10.0.0.2"))}
+    got["10.0.0.1"]["ipjson"] = ipjson("ens5", "10.0.0.1")
+    rows = dr.evaluate([a, b], got, {}, {"10.0.0.1": 0.0, "10.0.0.2": 0.0}, None, dr.Options())
+    nic = {r.node: r for r in rows if r.check == "nic"}
+    assert {r.status for r in nic.values()} == {"WARN"} and "10.0.0.0/24" in nic["10.0.0.2"].detail, nic

@@ -220,7 +220,7 @@ def test_kex_option_only_where_ssh_config_leaves_kex_alone(tmp_path):
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "/"])
 def test_a_device_or_directory_as_hostfile_or_env_file_is_refused_before_reading(path):
     """/dev/zero would be read until memory runs out: refused as not a regular file."""
-    from dtrain.launch.jobs.commands import parse_env_file
+    from dtrain.launch.jobs.container import parse_env_file
 
     kind = "a directory" if path == "/" else "a character device"
     with pytest.raises(LaunchError, match=rf"^{path}: {kind}, not a regular file; expected a hostfile"):

@@ -9,7 +9,7 @@ import pytest
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs import commands, job
+from dtrain.launch.jobs import job, runplan
 from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
                         rank_nodes, per_node_argv)
 
@@ -92,7 +92,7 @@ def test_job_argv_uses_addresses_and_tags_output_per_rank():
     assert ["--mca", "btl_tcp_if_include", "ens5"] == argv[argv.index("btl_tcp_if_include") - 1:][:3]
     assert argv[argv.index("A") - 1] == "-x" and not any("A=" in a for a in argv)  # the value is not in argv
     assert argv[-7:] == ["python3", "-I", "-S", "-c", program, "python", "t.py"]
-    assert commands.shown_argv(argv, program)[-3:] == ["<launch/node/rank_output.py>", "python", "t.py"]
+    assert runplan.shown_argv(argv, program)[-3:] == ["<launch/node/rank_output.py>", "python", "t.py"]
     hv = job_argv(JobSpec(image="i", command=("python", "t.py"), name="j", launcher="horovodrun"), facts(2), "ens5")
     assert "horovodrun" in hv and hv[hv.index("-p") + 1] == "2022" and "--network-interface" in hv
     assert hv[-7:] == ["python3", "-I", "-S", "-c", program, "python", "t.py"]
@@ -223,7 +223,7 @@ def test_signals_end_a_launch_with_128_plus_the_signal():
 
 
 def test_a_checkpoint_dir_on_no_mount_is_warned_of_and_on_a_read_only_one_refused():
-    from dtrain.launch.jobs.commands import parse_mount
+    from dtrain.launch.jobs.container import parse_mount
 
     def spec(ckpt, *mounts):
         return JobSpec(image="r/i:t", command=("true",), checkpoint_dir=ckpt,

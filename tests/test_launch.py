@@ -521,7 +521,7 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, remote_images):
     each rank sees the exact values, and the marker file exists nowhere."""
     import uuid
 
-    from dtrain.launch.jobs.commands import Mount
+    from dtrain.launch.jobs.container import Mount
 
     mark = f"/tmp/dtrain-pwned-{uuid.uuid4().hex[:8]}"
     evil = [f"$(touch {mark})", f"`touch {mark}`", f"x; touch {mark}", f"'\"; touch {mark} #",

@@ -8,7 +8,7 @@ import pytest
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, launchers, supervision
+from dtrain.launch.jobs import launchers, runplan, supervision
 from dtrain.launch.jobs.job import JobSpec, NodeFacts, per_node_argv
 from dtrain.launch.jobs.launchers.accelerate import accelerate_argv
 from dtrain.launch.remote.hosts import Node
@@ -60,7 +60,7 @@ def test_the_launcher_as_the_launch_and_the_supervisor_use_it():
     assert argv[:2] == ["docker", "exec"] and argv[argv.index("--machine_rank") + 1] == "2"
     plan = supervision.plan(launchers.launch_command(spec(checkpoint_dir="/ckpt")),
                             launchers.plan_nodes(f), ssh=["ssh"])
-    assert commands.RunPlan.from_json(plan.to_json()) == plan
+    assert runplan.RunPlan.from_json(plan.to_json()) == plan
     assert "DTRAIN_CHECKPOINT_DIR=/ckpt" in launchers.attempt_argv(plan.run, plan.nodes)[0]
     assert "dtrain/launch/jobs/launchers/accelerate.py" in supervision.shipped_modules(contract.NODE_SCRIPTS / "supervise.py")
 

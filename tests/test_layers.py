@@ -204,7 +204,7 @@ def test_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
     modules = _modules()
     assert "dtrain.launch.jobs.job" in modules and "dtrain.images.spec" in modules
-    assert "dtrain.launch.jobs.commands" in _graph()["dtrain.launch.jobs.job"]
+    assert "dtrain.launch.jobs.runplan" in _graph()["dtrain.launch.jobs.job"]
 
 
 def test_supervisor_gets_the_modules_it_imports(tmp_path):
@@ -214,19 +214,20 @@ def test_supervisor_gets_the_modules_it_imports(tmp_path):
     from dtrain.launch.jobs import supervision
 
     program = tmp_path / "prog.py"
-    program.write_text("import os\n\ndef f():\n    from dtrain import table\n\n"
-                       "from dtrain.launch.jobs import (\n    output,\n)\n")
+    program.write_text("import os\nfrom typing import TYPE_CHECKING\n\ndef f():\n    from dtrain import table\n\n"
+                       "from dtrain.launch.jobs import (\n    output,\n)\n"
+                       "if TYPE_CHECKING:\n    # never run\n    from dtrain.launch.jobs.job import JobSpec\n")
     assert supervision.shipped_modules(program) == (
-        "dtrain/__init__.py", "dtrain/contract.py", "dtrain/launch/__init__.py", "dtrain/launch/errors.py",
-        "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py", "dtrain/launch/jobs/output.py",
-        "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py", "dtrain/reference.py",
-        "dtrain/table.py", "dtrain/values.py")
+        "dtrain/__init__.py", "dtrain/contract.py", "dtrain/launch/__init__.py", "dtrain/launch/jobs/__init__.py",
+        "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/runplan.py", "dtrain/table.py")
     files = supervision.builder_files()
     assert set(files) == {*supervision.shipped_modules(contract.NODE_SCRIPTS / "supervise.py"),
                           "dtrain/launch/node/stacks.sh"}
     # what the hand list of before sent (issue 39) is still sent
     assert set(files) >= {"dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
-                          "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/commands.py",
+                          "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/runplan.py",
+                          "dtrain/launch/jobs/container.py", "dtrain/launch/jobs/nic.py",
+                          "dtrain/launch/jobs/launchers/mpirun.py", "dtrain/launch/jobs/launchers/torchrun.py",
                           "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
                           "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
                           "dtrain/launch/jobs/progress.py", "dtrain/launch/jobs/timeline.py"}

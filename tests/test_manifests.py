@@ -8,7 +8,10 @@ import json
 import pytest
 import yaml
 
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import container
+from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv
+from dtrain.launch.jobs.launchers.ray import ray_head_argv, ray_worker_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
 
 from dtrain.launch.other_tools import k8s_schema
 from dtrain.launch.other_tools import manifests as m
@@ -172,14 +175,13 @@ def test_sagemaker_broken_documents_name_the_field():
 def test_mpijob_mpirun_is_launch_commands_output():
     d = doc("mpijob", env={"WANDB_MODE": "offline"})
     launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    expected = commands.mpirun_argv(None, list(CMD), iface="eth0", env_names=["WANDB_MODE"],
-                                    ssh_port=2022, ssh_options=["-o ConnectionAttempts=10"],
+    expected = mpirun_argv(None, list(CMD), iface="eth0", env_names=["WANDB_MODE"],
+                                    ssh=container.ssh_options(attempts=10),
                                     hostfile="/etc/mpi/hostfile", np=12)
     assert launcher["command"] == ["/opt/dtrain/node/entrypoint.sh"]
     assert launcher["args"] == expected
     # The flags are exactly mpi_flags, the ones `invoke launch` passes, in the same order.
-    flags = commands.mpi_flags(iface="eth0", env_names=["WANDB_MODE"], ssh_port=2022,
-                               ssh_options=["-o ConnectionAttempts=10"])
+    flags = mpi_flags(iface="eth0", env_names=["WANDB_MODE"], ssh=container.ssh_options(attempts=10))
     assert expected == ["mpirun", "--allow-run-as-root", "-np", "12", "--hostfile", "/etc/mpi/hostfile",
                         *flags, *CMD]
     assert "-H" not in expected
@@ -247,9 +249,9 @@ def test_pytorchjob_torchrun_and_env():
     for role in ("Master", "Worker"):
         c = specs[role]["template"]["spec"]["containers"][0]
         assert c["name"] == "pytorch"  # the only container the operator gives RANK/MASTER_* to
-        assert c["args"] == commands.torchrun_argv(3, "$(RANK)", 4, "$(MASTER_ADDR)", "$(MASTER_PORT)",
+        assert c["args"] == torchrun_argv(3, "$(RANK)", 4, "$(MASTER_ADDR)", "$(MASTER_PORT)",
                                                    ["train.py", "--epochs", "3"])
-        assert {e["name"]: e["value"] for e in c["env"]} == commands.torchrun_env("eth0")
+        assert {e["name"]: e["value"] for e in c["env"]} == torchrun_env("eth0")
     single = doc("pytorchjob", workers=1)["spec"]["pytorchReplicaSpecs"]
     assert list(single) == ["Master"]
 
@@ -363,8 +365,8 @@ def test_ecs_ray_head_and_worker_services():
         assert d[part]["networkMode"] == "host" and d[part]["requiresCompatibilities"] == ["EC2"]
     # the same builders as `invoke launch --launcher ray`, blocking as the task's main process
     assert head["entryPoint"] == ["/opt/dtrain/node/entrypoint.sh"]
-    assert head["command"] == commands.ray_head_argv(6379, num_gpus=0, block=True)
-    assert worker["command"] == commands.ray_worker_argv("ray-head.example.internal:6379", num_gpus=1, block=True)
+    assert head["command"] == ray_head_argv(6379, num_gpus=0, block=True)
+    assert worker["command"] == ray_worker_argv("ray-head.example.internal:6379", num_gpus=1, block=True)
     assert head["dockerLabels"]["dtrain.ray-job"] == (
         "env RAY_ADDRESS=ray-head.example.internal:6379 python train.py --epochs 3")
     assert worker["resourceRequirements"] == [{"type": "GPU", "value": "1"}]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import nic
+from dtrain.launch.jobs.launchers.mpirun import mpirun_argv, mpirun_mixed_argv
 from dtrain.launch.remote.hosts import Node, parse_hostfile
 from dtrain.launch.jobs.job import Job, JobSpec, job_argv, job_log, NodeFacts
 from dtrain.launch.troubleshoot import checklist, network
@@ -151,49 +152,49 @@ IPJSON = json.dumps([
 
 
 def test_interface_network():
-    assert commands.interface_network(IPJSON, "10.0.3.7") == "10.0.0.0/16"
+    assert nic.interface_network(IPJSON, "10.0.3.7") == "10.0.0.0/16"
     with pytest.raises(LaunchError, match="no interface carries 10.9.9.9"):
-        commands.interface_network(IPJSON, "10.9.9.9", host="n2")
+        nic.interface_network(IPJSON, "10.9.9.9", host="n2")
 
 
 def test_tcp_include_same_names_keeps_the_name():
-    assert commands.tcp_include({"a": ("ens5", "10.0.0.1", "10.0.0.0/16"),
+    assert nic.tcp_include({"a": ("ens5", "10.0.0.1", "10.0.0.0/16"),
                                  "b": ("ens5", "10.1.0.1", "10.1.0.0/16")}) is None
 
 
 def test_tcp_include_mixed_names_takes_the_shared_subnet():
-    assert commands.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.0.0/16"),
+    assert nic.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.0.0/16"),
                                  "b": ("eth0", "10.0.2.5", "10.0.2.0/24")}) == "10.0.0.0/16"
 
 
 def test_tcp_include_no_shared_subnet_is_a_clear_error():
     with pytest.raises(LaunchError, match=r"share no subnet: a 10.0.1.5 on 10.0.1.0/24 \(ens5\); "
                                           r"b 10.0.2.5 on 10.0.2.0/24 \(eth0\)"):
-        commands.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.1.0/24"),
+        nic.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.1.0/24"),
                               "b": ("eth0", "10.0.2.5", "10.0.2.0/24")})
 
 
 def test_tcp_include_unknown_subnet_is_an_error():
     with pytest.raises(LaunchError, match="b: no subnet found"):
-        commands.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.0.0/16"), "b": ("eth0", "10.0.2.5", "")})
+        nic.tcp_include({"a": ("ens5", "10.0.1.5", "10.0.0.0/16"), "b": ("eth0", "10.0.2.5", "")})
 
 
 def test_mixed_mpirun_argv_uses_subnet_and_the_wrapper():
-    argv = commands.mpirun_mixed_argv([Node("10.0.0.1"), Node("10.0.0.2")], ["python", "t.py"],
+    argv = mpirun_mixed_argv([Node("10.0.0.1"), Node("10.0.0.2")], ["python", "t.py"],
                                       subnet="10.0.0.0/16", iface="ens5")
     i = argv.index("btl_tcp_if_include")
     assert argv[i + 1] == "10.0.0.0/16" and argv[argv.index("oob_tcp_if_include") + 1] == "10.0.0.0/16"
     assert argv.count("btl_tcp_if_include") == 1
-    assert argv[-3:] == [commands.NODE_ENV_WRAPPER, "python", "t.py"]
+    assert argv[-3:] == [nic.NODE_ENV_WRAPPER, "python", "t.py"]
     # same NIC names: the argv is what it was
-    assert commands.NODE_ENV_WRAPPER not in commands.mpirun_argv([Node("h")], ["x"], iface="ens5")
+    assert nic.NODE_ENV_WRAPPER not in mpirun_argv([Node("h")], ["x"], iface="ens5")
 
 
 def test_node_env_text():
-    assert commands.node_env_text("eth0") == "NCCL_SOCKET_IFNAME=eth0\nGLOO_SOCKET_IFNAME=eth0\n"
-    assert commands.node_env_text("eth0", skip=["NCCL_SOCKET_IFNAME"]) == "GLOO_SOCKET_IFNAME=eth0\n"
+    assert nic.node_env_text("eth0") == "NCCL_SOCKET_IFNAME=eth0\nGLOO_SOCKET_IFNAME=eth0\n"
+    assert nic.node_env_text("eth0", skip=["NCCL_SOCKET_IFNAME"]) == "GLOO_SOCKET_IFNAME=eth0\n"
     with pytest.raises(LaunchError):
-        commands.node_env_text("eth0\nX=1")
+        nic.node_env_text("eth0\nX=1")
 
 
 def test_job_argv_mixed():
@@ -202,7 +203,7 @@ def test_job_argv_mixed():
     spec = JobSpec(image="i", command=("python", "t.py"))
     argv = job_argv(spec, facts, "ens5", subnet="10.0.0.0/16")
     assert argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/16"
-    assert commands.NODE_ENV_WRAPPER in argv
+    assert nic.NODE_ENV_WRAPPER in argv
 
 
 def test_node_env_wrapper_is_shellcheck_clean_and_sets_values(tmp_path):

@@ -10,8 +10,7 @@ import uuid
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import commands as c
-from dtrain.launch.jobs import node_programs
+from dtrain.launch.jobs import container, node_programs
 
 pytestmark = pytest.mark.docker
 
@@ -60,9 +59,9 @@ def test_start_step_replaces_a_stopped_container_of_the_job_that_takes_its_name(
     name = f"dtrain-t-stale-{uuid.uuid4().hex[:6]}"
     names.append(name)
     old = docker("create", "--name", name, engine.BASE_IMAGE, "true").stdout.strip()
-    spec = c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(tmp_path / "kd"),
+    spec = container.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(tmp_path / "kd"),
                            command=("sleep", "60"))
-    head, rest = c.docker_run_parts(spec)
+    head, rest = container.docker_run_parts(spec)
     r = host(f'gpus=0 efa= memlock={MEMLOCK}; ss() {{ echo LISTEN; }}; read_secrets; start "$@"',
              str(tmp_path / "kd"), "ssh-ed25519 AAA", "5", "2022", name, str(len(head)), *head, *rest,
              stdin="-----END OPENSSH PRIVATE KEY-----\n")
@@ -78,24 +77,25 @@ def test_image_step_reports_an_engine_that_does_not_answer():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(mounts=(c.Mount("/etc", "/mnt/etc", True), c.Mount("/tmp", "/mnt/tmp")), command=("sleep", "60")),
+    dict(mounts=(container.Mount("/etc", "/mnt/etc", True), container.Mount("/tmp", "/mnt/tmp")),
+         command=("sleep", "60")),
     dict(shm_size="64m", command=("sh", "-c", "sleep 60")),
 ])
 def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp_path, kw):
-    """start.sh (the node's flags from its probe) and docker_run_argv (the same flags given
-    here): the engine records the same Config and HostConfig (the name and IDs aside)."""
+    """start.sh (the node's flags from its probe) and docker_run_parts's argv with the flags put
+    between here: the engine records the same Config and HostConfig (the name and IDs aside)."""
     made = {}
     for how in ("node", "argv"):
         name = f"t-start-{how}-{uuid.uuid4().hex[:6]}"
         names.append(name)
         kd = tmp_path / how
-        spec = c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(kd), **kw)
+        spec = container.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, key_dir=str(kd), **kw)
         if how == "argv":
             kd.mkdir()
-            docker(*c.docker_run_argv(c.ContainerSpec(job="t", image=engine.BASE_IMAGE, name=name, gpus=False,
-                                                      key_dir=str(kd), memlock=MEMLOCK, **kw))[1:])
+            head, rest = container.docker_run_parts(spec)
+            docker(*head[1:], *node_programs.node_flags(0, (), str(MEMLOCK)), *rest)
         else:
-            head, rest = c.docker_run_parts(spec)
+            head, rest = container.docker_run_parts(spec)
             r = host(f'gpus=0 efa= memlock={MEMLOCK}; ss() {{ echo LISTEN; }}; read_secrets; start "$@"',
                      str(kd), "ssh-ed25519 AAA", "5", "2022", name, str(len(head)), *head, *rest,
                      stdin="-----END OPENSSH PRIVATE KEY-----\n")

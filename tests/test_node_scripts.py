@@ -15,7 +15,7 @@ import pytest
 
 from dtrain import contract
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.jobs.commands import ContainerSpec, docker_run_argv, docker_run_parts, parse_mount
+from dtrain.launch.jobs.container import ContainerSpec, docker_run_parts, parse_mount
 from dtrain.launch.jobs.launchers import env_file
 
 NODE = contract.NODE_SCRIPTS
@@ -144,15 +144,18 @@ def test_node_declines_to_start_where_the_launcher_would_refuse(port, gpus, driv
         assert starts == (not driver_too_old(driver, min_driver))
 
 
-@pytest.mark.parametrize("gpus, efa, memlock", [
-    (0, "", "unlimited"),
-    (8, " /dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "unlimited"),
-    (1, "", "65536"),
-    (0, "", ""),
+@pytest.mark.parametrize("gpus, efa, memlock, flags", [
+    (0, "", "unlimited", ["--ulimit", "memlock=-1"]),
+    (8, " /dev/infiniband/uverbs0 /dev/infiniband/uverbs1", "unlimited",
+     ["--ulimit", "memlock=-1", "--gpus", "all", "--device", "/dev/infiniband/uverbs0",
+      "--device", "/dev/infiniband/uverbs1"]),
+    (1, "", "65536", ["--ulimit", "memlock=65536:65536", "--gpus", "all"]),
+    (0, "", "", ["--ulimit", "memlock=-1"]),
 ])
-def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, memlock):
-    """start.sh, given a probe's values, runs exactly commands.docker_run_argv's argv, and
-    writes the key pair, the containers' host key and the env file 0600 in a 0700 directory."""
+def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, memlock, flags):
+    """start.sh, given a probe's values, runs exactly commands.docker_run_parts's argv with the
+    node's flags (node_flags: their one definition) between its parts, and writes the key pair,
+    the containers' host key and the env file 0600 in a 0700 directory."""
     base = dict(job="j", image="img:1", mounts=(parse_mount("/data:ro"),), key_dir=str(tmp_path / "kd"),
                 command=("sleep", "1"))
     head, rest = docker_run_parts(ContainerSpec(**base))
@@ -166,9 +169,8 @@ def test_start_runs_docker_run_argv_with_the_nodes_flags(tmp_path, gpus, efa, me
              str(len(head)), *head, *rest, fake=fake, stdin=key + host_key + envs,
              env={**os.environ, "OUT": str(tmp_path / "argv")})
     assert r.returncode == 0, r.stderr
-    want = docker_run_argv(ContainerSpec(**base, gpus=gpus > 0, efa_devices=tuple(efa.split()),
-                                         memlock=int(memlock) if memlock.isdigit() else -1))
-    assert (tmp_path / "argv").read_text().splitlines() == want
+    assert (tmp_path / "argv").read_text().splitlines() == [*head, *flags, *rest]
+    assert node_programs.node_flags(gpus, efa.split(), memlock) == flags  # what benches run here
     kd = tmp_path / "kd"
     assert (kd / "id_ed25519").read_text() == key and (kd / "env").read_text() == envs
     assert (kd / "ssh_host_ed25519_key").read_text() == host_key
@@ -399,8 +401,8 @@ def test_run_sh_ready_connect_makes_each_master_with_nagle_off_then_the_session(
     env = {**os.environ, "PATH": path, "REACHED": str(tmp_path / "reached")}
     hosts = [a for i in (1, 2, 3) for a in ("--host", f"127.0.0.{i}", f"node-{i}")]
     r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", *hosts, "--ready", "5",
-                        "--ready-skip", "127.0.0.1", "--port", str(port), "--ssh-opt", "-o",
-                        "--ssh-opt", "ControlPath=/tmp/none-%C", "--connect", contract.node_script("ssh-connect.pl"),
+                        "--ready-skip", "127.0.0.1", "--port", str(port), "--ssh", "ssh", "--ssh", "-o",
+                        "--ssh", "ControlPath=/tmp/none-%C", "--connect", contract.node_script("ssh-connect.pl"),
                         "--", "echo", "ran"], capture_output=True, text=True, env=env, timeout=60)
     for s in socks:
         s.close()
@@ -920,3 +922,42 @@ def test_a_detached_supervisor_runs_from_detach_sh_without_the_sessions_streams(
             break
         time.sleep(0.05)
     assert out.read_text() == "got=\n"
+
+
+def test_run_sh_ready_runs_the_builders_ssh_word_for_word(tmp_path):
+    """--ready with job.py's --ssh words (container.ready_ssh): each node's session is exactly
+    that argv, then root@HOST and the /etc/hosts filler."""
+    from dtrain.launch.jobs import container
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\nprintf "%s\\n" ssh "$@" > "$REACHED.$$"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REACHED": str(tmp_path / "argv")}
+    words = [a for w in container.ready_ssh() for a in ("--ssh", w)]
+    r = subprocess.run(["bash", "-c", contract.node_script("run.sh"), "dtrain-run", "--host", "10.0.0.2", "node-2",
+                        "--ready", "5", "--port", "2022", *words, "--", "true"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (got,) = [p.read_text().splitlines() for p in tmp_path.glob("argv.*")]
+    assert got[:-1] == [*container.ready_ssh(), "root@10.0.0.2"] and "/etc/hosts" in got[-1]
+
+
+def test_doctor_container_reaches_each_peer_with_the_builders_ssh(tmp_path):
+    """doctor-container.sh SSH... -- PEER...: one ssh per peer, exactly container.doctor_ssh's
+    argv, then root@PEER and the check."""
+    from dtrain.launch.jobs import container
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\nprintf "%s|" ssh "$@" >> "$REACHED"; echo >> "$REACHED"\n'
+                                 'echo /usr/bin/orted\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REACHED": str(tmp_path / "argv")}
+    r = subprocess.run(["bash", "-c", contract.node_script("doctor-container.sh"), "dtrain-doctor-container",
+                        *container.doctor_ssh(), "--", "10.0.0.2", "10.0.0.3"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "peer 10.0.0.2=ok" in r.stdout and "peer 10.0.0.3=ok" in r.stdout, r.stdout
+    calls = [line.rstrip("|").split("|") for line in (tmp_path / "argv").read_text().splitlines()]
+    assert calls == [[*container.doctor_ssh(), f"root@{p}", "command -v orted python"] for p in ("10.0.0.2", "10.0.0.3")]

@@ -17,7 +17,7 @@ import pytest
 
 from dtrain import ROOT, contract
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, jobfile, progress, supervision
+from dtrain.launch.jobs import jobfile, progress, runplan, supervision
 from dtrain.launch.jobs.job import JobSpec
 from dtrain.launch.jobs.launchers import launch_command
 
@@ -105,16 +105,16 @@ def test_render_shows_stack_lines_as_they_are():
         "[node-2 r1]   train (/x/hang_train.py:30)"]
 
 
-def _run_plan(argv: list[str], slots: int = 1, **policy) -> commands.RunPlan:
+def _run_plan(argv: list[str], slots: int = 1, **policy) -> runplan.RunPlan:
     run = launch_command(JobSpec(image="i", command=tuple(argv), name="t"))
-    nodes = [commands.PlanNode("10.0.0.1", "node-1", slots, "lo")]
+    nodes = [runplan.PlanNode("10.0.0.1", "node-1", slots, "lo")]
     plan = supervision.plan(run, nodes, ssh=[], policy=supervision.Policy(**policy), attached=False)
     return replace(plan, keep_containers=True)  # no teardown (it would signal pid 1)
 
 
 def test_the_plan_carries_the_hang_settings():
     plan = _run_plan(["python", "t.py"], hang_timeout=12.5, progress_pattern="^s")
-    back = commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    back = runplan.RunPlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert back.hang_timeout == 12.5 and back.progress_pattern == "^s"
     assert "dtrain/launch/node/stacks.sh" in supervision.builder_files()
 

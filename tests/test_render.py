@@ -251,7 +251,7 @@ def test_hadolint_passes(img, tmp_path):
 
 
 def test_the_builders_copied_into_the_images_import_on_their_own(tmp_path):
-    """What the template copies to /opt/dtrain/py (and .dockerignore lets into the build
+    """What a rendered Dockerfile copies to /opt/dtrain/py (and .dockerignore lets into the build
     context) is enough for node/sagemaker_train.py's imports: a module the builders import but
     the image lacks would fail every SageMaker job at start (seen: dtrain/values.py)."""
     import fnmatch
@@ -259,7 +259,7 @@ def test_the_builders_copied_into_the_images_import_on_their_own(tmp_path):
     import subprocess
     import sys
 
-    template = (ROOT / "templates" / "Dockerfile.j2").read_text()
+    template = render(IMAGES[0])
     allowed = [ln[1:] for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.startswith("!")]
     copied = 0
     for line in template.splitlines():
@@ -274,8 +274,9 @@ def test_the_builders_copied_into_the_images_import_on_their_own(tmp_path):
             copied += 1
     assert copied >= 6
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from dtrain.launch.jobs import commands; from dtrain.launch.remote.hosts import Node; "
-            "assert commands.__file__.startswith(sys.argv[1]), commands.__file__")
+            "from dtrain.launch.jobs import container; from dtrain.launch.jobs.launchers import mpirun, torchrun; "
+            "from dtrain.launch.remote.hosts import Node; "
+            "assert mpirun.__file__.startswith(sys.argv[1]), mpirun.__file__")
     r = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], cwd=tmp_path, capture_output=True,
                        text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import container
+from dtrain.launch.jobs.launchers.mpirun import mpirun_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import sagemaker as sm
 
@@ -56,9 +58,9 @@ def test_contract_hosts_sorted_and_first_host_runs_the_builders_mpirun(tmp_path)
     job = train.job_args(c.hyperparameters, gpus=0)
     assert job == train.JobArgs(("python", "train.py", "--epochs", "3"), "mpirun", 8, "code")
     argv = train.launch_argv(c, job, forward=["SM_MODEL_DIR"])
-    assert argv == commands.mpirun_argv([Node("algo-1", 8), Node("algo-2", 8)], ["python", "train.py", "--epochs", "3"],
-                                        iface="eth0", forward=["SM_MODEL_DIR"], ssh_port=2022,
-                                        ssh_options=("-o ConnectionAttempts=10",))
+    assert argv == mpirun_argv([Node("algo-1", 8), Node("algo-2", 8)], ["python", "train.py", "--epochs", "3"],
+                                        iface="eth0", forward=["SM_MODEL_DIR"],
+                                        ssh=container.ssh_options(attempts=10))
 
 
 def test_other_hosts_only_serve_ssh_for_mpirun(tmp_path):
@@ -71,7 +73,7 @@ def test_every_host_runs_torchrun_with_its_rank(tmp_path):
     c = train.read_contract(_ml(tmp_path, "algo-3", hosts=("algo-3", "algo-1", "algo-2"), hps=hps))
     job = train.job_args(c.hyperparameters, gpus=4)
     assert job.slots == 4  # the instance's GPUs
-    assert train.launch_argv(c, job, []) == commands.torchrun_argv(3, 2, 4, "algo-1", 29500, ["python", "main.py", "--resume"])
+    assert train.launch_argv(c, job, []) == torchrun_argv(3, 2, 4, "algo-1", 29500, ["python", "main.py", "--resume"])
 
 
 def test_sm_env_like_the_training_toolkit(tmp_path):
@@ -108,10 +110,23 @@ def test_node_program_is_shellcheck_and_entrypoint_runs_it_for_train():
 
 
 def test_image_gets_the_builders_the_train_program_imports():
-    docker = (ROOT / "templates/Dockerfile.j2").read_text()
-    ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    for path in ("launch/jobs/commands.py", "launch/remote/hosts.py", "launch/errors.py"):
-        assert path in docker and f"!{path}" in ignore
+    """The rendered Dockerfiles' COPY lines to /opt/dtrain/py, .dockerignore and
+    build.image_sources() hold exactly the modules sagemaker_train.py imports (at any depth, a
+    function's imports too, not a TYPE_CHECKING block's)."""
+    from dtrain import contract, shipped
+    from dtrain.images import build
+
+    want = {shipped.checkout_path(m) for m in shipped.shipped_modules(contract.NODE_SCRIPTS / "sagemaker_train.py")}
+    assert {"launch/jobs/launchers/mpirun.py", "launch/jobs/launchers/torchrun.py", "dtrain/reference.py"} <= want
+    assert "launch/jobs/job.py" not in want  # the launchers import it for type checking only
+    for dockerfile in sorted((ROOT / "dockerfiles").rglob("Dockerfile")):
+        copied = {w for line in dockerfile.read_text().splitlines()
+                  if line.startswith("COPY ") and "/opt/dtrain/py/" in line for w in line.split()[1:-1]}
+        assert copied == want, dockerfile
+    ignore = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines()
+              if line.startswith("!") and line.endswith(".py")}
+    assert ignore == want
+    assert set(build.image_sources()) - {"launch/node"} == want
 
 
 # ---------------------------------------------------------------- the request

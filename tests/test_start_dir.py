@@ -10,7 +10,7 @@ import re
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs.commands import Mount
+from dtrain.launch.jobs.container import Mount
 from test_launch import containers_left, on_node, run
 
 pytestmark = pytest.mark.cluster

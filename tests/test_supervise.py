@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from dtrain import ROOT
-from dtrain.launch.jobs import commands, launchers, supervision
+from dtrain.launch.jobs import launchers, runplan, supervision
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
@@ -27,7 +27,7 @@ sv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sv)
 
 NODES = [Node("10.0.0.1", 2), Node("10.0.0.2", 1), Node("10.0.0.3", 4)]
-PLAN_NODES = [commands.PlanNode(n.host, f"node-{i + 1}", n.slots, "ens5") for i, n in enumerate(NODES)]
+PLAN_NODES = [runplan.PlanNode(n.host, f"node-{i + 1}", n.slots, "ens5") for i, n in enumerate(NODES)]
 CMD = ["python", "train.py", "-np", "9", "-H", "x:1", "--nnodes", "7"]  # the user's own look-alike flags stay
 
 
@@ -35,7 +35,7 @@ FACTS = [NodeFacts(n, n.host, f"node-{i + 1}", "ens5" if i != 2 else "eth0", 0, 
          for i, n in enumerate(NODES)]
 
 
-def _supervisor_argvs(tmp_path, plan: commands.RunPlan, keep: list[int], attempt: int = 1) -> list[list[str]]:
+def _supervisor_argvs(tmp_path, plan: runplan.RunPlan, keep: list[int], attempt: int = 1) -> list[list[str]]:
     """What the supervisor runs for an attempt on the nodes `keep` (its processes not started)."""
     sup = sv.Supervisor(plan, tmp_path)
     ran: list[list[str]] = []
@@ -59,7 +59,7 @@ def test_a_restart_on_fewer_nodes_runs_what_the_launchers_builder_makes_for_them
     prefix = ["bash", "-c", "run.sh", "--"] if launcher == "torchrun" else []
     plan = supervision.plan(launch_command(spec, 5, subnet), plan_nodes(facts), ssh=["ssh"],
                             policy=supervision.Policy(min_nodes=1), node_prefix=prefix)
-    plan = commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json())))  # as the supervisor reads it
+    plan = runplan.RunPlan.from_json(json.loads(json.dumps(plan.to_json())))  # as the supervisor reads it
     left = [facts[i] for i in keep]
     builder = LAUNCHERS[launcher]
     if launcher == "torchrun":
@@ -84,7 +84,7 @@ def test_stop_attempt_does_not_wait_for_the_output_of_a_lost_nodes_session(tmp_p
 
     plan = supervision.plan(launch_command(JobSpec(image="i", command=("true",), name="j"), 5, None),
                             plan_nodes(FACTS), ssh=["ssh"], policy=supervision.Policy(min_nodes=1))
-    sup = sv.Supervisor(commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))), tmp_path)
+    sup = sv.Supervisor(runplan.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))), tmp_path)
     # the master's part: a process outside the session's process group that holds its stdout
     holder = ("import subprocess, sys; p = subprocess.Popen(['sleep', '30'], start_new_session=True, stdout=sys.stdout); "
               "print('held by', p.pid, flush=True); subprocess.run(['sleep', '30'])")
@@ -104,7 +104,7 @@ def test_stop_attempt_does_not_wait_for_the_output_of_a_lost_nodes_session(tmp_p
 
 
 def test_rank_map_follows_slots_in_node_order():
-    assert commands.rank_map(PLAN_NODES) == ["node-1", "node-1", "node-2", "node-3", "node-3", "node-3", "node-3"]
+    assert runplan.rank_map(PLAN_NODES) == ["node-1", "node-1", "node-2", "node-3", "node-3", "node-3", "node-3"]
 
 
 def test_next_step():
@@ -119,7 +119,7 @@ def test_next_step():
     step, why = sv.next_step(alive, (), {}, 0, 3, 1, 2)  # a rank failed, every node still there
     assert step == "restart" and "exited 3" in why
     assert sv.next_step(alive, (), {}, 2, 3, 1, 2)[0] == "failed"
-    spare = commands.PlanNode("10.0.0.4", "node-4", 2, "ens5")
+    spare = runplan.PlanNode("10.0.0.4", "node-4", 2, "ens5")
     # with a spare, two lost of three still restart at full size... one replaced, one dropped
     assert sv.next_step(alive, (spare,), {"node-2": "gone", "node-3": "gone"}, 0, 1, 2, 3)[0] == "restart"
     assert sv.next_step(alive, (spare,), {"node-2": "gone", "node-3": "gone"}, 0, 1, 3, 3)[0] == "failed"
@@ -129,11 +129,11 @@ def test_next_step():
 
 def test_swap_out_puts_a_spare_in_the_lost_nodes_place():
     n1, n2, n3 = PLAN_NODES
-    s4, s5 = commands.PlanNode("10.0.0.4", "node-4", 2, "ens5"), commands.PlanNode("10.0.0.5", "node-5", 2, "ens5")
-    assert commands.swap_out(PLAN_NODES, (s4, s5), {"node-2": "gone"}) == ((n1, s4, n3), (s5,), {"node-2": "node-4"})
-    assert commands.swap_out(PLAN_NODES, (s4,), {"node-2": "x", "node-3": "y"}) == ((n1, s4), (), {"node-2": "node-4"})
-    assert commands.swap_out(PLAN_NODES, (s4, s5), {"node-4": "spare lost"}) == (tuple(PLAN_NODES), (s5,), {})
-    assert commands.swap_out(PLAN_NODES, (), {}) == (tuple(PLAN_NODES), (), {})
+    s4, s5 = runplan.PlanNode("10.0.0.4", "node-4", 2, "ens5"), runplan.PlanNode("10.0.0.5", "node-5", 2, "ens5")
+    assert runplan.swap_out(PLAN_NODES, (s4, s5), {"node-2": "gone"}) == ((n1, s4, n3), (s5,), {"node-2": "node-4"})
+    assert runplan.swap_out(PLAN_NODES, (s4,), {"node-2": "x", "node-3": "y"}) == ((n1, s4), (), {"node-2": "node-4"})
+    assert runplan.swap_out(PLAN_NODES, (s4, s5), {"node-4": "spare lost"}) == (tuple(PLAN_NODES), (s5,), {})
+    assert runplan.swap_out(PLAN_NODES, (), {}) == (tuple(PLAN_NODES), (), {})
 
 
 def test_a_node_is_lost_only_when_silent_and_unreachable_or_silent_for_long():
@@ -147,10 +147,10 @@ def test_a_node_is_lost_only_when_silent_and_unreachable_or_silent_for_long():
 
 def test_the_plan_reads_back_and_refuses_what_it_does_not_know():
     plan = _plan(["python", "train.py"])
-    plan = replace(plan, spares=(commands.PlanNode("10.0.0.4", "node-4", 1, "ens5"),), quarantined=(("node-9", "slow"),))
-    assert commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    plan = replace(plan, spares=(runplan.PlanNode("10.0.0.4", "node-4", 1, "ens5"),), quarantined=(("node-9", "slow"),))
+    assert runplan.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
     with pytest.raises(ValueError, match="unknown key"):
-        commands.RunPlan.from_json({**plan.to_json(), "hang": 1})
+        runplan.RunPlan.from_json({**plan.to_json(), "hang": 1})
     with pytest.raises(ValueError, match="a node twice"):
         replace(plan, spares=plan.nodes)
 
@@ -200,15 +200,15 @@ def _supervisor_env(tmp_path) -> dict:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def _run_supervisor(tmp_path, plan: commands.RunPlan, **kw) -> subprocess.CompletedProcess:
+def _run_supervisor(tmp_path, plan: runplan.RunPlan, **kw) -> subprocess.CompletedProcess:
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     return subprocess.run([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
                           capture_output=True, text=True, env=_supervisor_env(tmp_path), **kw)
 
 
-def _plan(argv: list[str], **extra) -> commands.RunPlan:
+def _plan(argv: list[str], **extra) -> runplan.RunPlan:
     # keep_containers: no teardown (it would signal pid 1)
-    nodes = [commands.PlanNode("10.0.0.1", "node-1", 1, "lo")]
+    nodes = [runplan.PlanNode("10.0.0.1", "node-1", 1, "lo")]
     run = launch_command(JobSpec(image="i", command=tuple(argv), name="t"))
     plan = supervision.plan(run, nodes, ssh=[], policy=supervision.Policy(max_restarts=2), attached=False)
     return replace(plan, keep_containers=True, **extra)
@@ -251,11 +251,11 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
 
 def test_every_ssh_session_probes_the_link():
     """Keepalives on the launcher's ssh and the containers' (a lost link ends the session)."""
-    from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX
+    from dtrain.launch.jobs import container
     from dtrain.launch.remote.hosts import ssh_argv
-    from dtrain.launch.jobs.supervision import container_ssh
 
-    for argv in (ssh_argv(NODES[0], ["true"]), container_ssh(), container_ssh(CONTAINER_SSH_MUX)):
+    for argv in (ssh_argv(NODES[0], ["true"]), container.supervisor_ssh(), container.ready_ssh(),
+                 container.mpirun_ssh()):
         assert argv.count("ServerAliveInterval=5") == 1 and argv.count("ServerAliveCountMax=3") == 1, argv
 
 
@@ -303,7 +303,7 @@ def test_a_silent_unreachable_node_is_lost_within_3_s_and_a_spare_takes_its_plac
     of which the last is a spare. node-2 goes silent: lost within 3 s (silent 1.5 s, then its port
     refuses), the spare takes its place in rank order, the job restarts at full size, node-2 is
     quarantined."""
-    nodes = [commands.PlanNode(f"127.0.0.{i}", f"node-{i}", 1, "lo") for i in (1, 2, 3)]
+    nodes = [runplan.PlanNode(f"127.0.0.{i}", f"node-{i}", 1, "lo") for i in (1, 2, 3)]
     job = ('echo "attempt $DTRAIN_RESTART"; [ "$DTRAIN_RESTART" = 1 ] && exit 0; '
            f'sleep 1; touch {tmp_path}/down-127.0.0.2; echo "down at $(date +%s.%N)"; sleep 60')
     plan = replace(_plan(["sh", "-c", job, "sh"]), nodes=tuple(nodes[:2]), spares=(nodes[2],),
@@ -369,6 +369,6 @@ def test_the_gates_culprits_are_left_out_while_healthy_spares_can_take_their_pla
     spec = JobSpec(image="i", command=("python", "t.py"), name="j", spares=1)
     run = launch_command(spec)
     ranks, spares = plan_nodes(facts[:3]), plan_nodes(facts[3:])
-    nodes, left, took = commands.swap_out(ranks, spares, {"node-1": "slow link"})
+    nodes, left, took = runplan.swap_out(ranks, spares, {"node-1": "slow link"})
     assert [n.hostname for n in nodes] == ["node-4", "node-2", "node-3"] and left == () and took == {"node-1": "node-4"}
     assert launchers.attempt_argv(run, nodes)[0][launchers.attempt_argv(run, nodes)[0].index("-H") + 1].startswith("10.0.0.4:1")

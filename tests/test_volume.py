@@ -183,7 +183,7 @@ def loop_device(tmp_path):
 
 @pytest.mark.cluster
 def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_device, tmp_path):
-    from dtrain.launch.jobs import commands
+    from dtrain.launch.jobs import container
     from dtrain.launch.jobs.job import Job, JobSpec, job_log
 
     nodes = parse_hostfile(cluster.hostfile)[:3]
@@ -222,7 +222,7 @@ def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_
         name = "t-volume"
         job = Job(JobSpec(image=remote_images["horovod-tensorflow"], name=name, ssh_opts=opts,
                           command=("python", "-c", READ_AND_HASH),
-                          mounts=(commands.parse_mount(f"{MOUNT}:/data"),)), nodes, say=lambda m: None)
+                          mounts=(container.parse_mount(f"{MOUNT}:/data"),)), nodes, say=lambda m: None)
         code = job.run()
         out = job_log(name).read_text()
         assert code == 0, out

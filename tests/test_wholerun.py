@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.launch.jobs.commands import Mount
+from dtrain.launch.jobs.container import Mount
 from dtrain.launch.jobs.job import Job, job_log
 from imds import Imds
 from test_launch import EX, ROOT, containers_left, nodes_of, on_node, spec

@@ -42,13 +42,14 @@ from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  #
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, netgate, node_programs, output, store, supervision, timeline
+from dtrain.launch.jobs import container, netgate, nic, node_programs, output, runplan, store, supervision, timeline
+from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import launchers
-from dtrain.launch.jobs.launchers import CONTAINER_SSH_MUX, env_file, launch_command, plan_nodes
+from dtrain.launch.jobs.launchers import env_file, launch_command, plan_nodes
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import RegistryAnswer, ask_registry, parse_ref, pull_on_nodes
 from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
@@ -71,7 +72,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # --env K=V, for every rank (values by file)
     forward: tuple[str, ...] = ()  # names forwarded from the launching container's env
     iface: str | None = None  # override the detected NIC
-    mounts: tuple[commands.Mount, ...] = ()
+    mounts: tuple[container.Mount, ...] = ()
     shm_size: str | None = None  # None: --ipc host
     master_port: int = contract.MASTER_PORT
     rdzv: Literal["static", "c10d"] = "static"
@@ -125,7 +126,7 @@ class Started:
     facts: list[NodeFacts]
     image_id: str
     ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
-    subnet: str | None = None  # where NIC names differ: Open MPI's subnet (commands.tcp_include)
+    subnet: str | None = None  # where NIC names differ: Open MPI's subnet (nic.tcp_include)
     timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
     standby: str = ""  # the host whose container waits for the supervisor (launch/node/standby.sh)
 
@@ -209,17 +210,17 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
                               f"(interfaces: {', '.join(sorted(n for n in names if n))})")
         chosen = iface
     else:
-        chosen = commands.interface_for_address(ipjson, address, host=node.host)
+        chosen = nic.interface_for_address(ipjson, address, host=node.host)
     lock = p.get("memlock", "")
     try:
-        network = commands.interface_network(ipjson, address, host=node.host)
+        network = nic.interface_network(ipjson, address, host=node.host)
     except LaunchError:
         network = ""
     return NodeFacts(node, address, p.get("hostname", node.host), chosen,
                      int(p.get("gpus") or 0), tuple(p.get("efa", "").split()), p.get("port", ""),
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
                      tuple(p.get("port_jobs", "").split()), network,
-                     commands.interface_address(ipjson, chosen) if iface else "")
+                     nic.interface_address(ipjson, chosen) if iface else "")
 
 
 T = TypeVar("T")
@@ -317,7 +318,7 @@ def ompi_major(version_output: str) -> int:
     return int(m.group(1))
 
 
-def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> commands.ContainerSpec:
+def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> container.ContainerSpec:
     """The job's container, without the node's own flags (the node adds them: start.sh).
     The user's --env values are not in it: they go in the job's env file. node_dir: the
     job's directory on the nodes (supervisor, heartbeat, log; the workdir), mounted. standby:
@@ -326,12 +327,12 @@ def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> 
     mounts = spec.mounts
     command: tuple[str, ...] = ()
     if node_dir:
-        mounts += (commands.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
+        mounts += (container.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
         if spec.workdir:
-            mounts += (commands.Mount(f"{node_dir}/workdir", contract.WORKDIR),)
+            mounts += (container.Mount(f"{node_dir}/workdir", contract.WORKDIR),)
         if standby:
             command = tuple(node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR]))
-    return commands.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts, command=command,
+    return container.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts, command=command,
                                   shm_size=spec.shm_size, key_dir=node_key_dir(spec.name))
 
 
@@ -346,7 +347,7 @@ def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_d
     """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
     with node_dir, the container mounts the job's directory and the node's watchdog starts.
     standby: the container waits for the job's supervisor (container_spec)."""
-    head, rest = commands.docker_run_parts(container_spec(spec, node_dir, standby))
+    head, rest = container.docker_run_parts(container_spec(spec, node_dir, standby))
     watch = watch_argv(spec, node_dir) if node_dir else []
     return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
             node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
@@ -399,8 +400,8 @@ def run_script_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence
                  contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
                  "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
         opts += ["--ready-beside"] if ready_beside else []
-        for o in CONTAINER_SSH_MUX:
-            opts += ["--ssh-opt", o]
+        for word in container.ready_ssh():
+            opts += ["--ssh", word]
         opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
     return node_programs.container_argv("run.sh", [*opts, "--", *command])
 
@@ -408,7 +409,7 @@ def run_script_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence
 def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4,
              subnet: str | None = None) -> list[str]:
     """mpirun / horovodrun argv run in the first node's container. subnet: where nodes name
-    their NICs differently (commands.tcp_include), mpirun by subnet, each rank on its node's NIC."""
+    their NICs differently (nic.tcp_include), mpirun by subnet, each rank on its node's NIC."""
     return launchers.get(spec.launcher).argv(spec, facts, 0, iface, ompi, subnet=subnet)
 
 
@@ -528,8 +529,8 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
     check_driver(facts, {h: v[0] for h, v in info.items() if len(v) == 3 and v[0] != "-"})
     label = next(iter(info.values()))
     if launchers.get(spec.launcher).same_iface:  # horovodrun: one --network-interface for all nodes
-        commands.check_same_iface({f.node.host: f.iface for f in facts})
-    subnet = commands.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in facts})
+        nic.check_same_iface({f.node.host: f.iface for f in facts})
+    subnet = nic.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in facts})
     taken = [f for f in facts if f.port_holder]
     if taken:
         raise LaunchError(f"port {contract.SSH_PORT} is taken (the containers' sshd needs it):\n" + "\n".join(
@@ -747,11 +748,11 @@ class Job:
 
     def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
         """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
-        directory (mounted in its container; read by commands.NODE_ENV_WRAPPER). Data on stdin."""
-        path = f"{node_key_dir(self.spec.name)}/{commands.NODE_ENV_FILE}"
+        directory (mounted in its container; read by nic.NODE_ENV_WRAPPER). Data on stdin."""
+        path = f"{node_key_dir(self.spec.name)}/{nic.NODE_ENV_FILE}"
         by_host = {f.node.host: f for f in facts}
         results = self.ssh.run(self.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
-                               stdin=lambda n: commands.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
+                               stdin=lambda n: nic.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
                                timeout=60)
         raise_on_failure(results, "writing each node's NIC")
 
@@ -811,7 +812,7 @@ class Job:
             if len(facts) > 1:
                 self.ssh.run([f.node for f in facts[1:]], lambda n: in_container(ray.node_argv(facts, by_host[n.host])),
                              timeout=self.spec.ready_timeout + 30, what="starting Ray workers")
-            wait = commands.ray_wait_argv(head, len(facts), self.spec.ready_timeout)
+            wait = ray_wait_argv(head, len(facts), self.spec.ready_timeout)
             self.ssh.run([first.node], lambda n: in_container(wait), timeout=self.spec.ready_timeout + 60,
                          what="waiting for every Ray node")
             self.say(f"[launch] ray cluster of {len(facts)} node(s) up ({time.monotonic() - t0:.1f} s)")
@@ -821,7 +822,7 @@ class Job:
             return _exit_code(result)
         finally:
             if not self._closing:
-                stop = ["docker", "exec", container_name(self.spec.name), *commands.ray_stop_argv()]
+                stop = ["docker", "exec", container_name(self.spec.name), *ray_stop_argv()]
                 self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
 
     def pull(self, prepared: Prepared, t0: float = 0.0) -> Pulled:
@@ -938,7 +939,7 @@ class Job:
         raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
     def plan(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
-             quarantined: dict[str, str] | None = None) -> commands.RunPlan:
+             quarantined: dict[str, str] | None = None) -> runplan.RunPlan:
         """What the supervisor runs (plan.json): the launcher command apart from its nodes, the
         nodes (the last `--spares` of them ready, with no rank) and the restart policy; it builds
         each attempt's command from them (launchers.attempt_argv), the first one as the launch
@@ -949,7 +950,7 @@ class Job:
         spec = self.spec
         ranks, spares = (plan_nodes(f) for f in split_spares(started.facts, spec.spares))
         if quarantined:
-            ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
+            ranks, spares, _ = runplan.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
                                     progress_pattern=spec.progress_pattern)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
@@ -957,7 +958,7 @@ class Job:
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
         node_dir = node_dirs.get(first, "")
         return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
-                                quarantined=quarantined, ssh=supervision.container_ssh(CONTAINER_SSH_MUX),
+                                quarantined=quarantined, ssh=container.supervisor_ssh(),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
 
     def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
@@ -973,10 +974,10 @@ class Job:
         facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
         first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
         rec = rec or timeline.Recorder(time.time())
-        store.record(self.spec.name, state="running", ranks=commands.rank_map(plan.nodes), first=first.node.host,
+        store.record(self.spec.name, state="running", ranks=runplan.rank_map(plan.nodes), first=first.node.host,
                      node_names=node_names(facts))
         # the first attempt's command, rank_output.py's name in it, not its text
-        shown = commands.shown_argv(launchers.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
+        shown = runplan.shown_argv(launchers.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
         spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
         self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
                  + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"

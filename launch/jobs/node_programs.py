@@ -9,6 +9,8 @@ ssh_argv quotes the whole argv for the node's shell.
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
 from collections.abc import Sequence
 
 from dtrain import contract
@@ -38,3 +40,15 @@ def program_argv(script: str, args: Sequence[str]) -> list[str]:
 def container_argv(script: str, args: Sequence[str]) -> list[str]:
     """argv inside a container (after `docker exec NAME`): launch/node/<script> with args."""
     return program_argv(script, args)
+
+
+def node_flags(gpus: int = 0, efa: Sequence[str] = (), memlock: str = "") -> list[str]:
+    """docker run's flags that depend on a node, as host/start.sh's node_flags (their one
+    definition) makes them from a probe's values: a GPU count, EFA device paths, dockerd's
+    memlock limit in bytes ("" or "unlimited": unlimited). Runs bash here: for a program that
+    starts a job's container on this machine as a node would (benches, tests)."""
+    env = {**os.environ, "gpus": str(gpus), "efa": " ".join(efa), "memlock": memlock}
+    text = contract.node_script("host/start.sh") + '\nnode_flags\nprintf "%s\\0" "${flags[@]}"\n'
+    out = subprocess.run(["bash", "-c", text, "dtrain-node-flags"], env=env, capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return out.split("\0")[:-1]

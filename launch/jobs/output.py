@@ -6,7 +6,7 @@ import codecs
 import re
 from typing import Callable, Iterator, Protocol, Sequence
 
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import runplan
 
 # A rank's line as the user reads it, as prefix_line and MpiOutput write it: `[node-2 r3] text`
 # (hostname, global rank, text). Render (first steps) and progress (hangs) read it back.
@@ -75,7 +75,7 @@ class MpiOutput:
     stderr): kept until that stream's newline arrives. Two tags on one segment (horovodrun adds --tag-output's to
     rank_output.py's) are one: the first is an empty unfinished line."""
 
-    _TAG = re.compile(commands.MPI_OUTPUT_TAG)
+    _TAG = re.compile(runplan.MPI_OUTPUT_TAG)
 
     def __init__(self, ranks: list[str], default_node: str):
         self.ranks, self.default_node = ranks, default_node

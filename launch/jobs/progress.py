@@ -116,7 +116,7 @@ class Watch:
 
 def watch(launcher: str, timeout: float | None, pattern: str, ranks: list[str], now: float) -> Watch | None:
     """The hang watch of an attempt on `ranks` (global rank -> hostname), from the run plan's
-    hang_timeout and progress_pattern (commands.RunPlan); None without --hang-timeout."""
+    hang_timeout and progress_pattern (runplan.RunPlan); None without --hang-timeout."""
     from dtrain.launch.jobs.supervision import Render
 
     if not timeout:

@@ -10,7 +10,6 @@ foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.launch.jobs import commands, launchers, output, timeline
+from dtrain.shipped import shipped_modules
+from dtrain.launch.jobs import launchers, output, runplan, timeline
 from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -38,12 +38,12 @@ class Policy:
     progress_pattern: str = ""  # --progress-pattern: what counts as progress ("": any line of a rank)
 
 
-def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh: Sequence[str],
-         policy: Policy = Policy(), spares: Sequence[commands.PlanNode] = (),
+def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: Sequence[str],
+         policy: Policy = Policy(), spares: Sequence[runplan.PlanNode] = (),
          quarantined: Mapping[str, str] | None = None, attached: bool = True, node_prefix: Sequence[str] = (),
-         node_dir: str = "") -> commands.RunPlan:
+         node_dir: str = "") -> runplan.RunPlan:
     """The supervisor's plan (plan.json on the first node). run: the launcher command apart from
-    its nodes, which the supervisor builds for each attempt's nodes (commands.attempt_argv);
+    its nodes, which the supervisor builds for each attempt's nodes (launchers.attempt_argv);
     nodes: in rank order, the first being where the supervisor runs; spares: ready, no rank,
     swapped in for a lost one; quarantined: {hostname: why} taken out before the start;
     node_prefix: what runs a per-node command in its container (torchrun: launch/node/run.sh and
@@ -52,7 +52,7 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
     if policy.min_nodes > len(nodes):
         raise ValueError(f"plan: --min-nodes {policy.min_nodes} > {len(nodes)} nodes")
     launchers.attempt_argv(run, nodes)  # a programming mistake fails here, not on the node
-    return commands.RunPlan(run=run, nodes=tuple(nodes), spares=tuple(spares),
+    return runplan.RunPlan(run=run, nodes=tuple(nodes), spares=tuple(spares),
                             quarantined=tuple((quarantined or {}).items()), ssh=tuple(ssh),
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
                             min_nodes=policy.min_nodes, attached=attached, launcher_silence=LAUNCHER_SILENCE_S,
@@ -69,53 +69,6 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
 SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
 
 
-# An import statement of dtrain, at any indent (a function's too), parenthesized over lines or not.
-_DTRAIN_IMPORT = re.compile(r"^[ \t]*(from[ \t]+dtrain[\w.]*[ \t]+import[ \t]+(?:\([^)]*\)|[^\n]*)|import[ \t]+dtrain[^\n]*)",
-                            re.M)
-
-
-def _dtrain_imports(path: Path) -> set[str]:
-    """The dtrain modules a file's import statements name, at module level or in a function;
-    `from A import B` names A.B where that is a module, else A. Each statement is found by
-    _DTRAIN_IMPORT and read by ast (a whole file's parse would cost a launch 0.1 s)."""
-    import ast
-    import importlib.util
-
-    def module(name: str) -> str:
-        try:
-            return name if importlib.util.find_spec(name) else name.rpartition(".")[0]
-        except ModuleNotFoundError:  # B is a name in module A, not a module
-            return name.rpartition(".")[0]
-
-    out = set()
-    for m in _DTRAIN_IMPORT.finditer(path.read_text()):
-        for node in ast.parse(m.group(1)).body:
-            if isinstance(node, ast.Import):
-                out |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                out |= {module(f"{node.module}.{a.name}") for a in node.names}
-    return {n for n in out if n == "dtrain" or n.startswith("dtrain.")}
-
-
-@functools.cache
-def shipped_modules(program: Path) -> tuple[str, ...]:
-    """The dtrain modules program imports and theirs, at any depth, with their packages'
-    __init__: paths under the import root (dtrain/launch/jobs/commands.py), sorted."""
-    import importlib.util
-
-    seen: set[str] = set()
-    todo = sorted(_dtrain_imports(program))
-    while todo:
-        name = todo.pop()
-        parts = name.split(".")
-        for n in [".".join(parts[:i]) for i in range(1, len(parts) + 1)]:
-            if n not in seen:
-                seen.add(n)
-                todo.extend(sorted(_dtrain_imports(Path(importlib.util.find_spec(n).origin)) - seen))
-    return tuple(sorted(n.replace(".", "/") + ("/__init__.py" if importlib.util.find_spec(n).submodule_search_locations
-                                             is not None else ".py") for n in seen))
-
-
 def builder_files() -> dict[str, str]:
     """The supervisor's modules (shipped_modules of launch/node/supervise.py) and
     SUPERVISOR_NODE_PROGRAMS: {path under the import root: text}, read from this dtrain."""
@@ -128,13 +81,6 @@ def builder_files() -> dict[str, str]:
     for script in SUPERVISOR_NODE_PROGRAMS:
         out[f"dtrain/launch/node/{script}"] = contract.node_script(script)
     return out
-
-
-def container_ssh(mux: Sequence[str] = ()) -> list[str]:
-    """ssh argv, without host, from one container of the job to another's sshd (contract.SSH_PORT)."""
-    return ["ssh", "-p", str(contract.SSH_PORT), "-l", "root", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            *([] if any(str(o).startswith("ServerAlive") for o in mux) else contract.ssh_keepalive_opts()), *mux]
 
 
 def describe(ev: dict) -> str:

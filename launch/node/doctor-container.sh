@@ -1,14 +1,16 @@
 #!/bin/bash
-# doctor-container.sh PORT PEER...: run in a doctor's container: ssh to every peer's sshd on
-# PORT (each gets ~10 s: the containers' sshd may still be starting), /dev/shm size, memlock,
-# and how many EFA devices libfabric sees.
+# doctor-container.sh SSH... -- PEER...: run in a doctor's container: with the ssh argv SSH
+# (without host: launch/jobs/container.py doctor_ssh), reach every peer's sshd (each gets ~10 s:
+# the containers' sshd may still be starting); /dev/shm size, memlock, and how many EFA devices
+# libfabric sees.
 set -u
-port=$1
-shift
+ssh=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do ssh+=("$1"); shift; done
+[ $# -gt 0 ] && shift
 try() {
   local i
   for i in $(seq 20); do
-    out=$(timeout 15 ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=5 "root@$1" 'command -v orted python' 2>&1) && return 0
+    out=$(timeout 15 "${ssh[@]}" "root@$1" 'command -v orted python' 2>&1) && return 0
     : "$i"
     sleep 0.5
   done

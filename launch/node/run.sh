@@ -16,8 +16,10 @@
 #                      command starts nothing over ssh (mpirun's local ranks)
 #   --ready-code N     that exit code (dtrain/contract.py READY_FAILED)
 #   --ready-says TEXT  what starts the line naming that node (dtrain/contract.py READY_SAYS)
-#   --port PORT        the containers' sshd port (--ready)
-#   --ssh-opt OPT      one more ssh argument for --ready (repeat), e.g. the master options
+#   --port PORT        the containers' sshd port (--ready: ssh-connect.pl's socket, the error line)
+#   --ssh WORD         the ssh argv, without host, of --ready (repeat: `--ssh ssh --ssh -p ...`;
+#                      launch/jobs/container.py ready_ssh: the master connection's options too);
+#                      none: plain `ssh`
 #   --connect PROGRAM  with --ready and the master options: the text of launch/node/ssh-connect.pl;
 #                      each node's master connection is made first, over a socket it opens with
 #                      Nagle off (40 ms less a key exchange), then the session rides it. Ignored
@@ -28,7 +30,7 @@
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=
-envfile='' fill=0 ready='' beside=0 skip='' port=22 hosts=() ssh_opts=() phase_says='' connect=''
+envfile='' fill=0 ready='' beside=0 skip='' port=22 hosts=() ssh=() phase_says='' connect=''
 while [ $# -gt 0 ]; do
   case $1 in
     --env) envfile=$2; shift 2 ;;
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --ready-code) READY_FAILED=$2; shift 2 ;;
     --ready-says) READY_SAYS=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
-    --ssh-opt) ssh_opts+=("$2"); shift 2 ;;
+    --ssh) ssh+=("$2"); shift 2 ;;
     --phase-says) phase_says=$2; shift 2 ;;
     --connect) connect=$2; shift 2 ;;
     --) shift; break ;;
@@ -70,13 +72,12 @@ if [ "$fill" = 1 ]; then bash -c "$add_hosts" < "$list"; fi
 # the master connection it then rides (ssh -f -N: back once authenticated), made by
 # ssh-connect.pl over a socket with Nagle off.
 reach() {
-  local ssh=(ssh -p "$port" -o BatchMode=yes -o ConnectTimeout=3)
   if [ -n "$connect" ] && [[ $1 != *:* ]]; then
-    perl -e "$connect" "$1" "$port" 3 "${ssh[@]}" -o ProxyCommand=- -o ControlMaster=auto -f -N "${ssh_opts[@]}" \
-      "root@$1" || return
+    perl -e "$connect" "$1" "$port" 3 "${ssh[@]}" -o ProxyCommand=- -o ControlMaster=auto -f -N "root@$1" || return
   fi
-  "${ssh[@]}" "${ssh_opts[@]}" "root@$1" "$add_hosts" < "$list" >/dev/null
+  "${ssh[@]}" "root@$1" "$add_hosts" < "$list" >/dev/null
 }
+[ "${#ssh[@]}" -gt 0 ] || ssh=(ssh)
 command -v perl >/dev/null || connect=''
 
 # ready_check: ssh to every --host but --ready-skip's at once; fails (--ready-code) naming a node

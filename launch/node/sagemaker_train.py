@@ -10,7 +10,7 @@ runs this program, which reads SageMaker's contract under /opt/ml:
                                      default `code`), dtrain_pythonpath (a channel whose directory
                                      goes first on PYTHONPATH: --dependencies)
   input/data/<channel>/              channels (File mode); `dtrain` holds the job's ssh key
-and runs the job with the project's own command builders (dtrain.launch.jobs.commands):
+and runs the job with the project's own command builders (the launcher modules of dtrain.launch.jobs.launchers):
   mpirun   (Horovod images): the first host (sorted hosts[0]) waits for every host's sshd,
            runs mpirun across all; then tells the others the exit code, and they exit with it.
   torchrun (pytorch-ddp): every host runs torchrun, node rank = its place in sorted hosts.
@@ -45,14 +45,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "py"))
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands  # noqa: E402
+from dtrain.launch.jobs import container  # noqa: E402
+from dtrain.launch.jobs.launchers.mpirun import mpirun_argv  # noqa: E402
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env  # noqa: E402
 from dtrain.launch.remote.hosts import Node  # noqa: E402
 
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)
 SSH_PORT = contract.SSH_PORT
 TORCH_PORT = contract.MASTER_PORT
-SSH_OPTIONS = ("-o ConnectionAttempts=10",)
+# mpirun's ssh to the other hosts: retried while their sshd starts; this program's own, fewer
+MPI_SSH = container.ssh_options(attempts=10)
+SSH = container.ssh_argv(attempts=5)
 DONE_DIR = Path("/run/dtrain-sagemaker")  # where the first host leaves mpirun's exit code
 READY = "ready"  # DONE_DIR/ready on every host: `ok` once its requirements are installed, else the error
 REQUIREMENTS = "requirements.txt"
@@ -181,12 +185,12 @@ def sm_env(c: Contract, gpus: int, ml: Path = ML) -> dict[str, str]:
 
 
 def _torchrun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return commands.torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
+    return torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
 
 
 def _mpirun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return commands.mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
-                                forward=forward, ssh_port=SSH_PORT, ssh_options=SSH_OPTIONS)
+    return mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
+                                forward=forward, ssh=MPI_SSH)
 
 
 # The launchers this program runs, by the name dtrain_launcher gives (launch/jobs/sagemaker.py
@@ -269,7 +273,7 @@ def wait_for_ready(hosts: tuple[str, ...], timeout: float = SSHD_WAIT_S) -> None
     for host in hosts:
         while True:
             try:
-                r = subprocess.run(["ssh", "-p", str(SSH_PORT), "-o", "ConnectionAttempts=5", host,
+                r = subprocess.run([*SSH, host,
                                     f"cat {DONE_DIR}/{READY}"], capture_output=True, text=True, timeout=120)
                 state = r.stdout.strip() if r.returncode == 0 else None
             except (OSError, subprocess.TimeoutExpired):
@@ -332,7 +336,7 @@ def notify_hosts(hosts: tuple[str, ...], code: int) -> None:
     script = f"mkdir -p {DONE_DIR} && cat > {DONE_DIR}/exit.tmp && mv {DONE_DIR}/exit.tmp {DONE_DIR}/exit"
     for host in hosts:
         try:
-            r = subprocess.run(["ssh", "-p", str(SSH_PORT), "-o", "ConnectionAttempts=5", host, script],
+            r = subprocess.run([*SSH, host, script],
                                input=f"{code}\n", text=True, capture_output=True, timeout=120)
             problem = r.stderr.strip() if r.returncode != 0 else ""
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -365,7 +369,7 @@ def main(ml: Path = ML) -> int:
         (ml / d).mkdir(parents=True, exist_ok=True)
     extra = {k: v for k, v in sm_env(c, gpus, ml).items() if k not in os.environ}
     if job.per_node:  # NCCL and Gloo on this host's NIC (torchrun's own rendezvous)
-        extra |= commands.torchrun_env(c.iface)
+        extra |= torchrun_env(c.iface)
     env = {**os.environ, **extra}
     cwd = c.channels.get(job.workdir) if job.workdir else None
     try:

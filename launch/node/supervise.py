@@ -18,12 +18,12 @@ the `hang` event names the ranks behind, every rank's Python stack goes into the
 (launch/node/stacks.sh), and the attempt ends as a failed one.
 
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
-starts: a lost or leaving node is swapped for a warm spare in its place (commands.swap_out:
+starts: a lost or leaving node is swapped for a warm spare in its place (runplan.swap_out:
 same world size; the node is quarantined, not used again by this job), or, with no spare
 left, dropped while at least `min_nodes` remain; `max_restarts` bounds the attempts. At the
 end every node's container is stopped (its watchdog removes it and the node's job files).
 
-The plan is written by the launcher (commands.RunPlan, launch/jobs/supervision.py): the job's
+The plan is written by the launcher (runplan.RunPlan, launch/jobs/supervision.py): the job's
 launcher command apart from its nodes, the nodes and spares, the restart policy. Each
 attempt's command comes from the same builder the launcher used (launchers.attempt_argv, sent
 beside this program with the rest of the launcher's dtrain modules) for the nodes the attempt
@@ -77,7 +77,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands, launchers, output, progress  # noqa: E402
+from dtrain.launch.jobs import launchers, output, progress, runplan  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -93,7 +93,7 @@ LOST_GRACE = 0.3
 # failure (mpirun: a daemon that cannot start), and an attempt that ends first opens them then.
 HEARTBEAT_AFTER = 1.0
 KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ" 2>/dev/null '
-                '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true') % commands.RESTART_VAR
+                '&& kill -9 "${{p#/proc/}}" 2>/dev/null; done; true') % runplan.RESTART_VAR
 
 
 # ---------------------------------------------------------------- pure
@@ -107,7 +107,7 @@ def start_dir(here: str, workdir: str = WORKDIR) -> str:
     return workdir if os.path.isdir(workdir) else here
 
 
-def next_step(nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode], out: dict[str, str],
+def next_step(nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode], out: dict[str, str],
               attempt: int, code: int, min_nodes: int, max_restarts: int, cause: str = "") -> tuple[str, str]:
     """After an attempt on `nodes` ended with `code` and `out` ({hostname: why}: lost, leaving)
     among them, or for `cause` (a hang): ("succeeded"|"failed"|"restart", why). Each node taken
@@ -120,7 +120,7 @@ def next_step(nodes: Sequence[commands.PlanNode], spares: Sequence[commands.Plan
     if nodes[0].hostname in out:
         return "failed", (f"{what}: {nodes[0].hostname} is the job's first node, where its supervisor runs; "
                           "launch again to resume from the checkpoint")
-    left, _, _ = commands.swap_out(nodes, spares, out)
+    left, _, _ = runplan.swap_out(nodes, spares, out)
     if len(left) < min_nodes:
         return "failed", f"{what}: {len(left)} node(s) left and no spare, fewer than --min-nodes {min_nodes}"
     if attempt >= max_restarts:
@@ -128,7 +128,7 @@ def next_step(nodes: Sequence[commands.PlanNode], spares: Sequence[commands.Plan
     return "restart", what
 
 
-def verdict(silent: float, port_answers: bool | None, plan: commands.RunPlan) -> str:
+def verdict(silent: float, port_answers: bool | None, plan: runplan.RunPlan) -> str:
     """Whether a node silent for `silent` seconds is lost: its reason, or "" (not yet).
     port_answers: whether its sshd port took a TCP connection (None: not asked yet)."""
     if silent >= plan.lost_after:
@@ -200,7 +200,7 @@ class Health:
                 except (OSError, ValueError):
                     pass  # a session that ended (its reader says why) or a full pipe (a stalled link)
 
-    def watch(self, node: commands.PlanNode) -> None:
+    def watch(self, node: runplan.PlanNode) -> None:
         if node.hostname in self.procs or node is self.sup.me:
             return
         with self.lock:
@@ -216,7 +216,7 @@ class Health:
             return
         threading.Thread(target=self._read, args=(node, proc), daemon=True).start()
 
-    def _read(self, node: commands.PlanNode, proc: subprocess.Popen) -> None:
+    def _read(self, node: runplan.PlanNode, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             with self.lock:
@@ -229,7 +229,7 @@ class Health:
             if node.hostname in self.procs and not self.sup.stopping.is_set():
                 self.ended[node.hostname] = f"sshd on {contract.SSH_PORT} unreachable: {err}"
 
-    def _probe(self, node: commands.PlanNode, asked: float) -> None:
+    def _probe(self, node: runplan.PlanNode, asked: float) -> None:
         ok = port_answers(node.address, self.plan.connect_timeout)
         with self.lock:
             if self.probing.get(node.hostname, (0.0, None))[0] == asked:
@@ -245,7 +245,7 @@ class Health:
         with self.lock:
             return now - self.seen.get(hostname, now)
 
-    def lost(self, nodes: Sequence[commands.PlanNode]) -> dict[str, str]:
+    def lost(self, nodes: Sequence[runplan.PlanNode]) -> dict[str, str]:
         """{hostname: why} of the nodes among `nodes` that are lost or leaving now. A node silent
         past suspect_after gets its port asked (in the background, again every 2 s)."""
         now = time.monotonic()
@@ -285,7 +285,7 @@ class Health:
                     self.probing.pop(h, None)  # it answered again: a later silence asks again
         return out
 
-    def _rewatch(self, node: commands.PlanNode) -> None:
+    def _rewatch(self, node: runplan.PlanNode) -> None:
         with self.lock:
             self.ended.pop(node.hostname, None)
             self.probing.pop(node.hostname, None)
@@ -320,7 +320,7 @@ class AttemptEnd(NamedTuple):
 
 
 class Supervisor:
-    def __init__(self, plan: commands.RunPlan, job_dir: Path):
+    def __init__(self, plan: runplan.RunPlan, job_dir: Path):
         self.plan = plan
         self.dir = job_dir
         self.me = plan.nodes[0]
@@ -400,12 +400,12 @@ class Supervisor:
 
     # -- nodes
 
-    def remote(self, node: commands.PlanNode, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
+    def remote(self, node: runplan.PlanNode, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
         opts = (["-tt"] if tty else []) + ([] if mux else ["-o", "ControlPath=none"])
         # before the plan's own options: ssh keeps the first value it is given for an option
         return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 
-    def on_nodes(self, nodes: Sequence[commands.PlanNode], line: str, timeout: float = 15) -> None:
+    def on_nodes(self, nodes: Sequence[runplan.PlanNode], line: str, timeout: float = 15) -> None:
         """A fixed shell line in each node's container (this one's too), all at once."""
         procs = [subprocess.Popen(["sh", "-c", line] if n is self.me else self.remote(n, line, mux=False),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -419,15 +419,15 @@ class Supervisor:
 
     # -- one attempt
 
-    def start(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
+    def start(self, nodes: Sequence[runplan.PlanNode], attempt: int) -> None:
         """The attempt's launcher command for `nodes`, from the builders (launchers.attempt_argv),
         as the launcher made the first one."""
         run = self.plan.run
-        env = {**os.environ, **dict(run.extra_env), commands.RESTART_VAR: str(attempt)}
+        env = {**os.environ, **dict(run.extra_env), runplan.RESTART_VAR: str(attempt)}
         argvs = launchers.attempt_argv(run, nodes)
         self.first_line.clear()
         self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
-                                   commands.rank_map(nodes), time.monotonic())
+                                   runplan.rank_map(nodes), time.monotonic())
         if not run.per_node:  # mpirun, horovodrun: one command here starts every rank
             self.procs = [self._spawn(argvs[0], env)]
             return
@@ -436,7 +436,7 @@ class Supervisor:
         # (node_prefix), which exports the job's --env values from that node's file.
         self.procs = []
         for n, argv in zip(nodes, argvs):
-            line = (f"export {commands.RESTART_VAR}={attempt}; cd {shlex.quote(self.cwd)} && "
+            line = (f"export {runplan.RESTART_VAR}={attempt}; cd {shlex.quote(self.cwd)} && "
                     f"exec {shlex.join([*self.plan.node_prefix, *argv])}")
             self.procs.append(self._spawn(self.remote(n, line, tty=True), env, f"[{n.hostname}] ", n.hostname))
 
@@ -451,7 +451,7 @@ class Supervisor:
         self.pumps.append((node, pump))
         return proc
 
-    def watch(self, nodes: Sequence[commands.PlanNode], spares: Sequence[commands.PlanNode]) -> AttemptEnd:
+    def watch(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode]) -> AttemptEnd:
         """Until the attempt ends: how it ended (AttemptEnd). A lost spare only leaves the spares."""
         spare_out: dict[str, str] = {}
         while True:
@@ -473,7 +473,7 @@ class Supervisor:
                 return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
             time.sleep(0.1)
 
-    def checkpoint_now(self, nodes: Sequence[commands.PlanNode]) -> float:
+    def checkpoint_now(self, nodes: Sequence[runplan.PlanNode]) -> float:
         """A spot notice: ask the job to save a checkpoint (contract.CHECKPOINT_NOW in every
         container) and wait until rank 0 removes the file here (saved), the attempt ends, or
         checkpoint_grace passes. Returns the seconds it took."""
@@ -493,17 +493,17 @@ class Supervisor:
                       f"(rank 0 removes {flag} once saved): restarting from the last one")
         return time.monotonic() - t0
 
-    def on_hang(self, nodes: Sequence[commands.PlanNode], stall: progress.Stall) -> str:
+    def on_hang(self, nodes: Sequence[runplan.PlanNode], stall: progress.Stall) -> str:
         """The `hang` event, then every process's Python stack of the attempt on every node
         (launch/node/stacks.sh in each container, all at once, shown node by node); the reason
         the attempt ends."""
-        fields = progress.event_fields(stall, commands.rank_map(nodes))
+        fields = progress.event_fields(stall, runplan.rank_map(nodes))
         self.event("hang", **fields)
         script = contract.node_script("stacks.sh")
-        args = ["bash", "-s", "--", commands.RESTART_VAR, str(int(self.state["restarts"]))]
+        args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(self.state["restarts"]))]
         dumps: dict[str, list[str]] = {}
 
-        def one(n: commands.PlanNode) -> None:
+        def one(n: runplan.PlanNode) -> None:
             argv = [*args, n.hostname]
             if n is not self.me:
                 argv = self.remote(n, shlex.join(argv), mux=False)
@@ -551,7 +551,7 @@ class Supervisor:
             pump.join(0 if node in lost else 5)
         self.pumps = []
 
-    def kill_leftovers(self, nodes: Sequence[commands.PlanNode], attempt: int) -> None:
+    def kill_leftovers(self, nodes: Sequence[runplan.PlanNode], attempt: int) -> None:
         """Ranks of the ended attempt that outlived their launcher (a rank orphaned on this
         node, one whose orted missed the end): every process whose environment says this
         attempt, on every node still there."""
@@ -579,7 +579,7 @@ class Supervisor:
         code = 0
         while True:
             self.state.update(restarts=attempt, nodes=[n.hostname for n in nodes], spares=[n.hostname for n in spares])
-            self.event("running", attempt=attempt, nodes=[n.hostname for n in nodes], ranks=commands.rank_map(nodes),
+            self.event("running", attempt=attempt, nodes=[n.hostname for n in nodes], ranks=runplan.rank_map(nodes),
                        spares=[n.hostname for n in spares])
             t_start = time.monotonic()
             self.start(nodes, attempt)
@@ -634,7 +634,7 @@ class Supervisor:
                 code = code or 1
                 break
             t_swap = time.monotonic()
-            nodes, spares, took = commands.swap_out(nodes, spares, out)
+            nodes, spares, took = runplan.swap_out(nodes, spares, out)
             for h, why_out in out.items():
                 self.quarantine(h, why_out)
             for h, spare in took.items():
@@ -650,12 +650,12 @@ class Supervisor:
         self.teardown([*nodes, *spares])
         return code
 
-    def watch_later(self, nodes: Sequence[commands.PlanNode]) -> None:
+    def watch_later(self, nodes: Sequence[runplan.PlanNode]) -> None:
         """watch_all once the first attempt printed a line, or HEARTBEAT_AFTER s after its start."""
         self.first_line.wait(HEARTBEAT_AFTER)
         self.watch_all(nodes)
 
-    def watch_all(self, nodes: Sequence[commands.PlanNode]) -> None:
+    def watch_all(self, nodes: Sequence[runplan.PlanNode]) -> None:
         """Open every node's heartbeat session (Health.watch), once for the job: later calls, and
         any once the job is ending (Health.close), do nothing."""
         if self.watching.acquire(blocking=False):
@@ -669,7 +669,7 @@ class Supervisor:
         if self.first_line.wait(600) and self.state.get("restarts") == attempt:
             self.phase(attempt, "resumed", time.monotonic() - t_start)
 
-    def teardown(self, alive: Sequence[commands.PlanNode]) -> None:
+    def teardown(self, alive: Sequence[runplan.PlanNode]) -> None:
         """Stop every other container still reachable (each node's watchdog then removes it and
         the node's job files), then this one."""
         if self.plan.keep_containers:
@@ -727,7 +727,7 @@ def main(argv: list[str]) -> int:
         print("usage: supervise.py PLAN.json", file=sys.stderr)
         return 2
     path = Path(argv[1])
-    plan = commands.RunPlan.from_json(json.loads(path.read_text()))
+    plan = runplan.RunPlan.from_json(json.loads(path.read_text()))
     if code := ready_code():  # a node's sshd did not answer: the check named it on stderr
         return code
     sup = Supervisor(plan, path.parent)

@@ -5,8 +5,8 @@ SageMaker CreateTrainingJob request, for an image built here.
                  -> validate(target, text): the operators' CRD schemas (launch/schemas/) or
                     botocore's own service models; every problem names the field at fault
 
-The launch commands inside come from launch.commands, the builders `dtrain launch` uses,
-so flags cannot drift between the two.
+The launch commands inside come from the launcher modules (launch/jobs/launchers/), the
+builders `dtrain launch` uses, so flags cannot drift between the two.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
-from dtrain.launch.jobs import commands, launchers
+from dtrain.launch.jobs import container, launchers
+from dtrain.launch.jobs.launchers.mpirun import mpirun_argv, training_env
+from dtrain.launch.jobs.launchers.ray import RAY_PORT, ray_head_argv, ray_job_argv, ray_worker_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import sagemaker
 
@@ -42,7 +45,7 @@ POD_IFACE = "eth0"  # a pod's (and a SageMaker container's) one NIC
 MPI_HOSTFILE = "/etc/mpi/hostfile"  # written by the MPI operator v2 into the launcher
 SSH_MOUNT = "/root/.ssh"  # where the MPI operator mounts the job's key Secret
 MASTER_PORT = 23456  # the training operator's default; it sets MASTER_PORT from it
-MPI_SSH_OPTIONS = ("-o ConnectionAttempts=10",)  # the operator's own retry while workers start
+MPI_SSH = container.ssh_options(attempts=10)  # the operator's own retry while workers start
 SAGEMAKER_INSTANCE = {0: "ml.m5.2xlarge", 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
 PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
 PLACEHOLDER_S3 = "s3://my-bucket/dtrain/output"
@@ -160,14 +163,14 @@ def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
     """The launcher's mpirun: operator-written hostfile, pod NIC, the images' sshd port. The
     user's env goes as `-x NAME` only, its values in the launcher pod's env (as `dtrain launch`
     keeps them out of argv): an argv shows in `ps` and in every describe of the pod."""
-    return commands.mpirun_argv(None, list(spec.command), iface=POD_IFACE, env_names=list(spec.env),
-                                ssh_port=contract.SSH_PORT, ssh_options=MPI_SSH_OPTIONS,
+    return mpirun_argv(None, list(spec.command), iface=POD_IFACE, env_names=list(spec.env),
+                                ssh=MPI_SSH,
                                 hostfile=MPI_HOSTFILE, np=spec.workers * spec.slots)
 
 
 def pytorchjob_torchrun_argv(spec: ManifestSpec) -> list[str]:
     """torchrun on every replica; the operator sets RANK (0 on the Master) and MASTER_* per pod."""
-    return commands.torchrun_argv(spec.workers, "$(RANK)", spec.slots, "$(MASTER_ADDR)", "$(MASTER_PORT)",
+    return torchrun_argv(spec.workers, "$(RANK)", spec.slots, "$(MASTER_ADDR)", "$(MASTER_PORT)",
                                   list(spec.command))
 
 
@@ -204,13 +207,13 @@ def ecs_ray_context(spec: ManifestSpec) -> dict[str, Any]:
     service discovery (Cloud Map) registers host-network tasks as SRV records only, which
     `ray start --address` cannot read (A records need awsvpc networking). A worker that
     starts before the head fails and ECS starts it again, until it joins."""
-    head = f"{spec.ray_head_address}:{commands.RAY_PORT}"
+    head = f"{spec.ray_head_address}:{RAY_PORT}"
     return {
         "env": spec.env,
-        "ray_head": commands.ray_head_argv(commands.RAY_PORT, num_gpus=0, block=True),
-        "ray_worker": commands.ray_worker_argv(head, num_gpus=spec.gpus_per_worker, block=True),
-        "ray_job": shlex.join(commands.ray_job_argv(head, list(spec.command))),
-        "ray_port": commands.RAY_PORT,
+        "ray_head": ray_head_argv(RAY_PORT, num_gpus=0, block=True),
+        "ray_worker": ray_worker_argv(head, num_gpus=spec.gpus_per_worker, block=True),
+        "ray_job": shlex.join(ray_job_argv(head, list(spec.command))),
+        "ray_port": RAY_PORT,
     }
 
 
@@ -223,10 +226,10 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
                            "node_selector": dict(spec.node_selector), "namespace": spec.namespace}
     if spec.target == "mpijob":
         ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": dict(spec.env),
-                "env": commands.training_env(POD_IFACE) | spec.env}
+                "env": training_env(POD_IFACE) | spec.env}
     elif spec.target == "pytorchjob":
         ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": MASTER_PORT,
-                "env": commands.torchrun_env(POD_IFACE) | spec.env}
+                "env": torchrun_env(POD_IFACE) | spec.env}
     elif template_name(spec) != spec.target:  # ecs-ray
         ctx |= ecs_ray_context(spec)
     elif spec.target == "ecs":

@@ -18,9 +18,9 @@ def given(cfg: Mapping[str, Any], key: str) -> bool:
 
 def env(cfg: Mapping[str, Any]) -> dict[str, str]:
     """--env-file's pairs, then --env's (later ones win)."""
-    from dtrain.launch.jobs import commands
+    from dtrain.launch.jobs import container
 
     if cfg["env_file"]:
         values.local_path("--env-file", cfg["env_file"], "file", "an env file")
-    return {**(commands.parse_env_file(cfg["env_file"]) if cfg["env_file"] else {}),
+    return {**(container.parse_env_file(cfg["env_file"]) if cfg["env_file"] else {}),
             **values.env_pairs("--env", cfg["env"])}

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
-from dtrain.launch.jobs.commands import MPI_OUTPUT_TAG
+from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
 _LINE_WIDTH = 200  # log lines longer than this are clipped in the report

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Sequence
 
 from dtrain import contract, table
 from dtrain.contract import container_name
-from dtrain.launch.jobs import commands, node_programs, store
+from dtrain.launch.jobs import container, nic, node_programs, store
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.remote.transport import SshTransport
@@ -83,25 +83,25 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
     reachable = [n.host for n in nodes if n.host not in ssh_errors]
 
     # NIC: the interface of each node's address; one name and one MTU on all nodes.
-    nic: dict[str, tuple[str, int]] = {}
+    nic_of: dict[str, tuple[str, int]] = {}
     for h in reachable:
         f = host[h]
         try:
             ifaces = json.loads(f.get("ipjson") or "[]")
-            name = opts.iface or commands.interface_for_address(f.get("ipjson", ""), f.get("addr") or h, host=h)
+            name = opts.iface or nic.interface_for_address(f.get("ipjson", ""), f.get("addr") or h, host=h)
             iface = next((i for i in ifaces if i.get("ifname") == name), None)
-            nic[h] = (name, int(iface.get("mtu", 0)) if iface else -1)
+            nic_of[h] = (name, int(iface.get("mtu", 0)) if iface else -1)
         except Exception as e:  # noqa: BLE001 - a node's odd output is that node's FAIL
-            nic[h] = (f"error: {e}", 0)
-    names = {v[0] for v in nic.values()}
+            nic_of[h] = (f"error: {e}", 0)
+    names = {v[0] for v in nic_of.values()}
     shared, shared_error = None, ""
     if len(names) > 1 and not any(n.startswith("error") for n in names):
         try:  # nodes whose NICs are named differently work where they share a subnet
-            shared = commands.tcp_include({h: (nic[h][0], host[h].get("addr") or h, commands.interface_network(
-                host[h].get("ipjson", ""), host[h].get("addr") or h, host=h)) for h in nic})
+            shared = nic.tcp_include({h: (nic_of[h][0], host[h].get("addr") or h, nic.interface_network(
+                host[h].get("ipjson", ""), host[h].get("addr") or h, host=h)) for h in nic_of})
         except LaunchError as e:
             shared_error = str(e)
-    mtus = {v[1] for v in nic.values()}
+    mtus = {v[1] for v in nic_of.values()}
     hostnames = [host[h].get("hostname", "") for h in reachable]
 
     digests = {h: host[h].get("image_id", "") for h in reachable} if opts.image else {}
@@ -155,11 +155,11 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         else:
             add(h, "port-2022", "FAIL", f"taken: {port}" + (f" (dtrain jobs running: {' '.join(jobs)})" if jobs else ""))
 
-        name, mtu = nic.get(h, ("?", 0))
+        name, mtu = nic_of.get(h, ("?", 0))
         if name.startswith("error"):
             add(h, "nic", "FAIL", name)
         elif len(mtus) > 1 or (len(names) > 1 and not shared):
-            others = ", ".join(f"{k}={v[0]}/mtu {v[1]}" for k, v in nic.items())
+            others = ", ".join(f"{k}={v[0]}/mtu {v[1]}" for k, v in nic_of.items())
             add(h, "nic", "FAIL", f"{name} mtu {mtu}; nodes differ: {others}" + (f" ({shared_error})" if shared_error else ""))
         elif len(names) > 1:  # launch handles it: Open MPI by subnet, NCCL/Gloo per node
             add(h, "nic", "WARN", f"{name} mtu {mtu}; NIC names differ ({', '.join(sorted(names))}): mpirun and "
@@ -355,7 +355,7 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
                 if r.ok and not image_labels(host[n.host].get("image_labels")):
                     host[n.host]["image_labels"] = r.stdout.strip()
         check = ["docker", "exec", container_name(name), *node_programs.container_argv(
-            "doctor-container.sh", [str(contract.SSH_PORT), *(f.address for f in started.facts)])]
+            "doctor-container.sh", [*container.doctor_ssh(), "--", *(f.address for f in started.facts)])]
         results = job.ssh.run(usable, lambda n: check, timeout=120, retries=1)
         for n, r in zip(usable, results):
             if r.ok:

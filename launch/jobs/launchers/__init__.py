@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import runplan
 from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.launchers.accelerate import Accelerate
 from dtrain.launch.jobs.launchers.base import Launcher, plan_nodes
@@ -26,11 +26,6 @@ __all__ = ["LAUNCHERS", "Launcher", "attempt_argv", "choices", "env_file", "get"
            "plan_nodes"]
 
 LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate)}
-
-CONTAINER_SSH_MUX = commands.CONTAINER_SSH_MUX  # the builders' (launch/jobs/commands.py)
-MPI_DEFAULTS = commands.MPI_DEFAULTS
-mpi_defaults = commands.mpi_defaults
-
 
 def names(**having: bool) -> tuple[str, ...]:
     """The launchers' names, in registry order; having: only those whose properties have these
@@ -51,7 +46,7 @@ def get(name: str) -> Launcher:
         raise LaunchError(f"--launcher {name}: use {choices(names())}") from None
 
 
-def attempt_argv(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode]) -> list[list[str]]:
+def attempt_argv(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
     """The launcher command of one attempt on `nodes` (in rank order): [argv] run in the first
     node's container (mpirun, horovodrun), or one argv per node (torchrun). The one author of
     the command: the launch and every restart of the supervisor (launch/node/supervise.py) call
@@ -64,7 +59,7 @@ def attempt_argv(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode]
     return launcher.attempt_argv(run, nodes)
 
 
-def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> commands.LaunchCommand:
+def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> runplan.LaunchCommand:
     """The job's launcher command apart from its nodes (the supervisor's plan holds it)."""
     return base.launch_command(spec, get(spec.launcher), ompi, subnet)
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import runplan
+from dtrain.launch.jobs.launchers.base import script_argv
+from dtrain.launch.jobs.launchers.torchrun import torchrun_env
 from dtrain.launch.jobs.launchers.base import Launcher
 
 
@@ -38,14 +40,14 @@ def accelerate_argv(num_machines: int, machine_rank: int, num_processes: int, ma
             "--num_processes", str(num_processes),
             "--main_process_ip", main_ip, "--main_process_port", str(main_port),
             "--rdzv_backend", rdzv, *(["--same_network"] if rdzv == "static" else []), "--tee", "3"]
-    return argv + commands.script_argv(command)
+    return argv + script_argv(command)
 
 
 class Accelerate(Launcher):
     name = "accelerate"
     per_node = True
 
-    def attempt_argv(self, run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode]) -> list[list[str]]:
+    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
         if not nodes:
             raise ValueError("attempt_argv: no nodes")
         slots = {n.slots for n in nodes}
@@ -56,11 +58,11 @@ class Accelerate(Launcher):
         out = []
         for rank, n in enumerate(nodes):
             cpu = {} if n.gpus else {"ACCELERATE_USE_CPU": "true"}
-            env = {**commands.torchrun_env(n.iface), **cpu, **dict(run.extra_env)}
+            env = {**torchrun_env(n.iface), **cpu, **dict(run.extra_env)}
             out.append(["env", *(f"{k}={v}" for k, v in env.items()),
                         *accelerate_argv(len(nodes), rank, total, nodes[0].address, run.master_port,
                                          run.command, rdzv=run.rdzv)])
         return out
 
     def exec_env(self, iface: str) -> dict[str, str]:
-        return commands.torchrun_env(iface)
+        return torchrun_env(iface)

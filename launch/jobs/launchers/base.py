@@ -33,28 +33,51 @@ values reach the command's environment from a file (env_file).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dtrain import contract
-from dtrain.launch.jobs import commands
+from dtrain.launch.jobs import runplan
+from dtrain.launch.remote.hosts import Node
 
 if TYPE_CHECKING:
     from dtrain.launch.jobs.job import JobSpec, NodeFacts
 
 
-def plan_nodes(facts: Sequence[NodeFacts]) -> list[commands.PlanNode]:
+def check_command(command: Sequence[str], who: str) -> None:
+    if not command or isinstance(command, str):
+        raise ValueError(f"{who}: command must be a non-empty list of strings, got {command!r}")
+
+
+def total_slots(nodes: Sequence[Node], who: str) -> int:
+    if not nodes:
+        raise ValueError(f"{who}: no nodes")
+    return sum(n.slots for n in nodes)
+
+
+def script_argv(command: Sequence[str]) -> list[str]:
+    """The command as a launcher that runs the script with its own Python takes it (torchrun,
+    accelerate launch): `python train.py` (the form mpirun takes) becomes `train.py`, and
+    `python -m pkg` becomes `-m pkg`."""
+    command = list(command)
+    if len(command) > 1 and re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", command[0]):
+        command = command[1:]
+    return command
+
+
+def plan_nodes(facts: Sequence[NodeFacts]) -> list[runplan.PlanNode]:
     """The nodes as the plan and the builders take them, in rank order."""
-    return [commands.PlanNode(f.address, f.hostname, f.node.slots, f.iface, f.gpus) for f in facts]
+    return [runplan.PlanNode(f.address, f.hostname, f.node.slots, f.iface, f.gpus) for f in facts]
 
 
 def launch_command(spec: JobSpec, launcher: Launcher, ompi: int = 4, subnet: str | None = None
-                   ) -> commands.LaunchCommand:
+                   ) -> runplan.LaunchCommand:
     """The job's launcher command apart from its nodes (the supervisor's plan holds it)."""
     extra = ((("DTRAIN_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()) + (
         (contract.CHECKPOINT_NOW_VAR, contract.CHECKPOINT_NOW),)
-    return commands.LaunchCommand(
+    return runplan.LaunchCommand(
         launcher=spec.launcher, command=tuple(spec.command), env_names=tuple(spec.env), forward=tuple(spec.forward),
         extra_env=extra, mca=tuple(spec.extra_mca), ompi=ompi, subnet=subnet, master_port=spec.master_port,
         rdzv=spec.rdzv, job=spec.name, per_node=launcher.per_node,
@@ -76,7 +99,7 @@ class Launcher:
     sagemaker = False
     manifests = False
 
-    def attempt_argv(self, run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode]) -> list[list[str]]:
+    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
         raise NotImplementedError(f"{self.name} is not run under the supervisor")
 
     def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,

@@ -1,15 +1,153 @@
 """mpirun: one command in the first node's container starts every rank over the containers'
-sshd (Open MPI; builders: commands.mpirun_argv, mpi_flags, mpirun_mixed_argv)."""
+sshd (Open MPI; builders: mpirun_argv, mpi_flags, mpirun_mixed_argv)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ipaddress
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dtrain import contract
-from dtrain.launch.jobs import commands
-from dtrain.launch.jobs.launchers.base import Launcher
-from dtrain.launch.remote.hosts import Node
+from dtrain.launch.jobs import container, nic, runplan
+from dtrain.launch.jobs.container import check_env_names
+from dtrain.launch.jobs.launchers.base import Launcher, check_command, total_slots
+from dtrain.launch.remote.hosts import Node, hosts_list
+
+
+# --- the argv (mpirun_argv; mpi_flags: every flag but -np/-H) -------------------------
+
+# Forwarded by name from the launcher's environment to every rank.
+MPI_FORWARD = ("NCCL_DEBUG", "PATH", "LD_LIBRARY_PATH")
+
+
+def training_env(iface: str) -> dict[str, str]:
+    """Variables every MPI/Horovod rank gets: NCCL on the chosen NIC, one BLAS/OpenMP thread."""
+    return {
+        "NCCL_SOCKET_IFNAME": iface,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "GOTO_NUM_THREADS": "1",
+    }
+
+
+def mpi_flags(
+    *,
+    iface: str,
+    ompi_major: int = 4,
+    env: Mapping[str, str] | None = None,
+    forward: Sequence[str] = (),
+    ssh: Sequence[str] | None = None,
+    extra_mca: Sequence[tuple[str, str]] = (),
+    env_names: Sequence[str] = (),
+) -> list[str]:
+    """Every mpirun flag but -np/-H: the one place the MPI contract lives (Open MPI 4 or 5).
+
+    ssh: the ssh options of mpirun's daemon launch, one MCA value (container.ssh_options; None:
+    its default, `-p 2022`; empty: ssh's own defaults). User env
+    overrides the built-in values in place; extra_mca overrides built-in MCA params of the same name.
+    env_names: user variables whose values mpirun takes from its own environment (`-x NAME`, so
+    no value is in the argv), replacing built-in values in place as env does.
+    """
+    env = dict(env or {})
+    check_env_names(env, "env")
+    check_env_names(forward, "forward")
+    check_env_names(env_names, "env")
+    if ompi_major < 3:
+        raise ValueError(f"Open MPI {ompi_major} is not supported (3, 4 or 5)")
+    mca: dict[str, str] = {
+        "pml": "ob1",
+        "btl": "^openib",
+        "btl_tcp_if_include": iface,
+        "oob_tcp_if_include": iface,
+    }
+    rsh_args = container.ssh_options() if ssh is None else list(ssh)
+    if rsh_args:
+        # One argv element "-p 2022 -o ..."; Open MPI 5 (PRRTE) renamed the rsh launcher to ssh.
+        mca["plm_rsh_args" if ompi_major < 5 else "plm_ssh_args"] = " ".join(rsh_args)
+    mca.update(dict(extra_mca))
+
+    exports: dict[str, str | None] = dict.fromkeys(MPI_FORWARD)
+    exports.update(training_env(iface))
+    exports.update(env)  # a user value replaces a default, keeping its position
+    exports.update(dict.fromkeys(env_names))
+    for name in forward:
+        exports.setdefault(name, None)
+
+    # --bind-to/--map-by: the double-dash spellings work on Open MPI 4 and 5 (5 warns on -bind-to).
+    flags = ["--bind-to", "none", "--map-by", "slot"]
+    for key, value in mca.items():
+        flags += ["--mca", key, value]
+    for name, value in exports.items():
+        flags += ["-x", name if value is None else f"{name}={value}"]
+    return flags
+
+
+def mpirun_argv(
+    nodes: Sequence[Node] | None,
+    command: Sequence[str],
+    *,
+    iface: str,
+    ompi_major: int = 4,
+    env: Mapping[str, str] | None = None,
+    forward: Sequence[str] = (),
+    ssh: Sequence[str] | None = None,
+    extra_mca: Sequence[tuple[str, str]] = (),
+    hostfile: str | None = None,
+    np: int | None = None,
+    env_names: Sequence[str] = (),
+) -> list[str]:
+    """`mpirun --allow-run-as-root -np N -H h:s,... <mpi_flags> command...` (no shell).
+
+    Either nodes (-H, N = their slots) or hostfile + np (`-np N --hostfile PATH`, for a host
+    list written by someone else, e.g. the MPI operator's /etc/mpi/hostfile), never both.
+    """
+    check_command(command, "mpirun_argv")
+    if (nodes is None) == (hostfile is None):
+        raise ValueError("mpirun_argv: give exactly one of nodes or hostfile")
+    if hostfile is not None:
+        if np is None or np < 1:
+            raise ValueError(f"mpirun_argv: a hostfile needs np > 0, got {np!r}")
+        hosts = ["--hostfile", hostfile]
+    else:
+        if np is not None:
+            raise ValueError("mpirun_argv: np comes from the nodes' slots; pass it only with hostfile")
+        np = total_slots(nodes, "mpirun_argv")
+        hosts = ["-H", hosts_list(nodes)]
+    return [
+        "mpirun", "--allow-run-as-root", "-np", str(np), *hosts,
+        *mpi_flags(iface=iface, ompi_major=ompi_major, env=env, forward=forward,
+                   ssh=ssh, extra_mca=extra_mca, env_names=env_names),
+        *command,
+    ]  # fmt: skip
+
+
+def mpirun_mixed_argv(
+    nodes: Sequence[Node],
+    command: Sequence[str],
+    *,
+    subnet: str,
+    iface: str,
+    **kw,
+) -> list[str]:
+    """mpirun_argv for nodes whose NICs are named differently: Open MPI's TCP paths by subnet
+    (btl/oob_tcp_if_include SUBNET), and each rank's command run through nic.NODE_ENV_WRAPPER,
+    which sets NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME to its node's own NIC. iface: the value
+    every rank gets before the wrapper replaces it (the first node's NIC)."""
+    ipaddress.ip_network(subnet)  # ValueError: a programming mistake
+    extra = [("btl_tcp_if_include", subnet), ("oob_tcp_if_include", subnet), *kw.pop("extra_mca", ())]
+    return mpirun_argv(nodes, [nic.NODE_ENV_WRAPPER, *command], iface=iface, extra_mca=extra, **kw)
+
+
+# Open MPI settings every mpirun gets unless --mca sets them: the first container starts every
+# node's daemon over the connections the ready step left; two TCP connections per peer for MPI
+# traffic (EC2 caps one flow at 5 Gbit/s outside a cluster placement group; on the simulated
+# cluster the CPU allreduce's busbw went from 0.53 to 0.99 of raw TCP, docs/benchmarks.md).
+MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
+
+
+def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """MPI_DEFAULTS less the keys the user's --mca sets."""
+    given = {k for k, _ in extra}
+    return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
 
 
 class Mpirun(Launcher):
@@ -21,7 +159,7 @@ class Mpirun(Launcher):
     sagemaker = True
     manifests = True
 
-    def attempt_argv(self, run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode]) -> list[list[str]]:
+    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
         """mpirun in the first node's container, -np/-H from nodes, Open MPI's TCP and NCCL on
         the first node's NIC (by subnet and each rank's own NIC where nodes name theirs apart)."""
         if not nodes:
@@ -29,10 +167,10 @@ class Mpirun(Launcher):
         peers = [Node(n.address, n.slots) for n in nodes]
         extra = [k for k, _ in run.extra_env]
         kw: dict[str, Any] = dict(
-            iface=nodes[0].iface, env_names=list(run.env_names), ssh_port=contract.SSH_PORT,
-            forward=[*run.forward, commands.RESTART_VAR, *extra], ompi_major=run.ompi,
-            ssh_options=commands.CONTAINER_SSH_MUX, extra_mca=[*commands.mpi_defaults(run.mca), *run.mca])
-        command = commands.rank_output_argv(run.rank_output, run.command)
-        argv = (commands.mpirun_argv(peers, command, **kw) if run.subnet is None
-                else commands.mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
+            iface=nodes[0].iface, env_names=list(run.env_names), ssh=container.mpirun_ssh(),
+            forward=[*run.forward, runplan.RESTART_VAR, *extra], ompi_major=run.ompi,
+            extra_mca=[*mpi_defaults(run.mca), *run.mca])
+        command = runplan.rank_output_argv(run.rank_output, run.command)
+        argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
+                else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
         return [argv if run.rank_output else [argv[0], "--tag-output", *argv[1:]]]

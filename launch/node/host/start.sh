@@ -21,7 +21,8 @@ read_key() {
 
 # node_flags: docker run's flags that depend on this node, from the probe's $gpus (a count),
 # $efa (device paths) and $memlock (dockerd's hard limit in bytes; anything else: unlimited),
-# into the array $flags. The same flags as commands.node_flags (tests/test_node_scripts.py).
+# into the array $flags. Their one definition: a program that starts such a container on its own
+# machine gets them from here too (launch/jobs/node_programs.py node_flags).
 node_flags() {
   local d
   case ${memlock:-} in
@@ -34,8 +35,8 @@ node_flags() {
 
 # start KEYDIR PUBLIC_KEY TIMEOUT PORT NAME NHEAD ARGV...: write the job's key pair, the
 # containers' host key and the env file to KEYDIR (0700, tmpfs), run ARGV
-# (commands.docker_run_argv without the node's flags: its first NHEAD words, then node_flags,
-# then the rest), wait until the container's sshd
+# (commands.docker_run_parts: its head's NHEAD words, then node_flags, then the rest), wait
+# until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
 # Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
 watch=()
