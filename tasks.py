@@ -448,7 +448,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
-           hang_timeout=None, progress_pattern=None, target=None, instance_type=None, role=None, output=None):
+           hang_timeout=None, progress_pattern=None, straggler_check=None, target=None, instance_type=None, role=None, output=None):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
@@ -542,7 +542,8 @@ def launch_spec(cfg):
                    workdir=workdir, workdir_limit=parse_size(cfg["workdir_limit"]), detach=bool(cfg["detach"]),
                    max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
                    checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
-                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]))
+                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]),
+                   straggler_check=number["straggler_check"])
 
 
 @task(iterable=["ssh_opt"], help={

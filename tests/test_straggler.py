@@ -1,0 +1,208 @@
+"""Straggler detection (--straggler-check): the verdict (launch/jobs/straggler.py), the reading
+of stacks.sh's dumps, the event as the log and `dtrain status` show it, the flag; on the
+simulated cluster, one node slowed mid-run by its container's CPU quota is named."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dtrain import contract
+from dtrain.launch.jobs import commands, straggler, supervision
+from dtrain.launch.jobs.straggler import History, ranks_waiting, stragglers
+
+W = straggler.WINDOW
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rounds(history: History, pattern: dict[int, list[bool]]) -> None:
+    for i in range(max(len(v) for v in pattern.values())):
+        history.add({r: v[i] for r, v in pattern.items() if i < len(v)})
+
+
+def test_one_slow_rank_among_four_is_named():
+    h = History()
+    # ranks 0, 2, 3 mostly wait in the allreduce; rank 2's node (rank 1) computes through the window
+    _rounds(h, {0: [True] * 10 + [False] * 2, 1: [False] * 11 + [True], 2: [True] * 9 + [False] * 3,
+                3: [True] * W})
+    got = h.verdict()
+    assert [(s.rank, s.waiting, s.others, s.samples) for s in got] == [(1, 1, 10, W)]
+
+
+def test_all_equal_ranks_name_none():
+    busy = [True, False] * (W // 2)  # every rank waits half the time: an allreduce-bound even run
+    assert stragglers({r: busy for r in range(4)}) == []
+    assert stragglers({r: [False] * W for r in range(4)}) == []  # compute-bound: nobody waits
+    assert stragglers({r: [True] * W for r in range(4)}) == []
+
+
+def test_noisy_samples_below_the_window_name_none():
+    few = {0: [True] * (W - 1), 1: [False] * (W - 1), 2: [True] * (W - 1), 3: [True] * (W - 1)}
+    assert stragglers(few) == []
+    assert stragglers({**few, 1: [False] * W}) == []  # one rank's full window is not enough
+    assert stragglers({0: [True] * W, 1: [False] * W}, window=W) == [straggler.Straggler(1, 0, W, W)]
+    assert stragglers({0: [False] * W}) == []  # one rank waits for nobody
+
+
+def test_the_rule_is_a_clear_factor():
+    others = [True] * 9 + [False] * 3  # 9 of 12
+    assert [s.rank for s in stragglers({0: others, 1: others, 2: others, 3: [True] * 3 + [False] * 9})] == [3]
+    assert stragglers({0: others, 1: others, 2: others, 3: [True] * 4 + [False] * 8}) == []  # 4 > 9 / 3
+    half = [True] * 5 + [False] * 7  # the others wait in fewer than half of the samples: no verdict
+    assert stragglers({0: half, 1: half, 2: half, 3: [False] * W}) == []
+
+
+def test_the_history_keeps_the_last_window():
+    h = History(window=4)
+    _rounds(h, {0: [False] * 4 + [True] * 4, 1: [True] * 8})
+    assert h.verdict() == []  # rank 0 computed early on, then waited like the other
+    _rounds(h, {0: [False] * 4, 1: [True] * 4})
+    assert [s.rank for s in h.verdict()] == [0]
+
+
+DUMP = """\
+[node-1 r0] stack of pid 101, state S: python -u /opt/dtrain/node/examples/straggler_train.py
+[node-1 r0]   Thread 101 (idle): "MainThread"
+[node-1 r0]       all_reduce (torch/distributed/distributed_c10d.py:2501)
+[node-1 r0]       wrapper (torch/distributed/c10d_logger.py:83)
+[node-1 r0]       sync (straggler_train.py:31)
+[node-1 r0]       main (straggler_train.py:52)
+[node-1] stack of pid 99, state S: python -m torch.distributed.run --nnodes 2
+[node-1]   Thread 99 (idle): "MainThread"
+[node-1]       barrier (torch/distributed/elastic/agent/server/api.py:900)
+[node-2 r1] stack of pid 201, state R: python -u /opt/dtrain/node/examples/straggler_train.py
+[node-2 r1]   Thread 201 (active): "MainThread"
+[node-2 r1]       compute (straggler_train.py:26)
+[node-2 r1]       main (straggler_train.py:50)
+[node-2 r1] stack of pid 230, state S: python -u /opt/dtrain/node/examples/straggler_train.py
+[node-2 r1]   Thread 230 (idle): "MainThread"
+[node-2 r1]       _worker_loop (torch/utils/data/_utils/worker.py:309)
+[node-3 r2] stack of pid 301, state T: python -u /opt/dtrain/node/examples/straggler_train.py
+[node-3 r2]   Thread 301 (idle): "MainThread"
+[node-3 r2]       all_reduce (torch/distributed/distributed_c10d.py:2501)
+[node-4 r3] stack of pid 401, state S: python -u train.py
+[node-4 r3]   Thread 401 (idle): "MainThread"
+[node-4 r3]       synchronize (horovod/torch/mpi_ops.py:1090)
+[node-4 r3]       DistributedOptimizer.step (horovod/torch/optimizer.py:200)
+[node-4 r3] stack of pid 402, state S: python -u train.py
+[node-4 r3]   Thread 402 (idle): "MainThread"
+[node-4 r3]       synchronize (mylib/cuda.py:10)
+"""
+
+
+def test_a_round_of_dumps_reads_as_ranks_waiting():
+    """rank 0 in gloo's allreduce; rank 1 computing (its data loader's worker waits in no
+    collective); rank 2 stopped (state T: not waiting, whatever its frames); rank 3 in Horovod's
+    synchronize (another process of it, in a synchronize of its own, does not matter); the
+    torchrun agent (no rank) is none."""
+    lines = DUMP.splitlines()
+    assert ranks_waiting(lines) == {0: True, 1: False, 2: False, 3: True}
+    assert straggler.ranks_of_dump(lines) == {0: "node-1", 1: "node-2", 2: "node-3", 3: "node-4"}
+    assert straggler.is_collective_frame("ProcessGroup.barrier", "x.py")
+    assert not straggler.is_collective_frame("synchronize", "torch/cuda/__init__.py")
+
+
+def test_the_event_as_the_log_and_status_show_it():
+    s = straggler.Straggler(1, 0, 10, W)
+    ev = {"event": "straggler", "attempt": 0, **straggler.event_fields(s, "node-2", 1.0)}
+    render = supervision.Render("torchrun", "node-1")
+    shown = render.feed(contract.SUPERVISOR_EVENT + json.dumps(ev))
+    assert shown == [f"[launch] straggler: r1 on node-2 waited in a collective in 0/{W} samples, the other ranks "
+                     f"in 10/{W} (median), over the last {W} s (--straggler-check 1): the others wait for it"]
+    assert render.stragglers == {"node-2": f"r1, in a collective 0/{W} samples (others 10/{W})"}
+
+
+def test_status_names_the_straggler(tmp_path, monkeypatch):
+    from dtrain.launch.jobs import store
+
+    monkeypatch.setenv("DTRAIN_HOME", str(tmp_path))
+    store.new_record("t-slow", name="t-slow", image="r/i:t", launcher="torchrun", nodes=["a", "b"], state="running",
+                     pid=0)
+    store.record("t-slow", stragglers={"node-2": "r1, in a collective 0/12 samples (others 10/12)"})
+    rows = store.status_rows(name="t-slow")
+    assert "; straggler node-2 (r1, in a collective 0/12 samples (others 10/12))" in rows[1][1], rows
+
+
+def test_the_plan_carries_the_interval():
+    from test_progress import _run_plan
+
+    plan = _run_plan(["python", "t.py"], straggler_check=2.5)
+    assert commands.RunPlan.from_json(json.loads(json.dumps(plan.to_json()))).straggler_check == 2.5
+
+
+# Two "ranks" (mpirun stands in: tests/test_supervise.py _supervisor_env) meeting at a file
+# barrier each step; a rank's step computes for WORK[rank] seconds first.
+RANKS = """
+import os, sys, time
+from pathlib import Path
+rank, work, steps = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+mine, theirs = Path(f"step{rank}"), Path(f"step{1 - rank}")
+def barrier(step):  # each rank waits for the other: a collective, as files
+    mine.write_text(str(step))
+    while not theirs.exists() or int(theirs.read_text() or -1) < step:
+        time.sleep(0.005)
+def compute(seconds):
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        pass
+t0 = time.perf_counter()
+for step in range(steps):
+    compute(work)
+    barrier(step)
+print(f"[1,{rank}]<stdout>:done {steps} steps, {1000 * (time.perf_counter() - t0) / steps:.1f} ms/step", flush=True)
+"""
+
+
+def run_pair(tmp_path, works: tuple[float, float], steps: int, check: float | None) -> tuple[list[dict], str]:
+    """A real supervise.py over the two ranks; (its events, its log). py-spy: the one beside
+    this Python (pyproject's dev dependency), on PATH as in the images."""
+    import os
+
+    from test_progress import _run_plan
+    from test_supervise import _run_supervisor
+
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+
+    (tmp_path / "ranks.py").write_text(RANKS)
+    both = " ".join(f"OMPI_COMM_WORLD_RANK={r} {sys.executable} ranks.py {r} {works[r]} {steps} &" for r in (0, 1))
+    plan = _run_plan(["sh", "-c", both + " wait", "sh"], slots=2, straggler_check=check)
+    r = _run_supervisor(tmp_path, plan, cwd=tmp_path, timeout=300)
+    log = (tmp_path / "output.log").read_text()
+    assert r.returncode == 0, log[-3000:]
+    return [json.loads(ln[len(supervision.EVENT):]) for ln in log.splitlines() if ln.startswith(supervision.EVENT)], log
+
+
+def test_the_supervisor_names_the_rank_the_other_waits_for(tmp_path):
+    """Rank 1 computes 0.2 s a step, rank 0 0.02 s: rank 0 spends its steps in `barrier`; with
+    --straggler-check 0.1 the supervisor names rank 1 once (a window of samples), state.json too."""
+    events, log = run_pair(tmp_path, (0.02, 0.2), 60, 0.1)
+    slow = [e for e in events if e["event"] == "straggler"]
+    assert len(slow) == 1 and slow[0]["rank"] == 1 and slow[0]["node"] == "node-1", log[-3000:]
+    assert slow[0]["samples"] == W and slow[0]["waiting"] <= slow[0]["others"] / 3, slow
+    assert events[-1]["event"] == "succeeded"
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["stragglers"] == {"node-1": straggler.summary(slow[0])} and state["state"] == "succeeded"
+
+
+def test_an_even_run_names_no_straggler(tmp_path):
+    events, log = run_pair(tmp_path, (0.1, 0.1), 120, 0.1)
+    assert [e["event"] for e in events] == ["running", "succeeded"], log[-3000:]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--straggler-check", "0"], "--straggler-check '0': expected a number > 0 and <= 3600"),
+    (["--straggler-check", "often"], "--straggler-check 'often': expected a number > 0"),
+    (["--target", "ecs", "--straggler-check", "5"], "--straggler-check"),
+])
+def test_a_bad_straggler_check_is_one_line_and_exit_2_before_any_node(argv, said):
+    r = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "launch", "--hosts", "10.255.255.1",
+                        "--image", "r/i:t", *argv, "--", "true"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and said in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
