@@ -25,7 +25,7 @@ from dtrain.launch.errors import LaunchError
 
 # Fields the job relies on that a target cannot honour: refused, by target.
 REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
-           "checkpoint_dir", "straggler_check")
+           "checkpoint_dir", "straggler_check", "replace_stragglers")
 # Fields about the nodes themselves: the target has its own; a line on stderr says so.
 IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
            "shm_size", "workdir_limit", "no_spot_watch")

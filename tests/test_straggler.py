@@ -138,12 +138,13 @@ def test_the_plan_carries_the_interval():
 
 
 # Two "ranks" (mpirun stands in: tests/test_supervise.py _supervisor_env) meeting at a file
-# barrier each step; a rank's step computes for WORK[rank] seconds first.
+# barrier each step; a rank's step computes for its WORK seconds first. They end together once
+# the file `stop` appears (rank 0 names the last step, a few ahead: rank 1 is at most one apart).
 RANKS = """
-import os, sys, time
+import sys, time
 from pathlib import Path
-rank, work, steps = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-mine, theirs = Path(f"step{rank}"), Path(f"step{1 - rank}")
+rank, work = int(sys.argv[1]), float(sys.argv[2])
+mine, theirs, stop, last = Path(f"step{rank}"), Path(f"step{1 - rank}"), Path("stop"), Path("last")
 def barrier(step):  # each rank waits for the other: a collective, as files
     mine.write_text(str(step))
     while not theirs.exists() or int(theirs.read_text() or -1) < step:
@@ -152,37 +153,56 @@ def compute(seconds):
     t = time.perf_counter()
     while time.perf_counter() - t < seconds:
         pass
-t0 = time.perf_counter()
-for step in range(steps):
+step, end = 0, 10 ** 9
+while step < end:
     compute(work)
     barrier(step)
-print(f"[1,{rank}]<stdout>:done {steps} steps, {1000 * (time.perf_counter() - t0) / steps:.1f} ms/step", flush=True)
+    if rank == 0 and stop.exists() and not last.exists():
+        last.write_text(str(step + 3))
+    said = last.read_text() if last.exists() else ""  # "" while rank 0 writes it
+    end = int(said) if said else end
+    step += 1
+print(f"[1,{rank}]<stdout>:done {step} steps", flush=True)
 """
 
 
-def run_pair(tmp_path, works: tuple[float, float], steps: int, check: float | None) -> tuple[list[dict], str]:
-    """A real supervise.py over the two ranks; (its events, its log). py-spy: the one beside
-    this Python (pyproject's dev dependency), on PATH as in the images."""
+def run_pair(tmp_path, works: tuple[float, float], check: float, until) -> tuple[list[dict], str]:
+    """A real supervise.py over the two ranks until `until(log, seconds since the start)`; (its
+    events, its log). py-spy: the one beside this Python (pyproject's dev dependency), on PATH as
+    in the images."""
     import os
 
     from test_progress import _run_plan
-    from test_supervise import _run_supervisor
+    from test_supervise import _supervisor_env
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-
     (tmp_path / "ranks.py").write_text(RANKS)
-    both = " ".join(f"OMPI_COMM_WORLD_RANK={r} {sys.executable} ranks.py {r} {works[r]} {steps} &" for r in (0, 1))
+    both = " ".join(f"OMPI_COMM_WORLD_RANK={r} {sys.executable} ranks.py {r} {works[r]} &" for r in (0, 1))
     plan = _run_plan(["sh", "-c", both + " wait", "sh"], slots=2, straggler_check=check)
-    r = _run_supervisor(tmp_path, plan, cwd=tmp_path, timeout=300)
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+                            stdout=subprocess.DEVNULL, env=_supervisor_env(tmp_path), cwd=tmp_path)
+    t0 = time.monotonic()
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < 240:
+            log = (tmp_path / "output.log").read_text() if (tmp_path / "output.log").exists() else ""
+            if until(log, time.monotonic() - t0):
+                (tmp_path / "stop").touch()
+                break
+            time.sleep(0.2)
+        (tmp_path / "stop").touch()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     log = (tmp_path / "output.log").read_text()
-    assert r.returncode == 0, log[-3000:]
     return [json.loads(ln[len(supervision.EVENT):]) for ln in log.splitlines() if ln.startswith(supervision.EVENT)], log
 
 
 def test_the_supervisor_names_the_rank_the_other_waits_for(tmp_path):
     """Rank 1 computes 0.2 s a step, rank 0 0.02 s: rank 0 spends its steps in `barrier`; with
     --straggler-check 0.1 the supervisor names rank 1 once (a window of samples), state.json too."""
-    events, log = run_pair(tmp_path, (0.02, 0.2), 60, 0.1)
+    events, log = run_pair(tmp_path, (0.02, 0.2), 0.1, lambda log, t: '"event": "straggler"' in log)
     slow = [e for e in events if e["event"] == "straggler"]
     assert len(slow) == 1 and slow[0]["rank"] == 1 and slow[0]["node"] == "node-1", log[-3000:]
     assert slow[0]["samples"] == W and slow[0]["waiting"] <= slow[0]["others"] / 3, slow
@@ -192,7 +212,17 @@ def test_the_supervisor_names_the_rank_the_other_waits_for(tmp_path):
 
 
 def test_an_even_run_names_no_straggler(tmp_path):
-    events, log = run_pair(tmp_path, (0.1, 0.1), 120, 0.1)
+    """Both ranks 0.1 s a step, for three times as long as the slow pair above took to be named
+    on this machine now (its window filled three times over)."""
+    took: dict = {}
+
+    def named(log, t):
+        took["s"] = t
+        return '"event": "straggler"' in log
+
+    (tmp_path / "slow").mkdir()
+    run_pair(tmp_path / "slow", (0.02, 0.2), 0.1, named)
+    events, log = run_pair(tmp_path, (0.1, 0.1), 0.1, lambda log, t: t >= 3 * took["s"])
     assert [e["event"] for e in events] == ["running", "succeeded"], log[-3000:]
 
 
@@ -200,6 +230,11 @@ def test_an_even_run_names_no_straggler(tmp_path):
     (["--straggler-check", "0"], "--straggler-check '0': expected a number > 0 and <= 3600"),
     (["--straggler-check", "often"], "--straggler-check 'often': expected a number > 0"),
     (["--target", "ecs", "--straggler-check", "5"], "--straggler-check"),
+    (["--spares", "1", "--replace-stragglers"], "--replace-stragglers swaps out what --straggler-check finds: "
+                                                "give --straggler-check too"),
+    (["--straggler-check", "2", "--replace-stragglers"], "--replace-stragglers swaps a straggler for a spare: "
+                                                         "give --spares K too"),
+    (["--target", "ecs", "--replace-stragglers"], "--replace-stragglers"),
 ])
 def test_a_bad_straggler_check_is_one_line_and_exit_2_before_any_node(argv, said):
     r = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "launch", "--hosts", "10.255.255.1",
@@ -264,4 +299,48 @@ def test_a_node_slowed_mid_run_is_named_straggler_in_the_log_and_status(cluster,
                                           out, re.M)]
     print(f"rank 0 step_ms: median of the first 30 {sorted(steps[:30])[15]:.1f}, "
           f"named {seen['named'] - seen['slowed']:.1f} s after the quota")
+    _wait_clean(cluster, name)
+
+
+@pytest.mark.cluster
+def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remote_images):
+    """2 nodes and a spare, --replace-stragglers: node-2 slowed mid-run is named, the job is asked
+    to checkpoint now (rank 0 saves the step reached), the spare takes node-2's place, node-2 is
+    quarantined as a straggler, and the run goes on at full size from that step to its end."""
+    from dtrain.launch.jobs import store
+    from dtrain.launch.jobs.job import job_log
+    from test_wholerun import _job, _wait_clean
+
+    name = "t-straggler-spare"
+    seen: dict = {}
+
+    def watch():
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            path = job_log(name)
+            text = path.read_text() if path.exists() else ""
+            if re.search(r"^\[node-2 r1\] step 30 rank 1/2 ", text, re.M):
+                r = _docker_update(cluster, 2, name, "0.1")
+                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/straggler_train.py", "--steps", "120", "--work", "40"], name, n=3,
+                        launcher="torchrun", straggler_check=2.0, spares=1, replace_stragglers=True,
+                        checkpoint_dir="/tmp/ckpt")
+    watcher.join(5)
+    assert "slowed" in seen, (seen, out[-3000:])
+    assert re.findall(r"^\[launch\] straggler: (r\d+ on \S+) ", out, re.M) == ["r1 on node-2"], out[-5000:]
+    saved = re.search(r"^\[node-1 r0\] rank 0: checkpoint now, after step (\d+)$", out, re.M)
+    assert saved, out[-5000:]
+    assert re.search(r"^\[launch\] restart 1: straggler: r1, in a collective \d+/12 samples .*; node-2 replaced by "
+                     r"spare node-3", out, re.M), out[-5000:]
+    assert re.search(rf"^\[node-3 r1\] rank 1/2 restart 1: starting after step {saved.group(1)}$", out, re.M), out[-5000:]
+    assert re.search(r"^\[node-3 r1\] rank 1: done \(120 steps\)", out, re.M), out[-3000:]
+    assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
+    state = store.status_rows(name=name)[1][1]
+    assert "quarantined node-2 (straggler: r1, in a collective " in state, state
     _wait_clean(cluster, name)

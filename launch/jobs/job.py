@@ -90,6 +90,7 @@ class JobSpec:
     hang_timeout: float | None = None  # no rank's progress for this long: stacks dumped, the attempt ends
     progress_pattern: str = ""  # a rank's line matching this regex is progress ("": any line)
     straggler_check: float | None = None  # every rank's stack sampled this often: the rank the others wait for named
+    replace_stragglers: bool = False  # ... and swapped for a spare at a checkpoint (with spares)
     imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
@@ -945,7 +946,8 @@ class Job:
         if quarantined:
             ranks, spares, _ = commands.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
-                                    progress_pattern=spec.progress_pattern, straggler_check=spec.straggler_check)
+                                    progress_pattern=spec.progress_pattern, straggler_check=spec.straggler_check,
+                                    replace_stragglers=spec.replace_stragglers)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
         prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)

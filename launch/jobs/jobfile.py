@@ -215,6 +215,10 @@ class JobFile(BaseModel):
         "every this many seconds, every rank's Python stack is sampled (py-spy); the rank the others wait for "
         "(rarely inside a collective while they mostly are) is named as a straggler in the log and in dtrain "
         "status; default off"))
+    replace_stragglers: Optional[bool] = Field(None, description=(
+        "with --straggler-check and --spares: a straggler (not the first node) is swapped for a spare at a "
+        "checkpoint (the job is asked to checkpoint now, as for a spot notice), quarantined as a straggler, and "
+        "the job restarts at full size"))
 
     @field_validator(*NUMBERS, mode="before")
     @classmethod

@@ -37,6 +37,7 @@ class Policy:
     hang_timeout: float | None = None  # --hang-timeout: no rank's progress for this long ends the attempt
     progress_pattern: str = ""  # --progress-pattern: what counts as progress ("": any line of a rank)
     straggler_check: float | None = None  # --straggler-check: every rank's stack sampled this often
+    replace_stragglers: bool = False  # --replace-stragglers: a straggler swapped for a spare at a checkpoint
 
 
 def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh: Sequence[str],
@@ -58,7 +59,8 @@ def plan(run: commands.LaunchCommand, nodes: Sequence[commands.PlanNode], *, ssh
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
                             min_nodes=policy.min_nodes, attached=attached, launcher_silence=LAUNCHER_SILENCE_S,
                             node_dir=node_dir, hang_timeout=policy.hang_timeout,
-                            progress_pattern=policy.progress_pattern, straggler_check=policy.straggler_check)
+                            progress_pattern=policy.progress_pattern, straggler_check=policy.straggler_check,
+                            replace_stragglers=policy.replace_stragglers)
 
 
 # The launcher's dtrain modules the supervisor imports (contract, values, the command builders,

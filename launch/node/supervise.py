@@ -17,7 +17,9 @@ attempt none of whose ranks made progress for that long (launch/jobs/progress.py
 the `hang` event names the ranks behind, every rank's Python stack goes into the output
 (launch/node/stacks.sh), and the attempt ends as a failed one. With `straggler_check`, every
 rank's stack is sampled that often (stacks.sh too) and the rank the others wait for is named
-once per attempt (a `straggler` event: launch/jobs/straggler.py's rule; the attempt goes on).
+once per attempt (a `straggler` event: launch/jobs/straggler.py's rule; the attempt goes on;
+with `replace_stragglers` and a spare left, it is taken out as a node given a spot notice is:
+checkpoint now, then a spare in its place, the node quarantined as a straggler).
 
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
 starts: a lost or leaving node is swapped for a warm spare in its place (commands.swap_out:
@@ -89,6 +91,9 @@ WORKDIR = contract.WORKDIR
 # collective is stalled, so nothing more can be saved (a checkpoint is written whole or not at all:
 # a temporary file, then a rename), and the ranks left over are killed next on every node.
 LOST_GRACE = 0.3
+# Why a node is taken out, for which the job is asked to checkpoint first (CHECKPOINT_NOW): it still
+# runs its ranks (a spot notice: `leaving`; --replace-stragglers: `straggler`)
+CHECKPOINT_FIRST = ("leaving", "straggler")
 # The heartbeat sessions open once the first attempt printed its first line, or this many
 # seconds after its start if sooner: their key exchanges (one per other node) must not compete
 # with the launcher's daemons and the ranks' start. A node lost before is the launcher's own
@@ -335,6 +340,7 @@ class Supervisor:
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
         self.sampling = threading.Event()  # set: the attempt's straggler sampling ends (--straggler-check)
+        self.slow: dict[str, str] = {}  # stragglers to swap for a spare (--replace-stragglers): host -> why
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.watching = threading.Lock()  # held once the heartbeat sessions are opened (watch_all)
@@ -430,6 +436,7 @@ class Supervisor:
         argvs = launchers.attempt_argv(run, nodes)
         self.first_line.clear()
         self.sampling.set()  # the previous attempt's sampler ends; this attempt's starts below
+        self.slow = {}
         if self.plan.straggler_check:
             self.sampling = threading.Event()
             threading.Thread(target=self.sample_stragglers, args=(nodes, attempt, self.sampling), daemon=True).start()
@@ -476,6 +483,8 @@ class Supervisor:
             out = self.health.lost(nodes)
             if out:
                 return AttemptEnd(1, out, spare_out)
+            if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
+                return AttemptEnd(1, dict(self.slow), spare_out)
             if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
                 return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
             time.sleep(0.1)
@@ -577,6 +586,8 @@ class Supervisor:
                 self.state.setdefault("stragglers", {})[fields["node"]] = straggler.summary(fields)
                 self.save_state()
                 self.emit(EVENT + json.dumps({"event": "straggler", "attempt": attempt, **fields}))
+                if self.plan.replace_stragglers and fields["node"] != self.me.hostname:  # it runs this
+                    self.slow.setdefault(fields["node"], "straggler: " + straggler.summary(fields))
 
     def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
@@ -651,13 +662,13 @@ class Supervisor:
                     self.phase(attempt + 1, "detection", self.health.silent_for(h, t_end), node=h)
                 self.event("lost", nodes=out)
             said = set(out)
-            leaving = [n for n in nodes if out.get(n.hostname, "").startswith("leaving")]
+            leaving = [n for n in nodes if out.get(n.hostname, "").startswith(CHECKPOINT_FIRST)]
             if leaving and not self.stopping.is_set():
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
             self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10,
-                              lost=[h for h, why in out.items() if not why.startswith("leaving")])
+                              lost=[h for h, why in out.items() if not why.startswith(CHECKPOINT_FIRST)])
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -671,7 +682,7 @@ class Supervisor:
                 while not out and time.monotonic() < deadline:
                     time.sleep(0.1)
                     out = self.health.lost(nodes)
-            if self.me.hostname in out and not out[self.me.hostname].startswith("leaving"):
+            if self.me.hostname in out and not out[self.me.hostname].startswith(CHECKPOINT_FIRST):
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if set(out) - said:
                 self.event("lost", nodes={h: why for h, why in out.items() if h not in said})

@@ -9,9 +9,15 @@ it waits for the slowest rank, and prints `step N rank R/W compute_ms C step_ms 
 node (its container's CPU quota: `docker update --cpus 0.2`) and that rank's compute_ms grows,
 every rank's step_ms with it, and the others spend their steps in `sync`. Works under torchrun
 and under mpirun (ranks from Open MPI's variables; MASTER_ADDR/MASTER_PORT must then be set).
+
+The checkpoint contract (`--checkpoint-dir`, as ckpt_train.py): when DTRAIN_CHECKPOINT_NOW's file
+appears (a spot notice, or `--replace-stragglers` taking a straggler out), rank 0 writes the
+step reached to DTRAIN_CHECKPOINT_DIR/straggler_train.json and removes the file; a restarted
+attempt resumes after that step (rank 0 reads it and broadcasts it to every rank).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -43,7 +49,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     x = torch.rand(128, 128) / 128
-    for step in range(1, args.steps + 1):
+    ckdir, now = os.environ.get("DTRAIN_CHECKPOINT_DIR"), os.environ.get("DTRAIN_CHECKPOINT_NOW")
+    path = os.path.join(ckdir, "straggler_train.json") if ckdir else ""
+    done = torch.tensor([json.load(open(path))["step"] if rank == 0 and path and os.path.exists(path) else 0])
+    dist.broadcast(done, 0)  # every rank resumes where rank 0's checkpoint says
+    print(f"rank {rank}/{world} restart {os.environ.get('DTRAIN_RESTART', '0')}: starting after step {int(done)}",
+          flush=True)
+    for step in range(int(done) + 1, args.steps + 1):
         t0 = time.perf_counter()
         grad = compute(x, args.work)
         t1 = time.perf_counter()
@@ -51,6 +63,12 @@ def main() -> None:
         t2 = time.perf_counter()
         print(f"step {step} rank {rank}/{world} compute_ms {1000 * (t1 - t0):.1f} step_ms {1000 * (t2 - t0):.1f}",
               flush=True)
+        if rank == 0 and path and now and os.path.exists(now):
+            with open(path + ".tmp", "w") as f:
+                json.dump({"step": step}, f)
+            os.replace(path + ".tmp", path)
+            os.remove(now)  # tells the supervisor: saved
+            print(f"rank 0: checkpoint now, after step {step}", flush=True)
     dist.barrier()
     print(f"rank {rank}: done ({args.steps} steps)", flush=True)
     dist.destroy_process_group()
