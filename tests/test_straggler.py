@@ -226,6 +226,17 @@ def test_an_even_run_names_no_straggler(tmp_path):
     assert [e["event"] for e in events] == ["running", "succeeded"], log[-3000:]
 
 
+def test_a_job_file_gives_the_check_as_the_flags_do(tmp_path):
+    import tasks
+    from dtrain.launch.jobs import jobfile
+
+    f = tmp_path / "job.yaml"
+    f.write_text("image: r/i:t\ncommand: python t.py\nspares: 1\nstraggler_check: 2\nreplace_stragglers: true\n")
+    spec = tasks.launch_spec({**jobfile.defaults(), **jobfile.load(str(f))})
+    assert (spec.straggler_check, spec.replace_stragglers, spec.spares) == (2.0, True, 1)
+    assert tasks.launch_spec({**jobfile.defaults(), "image": "r/i:t", "command": ["x"]}).straggler_check is None
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--straggler-check", "0"], "--straggler-check '0': expected a number > 0 and <= 3600"),
     (["--straggler-check", "often"], "--straggler-check 'often': expected a number > 0"),
