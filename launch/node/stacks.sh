@@ -11,7 +11,8 @@
 # Without py-spy (an image older than it): SIGABRT, then SIGCONT, to each such process: one that
 # enabled faulthandler (PYTHONFAULTHANDLER=1 in its --env) writes its stack to its own stderr,
 # which reaches the job's log through the launcher; the attempt is ending anyway.
-# `sample` (--straggler-check's periodic sampling: the attempt goes on): no signal, ever.
+# `sample` (--straggler-check's periodic sampling: the attempt goes on): no signal, ever, and the
+# rank is not paused for the read (py-spy --nonblocking).
 set -u
 var=$1 attempt=$2 node=$3 sample=${4:-}
 spy=$(command -v py-spy || true)
@@ -44,6 +45,7 @@ while IFS= read -r env; do
     # it is. py-spy's header (Process, Python version) and blank lines are left out.
     mode=()
     [ "$state" != T ] || mode=(--nonblocking)
+    [ -z "$sample" ] || mode=(--nonblocking)  # sampling: the rank runs on (a read may be inconsistent)
     timeout 20 "$spy" dump "${mode[@]}" --pid "$pid" 2>&1 | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' \
       -e '/^ *$/d' -e "s/^/$label   /"
   elif [ -n "$sample" ]; then
