@@ -1017,8 +1017,8 @@ ENTRIES: tuple[Entry, ...] = (
                 "disk under its data loader) and every synchronous step waits for it. With "
                 "`dtrain launch --straggler-check S` the supervisor names it.",
         messages=(
-            "[launch] straggler: r2 on node-3 waited in a collective in 0/12 samples, the other "
-            "ranks in 11/12 (median), over the last 24 s (--straggler-check 2): the others wait "
+            "[launch] straggler: r2 on node-3 waited in a collective in 1/12 samples, the other "
+            "ranks in 6.5/12 (median), over the last 12 s (--straggler-check 1): the others wait "
             "for it",
         ),
         signatures=_re(r"straggler: r(?P<rank>\d+) on (?P<node>\S+) waited in a collective"),
