@@ -449,7 +449,8 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
-           hang_timeout=None, progress_pattern=None, target=None, instance_type=None, role=None, output=None):
+           hang_timeout=None, progress_pattern=None, straggler_check=None,
+           replace_stragglers=False, target=None, instance_type=None, role=None, output=None):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
@@ -534,6 +535,10 @@ def launch_spec(cfg):
         values.regex("--progress-pattern", cfg["progress_pattern"])
         if hang is None:
             raise LaunchError("--progress-pattern is what --hang-timeout counts as progress: give --hang-timeout too")
+    if cfg["replace_stragglers"] and not number["straggler_check"]:
+        raise LaunchError("--replace-stragglers swaps out what --straggler-check finds: give --straggler-check too")
+    if cfg["replace_stragglers"] and not number["spares"]:
+        raise LaunchError("--replace-stragglers swaps a straggler for a spare: give --spares K too")
     checkpoint_dir = cfg["checkpoint_dir"]
     if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
         raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
@@ -548,7 +553,8 @@ def launch_spec(cfg):
                    workdir=workdir, workdir_limit=parse_size(cfg["workdir_limit"]), detach=bool(cfg["detach"]),
                    max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
                    checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
-                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]))
+                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]),
+                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]))
 
 
 @task(iterable=["ssh_opt"], help={

@@ -50,6 +50,7 @@ NODE_ALLOWED = {
     "examples/ckpt_train.py": ("torch",),
     "examples/ddp_grads.py": ("torch",),
     "examples/hang_train.py": ("torch",),
+    "examples/straggler_train.py": ("torch",),
     "examples/hvd_tf_synthetic.py": ("tensorflow", "horovod", "numpy"),
     "examples/lazy_train.py": ("torch", "tensorflow"),
     "examples/ray_train_check.py": ("ray", "torch"),

@@ -90,6 +90,8 @@ class JobSpec:
     checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
     hang_timeout: float | None = None  # no rank's progress for this long: stacks dumped, the attempt ends
     progress_pattern: str = ""  # a rank's line matching this regex is progress ("": any line)
+    straggler_check: float | None = None  # every rank's stack sampled this often: the rank the others wait for named
+    replace_stragglers: bool = False  # ... and swapped for a spare at a checkpoint (with spares)
     imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
@@ -952,7 +954,8 @@ class Job:
         if quarantined:
             ranks, spares, _ = runplan.swap_out(ranks, spares, quarantined)
         policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
-                                    progress_pattern=spec.progress_pattern)
+                                    progress_pattern=spec.progress_pattern, straggler_check=spec.straggler_check,
+                                    replace_stragglers=spec.replace_stragglers)
         live = [f for f in started.facts if f.hostname not in (quarantined or {})]
         prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
@@ -1032,11 +1035,13 @@ class Job:
                         if line.startswith(contract.READY_SAYS):
                             ready_lines.append(line)
                             continue
-                        seen = len(render.quarantined)
+                        seen, slow = len(render.quarantined), len(render.stragglers)
                         for shown in render.feed(line):
                             self._emit(shown)
                         if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
                             store.record(self.spec.name, quarantined=dict(render.quarantined))
+                        if len(render.stragglers) != slow:  # ... and which are stragglers
+                            store.record(self.spec.name, stragglers=dict(render.stragglers))
             for shown in render.flush():
                 self._emit(shown)
             show_timeline()  # where not every node made a first step (or detached: none yet)
@@ -1140,8 +1145,8 @@ class Job:
         check_spares(self.spec, len(self.nodes))
         unshared = check_checkpoint_dir(self.spec)
         if not self.launcher.supervised and (self.spec.detach or self.spec.restarts or self.spec.spares
-                                             or self.spec.hang_timeout):
-            raise LaunchError("--detach, --max-restarts, --spares and --hang-timeout are for "
+                                             or self.spec.hang_timeout or self.spec.straggler_check):
+            raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
                               f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}")
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)

@@ -120,7 +120,7 @@ def _flag(key: str) -> str:
 # them, from a flag (tasks.launch_spec) and from a job file (JobFile) alike.
 NUMBERS = {"slots": (True, 1, 4096), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
            "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
-           "hang_timeout": (False, 0, 86400)}
+           "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600)}
 
 
 class BadNumber(ValueError):
@@ -211,6 +211,14 @@ class JobFile(BaseModel):
         "ranks behind named, the attempt ended (a failed attempt: --max-restarts applies); default off"))
     progress_pattern: Optional[str] = Field(None, description=(
         "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank)"))
+    straggler_check: Optional[float] = Field(None, description=(
+        "every this many seconds, every rank's Python stack is sampled (py-spy); the rank the others wait for "
+        "(rarely inside a collective while they mostly are) is named as a straggler in the log and in dtrain "
+        "status; default off"))
+    replace_stragglers: Optional[bool] = Field(None, description=(
+        "with --straggler-check and --spares: a straggler (not the first node) is swapped for a spare at a "
+        "checkpoint (the job is asked to checkpoint now, as for a spot notice), quarantined as a straggler, and "
+        "the job restarts at full size"))
 
     @field_validator(*NUMBERS, mode="before")
     @classmethod
@@ -401,7 +409,7 @@ def dump(given: dict[str, Any]) -> str:
     for key in ("slots", "master_port", "max_restarts", "min_nodes", "spares"):
         if key in data:
             data[key] = int(data[key])
-    for key in ("timeout", "hang_timeout"):
+    for key in ("timeout", "hang_timeout", "straggler_check"):
         if key in data:
             data[key] = float(data[key])
     JobFile.model_validate(data)  # what is written reads back

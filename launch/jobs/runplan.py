@@ -142,6 +142,10 @@ class RunPlan:
     # ends the attempt; progress: a rank's line matching progress_pattern ("": any line of a rank)
     hang_timeout: float | None = None
     progress_pattern: str = ""
+    # stragglers: every rank's stack sampled every straggler_check s (None: not watched); the
+    # rank the others wait for is named (launch/jobs/straggler.py)
+    straggler_check: float | None = None
+    replace_stragglers: bool = False  # a straggler (not the first node) swapped for a spare at a checkpoint
 
     def __post_init__(self) -> None:
         if not self.nodes:

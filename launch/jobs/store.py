@@ -432,8 +432,11 @@ def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...
                      + (f", {now['restarts']} restart(s)" if now.get("restarts") else "")
                      + (f" ({now['reason']})" if now.get("state") == "failed" and now.get("reason") else ""))
             j["quarantined"] = now.get("quarantined") or j.get("quarantined")
+            j["stragglers"] = now.get("stragglers") or j.get("stragglers")
         if isinstance(j.get("quarantined"), dict) and j["quarantined"]:
             state += "; quarantined " + ", ".join(f"{h} ({why})" for h, why in j["quarantined"].items())
+        if isinstance(j.get("stragglers"), dict) and j["stragglers"]:  # --straggler-check
+            state += "; straggler " + ", ".join(f"{h} ({what})" for h, what in j["stragglers"].items())
         nodes = j.get("nodes") if isinstance(j.get("nodes"), list) else []
         rows.append((str(j["name"]), state, str(j.get("launcher", "")), str(len(nodes)),
                      str(j.get("image", "")), "" if j.get("exit_code") is None else str(j["exit_code"])))

@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.shipped import shipped_modules
-from dtrain.launch.jobs import launchers, output, runplan, timeline
+from dtrain.launch.jobs import launchers, output, runplan, straggler, timeline
 from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -36,6 +36,8 @@ class Policy:
     min_nodes: int = 1
     hang_timeout: float | None = None  # --hang-timeout: no rank's progress for this long ends the attempt
     progress_pattern: str = ""  # --progress-pattern: what counts as progress ("": any line of a rank)
+    straggler_check: float | None = None  # --straggler-check: every rank's stack sampled this often
+    replace_stragglers: bool = False  # --replace-stragglers: a straggler swapped for a spare at a checkpoint
 
 
 def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: Sequence[str],
@@ -57,7 +59,8 @@ def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: 
                             node_prefix=tuple(node_prefix), max_restarts=policy.max_restarts,
                             min_nodes=policy.min_nodes, attached=attached, launcher_silence=LAUNCHER_SILENCE_S,
                             node_dir=node_dir, hang_timeout=policy.hang_timeout,
-                            progress_pattern=policy.progress_pattern)
+                            progress_pattern=policy.progress_pattern, straggler_check=policy.straggler_check,
+                            replace_stragglers=policy.replace_stragglers)
 
 
 # The launcher's dtrain modules the supervisor imports (contract, values, the command builders,
@@ -110,6 +113,8 @@ def describe(ev: dict) -> str:
         return f"[launch] restart {ev.get('restart')}: {ev.get('phase')}{where} {ev.get('seconds')} s"
     if name == "hang":
         return "[launch] " + hang_line(ev)
+    if name == "straggler":
+        return "[launch] " + straggler.line(ev)
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":
@@ -141,6 +146,7 @@ class Render:
     ranks: list[str] = field(default_factory=list)
     final: dict | None = None
     quarantined: dict[str, str] = field(default_factory=dict)  # nodes out of the job for good, and why
+    stragglers: dict[str, str] = field(default_factory=dict)  # node -> the straggler named there (straggler.summary)
     _lost: dict[str, str] = field(default_factory=dict)
     _mpi: object = None
     t0: float = 0.0
@@ -209,6 +215,8 @@ class Render:
                 self.quarantined.update({h: self._lost.get(h, "taken out") for h in taken})
             if ev["event"] == "quarantined":
                 self.quarantined[str(ev.get("node"))] = str(ev.get("reason", ""))
+            if ev["event"] == "straggler":
+                self.stragglers[str(ev.get("node"))] = straggler.summary(ev)
             if ev["event"] in FINAL:
                 self.final = ev
             return out + [describe(ev)]

@@ -15,7 +15,11 @@ once. A node given a spot notice says `leaving` in its beat: the job is told to 
 now (contract.CHECKPOINT_NOW), then the attempt ends. With the plan's `hang_timeout`, an
 attempt none of whose ranks made progress for that long (launch/jobs/progress.py) is a hang:
 the `hang` event names the ranks behind, every rank's Python stack goes into the output
-(launch/node/stacks.sh), and the attempt ends as a failed one.
+(launch/node/stacks.sh), and the attempt ends as a failed one. With `straggler_check`, every
+rank's stack is sampled that often (stacks.sh too) and the rank the others wait for is named
+once per attempt (a `straggler` event: launch/jobs/straggler.py's rule; the attempt goes on;
+with `replace_stragglers` and a spare left, it is taken out as a node given a spot notice is:
+checkpoint now, then a spare in its place, the node quarantined as a straggler).
 
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
 starts: a lost or leaving node is swapped for a warm spare in its place (runplan.swap_out:
@@ -77,7 +81,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import launchers, output, progress, runplan  # noqa: E402
+from dtrain.launch.jobs import launchers, output, progress, runplan, straggler  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -87,6 +91,9 @@ WORKDIR = contract.WORKDIR
 # collective is stalled, so nothing more can be saved (a checkpoint is written whole or not at all:
 # a temporary file, then a rename), and the ranks left over are killed next on every node.
 LOST_GRACE = 0.3
+# Why a node is taken out, for which the job is asked to checkpoint first (CHECKPOINT_NOW): it still
+# runs its ranks (a spot notice: `leaving`; --replace-stragglers: `straggler`)
+CHECKPOINT_FIRST = ("leaving", "straggler")
 # The heartbeat sessions open once the first attempt printed its first line, or this many
 # seconds after its start if sooner: their key exchanges (one per other node) must not compete
 # with the launcher's daemons and the ranks' start. A node lost before is the launcher's own
@@ -332,6 +339,8 @@ class Supervisor:
         self.first_line = threading.Event()  # the attempt printed something
         self.stopping = threading.Event()  # the launcher went away (foreground) or stop asked
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
+        self.sampling = threading.Event()  # set: the attempt's straggler sampling ends (--straggler-check)
+        self.slow: dict[str, str] = {}  # stragglers to swap for a spare (--replace-stragglers): host -> why
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.watching = threading.Lock()  # held once the heartbeat sessions are opened (watch_all)
@@ -426,6 +435,11 @@ class Supervisor:
         env = {**os.environ, **dict(run.extra_env), runplan.RESTART_VAR: str(attempt)}
         argvs = launchers.attempt_argv(run, nodes)
         self.first_line.clear()
+        self.sampling.set()  # the previous attempt's sampler ends; this attempt's starts below
+        self.slow = {}
+        if self.plan.straggler_check:
+            self.sampling = threading.Event()
+            threading.Thread(target=self.sample_stragglers, args=(nodes, attempt, self.sampling), daemon=True).start()
         self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
                                    runplan.rank_map(nodes), time.monotonic())
         if not run.per_node:  # mpirun, horovodrun: one command here starts every rank
@@ -469,6 +483,8 @@ class Supervisor:
             out = self.health.lost(nodes)
             if out:
                 return AttemptEnd(1, out, spare_out)
+            if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
+                return AttemptEnd(1, dict(self.slow), spare_out)
             if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
                 return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
             time.sleep(0.1)
@@ -527,10 +543,57 @@ class Supervisor:
         who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
         return f"hang: no rank made progress for {stall.silent_for} s; behind: {who}"
 
+    def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
+        """--straggler-check: every `straggler_check` s, every rank's stack on every node at once
+        (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
+        (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
+        `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
+        interval = float(self.plan.straggler_check or 0)
+        history = straggler.History()
+        named: set[int] = set()
+        script = contract.node_script("stacks.sh")
+        args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
+        wait = interval
+        while not done.wait(wait):
+            t0 = time.monotonic()
+            dumps: dict[str, list[str]] = {}
+
+            def one(n: runplan.PlanNode) -> None:
+                argv = [*args, n.hostname, "sample"]
+                argv = argv if n is self.me else self.remote(n, shlex.join(argv))
+                try:
+                    dumps[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
+                                                       errors="replace", timeout=max(10, 3 * interval)).stdout.splitlines()
+                except subprocess.TimeoutExpired:
+                    dumps[n.hostname] = []
+
+            threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if done.is_set():
+                return
+            lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
+            history.add(straggler.ranks_waiting(lines))
+            where = straggler.ranks_of_dump(lines)
+            wait = max(0.05, interval - (time.monotonic() - t0))  # one round every interval, start to start
+            for s in history.verdict():
+                if s.rank in named:
+                    continue
+                named.add(s.rank)
+                fields = straggler.event_fields(s, where.get(s.rank, "?"), interval)
+                self.state.setdefault("stragglers", {})[fields["node"]] = straggler.summary(fields)
+                self.save_state()
+                self.emit(EVENT + json.dumps({"event": "straggler", "attempt": attempt, **fields}))
+                if self.plan.replace_stragglers and fields["node"] != self.me.hostname:  # it runs this
+                    self.slow.setdefault(fields["node"], "straggler: " + straggler.summary(fields))
+
     def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
         lines. Not from a lost node's session: an ssh session over a master hands its output pipe
         to the master, which keeps it open until its keepalives give the link up (5 s and more)."""
+        self.sampling.set()
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -599,13 +662,13 @@ class Supervisor:
                     self.phase(attempt + 1, "detection", self.health.silent_for(h, t_end), node=h)
                 self.event("lost", nodes=out)
             said = set(out)
-            leaving = [n for n in nodes if out.get(n.hostname, "").startswith("leaving")]
+            leaving = [n for n in nodes if out.get(n.hostname, "").startswith(CHECKPOINT_FIRST)]
             if leaving and not self.stopping.is_set():
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
             self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10,
-                              lost=[h for h, why in out.items() if not why.startswith("leaving")])
+                              lost=[h for h, why in out.items() if not why.startswith(CHECKPOINT_FIRST)])
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
@@ -619,7 +682,7 @@ class Supervisor:
                 while not out and time.monotonic() < deadline:
                     time.sleep(0.1)
                     out = self.health.lost(nodes)
-            if self.me.hostname in out and not out[self.me.hostname].startswith("leaving"):
+            if self.me.hostname in out and not out[self.me.hostname].startswith(CHECKPOINT_FIRST):
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if set(out) - said:
                 self.event("lost", nodes={h: why for h, why in out.items() if h not in said})

@@ -1012,6 +1012,38 @@ ENTRIES: tuple[Entry, ...] = (
         related=("hvd-stall", "rank-exit"),
     ),
     Entry(
+        id="straggler",
+        title="one rank is slower than the others: every step waits for it",
+        symptom="Steps get slower on every rank at once, mid-run, with no error: one node "
+                "slowed down (thermal throttling, a noisy neighbour, a degraded link, a slow "
+                "disk under its data loader) and every synchronous step waits for it. With "
+                "`dtrain launch --straggler-check S` the supervisor names it.",
+        messages=(
+            "[launch] straggler: r2 on node-3 waited in a collective in 1/12 samples, the other "
+            "ranks in 6.5/12 (median), over the last 12 s (--straggler-check 1): the others wait "
+            "for it",
+        ),
+        signatures=_re(r"straggler: r(?P<rank>\d+) on (?P<node>\S+) waited in a collective"),
+        cause="In synchronous training (DDP, Horovod, any allreduce per step) every rank's step "
+              "lasts as long as the slowest rank's: the others wait for it inside the step's "
+              "collective. The rank named rarely waits there while the others mostly do: its "
+              "node computes, loads data or sends more slowly than theirs.",
+        fix="Look at the named node: its CPU or GPU clocks and temperature (`nvidia-smi -q -d "
+            "CLOCK,TEMPERATURE,PERFORMANCE`: a throttle reason), other processes on it, its "
+            "link (`dtrain launch --check-network`), its disk. Take it out: `dtrain stop`, then "
+            "launch again from the checkpoint without it (the hostfile minus that node, or "
+            "`--spares` with a spare last).",
+        confirm="`dtrain diagnose` reports it as `straggler`; `dtrain status --job NAME` shows "
+                "`straggler NODE (rN, ...)`. `launch/node/examples/straggler_train.py` with one "
+                "node's container slowed (`docker update --cpus 0.1`) shows one (docs/launch.md, "
+                "Stragglers).",
+        source=("https://github.com/NVIDIA/nvidia-resiliency-ext",
+                "https://github.com/intelligent-machine-learning/dlrover/issues/678",
+                "https://github.com/benfred/py-spy#how-does-py-spy-work"),
+        doctor_checks=(),
+        related=("hang", "slow-link"),
+    ),
+    Entry(
         id="gpu-oom",
         title="a rank ran out of GPU memory",
         symptom="A rank raises an out-of-memory error, usually at the first step or the "

@@ -1,0 +1,137 @@
+"""Straggler detection's bookkeeping (`dtrain launch --straggler-check SECONDS`).
+
+In synchronous training every rank's step lasts as long as the slowest rank's: the others wait
+for it inside the step's collective. The supervisor (launch/node/supervise.py) samples every
+rank's Python stack every SECONDS (launch/node/stacks.sh, as a hang's dump does), `ranks_waiting`
+reads one round of dumps into {rank: waiting in a collective?}, `History` keeps the last rounds
+per rank, and `stragglers` is the verdict:
+
+    over the last WINDOW samples of every rank, a rank is a straggler when the median of the
+    other ranks' waiting fractions is at least OTHERS_WAIT and its own is at most FACTOR times
+    that median (the others mostly wait, it rarely does).
+
+No verdict before every rank has WINDOW samples, with fewer than 2 ranks, or when the others
+do not mostly wait (an even run: every rank waits a little, none for long). Pure: the dumps are
+arguments.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+WINDOW = 12  # samples per rank the verdict looks at
+FACTOR = 1 / 3  # the straggler waits at most this fraction of the others' median
+OTHERS_WAIT = 0.5  # ... and the others wait in at least half of their samples
+
+# A frame of py-spy's dump: `    NAME (FILE:LINE)`; the label before it is stacks.sh's `[NODE rR]`.
+_HEAD = re.compile(r"^\[([A-Za-z0-9._-]+) r(\d+)\] stack of pid (\d+), state (\S)")
+_FRAME = re.compile(r"^\[([A-Za-z0-9._-]+) r(\d+)\]\s+(\S+) \((.*):\d+\)")
+# Functions whose frame means "waiting for the other ranks": torch.distributed's collectives,
+# Horovod's (its torch ops wait in `synchronize`), DDP's start-up and buffer sync.
+COLLECTIVES = frozenset({
+    "all_reduce", "allreduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "reduce", "gather", "scatter", "_sync_buffers", "_sync_params_and_buffers",
+    "_verify_param_shape_across_processes", "allgather", "alltoall", "broadcast_parameters", "grouped_allreduce",
+})
+HOROVOD_WAIT = "synchronize"  # horovod/torch/mpi_ops.py: an op's handle waited for
+
+
+def is_collective_frame(function: str, path: str) -> bool:
+    """Whether a stack frame (function, file) is a wait for the other ranks inside a collective."""
+    name = function.rsplit(".", 1)[-1]  # a qualified name (Class.method) as newer Pythons give it
+    return name in COLLECTIVES or (name == HOROVOD_WAIT and "horovod" in path)
+
+
+def waits_in_collective(state: str, frames: Iterable[tuple[str, str]]) -> bool:
+    """One process: waiting inside a collective (a collective's frame in any of its threads'
+    stacks, and the process neither stopped (T) nor in disk wait (D))."""
+    return state not in ("T", "D", "t") and any(is_collective_frame(f, p) for f, p in frames)
+
+
+def ranks_waiting(lines: Iterable[str]) -> dict[int, bool]:
+    """One round of launch/node/stacks.sh's output (any nodes) -> {rank: waiting in a collective}.
+    A rank with several processes (a data loader's workers share its RANK) waits when one does;
+    a launcher's process (no rank in its label) is none."""
+    state: dict[int, str] = {}
+    frames: dict[int, list[tuple[str, str]]] = {}
+    out: dict[int, bool] = {}
+    for line in lines:
+        if m := _HEAD.match(line):
+            rank = int(m.group(2))
+            if state.get(rank) is not None:  # the rank's previous process, judged alone
+                out[rank] = out.get(rank, False) or waits_in_collective(state[rank], frames[rank])
+            state[rank], frames[rank] = m.group(4), []
+        elif (m := _FRAME.match(line)) and int(m.group(2)) in frames:
+            frames[int(m.group(2))].append((m.group(3), m.group(4)))
+    for rank, s in state.items():
+        out[rank] = out.get(rank, False) or waits_in_collective(s, frames[rank])
+    return out
+
+
+def ranks_of_dump(lines: Iterable[str]) -> dict[int, str]:
+    """{rank: node} as stacks.sh's labels name them."""
+    return {int(m.group(2)): m.group(1) for line in lines if (m := _HEAD.match(line))}
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    waiting: int  # samples of the window in which it waited in a collective
+    others: float  # the other ranks' median, in samples
+    samples: int  # the window
+
+
+def stragglers(history: Mapping[int, Sequence[bool]], window: int = WINDOW, factor: float = FACTOR,
+               others_wait: float = OTHERS_WAIT) -> list[Straggler]:
+    """The verdict over each rank's last `window` samples (True: waiting in a collective), the
+    slowest first; [] while a rank has fewer samples or fewer than 2 ranks are known."""
+    if len(history) < 2 or any(len(h) < window for h in history.values()):
+        return []
+    waited = {r: sum(bool(x) for x in list(h)[-window:]) for r, h in history.items()}
+    found = []
+    for rank, w in waited.items():
+        median = statistics.median(v for r, v in waited.items() if r != rank)
+        if median >= others_wait * window and w <= factor * median:
+            found.append(Straggler(rank, w, median, window))
+    return sorted(found, key=lambda s: (s.waiting, s.rank))
+
+
+@dataclass
+class History:
+    """Each rank's last `window` samples of one attempt."""
+
+    window: int = WINDOW
+    samples: dict[int, deque] = field(default_factory=dict)
+
+    def add(self, round_: Mapping[int, bool]) -> None:
+        for rank, waiting in round_.items():
+            self.samples.setdefault(rank, deque(maxlen=self.window)).append(bool(waiting))
+
+    def verdict(self) -> list[Straggler]:
+        return stragglers(self.samples, self.window)
+
+
+def event_fields(s: Straggler, node: str, interval: float) -> dict:
+    """The `straggler` event's fields."""
+    return {"rank": s.rank, "node": node, "waiting": s.waiting, "others": s.others, "samples": s.samples,
+            "interval": interval}
+
+
+def line(ev: Mapping) -> str:
+    """A `straggler` event as one line of the log."""
+    n = ev.get("samples")
+    return (f"straggler: r{ev.get('rank')} on {ev.get('node')} waited in a collective in {ev.get('waiting')}/{n} "
+            f"samples, the other ranks in {ev.get('others'):g}/{n} (median), over the last "
+            f"{float(ev.get('interval') or 0) * float(n or 0):g} s (--straggler-check {ev.get('interval'):g}): "
+            f"the others wait for it")
+
+
+def summary(ev: Mapping) -> str:
+    """What `dtrain status` says of a straggler: `r1, in a collective 0/12 samples (others 10/12)`."""
+    n = ev.get("samples")
+    return f"r{ev.get('rank')}, in a collective {ev.get('waiting')}/{n} samples (others {ev.get('others'):g}/{n})"
