@@ -14,8 +14,9 @@ slow (a busy CPU, a disk under writeback: its kernel still answers) is lost only
 once. A node given a spot notice says `leaving` in its beat: the job is told to checkpoint
 now (contract.CHECKPOINT_NOW), then the attempt ends. With the plan's `hang_timeout`, an
 attempt none of whose ranks made progress for that long (launch/jobs/progress.py) is a hang:
-the `hang` event names the ranks behind, every rank's Python stack goes into the output
-(launch/node/stacks.sh), and the attempt ends as a failed one.
+every rank's Python stack is read (launch/node/stacks.sh), the `hang` event names the ranks
+not waiting in a collective (launch/jobs/stacks.py; by progress where all wait), the stacks go
+into the output, and the attempt ends as a failed one.
 
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
 starts: a lost or leaving node is swapped for a warm spare in its place (commands.swap_out:
@@ -77,7 +78,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import commands, launchers, output, progress  # noqa: E402
+from dtrain.launch.jobs import commands, launchers, output, progress, stacks  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -494,11 +495,12 @@ class Supervisor:
         return time.monotonic() - t0
 
     def on_hang(self, nodes: Sequence[commands.PlanNode], stall: progress.Stall) -> str:
-        """The `hang` event, then every process's Python stack of the attempt on every node
-        (launch/node/stacks.sh in each container, all at once, shown node by node); the reason
-        the attempt ends."""
-        fields = progress.event_fields(stall, commands.rank_map(nodes))
-        self.event("hang", **fields)
+        """Every process's Python stack of the attempt on every node (launch/node/stacks.sh in
+        each container, all at once), the `hang` event naming the culprits from those stacks
+        (launch/jobs/stacks.py: the ranks not waiting in a collective; by progress where every
+        rank waits), then the stacks, node by node; the reason the attempt ends."""
+        ranks = commands.rank_map(nodes)
+        fields = progress.event_fields(stall, ranks)
         script = contract.node_script("stacks.sh")
         args = ["bash", "-s", "--", commands.RESTART_VAR, str(int(self.state["restarts"]))]
         dumps: dict[str, list[str]] = {}
@@ -521,11 +523,16 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join()
-        for n in nodes:
-            for line in dumps.get(n.hostname, []):
-                self.emit(contract.STACK_LINE + line)
-        who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
-        return f"hang: no rank made progress for {stall.silent_for} s; behind: {who}"
+        lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
+        fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
+        self.event("hang", **fields)
+        for line in lines:
+            self.emit(contract.STACK_LINE + line)
+        named = stacks.culprit_text(fields, brief=True)
+        if not named:
+            who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
+            named = f"{stacks.fallback_text(fields)}: {who}"
+        return f"hang: no rank made progress for {stall.silent_for} s; {named}"
 
     def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
