@@ -1072,13 +1072,17 @@ ENTRIES: tuple[Entry, ...] = (
         id="hang",
         title="the job hangs: no rank makes progress (reading a hang's stack dump)",
         symptom="Output stops while the job still runs. With `dtrain launch --hang-timeout S` "
-                "the supervisor says so after S seconds, names the ranks behind, and every "
-                "rank's Python stack follows (`[node r<rank>] stack of pid P, state X: ...`, "
-                "then its frames, innermost first); without it, PyTorch's watchdog ends the "
-                "job after its collective timeout (NCCL: 10 min by default).",
+                "the supervisor reads every rank's Python stack after S seconds, names the ranks "
+                "not waiting in a collective (stopped, in disk wait, elsewhere), and the stacks "
+                "follow (`[node r<rank>] stack of pid P, state X: ...`, then its frames, innermost "
+                "first); without it, PyTorch's watchdog ends the job after its collective timeout "
+                "(NCCL: 10 min by default).",
         messages=(
-            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); behind: r1 on "
-            "node-2 (last progress 12.6 s ago, 3 line(s)); every rank's Python stack follows",
+            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); stopped: r1 on "
+            "node-2 (state T); r0, r2, r3 wait in a collective; every rank's Python stack follows",
+            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); every rank waits in "
+            "a collective (stacks); by progress, behind: r1 on node-2 (last progress 12.6 s ago, "
+            "3 line(s)); every rank's Python stack follows",
             "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, "
             "OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
             "600041 milliseconds before timing out.",
@@ -1091,10 +1095,14 @@ ENTRIES: tuple[Entry, ...] = (
               "itself calls a collective, a different number of batches per rank), paused "
               "(SIGSTOP, a debugger, swapping), or it entered a different collective than the "
               "others. Every other rank then waits in the collective until the timeout.",
-        fix="Read the dump rank by rank. **Which rank:** the `behind` ranks made fewer "
+        fix="Read the dump rank by rank. **Which rank:** the hang line names the ranks the "
+            "stacks show not waiting in a collective (ranks all blocked in the same collective are "
+            "the victims, not the cause; `dtrain diagnose` reads a dump in a log the same way); "
+            "only where every rank waits does it fall back to the `behind` ranks, those with fewer "
             "progress lines than the others (with `--progress-pattern`, one line per step) or "
-            "fell silent first; ranks all blocked in the same collective are the victims, not "
-            "the cause. **Where:** the innermost frames of each stack: `all_reduce`, "
+            "silent first. With NCCL a collective returns before it completes, so its waiters show "
+            "the line that waits for the GPU (`loss.item()`) and are named too: the stopped or "
+            "odd one out is the culprit. **Where:** the innermost frames of each stack: `all_reduce`, "
             "`barrier`, `broadcast`, `allreduce` (Horovod), or DDP's backward (`_sync_buffers`, "
             "`backward`) mean the rank waits for others; `__next__` of a DataLoader, `read`, "
             "`_recv` on a queue, `open` mean data loading; any other frame of your own code is "
