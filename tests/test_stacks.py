@@ -210,13 +210,15 @@ def test_diagnose_of_a_dump_where_every_rank_waits():
 
 def test_stacks_sh_and_a_real_py_spy_give_the_verdict(tmp_path):
     """launch/node/stacks.sh on this machine, on two real processes of an attempt: one stopped
-    with SIGSTOP, one spinning in its own loop; py-spy reads both."""
+    with SIGSTOP, one spinning in its own loop; py-spy reads both, the verdict names both (no
+    collective here)."""
     script = contract.node_script("stacks.sh")
     spin = "def busy():\n    x = 0\n    while True:\n        x += 1\nbusy()\n"
     (tmp_path / "spin.py").write_text(spin)
     env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "7"}
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "spin.py")], env={**env, "RANK": str(r)})
-             for r in range(2)]
+    # torchrun's workers have RANK, horovodrun's own (gloo) HOROVOD_RANK
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "spin.py")], env={**env, var: str(r)})
+             for r, var in enumerate(("RANK", "HOROVOD_RANK"))]
     try:
         time.sleep(1)
         os.kill(procs[1].pid, signal.SIGSTOP)
