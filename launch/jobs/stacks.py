@@ -25,7 +25,7 @@ Pure (lines in, values out); standard library only: the supervisor imports it on
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from dtrain import contract
