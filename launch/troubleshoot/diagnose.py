@@ -21,6 +21,10 @@ Lines are attributed from these prefixes (nested prefixes are read left to right
 
 and from named groups in a signature (`mpirun noticed that process rank 3 ... on node node-2`).
 
+A hang's headline (`dtrain launch --hang-timeout`) followed by its stack dump gets a note: the
+ranks the stacks show not waiting in a collective (launch/jobs/stacks.py, as the supervisor
+names them), whatever the headline said (an older dtrain named the ranks behind by progress).
+
 Speed: each signature has a literal "needle" (the longest literal run it requires); the text
 is scanned for each distinct needle with str.find, in C, and only lines holding a needle are
 matched against that needle's regexes in Python. This beats one regex joining all signatures
