@@ -232,4 +232,4 @@ def test_stacks_sh_and_a_real_py_spy_give_the_verdict(tmp_path):
     lines = r.stdout.splitlines()
     v = stacks.of_dump(lines, 2)
     assert dict((rk, (p.kind, p.state)) for rk, p in v.named) == {0: ("outside", "R"), 1: ("stopped", "T")}, r.stdout
-    assert dict(v.named)[0].where.startswith("busy (spin.py:"), r.stdout
+    assert dict(v.named)[0].where.startswith("busy ("), r.stdout
