@@ -1,10 +1,11 @@
 """Hang benchmark on the simulated cluster: one rank stopped with SIGSTOP mid-run, the time until
-the log says which rank is behind and holds every rank's Python stack (`--hang-timeout`).
+the log names the stopped rank (from the stacks) and holds every rank's Python stack (`--hang-timeout`).
 
 The job: launch/node/examples/hang_train.py under mpirun on N nodes (one rank each; a step line
 before each allreduce, 1 s steps), `--hang-timeout T --progress-pattern '^step '`, no restart.
 After its third step the last rank gets SIGSTOP (`docker exec ... pkill -STOP` through that
-node's engine). Measured from the stop: the `hang` line (detected), the stopped rank's stack
+node's engine). Measured from the stop: the `hang` line (detected and named from the stacks,
+which are read before it since issue 41), the stopped rank's stack
 (the first of the dump's lines for it) and the last stack line before the job's end (every
 node's dump in). Target: stacks dumped within T + 5 s.
 
@@ -59,7 +60,7 @@ def one(info, image: str, n: int, timeout: float, run: int) -> tuple[float, floa
     subprocess.run(["docker", "-H", info.nodes[last].docker_host, "exec", f"dtrain-{name}",
                     "pkill", "-STOP", "-f", RANK_PROCESS], check=True, timeout=30)
     t0 = time.monotonic()
-    hang = _wait_for(name, rf"^\[launch\] hang: .* behind: r{last} on node-{n} ")
+    hang = _wait_for(name, rf"^\[launch\] hang: .* stopped: r{last} on node-{n} \(state T\)")
     stack = _wait_for(name, rf"^\[node-{n} r{last}\]\s+load_batch \(hang_train\.py:\d+\)")
     runner.join(300)
     if result.get("code") in (None, 0):

@@ -392,3 +392,40 @@ def test_mpirun_tags_in_the_middle_of_a_line():
            "[1,1]<stderr>:KeyError[1,1]<stderr>:: [1,1]<stderr>:'DTRAIN_DATA_DIR'[1,1]<stderr>:\n")
     [f] = [f for f in diagnose(log) if f.entry.id == "env-not-forwarded"]
     assert f.ranks == (1,) and f.lines[0].number == 2
+
+
+# --------------------------------------------------------------------------------------------
+# what new users hit first: CUDA on a CPU wheel or without GPUs, NCCL without GPUs (issue 41)
+
+
+@pytest.mark.parametrize("line, entry_id, way_out", [
+    # the unedited pytorch/examples ddp-tutorial multinode.py on the CPU image (issue 41)
+    ("[node-1 r0] AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'", "cuda-cpu-wheel",
+     "launch the GPU variant of the image"),
+    ("[rank0]: AssertionError: Torch not compiled with CUDA enabled", "cuda-cpu-wheel", 'backend="gloo"'),
+    ("RuntimeError: Distributed package doesn't have NCCL built in", "cuda-cpu-wheel", "device-agnostic"),
+    ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+     "installed a driver from http://www.nvidia.com/Download/index.aspx", "gpu-image-cpu-node",
+     "On CPU nodes launch the CPU variant of the image"),
+    ("WARNING: The NVIDIA Driver was not detected.  GPU functionality will not be available.", "gpu-image-cpu-node",
+     "nvidia runtime"),
+    ("RuntimeError: cuda runtime error (100) : no CUDA-capable device is detected at /pytorch/aten/src/THC/THCGeneral.cpp:50",
+     "no-gpu", "One rank per GPU"),
+    ("[rank6]: RuntimeError: CUDA error: invalid device ordinal", "no-gpu", "slots="),
+    ("ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!", "nccl-no-gpu",
+     'init_process_group(backend="gloo")'),
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1331, "
+     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1", "nccl-no-gpu", "NCCL_DEBUG=INFO"),
+])
+def test_what_new_users_hit_first_is_named_with_the_way_out(line, entry_id, way_out):
+    """Lines as upstream reports show them (pytorch/examples' multinode.py, torch.cuda.set_device,
+    init_process_group("nccl")): the entry by name, before the catch-all, with what to change."""
+    findings = diagnose(line + "\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert ids(findings) == [entry_id, "rank-exit"]
+    assert way_out in " ".join(format_report(findings).split())
+
+
+def test_the_multinode_example_on_the_cpu_image_is_more_than_a_rank_exit():
+    report = format_report(diagnose_file(LOGS / "cuda-cpu-wheel.log"))
+    assert report.startswith("2 known failures matched") and "1. [cuda-cpu-wheel]" in report
+    assert "(ranks 0-1; nodes node-1, node-2)" in report and "2. [rank-exit]" in report

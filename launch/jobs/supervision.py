@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.shipped import shipped_modules
-from dtrain.launch.jobs import launchers, output, runplan, straggler, timeline
+from dtrain.launch.jobs import launchers, output, runplan, stacks, straggler, timeline
 from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -123,12 +123,20 @@ def describe(ev: dict) -> str:
 
 
 def hang_line(ev: dict) -> str:
-    """A `hang` event ({silent_for, ranks, nodes, ago, steps}) as one line."""
+    """A `hang` event ({silent_for, ranks, nodes, ago, steps} and the stacks' verdict:
+    culprits, waiting, unread: launch/jobs/stacks.py) as one line: the ranks the stacks name,
+    or, where they name none (or an older supervisor sent no verdict), the ranks behind by
+    progress."""
+    head = f"hang: no rank made progress for {ev.get('silent_for')} s (--hang-timeout); "
+    tail = "; every rank's Python stack follows"
+    named = stacks.culprit_text(ev)
+    if named:
+        return head + named + tail
     nodes, ago, steps = ev.get("nodes", []), ev.get("ago", {}), ev.get("steps", {})
     who = ", ".join(f"r{r} on {n} (last progress {ago.get(str(r), '?')} s ago, {steps.get(str(r), 0)} line(s))"
                     for r, n in zip(ev.get("ranks", []), nodes))
-    return (f"hang: no rank made progress for {ev.get('silent_for')} s (--hang-timeout); "
-            f"behind: {who or 'none told apart'}; every rank's Python stack follows")
+    said = stacks.fallback_text(ev) if "culprits" in ev else "behind"
+    return head + f"{said}: {who or 'none told apart'}" + tail
 
 
 @dataclass

@@ -6,7 +6,7 @@
 # each Python one among them (but launch/node/rank_output.py, which tags a rank's lines) is
 # dumped with `py-spy dump` (it reads the process's memory, so a rank stuck in a collective or
 # stopped with SIGSTOP is read too; the container needs CAP_SYS_PTRACE). Every line starts with
-# `[NODE rRANK] ` (the rank from OMPI_COMM_WORLD_RANK or RANK; `[NODE] ` for a launcher process
+# `[NODE rRANK] ` (the rank from OMPI_COMM_WORLD_RANK, RANK or HOROVOD_RANK; `[NODE] ` for a launcher process
 # such as torchrun's agent).
 # Without py-spy (an image older than it): SIGABRT, then SIGCONT, to each such process: one that
 # enabled faulthandler (PYTHONFAULTHANDLER=1 in its --env) writes its stack to its own stderr,
@@ -34,6 +34,7 @@ while IFS= read -r env; do
   grep -qza '^# dtrain-rank-output' "$p/cmdline" 2>/dev/null && continue
   rank=$(env_of "$pid" OMPI_COMM_WORLD_RANK)
   [ -n "$rank" ] || rank=$(env_of "$pid" RANK)
+  [ -n "$rank" ] || rank=$(env_of "$pid" HOROVOD_RANK)  # horovodrun's own (gloo) workers
   label="[$node${rank:+ r$rank}]"
   # state: R running, S sleeping (waiting: a socket, a lock), D disk, T stopped (SIGSTOP)
   state=$(sed 's/^.*) \(.\).*$/\1/' "$p/stat" 2>/dev/null)

@@ -14,8 +14,9 @@ slow (a busy CPU, a disk under writeback: its kernel still answers) is lost only
 once. A node given a spot notice says `leaving` in its beat: the job is told to checkpoint
 now (contract.CHECKPOINT_NOW), then the attempt ends. With the plan's `hang_timeout`, an
 attempt none of whose ranks made progress for that long (launch/jobs/progress.py) is a hang:
-the `hang` event names the ranks behind, every rank's Python stack goes into the output
-(launch/node/stacks.sh), and the attempt ends as a failed one. With `straggler_check`, every
+every rank's Python stack is read (launch/node/stacks.sh), the `hang` event names the ranks
+not waiting in a collective (launch/jobs/stacks.py; by progress where all wait), the stacks go
+into the output, and the attempt ends as a failed one. With `straggler_check`, every
 rank's stack is sampled that often (stacks.sh too) and the rank the others wait for is named
 once per attempt (a `straggler` event: launch/jobs/straggler.py's rule; the attempt goes on;
 with `replace_stragglers` and a spare left, it is taken out as a node given a spot notice is:
@@ -81,7 +82,7 @@ def _builders(here: Path) -> None:
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import launchers, output, progress, runplan, straggler  # noqa: E402
+from dtrain.launch.jobs import launchers, output, progress, runplan, stacks, straggler  # noqa: E402
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -510,11 +511,12 @@ class Supervisor:
         return time.monotonic() - t0
 
     def on_hang(self, nodes: Sequence[runplan.PlanNode], stall: progress.Stall) -> str:
-        """The `hang` event, then every process's Python stack of the attempt on every node
-        (launch/node/stacks.sh in each container, all at once, shown node by node); the reason
-        the attempt ends."""
-        fields = progress.event_fields(stall, runplan.rank_map(nodes))
-        self.event("hang", **fields)
+        """Every process's Python stack of the attempt on every node (launch/node/stacks.sh in
+        each container, all at once), the `hang` event naming the culprits from those stacks
+        (launch/jobs/stacks.py: the ranks not waiting in a collective; by progress where every
+        rank waits), then the stacks, node by node; the reason the attempt ends."""
+        ranks = runplan.rank_map(nodes)
+        fields = progress.event_fields(stall, ranks)
         script = contract.node_script("stacks.sh")
         args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(self.state["restarts"]))]
         dumps: dict[str, list[str]] = {}
@@ -537,11 +539,16 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join()
-        for n in nodes:
-            for line in dumps.get(n.hostname, []):
-                self.emit(contract.STACK_LINE + line)
-        who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
-        return f"hang: no rank made progress for {stall.silent_for} s; behind: {who}"
+        lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
+        fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
+        self.event("hang", **fields)
+        for line in lines:
+            self.emit(contract.STACK_LINE + line)
+        named = stacks.culprit_text(fields, brief=True)
+        if not named:
+            who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
+            named = f"{stacks.fallback_text(fields)}: {who}"
+        return f"hang: no rank made progress for {stall.silent_for} s; {named}"
 
     def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
         """--straggler-check: every `straggler_check` s, every rank's stack on every node at once

@@ -778,13 +778,15 @@ ENTRIES: tuple[Entry, ...] = (
               "container was started without `--gpus`.",
         fix="Install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
             "--runtime=docker` then restart Docker (the EC2 Deep Learning AMIs ship it). "
-            "`dtrain launch` passes `--gpus all` on every node where `nvidia-smi` finds GPUs.",
+            "`dtrain launch` passes `--gpus all` on every node where `nvidia-smi` finds GPUs. "
+            "On nodes without GPUs, launch the CPU variant of the image "
+            "([gpu-image-cpu-node](#gpu-image-cpu-node)).",
         confirm="`dtrain doctor` check `nvidia-runtime`.",
         source=("https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
                 "install-guide.html",
                 "https://docs.docker.com/engine/containers/resource_constraints/#gpu"),
         doctor_checks=("nvidia-runtime", "docker"),
-        related=("cuda-driver",),
+        related=("cuda-driver", "gpu-image-cpu-node"),
     ),
     Entry(
         id="cuda-driver",
@@ -820,6 +822,111 @@ ENTRIES: tuple[Entry, ...] = (
                 "https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html"),
         doctor_checks=("gpu-driver",),
         related=("docker-gpu",),
+    ),
+    Entry(
+        id="cuda-cpu-wheel",
+        title="a GPU script on the CPU image (PyTorch built without CUDA)",
+        symptom="Every rank fails at its first CUDA call, before any step: a script written for GPUs "
+                "(`torch.cuda.set_device(LOCAL_RANK)`, `.cuda()`, `backend=\"nccl\"`: the unedited "
+                "pytorch/examples ddp-tutorial `multinode.py`) launched with a CPU image.",
+        messages=(
+            "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+            "AssertionError: Torch not compiled with CUDA enabled",
+            "RuntimeError: Distributed package doesn't have NCCL built in",
+        ),
+        signatures=_re(r"module 'torch\._C' has no attribute '_cuda_\w+'",
+                       r"Torch not compiled with CUDA enabled",
+                       r"Distributed package doesn't have NCCL built in"),
+        cause="The image's torch is the CPU build (dtrain's `-cpu-` variants: `torch==X+cpu`): "
+              "`torch.cuda` has no device functions, a tensor cannot move to a GPU, and its "
+              "torch.distributed has no NCCL. The script assumes GPU nodes.",
+        fix="On GPU nodes launch the GPU variant of the image (a `-cu128-` tag, `dtrain images`). To "
+            "run the script on CPU nodes, make it device-agnostic: pick the device with "
+            "`torch.cuda.is_available()` (else `torch.device(\"cpu\")`), call `torch.cuda.set_device` "
+            "only with CUDA, `init_process_group(backend=\"gloo\")` on CPU, and `DDP(model)` without "
+            "`device_ids`.",
+        confirm="In the image, `python -c 'import torch; print(torch.__version__, torch.version.cuda)'` "
+                "prints a `+cpu` version and `None`.",
+        source=("https://pytorch.org/docs/stable/notes/cuda.html#device-agnostic-code",
+                "https://github.com/pytorch/examples/tree/main/distributed/ddp-tutorial-series",
+                "https://pytorch.org/docs/stable/distributed.html#backends"),
+        related=("gpu-image-cpu-node", "nccl-no-gpu"),
+    ),
+    Entry(
+        id="gpu-image-cpu-node",
+        title="a GPU image on nodes without NVIDIA GPUs (or without the NVIDIA runtime)",
+        symptom="The image's CUDA build of torch finds no NVIDIA driver in the container: every "
+                "rank fails at its first CUDA call; NVIDIA's own images warn as they start.",
+        messages=(
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+            "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "WARNING: The NVIDIA Driver was not detected.  GPU functionality will not be available.",
+        ),
+        signatures=_re(r"Found no NVIDIA driver on your system",
+                       r"The NVIDIA Driver was not detected"),
+        cause="The driver's libraries reach a container only through the NVIDIA container runtime "
+              "(`--gpus`): a node without NVIDIA GPUs has none (`dtrain launch` passes `--gpus all` "
+              "only where `nvidia-smi` finds GPUs), and on a GPU node without the NVIDIA Container "
+              "Toolkit Docker cannot give them (`could not select device driver`: "
+              "[docker-gpu](#docker-gpu)).",
+        fix="On CPU nodes launch the CPU variant of the image (a `-cpu-` tag) with a device-agnostic "
+            "script ([cuda-cpu-wheel](#cuda-cpu-wheel)); for GPUs, launch on GPU nodes whose Docker has "
+            "the nvidia runtime.",
+        confirm="`dtrain doctor` check `nvidia-runtime` (where the node has GPUs); `nvidia-smi` on the "
+                "node lists none on a CPU node.",
+        source=("https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
+                "install-guide.html",
+                "https://pytorch.org/docs/stable/notes/cuda.html#device-agnostic-code"),
+        doctor_checks=("nvidia-runtime",),
+        related=("docker-gpu", "cuda-cpu-wheel", "no-gpu"),
+    ),
+    Entry(
+        id="no-gpu",
+        title="a rank finds no GPU of its own (no device visible, more ranks than GPUs)",
+        symptom="The driver is there but a rank's CUDA call fails: no device at all, or "
+                "`torch.cuda.set_device(LOCAL_RANK)` past the node's GPUs.",
+        messages=(
+            "RuntimeError: CUDA error: no CUDA-capable device is detected",
+            "RuntimeError: CUDA error: invalid device ordinal",
+        ),
+        signatures=_re(r"no CUDA-capable device is detected",
+                       r"CUDA error: invalid device ordinal"),
+        cause="`torch.cuda.device_count()` is 0 in the container (the GPUs not given to it, "
+              "`CUDA_VISIBLE_DEVICES` empty or wrong) or lower than the ranks on the node: with "
+              "`device_count() == 0`, or `LOCAL_RANK` at or above it, `set_device` asks for a device "
+              "that does not exist (`invalid device ordinal`).",
+        fix="One rank per GPU: the hostfile's `slots=` (torchrun's `--nproc-per-node`) no more than the "
+            "node's GPUs (`--ec2-tag` takes them from the instance type), and `CUDA_VISIBLE_DEVICES` "
+            "left unset; on nodes without GPUs, the CPU image ([cuda-cpu-wheel](#cuda-cpu-wheel)).",
+        confirm="`python -c 'import torch; print(torch.cuda.device_count())'` in the container, against "
+                "the ranks the node runs.",
+        source=("https://pytorch.org/docs/stable/generated/torch.cuda.set_device.html",
+                "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"),
+        doctor_checks=("nvidia-runtime",),
+        related=("gpu-image-cpu-node", "docker-gpu", "hostnames-dup"),
+    ),
+    Entry(
+        id="nccl-no-gpu",
+        title="NCCL asked for without GPUs (`backend=\"nccl\"` on CPU nodes)",
+        symptom="`init_process_group(\"nccl\")` fails in every rank, or the first collective does.",
+        messages=(
+            "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!",
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+            "ProcessGroupNCCL.cpp:3699, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+            "NCCL version 2.27.3",
+        ),
+        signatures=_re(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
+                       r"NCCL error in: \S+, unhandled cuda error"),
+        cause="NCCL moves tensors between GPUs only: a rank that sees no GPU cannot create its NCCL "
+              "communicator, and a CUDA call inside NCCL that fails (no device, a device not this "
+              "rank's) ends the collective with `unhandled cuda error`.",
+        fix="On CPU nodes use gloo: `init_process_group(backend=\"gloo\")` (the CPU image's torch has "
+            "no NCCL: [cuda-cpu-wheel](#cuda-cpu-wheel)). On GPU nodes give each rank its GPU before "
+            "the first collective (`torch.cuda.set_device(LOCAL_RANK)`) and rerun with "
+            "`-x NCCL_DEBUG=INFO` to see the CUDA call that failed.",
+        confirm="`dtrain diagnose` reports it as `nccl-no-gpu`; `NCCL_DEBUG=INFO` names the CUDA error.",
+        source=("https://pytorch.org/docs/stable/distributed.html#backends", NCCL_TROUBLE),
+        related=("no-gpu", "cuda-cpu-wheel"),
     ),
     Entry(
         id="rdzv-unreachable",
@@ -967,13 +1074,17 @@ ENTRIES: tuple[Entry, ...] = (
         id="hang",
         title="the job hangs: no rank makes progress (reading a hang's stack dump)",
         symptom="Output stops while the job still runs. With `dtrain launch --hang-timeout S` "
-                "the supervisor says so after S seconds, names the ranks behind, and every "
-                "rank's Python stack follows (`[node r<rank>] stack of pid P, state X: ...`, "
-                "then its frames, innermost first); without it, PyTorch's watchdog ends the "
-                "job after its collective timeout (NCCL: 10 min by default).",
+                "the supervisor reads every rank's Python stack after S seconds, names the ranks "
+                "not waiting in a collective (stopped, in disk wait, elsewhere), and the stacks "
+                "follow (`[node r<rank>] stack of pid P, state X: ...`, then its frames, innermost "
+                "first); without it, PyTorch's watchdog ends the job after its collective timeout "
+                "(NCCL: 10 min by default).",
         messages=(
-            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); behind: r1 on "
-            "node-2 (last progress 12.6 s ago, 3 line(s)); every rank's Python stack follows",
+            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); stopped: r1 on "
+            "node-2 (state T); r0, r2, r3 wait in a collective; every rank's Python stack follows",
+            "[launch] hang: no rank made progress for 10.4 s (--hang-timeout); every rank waits in "
+            "a collective (stacks); by progress, behind: r1 on node-2 (last progress 12.6 s ago, "
+            "3 line(s)); every rank's Python stack follows",
             "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, "
             "OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
             "600041 milliseconds before timing out.",
@@ -986,10 +1097,14 @@ ENTRIES: tuple[Entry, ...] = (
               "itself calls a collective, a different number of batches per rank), paused "
               "(SIGSTOP, a debugger, swapping), or it entered a different collective than the "
               "others. Every other rank then waits in the collective until the timeout.",
-        fix="Read the dump rank by rank. **Which rank:** the `behind` ranks made fewer "
+        fix="Read the dump rank by rank. **Which rank:** the hang line names the ranks the "
+            "stacks show not waiting in a collective (ranks all blocked in the same collective are "
+            "the victims, not the cause; `dtrain diagnose` reads a dump in a log the same way); "
+            "only where every rank waits does it fall back to the `behind` ranks, those with fewer "
             "progress lines than the others (with `--progress-pattern`, one line per step) or "
-            "fell silent first; ranks all blocked in the same collective are the victims, not "
-            "the cause. **Where:** the innermost frames of each stack: `all_reduce`, "
+            "silent first. With NCCL a collective returns before it completes, so its waiters show "
+            "the line that waits for the GPU (`loss.item()`) and are named too: the stopped or "
+            "odd one out is the culprit. **Where:** the innermost frames of each stack: `all_reduce`, "
             "`barrier`, `broadcast`, `allreduce` (Horovod), or DDP's backward (`_sync_buffers`, "
             "`backward`) mean the rank waits for others; `__next__` of a DataLoader, `read`, "
             "`_recv` on a queue, `open` mean data loading; any other frame of your own code is "

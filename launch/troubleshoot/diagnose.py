@@ -21,6 +21,10 @@ Lines are attributed from these prefixes (nested prefixes are read left to right
 
 and from named groups in a signature (`mpirun noticed that process rank 3 ... on node node-2`).
 
+A hang's headline (`dtrain launch --hang-timeout`) followed by its stack dump gets a note: the
+ranks the stacks show not waiting in a collective (launch/jobs/stacks.py, as the supervisor
+names them), whatever the headline said (an older dtrain named the ranks behind by progress).
+
 Speed: each signature has a literal "needle" (the longest literal run it requires); the text
 is scanned for each distinct needle with str.find, in C, and only lines holding a needle are
 matched against that needle's regexes in Python. This beats one regex joining all signatures
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
+from dtrain.launch.jobs import stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
@@ -71,6 +76,7 @@ class Line:
 class Finding:
     entry: Entry
     lines: tuple[Line, ...]  # every matching line, in log order, each once
+    notes: tuple[str, ...] = ()  # what the log tells beyond the lines: a hang's culprits, from its stacks
 
     @property
     def first_line(self) -> int:
@@ -215,9 +221,36 @@ def diagnose(text: str) -> list[Finding]:
                 node = g["node"]
             lines.append(Line(number, raw, rank, local_rank, node))
     by_id = {e.id: e for e in ENTRIES}
-    findings = [Finding(by_id[i], tuple(lines)) for i, lines in found.items()]
+    findings = [Finding(by_id[i], tuple(lines), hang_notes(text, lines) if i == "hang" else ())
+                for i, lines in found.items()]
     findings.sort(key=lambda f: (f.entry.catch_all, f.first_line))
     return findings
+
+
+def hang_notes(text: str, lines: list[Line]) -> tuple[str, ...]:
+    """For each hang headline (dtrain launch --hang-timeout) and the stack dump after it (the
+    lines up to the next `[launch]` one), the culprits the stacks name (launch/jobs/stacks.py): the ranks not
+    waiting in a collective; where every rank waits, that the progress counts tell."""
+    all_lines = text.splitlines()
+    out = []
+    for ln in lines:
+        if "(--hang-timeout)" not in ln.text:  # the attempt's end, a watchdog's line: no dump follows
+            continue
+        dump = []
+        for raw in all_lines[ln.number:]:
+            if raw.startswith("[launch]"):
+                break
+            dump.append(raw)
+        procs = stacks.parse(dump)
+        if not procs:
+            continue
+        nodes = {p.rank: p.node for p in procs if p.rank is not None}
+        v = stacks.verdict(stacks.places(procs))
+        fields = stacks.event_fields(v, [nodes.get(r, "?") for r in range(max(nodes, default=-1) + 1)])
+        said = stacks.culprit_text(fields) or (
+            f"{stacks.fallback_text(fields)}: the ranks the hang line names" if v.read else "no rank's stack read")
+        out.append(f"line {ln.number}: {said}")
+    return tuple(out)
 
 
 TAIL_BYTES = 8 << 20  # a failure's signature is near the end: only the last 8 MiB is read
@@ -336,6 +369,8 @@ def format_report(findings: list[Finding]) -> str:
                        f"{' (' + '; '.join(scope) + ')' if scope else ''}")
         elif len(scope) and len(f.lines) > 1:
             out.append(f"   ({'; '.join(scope)})")
+        for note in f.notes:
+            out.append(_clip(f"   stacks: {note}"))
         out.append(_wrap("cause", e.cause))
         out.append(_wrap("fix", e.fix))
         if e.doctor_checks:
