@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import select
 import shlex
 import signal
@@ -584,7 +585,9 @@ class Supervisor:
             lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
             history.add(straggler.ranks_waiting(lines))
             where = straggler.ranks_of_dump(lines)
-            wait = max(0.05, interval - (time.monotonic() - t0))  # one round every interval, start to start
+            # one round every interval on average, start to start, at a random phase: a fixed period
+            # close to the step time would sample the same part of every step (aliasing)
+            wait = max(0.05, interval * random.uniform(0.5, 1.5) - (time.monotonic() - t0))
             for s in history.verdict():
                 if s.rank in named:
                     continue
