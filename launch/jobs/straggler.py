@@ -17,19 +17,17 @@ arguments.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from dtrain.launch.jobs import stacks
+
 WINDOW = 12  # samples per rank the verdict looks at
 FACTOR = 1 / 3  # the straggler waits at most this fraction of the others' median
 OTHERS_WAIT = 0.5  # ... and the others wait in at least half of their samples
 
-# A frame of py-spy's dump: `    NAME (FILE:LINE)`; the label before it is stacks.sh's `[NODE rR]`.
-_HEAD = re.compile(r"^\[([A-Za-z0-9._-]+) r(\d+)\] stack of pid (\d+), state (\S)")
-_FRAME = re.compile(r"^\[([A-Za-z0-9._-]+) r(\d+)\]\s+(\S+) \((.*):\d+\)")
 # Functions whose frame means "waiting for the other ranks": torch.distributed's collectives,
 # Horovod's (its torch ops wait in `synchronize`), DDP's start-up and buffer sync.
 COLLECTIVES = frozenset({
@@ -54,28 +52,21 @@ def waits_in_collective(state: str, frames: Iterable[tuple[str, str]]) -> bool:
 
 
 def ranks_waiting(lines: Iterable[str]) -> dict[int, bool]:
-    """One round of launch/node/stacks.sh's output (any nodes) -> {rank: waiting in a collective}.
-    A rank with several processes (a data loader's workers share its RANK) waits when one does;
-    a launcher's process (no rank in its label) is none."""
-    state: dict[int, str] = {}
-    frames: dict[int, list[tuple[str, str]]] = {}
+    """One round of launch/node/stacks.sh's output (any nodes, read by stacks.parse, as a hang's
+    dump is) -> {rank: waiting in a collective}. A rank with several processes (a data loader's
+    workers share its RANK) waits when one does; a launcher's process (no rank in its label) is
+    none. Not stacks.place's rule: backward as the innermost frame is a rank computing here."""
     out: dict[int, bool] = {}
-    for line in lines:
-        if m := _HEAD.match(line):
-            rank = int(m.group(2))
-            if state.get(rank) is not None:  # the rank's previous process, judged alone
-                out[rank] = out.get(rank, False) or waits_in_collective(state[rank], frames[rank])
-            state[rank], frames[rank] = m.group(4), []
-        elif (m := _FRAME.match(line)) and int(m.group(2)) in frames:
-            frames[int(m.group(2))].append((m.group(3), m.group(4)))
-    for rank, s in state.items():
-        out[rank] = out.get(rank, False) or waits_in_collective(s, frames[rank])
+    for p in stacks.parse(lines):
+        if p.rank is not None:
+            frames = [(f.func, f.file) for t in p.threads for f in t.frames]
+            out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames)
     return out
 
 
 def ranks_of_dump(lines: Iterable[str]) -> dict[int, str]:
     """{rank: node} as stacks.sh's labels name them."""
-    return {int(m.group(2)): m.group(1) for line in lines if (m := _HEAD.match(line))}
+    return {p.rank: p.node for p in stacks.parse(lines) if p.rank is not None}
 
 
 @dataclass(frozen=True)
