@@ -1109,7 +1109,8 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "slots_per_worker": "MPIJob slotsPerWorker (default: GPUs per worker, or 1)",
     "role_arn": "SageMaker execution role ARN",
     "output_s3": "SageMaker output S3 path",
-    "instance_type": "SageMaker / ECS instance type",
+    "instance_type": "SageMaker instance type; Kubernetes / ECS: the nodes' EC2 type (its EFA interfaces "
+                     "on every worker, e.g. p4d.24xlarge)",
     "execution_role_arn": "ECS task execution role ARN",
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
     "output": "write to this file instead of stdout",
@@ -1138,12 +1139,15 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
         if instance_type is not None:
             values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
         mf.check_output(output)
-        text = mf.render(mf.spec_from_args(
+        spec = mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
             env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster))
+            ecs_cluster=ecs_cluster)
+        text = mf.render(spec)
+        for line in mf.placeholders(spec):
+            print(line, file=sys.stderr)
         print(mf.write(text, output), end="")
