@@ -110,7 +110,7 @@ def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str]
         return _sagemaker(cfg, given, count, session, note)
     if cfg["instance_type"] is not None and target != "ecs":
         raise LaunchError(f"--instance-type: not for --target {target}; take it out for {target}")
-    return _manifest(cfg, given, count, output, note)
+    return _manifest(cfg, given, count, output, note, err)
 
 
 def _sagemaker(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, session,
@@ -144,7 +144,7 @@ def _sagemaker(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | No
 
 
 def _manifest(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, output: str | None,
-              note: Callable[[], None]) -> int:
+              note: Callable[[], None], err: Callable[[str], None]) -> int:
     from dtrain.launch.other_tools import manifests as mf
 
     launcher = given.get("launcher")  # default: by the target
@@ -153,11 +153,14 @@ def _manifest(cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | Non
     env_items = [f"{k}={v}" for k, v in env(cfg).items()]
     mf.check_output(output)
     try:
-        text = mf.render(mf.spec_from_args(
+        spec = mf.spec_from_args(
             cfg["target"], cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
-            env=env_items, launcher=launcher, instance_type=cfg["instance_type"]))
+            env=env_items, launcher=launcher, instance_type=cfg["instance_type"])
+        text = mf.render(spec)
     except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
         raise type(e)(str(e).replace("--for ", "--target ")) from None
     note()
+    for line in mf.placeholders(spec):
+        err(line)
     print(mf.write(text, output), end="")
     return 0

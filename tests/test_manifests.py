@@ -514,3 +514,15 @@ def test_placeholders_are_named_one_line_each():
     assert m.placeholders(spec("ecs", launcher="ray", command=CMD)) == []  # Ray's services take neither
     assert m.placeholders(spec("mpijob")) == []
 
+
+
+def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_path):
+    """`dtrain launch --target ecs --instance-type p4d.24xlarge`: the same lines, through its err."""
+    from dtrain.launch import jobtarget
+
+    lines: list[str] = []
+    code = jobtarget.run({"target": "ecs", "image": HVD, "command": [], "hosts": "10.0.0.1,10.0.0.2",
+                          "instance_type": "p4d.24xlarge"}, output=str(tmp_path / "td.json"), err=lines.append)
+    assert code == 0 and lines == m.placeholders(spec("ecs"))
+    td = json.loads((tmp_path / "td.json").read_text())
+    assert len(td["containerDefinitions"][0]["linuxParameters"]["devices"]) == 4
