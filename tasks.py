@@ -814,16 +814,20 @@ def _cluster_record(cluster, profile):
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(iterable=["nic", "link_rate"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+@task(iterable=["nic", "link_rate", "shared"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size",
             "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
                          "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)",
+            "shared": "with up: HOST_DIR:PATH mounts this machine's HOST_DIR at PATH (an existing directory "
+                      "here) on every node, one directory for all, as EFS or NFS (repeatable); a job's "
+                      "--mount PATH then shares it, e.g. Ray Train's storage",
             "lazy": "with up: nodes load images lazily (SOCI snapshotter, Docker 26 on the containerd store); "
                     "the registry gets TLS",
             "lazy_root": "with --lazy: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
                          "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
-def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
+def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None,
+            shared=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch.infra import cluster as cl
 
@@ -853,8 +857,10 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
                     raise cl.ClusterError(f"--nic {kv}: expected INDEX=NAME, e.g. 2=eth0")
                 names[int(i)] = name
             info = cl.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
-                         lazy=mode)
+                         lazy=mode, shared=cl.parse_shared("--shared", shared))
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
+            for path, src in info.shared:
+                print(f"shared:     {src} at {path} on every node (a job shares it with --mount {path})")
             if info.lazy:
                 print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
                       f"SSL_CERT_FILE={info.registry_ca} dtrain push --registry {info.registry} --soci")
