@@ -109,3 +109,24 @@ def test_cluster_up_shared_flag_refuses_in_one_line(bad, message):
         cl.parse_shared("--shared", [bad])
     with pytest.raises(cl.ClusterError, match="given twice"):
         cl.parse_shared("--shared", ["/a:/s", "/b:/s"])
+
+
+def test_the_launch_says_it_before_any_node_and_not_with_a_mount(tmp_path):
+    """`dtrain launch --launcher ray` on 2 nodes without a writable --mount: the warning line
+    comes first, before the nodes are tried (here nothing listens: the launch then fails)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DTRAIN_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "invoke", "launch", "--launcher", "ray", "--hosts", "127.0.0.1:1,127.0.0.2:1",
+            "--ssh-opt", "Port=1", "--image", "10.213.0.1:5000/dtrain/ray-train:1", "--pull", "never"]
+    bare = subprocess.run([*argv, "--", "python", "t.py"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    out = bare.stdout + bare.stderr
+    warned = [line for line in out.splitlines() if "[launch] warning: ray: no writable --mount" in line]
+    assert bare.returncode != 0 and len(warned) == 1, out
+    assert out.index(warned[0]) < out.index("127.0.0.1"), out
+    mounted = subprocess.run([*argv, "--mount", "/data", "--", "python", "t.py"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert "no writable --mount" not in mounted.stdout + mounted.stderr
