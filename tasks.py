@@ -844,16 +844,20 @@ def _cluster_record(cluster, profile):
 # ---------------------------------------------------------------- local simulated cluster
 
 
-@task(iterable=["nic", "link_rate"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
+@task(iterable=["nic", "link_rate", "shared"], help={"action": "up, down or status", "nodes": "number of nodes for `up` (default 2)",
             "recreate": "with up: replace a cluster of another size",
             "link_rate": "with up: limit each node's link both ways, e.g. 1gbit; INDEX=RATE for one node, "
                          "e.g. 1gbit,3=100mbit (repeatable; default: no limit)",
             "nic": "with up: INDEX=NAME names node INDEX's NIC (default ens5), e.g. 2=eth0 (repeatable)",
+            "shared": "with up: HOST_DIR:PATH mounts this machine's HOST_DIR at PATH (an existing directory "
+                      "here) on every node, one directory for all, as EFS or NFS (repeatable); a job's "
+                      "--mount PATH then shares it, e.g. Ray Train's storage",
             "lazy": "with up: nodes load images lazily (SOCI snapshotter, Docker 26 on the containerd store); "
                     "the registry gets TLS",
             "lazy_root": "with --lazy: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
                          "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
-def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None):
+def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None,
+            shared=None):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch import targets
     from dtrain.launch.infra import cluster as cl
@@ -889,8 +893,10 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
                 names[int(i)] = name
             local = targets.provider("local")  # launch/targets/local.py: launch/infra/cluster.py's up
             info = local.up(count, recreate=recreate, nic_names=names, link_rate=every, node_link_rates=per_node,
-                            lazy=mode)
+                            lazy=mode, shared=cl.parse_shared("--shared", shared))
             print(f"hostfile:   {info.hostfile}\nssh config: {info.ssh_config}\nregistry:   {info.registry}")
+            for path, src in info.shared:
+                print(f"shared:     {src} at {path} on every node (a job shares it with --mount {path})")
             if info.lazy:
                 print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
                       f"SSL_CERT_FILE={info.registry_ca} dtrain push --registry {info.registry} --soci")
@@ -1165,7 +1171,8 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "slots_per_worker": "MPIJob slotsPerWorker (default: GPUs per worker, or 1)",
     "role_arn": "SageMaker execution role ARN",
     "output_s3": "SageMaker output S3 path",
-    "instance_type": "SageMaker / ECS instance type",
+    "instance_type": "SageMaker instance type; Kubernetes / ECS: the nodes' EC2 type (its EFA interfaces "
+                     "on every worker, e.g. p4d.24xlarge)",
     "execution_role_arn": "ECS task execution role ARN",
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
     "output": "write to this file instead of stdout",
@@ -1194,12 +1201,15 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
         if instance_type is not None:
             values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
         mf.check_output(output)
-        text = mf.render(mf.spec_from_args(
+        spec = mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
             env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster))
+            ecs_cluster=ecs_cluster)
+        text = mf.render(spec)
+        for line in mf.placeholders(spec):
+            print(line, file=sys.stderr)
         print(mf.write(text, output), end="")

@@ -70,4 +70,4 @@ def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str]
             err(f"[launch] --target {target.name}: {', '.join(ignored)} ignored (the {target.name} job's own)")
 
     count = node_count(cfg)
-    return target.run(cfg, given, count, output=output, session=session, note=note)
+    return target.run(cfg, given, count, output=output, session=session, note=note, err=err)

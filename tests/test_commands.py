@@ -461,5 +461,6 @@ def test_ray_node_argvs_head_first_workers_join_it():
     assert ray.node_argv(facts, 1) == ["ray", "start", "--address=10.213.0.11:6379", "--disable-usage-stats",
                                        "--node-ip-address=10.213.0.12"]
     assert ray.argv(spec, facts, 0, "ens5") == ["env", "RAY_ADDRESS=10.213.0.11:6379", "python", "t.py"]
-    assert ray.exec_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert ray.exec_env("ens5") == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5",
+                                    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     assert "s3cret" not in str([ray.node_argv(facts, 0), ray.argv(spec, facts, 0, "ens5")])  # --env values: a file

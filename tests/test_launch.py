@@ -632,7 +632,8 @@ def test_ray_train_torchtrainer_on_2_nodes(cluster, remote_images):
     assert sorted(r[0] for r in rows) == ["0", "1"], out
     assert sorted(r[1] for r in rows) == ["node-1", "node-2"], "one Ray Train worker per node"
     assert all(r[2] == "3" for r in rows), out
-    # the workers' own lines, forwarded by Ray to the driver (Ray Train may repeat them): gloo
-    workers = set(re.findall(r"ray-train worker rank=(\d) size=2 host=(node-\d) backend=gloo sum=3", out))
-    assert workers == {(r[0], r[1]) for r in rows}, out
+    # the workers' own lines, forwarded by Ray to the driver, each once (Ray Train's print patch
+    # off: launch/jobs/launchers/ray.py NO_PRINT_PATCH): gloo
+    workers = re.findall(r"ray-train worker rank=(\d) size=2 host=(node-\d) backend=gloo sum=3", out)
+    assert sorted(workers) == sorted((r[0], r[1]) for r in rows), out
     assert containers_left(cluster, "t-ray2") == []

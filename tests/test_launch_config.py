@@ -199,7 +199,6 @@ def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
     ("mpijob", ["--max-restarts", "2"], "--max-restarts: not for --target mpijob"),
     ("sagemaker", ["--hang-timeout", "60"], "--hang-timeout: not for --target sagemaker"),
     ("pytorchjob", ["--role", ROLE], "--role: not for --target pytorchjob"),
-    ("mpijob", ["--instance-type", "m5.xlarge"], "--instance-type: not for --target mpijob"),
     ("sagemaker", ["--role", ROLE], "--instance-type is required with --target sagemaker"),
     ("nodes", ["--role", ROLE], "--role is for --target sagemaker"),
     ("kubernetes", [], "--target 'kubernetes'"),
@@ -209,6 +208,17 @@ def test_fields_a_target_cannot_take_are_one_line(tmp_path, target, args, messag
     r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *args, env={"AWS_EC2_METADATA_DISABLED": "true"})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob"])
+def test_kubeflow_targets_take_the_instance_type_and_its_efa(tmp_path, target):
+    """`launch -f job.yaml --target mpijob|pytorchjob --instance-type p4d.24xlarge`: the same file's
+    job with each worker pod asking for the type's 4 EFA interfaces (manifests.py)."""
+    r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", target, "--instance-type", "p4d.24xlarge",
+             "--launcher", "torchrun" if target == "pytorchjob" else "mpirun", "--dump",
+             env={"AWS_EC2_METADATA_DISABLED": "true"})
+    assert r.returncode == 0, r.stderr
+    assert "vpc.amazonaws.com/efa: 4" in r.stdout and "IPC_LOCK" in r.stdout
 
 
 def test_a_field_from_the_file_a_target_refuses_names_the_file_line(tmp_path):

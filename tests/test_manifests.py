@@ -234,9 +234,11 @@ def test_mpijob_workers_run_sshd_on_2022_with_gpus():
     assert c["ports"] == [{"name": "ssh", "containerPort": 2022}]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
     assert w["template"]["spec"]["nodeSelector"] == {"pool": "p4d"}
-    assert w["template"]["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    assert w["template"]["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                               "sizeLimit": "16384Mi"}}]
     launcher = s["mpiReplicaSpecs"]["Launcher"]
     assert launcher["replicas"] == 1 and "resources" not in launcher["template"]["spec"]["containers"][0]
+    assert "nodeSelector" not in launcher["template"]["spec"]  # mpirun only: any node, not a GPU one
     cpu = doc("mpijob", gpus_per_worker=0)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert "resources" not in cpu["containers"][0]
 
@@ -283,7 +285,10 @@ def test_sagemaker_request_contract():
     assert d["ResourceConfig"] == {"InstanceCount": 1, "InstanceType": "ml.p4d.24xlarge", "VolumeSizeInGB": 100}
     assert d["RoleArn"] == "arn:aws:iam::111122223333:role/Train"
     assert d["OutputDataConfig"] == {"S3OutputPath": "s3://bkt/out"}
-    assert "InputDataConfig" not in d  # one instance: mpirun needs no ssh key
+    # the work directory it names (dtrain_workdir) is a channel of the request: OUTPUT/NAME/code/;
+    # one instance: mpirun needs no ssh key, so no `dtrain` channel
+    assert d["InputDataConfig"] == [{"ChannelName": "code", "InputMode": "File", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://bkt/out/job-1/code/", "S3DataDistributionType": "FullyReplicated"}}}]
     assert d == m.sagemaker.create_training_job_request(m.sagemaker_job(spec(
         "sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://bkt/out", gpus_per_worker=8)))
 
@@ -291,10 +296,11 @@ def test_sagemaker_request_contract():
 def test_sagemaker_multi_instance():
     d = doc("sagemaker", workers=3, output_s3="s3://bkt/out")
     assert d["ResourceConfig"]["InstanceCount"] == 3
-    assert d["InputDataConfig"] == [{"ChannelName": "dtrain", "InputMode": "File", "DataSource": {"S3DataSource": {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://bkt/out/job-1/dtrain/", "S3DataDistributionType": "FullyReplicated"}}}]
+    assert {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]} == {
+        "dtrain": "s3://bkt/out/job-1/dtrain/", "code": "s3://bkt/out/job-1/code/"}
     t = doc("sagemaker", workers=2, launcher="torchrun", command=("train.py",))
-    assert t["HyperParameters"]["dtrain_launcher"] == "torchrun" and "InputDataConfig" not in t  # no ssh
+    assert t["HyperParameters"]["dtrain_launcher"] == "torchrun"
+    assert [c["ChannelName"] for c in t["InputDataConfig"]] == ["code"]  # torchrun needs no ssh key
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -420,3 +426,105 @@ def test_node_selector_and_ecs_cluster_follow_their_services_rules():
     for bad in ("a b;c", "c" * 256, "a/b"):
         with pytest.raises(LaunchError, match=r"^--ecs-cluster .*not an ECS cluster name"):
             mf.render(mf.spec_from_args("ecs", "r.io/x:1", ["python", "t.py"], launcher="ray", ecs_cluster=bad))
+
+
+# ---------------------------------------------------------------- EFA instance types
+
+EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
+
+
+def _pods(d):
+    """(role, pod spec) of every replica of a Kubeflow document."""
+    replicas = d["spec"].get("mpiReplicaSpecs") or d["spec"]["pytorchReplicaSpecs"]
+    return [(role, r["template"]["spec"]) for role, r in replicas.items()]
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob"])
+@pytest.mark.parametrize("instance_type,efa", EFA_TYPES)
+def test_kubeflow_workers_get_every_efa_of_the_type(target, instance_type, efa):
+    """Each training pod asks for the type's EFA interfaces (the EFA device plugin's resource),
+    2 MiB huge pages with a memory request, IPC_LOCK, and a sized memory /dev/shm; the MPIJob's
+    Launcher pod asks for none of it and is pinned nowhere. Schema-valid either way."""
+    d = doc(target, gpus_per_worker=8, instance_type=instance_type)
+    assert m.problems(target, d) == []
+    for role, pod in _pods(d):
+        c = pod["containers"][0]
+        if role == "Launcher":
+            assert "nodeSelector" not in pod and "resources" not in c and "securityContext" not in c, pod
+            assert "volumes" not in pod
+            continue
+        assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance_type}
+        assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16384Mi"}}]
+        if efa:
+            want = {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
+            assert c["resources"] == {"limits": want, "requests": {**want, "memory": "4096Mi"}}
+            assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        else:
+            assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}} and "securityContext" not in c
+
+
+def test_kubeflow_efa_from_the_node_selector_and_a_kept_selector():
+    """The type named by --node-selector node.kubernetes.io/instance-type counts as --instance-type;
+    the user's other labels stay on the workers (and off the launcher)."""
+    d = doc("mpijob", node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge", "pool": "train"})
+    worker = d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    assert worker["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge", "pool": "train"}
+    assert "nodeSelector" not in d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("instance_type,efa", EFA_TYPES)
+def test_ecs_maps_every_efa_device_of_the_type(instance_type, efa):
+    d = doc("ecs", gpus_per_worker=8, instance_type=instance_type)
+    assert m.problems("ecs", d) == []
+    lp = d["containerDefinitions"][0]["linuxParameters"]
+    assert [x["hostPath"] for x in lp.get("devices", [])] == [f"/dev/infiniband/uverbs{i}" for i in range(efa)]
+    assert all(x["containerPath"] == x["hostPath"] and x["permissions"] == ["read", "write", "mknod"]
+               for x in lp.get("devices", []))
+    assert d["containerDefinitions"][0]["ulimits"] == [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
+    ray = ray_doc(instance_type=instance_type)
+    assert m.problems("ecs-ray", ray) == []
+    worker = ray["workerTaskDefinition"]["containerDefinitions"][0]["linuxParameters"]
+    assert len(worker.get("devices", [])) == efa
+    assert "devices" not in ray["headTaskDefinition"]["containerDefinitions"][0]["linuxParameters"]  # CPU head
+
+
+@pytest.mark.parametrize("target,launcher,fits", [
+    ("pytorchjob", "mpirun", "torchrun"), ("mpijob", "torchrun", "mpirun"), ("sagemaker", "ray", None)])
+def test_a_launcher_the_target_cannot_run_is_one_line(target, launcher, fits):
+    """PyTorchJob runs one torchrun per replica, MPIJob one mpirun: another launcher is refused
+    (by the launchers' properties), naming the ones that fit."""
+    with pytest.raises(LaunchError) as e:
+        m.render(spec(target, launcher=launcher))
+    line = str(e.value)
+    assert line.startswith(f"--launcher {launcher}: ") and "\n" not in line
+    if fits:
+        assert line.endswith(f"use {fits}"), line
+
+
+def test_placeholders_are_named_one_line_each():
+    """ECS's execution role and key secret, SageMaker's role and output: each placeholder filled
+    in is one line on stderr naming the field and its flag, never a value; none once given."""
+    ecs = spec("ecs")
+    assert m.placeholders(ecs) == [
+        "[manifest] executionRoleArn: a placeholder, replace it (dtrain manifest --execution-role-arn)",
+        "[manifest] secrets DTRAIN_SSH_KEY valueFrom: a placeholder, replace it (dtrain manifest --ssh-key-secret-arn)"]
+    assert m.placeholders(spec("ecs", execution_role_arn="arn:aws:iam::111122223333:role/x",
+                               ssh_key_secret_arn="arn:aws:secretsmanager:us-east-1:111122223333:secret:k")) == []
+    assert [x.split(":")[0] for x in m.placeholders(spec("sagemaker"))] == ["[manifest] RoleArn",
+                                                                           "[manifest] OutputDataConfig.S3OutputPath"]
+    assert m.placeholders(spec("ecs", launcher="ray", command=CMD)) == []  # Ray's services take neither
+    assert m.placeholders(spec("mpijob")) == []
+
+
+
+def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_path):
+    """`dtrain launch --target ecs --instance-type p4d.24xlarge`: the same lines, through its err."""
+    from dtrain.launch import jobtarget
+
+    lines: list[str] = []
+    code = jobtarget.run({"target": "ecs", "image": HVD, "command": [], "hosts": "10.0.0.1,10.0.0.2",
+                          "instance_type": "p4d.24xlarge"}, output=str(tmp_path / "td.json"), err=lines.append)
+    assert code == 0 and lines == m.placeholders(spec("ecs"))
+    td = json.loads((tmp_path / "td.json").read_text())
+    assert len(td["containerDefinitions"][0]["linuxParameters"]["devices"]) == 4

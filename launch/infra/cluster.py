@@ -439,6 +439,21 @@ def _node_binds(node: NodeInfo, shared: tuple[tuple[str, str], ...] = ()) -> lis
     return binds + [(src, path) for path, src in shared]
 
 
+def parse_shared(flag: str, given: list[str] | None) -> dict[str, str] | None:
+    """`dtrain cluster up --shared HOST_DIR:PATH` (repeatable) as up()'s `shared` ({PATH: HOST_DIR};
+    None for none); ClusterError naming the flag for a value that is not two absolute paths, or
+    a PATH given twice. up() checks that both are directories (check_shared)."""
+    out: dict[str, str] = {}
+    for value in given or []:
+        src, sep, path = value.rpartition(":")
+        if not sep or not src.startswith("/") or not path.startswith("/"):
+            raise ClusterError(f"{flag} {value!r}: expected HOST_DIR:PATH, both absolute, e.g. /srv/shared:/shared")
+        if path in out:
+            raise ClusterError(f"{flag} {value!r}: {path} is given twice")
+        out[path] = src
+    return out or None
+
+
 def check_shared(shared: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
     """up()'s `shared` ({path on every node: host directory}) as the cluster records it, sorted;
     ClusterError naming a path that is not an absolute directory of this machine (a mount

@@ -805,14 +805,17 @@ class Job:
         def in_container(argv: Sequence[str]) -> list[str]:
             return run_argv(self.spec, facts, argv, ready=False, fill_hosts=True, exec_env=env, cwd=cwd)
 
-        self.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)")
+        storage = ray.shared_storage(self.spec)
+        self.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)"
+                 + (f"; Ray Train's default storage ~/ray_results -> {storage} on every node" if storage else ""))
         try:
             t0 = time.monotonic()
             by_host = {f.node.host: i for i, f in enumerate(facts)}
-            self.ssh.run([first.node], lambda n: in_container(ray.node_argv(facts, 0)),
+            self.ssh.run([first.node], lambda n: in_container(ray.node_argv(facts, 0, storage)),
                          timeout=self.spec.ready_timeout + 30, what="starting the Ray head")
             if len(facts) > 1:
-                self.ssh.run([f.node for f in facts[1:]], lambda n: in_container(ray.node_argv(facts, by_host[n.host])),
+                self.ssh.run([f.node for f in facts[1:]],
+                             lambda n: in_container(ray.node_argv(facts, by_host[n.host], storage)),
                              timeout=self.spec.ready_timeout + 30, what="starting Ray workers")
             wait = ray_wait_argv(head, len(facts), self.spec.ready_timeout)
             self.ssh.run([first.node], lambda n: in_container(wait), timeout=self.spec.ready_timeout + 60,
@@ -1158,8 +1161,8 @@ class Job:
                          **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None)
         self._log = store.open_private(self.dir / "output.log")
         self._times = store.open_private(self.dir / "output.times")
-        if unshared:
-            self.say(f"[launch] warning: {unshared}")
+        for warning in ([unshared] if unshared else []) + self.launcher.notes(self.spec, len(self.nodes)):
+            self.say(f"[launch] warning: {warning}")
         code = 1
         t0 = time.monotonic()
         restore = sigterm_as_interrupt()

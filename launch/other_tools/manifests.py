@@ -28,6 +28,7 @@ from dtrain.launch.jobs.launchers.mpirun import mpirun_argv, training_env
 from dtrain.launch.jobs.launchers.ray import RAY_PORT, ray_head_argv, ray_job_argv, ray_worker_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra import instance_types
 from dtrain.launch.jobs import sagemaker
 
 from dtrain import ROOT, contract
@@ -51,6 +52,25 @@ PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
 PLACEHOLDER_S3 = "s3://my-bucket/dtrain/output"
 PLACEHOLDER_EXECUTION_ROLE = "arn:aws:iam::123456789012:role/ecsTaskExecutionRole"
 PLACEHOLDER_KEY_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:dtrain-ssh-key"
+
+# What each target's template runs, as the launchers' properties (launch/jobs/launchers/base.py):
+# a launcher without them is refused, one line naming the ones that fit.
+TARGET_LAUNCHERS: dict[str, dict[str, bool]] = {
+    "mpijob": {"per_node": False, "starts_cluster": False},  # the Launcher pod's one mpirun
+    "pytorchjob": {"per_node": True, "starts_cluster": False},  # one torchrun per replica
+    "ecs": {},  # the node container, or Ray's head and workers
+    "sagemaker": {"sagemaker": True},  # launch/node/sagemaker_train.py runs it
+}
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # the kubelet's well-known label
+# EFA in a pod (the EKS user guide, "Run machine learning training on Amazon EKS with Elastic
+# Fabric Adapter", and its EFA device plugin): the plugin's resource, one per interface; 2 MiB
+# huge pages for libfabric, with a memory request beside them (Kubernetes asks for one);
+# IPC_LOCK to pin memory for RDMA (the memlock limit itself is the node runtime's: unlimited
+# on the EKS-optimized accelerated AMIs; a pod spec has no ulimit field).
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EFA_HUGEPAGES = ("hugepages-2Mi", "5120Mi")
+EFA_CAPABILITIES = ("IPC_LOCK",)
+EFA_DEVICE = "/dev/infiniband/uverbs{}"  # ECS: one device per EFA interface (linuxParameters.devices)
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035 label: pods, services
 _NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label, at most 63
@@ -83,13 +103,27 @@ class ManifestSpec:
     ssh_key_secret_arn: str = PLACEHOLDER_KEY_SECRET  # ECS: the job's private key (Secrets Manager)
     role_arn: str = PLACEHOLDER_ROLE  # SageMaker
     output_s3: str = PLACEHOLDER_S3  # SageMaker
-    instance_type: str | None = None  # SageMaker; default by GPUs
+    # SageMaker's type (default by GPUs); Kubernetes and ECS: the nodes' EC2 type, whose EFA
+    # interfaces every worker gets (Kubernetes: also the workers' nodeSelector); Kubernetes
+    # without it: the node_selector's node.kubernetes.io/instance-type, if any
+    instance_type: str | None = None
     volume_gb: int = 100  # SageMaker
     max_runtime_s: int = 86400  # SageMaker
 
     @property
     def slots(self) -> int:
         return self.slots_per_worker or max(self.gpus_per_worker, 1)
+
+    @property
+    def ec2_type(self) -> str | None:
+        """The workers' EC2 instance type, where the spec names one (ml.p4d.24xlarge: p4d.24xlarge)."""
+        given = self.instance_type or (self.node_selector.get(INSTANCE_TYPE_LABEL) if self.target in _API else None)
+        return given.removeprefix("ml.") if given else None
+
+    @property
+    def efa(self) -> int:
+        """EFA interfaces each worker gets: the type's (launch/infra/instance_types.py), 0 without."""
+        return instance_types.efa_count(self.ec2_type) if self.ec2_type else 0
 
 
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
@@ -149,14 +183,40 @@ def _check(spec: ManifestSpec) -> None:
     if cluster and spec.target != "ecs":
         raise LaunchError(f"--launcher {spec.launcher}: only for --for ecs (a Ray head and worker services), "
                           f"not {spec.target}")
+    fits = TARGET_LAUNCHERS[spec.target]
+    if spec.launcher is not None and not all(getattr(launchers.get(spec.launcher), k) == v for k, v in fits.items()):
+        runs = {"mpijob": "one mpirun in the Launcher pod", "pytorchjob": "one command per replica",
+                "ecs": "", "sagemaker": "launch/node/sagemaker_train.py"}[spec.target]
+        raise LaunchError(f"--launcher {spec.launcher}: not for --for {spec.target} ({runs}); use "
+                          + launchers.choices(launchers.names(manifests=True, **fits)))
     if cluster and not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$", spec.ray_head_address):
         raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
     if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
         raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
 
 
-def _resources(gpus: int) -> dict[str, Any]:
-    return {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+def _resources(spec: ManifestSpec) -> dict[str, Any]:
+    """A worker pod's resources: its GPUs; on an EFA type also every EFA interface and the huge
+    pages (limits equal to requests: extended resources and huge pages take no overcommit),
+    with a memory request (not a limit) as Kubernetes asks beside huge pages."""
+    limits: dict[str, Any] = {"nvidia.com/gpu": spec.gpus_per_worker} if spec.gpus_per_worker else {}
+    if not spec.efa:
+        return {"limits": limits} if limits else {}
+    limits |= {EFA_RESOURCE: spec.efa, EFA_HUGEPAGES[0]: EFA_HUGEPAGES[1]}
+    return {"limits": limits, "requests": {**limits, "memory": f"{spec.memory_reservation_mib}Mi"}}
+
+
+def _worker_selector(spec: ManifestSpec) -> dict[str, str]:
+    """The worker pods' nodeSelector: the given one, and the instance type where one is given."""
+    if spec.instance_type and spec.target in _API:
+        return {INSTANCE_TYPE_LABEL: spec.ec2_type, **spec.node_selector}
+    return dict(spec.node_selector)
+
+
+def _ecs_devices(spec: ManifestSpec) -> list[dict[str, Any]]:
+    """ECS: the type's EFA devices mapped into the container (as AWS Batch's and ECS's EFA docs)."""
+    return [{"hostPath": EFA_DEVICE.format(i), "containerPath": EFA_DEVICE.format(i),
+             "permissions": ["read", "write", "mknod"]} for i in range(spec.efa)]
 
 
 def mpijob_mpirun_argv(spec: ManifestSpec) -> list[str]:
@@ -180,11 +240,13 @@ def sagemaker_job(spec: ManifestSpec) -> sagemaker.TrainingJob:
     OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
     launcher = spec.launcher or "mpirun"
     needs_key = spec.workers > 1 and launchers.get(launcher).needs_ssh
+    job_s3 = f"{spec.output_s3.rstrip('/')}/{spec.name}"
     return sagemaker.TrainingJob(
         name=spec.name, image=spec.image, role_arn=spec.role_arn, command=spec.command,
         output_s3=spec.output_s3, instances=spec.workers,
+        code_s3=f"{job_s3}/{sagemaker.CODE_CHANNEL}/",  # the command's work directory (dtrain_workdir)
         instance_type=spec.instance_type or SAGEMAKER_INSTANCE[spec.gpus_per_worker], launcher=launcher,
-        slots=spec.slots, key_s3=f"{spec.output_s3.rstrip('/')}/{spec.name}/{sagemaker.KEY_CHANNEL}/" if needs_key else None,
+        slots=spec.slots, key_s3=f"{job_s3}/{sagemaker.KEY_CHANNEL}/" if needs_key else None,
         env=spec.env, volume_gb=spec.volume_gb, max_runtime_s=spec.max_runtime_s)
 
 
@@ -222,8 +284,9 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
     _check(spec)
     ctx: dict[str, Any] = {"spec": spec, "name": spec.name, "image": spec.image, "slots": spec.slots,
                            "entrypoint": contract.ENTRYPOINT, "ssh_port": contract.SSH_PORT,
-                           "resources": _resources(spec.gpus_per_worker),
-                           "node_selector": dict(spec.node_selector), "namespace": spec.namespace}
+                           "resources": _resources(spec), "capabilities": list(EFA_CAPABILITIES) if spec.efa else [],
+                           "shm_size": f"{spec.shm_size_mib}Mi", "devices": _ecs_devices(spec),
+                           "node_selector": _worker_selector(spec), "namespace": spec.namespace}
     if spec.target == "mpijob":
         ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": dict(spec.env),
                 "env": training_env(POD_IFACE) | spec.env}
@@ -251,6 +314,26 @@ def _jinja() -> jinja2.Environment:
 def template_name(spec: ManifestSpec) -> str:
     cluster = spec.launcher is not None and launchers.get(spec.launcher).starts_cluster
     return f"{spec.target}-{spec.launcher}" if spec.target == "ecs" and cluster else spec.target
+
+
+_PLACEHOLDERS = {  # target -> (the spec's field, its placeholder, the document's field, the flag)
+    "ecs": (("execution_role_arn", PLACEHOLDER_EXECUTION_ROLE, "executionRoleArn", "--execution-role-arn"),
+            ("ssh_key_secret_arn", PLACEHOLDER_KEY_SECRET, "secrets DTRAIN_SSH_KEY valueFrom",
+             "--ssh-key-secret-arn")),
+    "sagemaker": (("role_arn", PLACEHOLDER_ROLE, "RoleArn", "--role-arn"),
+                  ("output_s3", PLACEHOLDER_S3, "OutputDataConfig.S3OutputPath", "--output-s3")),
+}
+
+
+def placeholders(spec: ManifestSpec) -> list[str]:
+    """One line per placeholder the description holds (a role or secret ARN, an S3 path that
+    AWS would refuse), naming the field and the flag that gives it; no values. Ray's ECS
+    services take no role or secret."""
+    if template_name(spec) != spec.target:
+        return []
+    return [f"[manifest] {doc_field}: a placeholder, replace it (dtrain manifest {flag})"
+            for field_name, placeholder, doc_field, flag in _PLACEHOLDERS.get(spec.target, ())
+            if getattr(spec, field_name) == placeholder]
 
 
 def render(spec: ManifestSpec) -> str:

@@ -19,10 +19,11 @@ class Description(Target):
     # and the image holds the code
     refused = REFUSED + ("timeout", "role")
     ignored = IGNORED + ("workdir", "detach")
-    instance_type: ClassVar[bool] = False  # takes --instance-type
+    # takes --instance-type: its GPUs and EFA interfaces per pod (manifests.py), as `dtrain manifest`
+    instance_type: ClassVar[bool] = True
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None]) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
         from dtrain.launch.other_tools import manifests as mf
 
         if cfg["instance_type"] is not None and not self.instance_type:
@@ -33,11 +34,14 @@ class Description(Target):
         env_items = [f"{k}={v}" for k, v in env(cfg).items()]
         mf.check_output(output)
         try:
-            text = mf.render(mf.spec_from_args(
+            spec = mf.spec_from_args(
                 self.name, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
-                env=env_items, launcher=launcher, instance_type=cfg["instance_type"]))
+                env=env_items, launcher=launcher, instance_type=cfg["instance_type"])
+            text = mf.render(spec)
         except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
             raise type(e)(str(e).replace("--for ", "--target ")) from None
         note()
+        for line in mf.placeholders(spec):  # what it filled in, named (no values)
+            err(line)
         print(mf.write(text, output), end="")
         return 0

@@ -7,7 +7,6 @@ from dtrain.launch.targets.description import Description
 
 class Ecs(Description):
     name = "ecs"
-    instance_type = True
 
 
 TARGET = Ecs()

@@ -1239,6 +1239,39 @@ ENTRIES: tuple[Entry, ...] = (
         related=("ssh-port-22", "remote-path", "oob-iface"),
     ),
     Entry(
+        id="ray-storage",
+        title="Ray Train's storage is not one directory for every node",
+        symptom="A Ray Train run (`--launcher ray`) across nodes fails as its workers start, "
+                "every worker off the head node raising the error below; on one node the same "
+                "script runs.",
+        messages=(
+            "RuntimeError: Unable to set up cluster storage with the following settings:",
+            "Check that all nodes in the cluster have read/write access to the configured storage "
+            "path. `RunConfig(storage_path)` should be set to a cloud storage URI or a shared "
+            "filesystem path accessible by all nodes in your cluster ('s3://bucket' or '/mnt/nfs'). "
+            "A local path on the head node is not accessible by worker nodes. See: "
+            "https://docs.ray.io/en/latest/train/user-guides/persistent-storage.html",
+        ),
+        signatures=_re(
+            r"Unable to set up cluster storage with the following settings",
+            r"shared filesystem path accessible by all nodes in your cluster",
+        ),
+        cause="Ray Train keeps a run's results and checkpoints at `RunConfig(storage_path)`; "
+              "without one, at `~/ray_results` as the driver expands it (Ray 2.60 reads no "
+              "variable for it). The driver writes a marker file there and every worker checks "
+              "for it at that path: each container's `~/ray_results` is its own disk, so workers "
+              "on other nodes do not find it. Ray's own examples set no `storage_path`.",
+        fix="Give the job a `--mount PATH` that every node shares (EFS: `dtrain volume create "
+            "--efs`; FSx or NFS mounted on the nodes; the simulated cluster: `dtrain cluster up "
+            "--shared HOST_DIR:PATH`): with `--launcher ray` dtrain makes each container's "
+            "`~/ray_results` a link to `PATH/ray_results` before `ray start`, so the script runs "
+            "unchanged. Or set `RunConfig(storage_path=\"s3://bucket/prefix\")` in the script.",
+        confirm="The launch says `[launch] warning: ray: no writable --mount ...` before the job, "
+                "and `[launch] ray: ... ~/ray_results -> PATH/ray_results` when it links it.",
+        source=("https://docs.ray.io/en/latest/train/user-guides/persistent-storage.html",),
+        doctor_checks=(),
+    ),
+    Entry(
         id="rank-exit",
         title="a rank exited non-zero (a consequence: find the first failing rank)",
         symptom="The launcher reports that a process failed and tears the job down. The "

@@ -26,6 +26,7 @@ the properties the rest of dtrain asks instead of comparing launcher names.
     argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node)
     exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
                   them, from the job's env file: launch/node/run.sh)
+    notes(spec, nodes)  warnings said before the job starts (Ray: no shared storage across nodes)
 
 The user's --env values never appear here: commands name the variables (`-x NAME`), and the
 values reach the command's environment from a file (env_file).
@@ -115,3 +116,8 @@ class Launcher:
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return {}
+
+    def notes(self, spec: JobSpec, nodes: int) -> list[str]:
+        """Warnings the launch says before anything starts (one line each), for this job on
+        `nodes` nodes: what the launcher needs that the job lacks (Ray: shared storage)."""
+        return []
