@@ -12,7 +12,7 @@ import pytest
 
 from dtrain import contract
 from dtrain.launch.infra import cluster as cl
-from dtrain.launch.jobs.commands import Mount
+from dtrain.launch.jobs.container import Mount
 from dtrain.launch.jobs.job import JobSpec, NodeFacts, container_name, run_argv
 from dtrain.launch.jobs.launchers import LAUNCHERS
 from dtrain.launch.remote.hosts import Node

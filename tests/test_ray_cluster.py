@@ -15,7 +15,7 @@ import pytest
 from dtrain.images import push as P
 from dtrain.images.spec import load_all
 from dtrain.launch.infra import cluster as cl
-from dtrain.launch.jobs.commands import Mount
+from dtrain.launch.jobs.container import Mount
 from dtrain.launch.jobs.job import Job, job_log
 from test_launch import containers_left, nodes_of, spec
 
