@@ -270,3 +270,25 @@ def test_slots_are_capped(tmp_path):
         parse_hostfile(f)
     with pytest.raises(LaunchError, match="slots must be an integer between 1 and 4096"):
         parse_hosts_arg("h1:5000")
+
+
+@pytest.mark.cluster
+def test_a_hostfile_jump_host_is_the_way_to_the_node_on_real_sshd(cluster, tmp_path):
+    """`jump=` on real nodes: node-3 reached through node-1 (ssh -J) sees node-1's address as
+    its client (SSH_CLIENT); without the key it sees this machine's bridge address."""
+    import subprocess
+
+    first, third = cluster.nodes[0], cluster.nodes[2]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{third.address} port=22 user=root jump=root@{first.address}:22\n"
+                        f"{third.address} port=22 user=root\n")
+    via, direct = hosts.parse_hostfile(hostfile)
+
+    def client(node) -> str:
+        argv = hosts.ssh_argv(node, ["sh", "-c", 'echo "${SSH_CLIENT%% *}"'], extra_opts=("-F", cluster.ssh_config))
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert client(via) == first.address
+    assert client(direct) != first.address and client(direct).startswith("10.213.")
