@@ -169,3 +169,26 @@ def test_ray_trains_example_without_storage_path_on_3_nodes_with_shared_storage(
     # the run's checkpoints are in the shared directory, written from the workers' nodes
     assert list(shared.glob("ray_results/*/checkpoint_*")), sorted(p.name for p in shared.rglob("*"))[:20]
     assert containers_left(info, "t-ray-linear") == []
+
+
+# The example as Ray ships it, in the ray-train image (ray 2.60), run unedited.
+SHIPPED_EXAMPLE = "/opt/venv/lib/python3.11/site-packages/ray/train/examples/pytorch/torch_linear_example.py"
+
+
+def test_rays_own_torch_linear_example_unedited_on_3_nodes(ray_shared):
+    """Ray's own torch_linear_example.py, unedited, from the image: 3 workers on 3 nodes end with
+    its metrics (the driver's print of result.metrics), no storage error, and the workers'
+    checkpoints land in the shared directory."""
+    info, shared, image = ray_shared
+    before = set(shared.glob("ray_results/*"))
+    job = Job(spec(info, image, ["python", SHIPPED_EXAMPLE, "--num-workers", "3", "--epochs", "2"],
+                   "t-ray-shipped", launcher="ray", mounts=(Mount(str(shared), str(shared)),)),
+              nodes_of(info, 3), say=lambda m: None)
+    code = job.run()
+    out = job_log("t-ray-shipped").read_text()
+    assert code == 0, out[-5000:]
+    assert "Unable to set up cluster storage" not in out
+    assert re.search(r"\{'loss': [0-9.e-]+", out), out[-3000:]
+    runs = set(shared.glob("ray_results/*")) - before
+    assert runs and any(r.glob("checkpoint_*") for r in runs), sorted(p.name for p in shared.rglob("*"))[:20]
+    assert containers_left(info, "t-ray-shipped") == []
