@@ -359,3 +359,21 @@ def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remo
     state = store.status_rows(name=name)[1][1]
     assert "quarantined node-2 (straggler: r1, in a collective " in state, state
     _wait_clean(cluster, name)
+
+
+@pytest.mark.cluster
+def test_an_even_run_of_200_steps_on_3_nodes_names_no_straggler(cluster, remote_images):
+    """No false alarm: the same job on 3 even nodes (one thread per rank, as the nodes share this
+    machine's cores), 200 steps watched every 0.5 s: no straggler in the log or the status."""
+    from dtrain.launch.jobs import store
+    from test_wholerun import _job, _wait_clean
+
+    name = "t-straggler-even"
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/straggler_train.py", "--steps", "200", "--work", "40"], name, n=3,
+                        launcher="torchrun", straggler_check=0.5, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
+    assert len(re.findall(r"^\[node-\d r\d\] step 199 ", out, re.M)) == 3, out[-3000:]
+    assert "straggler" not in "\n".join(ln for ln in out.splitlines() if ln.startswith("[launch]")), out[-5000:]
+    assert "straggler" not in store.status_rows(name=name)[1][1]
+    _wait_clean(cluster, name)
