@@ -25,6 +25,28 @@ EFA_INTERFACES: dict[str, int] = {
     "trn1.32xlarge": 8, "trn1n.32xlarge": 16,
 }
 
+# GPUs per instance: `--target nodes` falls back to it when DescribeInstanceTypes cannot answer (permission denied,
+# or an endpoint/mock without GpuInfo; real AWS and moto 5 both return GpuInfo); the job
+# descriptions (other_tools/manifests.py) take it as --instance-type's GPUs per worker.
+# g4dn.* = T4, g5.* = A10G, p3.* = V100, p4d/p4de = A100, p5 = H100.
+KNOWN_GPU_COUNTS: dict[str, int] = {
+    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g4dn.12xlarge": 4,
+    "g4dn.metal": 8,
+    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g5.12xlarge": 4,
+    "g5.24xlarge": 4,
+    "g5.48xlarge": 8,
+    "p3.2xlarge": 1,
+    "p3.8xlarge": 4,
+    "p3.16xlarge": 8,
+    "p3dn.24xlarge": 8,
+    "p4d.24xlarge": 8,
+    "p4de.24xlarge": 8,
+    "p5.48xlarge": 8,
+}
+
+
 # EBS Multi-Attach works only on Nitro instances, and at most 16 of them per volume.
 MULTI_ATTACH_MAX = 16
 
@@ -59,3 +81,8 @@ def efa_cards(info: dict[str, Any]) -> list[tuple[int, bool]]:
 def is_nitro(info: dict[str, Any]) -> bool:
     """Nitro (or bare metal, which is Nitro too): EBS Multi-Attach possible."""
     return info.get("Hypervisor") == "nitro" or bool(info.get("BareMetal"))
+
+
+def gpu_count(instance_type: str) -> int | None:
+    """GPUs of the type, from the table (None: not in it)."""
+    return KNOWN_GPU_COUNTS.get(instance_type)

@@ -12,32 +12,12 @@ from dtrain import contract
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2 as stack
-from dtrain.launch.infra.instance_types import efa_count
+from dtrain.launch.infra.instance_types import KNOWN_GPU_COUNTS, efa_count
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.supervision import EC2_IMDS
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
 from dtrain.launch.targets.ssh import hostfile_nodes
-
-# Fallback GPU counts, used only when DescribeInstanceTypes cannot answer (permission denied,
-# or an endpoint/mock without GpuInfo). Real AWS and moto 5 both return GpuInfo.
-# g4dn.* = T4, g5.* = A10G, p3.* = V100, p4d/p4de = A100, p5 = H100.
-KNOWN_GPU_COUNTS: dict[str, int] = {
-    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "g4dn.12xlarge": 4,
-    "g4dn.metal": 8,
-    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
-    "g5.12xlarge": 4,
-    "g5.24xlarge": 4,
-    "g5.48xlarge": 8,
-    "p3.2xlarge": 1,
-    "p3.8xlarge": 4,
-    "p3.16xlarge": 8,
-    "p3dn.24xlarge": 8,
-    "p4d.24xlarge": 8,
-    "p4de.24xlarge": 8,
-    "p5.48xlarge": 8,
-}
 
 
 def _parse_tag(tag: str) -> tuple[str, str]:
