@@ -177,6 +177,29 @@ def instance_type(flag: str, text, *, sagemaker: bool = False) -> str:
     return s
 
 
+def ec2_instance_type(flag: str, text) -> str:
+    """An EC2 instance type that botocore's EC2 model names (its InstanceType enum): the nodes
+    of a Kubeflow or ECS job; a SageMaker name (ml.) is refused, saying to drop ml."""
+    s = _plain(flag, text, "an instance type such as p4d.24xlarge")
+    if s.startswith("ml.") and _INSTANCE_TYPE.fullmatch(s[3:]):
+        raise BadValue(f"{flag} {shown(text)}: a SageMaker type; the nodes' EC2 type has no ml. (drop it: {s[3:]})")
+    instance_type(flag, s)
+    known = _ec2_instance_types()
+    if s not in known:
+        import difflib
+
+        close = difflib.get_close_matches(s, known, n=3, cutoff=0.6)
+        raise BadValue(f"{flag} {shown(text)}: not an EC2 instance type; "
+                       + (f"did you mean {', '.join(close)}?" if close else "e.g. p4d.24xlarge, p5.48xlarge, g5.12xlarge"))
+    return s
+
+
+def _ec2_instance_types() -> list[str]:
+    import botocore.session
+
+    return list(botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum)
+
+
 def image(flag: str, text) -> str:
     """A Docker image reference (dtrain/reference.py: the engine's own grammar)."""
     from dtrain.reference import BadReference, check
