@@ -478,7 +478,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             from dtrain.launch import jobtarget
 
             with jobfile.located(where):
-                sys.exit(jobtarget.run(given, output=None if dump else output))
+                sys.exit(jobtarget.run(given, output=output))  # --dump too: the description is what it writes
         _launch(where, cfg)
 
 
@@ -1158,7 +1158,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "for_": "mpijob, pytorchjob, ecs or sagemaker",
     "image": "image reference (built here, pushed with dtrain push)",
     "workers": "workers / replicas / instances (default 2)",
-    "gpus_per_worker": "GPUs per worker (0: CPU)",
+    "gpus_per_worker": "GPUs per worker (0: CPU; default: --instance-type's, else 0)",
     "name": "job name (default dtrain-job)",
     "launcher": "mpirun or torchrun where the tool allows both; ray with --for ecs (Ray head and "
                 "worker services, seed 001)",
@@ -1177,7 +1177,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
     "output": "write to this file instead of stdout",
 })
-def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="dtrain-job", launcher=None,
+def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
              output=None, ray_head_address=None, ecs_cluster=None):
@@ -1198,12 +1198,15 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker="0", name="d
             _choice_flag("--launcher", launcher, _launcher_names(manifests=True))
         if slots_per_worker is not None:
             _int_flag("--slots-per-worker", slots_per_worker, 1, 1024)
-        if instance_type is not None:
-            values.instance_type("--instance-type", instance_type, sagemaker=for_ == "sagemaker")
+        if instance_type is not None and for_ == "sagemaker":
+            values.instance_type("--instance-type", instance_type, sagemaker=True)
+        elif instance_type is not None:
+            values.ec2_instance_type("--instance-type", instance_type)
         mf.check_output(output)
         spec = mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
-            gpus_per_worker=_int_flag("--gpus-per-worker", gpus_per_worker, 0, 64), name=name,
+            gpus_per_worker=None if gpus_per_worker is None else _int_flag("--gpus-per-worker", gpus_per_worker, 0, 64),
+            name=name,
             env=env, node_selector=node_selector, launcher=launcher, namespace=namespace,
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,

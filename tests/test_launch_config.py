@@ -190,8 +190,15 @@ def test_the_job_file_as_a_valid_description(tmp_path, target):
 
 def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
     r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "mpirun")
-    assert r.returncode == 2 and r.stderr.startswith("error: --target ecs: the task definition is the node container")
-    assert len(r.stderr.strip().splitlines()) == 1
+    # the command is the file's: named by its line, as other file errors are
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: job.yaml:4: command: --target ecs: the task definition is the node container"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "after `--`" not in r.stderr
+    (tmp_path / "flag").mkdir()
+    r = _cli(_project(tmp_path / "flag"), "launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "mpirun",
+             "--", "python", "x.py")
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: the command after `--`: --target ecs: the task definition is the node container"), r.stderr
 
 
 @pytest.mark.parametrize("target, args, message", [
@@ -219,6 +226,55 @@ def test_kubeflow_targets_take_the_instance_type_and_its_efa(tmp_path, target):
              env={"AWS_EC2_METADATA_DISABLED": "true"})
     assert r.returncode == 0, r.stderr
     assert "vpc.amazonaws.com/efa: 4" in r.stdout and "IPC_LOCK" in r.stdout
+
+
+@pytest.mark.parametrize("target", ["mpijob", "ecs"])
+def test_dump_with_output_writes_the_file_and_says_so(tmp_path, target):
+    """docs/other-tools.md: `--dump ... --output FILE to write it`."""
+    project = _project(tmp_path)
+    extra = ["--launcher", "ray"] if target == "ecs" else ["--launcher", "mpirun"]
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "o.out")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "wrote o.out\n" and (project / "o.out").read_text().strip()
+
+
+def test_launch_instance_type_gives_the_types_gpus(tmp_path):
+    """--instance-type p5.48xlarge: 8 slots per worker, -np 3x8, 8 GPUs beside the 32 EFA."""
+    r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun",
+             "--instance-type", "p5.48xlarge", "--dump")
+    assert r.returncode == 0, r.stderr
+    doc = mf.load("mpijob", r.stdout)
+    assert doc["spec"]["slotsPerWorker"] == 8
+    worker = doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert worker["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    argv = doc["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    assert argv[argv.index("-np") + 1] == "24"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "p9.bogus"],
+     "error: --instance-type 'p9.bogus': not an EC2 instance type"),
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "p4d.24xlarg",
+      "--dump"], "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
+    (["manifest", "--for", "mpijob", "--image", IMAGE, "--instance-type", "p4d.24xlarg", "--", "python", "t.py"],
+     "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "ml.g5.12xlarge",
+      "--dump"], "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml. "
+                 "(drop it: g5.12xlarge)"),
+    (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "ml.g5.12xlarge"],
+     "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml."),
+    (["manifest", "--for", "pytorchjob", "--image", IMAGE, "--instance-type", "ml.g5.12xlarge", "--", "t.py"],
+     "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml."),
+    (["manifest", "--for", "mpijob", "--image", IMAGE, "--instance-type", "p4d.24xlarge", "--gpus-per-worker", "16",
+      "--", "python", "t.py"], "error: --gpus-per-worker 16: a p4d.24xlarge has 8 GPUs (--instance-type p4d.24xlarge)"),
+])
+def test_a_bad_instance_type_for_the_nodes_is_one_line(tmp_path, args, message):
+    project = _project(tmp_path)
+    cut = args.index("--") if "--" in args else len(args)
+    r = _cli(project, *args[:cut], "--output", "o.out", *args[cut:])
+    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (project / "o.out").exists()
 
 
 def test_a_field_from_the_file_a_target_refuses_names_the_file_line(tmp_path):

@@ -431,6 +431,7 @@ def test_node_selector_and_ecs_cluster_follow_their_services_rules():
 # ---------------------------------------------------------------- EFA instance types
 
 EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
+GPUS = {"p4d.24xlarge": 8, "p5.48xlarge": 8, "g5.2xlarge": 1}  # each type's GPUs (AWS's instance type pages)
 
 
 def _pods(d):
@@ -445,7 +446,8 @@ def test_kubeflow_workers_get_every_efa_of_the_type(target, instance_type, efa):
     """Each training pod asks for the type's EFA interfaces (the EFA device plugin's resource),
     2 MiB huge pages with a memory request, IPC_LOCK, and a sized memory /dev/shm; the MPIJob's
     Launcher pod asks for none of it and is pinned nowhere. Schema-valid either way."""
-    d = doc(target, gpus_per_worker=8, instance_type=instance_type)
+    gpus = GPUS[instance_type]
+    d = doc(target, gpus_per_worker=gpus, instance_type=instance_type)
     assert m.problems(target, d) == []
     for role, pod in _pods(d):
         c = pod["containers"][0]
@@ -456,11 +458,11 @@ def test_kubeflow_workers_get_every_efa_of_the_type(target, instance_type, efa):
         assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance_type}
         assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16384Mi"}}]
         if efa:
-            want = {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
+            want = {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
             assert c["resources"] == {"limits": want, "requests": {**want, "memory": "4096Mi"}}
             assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
         else:
-            assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}} and "securityContext" not in c
+            assert c["resources"] == {"limits": {"nvidia.com/gpu": gpus}} and "securityContext" not in c
 
 
 def test_kubeflow_efa_from_the_node_selector_and_a_kept_selector():
@@ -475,7 +477,7 @@ def test_kubeflow_efa_from_the_node_selector_and_a_kept_selector():
 
 @pytest.mark.parametrize("instance_type,efa", EFA_TYPES)
 def test_ecs_maps_every_efa_device_of_the_type(instance_type, efa):
-    d = doc("ecs", gpus_per_worker=8, instance_type=instance_type)
+    d = doc("ecs", gpus_per_worker=GPUS[instance_type], instance_type=instance_type)
     assert m.problems("ecs", d) == []
     lp = d["containerDefinitions"][0]["linuxParameters"]
     assert [x["hostPath"] for x in lp.get("devices", [])] == [f"/dev/infiniband/uverbs{i}" for i in range(efa)]
@@ -525,6 +527,55 @@ def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_p
     lines: list[str] = []
     code = jobtarget.run({"target": "ecs", "image": HVD, "command": [], "hosts": "10.0.0.1,10.0.0.2",
                           "instance_type": "p4d.24xlarge"}, output=str(tmp_path / "td.json"), err=lines.append)
-    assert code == 0 and lines == m.placeholders(spec("ecs"))
+    assert code == 0 and lines == m.placeholders(spec("ecs"), via="launch")
+    # `launch` has no --execution-role-arn: the line names what does, for the command that printed it
+    assert lines[0] == ("[launch] executionRoleArn: a placeholder, replace it (or write the description with "
+                        "dtrain manifest --for ecs ... --execution-role-arn ARN)")
     td = json.loads((tmp_path / "td.json").read_text())
     assert len(td["containerDefinitions"][0]["linuxParameters"]["devices"]) == 4
+    assert td["containerDefinitions"][0]["resourceRequirements"] == [{"type": "GPU", "value": "8"}]  # the type's
+
+
+# ---------------------------------------------------------------- the instance type's GPUs
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs"])
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge"])
+def test_the_instance_types_gpus_are_the_default(target, instance_type):
+    """--instance-type without --gpus-per-worker: each worker gets the type's 8 GPUs (slots,
+    nproc, GPU limits, ECS resourceRequirements), beside its EFA interfaces."""
+    command = [] if target == "ecs" else list(spec(target).command)
+    s = m.spec_from_args(target, HVD, command, workers=2, instance_type=instance_type)
+    assert s.gpus_per_worker == 8 and s.slots == 8
+    text = m.render(s)
+    if target == "mpijob":
+        d = yaml.safe_load(text)
+        assert d["spec"]["slotsPerWorker"] == 8
+        assert _worker_pod(d)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+        argv = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+        assert argv[argv.index("-np") + 1] == "16"
+    elif target == "pytorchjob":
+        d = yaml.safe_load(text)
+        assert d["spec"]["nprocPerNode"] == "8"
+        assert all(p["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8 for _, p in _pods(d))
+    else:
+        c = json.loads(text)["containerDefinitions"][0]
+        assert c["resourceRequirements"] == [{"type": "GPU", "value": "8"}]
+        assert len(c["linuxParameters"]["devices"]) == instance_types_efa(instance_type)
+    ray = m.spec_from_args("ecs", HVD, list(CMD), launcher="ray", instance_type=instance_type)
+    worker = json.loads(m.render(ray))["workerTaskDefinition"]["containerDefinitions"][0]
+    assert worker["resourceRequirements"] == [{"type": "GPU", "value": "8"}]
+    assert len(worker["linuxParameters"]["devices"]) == instance_types_efa(instance_type)
+
+
+def instance_types_efa(instance_type):
+    return {"p4d.24xlarge": 4, "p5.48xlarge": 32}[instance_type]
+
+
+def test_given_gpus_win_and_more_than_the_type_has_is_one_line():
+    assert m.spec_from_args("mpijob", HVD, list(CMD), gpus_per_worker=2, instance_type="p4d.24xlarge").slots == 2
+    assert m.spec_from_args("mpijob", HVD, list(CMD), instance_type="c5.xlarge").gpus_per_worker == 0  # CPU type
+    with pytest.raises(LaunchError) as e:
+        m.render(m.spec_from_args("mpijob", HVD, list(CMD), gpus_per_worker=16, instance_type="p4d.24xlarge"))
+    assert str(e.value) == ("--gpus-per-worker 16: a p4d.24xlarge has 8 GPUs (--instance-type p4d.24xlarge); "
+                            "give at most 8")

@@ -362,6 +362,10 @@ def origins(path: str | Path, keys: Iterable[str]) -> dict[str, str]:
     return {k: f"{path}:{line_of(doc, (k,)) or 1}" for k in keys}
 
 
+# how an error names the command (what follows `--`): from the file, `FILE:LINE: command`
+COMMAND_TEXT = "the command after `--`"
+
+
 @contextmanager
 def located(where: Mapping[str, str]) -> Iterator[None]:
     """A LaunchError or BadValue about a flag whose value came from the job file (where: {key:
@@ -373,7 +377,7 @@ def located(where: Mapping[str, str]) -> Iterator[None]:
     except (LaunchError, values.BadValue) as e:
         text = str(e)
         for key, at in where.items():
-            flag = "--" + key.replace("_", "-")
+            flag = COMMAND_TEXT if key == "command" else "--" + key.replace("_", "-")
             if text == flag or text.startswith((flag + " ", flag + ":")):
                 raise type(e)(f"{at}: {key}{text[len(flag):]}") from None
         raise

@@ -81,6 +81,15 @@ class ManifestError(LaunchError):
     """A generated or given document does not match the tool's schema; one problem per line."""
 
 
+class CommandRefused(LaunchError):
+    """The target's document runs no command and one was given; `why` says so without naming
+    where the command came from (`dtrain launch` names the job file's line)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
 @dataclass(frozen=True)
 class ManifestSpec:
     target: Target
@@ -159,9 +168,9 @@ def _check(spec: ManifestSpec) -> None:
     cluster = spec.launcher is not None and launchers.get(spec.launcher).starts_cluster  # Ray's head and workers
     node_only = spec.target == "ecs" and not cluster  # the node container: sshd on 2022
     if node_only and spec.command:
-        raise LaunchError("--for ecs: the task definition is the node container (sshd on 2022), it runs no "
-                          "command; run the job with mpirun on one of the tasks (docs/other-tools.md, \"Amazon "
-                          "ECS\"), or use --launcher ray; give no command after `--`")
+        why = ("--for ecs: the task definition is the node container (sshd on 2022), it runs no command; run the "
+               "job with mpirun on one of the tasks (docs/other-tools.md, \"Amazon ECS\"), or use --launcher ray")
+        raise CommandRefused(why + "; give no command after `--`", why)
     if not spec.command and not node_only:
         raise LaunchError("no command: put it after `--`, e.g. dtrain manifest ... -- python train.py")
     if not _NAME_RE.match(spec.name) or len(spec.name) > 40:
@@ -180,6 +189,12 @@ def _check(spec: ManifestSpec) -> None:
     if spec.workers < 1 or spec.gpus_per_worker < 0 or spec.slots < 1:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
+    most = instance_types.gpu_count(spec.ec2_type) if spec.ec2_type else None
+    if most is not None and spec.gpus_per_worker > most:
+        given = f"--instance-type {spec.instance_type}" if spec.instance_type else \
+            f"--node-selector {INSTANCE_TYPE_LABEL}={spec.ec2_type}"
+        raise LaunchError(f"--gpus-per-worker {spec.gpus_per_worker}: a {spec.ec2_type} has {most} GPUs ({given}); "
+                          f"give at most {most}")
     if cluster and spec.target != "ecs":
         raise LaunchError(f"--launcher {spec.launcher}: only for --for ecs (a Ray head and worker services), "
                           f"not {spec.target}")
@@ -325,13 +340,16 @@ _PLACEHOLDERS = {  # target -> (the spec's field, its placeholder, the document'
 }
 
 
-def placeholders(spec: ManifestSpec) -> list[str]:
+def placeholders(spec: ManifestSpec, via: str = "manifest") -> list[str]:
     """One line per placeholder the description holds (a role or secret ARN, an S3 path that
     AWS would refuse), naming the field and the flag that gives it; no values. Ray's ECS
-    services take no role or secret."""
+    services take no role or secret. via="launch" (`dtrain launch --target T`, which has no
+    such flags): the line says to write the description with `dtrain manifest` and the flag."""
     if template_name(spec) != spec.target:
         return []
-    return [f"[manifest] {doc_field}: a placeholder, replace it (dtrain manifest {flag})"
+    how = {"manifest": "dtrain manifest {flag}",
+           "launch": "or write the description with dtrain manifest --for {target} ... {flag} ARN"}[via]
+    return [f"[{via}] {doc_field}: a placeholder, replace it ({how.format(flag=flag, target=spec.target)})"
             for field_name, placeholder, doc_field, flag in _PLACEHOLDERS.get(spec.target, ())
             if getattr(spec, field_name) == placeholder]
 
@@ -497,14 +515,17 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
 
 
 def spec_from_args(target: str, image: str | None, command: list[str], *, workers: int | str = 2,
-                   gpus_per_worker: int | str = 0, name: str = "dtrain-job", env: list[str] | None = None,
-                   node_selector: list[str] | None = None, **options: Any) -> ManifestSpec:
+                   gpus_per_worker: int | str | None = None, name: str = "dtrain-job",
+                   env: list[str] | None = None, node_selector: list[str] | None = None,
+                   **options: Any) -> ManifestSpec:
     """ManifestSpec from `dtrain manifest` flags (strings, repeatable K=V lists); the rest of
-    ManifestSpec's fields pass through by name (None means the default)."""
+    ManifestSpec's fields pass through by name (None means the default). GPUs per worker not
+    given: the instance type's (Kubernetes, ECS; default_gpus), else 0."""
     if not image:
         raise LaunchError("--image is required")
     try:
-        nums = {"workers": int(workers), "gpus_per_worker": int(gpus_per_worker)}
+        nums = {"workers": int(workers), "gpus_per_worker": int(gpus_per_worker) if gpus_per_worker is not None
+                else default_gpus(target, options.get("instance_type"), _pairs(node_selector, "--node-selector"))}
         for key in ("slots_per_worker", "shm_size_mib", "memory_reservation_mib", "volume_gb", "max_runtime_s"):
             if options.get(key) is not None:
                 options[key] = int(options[key])
@@ -517,6 +538,17 @@ def spec_from_args(target: str, image: str | None, command: list[str], *, worker
     return ManifestSpec(target, image, tuple(command), name=name, env=_pairs(env, "--env"),
                         node_selector=_pairs(node_selector, "--node-selector"), **nums,
                         **{k: v for k, v in options.items() if v is not None})
+
+
+def default_gpus(target: str, instance_type: str | None, node_selector: dict[str, str]) -> int:
+    """GPUs per worker when --gpus-per-worker is not given: the nodes' EC2 type's
+    (launch/infra/instance_types.py; --instance-type, or the Kubernetes nodeSelector's
+    node.kubernetes.io/instance-type), 0 for a type without GPUs or none named. SageMaker: 0
+    (its instance type is chosen by the GPUs, not the other way)."""
+    if target == "sagemaker":
+        return 0
+    given = instance_type or (node_selector.get(INSTANCE_TYPE_LABEL) if target in _API else None)
+    return (instance_types.gpu_count(given) or 0) if given else 0
 
 
 # ---------------------------------------------------------------- examples (docs/examples)

@@ -24,10 +24,13 @@ class Description(Target):
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+        from dtrain.launch.jobs.jobfile import COMMAND_TEXT  # the file's `command:` named as such (located)
         from dtrain.launch.other_tools import manifests as mf
 
         if cfg["instance_type"] is not None and not self.instance_type:
             raise LaunchError(f"--instance-type: not for --target {self.name}; take it out for {self.name}")
+        if cfg["instance_type"] is not None:
+            values.ec2_instance_type("--instance-type", cfg["instance_type"])
         launcher = given.get("launcher")  # default: by the target
         if cfg["name"] is not None:
             values.name("--name", cfg["name"])
@@ -38,10 +41,12 @@ class Description(Target):
                 self.name, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
                 env=env_items, launcher=launcher, instance_type=cfg["instance_type"])
             text = mf.render(spec)
+        except mf.CommandRefused as e:  # the command may be the job file's: named as `command` (jobfile.located)
+            raise LaunchError(f"{COMMAND_TEXT}: {e.why.replace('--for ', '--target ')}; give no command") from None
         except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
             raise type(e)(str(e).replace("--for ", "--target ")) from None
         note()
-        for line in mf.placeholders(spec):  # what it filled in, named (no values)
+        for line in mf.placeholders(spec, via="launch"):  # what it filled in, named (no values)
             err(line)
         print(mf.write(text, output), end="")
         return 0
