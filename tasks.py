@@ -538,7 +538,8 @@ def launch_spec(cfg):
     if cfg["replace_stragglers"] and not number["straggler_check"]:
         raise LaunchError("--replace-stragglers swaps out what --straggler-check finds: give --straggler-check too")
     if cfg["replace_stragglers"] and not number["spares"]:
-        raise LaunchError("--replace-stragglers swaps a straggler for a spare: give --spares K too")
+        raise LaunchError("--replace-stragglers needs a spare: --spares 0 gives none" if number["spares"] == 0
+                          else "--replace-stragglers swaps a straggler for a spare: give --spares K too")
     checkpoint_dir = cfg["checkpoint_dir"]
     if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
         raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
