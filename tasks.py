@@ -619,22 +619,28 @@ def status(c, job=None):
             print(job_timeline(job))
 
 
-@task(help={"job": "job name (default: the latest)",
+@task(help={"job": "job name or `latest` (default: the latest)",
             "output": "the HTML file to write (default: JOB-report.html in this directory)"})
 def report(c, job=None, output=None):
-    """A job's run as one HTML file: phases per node, restarts and why, step times per rank,
-    the network gate, hangs with their stacks, the events."""
+    """Write a job's run as one self-contained HTML file.
+
+    Phases per node, restarts and why, step times per rank, the network gate, hangs with their
+    stacks, the events. --job latest (or none): the latest job."""
     from pathlib import Path
 
+    from dtrain import values
     from dtrain.launch.jobs import report as rep
 
     with user_errors():
         if job is not None:
-            from dtrain import values
-
             values.name("--job", job)
-        run = rep.load(job)
-        print(rep.write(run, Path(output) if output else rep.default_output(run.name)))
+        run = rep.load(None if job == "latest" else job)
+        path = Path(output) if output else rep.default_output(run.name)
+        try:
+            print(rep.write(run, path))
+        except OSError as e:
+            raise values.BadValue(f"--output {values.shown_path(str(path))}: cannot write it: "
+                                  f"{e.strerror or e}") from None
 
 
 @task(help={"job": "job name (default: the latest)",
