@@ -1058,13 +1058,21 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
                                         "or `latest` (the latest job)"})
 def diagnose(c, log=None):
     """Match a failed job's output against the known failure signatures: dtrain diagnose LOG|JOB|latest."""
+    from dtrain.launch.errors import LaunchError
     from dtrain.launch.troubleshoot import diagnose as dg
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
         if not log:
             raise dg.DiagnoseError("give a log file, a job name or `latest`: dtrain diagnose LOG|JOB|latest")
-        path = dg.log_path(log) or job_log(load_job(None if log == "latest" else log)["name"])
+        path = dg.log_path(log)
+        if path is None:
+            try:
+                path = job_log(load_job(None if log == "latest" else log)["name"])
+            except LaunchError:
+                if log != "latest" and dg.looks_like_file(log):
+                    raise dg.DiagnoseError(f"{log}: no such file (nor a job of that name)") from None
+                raise
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)
