@@ -753,6 +753,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
             before = ec2.stack_state(session, name)
+            had = ec2.stack_addresses(session, name) if before is not None else []
             data = ec2.delete_stack(session, name, delete_data=delete_data)
             if before is None:  # only --delete-data had something to do: the data a gone stack left
                 print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
@@ -763,6 +764,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                 print(f"deleted stack {ec2.stack_name(name)}" + (
                     f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
                     f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
+            left = ec2.stack_addresses(session, name, had) if before is not None else []
+            if had or left:  # the stack's Elastic IPs: released with it, or named
+                print(ec2.addresses_left_line(len(had), left))
             return
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
