@@ -538,7 +538,8 @@ def launch_spec(cfg):
     if cfg["replace_stragglers"] and not number["straggler_check"]:
         raise LaunchError("--replace-stragglers swaps out what --straggler-check finds: give --straggler-check too")
     if cfg["replace_stragglers"] and not number["spares"]:
-        raise LaunchError("--replace-stragglers swaps a straggler for a spare: give --spares K too")
+        raise LaunchError("--replace-stragglers needs a spare: --spares 0 gives none" if number["spares"] == 0
+                          else "--replace-stragglers swaps a straggler for a spare: give --spares K too")
     checkpoint_dir = cfg["checkpoint_dir"]
     if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
         raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
@@ -618,22 +619,28 @@ def status(c, job=None):
             print(job_timeline(job))
 
 
-@task(help={"job": "job name (default: the latest)",
+@task(help={"job": "job name or `latest` (default: the latest)",
             "output": "the HTML file to write (default: JOB-report.html in this directory)"})
 def report(c, job=None, output=None):
-    """A job's run as one HTML file: phases per node, restarts and why, step times per rank,
-    the network gate, hangs with their stacks, the events."""
+    """Write a job's run as one self-contained HTML file.
+
+    Phases per node, restarts and why, step times per rank, the network gate, hangs with their
+    stacks, the events. --job latest (or none): the latest job."""
     from pathlib import Path
 
+    from dtrain import values
     from dtrain.launch.jobs import report as rep
 
     with user_errors():
         if job is not None:
-            from dtrain import values
-
             values.name("--job", job)
-        run = rep.load(job)
-        print(rep.write(run, Path(output) if output else rep.default_output(run.name)))
+        run = rep.load(None if job == "latest" else job)
+        path = Path(output) if output else rep.default_output(run.name)
+        try:
+            print(rep.write(run, path))
+        except OSError as e:
+            raise values.BadValue(f"--output {values.shown_path(str(path))}: cannot write it: "
+                                  f"{e.strerror or e}") from None
 
 
 @task(help={"job": "job name (default: the latest)",
@@ -746,6 +753,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
             before = ec2.stack_state(session, name)
+            had = ec2.stack_addresses(session, name) if before is not None else []
             data = ec2.delete_stack(session, name, delete_data=delete_data)
             if before is None:  # only --delete-data had something to do: the data a gone stack left
                 print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
@@ -756,6 +764,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                 print(f"deleted stack {ec2.stack_name(name)}" + (
                     f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
                     f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
+            left = ec2.stack_addresses(session, name, had) if before is not None else []
+            if had or left:  # the stack's Elastic IPs: released with it, or named
+                print(ec2.addresses_left_line(len(had), left))
             return
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
@@ -1051,13 +1062,21 @@ def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_ta
                                         "or `latest` (the latest job)"})
 def diagnose(c, log=None):
     """Match a failed job's output against the known failure signatures: dtrain diagnose LOG|JOB|latest."""
+    from dtrain.launch.errors import LaunchError
     from dtrain.launch.troubleshoot import diagnose as dg
     from dtrain.launch.jobs.store import job_log, load_job
 
     with user_errors():
         if not log:
             raise dg.DiagnoseError("give a log file, a job name or `latest`: dtrain diagnose LOG|JOB|latest")
-        path = dg.log_path(log) or job_log(load_job(None if log == "latest" else log)["name"])
+        path = dg.log_path(log)
+        if path is None:
+            try:
+                path = job_log(load_job(None if log == "latest" else log)["name"])
+            except LaunchError:
+                if log != "latest" and dg.looks_like_file(log):
+                    raise dg.DiagnoseError(f"{log}: no such file (nor a job of that name)") from None
+                raise
         findings = dg.diagnose_file(path)
         print(dg.format_report(findings))
         sys.exit(1 if findings else 0)

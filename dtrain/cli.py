@@ -128,4 +128,14 @@ def program() -> Program:
 
 
 def main() -> None:
-    program().run()
+    """`dtrain`; a reader that stops early (`dtrain launch --help | head`) ends it quietly, exit
+    141 as a shell's SIGPIPE (the Python docs' recipe: stdout to devnull, so the flush at exit
+    does not fail again)."""
+    import os
+
+    try:
+        program().run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)

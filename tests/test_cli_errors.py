@@ -571,6 +571,21 @@ def test_binary_hostfile_and_env_file_are_one_line_errors(tmp_path):
             parse(f)
 
 
+@pytest.mark.parametrize("task", ["launch", "manifest"])
+def test_help_into_a_pipe_closed_early_ends_quietly(tmp_path, task):
+    """`dtrain launch --help | head`: the real `dtrain`, its stdout a pipe whose reader has gone
+    (head exited): no BrokenPipeError traceback, exit 141 as a shell's SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before dtrain writes: its first write breaks the pipe
+    try:
+        r = subprocess.run([sys.executable, "-m", "dtrain", task, "--help"], cwd=tmp_path, stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60,
+                           env={**os.environ, "DTRAIN_HOME": str(tmp_path / "home")})
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r.stderr
+
+
 def test_diagnose_reads_only_the_tail(tmp_path):
     """`invoke diagnose /dev/zero` ends; a large log is read from its last TAIL_BYTES."""
     from dtrain.launch.troubleshoot import diagnose as dg

@@ -320,6 +320,34 @@ def test_diagnose_file_errors(tmp_path):
         diagnose_file(tmp_path)
 
 
+def test_an_empty_log_is_said_to_be_empty(tmp_path):
+    (tmp_path / "empty.log").write_text("")
+    with pytest.raises(dg.DiagnoseError, match=r"empty.log: is empty: no output to diagnose"):
+        diagnose_file(tmp_path / "empty.log")
+
+
+def test_a_mistyped_log_file_name_is_said_to_be_no_such_file(tmp_path):
+    """`dtrain diagnose nosuch.log` (the real command): no file, no job by that name, said so;
+    a name without a file's look is a job's."""
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dtrain", "diagnose", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "DTRAIN_HOME": str(tmp_path / "home")})
+
+    r = run("nosuch.log")
+    assert (r.returncode, r.stderr) == (2, "error: nosuch.log: no such file (nor a job of that name)\n")
+    r = run("nosuchjob")
+    assert (r.returncode, r.stderr) == (2, f"error: no job named nosuchjob (jobs are in {tmp_path}/home/jobs)\n")
+    (tmp_path / "empty.txt").write_text("")
+    r = run("empty.txt")
+    assert (r.returncode, r.stderr) == (2, "error: empty.txt: is empty: no output to diagnose\n")
+    assert [dg.looks_like_file(t) for t in ("a.log", "run.TXT", "logs/x", "job-1", "latest")] == [
+        True, True, True, False, False]
+
+
 def test_diagnose_refuses_what_is_not_a_log_file_before_opening_it(tmp_path):
     """A FIFO would block forever, a device never end, a 300-character name was OSError 36:
     each one line naming it; a job's name (no such file) is left to the job store."""

@@ -141,6 +141,53 @@ def test_up_multi_efa_from_outside_then_down_leaves_no_address(aws, itype, efas)
     assert addresses(aws) == [] and stacks(aws) == [] and running(aws) == []
 
 
+def _nodes_down(name: str) -> str:
+    """`dtrain nodes down --name NAME` (tasks.py's body, in this process's moto): what it prints."""
+    import contextlib
+    import io
+
+    import tasks
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        tasks.nodes.body(None, "down", name=name, region=REGION)
+    return out.getvalue()
+
+
+def test_nodes_down_says_the_stacks_addresses_are_released_or_names_those_left(aws):
+    ec2.up(aws, spec(instance_type="p4d.24xlarge", count=2), address="public", poll=0.05, timeout=5, say=quiet)
+    assert len(ec2.stack_addresses(aws, "c1")) == 2 and ec2.stack_addresses(aws, "c2") == []
+    assert _nodes_down("c1") == "deleted stack dtrain-c1\nreleased its 2 Elastic IP(s): none of the stack's is left\n"
+    assert addresses(aws) == [] and ec2.stack_addresses(aws, "c1") == []
+
+    ec2.up(aws, spec(name="c2", instance_type="p4d.24xlarge", count=2), address="public", poll=0.05, timeout=5,
+           say=quiet)
+    stray = aws.client("ec2").allocate_address(Domain="vpc")  # one the stack did not make, tagged as the cluster's
+    aws.client("ec2").create_tags(Resources=[stray["AllocationId"]], Tags=[{"Key": ec2.CLUSTER_TAG, "Value": "c2"}])
+    said = _nodes_down("c2").splitlines()
+    assert said[0] == "deleted stack dtrain-c2", said
+    assert said[1] == (f"Elastic IP(s) of the stack left, still billed: {stray['PublicIp']} ({stray['AllocationId']}); "
+                       "release each with `aws ec2 release-address --allocation-id ID`"), said
+
+
+def test_an_interrupted_up_names_the_elastic_ips_among_what_it_deletes(aws):
+    said: list[str] = []
+
+    def interrupted(_instances):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ec2.up(aws, spec(instance_type="p4d.24xlarge", count=2), address="public", ready=interrupted,
+               poll=0.05, timeout=5, say=said.append)
+    assert any("interrupted: deleting stack dtrain-c1 (its instances, security group, launch template, "
+               "Elastic IPs)" in m for m in said), said
+    said.clear()
+    with pytest.raises(KeyboardInterrupt):
+        ec2.up(aws, spec(name="c3", count=1), address="public", ready=interrupted, poll=0.05, timeout=5,
+               say=said.append)
+    assert any("(its instances, security group, launch template); " in m for m in said), said
+
+
 def test_inside_the_vpc_the_addresses_are_the_way_out(aws):
     """From inside the default VPC (private addresses): the nodes still need a way out, so they
     get their addresses, and the hostfile keeps the private ones."""

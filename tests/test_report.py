@@ -214,22 +214,52 @@ def test_the_command_writes_the_latest_jobs_report_here_or_where_asked(tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: --output") and len(r.stderr.splitlines()) == 1
 
 
-def test_a_failed_launch_is_reported_from_what_the_real_launcher_recorded(tmp_path, monkeypatch):
-    """A launch that cannot reach its node: the store as the launcher left it (record, log, times)."""
+def test_report_of_latest_is_private_and_an_unwritable_output_is_one_line(tmp_path):
     home = tmp_path / "home"
-    r = _dtrain(home, "launch", "--hosts", "127.0.0.1:1", "--ssh-opt", "Port=1", "--ssh-opt", "ConnectTimeout=2",
-                "--image", "10.213.0.1:5000/dtrain/x:1", "--name", "t-fail", "--", "true", cwd=tmp_path)
+    log, times = timed(HANG_LOG)
+    _store_job(home, recorded_job("t-cli"), log, times)
+    r = _dtrain(home, "report", "--job", "latest", "--output", "new.html", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "new.html\n", "")
+    assert (tmp_path / "new.html").stat().st_mode & 0o777 == 0o600  # as private as the job's store
+    (tmp_path / "mine.html").write_text("old")
+    (tmp_path / "mine.html").chmod(0o644)
+    r = _dtrain(home, "report", "--output", "mine.html", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "mine.html").stat().st_mode & 0o777 == 0o644
+    assert "<html" in (tmp_path / "mine.html").read_text()
+    for where in ("/proc/x.html", str(tmp_path)):
+        r = _dtrain(home, "report", "--output", where, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith(f"error: --output '{where}': "), r.stderr
+        assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_the_report_summary_in_dtrain_help_is_a_whole_sentence(tmp_path):
+    r = _dtrain(tmp_path / "home", "--help", cwd=tmp_path)
+    line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["report"])
+    assert line.rstrip().endswith("."), line
+
+
+def test_a_failed_launch_is_reported_from_what_the_real_launcher_recorded(tmp_path, monkeypatch):
+    """A launch that cannot reach its node: the store as the launcher left it (record, log, times).
+    It ends before its first phase: the error's lines that say why are events too."""
+    home = tmp_path / "home"
+    r = _dtrain(home, "launch", "--hosts", "127.0.0.1", "--ssh-opt", "ProxyCommand=/bin/false",
+                "--image", "x/y:z", "--name", "t-fail", "--", "python", "-c", "1", cwd=tmp_path)
     assert r.returncode != 0
     d = home / "jobs" / "t-fail"
     assert (d / "output.times").exists() and (d / "output.log").exists()
     monkeypatch.setenv("DTRAIN_HOME", str(home))
     run = report.load("t-fail")
-    assert run.state == "failed to launch" and run.nodes == ("127.0.0.1",)
+    assert run.state == "failed to launch" and run.nodes == ("127.0.0.1",) and run.entries == ()
     logged = (d / "output.log").read_text().splitlines()
-    assert [ln.text for ln in run.events] == [ln for ln in logged if ln.startswith(("[launch]", "error:"))]
+    said = [ln.text for ln in run.events]
+    assert said == [ln for ln in logged if ln.startswith(("[launch]", "error:", "  "))]
+    why = next(i for i, t in enumerate(said) if t.startswith("error: preparing the job's directory failed"))
+    assert said[why + 1].startswith("  127.0.0.1: ssh could not connect"), said
     assert run.events and all(ln.at is not None and 0 <= ln.at < 120 for ln in run.events)
     page = report.html(run)
     assert '<g class="lane" data-node="127.0.0.1">' in page and "failed to launch" in page
+    assert "the launch ended before its first phase" in page and "a launch before dtrain" not in page
+    assert "127.0.0.1: ssh could not connect" in page
 
 
 # ---------------------------------------------------------------- a real browser

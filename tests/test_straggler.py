@@ -243,6 +243,8 @@ def test_a_job_file_gives_the_check_as_the_flags_do(tmp_path):
                                                 "give --straggler-check too"),
     (["--straggler-check", "2", "--replace-stragglers"], "--replace-stragglers swaps a straggler for a spare: "
                                                          "give --spares K too"),
+    (["--straggler-check", "2", "--spares", "0", "--replace-stragglers"], "--replace-stragglers needs a spare: "
+                                                                         "--spares 0 gives none"),
     (["--target", "ecs", "--replace-stragglers"], "--replace-stragglers"),
 ])
 def test_a_bad_straggler_check_is_one_line_and_exit_2_before_any_node(argv, said):

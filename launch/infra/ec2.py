@@ -842,6 +842,36 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
     return data
 
 
+def stack_addresses(session: Any, name: str, known: Sequence[str] = ()) -> list[str]:
+    """The cluster's Elastic IPs (`PUBLIC-IP (ALLOCATION-ID)`): its stack's AWS::EC2::EIP
+    resources while it stands, those tagged as its (CLUSTER_TAG, CloudFormation's stack-name
+    tag), and those of `known` (an earlier answer: once the stack is gone) still allocated.
+    Read-only."""
+    from botocore.exceptions import ClientError
+
+    ids = {k.split(" (")[0] for k in known} | {k.partition(" (")[2].rstrip(")") for k in known}
+    try:
+        ids |= {r.get("PhysicalResourceId", "") for r in session.client("cloudformation").describe_stack_resources(
+            StackName=stack_name(name))["StackResources"]
+            if r.get("ResourceType") == "AWS::EC2::EIP" and r.get("ResourceStatus") != "DELETE_COMPLETE"}
+    except ClientError as e:
+        if "does not exist" not in e.response["Error"].get("Message", ""):
+            raise
+    ours = ({"Key": CLUSTER_TAG, "Value": name}, {"Key": "aws:cloudformation:stack-name", "Value": stack_name(name)})
+    found = [a for a in session.client("ec2").describe_addresses()["Addresses"]
+             if {a.get("PublicIp"), a.get("AllocationId")} & ids or any(t in a.get("Tags", []) for t in ours)]
+    return sorted(f"{a.get('PublicIp', '?')} ({a.get('AllocationId', '?')})" for a in found)
+
+
+def addresses_left_line(had: int, left: Sequence[str]) -> str:
+    """What `nodes down` says of the stack's Elastic IPs (had before the delete, left after it)
+    (pure)."""
+    if not left:
+        return f"released its {had} Elastic IP(s): none of the stack's is left"
+    return (f"Elastic IP(s) of the stack left, still billed: {', '.join(left)}; release each with "
+            "`aws ec2 release-address --allocation-id ID`")
+
+
 def kept_data(session: Any, name: str) -> list[str]:
     """Ids of the cluster's dataset volumes and EFS file systems (what `nodes down` keeps)."""
     return [v["VolumeId"] for v in dataset_volumes(session, name)] + data_file_systems(session, name)
@@ -1134,7 +1164,8 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
             say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with "
                 f"`dtrain nodes down --name {spec.name}`")
         else:
-            say(f"[nodes] interrupted: deleting stack {stack} (its instances, security group, launch template); "
+            made = "instances, security group, launch template" + (", Elastic IPs" if res.addresses else "")
+            say(f"[nodes] interrupted: deleting stack {stack} (its {made}); "
                 f"CloudFormation finishes in the background (`dtrain nodes list` shows it)")
             _delete_after_failure(session, spec.name, say)
         raise

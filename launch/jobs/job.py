@@ -1158,7 +1158,8 @@ class Job:
                          command=list(self.spec.command), nodes=[asdict(n) for n in self.nodes],
                          ssh_opts=list(self.spec.ssh_opts), detached=self.spec.detach,
                          progress_pattern=self.spec.progress_pattern,
-                         **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None)
+                         **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None,
+                         timeline=[])  # dtrain report: a new launch's record, phases as they come
         self._log = store.open_private(self.dir / "output.log")
         self._times = store.open_private(self.dir / "output.times")
         for warning in ([unshared] if unshared else []) + self.launcher.notes(self.spec, len(self.nodes)):

@@ -117,6 +117,7 @@ class Run:
     quarantined: Mapping[str, str] = field(default_factory=dict)
     events: tuple[Line, ...] = ()  # the launch's own lines ([launch] ...)
     final: str = ""  # the job's last word (reason of a failure)
+    recorded: bool = False  # the record is a launch's that records a timeline (empty: none reached a phase)
 
 
 # ---------------------------------------------------------------- record + log -> Run (pure)
@@ -272,9 +273,23 @@ def read(job: Mapping, log: str = "", times: str = "") -> Run:
         timed=bool(times.strip()), gate=gate, pairs=pairs,
         quarantined={str(k): str(v) for k, v in (job.get("quarantined") or {}).items()}
         if isinstance(job.get("quarantined"), dict) else {},
-        events=tuple(ln for ln in lines if ln.text.startswith(("[launch]", "error:"))
-                     and not ln.text.startswith(timeline.PREFIX)),  # the timeline's table: the Gantt
-        final=str(final.get("reason", "")))
+        events=tuple(events_of(lines)), final=str(final.get("reason", "")), recorded="timeline" in job)
+
+
+def events_of(lines: Sequence[Line]) -> list[Line]:
+    """The launch's own lines ([launch] ..., error: ...), an error's indented continuation lines
+    (`  HOST: why`) with it; the timeline's table is left out (the Gantt shows it)."""
+    out: list[Line] = []
+    in_error = False
+    for ln in lines:
+        if ln.text.startswith(("[launch]", "error:")) and not ln.text.startswith(timeline.PREFIX):
+            out.append(ln)
+            in_error = ln.text.startswith("error:")
+        elif in_error and ln.text[:1] in (" ", "\t") and ln.text.strip():
+            out.append(ln)
+        else:
+            in_error = False
+    return out
 
 
 # ---------------------------------------------------------------- Run -> HTML (pure)
@@ -351,14 +366,23 @@ def _short(why: str, most: int = 40) -> str:
     return head if len(head) <= most else head[:most - 3] + "..."
 
 
+def no_phases(recorded: bool, state: str) -> str:
+    """Why a job's record has no phase: an older launch's record, a launch still in its first
+    phase, or one that ended before it."""
+    if not recorded:
+        return "no timeline recorded for this job (a launch before dtrain recorded one)"
+    if state in ("starting", "running", "detached"):
+        return "no phase has ended yet"
+    return "the launch ended before its first phase"
+
+
 def gantt(run: Run, width: int = 1200) -> str:
     """The launch's and the restarts' phases per node on one time axis (seconds after the
     launch began), restarts marked with why."""
     hosts = [h for h in run.nodes if any(x.node == h for x in run.entries)]
     hosts += sorted({x.node for x in run.entries} - set(hosts))
     hosts += [h for h in run.nodes if h not in hosts]
-    note = ("" if run.entries else
-            '<p class="note">no timeline recorded for this job (a launch before dtrain recorded one)</p>')
+    note = ("" if run.entries else f'<p class="note">{e(no_phases(run.recorded, run.state))}</p>')
     if not hosts:
         return note
     left, lane, top = 230, 26, 22
@@ -571,5 +595,11 @@ def default_output(name: str) -> Path:
 
 
 def write(run: Run, output: Path) -> Path:
-    output.write_text(html(run), encoding="utf-8")
+    """The report written to `output`: a new file 0600 (the job's store is private), an existing
+    one keeps its mode. OSError where it cannot be written."""
+    import os
+
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(html(run))
     return output

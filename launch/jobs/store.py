@@ -456,6 +456,9 @@ def job_timeline(name: str) -> str:
             node_logs(job, False, out=io.StringIO())
         job = load_job(name)
     entries = timeline.from_json(job.get("timeline"))
+    if not entries and "timeline" in job:  # a new launch's record: no phase reached
+        return (f"no phase of job {name} has ended yet" if job.get("state") in ("starting", "running", "detached")
+                else f"job {name}: the launch ended before its first phase")
     if not entries:
         return f"no timeline recorded for job {name} (a launch before dtrain recorded one)"
     order = [n.host for n in job_nodes(job)]

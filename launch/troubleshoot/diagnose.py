@@ -292,6 +292,12 @@ def log_path(text: str) -> Path | None:
         raise DiagnoseError(str(e)) from None
 
 
+def looks_like_file(text: str) -> bool:
+    """A name that `dtrain diagnose` took for a job's but that reads as a file's: a `/` or a log's
+    suffix (.log, .txt, .out, .err)."""
+    return "/" in text or text.lower().endswith((".log", ".txt", ".out", ".err"))
+
+
 def diagnose_file(path: str | Path) -> list[Finding]:
     import os
 
@@ -311,6 +317,8 @@ def diagnose_file(path: str | Path) -> list[Finding]:
         raise DiagnoseError(f"{p}: permission denied") from None
     except OSError as e:
         raise DiagnoseError(f"{p}: cannot read: {e.strerror or e}") from None
+    if not data:
+        raise DiagnoseError(f"{p}: is empty: no output to diagnose")
     # Logs mix encodings and binary noise; never fail on a byte.
     return diagnose(data.decode("utf-8", errors="replace"))
 
