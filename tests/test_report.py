@@ -378,3 +378,18 @@ def test_a_real_run_with_a_hang_and_a_restart_is_reported_and_renders(cluster, r
     r = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
     assert r.returncode == 0 and len(_png_pixels(shot.read_bytes())[2]) > 20, r.stderr[-2000:]
     print(f"screenshot: {shot}")
+
+
+def test_a_hang_dump_that_starts_with_a_process_without_a_rank_is_kept_whole():
+    """The hang dump as stacks.sh writes it under torchrun: the agent's stack (`[node-1] ...`, no
+    rank) comes before the ranks'; every line of it belongs to the hang (seen on the cluster)."""
+    from dtrain.launch.jobs import report as rp
+
+    text = ["[node-1 r0] step 4", "[launch] hang: no rank made progress for 10.1 s; stopped: r1 on node-2 (state T)",
+            "[node-1] stack of pid 40, state S: /opt/venv/bin/torchrun --nnodes 2",
+            '[node-1]   Thread 40 (idle): "MainThread"', "[node-1]       _invoke_run (api.py:923)",
+            "[node-1 r0] stack of pid 50, state S: python hang_train.py",
+            "[node-1 r0]       all_reduce (torch/distributed/distributed_c10d.py:3252)",
+            "[launch] restart 1: hang"]
+    [hang] = rp.hangs_of([rp.Line(float(i), t) for i, t in enumerate(text)])
+    assert hang.dump == tuple(text[2:7])

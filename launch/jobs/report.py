@@ -205,6 +205,11 @@ def attempts_of(lines: Sequence[Line], end: float | None) -> list[Attempt]:
     return out
 
 
+# A line of a node's output: `[NODE rR] ...` (a rank's) or `[NODE] ...` (a process without a
+# rank, such as torchrun's agent, whose stack the hang dump shows too: launch/node/stacks.sh).
+_NODE_LINE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
+
+
 def hangs_of(lines: Sequence[Line]) -> list[Hang]:
     """`[launch] hang: ...` lines, each with the stack dump lines after it."""
     out = []
@@ -214,7 +219,7 @@ def hangs_of(lines: Sequence[Line]) -> list[Hang]:
         if text.startswith("[launch] hang:"):
             dump = []
             j = i + 1
-            while j < len(lines) and (m := RANK_LINE.match(lines[j].text)) and _is_dump(m.group(3)):
+            while j < len(lines) and (m := _NODE_LINE.match(lines[j].text)) and _is_dump(m.group(3)):
                 dump.append(lines[j].text)
                 j += 1
             out.append(Hang(lines[i].at, text.removeprefix("[launch] "), tuple(dump)))
