@@ -8,7 +8,7 @@ per rank, and `stragglers` is the verdict:
 
     over the last WINDOW samples of every rank, a rank is a straggler when the median of the
     other ranks' waiting fractions is at least OTHERS_WAIT and its own is at most FACTOR times
-    that median (the others mostly wait, it rarely does).
+    that median (the others mostly wait, it rarely does), in CONFIRM rounds in a row.
 
 No verdict before every rank has WINDOW samples, with fewer than 2 ranks, or when the others
 do not mostly wait (an even run: every rank waits a little, none for long). Pure: the dumps are
@@ -26,7 +26,8 @@ from dtrain.launch.jobs import stacks
 
 WINDOW = 12  # samples per rank the verdict looks at
 FACTOR = 1 / 3  # the straggler waits at most this fraction of the others' median
-OTHERS_WAIT = 0.5  # ... and the others wait in at least half of their samples
+OTHERS_WAIT = 2 / 3  # ... and the others wait in at least two thirds of their samples
+CONFIRM = 3  # rounds in a row the verdict must hold before a rank is named
 
 # Functions whose frame means "waiting for the other ranks": torch.distributed's collectives,
 # Horovod's (its torch ops wait in `synchronize`), DDP's start-up and buffer sync.
@@ -103,8 +104,14 @@ class History:
         for rank, waiting in round_.items():
             self.samples.setdefault(rank, deque(maxlen=self.window)).append(bool(waiting))
 
-    def verdict(self) -> list[Straggler]:
-        return stragglers(self.samples, self.window)
+    streak: dict[int, int] = field(default_factory=dict)  # rounds in a row each rank was the verdict's
+
+    def verdict(self, confirm: int = CONFIRM) -> list[Straggler]:
+        """The verdict once it has held `confirm` rounds in a row for a rank (a burst of a few
+        seconds, the machine's or the sampler's, names no one)."""
+        now = stragglers(self.samples, self.window)
+        self.streak = {s.rank: self.streak.get(s.rank, 0) + 1 for s in now}
+        return [s for s in now if self.streak[s.rank] >= confirm]
 
 
 def event_fields(s: Straggler, node: str, interval: float) -> dict:

@@ -64,6 +64,7 @@ def main() -> None:
         print(f"step {step} rank {rank}/{world} compute_ms {1000 * (t1 - t0):.1f} step_ms {1000 * (t2 - t0):.1f}",
               flush=True)
         if rank == 0 and path and now and os.path.exists(now):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path + ".tmp", "w") as f:
                 json.dump({"step": step}, f)
             os.replace(path + ".tmp", path)
