@@ -279,10 +279,9 @@ def test_a_hostfile_jump_host_is_the_way_to_the_node_on_real_sshd(cluster, tmp_p
     import subprocess
 
     first, third = cluster.nodes[0], cluster.nodes[2]
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text(f"{third.address} port=22 user=root jump=root@{first.address}:22\n"
-                        f"{third.address} port=22 user=root\n")
-    via, direct = hosts.parse_hostfile(hostfile)
+    (tmp_path / "via").write_text(f"{third.address} port=22 user=root jump=root@{first.address}:22\n")
+    (tmp_path / "direct").write_text(f"{third.address} port=22 user=root\n")
+    [via], [direct] = hosts.parse_hostfile(tmp_path / "via"), hosts.parse_hostfile(tmp_path / "direct")
 
     def client(node) -> str:
         argv = hosts.ssh_argv(node, ["sh", "-c", 'echo "${SSH_CLIENT%% *}"'], extra_opts=("-F", cluster.ssh_config))

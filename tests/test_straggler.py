@@ -368,8 +368,8 @@ def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remo
     assert re.findall(r"^\[launch\] straggler: (r\d+ on \S+) ", out, re.M) == ["r1 on node-2"], out[-5000:]
     saved = re.search(r"^\[node-1 r0\] rank 0: checkpoint now, after step (\d+)$", out, re.M)
     assert saved, out[-5000:]
-    assert re.search(r"^\[launch\] restart 1: straggler: r1, in a collective \d+/12 samples .*; node-2 replaced by "
-                     r"spare node-3", out, re.M), out[-5000:]
+    assert re.search(r"^\[launch\] restart 1: lost node-2 \(straggler: r1, in a collective \d+/12 samples .*\); "
+                     r"node-2 replaced by spare node-3", out, re.M), out[-5000:]
     assert re.search(rf"^\[node-3 r1\] rank 1/2 restart 1: starting after step {saved.group(1)}$", out, re.M), out[-5000:]
     assert re.search(r"^\[node-3 r1\] rank 1: done \(600 steps\)", out, re.M), out[-3000:]
     assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
