@@ -18,6 +18,7 @@ def test_record_round_trips():
     d = info.to_dict()
     del d["shared"]  # a record from before shared directories: none
     assert cl.ClusterInfo.from_dict(d).shared == ()
+    assert "shared" not in cl._info(3).to_dict()  # unshared: the record older dtrains read (bench --against)
 
 
 def test_shared_directories_are_checked_before_anything(tmp_path):

@@ -144,6 +144,8 @@ class ClusterInfo:
         d = dataclasses.asdict(self)
         for nd, n in zip(d["nodes"], self.nodes):
             nd["docker_host"] = n.docker_host
+        if not self.shared:  # a record without shared directories stays one that older dtrains read
+            del d["shared"]
         return d
 
     @classmethod
