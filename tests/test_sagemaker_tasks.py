@@ -496,10 +496,8 @@ def _as_the_container(argv, env):
     return subprocess.run(list(job.command), cwd=c.channels["code"], env=run_env).returncode
 
 
-def test_local_lays_out_opt_ml_as_sagemaker_and_keeps_the_model(tmp_path):
-    work = _work(tmp_path)
-    (work / "train.py").write_text(TRAIN_PY)
-    (work / ".env").write_text("TOKEN=x\n")  # left out, as from an upload
+def _local_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """A data channel of two files (1 and 2, one in a subdirectory) and a dependency `mylib`."""
     data = tmp_path / "data"
     (data / "a").mkdir(parents=True)
     (data / "1.txt").write_text("1")
@@ -507,6 +505,14 @@ def test_local_lays_out_opt_ml_as_sagemaker_and_keeps_the_model(tmp_path):
     lib = tmp_path / "libs" / "mylib"
     lib.mkdir(parents=True)
     (lib / "__init__.py").write_text("VALUE = 'lib'\n")
+    return data, lib
+
+
+def test_local_lays_out_opt_ml_as_sagemaker_and_keeps_the_model(tmp_path):
+    work = _work(tmp_path)
+    (work / "train.py").write_text(TRAIN_PY)
+    (work / ".env").write_text("TOKEN=x\n")  # left out, as from an upload
+    data, lib = _local_inputs(tmp_path)
     seen = []
 
     def runner(argv, env):
@@ -557,13 +563,7 @@ def test_local_runs_the_image_train_on_the_real_engine(cpu_images, tmp_path):
     comes back from /opt/ml/output/failure."""
     work = _work(tmp_path)
     (work / "train.py").write_text(TRAIN_PY)
-    data = tmp_path / "data"
-    (data / "a").mkdir(parents=True)
-    (data / "1.txt").write_text("1")
-    (data / "a/2.txt").write_text("2")
-    lib = tmp_path / "libs" / "mylib"
-    lib.mkdir(parents=True)
-    (lib / "__init__.py").write_text("VALUE = 'lib'\n")
+    data, lib = _local_inputs(tmp_path)
     printed: list[str] = []
     opts = _opts(work, tmp_path, image=cpu_images["pytorch-ddp"].ref, role_arn="", command=("python3", "train.py"),
                  inputs={"train": str(data)}, dependencies={"mylib": lib}, download=tmp_path / "out",
