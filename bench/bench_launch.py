@@ -180,10 +180,48 @@ def _mem_used_gib() -> float:
     return (kib("MemTotal") - kib("MemAvailable")) / 2**20
 
 
+def machine_cpu() -> float:
+    """CPU-seconds the whole machine has been busy (every process, kernel work included:
+    /proc/stat's first line less idle and iowait)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def busy(fn) -> tuple[float, float]:
+    """(CPU-seconds the machine spent while fn ran, wall seconds)."""
+    c0, t0 = machine_cpu(), time.monotonic()
+    fn()
+    return machine_cpu() - c0, time.monotonic() - t0
+
+
+def bare_cpu(info, image: str, hosts: list[str], idle: float) -> tuple[float, float]:
+    """The bare parallel fan-out's machine CPU-seconds, less idle: (`docker run -d` on every
+    node; that and the `docker rm -f` after it)."""
+    run = f"docker run -d --name bench-hand --network host {image} >/dev/null"
+    c0, t0 = machine_cpu(), time.monotonic()
+    with ThreadPoolExecutor(len(hosts)) as ex:
+        list(ex.map(lambda h: ssh(info, h, run), hosts))
+    c1, t1 = machine_cpu(), time.monotonic()
+    with ThreadPoolExecutor(len(hosts)) as ex:
+        list(ex.map(lambda h: ssh(info, h, "docker rm -f bench-hand >/dev/null"), hosts))
+    c2, t2 = machine_cpu(), time.monotonic()
+    return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0)
+
+
+def background() -> float:
+    """The machine's CPU-seconds per second with nothing launched (2 s)."""
+    return busy(lambda: time.sleep(2))[0] / 2
+
+
 def scale(counts: list[int], repeat: int) -> None:
-    """Launcher CPU, ssh sessions per node, warm launch vs bare parallel ssh, at each count."""
+    """Launcher CPU, ssh sessions per node, warm launch vs bare parallel ssh, at each count; the
+    whole machine's CPU-seconds of a warm launch (start to teardown) and of the bare fan-out
+    (`docker run -d` on every node, then `docker rm -f`), less the idle machine's over as long."""
     rows = [("nodes", "launcher CPU (own)", "launcher CPU (+ssh clients)", "ssh sessions per node",
-             "dtrain cold", "dtrain warm", "bare parallel ssh", "warm vs parallel", "memory used")]
+             "dtrain cold", "dtrain warm", "bare parallel ssh", "warm vs parallel", "memory used",
+             "machine CPU-s: dtrain warm (start to teardown)", "machine CPU-s: bare run -d + rm -f",
+             "machine CPU-s: bare run -d", "CPU-s warm vs bare run+rm", "CPU-s warm vs bare run -d")]
     mem0 = _mem_used_gib()
     for n in counts:
         info = cluster.up(n, recreate=True, quiet=True)
@@ -193,7 +231,7 @@ def scale(counts: list[int], repeat: int) -> None:
         image = on_nodes(info, img.family, f"{img.tag}-slim")
         os.sync()
         dtrain(info, image, 1, 0, cold=True)  # warm-up
-        runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par")}
+        runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par", "cw", "cb", "cr")}
         mem = 0.0
         for i in range(repeat):
             subprocess.Popen = _CountingPopen  # type: ignore[misc]  # fanout starts ssh via subprocess.Popen
@@ -210,10 +248,19 @@ def scale(counts: list[int], repeat: int) -> None:
             mem = max(mem, _mem_used_gib())
             runs["warm"].append(dtrain(info, image, n, i, cold=False))
             runs["par"].append(by_hand(info, image, list(info.names[:n]), True))
+            idle = background()
+            cpu, wall = busy(lambda: dtrain(info, image, n, f"{i}c", cold=False))
+            runs["cw"].append(cpu - idle * wall)
+            run_only, cycle = bare_cpu(info, image, list(info.names[:n]), idle)
+            runs["cb"].append(cycle)
+            runs["cr"].append(run_only)
+            print(f"  {n} nodes, round {i + 1}: idle {idle:.2f} CPU-s/s; machine CPU-s: warm {runs['cw'][-1]:.2f}, "
+                  f"bare run -d {run_only:.2f}, bare run -d + rm -f {cycle:.2f}", file=sys.stderr, flush=True)
         m = {k: statistics.median(v) for k, v in runs.items()}
         rows.append((str(n), f"{m['own']:.2f} s", f"{m['all']:.2f} s", f"{m['ssh']:.1f}", f"{m['cold']:.2f} s",
                      f"{m['warm']:.2f} s", f"{m['par']:.2f} s", f"{m['warm'] / m['par']:.2f}x",
-                     f"{mem - mem0:+.1f} GiB"))
+                     f"{mem - mem0:+.1f} GiB", f"{m['cw']:.2f}", f"{m['cb']:.2f}", f"{m['cr']:.2f}", f"{m['cw'] / m['cb']:.2f}x",
+                     f"{m['cw'] / m['cr']:.2f}x"))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
         print(shown_timeline(info, n, f"bench-{n}-{repeat - 1}-warm"), file=sys.stderr, flush=True)
     print(markdown(rows))

@@ -1,0 +1,408 @@
+"""Cold start as the user sees it (issue 42): `dtrain launch` on fresh lazy nodes against the
+by-hand `docker pull && docker run` on fresh ordinary nodes, same image, same first step.
+
+Every sample starts from a fresh simulated cluster of N nodes: `dtrain cluster up --nodes N
+--lazy` (launch/node/lazy-node.sh: soci-snapshotter-grpc, containerd, dockerd 26) for the lazy
+side, `dtrain cluster up --nodes N` (dockerd 20.10, the classic store) for the by-hand side. The
+image is pushed once, with its SOCI index (`dtrain push --soci`'s code), and the registry's files
+are put back (hard links) into each fresh cluster's registry, so no sample pays for a push.
+
+- lazy, dtrain:  `dtrain launch --hostfile H --ssh-config S --image REF -- FIRST_STEP`, a process
+                 of its own, as the user runs it (its pull step, digest check, containers, sshd,
+                 the supervisor); the time from starting it until every node printed its first step
+- by hand:       parallel `ssh node 'docker pull -q REF && docker run --rm --network host REF
+                 FIRST_STEP'` on the ordinary nodes; until every node printed
+- floor:         the image's compressed bytes at the link rate (a full pull's floor; "-" unlimited)
+- bytes/node:    what each node's link carried from the start until the job ended (veth counters)
+
+Rounds are interleaved: per round and node count one lazy sample and one by-hand sample, their
+order turned each round; medians of --repeat. Once with the links as they are, once at
+--link-rate per node.
+
+FIRST_STEP for the CPU images: `python -c "import time, torch; print('step0', time.time())"`.
+
+--gpu-sizes 4,10 adds a GPU-shaped image per size (GB, uncompressed): the pytorch-ddp image plus
+layers of large shared-library-shaped files (`bench/cuda_shaped.py`: 256 MiB files, each 64 KiB
+block half random bytes and half zeros, so gzip halves them as it roughly does CUDA's libraries),
+written straight into the registry as gzip layers (no engine holds 10 GB); its first step imports
+torch, then reads each library as a loader would touch it: the 64 KiB ELF head and 3% at one
+offset (~3% of the GPU libraries' bytes; `import torch` with CUDA maps libtorch_cuda, cuBLAS and
+cuDNN and reads a small part of them). One node (a 10 GB pull+run on 4 simulated nodes is 40 GB
+unpacked on this machine's disk), at --gpu-link-rate, medians of --gpu-repeat.
+
+    python bench/bench_lazy_launch.py [--nodes 1,2,4] [--repeat 3] [--link-rate 1gbit]
+                                      [--gpu-sizes 4,10] [--gpu-repeat 3] [--gpu-link-rate 1gbit]
+                                      [--no-cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dtrain import engine  # noqa: E402
+from dtrain.images import soci  # noqa: E402
+from dtrain.images.spec import load_all  # noqa: E402
+from dtrain.launch.infra import cluster  # noqa: E402
+from dtrain.launch.infra import netns as nx  # noqa: E402
+from dtrain.table import markdown  # noqa: E402
+
+SAVED = Path("/var/tmp/dtrain-bench-lazy-registry")  # the registry's files between fresh clusters
+CUDA_SHAPED = ROOT / "bench" / "cuda_shaped.py"
+FAMILY = "pytorch-ddp"
+CPU_STEP = ["python", "-c", "import time, torch; print('step0', time.time())"]
+GPU_STEP = ["python", "/opt/cuda-shaped/cuda_shaped.py", "load", "/opt/cuda-shaped"]
+STEP = re.compile(r"\bstep0 (\d+\.\d+)")
+ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
+LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+
+def step_times(text: str) -> list[float]:
+    """Every `step0 UNIXTIME` in a job's output (one per rank)."""
+    return [float(m.group(1)) for m in STEP.finditer(text)]
+
+
+def floor_s(nbytes: int, bits_per_s: int | None) -> float | None:
+    return None if bits_per_s is None else nbytes * 8 / bits_per_s
+
+
+def layer_plan(total: int, per_file: int, per_layer: int) -> list[int]:
+    """Files per layer for `total` bytes of libraries: whole files of `per_file`, at most
+    `per_layer` bytes a layer (as CUDA images spread their libraries over a few layers)."""
+    files = max(1, round(total / per_file))
+    per = max(1, per_layer // per_file)
+    return [min(per, files - i) for i in range(0, files, per)]
+
+
+# --- the cluster ---------------------------------------------------------------------------------
+
+def fresh(n: int, lazy_root: Path | None, rate: str | None) -> cluster.ClusterInfo:
+    """A new cluster of n nodes (lazy or classic) whose registry holds the saved files."""
+    cluster.down(quiet=True)
+    info = cluster.up(n, recreate=True, quiet=True, link_rate=rate,
+                      lazy=cluster.Lazy(str(lazy_root)) if lazy_root else None)
+    data = cluster.STATE_DIR / "registry" / "data"
+    subprocess.run(["cp", "-al", f"{SAVED}/.", str(data)], check=True)
+    return info
+
+
+def rx_bytes(index: int) -> int:
+    """What node `index` received: its veth's host end transmitted."""
+    return int(Path(f"/sys/class/net/{cluster.VETH_PREFIX}{index}/statistics/tx_bytes").read_text())
+
+
+def lazy_launch(info, ref: str, n: int, step: list[str], name: str) -> tuple[float, int, str]:
+    """`dtrain launch` as the user runs it: (seconds to the last first step, bytes/node, its pull lines)."""
+    before = [rx_bytes(i) for i in range(1, n + 1)]
+    env = {**os.environ, "SSL_CERT_FILE": info.registry_ca}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "dtrain", "launch", "--hostfile", info.hostfile, "--ssh-config",
+                        info.ssh_config, "--image", ref, "--name", name, "--", *step],
+                       capture_output=True, text=True, env=env, timeout=1800, cwd=tempfile.gettempdir())
+    out = r.stdout + r.stderr
+    steps = step_times(out)
+    if r.returncode != 0 or len(steps) < n:
+        raise SystemExit(f"dtrain launch on {n} lazy node(s): exit {r.returncode}, {len(steps)} first step(s):\n"
+                         + out[-3000:])
+    nbytes = statistics.mean(rx_bytes(i) - b for i, b in zip(range(1, n + 1), before))
+    pulls = "; ".join(ln.strip() for ln in out.splitlines() if "pulled" in ln or "full pull" in ln)
+    return max(steps) - t0, int(nbytes), pulls
+
+
+def by_hand(info, ref: str, n: int, step: list[str]) -> tuple[float, int]:
+    import shlex
+
+    cmd = (f"docker pull -q {shlex.quote(ref)} >/dev/null && "
+           f"docker run --rm --network host {shlex.quote(ref)} {shlex.join(step)}")
+    hosts = info.names[:n]
+    before = [rx_bytes(i) for i in range(1, n + 1)]
+
+    def one(h: str) -> str:
+        r = subprocess.run(["ssh", "-F", info.ssh_config, h, cmd], capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise SystemExit(f"{h}: by hand: exit {r.returncode}: {r.stderr[-1500:]}")
+        return r.stdout
+
+    t0 = time.time()
+    with ThreadPoolExecutor(n) as ex:
+        outs = list(ex.map(one, hosts))
+    t = max(max(step_times(o)) for o in outs) - t0
+    nbytes = statistics.mean(rx_bytes(i) - b for i, b in zip(range(1, n + 1), before))
+    return t, int(nbytes)
+
+
+# --- the images --------------------------------------------------------------------------------
+
+class Registry:
+    """The cluster's registry over TLS (lazy mode), for what the bench writes straight into it."""
+
+    def __init__(self, info) -> None:
+        self.host, _, port = info.registry.partition(":")
+        self.port = int(port)
+        self.ctx = ssl.create_default_context(cafile=info.registry_ca)
+
+    def request(self, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+        c = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=600, blocksize=1 << 20)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def blob(self, repo: str, path: Path | bytes) -> tuple[str, int]:
+        """Upload a blob (a file or bytes), monolithically; (digest, size)."""
+        h = hashlib.sha256()
+        if isinstance(path, bytes):
+            h.update(path)
+            size = len(path)
+        else:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+            size = path.stat().st_size
+        digest = "sha256:" + h.hexdigest()
+        st, _, _ = self.request("HEAD", f"/v2/{repo}/blobs/{digest}")
+        if st == 200:
+            return digest, size
+        st, hdr, body = self.request("POST", f"/v2/{repo}/blobs/uploads/")
+        if st != 202:
+            raise SystemExit(f"blob upload start: {st} {body[:300]!r}")
+        loc = hdr.get("Location") or hdr.get("location")
+        loc = re.sub(r"^https?://[^/]+", "", loc)
+        sep = "&" if "?" in loc else "?"
+        data = path if isinstance(path, bytes) else open(path, "rb")
+        try:
+            st, _, body = self.request("PUT", f"{loc}{sep}digest={digest}", body=data,
+                                       headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+        finally:
+            if not isinstance(data, bytes):
+                data.close()
+        if st != 201:
+            raise SystemExit(f"blob upload {digest}: {st} {body[:300]!r}")
+        return digest, size
+
+    def manifest(self, repo: str, tag: str) -> dict:
+        st, _, body = self.request("GET", f"/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT})
+        if st != 200:
+            raise SystemExit(f"manifest {repo}:{tag}: {st}")
+        return json.loads(body)
+
+    def blob_bytes(self, repo: str, digest: str) -> bytes:
+        st, _, body = self.request("GET", f"/v2/{repo}/blobs/{digest}")
+        if st != 200:
+            raise SystemExit(f"blob {digest}: {st}")
+        return body
+
+    def put_manifest(self, repo: str, tag: str, manifest: dict) -> None:
+        st, _, body = self.request("PUT", f"/v2/{repo}/manifests/{tag}", body=json.dumps(manifest).encode(),
+                                   headers={"Content-Type": ACCEPT})
+        if st != 201:
+            raise SystemExit(f"manifest put {repo}:{tag}: {st} {body[:300]!r}")
+
+
+def gzip_layer(write, tmp: Path) -> tuple[Path, str]:
+    """A layer from write(tarfile): gzip'd with pigz into tmp; (file, diff_id)."""
+    diff = hashlib.sha256()
+    with open(tmp, "wb") as out:
+        pigz = subprocess.Popen(["pigz", "-1", "-c"], stdin=subprocess.PIPE, stdout=out)
+
+        class Tee(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, b) -> int:
+                diff.update(b)
+                pigz.stdin.write(b)
+                return len(b)
+
+        with tarfile.open(fileobj=Tee(), mode="w|", format=tarfile.PAX_FORMAT) as tf:
+            write(tf)
+        pigz.stdin.close()
+        if pigz.wait() != 0:
+            raise SystemExit("pigz failed")
+    return tmp, "sha256:" + diff.hexdigest()
+
+
+def add_file(tf: tarfile.TarFile, name: str, size: int, reader) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mode, ti.mtime = size, 0o755, 0
+    tf.addfile(ti, reader)
+
+
+def add_dir(tf: tarfile.TarFile, name: str) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 0
+    tf.addfile(ti)
+
+
+def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
+    """The base image plus GB of CUDA-shaped libraries, written straight into the registry."""
+    sys.path.insert(0, str(CUDA_SHAPED.parent))
+    import cuda_shaped as cs
+
+    repo, _, tag = base_ref.split("/", 1)[1].rpartition(":")
+    out_repo, out_tag = "dtrain/gpu-shaped", f"{gb:g}gb"
+    m = reg.manifest(repo, tag)
+    cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
+    for ly in m["layers"]:  # the base's layers into the new repository (cross-repo mount is not needed: same blobs)
+        st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
+        if st != 201:
+            raise SystemExit(f"mount {ly['digest']}: {st}")
+    plan = layer_plan(int(gb * 1e9), cs.FILE_BYTES, int(2e9))
+    layers: list[tuple[str, int, str]] = []
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as td:
+        def program(tf: tarfile.TarFile) -> None:
+            add_dir(tf, "opt/cuda-shaped")
+            src = CUDA_SHAPED.read_bytes()
+            add_file(tf, "opt/cuda-shaped/cuda_shaped.py", len(src), io.BytesIO(src))
+
+        parts = [program] + [
+            (lambda tf, li=li, k=k: [add_file(tf, f"opt/cuda-shaped/lib{li}_{j}.so", cs.FILE_BYTES,
+                                              cs.Stream(cs.FILE_BYTES)) for j in range(k)])
+            for li, k in enumerate(plan)]
+        for i, part in enumerate(parts):
+            t0 = time.monotonic()
+            f, diff_id = gzip_layer(part, Path(td) / f"layer{i}.gz")
+            digest, size = reg.blob(out_repo, f)
+            f.unlink()
+            layers.append((digest, size, diff_id))
+            say(f"  layer {i + 1}/{len(parts)}: {size / 2**20:.0f} MiB compressed ({time.monotonic() - t0:.0f} s)")
+    cfg["rootfs"]["diff_ids"] += [d for _, _, d in layers]
+    cfg.setdefault("history", []).extend({"created_by": "bench_lazy_launch: cuda-shaped"} for _ in layers)
+    cfg_bytes = json.dumps(cfg).encode()
+    cdigest, csize = reg.blob(out_repo, cfg_bytes)
+    m["config"] = {**m["config"], "digest": cdigest, "size": csize}
+    m["layers"] = m["layers"] + [{"mediaType": LAYER_GZIP, "digest": d, "size": s} for d, s, _ in layers]
+    reg.put_manifest(out_repo, out_tag, m)
+    return f"{cluster.REGISTRY}/{out_repo}:{out_tag}"
+
+
+def image_sizes(reg: Registry, ref: str) -> int:
+    repo, _, tag = ref.split("/", 1)[1].rpartition(":")
+    return sum(x["size"] for x in reg.manifest(repo, tag)["layers"])
+
+
+def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, dict[float, str], dict[str, int]]:
+    """Push pytorch-ddp with its SOCI index (and the GPU-shaped images, indexed), save the
+    registry's files; (cpu ref, {GB: ref}, {ref: compressed bytes})."""
+    info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))
+    engine.allow_insecure_registry(info.registry)
+    img = next(i for i in load_all([FAMILY]) if not i.gpu)
+    env = {**os.environ, "SSL_CERT_FILE": info.registry_ca}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dtrain", "push", "--registry", info.registry, "--image",
+                        f"{FAMILY}:{img.tag}", "--soci", "--soci-bin", str(root),
+                        "--catalog", str(Path(tempfile.mkdtemp()) / "catalog.json")],
+                       capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if r.returncode != 0:
+        raise SystemExit(f"dtrain push --soci: {r.stdout[-1500:]}{r.stderr[-1500:]}")
+    cpu = f"{info.registry}/dtrain/{FAMILY}:{img.tag}"
+    say(f"pushed {cpu} with its SOCI index ({time.monotonic() - t0:.0f} s)")
+    reg = Registry(info)
+    gpu: dict[float, str] = {}
+    os.environ["SSL_CERT_FILE"] = info.registry_ca  # soci and ctr read it
+    for gb in gpu_sizes:
+        t0 = time.monotonic()
+        say(f"GPU-shaped image, {gb:g} GB of libraries:")
+        ref = gpu_shaped(reg, cpu, gb, say)
+        soci.build_indexes(soci.setup(str(root), None), [ref], out=say)
+        gpu[gb] = ref
+        say(f"{ref}: {image_sizes(reg, ref) / 2**30:.2f} GiB compressed ({time.monotonic() - t0:.0f} s)")
+    sizes = {ref: image_sizes(reg, ref) for ref in [cpu, *gpu.values()]}
+    shutil.rmtree(SAVED, ignore_errors=True)
+    subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
+    return cpu, gpu, sizes
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def grid(root: Path, ref: str, size: int, step: list[str], counts: list[int], rates: list[str | None],
+         repeat: int, label: str) -> list[tuple[str, ...]]:
+    rows = []
+    for rate in rates:
+        bits = nx.parse_rate(rate) if rate else None
+        for n in counts:
+            lazy, hand = [], []
+            for i in range(repeat):  # interleaved, the order turned each round
+                order = ("lazy", "hand") if i % 2 == 0 else ("hand", "lazy")
+                for side in order:
+                    if side == "lazy":
+                        info = fresh(n, root, rate)
+                        t, b, pulls = lazy_launch(info, ref, n, step, f"lz-{n}-{i}")
+                        lazy.append((t, b))
+                        print(f"  {label} {rate or 'unlimited'} {n} node(s) #{i}: lazy {t:.1f} s, "
+                              f"{b / 2**20:.0f} MiB/node [{pulls[:300]}]", file=sys.stderr, flush=True)
+                    else:
+                        info = fresh(n, None, rate)
+                        t, b = by_hand(info, ref, n, step)
+                        hand.append((t, b))
+                        print(f"  {label} {rate or 'unlimited'} {n} node(s) #{i}: by hand {t:.1f} s, "
+                              f"{b / 2**20:.0f} MiB/node", file=sys.stderr, flush=True)
+            lt, lb = statistics.median(t for t, _ in lazy), statistics.median(b for _, b in lazy)
+            ht, hb = statistics.median(t for t, _ in hand), statistics.median(b for _, b in hand)
+            fl = floor_s(size, bits)
+            rows.append((label, f"{size / 2**20:,.0f} MiB", rate or "unlimited", str(n), f"{lt:.1f} s",
+                         f"{lb / 2**20:,.0f} MiB", f"{ht:.1f} s", f"{hb / 2**20:,.0f} MiB",
+                         f"{fl:.1f} s" if fl else "-", f"{lt / ht:.2f}x",
+                         f"{' / '.join(f'{t:.1f}' for t, _ in lazy)} | {' / '.join(f'{t:.1f}' for t, _ in hand)}"))
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: still take the cluster down
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--link-rate", default="1gbit")
+    ap.add_argument("--no-cpu", action="store_true", help="only the GPU-shaped images")
+    ap.add_argument("--gpu-sizes", default="", help="GB of CUDA-shaped libraries, e.g. 4,10")
+    ap.add_argument("--gpu-repeat", type=int, default=3)
+    ap.add_argument("--gpu-link-rate", default="1gbit")
+    args = ap.parse_args()
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    engine.ensure_dockerd()
+    root = engine.ensure_lazy_binaries()
+    gpu_sizes = [float(x) for x in args.gpu_sizes.split(",") if x]
+    header = ("image", "compressed", "link", "nodes", "lazy: dtrain launch", "lazy: bytes/node",
+              "by hand pull+run", "by hand: bytes/node", "floor (bytes/link)", "lazy / by hand",
+              "samples (lazy | by hand)")
+    try:
+        cpu, gpu, sizes = prepare(root, gpu_sizes, say)
+        rows = [header]
+        if not args.no_cpu:
+            rows += grid(root, cpu, sizes[cpu], CPU_STEP, [int(x) for x in args.nodes.split(",")],
+                         [None, args.link_rate], args.repeat, FAMILY)
+        for gb, ref in gpu.items():
+            rows += grid(root, ref, sizes[ref], GPU_STEP, [1], [args.gpu_link_rate], args.gpu_repeat,
+                         f"gpu-shaped {gb:g} GB")
+        print(markdown(rows))
+    finally:
+        cluster.down(quiet=True)
+        shutil.rmtree(SAVED, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

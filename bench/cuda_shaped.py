@@ -1,0 +1,75 @@
+"""Files shaped like a GPU image's CUDA libraries, and a first step that reads them as a loader
+would (bench/bench_lazy_launch.py --gpu-sizes; this file is copied into the image it builds).
+
+    python cuda_shaped.py load DIR    # import torch, touch every DIR/lib*.so, print `step0 UNIXTIME`
+
+A library: FILE_BYTES, every 64 KiB block half random bytes, half zeros (gzip halves it, as it
+roughly does libcublas, libcudnn and libnccl). Loading one: its 64 KiB head (the ELF header and
+program headers) and READ_FRACTION of it at one offset taken from its name (the pages a process
+touches of a large library: its needed code, not every kernel for every GPU architecture).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+import time
+
+FILE_BYTES = 256 << 20
+BLOCK = 64 << 10
+HEAD = 64 << 10
+READ_FRACTION = 0.03
+
+
+class Stream(io.RawIOBase):
+    """size bytes of library-shaped content, read once front to back (tarfile's addfile)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.left
+        n = min(n, self.left)
+        while len(self.buf) < n:
+            self.buf += os.urandom(BLOCK // 2) + bytes(BLOCK // 2)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        self.left -= n
+        return out
+
+
+def touched(name: str, size: int) -> list[tuple[int, int]]:
+    """(offset, length) a loader reads of library `name` of `size` bytes."""
+    length = int(size * READ_FRACTION)
+    spread = max(1, size - length - HEAD)
+    off = HEAD + int(hashlib.sha256(name.encode()).hexdigest(), 16) % spread
+    return [(0, min(HEAD, size)), (off, length)]
+
+
+def load(d: str) -> None:
+    import torch  # noqa: F401  # the framework, as the first step imports it
+
+    for name in sorted(os.listdir(d)):
+        if not name.endswith(".so"):
+            continue
+        path = os.path.join(d, name)
+        with open(path, "rb") as f:
+            for off, length in touched(name, os.path.getsize(path)):
+                f.seek(off)
+                left = length
+                while left > 0:
+                    left -= len(f.read(min(left, 1 << 20)) or b"x" * left)
+    print("step0", time.time(), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["load"] and len(sys.argv) == 3:
+        load(sys.argv[2])
+    else:
+        raise SystemExit("usage: cuda_shaped.py load DIR")
