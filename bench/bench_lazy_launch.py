@@ -32,7 +32,11 @@ unpacked on this machine's disk), at --gpu-link-rate, medians of --gpu-repeat.
 
     python bench/bench_lazy_launch.py [--nodes 1,2,4] [--repeat 3] [--link-rate 1gbit]
                                       [--gpu-sizes 4,10] [--gpu-repeat 3] [--gpu-link-rate 1gbit]
-                                      [--no-cpu]
+                                      [--no-cpu] [--no-index [--old-soci-config]]
+
+--no-index adds pytorch-ddp's layers under a manifest without a SOCI index (1 node, unlimited):
+a lazy node pulls it in full; --old-soci-config runs the lazy nodes with soci's default HTTP
+retries (what issue 42 changed: launch/infra/cluster.py soci_config).
 """
 
 from __future__ import annotations
@@ -299,14 +303,33 @@ def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
     return f"{cluster.REGISTRY}/{out_repo}:{out_tag}"
 
 
+def without_index(reg: Registry, ref: str) -> str:
+    """ref's layers under a manifest of its own (one more config label), for which the
+    registry holds no SOCI index: what a lazy node meets with an image pushed without --soci."""
+    repo, _, tag = ref.split("/", 1)[1].rpartition(":")
+    out_repo = f"{repo}-noindex"
+    m = reg.manifest(repo, tag)
+    cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
+    cfg.setdefault("config", {}).setdefault("Labels", {})["bench.dtrain/no-index"] = "1"
+    for ly in m["layers"]:
+        st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
+        if st != 201:
+            raise SystemExit(f"mount {ly['digest']}: {st}")
+    digest, size = reg.blob(out_repo, json.dumps(cfg).encode())
+    m["config"] = {**m["config"], "digest": digest, "size": size}
+    reg.put_manifest(out_repo, tag, m)
+    return f"{cluster.REGISTRY}/{out_repo}:{tag}"
+
+
 def image_sizes(reg: Registry, ref: str) -> int:
     repo, _, tag = ref.split("/", 1)[1].rpartition(":")
     return sum(x["size"] for x in reg.manifest(repo, tag)["layers"])
 
 
-def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, dict[float, str], dict[str, int]]:
-    """Push pytorch-ddp with its SOCI index (and the GPU-shaped images, indexed), save the
-    registry's files; (cpu ref, {GB: ref}, {ref: compressed bytes})."""
+def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, str, dict[float, str], dict[str, int]]:
+    """Push pytorch-ddp with its SOCI index (and the GPU-shaped images, indexed; and its layers
+    again without one), save the registry's files; (cpu ref, no-index ref, {GB: ref},
+    {ref: compressed bytes})."""
     info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))
     engine.allow_insecure_registry(info.registry)
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
@@ -330,10 +353,12 @@ def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, dict[float, s
         soci.build_indexes(soci.setup(str(root), None), [ref], out=say)
         gpu[gb] = ref
         say(f"{ref}: {image_sizes(reg, ref) / 2**30:.2f} GiB compressed ({time.monotonic() - t0:.0f} s)")
-    sizes = {ref: image_sizes(reg, ref) for ref in [cpu, *gpu.values()]}
+    noindex = without_index(reg, cpu)
+    say(f"{noindex}: the same layers, no SOCI index")
+    sizes = {ref: image_sizes(reg, ref) for ref in [cpu, noindex, *gpu.values()]}
     shutil.rmtree(SAVED, ignore_errors=True)
     subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
-    return cpu, gpu, sizes
+    return cpu, noindex, gpu, sizes
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -350,7 +375,7 @@ def grid(root: Path, ref: str, size: int, step: list[str], counts: list[int], ra
                 for side in order:
                     if side == "lazy":
                         info = fresh(n, root, rate)
-                        t, b, pulls = lazy_launch(info, ref, n, step, f"lz-{n}-{i}")
+                        t, b, pulls = lazy_launch(info, ref, n, step, f"lz-{re.sub('[^a-z0-9]+', '-', label)}-{rate or 'u'}-{n}-{i}")
                         lazy.append((t, b))
                         print(f"  {label} {rate or 'unlimited'} {n} node(s) #{i}: lazy {t:.1f} s, "
                               f"{b / 2**20:.0f} MiB/node [{pulls[:300]}]", file=sys.stderr, flush=True)
@@ -366,7 +391,7 @@ def grid(root: Path, ref: str, size: int, step: list[str], counts: list[int], ra
             rows.append((label, f"{size / 2**20:,.0f} MiB", rate or "unlimited", str(n), f"{lt:.1f} s",
                          f"{lb / 2**20:,.0f} MiB", f"{ht:.1f} s", f"{hb / 2**20:,.0f} MiB",
                          f"{fl:.1f} s" if fl else "-", f"{lt / ht:.2f}x",
-                         f"{' / '.join(f'{t:.1f}' for t, _ in lazy)} | {' / '.join(f'{t:.1f}' for t, _ in hand)}"))
+                         f"{', '.join(f'{t:.1f}' for t, _ in lazy)}; {', '.join(f'{t:.1f}' for t, _ in hand)}"))
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -381,20 +406,30 @@ def main() -> None:
     ap.add_argument("--gpu-sizes", default="", help="GB of CUDA-shaped libraries, e.g. 4,10")
     ap.add_argument("--gpu-repeat", type=int, default=3)
     ap.add_argument("--gpu-link-rate", default="1gbit")
+    ap.add_argument("--no-index", action="store_true",
+                    help="also the image pushed without an index (1 node, unlimited): a lazy node's full pull")
+    ap.add_argument("--old-soci-config", action="store_true",
+                    help="lazy nodes with soci's default HTTP retries (before issue 42's fix), for the no-index row")
     args = ap.parse_args()
+    if args.old_soci_config:
+        cluster.soci_config = lambda background_fetch=True: (
+            f"[background_fetch]\ndisable = {'false' if background_fetch else 'true'}\n")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     engine.ensure_dockerd()
     root = engine.ensure_lazy_binaries()
     gpu_sizes = [float(x) for x in args.gpu_sizes.split(",") if x]
     header = ("image", "compressed", "link", "nodes", "lazy: dtrain launch", "lazy: bytes/node",
               "by hand pull+run", "by hand: bytes/node", "floor (bytes/link)", "lazy / by hand",
-              "samples (lazy | by hand)")
+              "samples, s (lazy; by hand)")
     try:
-        cpu, gpu, sizes = prepare(root, gpu_sizes, say)
+        cpu, noindex, gpu, sizes = prepare(root, gpu_sizes, say)
         rows = [header]
         if not args.no_cpu:
             rows += grid(root, cpu, sizes[cpu], CPU_STEP, [int(x) for x in args.nodes.split(",")],
                          [None, args.link_rate], args.repeat, FAMILY)
+        if args.no_index:
+            rows += grid(root, noindex, sizes[noindex], CPU_STEP, [1], [None], args.repeat,
+                         f"{FAMILY}, no index" + (" (soci's default retries)" if args.old_soci_config else ""))
         for gb, ref in gpu.items():
             rows += grid(root, ref, sizes[ref], GPU_STEP, [1], [args.gpu_link_rate], args.gpu_repeat,
                          f"gpu-shaped {gb:g} GB")

@@ -22,7 +22,11 @@ def test_containerd_config_names_the_soci_proxy_under_the_node_dir():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_soci_config_background_fetch(on):
-    assert tomllib.loads(B["soci_config"](on)) == {"background_fetch": {"disable": not on}}
+    assert tomllib.loads(B["soci_config"](on)) == {
+        "background_fetch": {"disable": not on},
+        # two retries for soci's own client (the no-index fallback's ~8 s per layer), CamelCase as
+        # soci 0.4.1 reads it; lazy reads keep their defaults
+        "http": {"MaxRetries": 2, "MinWaitMsec": 20}, "blob": {"max_retries": 8, "min_wait_msec": 30}}
 
 
 def test_daemon_json_uses_the_containerd_store_with_the_driver():

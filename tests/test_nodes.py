@@ -11,6 +11,7 @@ import shutil
 import re
 import subprocess
 import sys
+import tomllib
 
 import boto3
 import cfnlint.api
@@ -19,7 +20,7 @@ from moto import mock_aws
 
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra import ec2
+from dtrain.launch.infra import cluster, ec2
 from dtrain.launch.infra.instance_types import EFA_TYPES
 from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.targets.ec2 import discover_ec2
@@ -586,7 +587,7 @@ def test_first_boot_lazy_configures_soci_and_keeps_the_amis_daemon_json(tmp_path
     log = tmp_path / "calls.log"
     env = {"PATH": str(bin_), "LOG": str(log), "LISTS": str(tmp_path / "lists"), "BROKEN": "0" if have_package else "1",
            "DTRAIN_LAZY": "1", "DTRAIN_DAEMON_JSON": str(daemon), "DTRAIN_CONTAINERD_CONF": str(conf),
-           "DTRAIN_UNIT_DIR": str(etc / "systemd")}
+           "DTRAIN_UNIT_DIR": str(etc / "systemd"), "DTRAIN_SOCI_CONF": str(etc / "soci" / "config.toml")}
     for _ in range(2):  # a second run (a reboot that runs user data again) changes nothing more
         r = subprocess.run(["/bin/bash", str(ec2.FIRST_BOOT)], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
@@ -601,3 +602,5 @@ def test_first_boot_lazy_configures_soci_and_keeps_the_amis_daemon_json(tmp_path
                                               "features": {"containerd-snapshotter": True}, "storage-driver": "soci"}
     assert conf.read_text().count("[proxy_plugins.soci]") == 1
     assert "ExecStart=/usr/bin/soci-snapshotter-grpc" in (etc / "systemd" / "dtrain-soci.service").read_text()
+    # soci's own client retries twice, as on the simulated lazy nodes (cluster.soci_config)
+    assert tomllib.loads((etc / "soci" / "config.toml").read_text()) == tomllib.loads(cluster.soci_config())

@@ -78,6 +78,20 @@ SOCI_PROXY='
   address = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock"
 '
 
+# soci 0.4.1's own HTTP client: two retries, not eight (an image without an index costs ~8 s per
+# layer otherwise; launch/infra/cluster.py soci_config, the simulated nodes' copy of this file)
+SOCI_CONFIG='[background_fetch]
+disable = false
+
+[http]
+MaxRetries = 2
+MinWaitMsec = 20
+
+[blob]
+max_retries = 8
+min_wait_msec = 30
+'
+
 configure_lazy() {
   [ "${DTRAIN_LAZY:-}" = 1 ] || return 0
   local conf=${DTRAIN_CONTAINERD_CONF:-/etc/containerd/config.toml} daemon=${DTRAIN_DAEMON_JSON:-/etc/docker/daemon.json}
@@ -88,8 +102,10 @@ configure_lazy() {
     get() { apt-get -q -o DPkg::Lock::Timeout=300 "$@"; }
     get install -y soci-snapshotter || { get update && get install -y soci-snapshotter; } || return 0
   fi
-  mkdir -p "${conf%/*}" "${daemon%/*}" "$units"
+  local soci_conf=${DTRAIN_SOCI_CONF:-/etc/soci-snapshotter-grpc/config.toml}
+  mkdir -p "${conf%/*}" "${daemon%/*}" "$units" "${soci_conf%/*}"
   printf '%s' "$SOCI_UNIT" > "$units/dtrain-soci.service"
+  [ -e "$soci_conf" ] || printf '%s' "$SOCI_CONFIG" > "$soci_conf"
   grep -q '^\[proxy_plugins.soci\]' "$conf" 2>/dev/null || printf '%s' "$SOCI_PROXY" >> "$conf"
   python3 -c '
 import json, sys
