@@ -303,14 +303,14 @@ def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
     return f"{cluster.REGISTRY}/{out_repo}:{out_tag}"
 
 
-def without_index(reg: Registry, ref: str) -> str:
+def without_index(reg: Registry, ref: str, suffix: str = "noindex") -> str:
     """ref's layers under a manifest of its own (one more config label), for which the
     registry holds no SOCI index: what a lazy node meets with an image pushed without --soci."""
     repo, _, tag = ref.split("/", 1)[1].rpartition(":")
-    out_repo = f"{repo}-noindex"
+    out_repo = f"{repo}-{suffix}"
     m = reg.manifest(repo, tag)
     cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
-    cfg.setdefault("config", {}).setdefault("Labels", {})["bench.dtrain/no-index"] = "1"
+    cfg.setdefault("config", {}).setdefault("Labels", {})[f"bench.dtrain/{suffix}"] = "1"
     for ly in m["layers"]:
         st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
         if st != 201:
@@ -359,6 +359,73 @@ def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, str, dict[flo
     shutil.rmtree(SAVED, ignore_errors=True)
     subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
     return cpu, noindex, gpu, sizes
+
+
+# --- --variants: soci settings side by side (lazy side only, 1 node) ----------------------------
+
+SOCI_DEFAULT = cluster.soci_config
+# what each variant adds to the lazy nodes' soci.toml (root keys first: go-toml puts a key after a
+# table header into that table) or, "span" variants, the --span-size of the image's index
+VARIANTS: dict[str, tuple[str, str, int | None]] = {
+    "default": ("", "", None),
+    "memcache": ('filesystem_cache_type = "memory"\n', "", None),
+    "fuse": ("", "\n[fuse]\nattr_timeout = 3600\nentry_timeout = 3600\nnegative_timeout = 3600\n", None),
+    "bgfetch": ("", "\nsilence_period_msec = 1\nfetch_period_msec = 5\n", None),
+    "span1m": ("", "", 1 << 20),
+    "span2m": ("", "", 2 << 20),
+}
+
+
+def variant_config(name: str) -> str:
+    root, extra, _ = VARIANTS[name]
+    text = SOCI_DEFAULT()
+    if name == "bgfetch":  # into the [background_fetch] table, its first lines
+        head, _, rest = text.partition("\n\n")
+        return root + head + extra + "\n" + rest
+    return root + text + extra
+
+
+def span_image(reg: Registry, ref: str, span: int, root: Path, say) -> str:
+    """ref's layers under a manifest of its own, indexed with `soci create --span-size span`."""
+    copy = without_index(reg, ref, f"span{span}")
+    real = soci.index_argvs
+
+    def with_span(*a, **kw):
+        argvs = real(*a, **kw)
+        create = argvs[1]
+        i = create.index("create")
+        argvs[1] = [*create[:i + 1], "--span-size", str(span), *create[i + 1:]]
+        return argvs
+
+    soci.index_argvs = with_span
+    try:
+        soci.build_indexes(soci.setup(str(root), None), [copy], out=say)
+    finally:
+        soci.index_argvs = real
+    return copy
+
+
+def variants(root: Path, reg: Registry, cpu: str, names: list[str], repeat: int, say) -> list[tuple[str, ...]]:
+    refs = {n: span_image(reg, cpu, VARIANTS[n][2], root, say) if VARIANTS[n][2] else cpu for n in names}
+    shutil.rmtree(SAVED)
+    subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
+    runs: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    for i in range(repeat):
+        for n in (names if i % 2 == 0 else names[::-1]):
+            cluster.soci_config = lambda background_fetch=True, n=n: variant_config(n)
+            try:
+                info = fresh(1, root, None)
+            finally:
+                cluster.soci_config = SOCI_DEFAULT
+            t, b, _ = lazy_launch(info, refs[n], 1, CPU_STEP, f"lzv-{n}-{i}")
+            runs[n].append((t, b))
+            say(f"  variant {n} #{i}: {t:.1f} s, {b / 2**20:.0f} MiB")
+    rows = [("soci variant", "lazy: dtrain launch (median)", "bytes/node", "samples, s")]
+    for n in names:
+        rows.append((n, f"{statistics.median(t for t, _ in runs[n]):.1f} s",
+                     f"{statistics.median(b for _, b in runs[n]) / 2**20:.0f} MiB",
+                     ", ".join(f"{t:.1f}" for t, _ in runs[n])))
+    return rows
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -410,6 +477,7 @@ def main() -> None:
                     help="also the image pushed without an index (1 node, unlimited): a lazy node's full pull")
     ap.add_argument("--old-soci-config", action="store_true",
                     help="lazy nodes with soci's default HTTP retries (before issue 42's fix), for the no-index row")
+    ap.add_argument("--variants", help=f"soci settings side by side instead, lazy side only, 1 node: {','.join(VARIANTS)}")
     args = ap.parse_args()
     if args.old_soci_config:
         cluster.soci_config = lambda background_fetch=True: (
@@ -423,6 +491,11 @@ def main() -> None:
               "samples, s (lazy; by hand)")
     try:
         cpu, noindex, gpu, sizes = prepare(root, gpu_sizes, say)
+        if args.variants:
+            info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))  # prepare's, still up
+            os.environ["SSL_CERT_FILE"] = info.registry_ca
+            print(markdown(variants(root, Registry(info), cpu, args.variants.split(","), args.repeat, say)))
+            return
         rows = [header]
         if not args.no_cpu:
             rows += grid(root, cpu, sizes[cpu], CPU_STEP, [int(x) for x in args.nodes.split(",")],
