@@ -1,7 +1,8 @@
 """Files shaped like a GPU image's CUDA libraries, and a first step that reads them as a loader
 would (bench/bench_lazy_launch.py --gpu-sizes; this file is copied into the image it builds).
 
-    python cuda_shaped.py load DIR    # import torch, touch every DIR/lib*.so, print `step0 UNIXTIME`
+    python cuda_shaped.py load DIR [BYTES]   # import torch, touch every DIR/lib*.so (or those in
+                                              # the first BYTES of them), print `step0 UNIXTIME`
 
 A library: FILE_BYTES, every 64 KiB block half random bytes, half zeros (gzip halves it, as it
 roughly does libcublas, libcudnn and libnccl). Loading one: its 64 KiB head (the ELF header and
@@ -52,12 +53,23 @@ def touched(name: str, size: int) -> list[tuple[int, int]]:
     return [(0, min(HEAD, size)), (off, length)]
 
 
-def load(d: str) -> None:
+def libraries(d: str, limit: int | None = None) -> list[str]:
+    """The libraries a first step loads, in name order: all, or those whose sizes add up to at
+    most `limit` bytes (the rest of the image: libraries this step never loads)."""
+    out, total = [], 0
+    for name in sorted(n for n in os.listdir(d) if n.endswith(".so")):
+        size = os.path.getsize(os.path.join(d, name))
+        if limit is not None and total + size > limit:
+            break
+        out.append(name)
+        total += size
+    return out
+
+
+def load(d: str, limit: int | None = None) -> None:
     import torch  # noqa: F401  # the framework, as the first step imports it
 
-    for name in sorted(os.listdir(d)):
-        if not name.endswith(".so"):
-            continue
+    for name in libraries(d, limit):
         path = os.path.join(d, name)
         with open(path, "rb") as f:
             for off, length in touched(name, os.path.getsize(path)):
@@ -69,7 +81,7 @@ def load(d: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["load"] and len(sys.argv) == 3:
-        load(sys.argv[2])
+    if sys.argv[1:2] == ["load"] and len(sys.argv) in (3, 4):
+        load(sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else None)
     else:
-        raise SystemExit("usage: cuda_shaped.py load DIR")
+        raise SystemExit("usage: cuda_shaped.py load DIR [BYTES]")

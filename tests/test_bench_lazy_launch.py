@@ -56,3 +56,11 @@ def test_load_reads_the_libraries_and_prints_the_step(tmp_path):
                        text=True, env={"PYTHONPATH": str(tmp_path)}, timeout=30)
     assert r.returncode == 0, r.stderr
     assert B["step_times"](r.stdout) and r.stdout.startswith("step0 ")
+
+
+def test_a_first_step_that_loads_part_of_the_libraries(tmp_path):
+    for i in range(3):
+        (tmp_path / f"lib0_{i}.so").write_bytes(bytes(1000))
+    assert C["libraries"](str(tmp_path)) == ["lib0_0.so", "lib0_1.so", "lib0_2.so"]
+    assert C["libraries"](str(tmp_path), 2500) == ["lib0_0.so", "lib0_1.so"]
+    assert C["libraries"](str(tmp_path), 999) == []
