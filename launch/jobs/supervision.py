@@ -74,13 +74,14 @@ SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
 
 def builder_files() -> dict[str, str]:
     """The supervisor's modules (shipped_modules of launch/node/supervise.py) and
-    SUPERVISOR_NODE_PROGRAMS: {path under the import root: text}, read from this dtrain."""
-    import importlib
+    SUPERVISOR_NODE_PROGRAMS: {path under the import root: text}, read from this dtrain (its
+    files found, not imported: this launcher runs few of them)."""
+    import importlib.util
 
     out = {}
     for rel in shipped_modules(contract.NODE_SCRIPTS / "supervise.py"):
         name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        out[rel] = Path(importlib.import_module(name).__file__).read_text()
+        out[rel] = Path(importlib.util.find_spec(name).origin).read_text()
     for script in SUPERVISOR_NODE_PROGRAMS:
         out[f"dtrain/launch/node/{script}"] = contract.node_script(script)
     return out
