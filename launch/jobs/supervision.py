@@ -10,6 +10,8 @@ foreground job as it runs and for `dtrain logs` of a detached one. Pure, but for
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -85,6 +87,15 @@ def builder_files() -> dict[str, str]:
     for script in SUPERVISOR_NODE_PROGRAMS:
         out[f"dtrain/launch/node/{script}"] = contract.node_script(script)
     return out
+
+
+@functools.cache
+def supervisor_texts() -> tuple[str, str]:
+    """(launch/node/supervise.py, builder_files as JSON): what goes beside each launch's plan to
+    the first node, read once a process. A launch reads them while its nodes answer the first
+    round (Job.prepare), not between its containers and its supervisor (~5 ms of reading files
+    and their import statements)."""
+    return contract.node_script("supervise.py"), json.dumps(builder_files())
 
 
 def describe(ev: dict) -> str:
