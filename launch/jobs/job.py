@@ -902,6 +902,8 @@ class Job:
         self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
                                                    hold_stdin=True, timeout=3600, on_line=relay)
         keys = self._keys()  # ssh-keygen while the nodes answer: off the launch's path
+        if self.launcher.supervised:
+            supervision.supervisor_texts()  # and the supervisor's files read (run_supervised sends them)
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
             while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
@@ -1004,8 +1006,8 @@ class Job:
             mode = "detach" if self.spec.detach else "attach"
             inner = ["docker", "exec", *([] if self.spec.detach else ["-i"]), container_name(self.spec.name), *inner]
         argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dirs[first.node.host], mode, *inner))
-        payload = counted_text((contract.node_script("supervise.py"), json.dumps(plan.to_json()),
-                                json.dumps(supervision.builder_files())))
+        program, builders = supervision.supervisor_texts()
+        payload = counted_text((program, json.dumps(plan.to_json()), builders))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
         assert proc.stdin and proc.stdout

@@ -78,12 +78,16 @@ def _builders(here: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         sys.path.insert(0, str(root))
+        sys.dont_write_bytecode = True  # their .pyc would go with the container unread: ~3 ms of writes
 
 
 _builders(Path(__file__).resolve().parent)
 
 from dtrain import contract  # noqa: E402
-from dtrain.launch.jobs import launchers, output, progress, runplan, stacks, straggler  # noqa: E402
+from dtrain.launch.jobs import launchers, output, progress, runplan  # noqa: E402
+# stacks and straggler (--hang-timeout's verdict, --straggler-check) are imported where they are
+# used: this program's imports are on every launch's path (~8 ms of a container's CPU), and
+# builder_files sends them all the same (shipped_modules reads a function's imports too).
 
 EVENT = contract.SUPERVISOR_EVENT
 JOB_DIR = contract.CONTAINER_JOB_DIR
@@ -516,6 +520,8 @@ class Supervisor:
         each container, all at once), the `hang` event naming the culprits from those stacks
         (launch/jobs/stacks.py: the ranks not waiting in a collective; by progress where every
         rank waits), then the stacks, node by node; the reason the attempt ends."""
+        from dtrain.launch.jobs import stacks
+
         ranks = runplan.rank_map(nodes)
         fields = progress.event_fields(stall, ranks)
         script = contract.node_script("stacks.sh")
@@ -556,6 +562,8 @@ class Supervisor:
         (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
         (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
         `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
+        from dtrain.launch.jobs import straggler
+
         interval = float(self.plan.straggler_check or 0)
         history = straggler.History()
         named: set[int] = set()
