@@ -209,6 +209,32 @@ def bare_cpu(info, image: str, hosts: list[str], idle: float) -> tuple[float, fl
     return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0)
 
 
+def warm_cpu(info, image: str, n: int, i: int | str, idle: float) -> tuple[float, float]:
+    """A warm launch's machine CPU-seconds, less idle: (from its start until the last rank
+    printed its start, cut from /proc/stat read every 5 ms beside it; start to teardown)."""
+    import threading
+
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.time(), machine_cpu()))
+            time.sleep(0.005)
+
+    th = threading.Thread(target=sample, daemon=True)
+    t0, c0 = time.time(), machine_cpu()
+    th.start()
+    seconds = dtrain(info, image, n, i, cold=False)
+    stop.set()
+    th.join()
+    t2, c2 = time.time(), machine_cpu()
+    ranks = t0 + seconds
+    c1 = next((c for t, c in samples if t >= ranks), c2)
+    t1 = next((t for t, _ in samples if t >= ranks), t2)
+    return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0)
+
+
 def background() -> float:
     """The machine's CPU-seconds per second with nothing launched (2 s)."""
     return busy(lambda: time.sleep(2))[0] / 2
@@ -216,12 +242,14 @@ def background() -> float:
 
 def scale(counts: list[int], repeat: int) -> None:
     """Launcher CPU, ssh sessions per node, warm launch vs bare parallel ssh, at each count; the
-    whole machine's CPU-seconds of a warm launch (start to teardown) and of the bare fan-out
-    (`docker run -d` on every node, then `docker rm -f`), less the idle machine's over as long."""
+    whole machine's CPU-seconds of a warm launch (to the last rank running; and start to
+    teardown) and of the bare fan-out (`docker run -d` on every node; and then `docker rm -f`),
+    less the idle machine's over as long."""
     rows = [("nodes", "launcher CPU (own)", "launcher CPU (+ssh clients)", "ssh sessions per node",
              "dtrain cold", "dtrain warm", "bare parallel ssh", "warm vs parallel", "memory used",
-             "machine CPU-s: dtrain warm (start to teardown)", "machine CPU-s: bare run -d + rm -f",
-             "machine CPU-s: bare run -d", "CPU-s warm vs bare run+rm", "CPU-s warm vs bare run -d")]
+             "machine CPU-s: dtrain warm to ranks running", "machine CPU-s: bare run -d",
+             "CPU-s, ranks running vs run -d", "machine CPU-s: dtrain warm start to teardown",
+             "machine CPU-s: bare run -d + rm -f", "CPU-s, start to teardown vs run -d + rm -f")]
     mem0 = _mem_used_gib()
     for n in counts:
         info = cluster.up(n, recreate=True, quiet=True)
@@ -231,7 +259,7 @@ def scale(counts: list[int], repeat: int) -> None:
         image = on_nodes(info, img.family, f"{img.tag}-slim")
         os.sync()
         dtrain(info, image, 1, 0, cold=True)  # warm-up
-        runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par", "cw", "cb", "cr")}
+        runs: dict[str, list[float]] = {k: [] for k in ("own", "all", "ssh", "cold", "warm", "par", "cw", "cwr", "cb", "cr")}
         mem = 0.0
         for i in range(repeat):
             subprocess.Popen = _CountingPopen  # type: ignore[misc]  # fanout starts ssh via subprocess.Popen
@@ -249,18 +277,20 @@ def scale(counts: list[int], repeat: int) -> None:
             runs["warm"].append(dtrain(info, image, n, i, cold=False))
             runs["par"].append(by_hand(info, image, list(info.names[:n]), True))
             idle = background()
-            cpu, wall = busy(lambda: dtrain(info, image, n, f"{i}c", cold=False))
-            runs["cw"].append(cpu - idle * wall)
+            to_ranks, cycle = warm_cpu(info, image, n, f"{i}c", idle)
+            runs["cw"].append(cycle)
+            runs["cwr"].append(to_ranks)
             run_only, cycle = bare_cpu(info, image, list(info.names[:n]), idle)
             runs["cb"].append(cycle)
             runs["cr"].append(run_only)
-            print(f"  {n} nodes, round {i + 1}: idle {idle:.2f} CPU-s/s; machine CPU-s: warm {runs['cw'][-1]:.2f}, "
+            print(f"  {n} nodes, round {i + 1}: idle {idle:.2f} CPU-s/s; machine CPU-s: warm to ranks running "
+                  f"{to_ranks:.2f}, warm start to teardown {runs['cw'][-1]:.2f}, "
                   f"bare run -d {run_only:.2f}, bare run -d + rm -f {cycle:.2f}", file=sys.stderr, flush=True)
         m = {k: statistics.median(v) for k, v in runs.items()}
         rows.append((str(n), f"{m['own']:.2f} s", f"{m['all']:.2f} s", f"{m['ssh']:.1f}", f"{m['cold']:.2f} s",
                      f"{m['warm']:.2f} s", f"{m['par']:.2f} s", f"{m['warm'] / m['par']:.2f}x",
-                     f"{mem - mem0:+.1f} GiB", f"{m['cw']:.2f}", f"{m['cb']:.2f}", f"{m['cr']:.2f}", f"{m['cw'] / m['cb']:.2f}x",
-                     f"{m['cw'] / m['cr']:.2f}x"))
+                     f"{mem - mem0:+.1f} GiB", f"{m['cwr']:.2f}", f"{m['cr']:.2f}", f"{m['cwr'] / m['cr']:.2f}x",
+                     f"{m['cw']:.2f}", f"{m['cb']:.2f}", f"{m['cw'] / m['cb']:.2f}x"))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
         print(shown_timeline(info, n, f"bench-{n}-{repeat - 1}-warm"), file=sys.stderr, flush=True)
     print(markdown(rows))
