@@ -24,7 +24,7 @@ FIRST_STEP for the CPU images: `python -c "import time, torch; print('step0', ti
 
 --gpu-sizes 4,10 adds a GPU-shaped image per size (GB, uncompressed): the pytorch-ddp image plus
 layers of large shared-library-shaped files (`bench/cuda_shaped.py`: 256 MiB files, each 64 KiB
-block half random bytes and half zeros, so gzip halves them as it roughly does CUDA's libraries),
+block half random bytes and half zeros: gzip halves them, as it roughly does, by assumption, CUDA's libraries),
 written straight into the registry as gzip layers (no engine holds 10 GB); its first step imports
 torch, then reads each library as a loader would touch it: the 64 KiB ELF head and 3% at one
 offset (~3% of the GPU libraries' bytes; `import torch` with CUDA maps libtorch_cuda, cuBLAS and
@@ -154,6 +154,8 @@ def by_hand(info, ref: str, n: int, step: list[str]) -> tuple[float, int]:
     t0 = time.time()
     with ThreadPoolExecutor(n) as ex:
         outs = list(ex.map(one, hosts))
+    if not all(step_times(o) for o in outs):
+        raise SystemExit(f"by hand: a node printed no first step: {[o[-300:] for o in outs]}")
     t = max(max(step_times(o)) for o in outs) - t0
     nbytes = statistics.mean(rx_bytes(i) - b for i, b in zip(range(1, n + 1), before))
     return t, int(nbytes)

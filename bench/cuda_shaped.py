@@ -4,8 +4,8 @@ would (bench/bench_lazy_launch.py --gpu-sizes; this file is copied into the imag
     python cuda_shaped.py load DIR [BYTES]   # import torch, touch every DIR/lib*.so (or those in
                                               # the first BYTES of them), print `step0 UNIXTIME`
 
-A library: FILE_BYTES, every 64 KiB block half random bytes, half zeros (gzip halves it, as it
-roughly does libcublas, libcudnn and libnccl). Loading one: its 64 KiB head (the ELF header and
+A library: FILE_BYTES, every 64 KiB block half random bytes, half zeros (gzip halves it; that it
+roughly does so to libcublas, libcudnn and libnccl is an assumption). Loading one: its 64 KiB head (the ELF header and
 program headers) and READ_FRACTION of it at one offset taken from its name (the pages a process
 touches of a large library: its needed code, not every kernel for every GPU architecture).
 """

@@ -105,7 +105,11 @@ configure_lazy() {
   local soci_conf=${DTRAIN_SOCI_CONF:-/etc/soci-snapshotter-grpc/config.toml}
   mkdir -p "${conf%/*}" "${daemon%/*}" "$units" "${soci_conf%/*}"
   printf '%s' "$SOCI_UNIT" > "$units/dtrain-soci.service"
-  [ -e "$soci_conf" ] || printf '%s' "$SOCI_CONFIG" > "$soci_conf"
+  if [ -e "$soci_conf" ]; then
+    echo "dtrain first boot: keeping $soci_conf as it is (dtrain's lazy nodes retry soci's own HTTP requests twice)" >&2
+  else
+    printf '%s' "$SOCI_CONFIG" > "$soci_conf"
+  fi
   grep -q '^\[proxy_plugins.soci\]' "$conf" 2>/dev/null || printf '%s' "$SOCI_PROXY" >> "$conf"
   python3 -c '
 import json, sys
