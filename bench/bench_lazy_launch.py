@@ -23,7 +23,7 @@ order turned each round; medians of --repeat. Once with the links as they are, o
 FIRST_STEP for the CPU images: `python -c "import time, torch; print('step0', time.time())"`.
 
 --gpu-sizes 4,10 adds a GPU-shaped image per size (GB, uncompressed): the pytorch-ddp image plus
-layers of large shared-library-shaped files (`bench/cuda_shaped.py`: 256 MiB files, each 64 KiB
+layers of large shared-library-shaped files (`launch/node/examples/cuda_shaped.py`: 256 MiB files, each 64 KiB
 block half random bytes and half zeros: gzip halves them, as it roughly does, by assumption, CUDA's libraries),
 written straight into the registry as gzip layers (no engine holds 10 GB); its first step imports
 torch, then reads each library as a loader would touch it: the 64 KiB ELF head and 3% at one
@@ -51,6 +51,7 @@ import io
 import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import ssl
@@ -74,7 +75,7 @@ from dtrain.launch.infra import netns as nx  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 SAVED = Path("/var/tmp/dtrain-bench-lazy-registry")  # the registry's files between fresh clusters
-CUDA_SHAPED = ROOT / "bench" / "cuda_shaped.py"
+CUDA_SHAPED = ROOT / "launch" / "node" / "examples" / "cuda_shaped.py"  # runs in the image: launch/node
 FAMILY = "pytorch-ddp"
 CPU_STEP = ["python", "-c", "import time, torch; print('step0', time.time())"]
 GPU_STEP = ["python", "/opt/cuda-shaped/cuda_shaped.py", "load", "/opt/cuda-shaped"]
@@ -268,8 +269,7 @@ def add_dir(tf: tarfile.TarFile, name: str) -> None:
 
 def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
     """The base image plus GB of CUDA-shaped libraries, written straight into the registry."""
-    sys.path.insert(0, str(CUDA_SHAPED.parent))
-    import cuda_shaped as cs
+    cs = runpy.run_path(str(CUDA_SHAPED), run_name="cuda_shaped")  # its shapes (a program of the image's)
 
     repo, _, tag = base_ref.split("/", 1)[1].rpartition(":")
     out_repo, out_tag = "dtrain/gpu-shaped", f"{gb:g}gb"
@@ -279,7 +279,7 @@ def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
         st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
         if st != 201:
             raise SystemExit(f"mount {ly['digest']}: {st}")
-    plan = layer_plan(int(gb * 1e9), cs.FILE_BYTES, int(2e9))
+    plan = layer_plan(int(gb * 1e9), cs["FILE_BYTES"], int(2e9))
     layers: list[tuple[str, int, str]] = []
     with tempfile.TemporaryDirectory(dir="/var/tmp") as td:
         def program(tf: tarfile.TarFile) -> None:
@@ -288,8 +288,8 @@ def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
             add_file(tf, "opt/cuda-shaped/cuda_shaped.py", len(src), io.BytesIO(src))
 
         parts = [program] + [
-            (lambda tf, li=li, k=k: [add_file(tf, f"opt/cuda-shaped/lib{li}_{j}.so", cs.FILE_BYTES,
-                                              cs.Stream(cs.FILE_BYTES)) for j in range(k)])
+            (lambda tf, li=li, k=k: [add_file(tf, f"opt/cuda-shaped/lib{li}_{j}.so", cs["FILE_BYTES"],
+                                              cs["Stream"](cs["FILE_BYTES"])) for j in range(k)])
             for li, k in enumerate(plan)]
         for i, part in enumerate(parts):
             t0 = time.monotonic()

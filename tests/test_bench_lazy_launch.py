@@ -1,4 +1,4 @@
-"""bench/bench_lazy_launch.py's pure helpers and bench/cuda_shaped.py, the GPU-shaped image's
+"""bench/bench_lazy_launch.py's pure helpers and launch/node/examples/cuda_shaped.py, the GPU-shaped image's
 libraries and its first step (what the cold-start figures of issue 42 rest on)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 B = runpy.run_path(str(BENCH / "bench_lazy_launch.py"), run_name="bench")
-C = runpy.run_path(str(BENCH / "cuda_shaped.py"), run_name="bench")
+CUDA_SHAPED = BENCH.parent / "launch" / "node" / "examples" / "cuda_shaped.py"
+C = runpy.run_path(str(CUDA_SHAPED), run_name="bench")
 
 
 def test_step_times_reads_one_per_rank_and_nothing_else():
@@ -52,7 +53,7 @@ def test_load_reads_the_libraries_and_prints_the_step(tmp_path):
     lib.mkdir()
     (lib / "lib0_0.so").write_bytes(bytes(4 << 20))
     (lib / "notes.txt").write_text("not a library")
-    r = subprocess.run([sys.executable, str(BENCH / "cuda_shaped.py"), "load", str(lib)], capture_output=True,
+    r = subprocess.run([sys.executable, str(CUDA_SHAPED), "load", str(lib)], capture_output=True,
                        text=True, env={"PYTHONPATH": str(tmp_path)}, timeout=30)
     assert r.returncode == 0, r.stderr
     assert B["step_times"](r.stdout) and r.stdout.startswith("step0 ")
