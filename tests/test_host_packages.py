@@ -46,7 +46,8 @@ DEBIAN = {
     "ip": ("iproute2",), "iptables": ("iptables",), "iptables-legacy": ("iptables",),
     "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
-    "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",),
+    "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",), "cp": ("coreutils",),
+    "pigz": ("pigz",),
     "chromium": ("chromium",),
     "perl": ("perl-base",),  # launch/node/*.pl use its builtins and Socket only
 }
