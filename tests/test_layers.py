@@ -53,6 +53,7 @@ NODE_ALLOWED = {
     "examples/straggler_train.py": ("torch",),
     "examples/hvd_tf_synthetic.py": ("tensorflow", "horovod", "numpy"),
     "examples/lazy_train.py": ("torch", "tensorflow"),
+    "examples/cuda_shaped.py": ("torch",),  # bench_lazy_launch's GPU-shaped image
     "examples/ray_train_check.py": ("ray", "torch"),
 }
 # The one import cycle left, resolved by moving the launchers into a package (issue 39):
