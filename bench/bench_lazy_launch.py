@@ -213,6 +213,13 @@ class Registry:
             raise SystemExit(f"blob upload {digest}: {st} {body[:300]!r}")
         return digest, size
 
+    def mount(self, repo: str, out_repo: str, digests: list[str]) -> None:
+        """repo's blobs into out_repo (a cross-repository mount: nothing uploaded)."""
+        for d in digests:
+            st, _, _ = self.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={d}&from={repo}")
+            if st != 201:
+                raise SystemExit(f"mount {d} from {repo} into {out_repo}: {st}")
+
     def manifest(self, repo: str, tag: str) -> dict:
         st, _, body = self.request("GET", f"/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT})
         if st != 200:
@@ -275,10 +282,7 @@ def gpu_shaped(reg: Registry, base_ref: str, gb: float, say) -> str:
     out_repo, out_tag = "dtrain/gpu-shaped", f"{gb:g}gb"
     m = reg.manifest(repo, tag)
     cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
-    for ly in m["layers"]:  # the base's layers into the new repository (cross-repo mount is not needed: same blobs)
-        st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
-        if st != 201:
-            raise SystemExit(f"mount {ly['digest']}: {st}")
+    reg.mount(repo, out_repo, [ly["digest"] for ly in m["layers"]])  # the base's layers, no upload
     plan = layer_plan(int(gb * 1e9), cs["FILE_BYTES"], int(2e9))
     layers: list[tuple[str, int, str]] = []
     with tempfile.TemporaryDirectory(dir="/var/tmp") as td:
@@ -316,10 +320,7 @@ def without_index(reg: Registry, ref: str, suffix: str = "noindex") -> str:
     m = reg.manifest(repo, tag)
     cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
     cfg.setdefault("config", {}).setdefault("Labels", {})[f"bench.dtrain/{suffix}"] = "1"
-    for ly in m["layers"]:
-        st, _, _ = reg.request("POST", f"/v2/{out_repo}/blobs/uploads/?mount={ly['digest']}&from={repo}")
-        if st != 201:
-            raise SystemExit(f"mount {ly['digest']}: {st}")
+    reg.mount(repo, out_repo, [ly["digest"] for ly in m["layers"]])
     digest, size = reg.blob(out_repo, json.dumps(cfg).encode())
     m["config"] = {**m["config"], "digest": digest, "size": size}
     reg.put_manifest(out_repo, tag, m)
