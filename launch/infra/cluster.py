@@ -344,7 +344,7 @@ def lazy_containerd_config(d: Path) -> str:
 
 
 def soci_config(background_fetch: bool = True) -> str:
-    """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off, and one
+    """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off, and
     two retries (20 and 40 ms) for its own HTTP client instead of 8 (30 ms doubling: 7.7-8.6 s).
     launch/node/first-boot.sh writes the same on `nodes up --lazy` nodes (tests/test_nodes.py).
 
