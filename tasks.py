@@ -367,7 +367,7 @@ def test(c, k=None, unit=False):
     Debian packages, the Docker engine, the debootstrapped base image."""
     import subprocess
 
-    args = [sys.executable, "-m", "pytest", "-q"]
+    args = [sys.executable, "-m", "pytest", "-q", "--durations=25"]  # the slowest tests, in every run's output
     if unit:
         args += ["-m", "not docker and not cluster"]
     else:
