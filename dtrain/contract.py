@@ -29,6 +29,8 @@ LABEL_MIN_DRIVER = "dtrain.min-driver"  # GPU images: the oldest NVIDIA driver t
 LABEL_OPENMPI_MAJOR = "dtrain.openmpi-major"  # Open MPI's major version in the image
 LABEL_SSH_PORT = "dtrain.ssh-port"
 LABEL_VERSION_PREFIX = "dtrain.version."  # dtrain.version.<pin>: python, pytorch, cuda, ...
+LABEL_CUDA_FROM = "dtrain.cuda-from"  # where an image's CUDA comes from: cpu, nvidia/cuda (base + apt) or wheels (PyPI)
+LABEL_EFA = "dtrain.efa"  # yes: the image has the EFA stage (EFA installer, aws-ofi-nccl, nccl-tests); no: it has not
 
 NODE_DIR = "/opt/dtrain/node"  # launch/node/ inside every image
 EXAMPLES = f"{NODE_DIR}/examples"  # launch/node/examples/: the demo's and the checks' programs

@@ -21,12 +21,14 @@ OUTPUT = ROOT / "dockerfiles"
 REPO_PREFIX = "dtrain"  # local image names: dtrain/<family>:<tag>
 CPU_BASE = "debian:bookworm-slim"  # CPU default base; `dtrain build --base-image` overrides it
 
+# Wheel GPU variants: the CUDA home the builder assembles from the nvidia-* wheels (Horovod's build).
+CUDA_WHEELS_HOME = "/opt/cuda-wheels"
 _BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _env(img: Image) -> dict[str, str]:
     """The image's environment. Values are literal (no $VAR) so sshd's SetEnv can repeat them."""
-    if img.gpu:
+    if img.gpu and not img.wheels:
         path = ("/opt/venv/bin:/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:"
                 "/usr/local/nvidia/bin:/usr/local/cuda/bin:" + _BASE_PATH)
         ld = ("/opt/aws-ofi-nccl/lib:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:"
@@ -89,9 +91,11 @@ def _horovod_build_env(img: Image) -> dict[str, str]:
         env |= {
             "HOROVOD_GPU_OPERATIONS": "NCCL",
             "HOROVOD_NCCL_LINK": "SHARED",
-            "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+            "HOROVOD_CUDA_HOME": CUDA_WHEELS_HOME if img.wheels else "/usr/local/cuda",
             "HOROVOD_BUILD_CUDA_CC_LIST": ",".join(str(s) for s in sms),
         }
+        if img.wheels:
+            env["HOROVOD_NCCL_HOME"] = CUDA_WHEELS_HOME
     return dict(sorted(env.items()))
 
 
@@ -116,8 +120,12 @@ def _labels(img: Image) -> dict[str, str]:
         if value:
             labels[f"{contract.LABEL_VERSION_PREFIX}{key.replace('_', '-')}"] = value
     if img.gpu:
-        labels[contract.LABEL_MIN_DRIVER] = img.cuda_base.min_driver
+        labels[contract.LABEL_MIN_DRIVER] = img.min_driver
         labels["dtrain.targets"] = ",".join(v.targets or [])
+    # Which recipe: where CUDA comes from (cpu, nvidia/cuda, wheels) and whether the EFA stage is
+    # in (dtrain doctor warns when an image without it runs on an EFA instance type).
+    labels[contract.LABEL_CUDA_FROM] = img.cuda_source
+    labels[contract.LABEL_EFA] = "yes" if img.efa else "no"
     return labels
 
 
@@ -130,6 +138,8 @@ def _description(img: Image) -> str:
     else:
         what = f"{fw} (torchrun/DDP)"
     where = f"CUDA {img.variant.cuda}" if img.gpu else "CPU"
+    if img.wheels:
+        where += " (PyPI wheels, no EFA)"
     return f"{what} {img.framework_version}, {where}, Python {img.variant.python}, {img.variant.os}"
 
 
@@ -148,7 +158,10 @@ def torch_flavour(img: Image) -> str:
 
 
 def torch_index(img: Image) -> str:
-    """The PyTorch index a family image takes torch from when the wheelhouse lacks it."""
+    """The PyTorch index a family image takes torch from when the wheelhouse lacks it; none
+    for a wheel GPU variant (PyPI's default torch is the CUDA build the pins name)."""
+    if img.wheels:
+        return ""
     return f"https://download.pytorch.org/whl/{torch_flavour(img)}"
 
 
@@ -160,6 +173,17 @@ def train_sources() -> list[tuple[str, list[str]]]:
     for m in shipped.shipped_modules(contract.NODE_SCRIPTS / "sagemaker_train.py"):
         by_dir.setdefault(m.rpartition("/")[0], []).append(shipped.checkout_path(m))
     return sorted(by_dir.items())
+
+
+def gpu_check_args(img: Image) -> list[str]:
+    """launch/node/gpu_build_check.py's argv for a wheel variant: the framework (and Horovod's
+    module) and the pins its CUDA build must match."""
+    v = img.variant
+    module = "tensorflow" if img.framework == "tensorflow" else "torch"
+    args = [module, f"--cuda={img.cuda_mm}", f"--cudnn={v.cudnn}", f"--nccl={v.nccl}"]
+    if v.horovod:
+        args.append("--horovod")
+    return args
 
 
 def context(img: Image) -> dict[str, Any]:
@@ -175,10 +199,16 @@ def context(img: Image) -> dict[str, Any]:
         "repo": image_repo(img),
         "env": _env(img),
         "labels": _labels(img),
-        "runtime_base": img.nvidia_base("runtime") if img.gpu else CPU_BASE,
-        "builder_base": img.nvidia_base("devel") if img.gpu else CPU_BASE,
+        "wheels": img.wheels,
+        "efa": img.efa,
+        "cuda_apt": img.gpu and not img.wheels,
+        "cuda_wheels_home": CUDA_WHEELS_HOME,  # cuDNN and NCCL from NVIDIA's apt repository
+        "runtime_base": img.nvidia_base("runtime") if img.gpu and not img.wheels else CPU_BASE,
+        "builder_base": img.nvidia_base("devel") if img.gpu and not img.wheels else CPU_BASE,
     }
-    if img.gpu:
+    if img.wheels:
+        ctx["gpu_check_args"] = gpu_check_args(img)
+    if img.gpu and not img.wheels:
         ctx |= {
             "cudnn_pkgs": _cudnn_pkgs(img, dev=True),
             "nccl_pkgs": _nccl_pkgs(img, dev=True),
@@ -186,10 +216,11 @@ def context(img: Image) -> dict[str, Any]:
             "nccl_runtime_pkgs": _nccl_pkgs(img, dev=False),
         }
     if img.framework == "tensorflow":
-        tf = "tensorflow" if img.gpu else "tensorflow-cpu"
+        tf = ("tensorflow[and-cuda]" if img.wheels else "tensorflow") if img.gpu else "tensorflow-cpu"
         ctx["tf_pip"] = [f"{tf}=={v.tensorflow}"] + ([f"tf-keras=={v.tf_keras}"] if v.tf_keras else [])
     else:
         ctx["torch_index"] = torch_index(img)
+        ctx["torch_pip"] = f"torch==={v.pytorch}" if img.wheels else f"torch=={v.pytorch}"
         ctx["torch_numpy"] = img.compat.pytorch[minor(v.pytorch)].numpy
     if v.horovod:
         ctx |= {

@@ -65,7 +65,10 @@ class Variant(_Strict):
     pytorch: str | None = None
     horovod: str | None = None
     ray: str | None = None
-    # GPU only
+    # GPU only. cuda_from: where CUDA, cuDNN and NCCL come from: "nvidia" (default; the
+    # nvidia/cuda base and NVIDIA's apt packages) or "wheels" (the framework's own PyPI
+    # nvidia-* wheels on the plain OS base: compat.yaml cuda_wheels pins them).
+    cuda_from: Literal["nvidia", "wheels"] | None = None
     cuda: str | None = None
     cudnn: str | None = None
     nccl: str | None = None
@@ -92,6 +95,17 @@ class _CudaBase(_Strict):
     nccl: str
     os: list[str]
     min_driver: str
+
+
+class _WheelRow(_Strict):
+    """What one framework release's PyPI wheel pins (Requires-Dist ==), compat.yaml cuda_wheels."""
+    cuda: str
+    cudnn: str
+    nccl: str
+    min_driver: str
+    nvcc: str  # the requirement that brings this CUDA release's nvcc (Horovod's NCCL ops)
+    nvcc_build_only: list[str]  # distributions of it the builder removes once Horovod is built
+    source: str
 
 
 class _Gpu(_Strict):
@@ -132,6 +146,7 @@ class _PySpyRow(_Strict):
 class Compat(_Strict):
     os_python: dict[str, str]
     cuda_bases: dict[str, _CudaBase]
+    cuda_wheels: dict[str, dict[str, _WheelRow]]  # framework -> exact version -> its wheel pins
     ec2_gpus: dict[str, _Gpu]
     tensorflow: dict[str, _TfRow]
     pytorch: dict[str, _TorchRow]
@@ -158,6 +173,33 @@ class Image:
     @property
     def gpu(self) -> bool:
         return self.variant.kind == "gpu"
+
+    @property
+    def wheels(self) -> bool:
+        """A GPU variant whose CUDA comes from the framework's PyPI nvidia-* wheels."""
+        return self.gpu and self.variant.cuda_from == "wheels"
+
+    @property
+    def efa(self) -> bool:
+        """The variant carries the EFA stage (EFA installer, aws-ofi-nccl, nccl-tests)."""
+        return self.gpu and self.variant.efa_installer is not None
+
+    @property
+    def cuda_source(self) -> str:
+        """Where the image's CUDA comes from, as the label dtrain.cuda-from says: cpu, nvidia/cuda, wheels."""
+        return "cpu" if not self.gpu else ("wheels" if self.wheels else "nvidia/cuda")
+
+    @property
+    def wheel_row(self) -> _WheelRow | None:
+        """compat.yaml cuda_wheels row of this variant's framework release (wheel variants)."""
+        return self.compat.cuda_wheels.get(self.framework, {}).get(self.framework_version)
+
+    @property
+    def min_driver(self) -> str:
+        if self.wheels:
+            row = self.wheel_row
+            return row.min_driver if row else ""
+        return self.cuda_base.min_driver
 
     @property
     def framework(self) -> Literal["tensorflow", "pytorch"]:
@@ -348,6 +390,8 @@ def size_over_budget(ref: str, size_bytes: int, recorded_gib: float | None,
 Problem = tuple[str | None, str, str]  # (key in the variant, rule name, message)
 
 _GPU_KEYS = ("cuda", "cudnn", "nccl", "efa_installer", "aws_ofi_nccl", "nccl_tests", "targets")
+# The EFA stage: what an nvidia/cuda variant adds and a wheel variant leaves out.
+_EFA_KEYS = ("efa_installer", "aws_ofi_nccl", "nccl_tests")
 _FAMILY_KEYS = {
     "horovod-tensorflow": ({"tensorflow", "horovod"}, {"pytorch", "ray"}),
     "horovod-pytorch": ({"pytorch", "horovod"}, {"tensorflow", "tf_keras", "ray"}),
@@ -370,10 +414,18 @@ def check_variant(img: Image) -> list[Problem]:
         if getattr(v, key) is not None:
             out.append((key, "family", f"{img.family} images do not take '{key}'"))
     for key in _GPU_KEYS:
+        if img.wheels and key in _EFA_KEYS:
+            if getattr(v, key) is not None:
+                out.append((key, "wheels", f"'cuda_from: wheels' variants carry no EFA stage: drop "
+                            f"'{key}' (the EFA installer, aws-ofi-nccl and nccl-tests are built on "
+                            "the nvidia/cuda base: use cuda_from: nvidia for EFA)"))
+            continue
         if img.gpu and getattr(v, key) is None:
             out.append((None, "gpu", f"GPU variants need '{key}'"))
         if not img.gpu and getattr(v, key) is not None:
             out.append((key, "cpu", f"CPU variants do not take '{key}'"))
+    if not img.gpu and v.cuda_from is not None:
+        out.append(("cuda_from", "cpu", "CPU variants do not take 'cuda_from'"))
     if v.size_gib is not None and not 0.01 <= v.size_gib <= 100:
         out.append(("size_gib", "size-budget", f"size_gib {v.size_gib:g}: expected the image's "
                     "recorded size in GiB, between 0.01 and 100"))
@@ -385,7 +437,9 @@ def check_variant(img: Image) -> list[Problem]:
     if v.python != c.os_python[v.os]:
         out.append(("python", "compat.os_python",
                     f"{v.os} ships Python {c.os_python[v.os]}, not {v.python}"))
-    if img.gpu:
+    if img.wheels:
+        out += _check_cuda_wheels(img)
+    elif img.gpu:
         out += _check_cuda(img)
     if v.tensorflow:
         out += _check_tensorflow(img)
@@ -426,6 +480,34 @@ def _check_cuda(img: Image) -> list[Problem]:
     return out
 
 
+def _check_cuda_wheels(img: Image) -> list[Problem]:
+    """A wheel variant's CUDA, cuDNN and NCCL are what its framework's wheel requires, exactly:
+    pip installs those, so any other pin names a build that does not exist."""
+    v, c = img.variant, img.compat
+    assert v.cuda and v.cudnn and v.nccl and v.targets is not None
+    out: list[Problem] = []
+    for t in v.targets:
+        if t not in c.ec2_gpus:
+            out.append(("targets", "compat.ec2_gpus",
+                        f"unknown EC2 instance family '{t}'; known: {', '.join(c.ec2_gpus)}"))
+    fw, version = img.framework, img.framework_version
+    name = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}[fw]
+    row = img.wheel_row
+    if row is None:
+        known = ", ".join(c.cuda_wheels.get(fw, {})) or "none"
+        return out + [(fw, "compat.cuda_wheels",
+                       f"{name} {version} has no row in compat.yaml cuda_wheels.{fw} (known: {known}): "
+                       "add the CUDA, cuDNN and NCCL its PyPI wheel requires (Requires-Dist), with the source")]
+    what = {"cuda": ("CUDA", row.cuda), "cudnn": ("cuDNN", row.cudnn), "nccl": ("NCCL", row.nccl)}
+    for key, (label, want) in what.items():
+        have = getattr(v, key)
+        if have != want:
+            out.append((key, "compat.cuda_wheels",
+                        f"{name} {version}'s wheels bring {label} {want}, not {have}: no wheel set "
+                        f"gives {label} {have} with it (source: {row.source})"))
+    return out
+
+
 def _framework_row(img: Image, key: str, name: str, table: dict) -> tuple[Any, list[Problem]]:
     """The compat row of the variant's framework version, and the Python range check."""
     version = getattr(img.variant, key)
@@ -444,7 +526,7 @@ def _check_tensorflow(img: Image) -> list[Problem]:
     row, out = _framework_row(img, "tensorflow", "TensorFlow", c.tensorflow)
     if row is None:
         return out
-    if img.gpu and v.cuda in c.cuda_bases:
+    if img.gpu and (img.wheels or v.cuda in c.cuda_bases):
         if not same_major_at_least(img.cuda_mm, row.cuda):
             out.append(("cuda", "compat.tensorflow",
                         f"TensorFlow {minor(v.tensorflow)} was built with CUDA {row.cuda}; CUDA {v.cuda} "
@@ -461,7 +543,7 @@ def _check_pytorch(img: Image) -> list[Problem]:
     row, out = _framework_row(img, "pytorch", "PyTorch", c.pytorch)
     if row is None:
         return out
-    if img.gpu and v.cuda in c.cuda_bases:
+    if img.gpu and (img.wheels or v.cuda in c.cuda_bases):
         if img.cuda_mm not in row.cuda:
             out.append(("cuda", "compat.pytorch",
                         f"PyTorch {minor(v.pytorch)} has no wheel for CUDA {img.cuda_mm} "

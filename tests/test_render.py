@@ -35,6 +35,25 @@ def stages(instrs: list[dict]) -> list[list[dict]]:
     return out
 
 
+BUILDER_STAGES = ("builder-os", "efa-build", "builder")
+RUNTIME_STAGES = ("runtime-os", "efa", "runtime")
+
+
+def sides(instrs: list[dict]) -> list[list[dict]]:
+    """[builder side, runtime side]: the instructions of the builder stages (builder-os, the EFA
+    stage's build half, builder) and of the runtime stages (runtime-os, the EFA stage, runtime)."""
+    out: list[list[dict]] = [[], []]
+    for st in stages(instrs):
+        name = st[0]["value"].split()[-1]
+        assert name in BUILDER_STAGES + RUNTIME_STAGES, name
+        out[name in RUNTIME_STAGES] += st
+    return out
+
+
+def stage_names(instrs: list[dict]) -> list[str]:
+    return [st[0]["value"].split()[-1] for st in stages(instrs)]
+
+
 def runs(instrs: list[dict]) -> str:
     return "\n".join(i["value"] for i in instrs if i["instruction"] == "RUN")
 
@@ -67,7 +86,7 @@ def image(request):
     img = request.param
     text = render(img)
     instrs = parse(text)
-    return img, text, instrs, stages(instrs)
+    return img, text, instrs, sides(instrs)
 
 
 def test_generated_header(image):
@@ -79,17 +98,18 @@ def test_generated_header(image):
 
 
 def test_multistage_runtime_has_no_compilers(image):
-    img, _, _, st = image
-    assert len(st) == 2
+    img, _, instrs, st = image
+    efa = ["efa-build"] if img.efa else []
+    assert stage_names(instrs) == ["builder-os", *efa, "builder", "runtime-os",
+                                   *(["efa"] if img.efa else []), "runtime"]
     builder, runtime = st
-    assert builder[0]["value"].endswith("AS builder") and runtime[0]["value"].endswith("AS runtime")
     rt = runs(runtime)
     for tool in ("g++", "cmake", "python3-dev", "libopenmpi-dev", "libnccl-dev", "-dev-cuda"):
         assert tool not in rt, f"{tool} in the runtime stage"
     copies = [i["value"] for i in runtime if i["instruction"] == "COPY"]
     assert "--from=builder /opt/venv /opt/venv" in copies
     base_args = [i["value"] for i in parse(render(img)) if i["instruction"] == "ARG"][:2]
-    if img.gpu:
+    if img.gpu and not img.wheels:
         assert base_args == [f"BASE_IMAGE={img.nvidia_base('runtime')}",
                              f"BUILDER_IMAGE={img.nvidia_base('devel')}"]
 
@@ -139,7 +159,7 @@ def test_environment_and_ssh_setenv(image):
     assert env["PYTHONUNBUFFERED"] == "1"
     excluded = env["NCCL_SOCKET_IFNAME"].lstrip("^").split(",")
     assert env["NCCL_SOCKET_IFNAME"].startswith("^") and {"docker0", "lo"} <= set(excluded)
-    if img.gpu:
+    if img.efa:
         assert "/opt/amazon/openmpi/bin" in env["PATH"]
         assert "/opt/aws-ofi-nccl/lib" in env["LD_LIBRARY_PATH"]
     if img.variant.tf_keras:
@@ -157,6 +177,10 @@ def test_gpu_pins_efa_and_horovod_nccl(image):
         assert "nvidia" not in text.lower().replace("/usr/local/nvidia", "")
         return
     v = img.variant
+    if img.wheels:  # CUDA from the framework's wheels: no apt CUDA package, no EFA stage
+        for word in ("libnccl", "libcudnn", "nvidia/cuda:", "efa", "aws-ofi-nccl", "nccl-tests"):
+            assert word not in runs(builder) + runs(runtime), word
+        return
     cuda_mm = img.cuda_mm
     assert f"libnccl2={v.nccl}-1+cuda{cuda_mm}" in runs(builder)
     assert f"libnccl2={v.nccl}-1+cuda{cuda_mm}" in runs(runtime)
@@ -181,10 +205,18 @@ def test_build_time_smoke_step(image):
         assert "from ray.train.torch import TorchTrainer" in rt
     else:
         assert "torchrun --help" in rt
-    check = "python /tmp/cpu_build_check.py " + ("tensorflow" if img.framework == "tensorflow" else "torch")
+    module = "tensorflow" if img.framework == "tensorflow" else "torch"
+    check = "python /tmp/cpu_build_check.py " + module
     assert (check in rt) == (not img.gpu)  # CPU images refuse a CUDA framework build
     if not img.gpu:
         assert "source=launch/node/cpu_build_check.py" in rt
+    # Wheel GPU images check their CUDA build against the pins, and ldd, at build time.
+    gpu_check = (f"python /tmp/gpu_build_check.py {module} --cuda={img.cuda_mm} "
+                 f"--cudnn={img.variant.cudnn} --nccl={img.variant.nccl}")
+    assert (gpu_check in rt) == img.wheels
+    if img.wheels:
+        assert "source=launch/node/gpu_build_check.py" in rt
+        assert ("--horovod" in rt) == bool(img.variant.horovod)
 
 
 def test_pins_in_labels(image):
@@ -214,7 +246,7 @@ def test_cpu_families_share_runtime_base_layers():
     cpu = [i for i in IMAGES if not i.gpu]
     prefixes = []
     for img in cpu:
-        runtime = stages(parse(render(img)))[1]
+        runtime = sides(parse(render(img)))[1]
         prefixes.append([(i["instruction"], i["value"]) for i in runtime][:6])
     assert prefixes[0] == prefixes[1] == prefixes[2]
     assert any(ins == "RUN" and "openssh-server" in val for ins, val in prefixes[0])

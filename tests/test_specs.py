@@ -311,3 +311,83 @@ def test_py_spy_pin_is_checked_and_labelled(tmp_path):
     path = write_spec(tmp_path, "pytorch-ddp", [{"kind": "cpu", "os": "ubuntu24.04", "python": "3.12",
                                                  "pytorch": "2.13.0", "py_spy": "0.3.14"}])
     assert "variants[0].py_spy: [compat.py_spy] py-spy 0.3.14 reads Python 3.3-3.11, not 3.12" in error_of(path)
+
+
+# ---------------------------------------------------------------- CUDA from PyPI wheels (issue 50)
+
+WHEELS = {"kind": "gpu", "cuda_from": "wheels", "os": "debian12", "python": "3.11",
+          "pytorch": "2.13.0", "cuda": "13.0.96", "cudnn": "9.20.0.48", "nccl": "2.29.7",
+          "targets": ["g5"]}
+
+
+def test_every_family_has_a_wheel_gpu_variant_without_efa():
+    images = load_all()
+    for fam in FAMILIES:
+        wheels = [i for i in images if i.family == fam and i.wheels]
+        assert wheels, fam
+        for img in wheels:
+            assert img.gpu and not img.efa and img.cuda_source == "wheels"
+            row = img.wheel_row
+            assert row and (img.variant.cuda, img.variant.cudnn, img.variant.nccl) == (row.cuda, row.cudnn, row.nccl)
+    assert all(i.efa for i in images if i.gpu and not i.wheels)  # the nvidia/cuda variants keep the EFA stage
+
+
+def test_wheel_variant_tag_spells_the_wheels_cuda():
+    tags = {i.tag for i in load_all() if i.wheels}
+    assert "2.13.0-cu130-cudnn9-py311-debian12" in tags
+
+
+def test_wheel_variant_with_a_cudnn_that_does_not_exist(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{**WHEELS, "cudnn": "9.1.0.70"}])
+    msg = error_of(path)
+    assert "pytorch-ddp.yaml:" in msg and "variants[0].cudnn: [compat.cuda_wheels]" in msg
+    assert "PyTorch 2.13.0's wheels bring cuDNN 9.20.0.48, not 9.1.0.70" in msg
+    assert "source: PyPI torch 2.13.0 Requires-Dist" in msg  # the table's source, in the message
+    assert msg.count("\n") == 0  # cuda and nccl are right: one problem, one line
+
+
+def test_wheel_variant_of_a_framework_the_table_lacks(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{**WHEELS, "pytorch": "2.12.0"}])
+    msg = error_of(path)
+    assert "variants[0].pytorch: [compat.cuda_wheels] PyTorch 2.12.0 has no row in compat.yaml" in msg
+    assert "known: 2.13.0" in msg
+
+
+def test_wheel_variant_cuda_the_framework_has_no_wheel_for(tmp_path):
+    """A framework/CUDA pairing the table forbids: CUDA 12.4 wheels beside torch 2.13."""
+    path = write_spec(tmp_path, "pytorch-ddp", [{**WHEELS, "cuda": "12.4.127"}])
+    msg = error_of(path)
+    assert "variants[0].cuda: [compat.cuda_wheels]" in msg
+    assert "variants[0].cuda: [compat.pytorch] PyTorch 2.13 has no wheel for CUDA 12.4" in msg
+
+
+def test_wheel_variant_carries_no_efa_stage(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{**WHEELS, "efa_installer": "1.38.0"}])
+    assert "variants[0].efa_installer: [wheels] 'cuda_from: wheels' variants carry no EFA stage" in error_of(path)
+
+
+def test_cuda_from_on_a_cpu_variant(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{
+        "kind": "cpu", "cuda_from": "wheels", "os": "debian12", "python": "3.11", "pytorch": "2.13.0"}])
+    assert "variants[0].cuda_from: [cpu] CPU variants do not take 'cuda_from'" in error_of(path)
+
+
+def test_wheel_variant_targets_need_kernels(tmp_path):
+    path = write_spec(tmp_path, "pytorch-ddp", [{**WHEELS, "targets": ["g5", "p3"]}])
+    assert "cu130 torch wheels start at sm_75; target p3 (V100, sm_70)" in error_of(path)
+
+
+def test_cli_refuses_a_bad_wheel_pin_at_render(tmp_path):
+    """Refused at render, with the table's source, before anything is built or written."""
+    proj = _copy_project(tmp_path)
+    spec = proj / "images" / "pytorch-ddp.yaml"
+    text = spec.read_text()
+    assert text.count('cudnn: "9.20.0.48"') == 1
+    spec.write_text(text.replace('cudnn: "9.20.0.48"', 'cudnn: "9.1.0.70"'))
+    for args in (("render",), ("build", "--image", "pytorch-ddp", "--tag", "2.13.0-cu130-cudnn9-py311-debian12")):
+        result = _invoke(proj, *args)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+        assert "[compat.cuda_wheels] PyTorch 2.13.0's wheels bring cuDNN 9.20.0.48, not 9.1.0.70" in result.stderr
+        assert "source: PyPI torch 2.13.0 Requires-Dist" in result.stderr
+    assert not (proj / "dockerfiles").exists()
