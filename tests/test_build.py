@@ -149,22 +149,29 @@ def test_no_secret_in_any_layer(family, cpu_images, ca_bundle, pip_conf):
     files = 0
     for layer, path, data in _layer_members(cpu_images[family].ref):
         files += 1
-        # A file holding the marker at all; dtrain's own code (opt/dtrain/: the repository's
-        # files, whose key check names the marker) is searched for key material below.
-        if b"PRIVATE KEY-----" in data and not path.lstrip("./").startswith(("usr/", "opt/venv/lib/", "opt/dtrain/")):
-            leaks.append(f"{layer}:{path}: private key")
-        # Key material in a text file (an ELF library may embed a PEM test vector).
-        if not data.startswith(b"\x7fELF") and re.search(
-                rb"-----BEGIN (RSA |EC |OPENSSH |DSA |ENCRYPTED )?PRIVATE KEY-----\n[A-Za-z0-9+/]{40}", data):
-            leaks.append(f"{layer}:{path}: private key material")
-        if marker_body in data.replace(b"\n", b""):
-            leaks.append(f"{layer}:{path}: the build's CA bundle")
-        if b"dtrain-pipconf-marker-7f3a9c" in data:
-            leaks.append(f"{layer}:{path}: the build's pip.conf")
-        if path.endswith(("pip.conf", "pip.ini")):
-            leaks.append(f"{layer}:{path}: a pip config file")
+        leaks += secret_leaks(layer, path, data, marker_body)
     assert files > 1000, "the scan saw the image's files"
     assert not leaks, "\n".join(leaks)
+
+
+def secret_leaks(layer: str, path: str, data: bytes, marker_body: bytes) -> list[str]:
+    """What one file of one layer leaks: a private key, the build's CA bundle or pip.conf."""
+    leaks = []
+    # A file holding the marker at all; dtrain's own code (opt/dtrain/: the repository's
+    # files, whose key check names the marker) is searched for key material below.
+    if b"PRIVATE KEY-----" in data and not path.lstrip("./").startswith(("usr/", "opt/venv/lib/", "opt/dtrain/")):
+        leaks.append(f"{layer}:{path}: private key")
+    # Key material in a text file (an ELF library may embed a PEM test vector).
+    if not data.startswith(b"\x7fELF") and re.search(
+            rb"-----BEGIN (RSA |EC |OPENSSH |DSA |ENCRYPTED )?PRIVATE KEY-----\n[A-Za-z0-9+/]{40}", data):
+        leaks.append(f"{layer}:{path}: private key material")
+    if marker_body in data.replace(b"\n", b""):
+        leaks.append(f"{layer}:{path}: the build's CA bundle")
+    if b"dtrain-pipconf-marker-7f3a9c" in data:
+        leaks.append(f"{layer}:{path}: the build's pip.conf")
+    if path.endswith(("pip.conf", "pip.ini")):
+        leaks.append(f"{layer}:{path}: a pip config file")
+    return leaks
 
 
 def test_cpu_families_share_base_layers(cpu_images):
