@@ -96,6 +96,9 @@ def _horovod_build_env(img: Image) -> dict[str, str]:
         }
         if img.wheels:
             env["HOROVOD_NCCL_HOME"] = CUDA_WHEELS_HOME
+            # Horovod asks torch whether it is a CUDA build (horovod/cmake/Modules/FindPytorch.cmake:
+            # torch.version.cuda and torch.utils.cpp_extension.CUDA_HOME, which reads CUDA_HOME).
+            env["CUDA_HOME"] = CUDA_WHEELS_HOME
     return dict(sorted(env.items()))
 
 

@@ -364,6 +364,19 @@ def load_all(families: list[str] | None = None) -> list[Image]:
     return out
 
 
+def efa_variant(family: str, instance_type: str) -> str | None:
+    """The image to use on an EFA instance type: the first variant of `family` with the EFA
+    stage whose targets hold the type's family ('p4d.24xlarge' -> p4d), as dtrain/FAMILY:TAG;
+    None when there is none (or the family is unknown)."""
+    if family not in FAMILIES:
+        return None
+    kind = instance_type.split(".")[0]
+    for img in load_family(family_path(family)):
+        if img.efa and kind in (img.variant.targets or []):
+            return f"dtrain/{img.family}:{img.tag}"
+    return None
+
+
 # ---------------------------------------------------------------- size budget
 
 SIZE_BUDGET_FACTOR = 1.2

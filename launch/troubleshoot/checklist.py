@@ -49,7 +49,9 @@ DOCTOR_CHECKS: dict[str, str] = {
     "memlock": "`ulimit -l` in the container is unlimited",
     "efa": "EFA instance types (read from DMI, no network) have /dev/infiniband/uverbs* devices, "
            "as many as the type has EFA interfaces (one per network card; WARN with fewer), and "
-           "with `--image` libfabric in the container sees them (`fi_info -p efa`)",
+           "with `--image` libfabric in the container sees them (`fi_info -p efa`); with `--image`, "
+           "WARN where the image has no EFA stage (label `dtrain.efa=no`: the GPU variants built "
+           "from PyPI's CUDA wheels) on an EFA instance type, naming the family's EFA variant",
     "clock": "node clocks agree within a few seconds and are synchronised",
     "disk": "Docker's data root has room for the image and the job",
 }
@@ -582,12 +584,16 @@ ENTRIES: tuple[Entry, ...] = (
         cause="The EFA devices are not passed into the container (`/dev/infiniband/uverbs*`), "
               "the instance type has no EFA or it was not enabled at launch, the security "
               "group does not allow all traffic from itself, or the plugin is not on "
-              "`LD_LIBRARY_PATH`. On instance types without EFA these lines are expected.",
+              "`LD_LIBRARY_PATH`, or the image has no EFA stage at all (label `dtrain.efa=no`: "
+              "the GPU variants built from PyPI's CUDA wheels, made for g4dn, g5 and g6). On "
+              "instance types without EFA these lines are expected.",
         fix="`dtrain launch` passes the EFA devices (`--device /dev/infiniband/uverbsN`) on "
             "EFA instance types; dtrain GPU images ship libfabric with the EFA provider and "
             "aws-ofi-nccl in `/opt/aws-ofi-nccl/lib` (on `LD_LIBRARY_PATH`). Enable EFA on "
-            "the instances and allow all traffic within the security group.",
-        confirm="`dtrain doctor` check `efa` (`fi_info -p efa` in the container); "
+            "the instances and allow all traffic within the security group. On p4d and p5 run "
+            "the family's EFA variant (the `ubuntu22.04` tags; docs/images.md, \"Which variant\").",
+        confirm="`dtrain doctor` check `efa` (`fi_info -p efa` in the container; WARN naming the "
+                "EFA variant when the image has none); "
                 "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works.",
         source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
         doctor_checks=("efa",),

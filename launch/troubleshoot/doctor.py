@@ -195,7 +195,8 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
         add(h, "clock", status, f"{skew:+.2f} s from this machine{ntp}")
 
         itype, efa = f.get("instance_type", ""), f.get("efa", "").split()
-        add(h, "efa", *efa_verdict(itype, len(efa), (containers or {}).get(h, {}).get("fi_efa")))
+        add(h, "efa", *efa_image_verdict(efa_verdict(itype, len(efa), (containers or {}).get(h, {}).get("fi_efa")),
+                                          labels, itype, len(efa)))
 
         c = (containers or {}).get(h)
         if containers is None:
@@ -233,6 +234,28 @@ def lazy_verdict(docker_info: str) -> tuple[Status, str]:
         return "PASS", (f"can lazy-load: storage driver soci (Docker {fields[0]} on the containerd image store); "
                         "images pushed with `dtrain push --soci` start before they are all there")
     return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off)"
+
+
+def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype: str,
+                      devices: int) -> tuple[Status, str]:
+    """The `efa` check with `--image`: a GPU image without the EFA stage (label dtrain.efa=no: the
+    variants built from PyPI's CUDA wheels) on an EFA instance type is a WARN naming the family's
+    EFA variant for the type (NCCL finds no aws-ofi-nccl and runs over TCP sockets); a FAIL stays."""
+    if verdict[0] == "FAIL" or labels.get(contract.LABEL_KIND) != "gpu" or labels.get(contract.LABEL_EFA) != "no":
+        return verdict
+    if not (efa_count(itype) or devices):
+        return verdict
+    from dtrain.images.spec import SpecError, efa_variant
+
+    family = labels.get("dtrain.family", "")
+    try:
+        use = efa_variant(family, itype)
+    except SpecError:
+        use = None
+    where = f"{itype} has EFA" if efa_count(itype) else f"{devices} EFA device(s) here"
+    return "WARN", (f"{where}, but the image has no EFA stage (dtrain.efa=no; CUDA from "
+                    f"{labels.get(contract.LABEL_CUDA_FROM, '?')}): NCCL runs over TCP sockets; use "
+                    + (use or f"a {family or 'dtrain'} variant with EFA") + " (docs/images.md#which-variant)")
 
 
 def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[Status, str]:

@@ -1,0 +1,57 @@
+"""`dtrain doctor`'s efa check with --image: a GPU image without the EFA stage (the variants
+built from PyPI's CUDA wheels, label dtrain.efa=no) on an EFA instance type is a WARN naming the
+family's EFA variant (issue 50). Pure: labels and facts in, a verdict out."""
+
+from __future__ import annotations
+
+from dtrain.images.spec import efa_variant, load_all
+from dtrain.images.render import context
+from dtrain.launch.troubleshoot.doctor import efa_image_verdict, efa_verdict
+
+
+def labels_of(family: str, wheels: bool) -> dict[str, str]:
+    img = next(i for i in load_all([family]) if i.gpu and i.wheels == wheels)
+    return context(img)["labels"]
+
+
+def verdict(labels: dict[str, str], itype: str, devices: int):
+    return efa_image_verdict(efa_verdict(itype, devices), labels, itype, devices)
+
+
+def test_wheel_image_on_p4d_warns_and_names_the_efa_variant():
+    status, detail = verdict(labels_of("pytorch-ddp", wheels=True), "p4d.24xlarge", 4)
+    assert status == "WARN"
+    assert "p4d.24xlarge has EFA, but the image has no EFA stage (dtrain.efa=no; CUDA from wheels)" in detail
+    assert "use dtrain/pytorch-ddp:2.11.0-cu128-cudnn9-py310-ubuntu22.04" in detail
+    assert efa_variant("pytorch-ddp", "p4d.24xlarge") == "dtrain/pytorch-ddp:2.11.0-cu128-cudnn9-py310-ubuntu22.04"
+
+
+def test_each_family_has_an_efa_variant_for_p5():
+    for family in ("pytorch-ddp", "horovod-pytorch", "horovod-tensorflow", "ray-train"):
+        status, detail = verdict(labels_of(family, wheels=True), "p5.48xlarge", 32)
+        assert status == "WARN" and f"use dtrain/{family}:" in detail and "ubuntu22.04" in detail, detail
+
+
+def test_wheel_image_where_it_belongs_passes():
+    labels = labels_of("pytorch-ddp", wheels=True)
+    assert verdict(labels, "g5.xlarge", 0) == ("PASS", "no EFA: not an EFA instance type (g5.xlarge)")
+    assert verdict(labels, "", 0)[0] == "PASS"  # not EC2
+
+
+def test_efa_image_on_p4d_passes_and_a_fail_stays_a_fail():
+    assert verdict(labels_of("pytorch-ddp", wheels=False), "p4d.24xlarge", 4)[0] == "PASS"
+    # No EFA device attached: the node's own FAIL wins over the image's WARN.
+    assert verdict(labels_of("pytorch-ddp", wheels=True), "p4d.24xlarge", 0)[0] == "FAIL"
+
+
+def test_cpu_image_and_no_image_are_left_alone():
+    cpu = next(i for i in load_all(["pytorch-ddp"]) if not i.gpu)
+    assert context(cpu)["labels"]["dtrain.efa"] == "no"
+    assert verdict(context(cpu)["labels"], "p4d.24xlarge", 4)[0] == "PASS"
+    assert verdict({}, "p4d.24xlarge", 4)[0] == "PASS"
+
+
+def test_labels_say_the_recipe():
+    assert labels_of("ray-train", wheels=True)["dtrain.cuda-from"] == "wheels"
+    efa = labels_of("ray-train", wheels=False)
+    assert efa["dtrain.cuda-from"] == "nvidia/cuda" and efa["dtrain.efa"] == "yes"
