@@ -45,6 +45,7 @@ NODE_ALLOWED = {
     "sagemaker_train.py": ("dtrain",),
     "ray_wait.py": ("ray",),
     "cpu_build_check.py": ("torch", "tensorflow"),
+    "gpu_build_check.py": ("torch", "tensorflow"),  # horovod by importlib, in the wheel GPU images
     "examples/allreduce_bw.py": ("torch", "horovod", "tensorflow"),
     "examples/allreduce_check.py": ("torch", "horovod", "tensorflow"),
     "examples/ckpt_train.py": ("torch",),
