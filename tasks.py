@@ -244,6 +244,7 @@ def render(c, image=None, check=False):
     "image": "one family; default all three",
     "tag": "one variant by tag (see dockerfiles/<family>/)",
     "all": "every variant, GPU ones too (needs the nvidia/cuda bases); default: CPU variants",
+    "wheels": "the GPU variants whose CUDA comes from PyPI's wheels (no nvidia/cuda base needed)",
     "base_image": "base for both stages, e.g. a mirrored or imported image (dtrain/debian:bookworm)",
     "builder_image": "base for the builder stage only",
     "ca_bundle": "CA bundle for pip/curl/apt inside the build, as a BuildKit secret "
@@ -257,7 +258,8 @@ def render(c, image=None, check=False):
     "from_": "with --project: FAMILY or FAMILY:TAG to build from (default: `from:` in DIR/dtrain.yaml)",
 })
 def build(c, image=None, tag=None, all=False, base_image=None, builder_image=None, ca_bundle=None,
-          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False, project=None, from_=None):
+          pip_conf=None, wheelhouse=None, push_cache=None, no_cache=False, project=None, from_=None,
+          wheels=False):
     """Build images with BuildKit from dockerfiles/ (run `dtrain render` first), or a project image."""
     from pathlib import Path
 
@@ -295,9 +297,9 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
             pip_conf=Path(pip_conf) if pip_conf else None,
             wheelhouse=Path(wheelhouse) if wheelhouse else None,
             push_cache=push_cache, no_cache=no_cache)
-        b.check([image] if image else None, tag, all, opts)  # every flag before the engine starts
+        b.check([image] if image else None, tag, all, opts, wheels=wheels)  # every flag before the engine starts
         engine.ensure_dockerd()
-        b.build([image] if image else None, tag, all, opts)
+        b.build([image] if image else None, tag, all, opts, wheels=wheels)
 
 
 @task(help={

@@ -70,15 +70,18 @@ class _Progress:
 # ---------------------------------------------------------------- pure parts
 
 
-def select(images: list[Image], tag: str | None, all_variants: bool) -> list[Image]:
-    """Which variants to build: one tag, every variant, or (default) the CPU variants."""
+def select(images: list[Image], tag: str | None, all_variants: bool, wheels: bool = False) -> list[Image]:
+    """Which variants to build: one tag, every variant, the GPU variants built from PyPI's CUDA
+    wheels (`wheels`; with `all_variants`, everything), or (default) the CPU variants."""
     if tag:
         chosen = [i for i in images if i.tag == tag]
         if not chosen:
             known = ", ".join(sorted(i.tag for i in images))
             raise BuildError(f"--tag {tag}: no variant has this tag; known: {known}")
         return chosen
-    return images if all_variants else [i for i in images if not i.gpu]
+    if all_variants:
+        return images
+    return [i for i in images if i.wheels] if wheels else [i for i in images if not i.gpu]
 
 
 def torch_wheel_present(wheel_names: list[str], version: str) -> bool:
@@ -222,11 +225,12 @@ def check_paths(opts: BuildOptions) -> None:
             raise BuildError(f"{label} {path}: not readable by this user")
 
 
-def check(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions) -> list[Image]:
+def check(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
+          wheels: bool = False) -> list[Image]:
     """Everything `build` can check without the engine: the variants, the rendered Dockerfiles,
     the flags' files. The variants to build."""
     try:
-        images = select(load_all(families), tag, all_variants)
+        images = select(load_all(families), tag, all_variants, wheels)
     except SpecError as e:
         raise BuildError(str(e)) from None
     _check_inputs(images, opts)
@@ -341,11 +345,11 @@ def _failure(img: Image, log: Path, state: _Progress) -> BuildError:
 
 
 def build(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
-          say: Callable[[str], None] = print) -> list[BuildResult]:
+          say: Callable[[str], None] = print, wheels: bool = False) -> list[BuildResult]:
     """Build the selected variants one after the other; print a summary table."""
     from dtrain import engine
 
-    images = check(families, tag, all_variants, opts)
+    images = check(families, tag, all_variants, opts, wheels)
     docker = require_engine()
     if opts.base_image and not engine.image_exists(opts.base_image):
         raise BuildError(f"--base-image {opts.base_image} is not in the local engine "

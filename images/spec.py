@@ -103,7 +103,7 @@ class _WheelRow(_Strict):
     cudnn: str
     nccl: str
     min_driver: str
-    nvcc: str  # the requirement that brings this CUDA release's nvcc (Horovod's NCCL ops)
+    nvcc: list[str]  # the requirements that bring this CUDA release's nvcc and CCCL (Horovod's NCCL ops)
     nvcc_build_only: list[str]  # distributions of it the builder removes once Horovod is built
     source: str
 

@@ -391,3 +391,15 @@ def test_cli_refuses_a_bad_wheel_pin_at_render(tmp_path):
         assert "[compat.cuda_wheels] PyTorch 2.13.0's wheels bring cuDNN 9.20.0.48, not 9.1.0.70" in result.stderr
         assert "source: PyPI torch 2.13.0 Requires-Dist" in result.stderr
     assert not (proj / "dockerfiles").exists()
+
+
+def test_build_selects_the_wheel_gpu_variants():
+    """`dtrain build --wheels`: every wheel GPU variant (the four families), nothing else."""
+    from dtrain.images.build import select
+
+    images = load_all()
+    chosen = select(images, None, False, wheels=True)
+    assert {i.family for i in chosen} == set(FAMILIES) and all(i.wheels for i in chosen)
+    assert len(chosen) == sum(1 for i in images if i.wheels)
+    assert all(not i.gpu for i in select(images, None, False))  # the default stays the CPU variants
+    assert select(images, None, True, wheels=True) == images
