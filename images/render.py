@@ -220,7 +220,8 @@ def context(img: Image) -> dict[str, Any]:
         }
     if img.framework == "tensorflow":
         tf = ("tensorflow[and-cuda]" if img.wheels else "tensorflow") if img.gpu else "tensorflow-cpu"
-        ctx["tf_pip"] = [f"{tf}=={v.tensorflow}"] + ([f"tf-keras=={v.tf_keras}"] if v.tf_keras else [])
+        first = f'"{tf}=={v.tensorflow}"' if img.wheels else f"{tf}=={v.tensorflow}"  # [and-cuda]: quoted
+        ctx["tf_pip"] = [first] + ([f"tf-keras=={v.tf_keras}"] if v.tf_keras else [])
     else:
         ctx["torch_index"] = torch_index(img)
         ctx["torch_pip"] = f"torch==={v.pytorch}" if img.wheels else f"torch=={v.pytorch}"
