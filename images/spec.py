@@ -105,6 +105,7 @@ class _WheelRow(_Strict):
     min_driver: str
     nvcc: list[str]  # the requirements that bring this CUDA release's nvcc and CCCL (Horovod's NCCL ops)
     nvcc_build_only: list[str]  # distributions of it the builder removes once Horovod is built
+    no_nvcc: str | None = None  # nvcc: [] because no nvcc wheel exists for this CUDA: why, and the source
     source: str
 
 
@@ -511,6 +512,11 @@ def _check_cuda_wheels(img: Image) -> list[Problem]:
         return out + [(fw, "compat.cuda_wheels",
                        f"{name} {version} has no row in compat.yaml cuda_wheels.{fw} (known: {known}): "
                        "add the CUDA, cuDNN and NCCL its PyPI wheel requires (Requires-Dist), with the source")]
+    if v.horovod and not row.nvcc:
+        out.append(("horovod", "compat.cuda_wheels",
+                    f"Horovod's NCCL ops are compiled with nvcc, and {name} {version}'s CUDA wheels have "
+                    f"none ({row.no_nvcc or 'no nvcc in cuda_wheels'}): build Horovod with {name} on "
+                    "GPU from an nvidia/cuda variant (cuda_from: nvidia)"))
     what = {"cuda": ("CUDA", row.cuda), "cudnn": ("cuDNN", row.cudnn), "nccl": ("NCCL", row.nccl)}
     for key, (label, want) in what.items():
         have = getattr(v, key)

@@ -27,7 +27,7 @@ def test_wheel_image_on_p4d_warns_and_names_the_efa_variant():
 
 
 def test_each_family_has_an_efa_variant_for_p5():
-    for family in ("pytorch-ddp", "horovod-pytorch", "horovod-tensorflow", "ray-train"):
+    for family in ("pytorch-ddp", "horovod-pytorch", "ray-train"):  # horovod-tensorflow: no wheel variant
         status, detail = verdict(labels_of(family, wheels=True), "p5.48xlarge", 32)
         assert status == "WARN" and f"use dtrain/{family}:" in detail and "ubuntu22.04" in detail, detail
 

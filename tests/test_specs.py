@@ -320,9 +320,14 @@ WHEELS = {"kind": "gpu", "cuda_from": "wheels", "os": "debian12", "python": "3.1
           "targets": ["g5"]}
 
 
-def test_every_family_has_a_wheel_gpu_variant_without_efa():
+# Horovod + TensorFlow has none: no nvcc wheel for TensorFlow's CUDA (compat.yaml no_nvcc).
+WHEEL_FAMILIES = ("horovod-pytorch", "pytorch-ddp", "ray-train")
+
+
+def test_every_family_but_horovod_tensorflow_has_a_wheel_gpu_variant_without_efa():
     images = load_all()
-    for fam in FAMILIES:
+    assert not [i for i in images if i.family == "horovod-tensorflow" and i.wheels]
+    for fam in WHEEL_FAMILIES:
         wheels = [i for i in images if i.family == fam and i.wheels]
         assert wheels, fam
         for img in wheels:
@@ -399,7 +404,24 @@ def test_build_selects_the_wheel_gpu_variants():
 
     images = load_all()
     chosen = select(images, None, False, wheels=True)
-    assert {i.family for i in chosen} == set(FAMILIES) and all(i.wheels for i in chosen)
+    assert {i.family for i in chosen} == set(WHEEL_FAMILIES) and all(i.wheels for i in chosen)
     assert len(chosen) == sum(1 for i in images if i.wheels)
     assert all(not i.gpu for i in select(images, None, False))  # the default stays the CPU variants
     assert select(images, None, True, wheels=True) == images
+
+
+def test_horovod_on_wheels_without_nvcc_is_refused_at_render(tmp_path):
+    """TensorFlow's CUDA wheels have no nvcc: Horovod's NCCL ops cannot be built from them, so
+    the variant is refused at render, with the table's reason and source, not at build."""
+    path = write_spec(tmp_path, "horovod-tensorflow", [{
+        "kind": "gpu", "cuda_from": "wheels", "os": "debian12", "python": "3.11", "tensorflow": "2.15.1",
+        "horovod": "0.28.1", "cuda": "12.2.140", "cudnn": "8.9.4.25", "nccl": "2.16.5", "targets": ["g5"]}])
+    msg = error_of(path)
+    assert "variants[0].horovod: [compat.cuda_wheels] Horovod's NCCL ops are compiled with nvcc" in msg
+    assert "TensorFlow 2.15.1's CUDA wheels have none (nvidia-cuda-nvcc-cu12 12.2.140" in msg
+    assert "ships bin/ptxas only" in msg and msg.count("\n") == 0
+    # The same framework and pins without Horovod are a valid wheel variant.
+    path = write_spec(tmp_path, "horovod-tensorflow", [{
+        "kind": "gpu", "cuda_from": "wheels", "os": "debian12", "python": "3.11", "tensorflow": "2.15.1",
+        "cuda": "12.2.140", "cudnn": "8.9.4.25", "nccl": "2.16.5", "targets": ["g5"]}])
+    assert "[compat.cuda_wheels]" not in error_of(path)  # only the family rule: it needs horovod
