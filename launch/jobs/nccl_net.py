@@ -140,6 +140,8 @@ def parse(lines: Iterable[str]) -> NcclNet:
         if "NET" not in raw and "network" not in raw:
             continue
         s = _message(raw)
+        if s.startswith("NET/OFI") and n.plugin in ("", "internal"):  # aws-ofi-nccl speaks: it is loaded
+            n = replace(n, plugin="aws-ofi-nccl")
         if m := _USING.search(s):
             n = replace(n, name=m.group(1), network=_network(m.group(1)))
         elif m := _SELECTED.search(s):
@@ -281,14 +283,13 @@ def expect_of(info: Sequence[str], efa_types: dict[str, int]) -> Expect:
     kv: dict[str, str] = {}
     env: list[tuple[str, str]] = []
     for line in info:
-        k, sep, v = line.partition("=")
-        if not sep:
-            continue
-        if k == "env":
-            name, _, value = v.partition("=")
+        if line.startswith("env "):
+            name, _, value = line[4:].partition("=")
             if name in RANK_VARS:
                 env.append((name, value))
-        else:
+            continue
+        k, sep, v = line.partition("=")
+        if sep:
             kv[k] = v.strip()
     itype = kv.get("itype", "")
     devices = kv.get("uverbs", "0")
