@@ -380,3 +380,25 @@ def test_warn_and_a_right_network_let_the_job_run(tmp_path, monkeypatch):
         for d in dirs.values():
             for f in d.iterdir():
                 f.unlink()
+
+
+# ---------------------------------------------------------------- dtrain diagnose
+
+def test_diagnose_says_what_nccl_chose_and_why():
+    """The efa entries' findings carry what the parser reads from the log; where aws-ofi-nccl named
+    the instance type (NCCL_527's platform line), the likely cause against it."""
+    from dtrain.launch.troubleshoot.diagnose import diagnose, diagnose_file, format_report
+
+    [f] = diagnose_file(ROOT / "tests" / "logs" / "efa-unused.log")
+    assert f.entry.id == "efa-unused"
+    assert f.notes == ("nccl: NCCL chose Socket (aws-ofi-nccl: aws-ofi-nccl initialization failed)",)
+    [f] = diagnose_file(ROOT / "tests" / "logs" / "efa-not-selected.log")
+    assert f.notes == ("nccl: NCCL chose OFI (aws-ofi-nccl 1.14.0) provider tcp;ofi_rxm, 1 NIC(s)",)
+    log = "\n".join([EFA_OK[2], CXI, EFA_OK[-1]])
+    [f] = diagnose(log)
+    assert f.entry.id == "efa-not-selected"
+    assert f.notes[1].startswith("nccl: on p4d.24xlarge (EFA x4 (p4d.24xlarge)): likely libfabric's efa provider")
+    assert "\n   nccl: NCCL chose OFI (aws-ofi-nccl) provider cxi" in format_report([f])
+    log = "\n".join([NO_PLUGIN_OLD, *SOCKET])  # no EFA said: what NCCL chose, no cause guessed
+    [f] = diagnose(log)
+    assert f.notes == ("nccl: NCCL chose Socket on lo (libnccl-net.so not found: no net plugin); plugin internal",)

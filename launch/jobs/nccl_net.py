@@ -237,7 +237,7 @@ def _why_no_efa(e: Expect) -> tuple[str, str, str]:
                 "driver (the EFA installer), then check `ls /dev/infiniband` on the node")
     if e.memlock and e.memlock != "unlimited":
         return ("memlock", f"memlock is {e.memlock} KiB in the container; EFA needs unlimited",
-                "let dockerd lift it: LimitMEMLOCK=infinity in its systemd unit (docs/troubleshooting.md#memlock)")
+                "let dockerd lift it: LimitMEMLOCK=infinity in its systemd unit")
     return ("efa-not-selected", "libfabric's efa provider did not come up in the container",
             "run `dtrain doctor --image IMAGE` (check efa: fi_info -p efa in the container); allow all traffic "
             "within the security group")
