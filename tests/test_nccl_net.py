@@ -399,6 +399,8 @@ def test_diagnose_says_what_nccl_chose_and_why():
     assert f.entry.id == "efa-not-selected"
     assert f.notes[1].startswith("nccl: on p4d.24xlarge (EFA x4 (p4d.24xlarge)): likely libfabric's efa provider")
     assert "\n   nccl: NCCL chose OFI (aws-ofi-nccl) provider cxi" in format_report([f])
-    log = "\n".join([NO_PLUGIN_OLD, *SOCKET])  # no EFA said: what NCCL chose, no cause guessed
+    log = "\n".join([*NO_PLUGIN_NEW, SOCKET_TWO, SOCKET[1]])  # no type said: what NCCL chose, no cause guessed
     [f] = diagnose(log)
-    assert f.notes == ("nccl: NCCL chose Socket on lo (libnccl-net.so not found: no net plugin); plugin internal",)
+    assert f.entry.id == "efa-unused"
+    assert f.notes == ("nccl: NCCL chose Socket on enP1p1s0f0 enP1p1s0f1 (libnccl-net.so not found: no net plugin); "
+                       "plugin internal",)
