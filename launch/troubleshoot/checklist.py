@@ -571,6 +571,8 @@ ENTRIES: tuple[Entry, ...] = (
             "node-1:1234:1234 [0] NCCL WARN NET/OFI aws-ofi-nccl initialization failed",
             "node-1:1234:1234 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using "
             "internal network plugin.",
+            "node-1:1234:1234 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object "
+            "file: No such file or directory No plugin found (libnccl-net.so), using internal implementation",
             "[launch] NCCL network mismatch on node-2 (efa-unused): Socket on ens5 (libnccl-net.so "
             "not found: no net plugin); expected EFA x4 (p4d.24xlarge); likely no net plugin in the "
             "image (libnccl-net.so not found): an image without aws-ofi-nccl on an EFA type; fix: use "
@@ -583,7 +585,7 @@ ENTRIES: tuple[Entry, ...] = (
             r"NET/OFI No eligible providers were found",
             r"NET/OFI Unable to find a protocol that worked",
             r"NET/OFI aws-ofi-nccl initialization failed",
-            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found)",
+            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found|dlerror=libnccl-net)",
             r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-unused\)",
         ),
         cause="The EFA devices are not passed into the container (`/dev/infiniband/uverbs*`), "
