@@ -74,6 +74,11 @@ CLOUDWATCH = ("  | 2025-05-22T14:26:33.405-07:00 | ip-10-36-22-140:80:2500 [0] N
               "p4d.24xlarge platform, Setting NCCL_TOPO_FILE environment variable to "
               "/opt/amazon/ofi-nccl/share/aws-ofi-nccl/xml/p4d-24xl-topo.xml")
 
+# a WARN line of aws-ofi-nccl (NCCL writes it to NCCL_DEBUG_FILE too)
+OFI_1020 = "https://github.com/aws/aws-ofi-nccl/issues/1020"
+WARN = ("ip-172-31-3-90:1929:1937 [0] nccl_net_ofi_rdma_init:7978 NCCL WARN NET/OFI OFI fi_getinfo() call failed: "
+        "No data available")
+
 P4D = Expect("p4d.24xlarge", efa=4, devices=4, memlock="unlimited")
 
 
@@ -288,7 +293,7 @@ def _dmi() -> str:
 
 
 def test_nccl_net_sh_waits_for_the_network_line_then_reports(tmp_path):
-    rank = _rank(tmp_path, [NO_PLUGIN_OLD, "x:1:1 [0] NCCL INFO cudaDriverVersion 12020", *SOCKET], 0.5,
+    rank = _rank(tmp_path, [NO_PLUGIN_OLD, "x:1:1 [0] NCCL INFO cudaDriverVersion 12020", *SOCKET, WARN], 0.5,
                  {"FI_PROVIDER": "tcp", "SECRET_TOKEN": "s3cret"})
     try:
         r = subprocess.run(["bash", str(contract.NODE_SCRIPTS / "nccl_net.sh"), str(tmp_path), "20", *nccl_net.RANK_VARS],
@@ -302,7 +307,7 @@ def test_nccl_net_sh_waits_for_the_network_line_then_reports(tmp_path):
     assert any(x.startswith("uverbs=") for x in info) and any(x.startswith("memlock=") for x in info)
     [(name, lines)] = parts.items()
     assert name == f"nccl.{os.uname().nodename.split('.')[0]}.{rank.pid}"
-    assert lines == [NO_PLUGIN_OLD, *SOCKET]  # its INIT/NET lines only
+    assert lines == [NO_PLUGIN_OLD, *SOCKET, WARN]  # its INIT/NET and WARN lines only
     t0 = time.monotonic()  # nothing written: it gives up after WAIT_S
     r = subprocess.run(["bash", str(contract.NODE_SCRIPTS / "nccl_net.sh"), str(tmp_path / "none"), "1"],
                        capture_output=True, text=True, timeout=30)
@@ -338,7 +343,7 @@ def test_the_supervisor_ends_the_job_within_seconds_of_a_wrong_network(tmp_path,
     nodes = sup.plan.nodes
     ranks = [_rank(dirs["node-1"], [CXI.replace("cxi", "tcp;ofi_rxm") + " (found 1 nics)", EFA_OK[-1]], 1.0,
                    {"FI_PROVIDER": "tcp"}),
-             _rank(dirs["node-2"], [NO_PLUGIN_OLD, *SOCKET], 1.0, {})]
+             _rank(dirs["node-2"], [NO_PLUGIN_OLD, *SOCKET, WARN], 1.0, {})]
     sup.procs = [subprocess.Popen(["sleep", "60"])]  # the attempt's launcher
     sup.state["restarts"] = 0
     try:
@@ -359,6 +364,14 @@ def test_the_supervisor_ends_the_job_within_seconds_of_a_wrong_network(tmp_path,
     assert ev["nodes"]["node-2"]["cause"] == "efa-unused"
     state = json.loads((tmp_path / "state.json").read_text())
     assert "node-1: OFI" in state["nccl"] and state.get("state") != "nccl-net"  # the job's state is not the check's
+    raw = (tmp_path / "output.log").read_text()
+    assert f"{contract.STACK_LINE}[node-2] {WARN}\n" in raw  # NCCL's WARN back in the job's log
+    from dtrain.launch.troubleshoot.diagnose import diagnose
+
+    render = supervision.Render("mpirun", "node-1")
+    log = "\n".join(x for line in raw.splitlines() for x in render.feed(line))  # as dtrain logs shows it
+    found = {f.entry.id: f for f in diagnose(log)}
+    assert found["efa-not-selected"].nodes == ("node-1",) and "efa-unused" in found
     shown = supervision.Render("mpirun", "node-1")
     assert shown.feed(sv.EVENT + json.dumps(ev))[0].startswith("[launch] NCCL network mismatch on node-1 (efa-not-selected)")
 
@@ -391,16 +404,16 @@ def test_diagnose_says_what_nccl_chose_and_why():
 
     [f] = diagnose_file(ROOT / "tests" / "logs" / "efa-unused.log")
     assert f.entry.id == "efa-unused"
-    assert f.notes == ("nccl: NCCL chose Socket (aws-ofi-nccl: aws-ofi-nccl initialization failed)",)
+    assert f.notes == ("nccl: NCCL's network: Socket (aws-ofi-nccl: aws-ofi-nccl initialization failed)",)
     [f] = diagnose_file(ROOT / "tests" / "logs" / "efa-not-selected.log")
-    assert f.notes == ("nccl: NCCL chose OFI (aws-ofi-nccl 1.14.0) provider tcp;ofi_rxm, 1 NIC(s)",)
+    assert f.notes == ("nccl: NCCL's network: OFI (aws-ofi-nccl 1.14.0) provider tcp;ofi_rxm, 1 NIC(s)",)
     log = "\n".join([EFA_OK[2], CXI, EFA_OK[-1]])
     [f] = diagnose(log)
     assert f.entry.id == "efa-not-selected"
     assert f.notes[1].startswith("nccl: on p4d.24xlarge (EFA x4 (p4d.24xlarge)): likely libfabric's efa provider")
-    assert "\n   nccl: NCCL chose OFI (aws-ofi-nccl) provider cxi" in format_report([f])
+    assert "\n   nccl: NCCL's network: OFI (aws-ofi-nccl) provider cxi" in format_report([f])
     log = "\n".join([*NO_PLUGIN_NEW, SOCKET_TWO, SOCKET[1]])  # no type said: what NCCL chose, no cause guessed
     [f] = diagnose(log)
     assert f.entry.id == "efa-unused"
-    assert f.notes == ("nccl: NCCL chose Socket on enP1p1s0f0 enP1p1s0f1 (libnccl-net.so not found: no net plugin); "
+    assert f.notes == ("nccl: NCCL's network: Socket on enP1p1s0f0 enP1p1s0f1 (libnccl-net.so not found: no net plugin); "
                        "plugin internal",)

@@ -100,8 +100,6 @@ class NcclNet:
 
     def said(self) -> str:
         """One phrase: what NCCL chose."""
-        if not self.network:
-            return "no network chosen yet"
         if self.network == "OFI":
             nics = f", {self.nics} NIC(s)" if self.nics is not None else ""
             ver = f" {self.version}" if self.version else ""
@@ -112,7 +110,7 @@ class NcclNet:
             why = f" ({self.missing} not found: no net plugin)"
         elif self.ofi_error:
             why = f" (aws-ofi-nccl: {self.ofi_error})"
-        return f"{self.network}{ifs}{why}"
+        return f"{self.network or 'no network said yet'}{ifs}{why}"
 
 
 def _network(name: str) -> str:
@@ -300,7 +298,7 @@ def expect_of(info: Sequence[str], efa_types: dict[str, int]) -> Expect:
 def judge_node(text: str, efa_types: dict[str, int]) -> tuple[Verdict, Expect, int]:
     """A node's nccl_net.sh output -> (the verdict of its worst rank, what the node has, the
     ranks whose NCCL said its network). Where no rank said one: an OK verdict whose chose is
-    "no network chosen yet"."""
+    "no network said yet"."""
     parts = split_files(text)
     e = expect_of(parts.pop(""), efa_types)
     nets = [parse(lines) for lines in parts.values()]
@@ -339,6 +337,18 @@ def event_fields(check: str, said: dict[str, str], efa_types: dict[str, int]) ->
         if fails(check, v, e):
             bad.append(host)
     return {"check": check, "nodes": nodes, "fails": bad}, bad
+
+
+def warnings(said: dict[str, str], most: int = 20) -> list[str]:
+    """NCCL's WARN lines among the nodes' reports ({hostname: text}), each once, as
+    `[hostname] line`: with NCCL_DEBUG_FILE NCCL writes them to its file, not the job's output,
+    so the supervisor puts them back in the log (dtrain diagnose reads them there)."""
+    out: list[str] = []
+    for host, text in said.items():
+        for ln in text.splitlines():
+            if " NCCL WARN " in ln and f"[{host}] {ln}" not in out:
+                out.append(f"[{host}] {ln}")
+    return out[:most]
 
 
 def _verdict_of(d: dict) -> Verdict:

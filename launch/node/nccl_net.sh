@@ -37,6 +37,6 @@ fi
 for f in "${files[@]}"; do
   [ -f "$f" ] || continue
   echo "file=${f##*/}"
-  grep -sE 'NET/|Using network|Initialized NET plugin|NCCL version' "$f" | head -n 200
+  grep -sE 'NET/|Using network|Initialized NET plugin|NCCL version|NCCL WARN' "$f" | head -n 200
 done
 exit 0

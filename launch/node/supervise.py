@@ -644,6 +644,7 @@ class Supervisor:
         self.state["nccl"] = nccl_net.summary(fields)
         self.save_state()
         self.emit(EVENT + json.dumps({"event": "nccl-net", **fields}))
+        self.emit_all([contract.STACK_LINE + w for w in nccl_net.warnings(said)])  # shown as they are
         if bad:
             self.nccl_fatal = (nccl_net.failure(fields, bad), bad)
 

@@ -241,7 +241,7 @@ def net_notes(text: str) -> tuple[str, ...]:
         return ()
     said = net.said()
     plugin = f"; plugin {net.plugin}" if net.plugin and net.plugin not in said else ""
-    out = [f"nccl: NCCL chose {said}{plugin}"]
+    out = [f"nccl: NCCL's network: {said}{plugin}"]
     if net.platform:
         from dtrain.launch.infra.instance_types import efa_count
 
