@@ -417,3 +417,12 @@ def test_diagnose_says_what_nccl_chose_and_why():
     assert f.entry.id == "efa-unused"
     assert f.notes == ("nccl: NCCL's network: Socket on enP1p1s0f0 enP1p1s0f1 (libnccl-net.so not found: no net plugin); "
                        "plugin internal",)
+
+
+def test_the_run_report_shows_the_check():
+    from dtrain.launch.jobs import report
+
+    line = "[launch] NCCL network mismatch on node-2 (efa-unused): Socket on lo <b>"
+    page = report.html(report.read({"name": "j", "state": "failed"}, f"[launch] job started\n{line}\n"))
+    assert '<p class="note nccl">NCCL network mismatch on node-2 (efa-unused): Socket on lo &lt;b&gt;</p>' in page
+    assert 'class="note nccl"' not in report.html(report.read({"name": "j"}, "[launch] job started\n"))
