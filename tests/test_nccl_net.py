@@ -426,3 +426,44 @@ def test_the_run_report_shows_the_check():
     page = report.html(report.read({"name": "j", "state": "failed"}, f"[launch] job started\n{line}\n"))
     assert '<p class="note nccl">NCCL network mismatch on node-2 (efa-unused): Socket on lo &lt;b&gt;</p>' in page
     assert 'class="note nccl"' not in report.html(report.read({"name": "j"}, "[launch] job started\n"))
+
+
+# ---------------------------------------------------------------- the flag
+
+def _dtrain(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dtrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "AWS_EC2_METADATA_DISABLED": "true"})
+
+
+def test_a_bad_nccl_check_is_one_line_from_the_flag_and_the_file(tmp_path):
+    (tmp_path / "job.yaml").write_text("image: reg/x:1\nhosts: h1:1\ncommand: python t.py\nnccl_check: sometimes\n")
+    (tmp_path / "job2.yaml").write_text("image: reg/x:1\nhosts: h1:1\ncommand: python t.py\n")
+    for r, head in ((_dtrain(tmp_path, "launch", "-f", "job.yaml"), "error: job.yaml:4: nccl_check: "),
+                    (_dtrain(tmp_path, "launch", "-f", "job2.yaml", "--nccl-check", "sometimes"), "error: --nccl-check ")):
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(head) and "warn" in r.stderr and "fail" in r.stderr and "off" in r.stderr, r.stderr
+    r = _dtrain(tmp_path, "launch", "-f", "job2.yaml", "--target", "sagemaker", "--instance-type", "ml.p4d.24xlarge",
+                "--role", "arn:aws:iam::123456789012:role/r", "--nccl-check", "warn")
+    assert r.returncode == 2 and "--nccl-check: not for --target sagemaker" in r.stderr, r.stderr
+
+
+def test_the_launch_gives_the_ranks_nccls_debug_file_only_where_it_checks():
+    """Job.plan: GPU nodes get the check (auto) and NCCL's variables in every rank's environment;
+    CPU nodes, --nccl-check off and a job that sets NCCL_DEBUG itself get neither."""
+    import tasks
+    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs.job import Job, NodeFacts, Started
+    from dtrain.launch.remote.hosts import Node
+
+    def plan(gpus: int, **cfg):
+        spec = tasks.launch_spec({**jobfile.defaults(), "image": "reg/x:1", "command": ["python", "t.py"], **cfg})
+        facts = [NodeFacts(Node(f"10.0.0.{i}", 8), f"10.0.0.{i}", f"node-{i}", "ens5", gpus, (), "") for i in (1, 2)]
+        job = Job(spec, [f.node for f in facts])
+        return job.plan(Started(facts, "sha256:x", 4), {"10.0.0.1": "/d"}, 4)
+
+    p = plan(8)
+    assert p.nccl_check == "auto" and dict(p.efa_types)["p4d.24xlarge"] == 4 and dict(p.efa_types)["p5.48xlarge"] == 32
+    assert dict(p.run.extra_env)["NCCL_DEBUG_FILE"] == "/dtrain-job/nccl.%h.%p"
+    assert plan(8, nccl_check="warn").nccl_check == "warn"
+    for off in (plan(0), plan(8, nccl_check="off"), plan(8, env=["NCCL_DEBUG=INFO"])):
+        assert off.nccl_check == "" and "NCCL_DEBUG_FILE" not in dict(off.run.extra_env)
