@@ -79,6 +79,14 @@ OFI_1020 = "https://github.com/aws/aws-ofi-nccl/issues/1020"
 WARN = ("ip-172-31-3-90:1929:1937 [0] nccl_net_ofi_rdma_init:7978 NCCL WARN NET/OFI OFI fi_getinfo() call failed: "
         "No data available")
 
+# the old plugin's device count (aws-ofi-nccl 2020), in libfabric's CI log
+LIBFABRIC_5698 = "https://github.com/ofiwg/libfabric/pull/5698"
+NDEV = ("INFO: Function: ofi_init Line: 742: NET/OFI Forcing AWS OFI ndev 4",
+        "INFO: Function: ofi_init Line: 757: NET/OFI Selected Provider is efa")
+# the newer wording with libfabric's efa-direct fabric (ofiwg/libfabric#10735): no public log of it
+# was found; the format as launch/troubleshoot/network.py quotes it
+EFA_DIRECT = "node-1:1:1 [0] NCCL INFO NET/OFI Selected Provider is efa, fabric is efa-direct (found 4 nics)"
+
 P4D = Expect("p4d.24xlarge", efa=4, devices=4, memlock="unlimited")
 
 
@@ -160,6 +168,14 @@ def test_ib_is_fine_without_efa_and_wrong_on_an_efa_type():
     assert (net.network, net.nics) == ("IB", 4) and net.interfaces[0] == "mlx5_0:1/RoCE"
     assert verdict(net, Expect()).ok
     assert verdict(net, P4D).cause == "efa-unused"
+
+
+def test_older_and_newer_plugins_count_their_nics():
+    """LIBFABRIC_5698: the old plugin's `Forcing AWS OFI ndev 4`; the efa-direct wording."""
+    old = parse([*NDEV, EFA_OK[-1]])
+    assert (old.provider, old.nics) == ("efa", 4) and verdict(old, P4D).ok
+    new = parse([EFA_DIRECT, EFA_16[1]])
+    assert (new.provider, new.nics) == ("efa", 4) and verdict(new, P4D).ok
 
 
 def test_prefixes_of_other_tools_are_skipped():

@@ -70,6 +70,7 @@ def mode(flag: str | None, gpus: bool, user_vars: Iterable[str]) -> tuple[str, s
 _INFO = re.compile(r"NCCL INFO (.*)$")
 _USING = re.compile(r"(?:Using network|Initialized NET plugin) (\S.*?)\s*$")
 _SELECTED = re.compile(r"NET/OFI Selected [Pp]rovider is ([\w;+-]+)(?:, fabric is [\w;+-]+)?(?: \(found (\d+) nics?\))?")
+_NDEV = re.compile(r"NET/OFI Forcing AWS OFI ndev (\d+)")  # aws-ofi-nccl before "(found N nics)"
 _OFI_VERSION = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (\S+)")
 _PLATFORM = re.compile(r"NET/OFI Running on (\S+?) platform")
 _LOADED = re.compile(r"NET/Plugin ?: ?Loaded (?:net|coll|collnet)? ?plugin (.+?)(?: \(v\d+\))?\.?$")
@@ -145,6 +146,8 @@ def parse(lines: Iterable[str]) -> NcclNet:
         elif m := _SELECTED.search(s):
             n = replace(n, provider=m.group(1), nics=int(m.group(2)) if m.group(2) else n.nics,
                         plugin=n.plugin if n.plugin not in ("", "internal") else "aws-ofi-nccl")
+        elif m := _NDEV.search(s):
+            n = replace(n, nics=int(m.group(1)) if n.nics is None else n.nics)
         elif m := _OFI_VERSION.search(s):
             n = replace(n, version=m.group(1), plugin="aws-ofi-nccl")
         elif m := _PLATFORM.search(s):
@@ -204,7 +207,7 @@ class Expect:
     def text(self) -> str:
         where = f" ({self.instance_type})" if self.instance_type else ""
         if not self.want:
-            return f"no EFA{where}: any network"
+            return f"no EFA{where}, any network"
         return f"EFA x{self.want}{where}"
 
 
