@@ -55,6 +55,21 @@ EFA_OK = (
 NCCL_1597 = "https://github.com/NVIDIA/nccl/issues/1597"
 EFA_16 = ("8h200-3:6310:6318 [0] NCCL INFO NET/OFI Selected Provider is efa (found 16 nics)",
           "8h200-2:6831:6840 [0] NCCL INFO Using network Libfabric")
+# 1 EFA of a p4d.24xlarge's 4 (a pod given one EFA device), NCCL 2.27.3 and aws-ofi-nccl 1.16.2
+TRAINING_ON_EKS = ("https://github.com/gnosia93/training-on-eks/blob/main/chapter/"
+                   "c7-training-optimization-intra-topology.md")
+EFA_1_OF_4 = (
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol.",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO Successfully loaded external plugin libnccl-net.so",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO NET/OFI Running on p4d.24xlarge platform, topology file "
+    "/opt/amazon/ofi-nccl/share/aws-ofi-nccl/xml/p4d-24xl-topo.xml",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO Initialized NET plugin Libfabric",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO Assigned NET plugin Libfabric to comm",
+    "llama-3-8b-node-0-0:188:585 [0] NCCL INFO Using network Libfabric",
+)
 # aws-ofi-nccl over another libfabric provider (Slingshot's cxi)
 DETERMINED_169 = "https://github.com/determined-ai/environments/pull/169"
 CXI = "nid000019:51404:52019 [0] NCCL INFO NET/OFI Selected Provider is cxi"
@@ -117,10 +132,16 @@ def test_the_count_of_nics_in_the_newer_providers_line():
 
 
 def test_efa_with_1_of_4_nics_on_a_p4d():
-    """The issue's case (about 20 GB/s busbw instead of 78): NCCL_1597's line with 1 nic. Where
-    the node has 1 EFA device the instance was launched with one interface; where it has 4,
-    NCCL (libfabric) was narrowed to one."""
-    net = parse([EFA_16[0].replace("found 16 nics", "found 1 nics"), EFA_16[1]])
+    """The issue's case (about 20 GB/s busbw instead of 78), TRAINING_ON_EKS's log: NCCL 2.27's
+    plugin lines, `found 1 nics` on a p4d.24xlarge. Where the node has 1 EFA device the instance
+    was launched with one interface; where it has 4, NCCL (libfabric) was narrowed to one; from a
+    log alone (devices unknown) the type's count is what it is held to."""
+    net = parse(EFA_1_OF_4)
+    assert (net.network, net.name, net.provider, net.nics, net.plugin, net.version, net.platform) == (
+        "OFI", "Libfabric", "efa", 1, "aws-ofi-nccl", "1.16.2", "p4d.24xlarge")
+    assert net.said() == "OFI (aws-ofi-nccl 1.16.2) provider efa, 1 NIC(s)"
+    v = verdict(net, Expect("p4d.24xlarge", 4, devices=-1))
+    assert v.cause == "efa-fewer" and v.why == "NCCL found 1 of the 4 EFA interfaces p4d.24xlarge has"
     v = verdict(net, Expect("p4d.24xlarge", 4, devices=1))
     assert (v.ok, v.cause) == (False, "efa-fewer") and "1 of the 4 EFA devices its type takes" in v.why
     assert "one EFA interface per network card" in v.fix
@@ -195,6 +216,8 @@ def test_nothing_said_yet_is_no_verdict():
 @pytest.mark.parametrize("lines, expect, ok, cause", [
     (EFA_OK, P4D, True, ""),
     (EFA_16, Expect("p5en.48xlarge", 16, 16), True, ""),
+    (EFA_1_OF_4, P4D, False, "efa-fewer"),
+    (EFA_1_OF_4, Expect("g5.48xlarge", 1, 1), True, ""),
     ([EFA_16[0].replace("16", "1"), EFA_16[1]], P4D, False, "efa-fewer"),
     ([CXI, EFA_OK[-1]], P4D, False, "efa-not-selected"),
     ([NO_PLUGIN_OLD, *SOCKET], P4D, False, "efa-unused"),

@@ -195,7 +195,7 @@ class Expect:
 
     instance_type: str = ""  # DMI's product name ("" off EC2)
     efa: int = 0  # EFA interfaces the instance type takes (0: none, or an unknown type)
-    devices: int = 0  # /dev/infiniband/uverbs* in the container (dtrain passes every one the node has)
+    devices: int = 0  # /dev/infiniband/uverbs* in the container (dtrain passes every one the node has; -1: unknown)
     memlock: str = ""  # `ulimit -l` in the container ("unlimited" where it is)
     env: tuple[tuple[str, str], ...] = ()  # RANK_VARS a rank has, (name, value)
 
@@ -253,6 +253,11 @@ def verdict(net: NcclNet, e: Expect) -> Verdict:
         return Verdict(True, chose, expected)
     if net.network == "OFI" and net.provider.split(";")[0] == "efa":
         if net.nics is not None and net.nics < want:
+            if e.devices < 0:  # a log: what the container had is not known
+                return Verdict(False, chose, expected, "efa-fewer",
+                               f"NCCL found {net.nics} of the {e.efa} EFA interfaces {e.instance_type or 'the type'} has",
+                               "launch the instances with one EFA interface per network card (dtrain nodes up does) "
+                               "and pass every /dev/infiniband/uverbs* device to the container (dtrain launch does)")
             if e.devices < e.efa:
                 return Verdict(False, chose, expected, "efa-fewer",
                                f"the node has {e.devices} of the {e.efa} EFA devices its type takes",
