@@ -15,7 +15,7 @@ The lines, as NCCL and aws-ofi-nccl print them (sources in tests/test_nccl_net.p
 
     NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: ... using internal implementation
     NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
-    NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v8)
+    NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)
     NCCL INFO NET/OFI Using aws-ofi-nccl 1.4.0aws
     NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)      (newer: "..., fabric is efa-direct (found 4 nics)")
     NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
