@@ -254,6 +254,8 @@ def test_mode_by_flag_nodes_and_the_users_variables():
     assert nccl_net.mode(None, False, []) == ("off", "")  # no GPU: nothing to say
     assert nccl_net.mode("fail", False, [])[0] == "off" and "no GPU" in nccl_net.mode("fail", False, [])[1]
     assert nccl_net.mode("warn", True, []) == ("warn", "")
+    assert nccl_net.mode(None, True, [], nodes=1) == ("warn", "")  # one node: the network carries nothing
+    assert nccl_net.mode("fail", True, [], nodes=1) == ("fail", "")
     assert nccl_net.mode("off", True, []) == ("off", "")
     off, why = nccl_net.mode(None, True, ["NCCL_DEBUG", "X"])
     assert off == "off" and "NCCL_DEBUG set by --env" in why

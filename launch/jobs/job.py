@@ -512,7 +512,8 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
 
 def nccl_mode(spec: JobSpec, facts: Sequence[NodeFacts]) -> tuple[str, str]:
     """--nccl-check for these nodes (nccl_net.mode): (auto|warn|fail|off, why it is off or "")."""
-    return nccl_net.mode(spec.nccl_check, any(f.gpus for f in facts), (*spec.env, *spec.forward))
+    return nccl_net.mode(spec.nccl_check, any(f.gpus for f in facts), (*spec.env, *spec.forward),
+                         len(facts) - spec.spares)
 
 
 def memlock_warning(facts: Sequence[NodeFacts]) -> str:

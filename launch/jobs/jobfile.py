@@ -223,7 +223,7 @@ class JobFile(BaseModel):
         "at the first collective, the network NCCL chose on every node (its INIT/NET lines, written to the job's "
         "directory) against the node's (EFA on an EFA instance type, as many NICs as the type has): fail ends the "
         "job naming the node, the cause and the fix; warn says so; off; default fail on GPU nodes that should "
-        "use EFA, warn on other GPU nodes, off without GPUs or where --env sets NCCL_DEBUG"))
+        "use EFA (a job on 2 nodes or more), warn on other GPU nodes, off without GPUs or where --env sets NCCL_DEBUG"))
 
     @field_validator(*NUMBERS, mode="before")
     @classmethod

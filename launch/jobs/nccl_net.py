@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-# The modes of --nccl-check; "auto" (the launcher's default on GPU nodes): fail where the node
-# should use EFA, else warn.
+# The modes of --nccl-check; "auto" (the launcher's default on GPU nodes of a job across nodes):
+# fail where the node should use EFA, else warn.
 MODES = ("warn", "fail", "off")
 # The variables the check sets for every rank; where the user sets one of the first two
 # (--env, --env-file), the check is off: NCCL's output is theirs.
@@ -52,9 +52,10 @@ def debug_env(job_dir: str) -> tuple[tuple[str, str], ...]:
             ("NCCL_DEBUG_FILE", f"{job_dir}/{FILE_PREFIX}%h.%p"))
 
 
-def mode(flag: str | None, gpus: bool, user_vars: Iterable[str]) -> tuple[str, str]:
+def mode(flag: str | None, gpus: bool, user_vars: Iterable[str], nodes: int = 2) -> tuple[str, str]:
     """(the supervisor's mode: "auto", "warn", "fail" or "off"; why it is off, or ""). flag:
-    --nccl-check (None: not given); gpus: the nodes have GPUs; user_vars: the job's --env names."""
+    --nccl-check (None: not given); gpus: the nodes have GPUs; user_vars: the job's --env names;
+    nodes: how many run ranks (on one, NCCL's network carries nothing: auto only warns)."""
     if flag == "off":
         return "off", ""
     if not gpus:
@@ -62,7 +63,7 @@ def mode(flag: str | None, gpus: bool, user_vars: Iterable[str]) -> tuple[str, s
     mine = sorted(set(user_vars) & set(USER_VARS))
     if mine:
         return "off", f"{', '.join(mine)} set by --env: NCCL's output is the job's own"
-    return flag or "auto", ""
+    return flag or ("auto" if nodes > 1 else "warn"), ""
 
 
 # ---------------------------------------------------------------- the lines
