@@ -450,7 +450,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
            hang_timeout=None, progress_pattern=None, straggler_check=None,
-           replace_stragglers=False, target=None, instance_type=None, role=None, output=None):
+           replace_stragglers=False, target=None, instance_type=None, role=None, output=None, nccl_check=None):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
@@ -520,6 +520,8 @@ def launch_spec(cfg):
     _choice_flag("--pull", cfg["pull"], ("always", "missing", "never"))
     _choice_flag("--launcher", cfg["launcher"], _launcher_names())
     _choice_flag("--rdzv", cfg["rdzv"], ("static", "c10d"))
+    if cfg["nccl_check"] is not None:
+        _choice_flag("--nccl-check", cfg["nccl_check"], ("warn", "fail", "off"))
     number = {k: None if cfg[k] is None else jobfile.number(k, cfg[k]) for k in jobfile.NUMBERS}  # the model's bounds
     port, seconds, hang = number["master_port"], number["timeout"], number["hang_timeout"]
     envs = _env_flags(cfg["env"], cfg["env_file"])
@@ -555,7 +557,8 @@ def launch_spec(cfg):
                    max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
                    checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
                    imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]),
-                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]))
+                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]),
+                   nccl_check=cfg["nccl_check"], efa_types=targets.efa_types())
 
 
 @task(iterable=["ssh_opt"], help={

@@ -42,7 +42,7 @@ from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  #
 from dtrain.contract import container_name, node_key_dir
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, netgate, nic, node_programs, output, runplan, store, supervision, timeline
+from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
 from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
@@ -96,6 +96,8 @@ class JobSpec:
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
     check_network: bool = False  # the network gate between the containers before the job (netgate)
+    nccl_check: str | None = None  # --nccl-check: warn, fail, off (None: by the nodes, nccl_net.mode)
+    efa_types: tuple[tuple[str, int], ...] = ()  # (instance type, EFA interfaces) of the types with EFA
 
     @property
     def restarts(self) -> int:
@@ -506,6 +508,12 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
         f"{container_name(spec.name)} running with the job key ({time.monotonic() - began:.1f} s)")
     return result, fan
+
+
+def nccl_mode(spec: JobSpec, facts: Sequence[NodeFacts]) -> tuple[str, str]:
+    """--nccl-check for these nodes (nccl_net.mode): (auto|warn|fail|off, why it is off or "")."""
+    return nccl_net.mode(spec.nccl_check, any(f.gpus for f in facts), (*spec.env, *spec.forward),
+                         len(facts) - spec.spares)
 
 
 def memlock_warning(facts: Sequence[NodeFacts]) -> str:
@@ -965,9 +973,14 @@ class Job:
         prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
         node_dir = node_dirs.get(first, "")
-        return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
+        run = launch_command(spec, ompi, started.subnet)
+        check, _ = nccl_mode(spec, started.facts)
+        if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
+            run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
+        plan = supervision.plan(run, ranks, spares=spares,
                                 quarantined=quarantined, ssh=container.supervisor_ssh(),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
+        return replace(plan, nccl_check=check, efa_types=spec.efa_types) if check != "off" else plan
 
     def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
                        quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> int:
@@ -979,6 +992,8 @@ class Job:
         node's first step, a restart's phases), and the log shows it as a table once every node
         made its first step (or the output ends before)."""
         plan = self.plan(started, node_dirs, ompi, quarantined)
+        if why := nccl_mode(self.spec, started.facts)[1]:
+            self.say(f"[launch] NCCL network check off: {why}")
         facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
         first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
         rec = rec or timeline.Recorder(time.time())

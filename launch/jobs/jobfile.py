@@ -219,6 +219,11 @@ class JobFile(BaseModel):
         "with --straggler-check and --spares: a straggler (not the first node) is swapped for a spare at a "
         "checkpoint (the job is asked to checkpoint now, as for a spot notice), quarantined as a straggler, and "
         "the job restarts at full size"))
+    nccl_check: Optional[Literal["warn", "fail", "off"]] = Field(None, description=(
+        "at the first collective, the network NCCL chose on every node (its INIT/NET lines, written to the job's "
+        "directory) against the node's (EFA on an EFA instance type, as many NICs as the type has): fail ends the "
+        "job naming the node, the cause and the fix; warn says so; off; default fail on GPU nodes that should "
+        "use EFA (a job on 2 nodes or more), warn on other GPU nodes, off without GPUs or where --env sets NCCL_DEBUG"))
 
     @field_validator(*NUMBERS, mode="before")
     @classmethod

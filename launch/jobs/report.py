@@ -535,6 +535,12 @@ def gate_section(run: Run) -> str:
                     if pairs else "")
 
 
+def nccl_section(run: Run) -> str:
+    """The network NCCL chose at the first collective (--nccl-check's line among the events)."""
+    said = [ln.text for ln in run.events if ln.text.startswith("[launch] NCCL network")]
+    return f'<p class="note nccl">{e(said[0].removeprefix("[launch] "))}</p>' if said else ""
+
+
 def html(run: Run) -> str:
     """The report of a run: one HTML document, nothing to fetch."""
     ok = run.state == "succeeded" or run.exit_code == 0
@@ -555,7 +561,7 @@ def html(run: Run) -> str:
         parts += ["<h2>Quarantined nodes</h2>",
                   _table(("node", "why"), ((_label(h, run.names), why) for h, why in run.quarantined.items()))]
     parts += ["<h2>Step times per rank</h2>", step_charts(run)]
-    parts += ["<h2>Network gate</h2>", gate_section(run)]
+    parts += ["<h2>Network gate</h2>", gate_section(run), nccl_section(run)]
     if run.hangs:
         parts.append("<h2>Hangs</h2>")
         for hg in run.hangs:

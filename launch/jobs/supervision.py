@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.shipped import shipped_modules
-from dtrain.launch.jobs import launchers, output, runplan, stacks, straggler, timeline
+from dtrain.launch.jobs import launchers, nccl_net, output, runplan, stacks, straggler, timeline
 from dtrain.launch.jobs.timeline import parse_event
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -71,7 +71,7 @@ def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: 
 # attempt's command is this launcher's, whatever dtrain the image holds.
 # launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
 # there from beside the builders), so an image older than this launcher runs this one's.
-SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
+SUPERVISOR_NODE_PROGRAMS = ("stacks.sh", "nccl_net.sh")
 
 
 def builder_files() -> dict[str, str]:
@@ -127,6 +127,8 @@ def describe(ev: dict) -> str:
         return "[launch] " + hang_line(ev)
     if name == "straggler":
         return "[launch] " + straggler.line(ev)
+    if name == "nccl-net":
+        return "[launch] " + nccl_net.event_line(ev)
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":

@@ -92,6 +92,15 @@ def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
     return chosen.ssh_opts(args) if chosen else ()
 
 
+def efa_types() -> tuple[tuple[str, int], ...]:
+    """(instance type, EFA interfaces) of every type known to have EFA: what the launch's NCCL
+    check (--nccl-check, launch/jobs/nccl_net.py) expects of a node whose DMI names that type,
+    wherever its nodes come from (the one call of the table for it)."""
+    from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count
+
+    return tuple((t, efa_count(t)) for t in sorted(EFA_TYPES))
+
+
 def _exactly_one() -> str:
     return "give exactly one of " + ", ".join(shown for _, shown in _NAMED_BY)
 

@@ -27,7 +27,7 @@ from dtrain.launch.remote.hosts import Node
 
 # Fields the job relies on that a target off the nodes cannot honour: refused, named.
 REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
-           "checkpoint_dir", "straggler_check", "replace_stragglers")
+           "checkpoint_dir", "straggler_check", "replace_stragglers", "nccl_check")
 # Fields about the nodes themselves: a target off the nodes has its own; a line on stderr says so.
 IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
            "shm_size", "workdir_limit", "no_spot_watch")

@@ -571,13 +571,22 @@ ENTRIES: tuple[Entry, ...] = (
             "node-1:1234:1234 [0] NCCL WARN NET/OFI aws-ofi-nccl initialization failed",
             "node-1:1234:1234 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using "
             "internal network plugin.",
+            "node-1:1234:1234 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object "
+            "file: No such file or directory No plugin found (libnccl-net.so), using internal implementation",
+            "[launch] NCCL network mismatch on node-2 (efa-unused): Socket on ens5 (libnccl-net.so "
+            "not found: no net plugin); expected EFA x4 (p4d.24xlarge); likely no net plugin in the "
+            "image (libnccl-net.so not found): an image without aws-ofi-nccl on an EFA type; fix: use "
+            "a dtrain GPU image (aws-ofi-nccl in /opt/aws-ofi-nccl/lib, on LD_LIBRARY_PATH), or put "
+            "the plugin's libnccl-net.so on LD_LIBRARY_PATH of the image "
+            "(docs/troubleshooting.md#efa-unused)",
         ),
         signatures=_re(
             r"NET/OFI .*fi_getinfo\(\) call failed",
             r"NET/OFI No eligible providers were found",
             r"NET/OFI Unable to find a protocol that worked",
             r"NET/OFI aws-ofi-nccl initialization failed",
-            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found)",
+            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found|dlerror=libnccl-net)",
+            r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-unused\)",
         ),
         cause="The EFA devices are not passed into the container (`/dev/infiniband/uverbs*`), "
               "the instance type has no EFA or it was not enabled at launch, the security "
@@ -588,7 +597,11 @@ ENTRIES: tuple[Entry, ...] = (
             "aws-ofi-nccl in `/opt/aws-ofi-nccl/lib` (on `LD_LIBRARY_PATH`). Enable EFA on "
             "the instances and allow all traffic within the security group.",
         confirm="`dtrain doctor` check `efa` (`fi_info -p efa` in the container); "
-                "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works.",
+                "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works. `dtrain launch` "
+                "checks it at the first collective on GPU nodes (`--nccl-check`, default fail on EFA types): "
+                "the `[launch] NCCL network mismatch on NODE (efa-unused)` line names what NCCL chose "
+                "(Socket without `libnccl-net.so`: an image without aws-ofi-nccl; NCCL's IB transport) "
+                "and the fix.",
         source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
         doctor_checks=("efa",),
         related=("memlock", "nccl-iface"),
@@ -601,8 +614,13 @@ ENTRIES: tuple[Entry, ...] = (
                 "it names another libfabric provider instead.",
         messages=(
             "node-1:1234:1234 [0] NCCL INFO NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)",
+            "[launch] NCCL network mismatch on node-2 (efa-not-selected): OFI (aws-ofi-nccl) provider "
+            "tcp;ofi_rxm, 1 NIC(s); expected EFA x4 (p4d.24xlarge); likely FI_PROVIDER=tcp is set for "
+            "the ranks; fix: leave FI_PROVIDER unset or set it to efa (--env) "
+            "(docs/troubleshooting.md#efa-not-selected)",
         ),
-        signatures=_re(r"NET/OFI Selected [Pp]rovider is (?!efa\b)\w+"),
+        signatures=_re(r"NET/OFI Selected [Pp]rovider is (?!efa\b)\w+",
+                       r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-not-selected\)"),
         cause="libfabric found no usable EFA device in the container (devices not passed, EFA "
               "not enabled on the instance, the security group blocks traffic from itself), or "
               "`FI_PROVIDER` names another provider, so the plugin runs over TCP.",
@@ -610,7 +628,9 @@ ENTRIES: tuple[Entry, ...] = (
             "at instance launch, allow all traffic within the security group, and leave "
             "`FI_PROVIDER` unset or `efa`.",
         confirm="`dtrain doctor --bandwidth` (reads NCCL's log for `Selected Provider is efa`); "
-                "`dtrain doctor` check `efa`; `fi_info -p efa` in the container.",
+                "`dtrain doctor` check `efa`; `fi_info -p efa` in the container. `dtrain launch --nccl-check` "
+                "(default on GPU nodes) reads it at the first collective and names the node and the ranks' "
+                "`FI_PROVIDER` where it is set.",
         source=(AWS_EFA_NCCL,),
         doctor_checks=("efa",),
         related=("efa-unused",),
@@ -621,8 +641,9 @@ ENTRIES: tuple[Entry, ...] = (
         symptom="NCCL runs over EFA (`Selected Provider is efa`) but inter-node busbw is a "
                 "fraction of the type's: aws-ofi-nccl's line says `(found 1 nics)` on a "
                 "p4d.24xlarge (4 EFA) or p5.48xlarge (32). nccl-tests on 2 x p4d.24xlarge: 77.9 "
-                "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no log line is an error, "
-                "so `dtrain diagnose` cannot tell it from a single-EFA type.",
+                "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no line of NCCL's is an error, "
+                "and NCCL's log alone cannot tell it from a single-EFA type; `dtrain launch`'s check, "
+                "which knows the node's type, names it.",
         cause="The instances were launched with one EFA interface (a launch template or "
               "`run-instances` with one `NetworkInterfaces` entry, `DeviceIndex 0`, no "
               "`NetworkCardIndex`). An EFA is one per network card: p4d/p4de have 4, p5/p5e 32, "
@@ -635,7 +656,17 @@ ENTRIES: tuple[Entry, ...] = (
             "public address with more than one interface\"), or put them in a subnet behind a NAT "
             "gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
             "launch with one interface per network card the same way.",
-        confirm="`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
+        messages=(
+            "[launch] NCCL network mismatch on node-2 (efa-fewer): OFI (aws-ofi-nccl) provider efa, 1 "
+            "NIC(s); expected EFA x4 (p4d.24xlarge); likely the node has 1 of the 4 EFA devices its "
+            "type takes; fix: launch the instances with one EFA interface per network card (dtrain "
+            "nodes up does) (docs/troubleshooting.md#efa-fewer)",
+        ),
+        signatures=_re(r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-fewer\)"),
+        confirm="`dtrain launch` on GPU nodes compares NCCL's `found N nics` with the node's type at "
+                "the first collective (`--nccl-check`, default fail on EFA types): its line "
+                "`NCCL network mismatch on NODE (efa-fewer)` is what `dtrain diagnose` matches. "
+                "`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
                 "with `--image`, how many `fi_info -p efa` sees in the container); "
                 "`dtrain doctor --bandwidth` (the `found N nics` of NCCL's log against the type).",
         source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html",
@@ -706,11 +737,17 @@ ENTRIES: tuple[Entry, ...] = (
             "node-1:1234:1300 [0] NCCL WARN NET/OFI Unable to register memory (type = 2) for "
             "device 0. RC: -12, Error: Cannot allocate memory",
             "The OpenFabrics (openib) BTL failed to initialize while trying to",
+            "[launch] NCCL network mismatch on node-2 (memlock): Socket on enp73s0 pod-id-link0 "
+            "(aws-ofi-nccl: aws-ofi-nccl initialization failed); expected EFA x4 (p4d.24xlarge); "
+            "likely aws-ofi-nccl gave up (aws-ofi-nccl initialization failed): memlock is 65536 KiB "
+            "in the container; EFA needs unlimited; fix: let dockerd lift it: LimitMEMLOCK=infinity "
+            "in its systemd unit (docs/troubleshooting.md#memlock)",
         ),
         signatures=_re(
             r"RLIMIT_MEMLOCK is \d+ bytes",
             r"Unable to register memory.*Cannot allocate memory",
             r"failed to initialize while trying to",
+            r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(memlock\)",
         ),
         cause="RDMA (EFA, verbs) pins the buffers it registers; the container's `memlock` "
               "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "

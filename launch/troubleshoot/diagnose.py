@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
-from dtrain.launch.jobs import stacks
+from dtrain.launch.jobs import nccl_net, stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
@@ -221,10 +221,35 @@ def diagnose(text: str) -> list[Finding]:
                 node = g["node"]
             lines.append(Line(number, raw, rank, local_rank, node))
     by_id = {e.id: e for e in ENTRIES}
-    findings = [Finding(by_id[i], tuple(lines), hang_notes(text, lines) if i == "hang" else ())
+    findings = [Finding(by_id[i], tuple(lines), hang_notes(text, lines) if i == "hang" else
+                        net_notes(text) if i in NET_ENTRIES else ())
                 for i, lines in found.items()]
     findings.sort(key=lambda f: (f.entry.catch_all, f.first_line))
     return findings
+
+
+# The entries about NCCL's network: their finding says what NCCL chose (launch/jobs/nccl_net.py)
+NET_ENTRIES = ("efa-unused", "efa-not-selected", "efa-fewer")
+
+
+def net_notes(text: str) -> tuple[str, ...]:
+    """What NCCL's INIT/NET lines in the log say it chose (the last word where ranks differ),
+    and, where aws-ofi-nccl named the instance type (`Running on p4d.24xlarge platform`), the
+    likely cause against that type's EFA interfaces; each note starts with `nccl: `."""
+    net = nccl_net.parse(text.splitlines())
+    if not (net.network or net.missing or net.ofi_error):
+        return ()
+    said = net.said()
+    plugin = f"; plugin {net.plugin}" if net.plugin and net.plugin not in said else ""
+    out = [f"nccl: NCCL's network: {said}{plugin}"]
+    if net.platform:
+        from dtrain.launch.infra.instance_types import efa_count
+
+        efa = efa_count(net.platform)
+        v = nccl_net.verdict(net, nccl_net.Expect(net.platform, efa, devices=-1))  # a log: devices unknown
+        if not v.ok:
+            out.append(f"nccl: on {net.platform} ({v.expected}): likely {v.why}; fix: {v.fix}")
+    return tuple(out)
 
 
 def hang_notes(text: str, lines: list[Line]) -> tuple[str, ...]:
@@ -378,7 +403,7 @@ def format_report(findings: list[Finding]) -> str:
         elif len(scope) and len(f.lines) > 1:
             out.append(f"   ({'; '.join(scope)})")
         for note in f.notes:
-            out.append(_clip(f"   stacks: {note}"))
+            out.append(_clip(f"   {note}" if note.startswith("nccl: ") else f"   stacks: {note}"))
         out.append(_wrap("cause", e.cause))
         out.append(_wrap("fix", e.fix))
         if e.doctor_checks:
