@@ -208,3 +208,28 @@ def test_input_and_dependency_directories_upload_no_secret_and_follow_no_link_ou
     assert any(line.startswith("[sagemaker] mylib: left out 2 that may hold secrets: prod.env, vendor/kubeconfig")
                for line in lines), lines
     assert MARKER not in r.stdout + r.stderr
+
+
+def test_the_code_upload_leaves_out_issue_47s_files_by_name_content_and_hard_link(tmp_path, moto_server):
+    """The files the issue found uploaded (prod.env, service-account.json, ..., a PEM key named
+    id_test, a hard link to .env under another name), and a nested .dtrainignore's `!*`."""
+    from test_workdir import BY_CONTENT, ISSUE_47, MARK, NOT_SECRETS
+
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="proj-bucket")
+    project = tmp_path / "proj"
+    tree = {**ISSUE_47, **BY_CONTENT, **NOT_SECRETS, "main.py": "print(1)\n", "vendor/.dtrainignore": "!*\n",
+            "vendor/.env": MARKER}
+    for rel, text in tree.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    os.link(project / ".ENV", project / "notes.txt")
+    r = _cli(["--name", "job-47b", "--no-wait", "--", "python", "main.py"], project, moto_server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = "dtrain/job-47b/code/"
+    assert {k[len(code):] for k in _keys(s3, "proj-bucket") if k.startswith(code)} == {
+        *NOT_SECRETS, "main.py", "vendor/.dtrainignore"}
+    for k in _keys(s3, "proj-bucket"):
+        assert MARK.encode() not in s3.get_object(Bucket="proj-bucket", Key=k)["Body"].read(), k
+    assert MARK not in r.stdout + r.stderr
