@@ -1187,7 +1187,8 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "ray_head_address": "ECS + ray: DNS name or IP the workers join the head at "
                         "(default ray-head.dtrain.internal; docs/other-tools.md)",
     "ecs_cluster": "ECS + ray: cluster of the services (default dtrain)",
-    "env": "K=V for every rank (repeatable)",
+    "env": "K=V for every rank (repeatable); Kubernetes / ECS: the file names K only, its value comes from a "
+           "secret (printed: how to make it)",
     "node_selector": "K=V Kubernetes nodeSelector (repeatable)",
     "namespace": "Kubernetes namespace",
     "slots_per_worker": "MPIJob slotsPerWorker (default: GPUs per worker, or 1)",
@@ -1197,12 +1198,13 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
                      "on every worker, e.g. p4d.24xlarge)",
     "execution_role_arn": "ECS task execution role ARN",
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
+    "env_secret_arn": "ECS: Secrets Manager ARN of the JSON object holding the --env values",
     "output": "write to this file instead of stdout",
 })
 def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None, ray_head_address=None, ecs_cluster=None):
+             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None):
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
@@ -1233,7 +1235,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster)
+            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn)
         text = mf.render(spec)
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)

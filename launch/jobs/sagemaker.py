@@ -347,13 +347,15 @@ def request_problems(req: Mapping[str, Any]) -> list[str]:
 
 
 def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = WORKDIR_MAX_BYTES,
-                   max_files: int = WORKDIR_MAX_FILES) -> tuple[list[Path], int, list[str], list[str]]:
-    """What goes to the `code` channel: (files relative to root, their bytes, what SECRETS left
-    out, the symlinks left out). launch --workdir's rules (workdir.select: .gitignore,
-    .dtrainignore, the files that hold secrets), less the not_code directories inside root (the
-    download directory, local --input directories), and less symlinks that do not lead to a file
-    that goes itself (S3 gets a link's content: a link out of the workdir would carry what the
-    rules never saw)."""
+                   max_files: int = WORKDIR_MAX_FILES, flag: str = "--workdir",
+                   rules: bool = True) -> tuple[list[Path], int, list[str], list[str]]:
+    """What goes to the `code` channel (flag --workdir; --dependencies DIR: the same rules): (files
+    relative to root, their bytes, what was left out as it may hold secrets, the symlinks left
+    out). launch --workdir's rules (workdir.select: .gitignore, .dtrainignore, the files that
+    hold secrets by name or content), less the not_code directories inside root (the download
+    directory, local --input directories), and less symlinks that do not lead to a file that goes
+    itself (S3 gets a link's content: a link out of the workdir would carry what the rules never
+    saw); FIFOs, sockets and devices are never read. rules=False: no ignore file (data_selection)."""
     from dtrain.launch.jobs import workdir as wdir
 
     root = root.resolve()
@@ -368,11 +370,11 @@ def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = W
 
     def check(rel: str, count: int, size: int) -> None:
         if count > max_files or size > max_bytes:
-            raise LaunchError(f"--workdir {root}: over {max_files} files or {max_bytes / 2**20:.0f} MiB at {rel}; "
+            raise LaunchError(f"{flag} {root}: over {max_files} files or {max_bytes / 2**20:.0f} MiB at {rel}; "
                               "put data in S3 and pass it with --input NAME=s3://... (or NAME=DIR), or leave it "
                               f"out with {wdir.DTRAINIGNORE}")
 
-    wd = wdir.select(root, skip, check)
+    wd = wdir.select(root, skip, check if rules else None, rules=rules)
     chosen = set(wd.files)
     files, links = [], []
     for rel in wd.files:
@@ -389,13 +391,24 @@ def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = W
     return files, sum((root / f).stat().st_size for f in files), list(wd.left_out), links
 
 
-def left_out_lines(left_out: Sequence[str], links: Sequence[str]) -> list[str]:
-    """What the upload left out, by name: the files that may hold secrets, the symlinks."""
+def data_selection(root: Path) -> tuple[list[Path], int, list[str], list[str]]:
+    """An --input NAME=DIR channel's files: all of DIR (data: no ignore file, no size limit) but
+    what may hold secrets (by name, content, hard link), symlinks leading out of DIR or to a file
+    left out, FIFOs, sockets and devices; as code_selection returns them."""
+    return code_selection(root, rules=False)
+
+
+def left_out_lines(left_out: Sequence[str], links: Sequence[str], data: bool = False) -> list[str]:
+    """What the upload left out, by name: the files that may hold secrets, the symlinks. data:
+    an --input directory's (no .dtrainignore sends one back there)."""
     from dtrain.launch.jobs import workdir as wdir
 
     lines = [wdir.left_out_line(left_out)] if left_out else []
+    if lines and data:
+        lines[0] = (f"left out {len(left_out)} that may hold secrets: {wdir.names(left_out)} (to send one, put it "
+                    "in S3 yourself and pass --input NAME=s3://BUCKET/PREFIX)")
     if links:
-        lines.append(f"left out {len(links)} symlink(s) leading out of the workdir or to a file left out: "
+        lines.append(f"left out {len(links)} symlink(s) leading out of the directory or to a file left out: "
                      + wdir.names(links))
     return lines
 
@@ -437,11 +450,6 @@ def upload(s3, root: Path, files: Sequence[Path], bucket: str, prefix: str, uplo
         if uploaded is not None:
             uploaded.append(key)
         s3.upload_file(str(root / f), bucket, key)
-
-
-def local_files(root: Path) -> list[Path]:
-    """Every file under an --input directory, relative to it (data: nothing is left out)."""
-    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
 def from_job_uri(sm, job: str, channel: str) -> str:
@@ -832,9 +840,10 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     # The output (downloaded here by earlier runs) and the data channels are not code.
     files, size, left_out, links = code_selection(
         root, [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
-    deps = {dep: code_selection(d) for dep, d in opts.dependencies.items()}  # the same rules as the code
+    deps = {dep: code_selection(d, flag="--dependencies") for dep, d in opts.dependencies.items()}  # as the code
     task = task_name(opts.task, root)
-    data = {ch: local_files(d) for ch, d in local.items()}
+    picked = {ch: data_selection(d) for ch, d in local.items()}
+    data = {ch: got[0] for ch, got in picked.items()}
     for ch, found in data.items():
         if not found:
             raise LaunchError(f"--input {ch}={local[ch]}: the directory has no files")
@@ -932,6 +941,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             upload(s3, opts.dependencies[dep], dfiles, bucket, f"{base}/{DEPS_CHANNEL}/{dep}", uploaded)
         for ch, d in local.items():
             out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")
+            for note in left_out_lines(picked[ch][2], picked[ch][3], data=True):
+                out(f"[sagemaker] --input {ch}: {note}")
             upload(s3, d, data[ch], bucket, f"{base}/input/{ch}", uploaded)
         put_key()
         create_job(sm, req, retry_role=role is None and not opts.role_arn, poll_s=poll_s)
@@ -1126,7 +1137,7 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
     local = {ch: Path(v) for ch, v in opts.inputs.items()}
     check_download_dir(download, local)
     files, _size, left_out, links = code_selection(root, [*local.values(), download])
-    deps = {dep: code_selection(d)[0] for dep, d in opts.dependencies.items()}
+    deps = {dep: code_selection(d, flag="--dependencies")[0] for dep, d in opts.dependencies.items()}
     task = task_name(opts.task, root)
     name = opts.name or task_job_name(task)
     hps = hyperparameters(opts.command, opts.launcher or default_launcher(opts.image), opts.slots,
@@ -1135,11 +1146,15 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
     if job_dir.exists():
         raise LaunchError(f"--name {name}: {job_dir} exists; give another --name")
     channels: dict[str, list[Tree]] = {CODE_CHANNEL: [(root, files, "")]}
-    channels |= {ch: [(d, local_files(d), "")] for ch, d in local.items()}
+    picked = {ch: data_selection(d) for ch, d in local.items()}
+    channels |= {ch: [(local[ch], got[0], "")] for ch, got in picked.items()}
     if deps:  # each dependency as deps/NAME/, as the upload lays it out
         channels[DEPS_CHANNEL] = [(opts.dependencies[k], f, k) for k, f in deps.items()]
     for note in left_out_lines(left_out, links):
         out(f"[sagemaker local] {note}")
+    for ch, got in picked.items():
+        for note in left_out_lines(got[2], got[3], data=True):
+            out(f"[sagemaker local] --input {ch}: {note}")
     ml = local_tree(job_dir / "opt-ml", hps, channels)
     state = download / "state" / task
     state.mkdir(parents=True, exist_ok=True)
