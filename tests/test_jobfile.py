@@ -145,18 +145,20 @@ def test_a_job_file_runs_the_same_job_as_its_flags(cluster, remote_images, tmp_p
     (work / "train.py").write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
                                    "os.environ['GREETING'], os.getcwd(), flush=True)\n")
     home = tmp_path / "home"
-    flags = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config, "--image",
-             remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", str(work),
+    nodes = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config]  # the user's: outside the project
+    flags = [*nodes, "--image", remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", ".",
              "--max-restarts", "1"]
     env = {"DTRAIN_HOME": str(home)}
-    by_flags = _cli(tmp_path, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
+    by_flags = _cli(work, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
                     "python", "train.py", env=env)
     assert by_flags.returncode == 0, by_flags.stdout + by_flags.stderr
-    dumped = _cli(tmp_path, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
+    dumped = _cli(work, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
     assert dumped.returncode == 0, dumped.stderr
     (work / "job.yaml").write_text(dumped.stdout)
-    assert "\nssh_config:" not in dumped.stdout  # a job file may not give one (it can run commands): the flag does
-    by_file = _cli(tmp_path, "launch", "-f", str(work / "job.yaml"), "--ssh-config", cluster.ssh_config,
+    # a job file may not give an ssh config (it can run commands) nor a path outside its directory: the flags do
+    assert "\nssh_config:" not in dumped.stdout and "\nhostfile:" not in dumped.stdout and "\nworkdir: .\n" in dumped.stdout
+    assert f"--hostfile {cluster.hostfile}" in dumped.stdout.splitlines()[1]
+    by_file = _cli(work, "launch", "-f", "job.yaml", *nodes, "--env", "GREETING",  # its value from the environment
                    "--name", "t-jf-file", env={**env, "GREETING": "hello"})
     assert by_file.returncode == 0, by_file.stdout + by_file.stderr
 

@@ -186,7 +186,9 @@ class JobFile(BaseModel):
     ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
     ssh_config: Optional[str] = Field(None, description="ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's")
     # the job
-    env: Optional[dict[str, Optional[str]]] = Field(None, description="K=V for every rank (repeatable)")  # NAME: value, or NAME: (empty) for the launcher's $NAME
+    env: Optional[dict[str, Optional[str]]] = Field(None, description=(
+        "K=V for every rank (repeatable); K alone takes K's value from your environment (a secret: its value "
+        "never in argv)"))  # NAME: value, or NAME: (empty) for the launcher's $NAME
     env_file: Optional[str] = Field(None, description="file of K=V lines; every variable is forwarded to every rank")
     iface: Optional[str] = Field(None, description="network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)")
     mount: Optional[list[str]] = Field(None, description="/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro")
@@ -462,17 +464,24 @@ def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     return {**from_file, **given}
 
 
+def _stays_inside(path: str) -> bool:
+    """A path as typed that a job file beside it (here) may give: relative, no `..`, no `~`."""
+    return not (path.startswith("~") or os.path.isabs(path) or ".." in Path(path).parts)
+
+
 def dump(given: dict[str, Any]) -> str:
     """The job file a set of flags means. --env values are not written (a file is shared, a
-    secret is not): each name is left empty, taken from the environment when the file runs."""
+    secret is not): each name is left empty, taken from the environment when the file runs with
+    --env NAME. A path a job file may not give (absolute, ~, ..) is left out and named, as a
+    flag for the command line; a relative one stays as typed (the file saved here)."""
     data: dict[str, Any] = {}
     left_out = []  # what a job file may not give (check_file_ssh): the command line's
     for key in JobFile.model_fields:
         v = given.get(key)
         if v in (None, [], (), False):
             continue
-        if key == "ssh_config":
-            left_out.append(("--ssh-config", v))
+        if key == "ssh_config" or (key in PATH_KEYS and not _stays_inside(v)):
+            left_out.append((_flag(key), v))
             continue
         if key == "ssh_opt":
             left_out += [("--ssh-opt", o) for o in v if file_ssh_option(o)]
@@ -497,7 +506,7 @@ def dump(given: dict[str, Any]) -> str:
                 "# your environment), or give them in an env_file:\n") + text
     if left_out:
         text = ("# not written here (a job file may not give them: they can run commands on the launching\n"
-                "# machine): give them with -f on the command line: "
+                "# machine or name files outside its directory): give them with -f on the command line: "
                 + " ".join(f"{flag} {shlex.quote(v)}" for flag, v in left_out)
                 + "\n") + text
     return text

@@ -112,6 +112,6 @@ def check_hosts(nodes: Sequence[Node], by_file: Mapping[str, str], ssh_opts: Seq
         ask = _ask_tty
     if ask is not None and ask(f"{what}. Connect to them? [y/N] "):
         return
-    raise LaunchError(f"{what}; nothing was sent: if they are yours, give them with --hosts/--hostfile on the "
-                      f"command line, or connect once (ssh HOST) or add their keys (ssh-keyscan HOST >> "
-                      f"~/.ssh/known_hosts)")
+    flags = "the ssh options with --ssh-opt" if key == "ssh_opt" else "them with --hosts/--hostfile"
+    raise LaunchError(f"{what}; nothing was sent: if they are yours, give {flags} on the command line, or "
+                      f"connect once (ssh HOST) or add their keys (ssh-keyscan HOST >> ~/.ssh/known_hosts)")
