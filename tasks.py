@@ -471,7 +471,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
                                       "writes the description")
         if dump and not target.writes:
-            print(jobfile.dump(given), end="")
+            print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
         where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}

@@ -418,3 +418,29 @@ def test_check_hosts_asks_only_where_the_file_chose(tmp_path):
     assert len(asked) == 1 and asked[0].endswith("Connect to them? [y/N] ")
     with pytest.raises(LaunchError, match=r"^j\.yaml:3: ssh_opt: .*never connected.*: new\.example; nothing was sent"):
         trust.check_hosts(nodes, {"ssh_opt": "j.yaml:3"}, opts, ask=lambda q: False)
+
+
+# ---------------------------------------------------------------- --dump of a job file
+
+
+def test_dump_of_a_job_file_keeps_its_relative_paths_and_literal_values(tmp_path):
+    """`-f job.yaml --dump` from the file's directory: its paths as it had them (relative, so the
+    dump loads again), its literal env values as they were, a name from the environment empty
+    (its value nowhere in the output); the dump loads to what the file loads to."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "hosts").write_text("h1 slots=2\n")
+    (repo / "job.yaml").write_text("image: r/x:1\nhostfile: hosts\nworkdir: .\nenv:\n  EPOCHS: 10\n  TOKEN:\n"
+                                   "command: python t.py\n")
+    r = subprocess.run([*DTRAIN, "launch", "-f", "job.yaml", "--dump", "--env", "TOKEN"], cwd=repo, text=True,
+                       capture_output=True, timeout=120, env={**os.environ, "TOKEN": "tok-s3cret-77"})
+    assert r.returncode == 0, r.stderr
+    assert "tok-s3cret-77" not in r.stdout and "hostfile: hosts\n" in r.stdout and "workdir: .\n" in r.stdout
+    assert "EPOCHS: '10'\n" in r.stdout and "TOKEN:\n" in r.stdout and "run the file with --env NAME" in r.stdout
+    (repo / "again.yaml").write_text(r.stdout)
+    environ = {"TOKEN": "v"}
+    assert jobfile.load(repo / "again.yaml", environ, {"TOKEN"}) == jobfile.load(repo / "job.yaml", environ, {"TOKEN"})
+    r = subprocess.run([*DTRAIN, "launch", "-f", "job.yaml", "--dump", "--env", "TOKEN", "--workdir", str(tmp_path)],
+                       cwd=repo, text=True, capture_output=True, timeout=120, env={**os.environ, "TOKEN": "x"})
+    assert r.returncode == 0 and f"--workdir {tmp_path}" in r.stdout.splitlines()[1], r.stdout + r.stderr
+    assert "\nworkdir:" not in r.stdout

@@ -469,17 +469,37 @@ def _stays_inside(path: str) -> bool:
     return not (path.startswith("~") or os.path.isabs(path) or ".." in Path(path).parts)
 
 
-def dump(given: dict[str, Any]) -> str:
+def _here(path: str) -> str:
+    """An absolute path under the working directory as a relative one (a job file's path, made
+    absolute by load, dumped as the file had it when run from its directory)."""
+    if os.path.isabs(path):
+        for cwd in dict.fromkeys((Path.cwd(), Path.cwd().resolve())):
+            if Path(path).is_relative_to(cwd):
+                return str(Path(path).relative_to(cwd))
+    return path
+
+
+def literal_env(path: str | Path) -> dict[str, str]:
+    """A job file's literal env values ({NAME: value}, `EPOCHS: 10`): not secrets (they are in the
+    file), so --dump writes them back; the names it takes from the environment it leaves empty."""
+    job = parse(values.small_text_file(Path(path), "job file", "YAML of launch flags"), str(path))
+    return {k: v for k, v in (job.env or {}).items() if v is not None}
+
+
+def dump(given: dict[str, Any], literal: Mapping[str, str] | None = None) -> str:
     """The job file a set of flags means. --env values are not written (a file is shared, a
     secret is not): each name is left empty, taken from the environment when the file runs with
-    --env NAME. A path a job file may not give (absolute, ~, ..) is left out and named, as a
-    flag for the command line; a relative one stays as typed (the file saved here)."""
+    --env NAME; a job file's literal values (literal: literal_env) stay. A path a job file may not
+    give (absolute outside here, ~, ..) is left out and named, as a flag for the command line; a
+    relative one stays as typed (the file saved here)."""
     data: dict[str, Any] = {}
     left_out = []  # what a job file may not give (check_file_ssh): the command line's
     for key in JobFile.model_fields:
         v = given.get(key)
         if v in (None, [], (), False):
             continue
+        if key in PATH_KEYS:
+            v = _here(v)
         if key == "ssh_config" or (key in PATH_KEYS and not _stays_inside(v)):
             left_out.append((_flag(key), v))
             continue
@@ -489,7 +509,8 @@ def dump(given: dict[str, Any]) -> str:
             if not v:
                 continue
         if key == "env":
-            v = {kv.partition("=")[0]: None for kv in v}
+            pairs = [kv.partition("=")[::2] for kv in v]
+            v = {k: (x if (literal or {}).get(k) == x else None) for k, x in pairs}
         elif key == "command":
             v = list(v)
         data[key] = v
@@ -501,7 +522,7 @@ def dump(given: dict[str, Any]) -> str:
             data[key] = float(data[key])
     JobFile.model_validate(data)  # what is written reads back
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
-    if "env" in data:
+    if None in (data.get("env") or {}).values():
         text = ("# env: values are not written here; run the file with --env NAME for each (its value from\n"
                 "# your environment), or give them in an env_file:\n") + text
     if left_out:
