@@ -368,6 +368,7 @@ def test_a_hostfiles_relative_identity_is_relative_to_the_hostfile(tmp_path):
     ("Port=0", "Port 0: a job file may give it from 1 to 65535"),
     ("StrictHostKeyChecking=no", "StrictHostKeyChecking 'no': not a value a job file may give it"),
     ("IdentityFile=~/.ssh/id_rsa", "IdentityFile names a file outside the job file's directory"),
+    ("HostKeyAlias=github.com", "HostKeyAlias is not an ssh option a job file may give"),
 ])
 def test_a_job_files_ssh_options_are_bounded(tmp_path, opt, says):
     (tmp_path / "job.yaml").write_text(f"image: r/x:1\nhosts: h1\nssh_opt:\n  - Port=22\n  - {opt}\n")

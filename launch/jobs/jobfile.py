@@ -54,7 +54,8 @@ PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 # (PKCS11Provider, SecurityKeyProvider), sends the agent, ports or variables to a node (ForwardAgent,
 # *Forward, SendEnv, SetEnv), reads another config (Include), or takes ssh's multiplexing
 # (ControlPath), names a file here (IdentityFile: `ssh_key:` is the file's key, inside its
-# directory) or loosens host key checking (StrictHostKeyChecking only yes or accept-new). Values
+# directory) or loosens host key checking (StrictHostKeyChecking only yes or accept-new; no
+# HostKeyAlias, which would check a new host against a known one's key: trust.check_hosts). Values
 # are checked too: ssh splices ProxyJump's user and host, and User, into a command line of its
 # own; UserKnownHostsFile is written to, so only /dev/null; numbers are bounded (FILE_SSH_BOUNDS).
 _WORD = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
@@ -69,7 +70,6 @@ FILE_SSH_OPTIONS = {
     "Compression": _YES_NO,
     "ConnectionAttempts": _NUMBER,
     "ConnectTimeout": _NUMBER,
-    "HostKeyAlias": _HOST,
     "IdentitiesOnly": _YES_NO,
     "LogLevel": r"(?i:quiet|fatal|error|info|verbose|debug[123]?)",
     "Port": _NUMBER,

@@ -23,7 +23,7 @@ from dtrain.launch.remote import known_hosts
 from dtrain.launch.remote.hosts import Node
 
 # The keys of a job file that choose where the job goes: the nodes, and the ssh options that
-# route to them (a ProxyJump, a Port or a HostKeyAlias can put another host behind a name).
+# route to them (a ProxyJump or a Port can put another host behind a name).
 HOST_KEYS = ("hostfile", "hosts", "ec2_tag", "cluster", "ssh_opt")
 SHOWN_HOSTS = 5  # an error names this many hosts, then counts the rest
 
