@@ -237,7 +237,7 @@ def test_at_a_terminal_the_user_is_asked_and_no_sends_nothing(tmp_path, attacker
     argv = [*DTRAIN, "launch", "-f", "job.yaml", "--ssh-config", str(attacker["home"] / ".ssh" / "config")]
     code, out = _on_a_terminal(argv, repo, env, b"n\n")
     assert code == 2 and "Traceback" not in out, out
-    assert f"job.yaml:2: hosts: the job file sends the job" in out and "Connect to them? [y/N]" in out, out
+    assert "job.yaml:2: hosts: the job file sends the job" in out and "Connect to them? [y/N]" in out, out
     assert _connections(attacker) == []
     code, out = _on_a_terminal(argv, repo, env, b"y\n")
     assert code != 0 and "Traceback" not in out, out
@@ -293,6 +293,19 @@ def test_env_name_unset_is_one_line(tmp_path):
                         "--", "true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr == ("error: --env NOT_SET_HERE: $NOT_SET_HERE is not set where dtrain "
                                               "runs: export it first, or give --env NOT_SET_HERE=VALUE\n"), r.stderr
+
+
+def test_a_value_from_the_environment_that_env_cannot_take_is_refused_unshown(tmp_path):
+    """A multi-line secret (a PEM key) taken by --env NAME or the file's NAME: one line naming
+    the variable, never its value."""
+    pem = "-----BEGIN KEY-----\nMIIsecretbody\n-----END KEY-----"
+    with pytest.raises(LaunchError) as e:
+        trust.cli_env(["PEM"], {"PEM": pem})
+    assert str(e.value).startswith("--env PEM: $PEM is not one line of printable text") and "MII" not in str(e.value)
+    (tmp_path / "job.yaml").write_text("image: r/x:1\nenv:\n  PEM:\n")
+    with pytest.raises(LaunchError) as e:
+        jobfile.load(tmp_path / "job.yaml", {"PEM": pem}, {"PEM"})
+    assert str(e.value).startswith(f"{tmp_path / 'job.yaml'}:3: env.PEM: $PEM is not one line") and "MII" not in str(e.value)
 
 
 def test_env_from_the_command_line_adds_to_the_files():

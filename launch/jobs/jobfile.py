@@ -361,11 +361,7 @@ def inside(base: Path, value: str, where: str, key: str, *, start: Path | None =
         why = "it leaves the job file's directory (by .. or a symlink)"
     flag = f"{_flag(key)} on the command line" if key in JobFile.model_fields else "a --hostfile of yours"
     raise LaunchError(f"{where}: {key} {values.shown(value)}: {why}; a job file is run by others, so its paths "
-                      f"stay inside its directory ({root_name(base)}): move the file there, or give it with {flag}")
-
-
-def root_name(base: Path) -> str:
-    return str(base) if str(base) not in ("", ".") else "."
+                      f"stay inside its directory ({base}): move the file there, or give it with {flag}")
 
 
 def _hostfile_identities(hostfile: str, base: Path, where: str) -> None:
@@ -411,17 +407,19 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None, allowed: It
     if "env" in out:
         environ = os.environ if environ is None else environ
         allowed = set(allowed)
+        if any(v is None and k not in allowed for k, v in out["env"].items()):
+            allowed |= trust.env_allowed()
         pairs = []
         for k, v in out["env"].items():
             if v is None:
                 at = f"{path}:{line_of(doc, ('env', k))}: env.{k}"
-                if k not in allowed and k not in trust.env_allowed():
+                if k not in allowed:
                     raise LaunchError(f"{at}: takes ${k} from your environment, and a job file is run by others: "
                                       f"pass --env {k} on the command line (its value from your environment), or "
                                       f"add the line {k} to {trust.env_allow_file()}")
                 if k not in environ:
                     raise LaunchError(f"{at}: no value here and ${k} is not set where dtrain runs")
-                v = environ[k]
+                v = trust.environ_value(k, environ, at)
             pairs.append(f"{k}={v}")
         out["env"] = pairs
     return out

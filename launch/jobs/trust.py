@@ -71,9 +71,19 @@ def cli_env(items: Iterable[str] | None, environ: Mapping[str, str] | None = Non
         if item not in environ:
             raise LaunchError(f"--env {item}: ${item} is not set where dtrain runs: export it first, or give "
                               f"--env {item}=VALUE")
-        pairs.append(f"{item}={environ[item]}")
+        pairs.append(f"{item}={environ_value(item, environ, f'--env {item}')}")
         bare.add(item)
     return pairs, bare
+
+
+def environ_value(name: str, environ: Mapping[str, str], at: str) -> str:
+    """$name's value, for a rank's env: one line of printable text (what --env takes), else one
+    line naming `at` and the variable, never the value (it is a secret, the reason it is here)."""
+    value = environ[name]
+    if len(value) > values.MAX_TEXT or not value.isprintable():
+        raise LaunchError(f"{at}: ${name} is not one line of printable text of at most {values.MAX_TEXT} "
+                          "characters (its value is not shown); give it in an --env-file, one line")
+    return value
 
 
 def _shown(hosts: Sequence[str]) -> str:
