@@ -474,7 +474,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
-        where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
+        where = jobfile.origins(path, [k for k in from_file if given.get(k) is from_file[k]]) if path else {}
         if not target.on_nodes:
             from dtrain.launch import jobtarget
 

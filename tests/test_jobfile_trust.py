@@ -245,13 +245,15 @@ def test_at_a_terminal_the_user_is_asked_and_no_sends_nothing(tmp_path, attacker
 
 
 def test_hosts_from_the_command_line_are_not_asked_about(tmp_path, attacker):
-    """--hosts (and the ssh options) typed by the user: today's meaning, accept-new included."""
+    """--hosts (and the ssh options) typed by the user: today's meaning, accept-new included; they
+    replace the nodes the file names (its hostfile here), which are neither asked about nor reached."""
     env = _victim(tmp_path, attacker)
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "job.yaml").write_text("image: 127.0.0.1:1/dtrain/x:1\ncommand: [python, t.py]\n")
+    (repo / "hosts").write_text("127.0.0.2 slots=8\n")
+    (repo / "job.yaml").write_text("image: 127.0.0.1:1/dtrain/x:1\nhostfile: hosts\ncommand: [python, t.py]\n")
     r = _launch(repo, env, attacker, "--hosts", "127.0.0.1", "--ssh-opt", f"Port={attacker['port']}")
-    assert r.returncode != 0 and "never connected" not in r.stderr, r.stderr
+    assert r.returncode != 0 and "never connected" not in r.stderr and "127.0.0.2" not in r.stdout + r.stderr, r.stderr
     assert _connections(attacker)
 
 
@@ -311,6 +313,13 @@ def test_a_value_from_the_environment_that_env_cannot_take_is_refused_unshown(tm
 def test_env_from_the_command_line_adds_to_the_files():
     merged = jobfile.merge({"env": ["EPOCHS=10", "A=file"]}, {"env": ["A=flag", "B=2"]})
     assert merged["env"] == ["EPOCHS=10", "A=file", "A=flag", "B=2"]  # later wins (values.env_pairs)
+
+
+def test_nodes_from_the_command_line_replace_the_files_whichever_key():
+    """The refusal says to give the hosts with --hosts/--hostfile: either replaces the file's."""
+    merged = jobfile.merge({"hosts": "evil:8", "image": "r/x:1"}, {"hostfile": "mine", "hosts": None})
+    assert merged == {"hostfile": "mine", "image": "r/x:1"}
+    assert jobfile.merge({"hosts": "a"}, {"hostfile": None})["hosts"] == "a"
 
 
 # ---------------------------------------------------------------- each refusal

@@ -453,12 +453,19 @@ def located(where: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
+# The keys that name the nodes: one source. The command line's replaces the file's, whichever.
+NODE_KEYS = ("cluster", "hostfile", "hosts", "ec2_tag")
+
+
 def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     """The file's flags, then the command line's (given ones only: not None, not empty). env
-    adds up: the file's pairs, then --env's (a name given twice: the command line's value)."""
+    adds up: the file's pairs, then --env's (a name given twice: the command line's value). Nodes
+    named on the command line (--hosts, --hostfile, ...) replace the file's, whichever key."""
     given = {k: v for k, v in flags.items() if v not in (None, [], (), False)}
     if from_file.get("env") and given.get("env"):
         given["env"] = [*from_file["env"], *given["env"]]
+    if any(k in given for k in NODE_KEYS):
+        from_file = {k: v for k, v in from_file.items() if k not in NODE_KEYS}
     return {**from_file, **given}
 
 
