@@ -146,8 +146,8 @@ def test_a_job_file_runs_the_same_job_as_its_flags(cluster, remote_images, tmp_p
                                    "os.environ['GREETING'], os.getcwd(), flush=True)\n")
     home = tmp_path / "home"
     nodes = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config]  # the user's: outside the project
-    flags = [*nodes, "--image", remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", ".",
-             "--max-restarts", "1"]
+    flags = [*nodes, "--image", remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", str(work),
+             "--max-restarts", "1"]  # --dump writes the workdir under the working directory relative: `.`
     env = {"DTRAIN_HOME": str(home)}
     by_flags = _cli(work, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
                     "python", "train.py", env=env)
