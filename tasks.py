@@ -454,13 +454,14 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
-        from dtrain.launch.jobs import jobfile
+        from dtrain.launch.jobs import jobfile, trust
 
         if f and file and f != file:
             raise jobfile.LaunchError(f"-f {f} and --file {file}: give one job file")
         path = f or file
         flags["command"] = _remainder() or None
-        from_file = jobfile.load(path) if path else {}
+        flags["env"], bare = trust.cli_env(flags["env"])  # --env NAME: the value from the environment, not argv
+        from_file = jobfile.load(path, allowed=bare) if path else {}
         given = jobfile.merge(from_file, flags)
         cfg = {**jobfile.defaults(), **given}
         from dtrain.launch import targets
@@ -470,10 +471,10 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
                                       "writes the description")
         if dump and not target.writes:
-            print(jobfile.dump(given), end="")
+            print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
-        where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
+        where = jobfile.origins(path, [k for k in from_file if given.get(k) is from_file[k]]) if path else {}
         if not target.on_nodes:
             from dtrain.launch import jobtarget
 
@@ -484,7 +485,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
 
 def _launch(where, cfg):
     """Run the launch `cfg` (JobFile's fields, flags over the file over defaults()) on its nodes."""
-    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs import jobfile, trust
     from dtrain.launch.jobs.job import Job
 
     with user_errors(), jobfile.located(where):
@@ -493,8 +494,10 @@ def _launch(where, cfg):
 
             raise LaunchError(f"--{'instance-type' if cfg['instance_type'] is not None else 'role'} is for "
                               f"--target sagemaker (the nodes are given by --hosts, --hostfile, --cluster, --ec2-tag)")
-        job = Job(launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"], cfg["slots"],
-                                           cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"]))
+        spec, nodes = launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"],
+                                               cfg["slots"], cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"])
+        # hosts the job file chose: known or confirmed before anything is sent
+        job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, where, spec.ssh_opts))
         code = job.run()
         if code != 0:
             _report_failure(job.spec.name, code)

@@ -186,11 +186,11 @@ def test_a_job_file_with_a_local_command_ssh_option_is_refused_with_one_line(tmp
 
 
 @pytest.mark.parametrize("opt", ["ProxyJump=user@bastion.example.com", "ProxyJump=a@b:2222,ssh://c.example:22",
-                                 "Port=2222", "Port 2222", "User=ubuntu", "IdentityFile=~/.ssh/id_ed25519",
+                                 "Port=2222", "Port 2222", "User=ubuntu", "IdentitiesOnly=no",
                                  "ConnectTimeout=10", "ServerAliveInterval = 30", "ServerAliveCountMax=3",
                                  "StrictHostKeyChecking=accept-new", "UserKnownHostsFile=/dev/null",
                                  "Compression=yes", "IdentitiesOnly=yes", "ConnectionAttempts=3", "BatchMode=yes",
-                                 "LogLevel=ERROR", "AddressFamily=inet", "HostKeyAlias=node-1", "CheckHostIP=no",
+                                 "LogLevel=ERROR", "AddressFamily=inet", "CheckHostIP=no",
                                  "TCPKeepAlive=yes"])
 def test_a_job_file_may_give_ssh_options_that_run_nothing_here(tmp_path, opt):
     (tmp_path / "job.yaml").write_text(f"image: reg/x:1\nssh_opt:\n  - {json.dumps(opt)}\n")

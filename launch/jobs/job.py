@@ -623,7 +623,8 @@ class Job:
     It returns the job's exit code and always tears down. What it keeps is only what teardown
     needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
 
-    def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print):
+    def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print,
+                 confirm: Callable[[], None] | None = None):
         if not nodes:
             raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
         if not spec.command:
@@ -633,6 +634,7 @@ class Job:
         self.launcher = launchers.get(self.spec.launcher)
         self.nodes = nodes
         self.say = say
+        self.confirm = confirm  # after the launch's own checks, before anything is sent (trust.check_hosts)
         self.dir = store.job_dir(name)
         # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own
         self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"
@@ -1168,6 +1170,8 @@ class Job:
                                              or self.spec.hang_timeout or self.spec.straggler_check):
             raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
                               f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}")
+        if self.confirm:
+            self.confirm()
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases
