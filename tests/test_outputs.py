@@ -308,3 +308,33 @@ def test_concurrent_reads_never_see_a_partial_cluster_json(tmp_path, monkeypatch
     assert set(seen) == {1, 2000} and sum(seen.values()) > 20, seen
     assert _hidden_left(ec2.cluster_dir("c1")) == []
     assert stat.S_IMODE((ec2.cluster_dir("c1") / "cluster.json").stat().st_mode) == 0o600
+
+
+def test_sagemakers_log_copy_is_not_appended_through_a_link(tmp_path):
+    """`dtrain sagemaker run` appends the job's log to --download/JOB/logs.txt: a link planted
+    there (a cloned project's output/) is refused, a FIFO too; a file of its own is appended to."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.jobs import sagemaker
+
+    job = tmp_path / "output" / "job-1"
+    job.mkdir(parents=True)
+    elsewhere = tmp_path / "bashrc"
+    elsewhere.write_text("kept\n")
+    for dest in (elsewhere, tmp_path / "made-by-a-link"):
+        (job / "logs.txt").unlink(missing_ok=True)
+        os.symlink(dest, job / "logs.txt")
+        with pytest.raises(LaunchError, match=r"^--download: .*logs\.txt: a symbolic link"):
+            with sagemaker.log_copy(lambda line: None, job / "logs.txt") as tee:
+                tee("line")
+    assert elsewhere.read_text() == "kept\n" and not (tmp_path / "made-by-a-link").exists()
+    (job / "logs.txt").unlink()
+    os.mkfifo(job / "logs.txt")
+    with pytest.raises(LaunchError, match=r"^--download: .*logs\.txt: "):
+        with sagemaker.log_copy(lambda line: None, job / "logs.txt"):
+            pass
+    (job / "logs.txt").unlink()
+    (job / "logs.txt").write_text("before\n")
+    said = []
+    with sagemaker.log_copy(said.append, job / "logs.txt") as tee:
+        tee("after")
+    assert (job / "logs.txt").read_text() == "before\nafter\n" and said[0] == "after"
