@@ -338,3 +338,22 @@ def test_sagemakers_log_copy_is_not_appended_through_a_link(tmp_path):
     with sagemaker.log_copy(said.append, job / "logs.txt") as tee:
         tee("after")
     assert (job / "logs.txt").read_text() == "before\nafter\n" and said[0] == "after"
+
+
+def test_the_catalogs_lock_is_not_truncated_through_a_link(tmp_path):
+    """`dtrain push` locks build/catalog.json.lock: a link planted there (a cloned project's
+    build/) is refused, the file it leads to untouched (it was opened "w": truncated)."""
+    from dtrain.images import push
+    from dtrain.images.push import PushError
+
+    elsewhere = tmp_path / "bashrc"
+    elsewhere.write_text("kept\n")
+    catalog = tmp_path / "build" / "catalog.json"
+    catalog.parent.mkdir()
+    os.symlink(elsewhere, tmp_path / "build" / "catalog.json.lock")
+    with pytest.raises(PushError, match=r"^--catalog .*catalog\.json: cannot open its lock .*symbolic link"):
+        push.record(catalog, {"ref": "r/x:1", "digest": "sha256:0"})
+    assert elsewhere.read_text() == "kept\n" and not catalog.exists()
+    (tmp_path / "build" / "catalog.json.lock").unlink()
+    push.record(catalog, {"ref": "r/x:1", "digest": "sha256:0"})
+    assert json.loads(catalog.read_text())["images"]
