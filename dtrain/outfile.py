@@ -49,10 +49,12 @@ def _refuse(flag: str, path, why: str) -> BadValue:
 
 
 @contextlib.contextmanager
-def _directory(path: Path, flag: str) -> Iterator[tuple[int, str]]:
+def _directory(given, flag: str) -> Iterator[tuple[int, str]]:
     """(an fd of the file's directory, the file's name in it): every later step is relative to
-    that directory, so a directory swapped in between cannot redirect the write."""
-    text = str(path)
+    that directory, so a directory swapped in between cannot redirect the write. `given`: the
+    path as the user wrote it (a trailing / means a directory)."""
+    text = os.fspath(given)
+    path = Path(text)
     name = path.name
     if not name or name in (".", "..") or text.endswith("/"):
         raise _refuse(flag, text, "a directory, not a file; give a file's path")
@@ -105,10 +107,9 @@ def _existing(dfd: int, name: str, path, flag: str, kind: Kind, force: bool) -> 
 
 def check(path, *, flag: str, kind: Kind, force: bool = False) -> Path:
     """The refusals of write(), before anything is made or rendered."""
-    p = Path(path)
-    with _directory(p, flag) as (dfd, name):
+    with _directory(path, flag) as (dfd, name):
         _existing(dfd, name, path, flag, kind, force)
-    return p
+    return Path(path)
 
 
 def write(path, data: str | bytes, *, flag: str, kind: Kind, force: bool = False, mode: int = 0o644,
@@ -116,12 +117,11 @@ def write(path, data: str | bytes, *, flag: str, kind: Kind, force: bool = False
     """`data` written to `path` as the module says (a new file gets `mode` less the umask; a
     replaced one keeps its own unless keep_mode is False). BadValue names `flag` where it is
     refused or cannot be written."""
-    p = Path(path)
-    with _directory(p, flag) as (dfd, name):
+    with _directory(path, flag) as (dfd, name):
         kept = _existing(dfd, name, path, flag, kind, force)
         _replace(dfd, name, data, kept if kept is not None and keep_mode else None, mode,
                  lambda: _existing(dfd, name, path, flag, kind, force), flag, path)
-    return p
+    return Path(path)
 
 
 def record(path, data: str | bytes, mode: int = 0o600) -> Path:
