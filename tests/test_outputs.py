@@ -253,6 +253,11 @@ def test_manifest_output_etc_passwd_is_refused_and_the_file_unchanged(tmp_path):
                          "--image", IMAGE, "--output=/etc/passwd", "--", "true")
     _refused(r, "--output '/etc/passwd'", "a file dtrain did not write", "--force")
     assert _digest("/etc/passwd") == before
+    # a file that cannot be written (a new one in a read-only directory): one line too, nothing left
+    r = _in_scratch_root(tmp_path / "scratch2", sys.executable, "-m", "dtrain", "manifest", "--for", "mpijob",
+                         "--image", IMAGE, "--output=/etc/dtrain-new.yaml", "--", "true")
+    _refused(r, "--output '/etc/dtrain-new.yaml'", "cannot write it: Read-only file system")
+    assert not os.path.lexists("/etc/dtrain-new.yaml")
 
 
 def test_report_through_a_link_planted_in_the_working_directory_is_refused(tmp_path):
