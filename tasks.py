@@ -396,6 +396,7 @@ LAUNCH_TASK_ONLY_HELP = {
     "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs: the "
             "job description)",
     "output": "--target mpijob|pytorchjob|ecs: write the description to this file instead of stdout",
+    "force": "with --output: replace the file there even where dtrain did not write it",
 }
 
 
@@ -450,7 +451,8 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
            hang_timeout=None, progress_pattern=None, straggler_check=None,
-           replace_stragglers=False, target=None, instance_type=None, role=None, output=None, nccl_check=None):
+           replace_stragglers=False, target=None, instance_type=None, role=None, output=None, nccl_check=None,
+           force=False):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
@@ -470,6 +472,7 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
         if target.on_nodes and output is not None:
             raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
                                       "writes the description")
+        _force_flag(force, output)
         if dump and not target.writes:
             print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
             return
@@ -479,7 +482,8 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
             from dtrain.launch import jobtarget
 
             with jobfile.located(where):
-                sys.exit(jobtarget.run(given, output=output))  # --dump too: the description is what it writes
+                # --dump too: the description is what it writes
+                sys.exit(jobtarget.run(given, output=output, force=force))
         _launch(where, cfg)
 
 
@@ -588,6 +592,14 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
         pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), out=sys.stdout, login=login)
 
 
+def _force_flag(force, output) -> None:
+    """--force is for --output (what it may replace)."""
+    if force and output is None:
+        from dtrain import values
+
+        raise values.BadValue("--force: replaces the --output file; give --output FILE, or leave --force out")
+
+
 def _remainder():
     argv = sys.argv
     return argv[argv.index("--") + 1:] if "--" in argv else []
@@ -626,8 +638,9 @@ def status(c, job=None):
 
 
 @task(help={"job": "job name or `latest` (default: the latest)",
-            "output": "the HTML file to write (default: JOB-report.html in this directory)"})
-def report(c, job=None, output=None):
+            "output": "the HTML file to write (default: JOB-report.html in this directory)",
+            "force": "replace the file there even where dtrain did not write it"})
+def report(c, job=None, output=None, force=False):
     """Write a job's run as one self-contained HTML file.
 
     Phases per node, restarts and why, step times per rank, the network gate, hangs with their
@@ -641,12 +654,7 @@ def report(c, job=None, output=None):
         if job is not None:
             values.name("--job", job)
         run = rep.load(None if job == "latest" else job)
-        path = Path(output) if output else rep.default_output(run.name)
-        try:
-            print(rep.write(run, path))
-        except OSError as e:
-            raise values.BadValue(f"--output {values.shown_path(str(path))}: cannot write it: "
-                                  f"{e.strerror or e}") from None
+        print(rep.write(run, Path(output) if output else rep.default_output(run.name), force))
 
 
 @task(help={"job": "job name (default: the latest)",
@@ -1203,11 +1211,12 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
     "env_secret_arn": "ECS: Secrets Manager ARN of the JSON object holding the --env values",
     "output": "write to this file instead of stdout",
+    "force": "with --output: replace the file there even where dtrain did not write it",
 })
 def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None):
+             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False):
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
@@ -1229,7 +1238,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             values.instance_type("--instance-type", instance_type, sagemaker=True)
         elif instance_type is not None:
             values.ec2_instance_type("--instance-type", instance_type)
-        mf.check_output(output)
+        _force_flag(force, output)
+        mf.check_output(output, force)
         spec = mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=None if gpus_per_worker is None else _int_flag("--gpus-per-worker", gpus_per_worker, 0, 64),
@@ -1242,4 +1252,4 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
         text = mf.render(spec)
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)
-        print(mf.write(text, output), end="")
+        print(mf.write(text, output, force), end="")

@@ -624,7 +624,13 @@ def record(catalog_path: Path, entry: dict[str, Any]) -> None:
     so readers see the old or the new catalog and concurrent pushes lose no entry."""
     catalog_path = Path(catalog_path)
     catalog_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(catalog_path.with_name(catalog_path.name + ".lock"), "w") as lock:
+    lock_path = catalog_path.with_name(catalog_path.name + ".lock")
+    try:  # neither truncated nor opened through a link planted at its name (a cloned project's build/)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise PushError(f"--catalog {catalog_path}: cannot open its lock {lock_path}: {e.strerror or e} "
+                        "(a symbolic link there is refused: remove it)") from None
+    with os.fdopen(fd, "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = merge_entry(read_catalog(catalog_path), entry)
         fd, tmp = tempfile.mkstemp(dir=catalog_path.parent, prefix=f".{catalog_path.name}.")

@@ -630,3 +630,116 @@ def test_issue_38_reproductions(tmp_path, case):
         "ssh-key-fifo": ((*LAUNCH, "--ssh-key", str(fifo), "--", "true"), ("--ssh-key", "named pipe")),
     }[case]
     assert_usage_error(invoke(tmp_path, *args), tmp_path, *needles)
+
+
+# ---------------------------------------------------------------- records: damaged cluster.json
+
+def _cluster_record() -> dict:
+    """cluster.json as `nodes up --name c1` writes it (launch/infra/ec2.py save_cluster)."""
+    import json
+
+    from dtrain.launch.infra import ec2
+
+    inst = ec2.Instance("i-0123", "127.0.0.1", None, "us-east-1a", "g5.12xlarge")
+    return json.loads(ec2.Cluster("c1", "us-east-1", "dtrain-c1", "g5.12xlarge", True, 4, "root", None, (inst,),
+                                  ssh_opts=("-o", "Port=1")).to_json())
+
+
+def _damaged_records() -> dict[str, str | bytes]:
+    """Damaged forms of cluster.json (issue 47: each was a traceback): file contents by name."""
+    import json
+
+    good = _cluster_record()
+    text = json.dumps(good)
+    forms: dict[str, str | bytes] = {
+        "empty": "", "blank": " \n", "list": "[]", "null": "null", "number": "4", "string": '"c1"', "object": "{}",
+        "truncated": text[: len(text) // 2], "garbage-after": text + "}", "not-json": "name: c1\n",
+        "binary": BINARY, "bom": "\ufeff" + text, "nul": text.replace(":", ":\x00", 1),
+        "slots-5000-digits": text.replace('"slots": 4', '"slots": ' + "9" * 5000),
+        "slots-1e400": text.replace('"slots": 4', '"slots": 1e400'),
+        "slots-zero": text.replace('"slots": 4', '"slots": 0'),
+        "slots-huge": text.replace('"slots": 4', '"slots": 99999999999999999999'),
+        "deep-list": "[" * 20000 + "]" * 20000, "deep-object": '{"a":' * 20000 + "1" + "}" * 20000,
+        "instances-empty": json.dumps({**good, "instances": []}),
+        "instances-object": json.dumps({**good, "instances": {"i": good["instances"][0]}}),
+        "instances-nested": json.dumps({**good, "instances": [[good["instances"][0]]]}),
+        "instance-ip": json.dumps({**good, "instances": [{**good["instances"][0], "private_ip": "x;id"}]}),
+        "instance-missing-key": json.dumps({**good, "instances": [{"id": "i-1"}]}),
+        "name-other": json.dumps({**good, "name": "c2"}),
+        "user-newline": json.dumps({**good, "user": "root\nx"}),
+        "ssh-opts-string": json.dumps({**good, "ssh_opts": "-oProxyCommand=id"}),
+        "ssh-opts-number": json.dumps({**good, "ssh_opts": [1]}),
+    }
+    wrong = {"name": 1, "region": ["us-east-1"], "stack": None, "instance_type": 5, "nitro": "true", "slots": "4",
+             "user": {"u": 1}, "identity": 1, "instances": "127.0.0.1", "security_group": [],
+             "file_system": 0, "ssh_opts": {"-o": "x"}}
+    for key, value in wrong.items():
+        forms[f"{key}-wrong-type"] = json.dumps({**good, key: value})
+    for key in ("name", "region", "stack", "instance_type", "nitro", "slots", "user", "identity", "instances"):
+        forms[f"{key}-missing"] = json.dumps({k: v for k, v in good.items() if k != key})
+    return forms
+
+
+RECORD_COMMANDS = {  # every command that reads cluster.json (--cluster c1)
+    "launch": ("launch", "--image", IMAGE, "--cluster", "c1", "--", "true"),
+    "doctor": ("doctor", "--cluster", "c1"),
+    "volume": ("volume", "create", "--cluster", "c1", "--size", "10"),
+    "pull": ("pull", "--image", IMAGE, "--cluster", "c1"),
+    "bench-network": ("bench-network", "--image", IMAGE, "--cluster", "c1"),
+}
+
+
+def test_every_command_that_reads_cluster_json_says_what_is_damaged(nowhere):
+    """Each damaged form of cluster.json (and a FIFO, a directory, a file past the size limit in
+    its place) through every command that reads it: exit 2, one line naming the file and what
+    to do, nothing on stdout, no traceback, no hang, no job started."""
+    import json
+    import signal
+
+    from dtrain.launch.infra import ec2
+
+    d = nowhere / "home" / "clusters" / "c1"
+    d.mkdir(parents=True)
+    (d / "hostfile").write_text("127.0.0.1 slots=1 user=root\n")
+    record = d / "cluster.json"
+    record.write_text(json.dumps(_cluster_record()))
+    assert ec2.load_cluster("c1").instances[0].private_ip == "127.0.0.1"  # the undamaged record is read
+    forms = _damaged_records()
+    assert len(forms) >= 40
+    forms.update({"fifo": "@fifo", "directory": "@dir", "huge": "@huge"})
+
+    def hang(signum, frame):
+        raise Hang(f"no answer within {CASE_TIMEOUT} s")
+
+    failures = []
+    old = signal.signal(signal.SIGALRM, hang)
+    try:
+        for form, content in sorted(forms.items()):
+            if record.is_dir():
+                record.rmdir()
+            else:
+                record.unlink(missing_ok=True)
+            if content == "@fifo":
+                os.mkfifo(record)
+            elif content == "@dir":
+                record.mkdir()
+            elif content == "@huge":
+                with open(record, "wb") as f:
+                    f.truncate(17 << 20)
+            else:
+                record.write_bytes(content if isinstance(content, bytes) else content.encode())
+            for cmd, argv in RECORD_COMMANDS.items():
+                signal.alarm(CASE_TIMEOUT)
+                try:
+                    code, out, err = _run_in_process(list(argv))
+                finally:
+                    signal.alarm(0)
+                lines = err.strip().splitlines()
+                jobs = nowhere / "home" / "jobs"
+                if (code != 2 or len(lines) != 1 or not lines[0].startswith(f"error: {record}: ")
+                        or "dtrain nodes" not in lines[0] or out.strip() or "Traceback" in err
+                        or (jobs.exists() and any(jobs.iterdir()))):
+                    failures.append(f"{form} via {cmd}: exit {code}, stdout {out[:200]!r}, stderr {err[:300]!r}")
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert not failures, f"{len(failures)} of {len(forms) * len(RECORD_COMMANDS)} cases:\n" + "\n".join(failures)

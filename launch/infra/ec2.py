@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dtrain import ROOT, contract
+from dtrain import ROOT, contract, records, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
 
@@ -945,20 +945,60 @@ def hostfile_text(cluster: Cluster, address: str = "private") -> str:
 
 
 def save_cluster(cluster: Cluster, address: str = "private") -> Path:
-    """Write cluster.json and the hostfile; returns the hostfile's path."""
+    """Write cluster.json and the hostfile, each replaced atomically (dtrain/records.py: a
+    concurrent launch reads the old one or the new one); returns the hostfile's path."""
     d = cluster_dir(cluster.name)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "cluster.json").write_text(cluster.to_json())
-    (d / "hostfile").write_text(hostfile_text(cluster, address))
+    records.write(d / "cluster.json", cluster.to_json())
+    records.write(d / "hostfile", hostfile_text(cluster, address))
     return d / "hostfile"
 
 
+def cluster_problem(c: Cluster, name: str) -> str | None:
+    """What is wrong in a cluster record the schema let through (pure): a name not the
+    directory's, a value past its range or not one line, an address that is not one."""
+    if c.name != name:
+        return f"name: {values.shown(c.name)}, not this cluster's ({name})"
+    for key in ("name", "region", "stack", "instance_type", "user", "identity", "security_group", "file_system"):
+        v = getattr(c, key, None)
+        if v is not None and (not v or len(v) > 4096 or not v.isprintable()):
+            return f"{key}: not one line of printable text"
+    if not 1 <= c.slots <= 4096:
+        return f"slots: {c.slots if len(str(c.slots)) < 20 else 'a number of ' + str(len(str(c.slots))) + ' digits'}" \
+            ", not from 1 to 4096"
+    if not 1 <= len(c.instances) <= 10000:
+        return f"instances: {len(c.instances)}, not from 1 to 10000"
+    for k, i in enumerate(c.instances):
+        for key in ("private_ip", "public_ip"):
+            v = getattr(i, key)
+            try:
+                if v is not None:
+                    ipaddress.ip_address(v)
+            except ValueError:
+                return f"instances.{k}.{key}: not an IP address"
+        for key in ("id", "availability_zone", "instance_type"):
+            v = getattr(i, key)
+            if not v or len(v) > 255 or not v.isprintable():
+                return f"instances.{k}.{key}: not one line of printable text"
+    for o in c.ssh_opts:
+        if len(o) > 4096 or not o.isprintable():
+            return "ssh_opts: an option that is not one line of printable text"
+    return None
+
+
 def load_cluster(name: str) -> Cluster:
+    """cluster.json of `nodes up --name NAME`, through its schema (the Cluster dataclass, strict;
+    then cluster_problem): damage is one line naming the file, what is wrong and what to do."""
     path = cluster_dir(name) / "cluster.json"
+    fix = (f"`dtrain nodes up --name {name}` wrote it: restore it, or `dtrain nodes down --name {name}` "
+           "and `nodes up` again")
     try:
-        return Cluster.from_json(path.read_text())
+        cluster = records.read(path, Cluster, fix)
     except FileNotFoundError:
         raise LaunchError(f"--cluster {name}: no such cluster here ({path} missing; `dtrain nodes list`)") from None
+    why = cluster_problem(cluster, name)
+    if why:
+        raise values.BadValue(f"{path}: {why}; {fix}")
+    return cluster
 
 
 def stack_state(session: Any, name: str) -> str | None:

@@ -1031,6 +1031,26 @@ def delete_keys(s3, bucket: str, keys: Sequence[str]) -> None:
         s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
+def _append(path: Path):
+    """The job's log copy opened to append: never through a symbolic link at its name (one
+    planted in a cloned project's output/ would have dtrain append elsewhere), never a FIFO or a
+    device; LaunchError naming it."""
+    import errno
+    import stat
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:
+        why = "a symbolic link; dtrain does not write through links" if e.errno == errno.ELOOP else e.strerror
+        raise LaunchError(f"--download: {path}: {why}; remove it or give another --download") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LaunchError(f"--download: {path}: not a regular file; remove it or give another --download")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 @contextmanager
 def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable[[str], None]]:
     """out, also appending every line to path (the job's log as streamed), when given."""
@@ -1038,7 +1058,7 @@ def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable
         yield out
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
+    with _append(path) as f:
         def tee(line: str) -> None:
             out(line)
             f.write(line + "\n")

@@ -100,6 +100,8 @@ def _write_json(path: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the record
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

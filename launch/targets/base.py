@@ -103,7 +103,7 @@ class Target(ABC):
 
     @abstractmethod
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         """Run the checked launch cfg (given: the fields set by the flags or the file; count: the
         nodes it names, None where none) and return the exit code (err: a line for stderr); note() once it is checked, before
-        anything is submitted or written."""
+        anything is submitted or written. force: --output may replace a file dtrain did not write."""

@@ -6,6 +6,7 @@ fetched here; the instance type tells the GPUs and EFA interfaces."""
 from __future__ import annotations
 
 import ipaddress
+import os
 from typing import Any
 
 from dtrain import contract
@@ -139,7 +140,7 @@ class Ec2(NodeProvider):
 
     def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
         """What `nodes up --ssh-opt` recorded for --cluster (a ProxyJump to a bastion)."""
-        if args.cluster and (stack.cluster_dir(args.cluster) / "cluster.json").is_file():
+        if args.cluster and os.path.lexists(stack.cluster_dir(args.cluster) / "cluster.json"):  # damaged: said
             return tuple(stack.load_cluster(args.cluster).ssh_opts)
         return ()
 
