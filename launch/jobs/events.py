@@ -36,7 +36,7 @@ MAX_EXIT = 255  # an exit code: 0..255, or -N for a signal
 Check = Callable[[Any], Any]
 
 
-def _whole(lo: int, hi: int) -> Check:
+def whole(lo: int, hi: int) -> Check:
     def check(v: Any) -> int:
         if type(v) is not int or not lo <= v <= hi:
             raise ValueError(f"should be a whole number {lo}..{hi}")
@@ -44,7 +44,7 @@ def _whole(lo: int, hi: int) -> Check:
     return check
 
 
-def _number(lo: float, hi: float) -> Check:
+def number(lo: float, hi: float) -> Check:
     def check(v: Any) -> float:
         if type(v) not in (int, float) or not lo <= v <= hi or (type(v) is float and not math.isfinite(v)):
             raise ValueError(f"should be a number {lo:g}..{hi:g}")
@@ -52,7 +52,7 @@ def _number(lo: float, hi: float) -> Check:
     return check
 
 
-def _text(most: int) -> Check:
+def text(most: int) -> Check:
     def check(v: Any) -> str:
         if type(v) is not str or len(v) > most:
             raise ValueError(f"should be text of at most {most} characters")
@@ -60,13 +60,13 @@ def _text(most: int) -> Check:
     return check
 
 
-def _flag(v: Any) -> bool:
+def flag(v: Any) -> bool:
     if type(v) is not bool:
         raise ValueError("should be true or false")
     return v
 
 
-def _list(item: Check, most: int = MAX_ITEMS) -> Check:
+def list_of(item: Check, most: int = MAX_ITEMS) -> Check:
     def check(v: Any) -> list:
         if type(v) is not list or len(v) > most:
             raise ValueError(f"should be a list of at most {most} items")
@@ -80,7 +80,7 @@ def _list(item: Check, most: int = MAX_ITEMS) -> Check:
     return check
 
 
-def _map(key: Check, value: Check, most: int = MAX_ITEMS) -> Check:
+def mapping(key: Check, value: Check, most: int = MAX_ITEMS) -> Check:
     def check(v: Any) -> dict:
         if type(v) is not dict or len(v) > most:
             raise ValueError(f"should be an object of at most {most} keys")
@@ -94,14 +94,14 @@ def _map(key: Check, value: Check, most: int = MAX_ITEMS) -> Check:
     return check
 
 
-def _maybe(check: Check) -> Check:
+def maybe(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
 
 
 REQUIRED = object()  # a field's default: the event must have it
 
 
-def _record(fields: Mapping[str, tuple[Check, Any]]) -> Check:
+def fields_of(fields: Mapping[str, tuple[Check, Any]]) -> Check:
     """An object of these fields ({name: (check, default or REQUIRED)}): those it gave, checked;
     the others left out (a newer supervisor's extra field is dropped, never passed on)."""
     def check(v: Any) -> dict:
@@ -121,42 +121,42 @@ def _record(fields: Mapping[str, tuple[Check, Any]]) -> Check:
     return check
 
 
-TEXT = _text(MAX_TEXT)
-NAME = _text(MAX_NAME)
-COUNT = _whole(0, MAX_COUNT)
-SECONDS = _number(0, MAX_SECONDS)
-EPOCH = _number(0, MAX_EPOCH)
-EXIT = _whole(-MAX_EXIT, MAX_EXIT)
-NAMES = _list(NAME)
-RANKS = _list(COUNT)
+TEXT = text(MAX_TEXT)
+NAME = text(MAX_NAME)
+COUNT = whole(0, MAX_COUNT)
+SECONDS = number(0, MAX_SECONDS)
+EPOCH = number(0, MAX_EPOCH)
+EXIT = whole(-MAX_EXIT, MAX_EXIT)
+NAMES = list_of(NAME)
+RANKS = list_of(COUNT)
 O = None  # an optional field's default: absent
 
-CULPRIT = _record({"rank": (COUNT, REQUIRED), "node": (NAME, O), "kind": (NAME, O), "where": (TEXT, O),
+CULPRIT = fields_of({"rank": (COUNT, REQUIRED), "node": (NAME, O), "kind": (NAME, O), "where": (TEXT, O),
                    "state": (NAME, O)})
 
 # The one list of event kinds: kind -> its fields {name: (check, REQUIRED or O)}. A new kind is
 # one line here (and its line in supervision.describe).
 KINDS: dict[str, dict[str, tuple[Check, Any]]] = {
     "running": {"attempt": (COUNT, O), "nodes": (NAMES, O), "ranks": (NAMES, O), "spares": (NAMES, O)},
-    "lost": {"nodes": (_map(NAME, TEXT), O)},
-    "restart": {"attempt": (COUNT, O), "reason": (TEXT, O), "dropped": (NAMES, O), "replaced": (_map(NAME, NAME), O),
+    "lost": {"nodes": (mapping(NAME, TEXT), O)},
+    "restart": {"attempt": (COUNT, O), "reason": (TEXT, O), "dropped": (NAMES, O), "replaced": (mapping(NAME, NAME), O),
                 "ended_in": (SECONDS, O)},
     "spare-in": {"node": (NAME, REQUIRED), "replaces": (NAME, REQUIRED)},
-    "quarantined": {"node": (NAME, REQUIRED), "reason": (TEXT, O), "spare": (_flag, O)},
+    "quarantined": {"node": (NAME, REQUIRED), "reason": (TEXT, O), "spare": (flag, O)},
     "checkpoint-now": {"nodes": (NAMES, O)},
     contract.PHASE_EVENT: {"phase": (NAME, REQUIRED), "node": (TEXT, O),  # a spare-in's: spares, comma-separated
-                           "restart": (_maybe(COUNT), O), "seconds": (SECONDS, O), "at": (EPOCH, O),
+                           "restart": (maybe(COUNT), O), "seconds": (SECONDS, O), "at": (EPOCH, O),
                            "end": (EPOCH, O)},
-    "hang": {"silent_for": (SECONDS, O), "ranks": (RANKS, O), "nodes": (NAMES, O), "ago": (_map(NAME, SECONDS), O),
-             "steps": (_map(NAME, COUNT), O), "culprits": (_list(CULPRIT), O), "waiting": (RANKS, O),
+    "hang": {"silent_for": (SECONDS, O), "ranks": (RANKS, O), "nodes": (NAMES, O), "ago": (mapping(NAME, SECONDS), O),
+             "steps": (mapping(NAME, COUNT), O), "culprits": (list_of(CULPRIT), O), "waiting": (RANKS, O),
              "unread": (RANKS, O)},
     "straggler": {"attempt": (COUNT, O), "rank": (COUNT, REQUIRED), "node": (NAME, REQUIRED), "waiting": (COUNT, O),
-                  "others": (_number(0, MAX_COUNT), O), "samples": (COUNT, O),
-                  "interval": (_number(1e-6, MAX_SECONDS), REQUIRED)},
+                  "others": (number(0, MAX_COUNT), O), "samples": (COUNT, O),
+                  "interval": (number(1e-6, MAX_SECONDS), REQUIRED)},
     "succeeded": {"exit_code": (EXIT, O)},
     "failed": {"exit_code": (EXIT, O), "reason": (TEXT, O), "at_fault": (NAMES, O)},
 }
-_CHECKS = {kind: _record(fields) for kind, fields in KINDS.items()}
+_CHECKS = {kind: fields_of(fields) for kind, fields in KINDS.items()}
 
 
 class BadEvent(ValueError):
@@ -167,11 +167,11 @@ def _refuse(token: str) -> float:
     raise ValueError(f"{token} is not a number JSON allows")
 
 
-def loads(text: str | bytes) -> object:
+def loads(raw: str | bytes) -> object:
     """JSON as a node sends it: strict (no NaN, Infinity), nesting within the parser's depth;
     ValueError (one line) where it is not."""
     try:
-        return json.loads(text, parse_constant=_refuse)
+        return json.loads(raw, parse_constant=_refuse)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except json.JSONDecodeError as e:
@@ -217,18 +217,18 @@ def problem(why: str) -> str:
 
 # The supervisor's state.json (launch/node/supervise.py `state`): the last event's kind and
 # fields (those dtrain reads), its restarts, the quarantined nodes and the stragglers named.
-NODE_STATE = _record({"state": (NAME, O), "exit_code": (_maybe(EXIT), O), "reason": (TEXT, O),
-                      "restarts": (COUNT, O), "quarantined": (_map(NAME, TEXT), O),
-                      "stragglers": (_map(NAME, TEXT), O), "updated": (EPOCH, O)})
+NODE_STATE = fields_of({"state": (NAME, O), "exit_code": (maybe(EXIT), O), "reason": (TEXT, O),
+                      "restarts": (COUNT, O), "quarantined": (mapping(NAME, TEXT), O),
+                      "stragglers": (mapping(NAME, TEXT), O), "updated": (EPOCH, O)})
 
 
-def node_state(text: str, where: str) -> dict:
+def node_state(raw: str, where: str) -> dict:
     """A state.json's text -> its checked fields (those it gave); ValueError, one line naming
     `where` (the node and the file), where it is not the supervisor's state."""
-    if len(text) > MAX_LINE:
+    if len(raw) > MAX_LINE:
         raise ValueError(f"{where}: longer than {MAX_LINE} characters")
     try:
-        data = loads(text)
+        data = loads(raw)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if not isinstance(data, dict):
