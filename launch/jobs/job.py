@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, TypeVar
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
 from dtrain.contract import container_name, node_key_dir
+from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, netgate, nic, node_programs, output, runplan, store, supervision, timeline
@@ -624,7 +625,7 @@ class Job:
         self.spec = replace(spec, name=name)
         self.launcher = launchers.get(self.spec.launcher)
         self.nodes = nodes
-        self.say = say
+        self.say: Callable[[str], None] = lambda text: say(clean(text, lines=True))  # it names nodes' hostnames
         self.dir = store.job_dir(name)
         # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own
         self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"

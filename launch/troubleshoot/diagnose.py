@@ -40,6 +40,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.terminal import clean
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
 from dtrain.launch.jobs import stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
@@ -385,7 +386,7 @@ def format_report(findings: list[Finding]) -> str:
             out.append(f"   check: dtrain doctor ({', '.join(e.doctor_checks)})")
         out.append(f"   more:  docs/troubleshooting.md#{e.id}  {e.source[0]}")
         out.append("")
-    return "\n".join(out)
+    return clean("\n".join(out), lines=True)  # the log's lines quoted: a job's words, no terminal control
 
 
 def _wrap(label: str, md: str) -> str:
