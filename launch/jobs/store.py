@@ -123,16 +123,17 @@ def _read_json(path: Path) -> dict | None:
 _FINAL = events.fields_of({"event": (events.NAME, events.O), "state": (events.NAME, events.O),
                            "exit_code": (events.maybe(events.EXIT), events.O), "reason": (events.TEXT, events.O),
                            "restarts": (events.COUNT, events.O)})
+_LIST = events.list_of(lambda item: item)
 _FINITE = events.number(-sys.float_info.max, sys.float_info.max)
 RECORD_FIELDS: dict[str, events.Check] = {
     "name": events.NAME, "state": events.NAME, "launcher": events.NAME, "image": events.TEXT,
     "pid": events.whole(0, 1 << 31), "pid_identity": events.mapping(events.NAME, events.TEXT),
-    "host": events.NAME, "first": events.NAME, "nodes": events.list_of(events.fields_of({})),
+    "host": events.NAME, "first": events.NAME, "nodes": _LIST,  # each read by job_nodes
     "ranks": events.NAMES, "node_names": events.mapping(events.NAME, events.NAME),
     "ssh_opts": events.list_of(events.TEXT), "started": _FINITE, "ended": _FINITE,  # the report bounds them
     "exit_code": events.EXIT, "detached": events.flag, "final": _FINAL,
     "quarantined": events.mapping(events.NAME, events.TEXT), "stragglers": events.mapping(events.NAME, events.TEXT),
-    "timeline": events.list_of(events.fields_of({})), "gate": events.fields_of({}),
+    "timeline": _LIST,  # each read by timeline.from_json "gate": events.fields_of({}),
     "progress_pattern": events.TEXT,
 }
 
