@@ -55,7 +55,7 @@ def number(lo: float, hi: float) -> Check:
 def text(most: int) -> Check:
     def check(v: Any) -> str:
         if type(v) is not str or len(v) > most:
-            raise ValueError(f"should be text of at most {most} characters")
+            raise ValueError(f"should be text, at most {most} characters")
         return v
     return check
 
@@ -69,7 +69,7 @@ def flag(v: Any) -> bool:
 def list_of(item: Check, most: int = MAX_ITEMS) -> Check:
     def check(v: Any) -> list:
         if type(v) is not list or len(v) > most:
-            raise ValueError(f"should be a list of at most {most} items")
+            raise ValueError(f"should be a list, at most {most} items")
         out = []
         for i, x in enumerate(v):
             try:
@@ -83,7 +83,7 @@ def list_of(item: Check, most: int = MAX_ITEMS) -> Check:
 def mapping(key: Check, value: Check, most: int = MAX_ITEMS) -> Check:
     def check(v: Any) -> dict:
         if type(v) is not dict or len(v) > most:
-            raise ValueError(f"should be an object of at most {most} keys")
+            raise ValueError(f"should be an object, at most {most} keys")
         out = {}
         for k, x in v.items():
             try:
@@ -163,8 +163,12 @@ class BadEvent(ValueError):
     """An event line that is not one the schema knows; str: why, one line."""
 
 
+class _Refused(ValueError):
+    pass
+
+
 def _refuse(token: str) -> float:
-    raise ValueError(f"{token} is not a number JSON allows")
+    raise _Refused(f"{token} is not a number JSON allows")
 
 
 def loads(raw: str | bytes) -> object:
@@ -178,6 +182,10 @@ def loads(raw: str | bytes) -> object:
         raise ValueError(f"not JSON ({e.msg} at character {e.pos})") from None
     except UnicodeDecodeError:
         raise ValueError("not UTF-8") from None
+    except _Refused:
+        raise
+    except ValueError as e:  # a number of more than 4300 digits
+        raise ValueError(f"not JSON dtrain reads ({str(e).split(':')[0]})") from None
 
 
 def check(data: object) -> dict:
