@@ -342,3 +342,16 @@ def test_dtrain_commands_on_a_record_with_nan_are_one_line(tmp_path):
         out, err = _text(r)
         assert r.returncode == 2 and not out and len(err.splitlines()) == 1, (argv, out, err)
         assert err.startswith(f"error: {d / 'job.json'}: not a readable job record (NaN is not a number"), err
+
+
+def test_the_gates_node_output_of_other_types_is_left_out():
+    from dtrain.launch.jobs import netgate
+
+    text = ('{"from": "10.0.0.1", "to": "10.0.0.2", "bytes": "x", "seconds": 1.0}\n'
+            '{"from": ["10.0.0.1"], "to": "10.0.0.2", "bytes": 1, "seconds": 1.0}\n'
+            '{"from": "10.0.0.1", "to": "10.0.0.2", "bytes": 1, "seconds": NaN}\n'
+            '{"from": "10.0.0.1", "to": "10.0.0.2", "bytes": 1, "seconds": 1e308}\n'
+            + "[" * 100_000 + "\n"
+            '{"from": "10.0.0.1", "to": "10.0.0.3", "bytes": 125000000, "seconds": 1}\n')
+    pairs, _, _ = netgate.parse_output(text, {})
+    assert pairs == [netgate.Pair("10.0.0.1", "10.0.0.3", 1.0)]
