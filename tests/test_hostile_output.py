@@ -355,3 +355,28 @@ def test_the_gates_node_output_of_other_types_is_left_out():
             '{"from": "10.0.0.1", "to": "10.0.0.3", "bytes": 125000000, "seconds": 1}\n')
     pairs, _, _ = netgate.parse_output(text, {})
     assert pairs == [netgate.Pair("10.0.0.1", "10.0.0.3", 1.0)]
+
+
+from test_report import _png_pixels, chromium  # noqa: E402,F401 (the fixture: Debian's chromium, headless)
+
+
+@pytest.mark.docker  # needs what `dtrain test` installs (chromium), as test_report's render does
+def test_the_report_of_hostile_times_renders_in_headless_chromium(chromium, tmp_path):
+    job = {"name": "t-huge", "state": "failed", "launcher": "torchrun", "image": "x/y:z", "started": T0,
+           "ended": T0 + 1e300, "nodes": [{"host": "10.0.0.1"}], "exit_code": 1,
+           "final": {"reason": "boom \x1b]0;pwned\x07"},
+           "timeline": [{"node": "10.0.0.1", "phase": "pull", "start": 1e308, "seconds": 5.0},
+                        {"node": "10.0.0.1", "phase": "container", "start": 1.0, "seconds": 2.0}],
+           "gate": {"nodes": {"10.0.0.1": {"gbps": 1e308, "status": "PASS"}}}}
+    log = "[node-1 r0] step 1\n[node-1 r0] step 2\n[node-1 r0] step 3\n[launch] job failed (exit 1)\n"
+    page = tmp_path / "report.html"
+    report.write(report.read(job, log, f"{T0 + 1} 1\n1e308 1\n{T0 + 3} 1\n{T0 + 4} 99999999999\n"), page)
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count('<rect class="phase"') == 1 and "not drawn" in dom.stdout
+    assert not re.search(r"NaN|Infinity", dom.stdout), dom.stdout[-2000:]
+    assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+    shot = tmp_path / "report.png"
+    r = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    assert len(_png_pixels(shot.read_bytes())[2]) > 20  # text, a lane and a bar: not a blank page

@@ -290,7 +290,7 @@ def read(job: Mapping, log: str = "", times: str = "") -> Run:
         ended = None
     for key in ("started", "ended"):
         if job.get(key) is not None and _float(job.get(key), 0) is None:
-            notes.append(f"the record's {key} is not a time: not drawn")
+            notes.append(f"the record's {key} is not a time before 2100: not drawn")
     lines, refused = stamped(log, times, t0)
     if refused:
         notes.append(f"{refused} row(s) of output.times are not a time and a count of lines: those lines are untimed")
