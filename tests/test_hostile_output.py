@@ -380,3 +380,27 @@ def test_the_report_of_hostile_times_renders_in_headless_chromium(chromium, tmp_
     r = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     assert len(_png_pixels(shot.read_bytes())[2]) > 20  # text, a lane and a bar: not a blank page
+
+
+def test_dtrain_logs_and_diagnose_print_a_jobs_escapes_only_as_colours(tmp_path):
+    """A foreground job's output.log (its lines as the launch showed them) with escapes the job
+    wrote: `dtrain logs` keeps its colours only, `dtrain diagnose` quotes its lines without any."""
+    home = tmp_path / "home"
+    d = home / "jobs" / "t-esc"
+    d.mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"name": "t-esc", "state": "failed", "exit_code": 139, "started": T0,
+                                            "nodes": [{"host": "127.0.0.1"}]}))
+    blas = ("[node-1 r5] [1,5]<stderr>:\x1b]0;pwned\x07BLAS : Program is Terminated. Because you tried to allocate "
+            "too many memory regions.\x1b[2J\x9b1;1H")
+    (d / "output.log").write_bytes(f"[node-1 r0] \x1b[1;31mred\x1b[0m epoch 1\n{blas}\n".encode()
+                                   + b"[node-1 r0] \xff\xfe bytes\r overwritten\n")
+    r = _dtrain(home, "logs", "--job", "t-esc", cwd=tmp_path)
+    assert r.returncode == 0 and b"\x1b[1;31mred\x1b[0m" in r.stdout, r
+    r.stdout = r.stdout.replace(b"\x1b[1;31m", b"").replace(b"\x1b[0m", b"")
+    out, _ = _text(r)
+    assert out.splitlines() == ["[node-1 r0] red epoch 1",
+                                "[node-1 r5] [1,5]<stderr>:BLAS : Program is Terminated. Because you tried to "
+                                "allocate too many memory regions.", "[node-1 r0] \ufffd\ufffd bytes", " overwritten"]  # \r: a line's end
+    r = _dtrain(home, "diagnose", "t-esc", cwd=tmp_path)
+    out, err = _text(r)
+    assert r.returncode == 1 and "BLAS : Program is Terminated" in out and "pwned" not in out, (out, err)
