@@ -404,3 +404,27 @@ def test_dtrain_logs_and_diagnose_print_a_jobs_escapes_only_as_colours(tmp_path)
     r = _dtrain(home, "diagnose", "t-esc", cwd=tmp_path)
     out, err = _text(r)
     assert r.returncode == 1 and "BLAS : Program is Terminated" in out and "pwned" not in out, (out, err)
+
+
+def test_a_rank_of_5000_digits_in_a_jobs_line_is_text_everywhere(tmp_path):
+    """A rank's number is read back from a job's lines by Render (mpirun's tags, torchrun's
+    local ranks), stacks, stragglers, the report and diagnose: 5000 digits are a job's text."""
+    from dtrain.launch.jobs import stacks, straggler
+    from dtrain.launch.jobs.output import MpiOutput, prefix_line
+
+    big = "9" * 5000
+    assert stacks.of_dump([f"[n r{big}] stack of pid 1, state T: x", f"[n r0] stack of pid {big}, state T: x"],
+                          2).named == ()
+    assert straggler.ranks_waiting([f"[n r{big}] stack of pid 1, state S: x"]) == {}
+    assert report.steps_of([report.Line(1.0, f"[n r{big}] step")], "") == []
+    assert report.restarts_of([report.Line(1.0, f"[launch] restart {big}: x")]) == []
+    assert MpiOutput(["a"], "a").feed(f"[1,{big}]<stdout>:x") == [f"[a] [1,{big}]<stdout>:x"]
+    assert prefix_line(f"[default{big}]:x", default_node="a", torch_base=0) == f"[a] [default{big}]:x"
+    r = Render("torchrun", "n1")
+    assert r.feed(f"[n1] [default{big}]:hi") == [f"[n1] [n1] [default{big}]:hi"]  # n1 runs no rank yet
+    log = tmp_path / "big.log"
+    log.write_text(f"[node-1 r{big}] BLAS : Program is Terminated. Because you tried to allocate too many memory "
+                   f"regions.\n[1,{big}]<stderr>:x\n[rank{big}]: y\n")
+    r = subprocess.run([sys.executable, "-m", "dtrain", "diagnose", str(log)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "blas-regions" in r.stdout and "Traceback" not in r.stderr, r.stderr

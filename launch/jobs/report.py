@@ -31,8 +31,8 @@ from dtrain.launch.jobs.output import RANK_LINE
 from dtrain.launch.jobs.timeline import Entry
 
 STRAGGLER_FACTOR = 1.5  # a rank whose median step is this much above the ranks' median stands out
-_RESTART = re.compile(r"^\[launch\] restart (\d+): (.*)$")
-_RESTARTED = re.compile(r"^\[launch\] job restarted \(attempt (\d+)\)")
+_RESTART = re.compile(r"^\[launch\] restart (\d{1,9}): (.*)$")
+_RESTARTED = re.compile(r"^\[launch\] job restarted \(attempt (\d{1,9})\)")
 _PHASE_LINE = re.compile(r"^(%s)( \S+)? [\d.]+ s$" % "|".join(map(re.escape, contract.RESTART_PHASES)))
 
 
@@ -197,7 +197,7 @@ def restarts_of(lines: Sequence[Line]) -> list[Restart]:
     return out
 
 
-_STARTED = re.compile(r"^\[launch\] job (?:started|restarted \(attempt (\d+)\)) on ")
+_STARTED = re.compile(r"^\[launch\] job (?:started|restarted \(attempt (\d{1,9})\)) on ")
 _ENDED = ("[launch] job succeeded", "[launch] job failed", "[launch] job timed out", "error:")
 
 
@@ -228,7 +228,7 @@ def attempts_of(lines: Sequence[Line], end: float | None) -> list[Attempt]:
 
 # A line of a node's output: `[NODE rR] ...` (a rank's) or `[NODE] ...` (a process without a
 # rank, such as torchrun's agent, whose stack the hang dump shows too: launch/node/stacks.sh).
-_NODE_LINE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
+_NODE_LINE = re.compile(r"^\[([^\]\s]+)(?: r(\d{1,9}))?\] ?(.*)$")
 
 
 def hangs_of(lines: Sequence[Line]) -> list[Hang]:

@@ -133,11 +133,11 @@ for _i, (_, _sig) in enumerate(_SIGNATURES):
 
 # (prefix, final): a final prefix starts the message itself, so reading stops after it.
 _PREFIXES: tuple[tuple[re.Pattern[str], bool], ...] = (
-    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d+)\] ?"), False),        # dtrain
-    (re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
-    (re.compile(r"\[(?P<rank>\d+)\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
-    (re.compile(r"\[rank(?P<rank>\d+)\]: ?"), False),                                  # PyTorch
-    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d+)\]: ?"), False),             # torchrun
+    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d{1,9})\] ?"), False),        # dtrain
+    (re.compile(r"\[\d+,(?P<rank>\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
+    (re.compile(r"\[(?P<rank>\d{1,9})\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
+    (re.compile(r"\[rank(?P<rank>\d{1,9})\]: ?"), False),                                  # PyTorch
+    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d{1,9})\]: ?"), False),             # torchrun
     (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*):\d+\] "), True),                     # [host:pid]
     (re.compile(r"(?:\[[^\]]*\] )?(?P<node>[A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] (?=.*NCCL)"),
      True),                                                                        # NCCL
