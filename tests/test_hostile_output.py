@@ -428,3 +428,39 @@ def test_a_rank_of_5000_digits_in_a_jobs_line_is_text_everywhere(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dtrain", "diagnose", str(log)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "blas-regions" in r.stdout and "Traceback" not in r.stderr, r.stderr
+
+
+def test_every_event_the_schema_admits_is_shown_without_error():
+    """Events of every kind, their fields drawn from values each field's check admits (bounds,
+    empty text, escapes, missing optional fields): Render shows each as one line, never raises."""
+    import random
+
+    rng = random.Random(47)
+    values = [0, 1, 10**6, -1, 0.5, 3.1536e8, 4102444800.0, "", "x", "\x9b", "a" * 300, [], ["n1"], [0, 1], {},
+              {"n1": "why"}, {"1": 2.0}, {"1": 3}, True, None, 255, -255,
+              [{"rank": 0, "node": "n1", "kind": "stopped", "state": "T"}, {"rank": 2, "kind": "outside", "where": "f"}]]
+
+    def admitted(check) -> list:
+        out = []
+        for v in values:
+            try:
+                check(v)
+                out.append(v)
+            except ValueError:
+                pass
+        return out
+
+    for _ in range(3000):
+        kind = rng.choice(list(events.KINDS))
+        ev = {"event": kind}
+        for name, (check, default) in events.KINDS[kind].items():
+            if (default is events.REQUIRED or rng.random() < 0.7) and admitted(check):
+                ev[name] = rng.choice(admitted(check))
+        for launcher in ("mpirun", "torchrun"):
+            r = Render(launcher, "n1", on_phase=lambda e: None)
+            r.feed(EV + json.dumps({"event": "running", "attempt": 0, "nodes": ["n1"], "ranks": ["n1"]}))
+            out = r.feed(EV + json.dumps(ev))
+            assert len(out) <= 1 and not any(CONTROL.search(x) for x in out), (ev, out)
+            assert "warning" not in "".join(out), (ev, out)
+            r.flush()
+            assert r.exit_code is None or -255 <= r.exit_code <= 255
