@@ -464,3 +464,18 @@ def test_every_event_the_schema_admits_is_shown_without_error():
             assert "warning" not in "".join(out), (ev, out)
             r.flush()
             assert r.exit_code is None or -255 <= r.exit_code <= 255
+
+
+def test_a_nodes_ip_addr_output_of_other_types_is_left_out():
+    from dtrain.launch.jobs import nic
+
+    hostile = json.dumps([5, None, {"ifname": ["x"]}, {"ifname": "eth9", "addr_info": "x"},
+                          {"ifname": "eth1", "addr_info": [7, {"family": "inet", "local": {"a": 1}}]},
+                          {"ifname": "ens5", "addr_info": [{"family": "inet", "local": "10.0.3.7", "prefixlen": 16}]}])
+    assert [link["ifname"] for link in nic.links_of(hostile)] == ["ens5"]
+    assert nic.interface_for_address(hostile, "10.0.3.7") == "ens5"
+    assert nic.interface_network(hostile, "10.0.3.7") == "10.0.0.0/16"
+    assert nic.interface_address(hostile, "ens5") == "10.0.3.7"
+    assert nic.interface_address("[" * 100_000, "ens5") == ""
+    with pytest.raises(Exception, match="cannot read `ip -j addr` output"):
+        nic.interface_for_address('[{"ifname": NaN}]', "10.0.3.7", host="n1")

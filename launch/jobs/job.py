@@ -207,7 +207,10 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     address = p.get("addr") or node.host
     ipjson = p.get("ipjson", "")
     if iface:
-        names = {i.get("ifname") for i in json.loads(ipjson or "[]")}
+        try:
+            names = {i.get("ifname") for i in nic.links_of(ipjson)}
+        except ValueError:
+            names = set()
         if iface not in names:
             raise LaunchError(f"{node.host}: --iface {iface} does not exist "
                               f"(interfaces: {', '.join(sorted(n for n in names if n))})")
