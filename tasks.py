@@ -135,7 +135,9 @@ def user_errors():
         yield
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
             EngineError, BadValue) as e:
-        print(f"error: {e}", file=sys.stderr)
+        from dtrain.terminal import clean
+
+        print(f"error: {clean(str(e), lines=True)}", file=sys.stderr)  # it may quote a node's words
         sys.exit(contract.USER_ERROR_EXIT)
     except UnicodeDecodeError as e:
         print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
@@ -662,6 +664,7 @@ def report(c, job=None, output=None, force=False):
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
     from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs, read_log
+    from dtrain.terminal import clean
 
     with user_errors():
         if job is not None:
@@ -671,12 +674,12 @@ def logs(c, job=None, follow=False):
         j = load_job(job)
         path = job_log(j["name"])
         if j.get("detached"):  # the launch's lines, then the job's, from its first node
-            print(read_log(path), end="", flush=True)
+            print(clean(read_log(path), colour=True, lines=True), end="", flush=True)
             sys.exit(node_logs(j, bool(follow)))
         if follow:
             follow_log(path, j)
         else:
-            print(read_log(path), end="")
+            print(clean(read_log(path), colour=True, lines=True), end="")
 
 
 @task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"],

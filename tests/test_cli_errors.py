@@ -743,3 +743,38 @@ def test_every_command_that_reads_cluster_json_says_what_is_damaged(nowhere):
     finally:
         signal.signal(signal.SIGALRM, old)
     assert not failures, f"{len(failures)} of {len(forms) * len(RECORD_COMMANDS)} cases:\n" + "\n".join(failures)
+
+
+# ---------------------------------------------------------------- records a node or a job wrote (issue 47)
+
+# job.json forms that no reader can take: the commands that read one job's record say so in one
+# line naming the file (what of it), exit 2, no traceback, no terminal control printed.
+HOSTILE_RECORDS = {
+    "list": "[]", "null": "null", "string": '"running"', "number": "1e400", "nan": '{"started": NaN}',
+    "infinity": '{"ended": Infinity}', "deep": "[" * 100_000 + "]" * 100_000, "digits": '{"pid": ' + "9" * 5000 + "}",
+    "binary": "\udcff", "nodes-dict": '{"nodes": {"host": "a"}}', "state-list": '{"state": ["failed"]}',
+    "final-string": '{"final": "failed"}', "final-reason": '{"final": {"reason": ["x"]}}',
+    "quarantined-list": '{"quarantined": ["n2"]}', "stragglers-nested": '{"stragglers": {"n2": {"r": 1}}}',
+    "huge-started": '{"started": 1e400}', "pid-string": '{"pid": "12"}', "ranks-null": '{"ranks": [null]}',
+    "exit-huge": '{"exit_code": ' + "1" + "0" * 400 + "}", "ssh-opts": '{"ssh_opts": "-oProxyCommand=x"}',
+    "escape-name": '{"name": "\\u001b]0;pwned\\u0007", "state": 5}',
+    "long-state": '{"state": "' + "x" * 100_000 + '"}',
+}
+JOB_RECORD_COMMANDS = (("status", "--job"), ("logs", "--job"), ("stop", "--job"), ("report", "--job"))
+
+
+def test_every_reader_of_a_record_refuses_a_hostile_one_in_one_line(nowhere):
+    control = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+    failures = []
+    for form, text in HOSTILE_RECORDS.items():
+        d = nowhere / "home" / "jobs" / f"t-{form}"
+        d.mkdir(parents=True)
+        (d / "job.json").write_bytes(text.encode(errors="surrogateescape"))
+        for command, flag in JOB_RECORD_COMMANDS:
+            code, out, err = _run_in_process([command, flag, f"t-{form}"])
+            lines = err.strip().splitlines()
+            if (code != 2 or len(lines) != 1 or not lines[0].startswith(f"error: {d / 'job.json'}: not a readable")
+                    or out.strip() or "Traceback" in err or control.search(out + err)):
+                failures.append(f"{form}: {command} -> exit {code}, stdout {out[:200]!r}, stderr {err[:300]!r}")
+    assert not failures, f"{len(failures)} cases:\n" + "\n".join(failures)
+    assert not list(nowhere.glob("work/*-report.html"))

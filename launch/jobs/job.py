@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, TypeVar
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
 from dtrain.contract import container_name, node_key_dir
+from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
@@ -208,7 +209,10 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     address = p.get("addr") or node.host
     ipjson = p.get("ipjson", "")
     if iface:
-        names = {i.get("ifname") for i in json.loads(ipjson or "[]")}
+        try:
+            names = {i.get("ifname") for i in nic.links_of(ipjson)}
+        except ValueError:
+            names = set()
         if iface not in names:
             raise LaunchError(f"{node.host}: --iface {iface} does not exist "
                               f"(interfaces: {', '.join(sorted(n for n in names if n))})")
@@ -633,7 +637,7 @@ class Job:
         self.spec = replace(spec, name=name)
         self.launcher = launchers.get(self.spec.launcher)
         self.nodes = nodes
-        self.say = say
+        self.say: Callable[[str], None] = lambda text: say(clean(text, lines=True))  # it names nodes' hostnames
         self.confirm = confirm  # after the launch's own checks, before anything is sent (trust.check_hosts)
         self.dir = store.job_dir(name)
         # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own

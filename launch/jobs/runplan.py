@@ -66,7 +66,7 @@ class PlanNode:
 # What `mpirun --tag-output` puts before each chunk a rank writes, and launch/node/rank_output.py
 # before each line: `[1,3]<stdout>:` (job, rank; the job part is absent in some versions, and in
 # horovodrun's Gloo prefix). Group 1 is the rank, group 2 the stream.
-MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:"
+MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d{1,9})\]<(stdout|stderr)>:"
 
 # What runs launch/node/rank_output.py (its text follows) before a rank's command: -I -S, only
 # the standard library, whatever PYTHON* variables the job sets.

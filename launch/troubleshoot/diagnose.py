@@ -40,6 +40,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.terminal import clean
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
 from dtrain.launch.jobs import nccl_net, stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
@@ -132,11 +133,11 @@ for _i, (_, _sig) in enumerate(_SIGNATURES):
 
 # (prefix, final): a final prefix starts the message itself, so reading stops after it.
 _PREFIXES: tuple[tuple[re.Pattern[str], bool], ...] = (
-    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d+)\] ?"), False),        # dtrain
-    (re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
-    (re.compile(r"\[(?P<rank>\d+)\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
-    (re.compile(r"\[rank(?P<rank>\d+)\]: ?"), False),                                  # PyTorch
-    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d+)\]: ?"), False),             # torchrun
+    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d{1,9})\] ?"), False),        # dtrain
+    (re.compile(r"\[\d+,(?P<rank>\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
+    (re.compile(r"\[(?P<rank>\d{1,9})\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
+    (re.compile(r"\[rank(?P<rank>\d{1,9})\]: ?"), False),                                  # PyTorch
+    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d{1,9})\]: ?"), False),             # torchrun
     (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*):\d+\] "), True),                     # [host:pid]
     (re.compile(r"(?:\[[^\]]*\] )?(?P<node>[A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] (?=.*NCCL)"),
      True),                                                                        # NCCL
@@ -410,7 +411,7 @@ def format_report(findings: list[Finding]) -> str:
             out.append(f"   check: dtrain doctor ({', '.join(e.doctor_checks)})")
         out.append(f"   more:  docs/troubleshooting.md#{e.id}  {e.source[0]}")
         out.append("")
-    return "\n".join(out)
+    return clean("\n".join(out), lines=True)  # the log's lines quoted: a job's words, no terminal control
 
 
 def _wrap(label: str, md: str) -> str:
