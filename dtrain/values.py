@@ -227,6 +227,11 @@ def regex(flag: str, text) -> str:
         raise BadValue(f"{flag} {shown(text)}: not a regular expression: {e}; e.g. '^step [0-9]+'") from None
     if not s:
         raise BadValue(f"{flag} '': expected a regular expression (without the flag, any line of a rank is progress)")
+    from dtrain.patterns import backtracking
+
+    why = backtracking(s)
+    if why:
+        raise BadValue(f"{flag} {shown(text)}: {why}; write a simpler one, e.g. '^step [0-9]+'")
     return s
 
 

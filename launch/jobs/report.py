@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain import contract
+from dtrain import patterns
 from dtrain.launch.jobs import timeline
 from dtrain.launch.jobs.output import RANK_LINE
 from dtrain.launch.jobs.timeline import Entry
@@ -145,7 +146,7 @@ def _is_dump(text: str) -> bool:
 def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
     """Each rank's progress lines (pattern: --progress-pattern; "": every line of a rank but a
     stack dump's), with the seconds since that rank's previous one in the same attempt."""
-    rx = re.compile(pattern) if pattern else None
+    rx = patterns.compile_bounded(pattern) if pattern else None  # an old record's: re.error if unbounded
     attempt = 0
     last: dict[tuple[int, int], float] = {}
     out = []
@@ -157,7 +158,7 @@ def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
         if not m or line.at is None:
             continue
         node, rank, text = m.group(1), int(m.group(2)), m.group(3)
-        if (rx is not None and not rx.search(text)) or (rx is None and _is_dump(text)):
+        if (rx is not None and not patterns.search(rx, text)) or (rx is None and _is_dump(text)):
             continue
         before = last.get((attempt, rank))
         out.append(Step(rank, node, attempt, line.at, None if before is None else round(line.at - before, 3)))
