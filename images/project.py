@@ -338,6 +338,23 @@ def constraints(img: Image) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 
+REQUIREMENTS_MAX = 1 << 20  # bytes of a requirements.txt; more is not a list of packages
+
+
+def requirements_text(req_path: Path) -> str:
+    """A project's requirements.txt ("" when there is none), read by values.read_user_file: a
+    regular file of at most REQUIREMENTS_MAX bytes, not a link (a cloned project's link to
+    /proc/kmsg or to a file outside it), not a FIFO; BuildError, one line, otherwise."""
+    from dtrain.values import BadValue, small_text_file
+
+    if not (req_path.exists() or req_path.is_symlink()):
+        return ""
+    try:
+        return small_text_file(req_path, "requirements.txt", "pip requirement lines", REQUIREMENTS_MAX, follow=False)
+    except BadValue as e:
+        raise BuildError(str(e)) from None
+
+
 def tree_hash(directory: Path, base_ref: str) -> str:
     """12 hex digits over the base reference, every file's path and bytes (not .git, caches)."""
     h = hashlib.sha256(base_ref.encode() + b"\0")
@@ -359,7 +376,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
 
         label = f"{config}: from:"
         try:
-            doc = compose_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`"))[1] or {}
+            doc = compose_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`", follow=False))[1] or {}
         except BadValue as e:
             raise BuildError(str(e)) from None
         except yaml.YAMLError as e:  # too deep, 5,000 digits: a YAMLError too (compose_load)
@@ -377,7 +394,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
         raise BuildError(str(e)) from None
     base = choose_base(from_, images, label)
     req_path = directory / REQUIREMENTS
-    text = req_path.read_text() if req_path.is_file() else ""
+    text = requirements_text(req_path)
     problems = conflicts(text, base, str(req_path))
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise BuildError(f"--wheelhouse {wheelhouse}: not a directory")

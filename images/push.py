@@ -668,11 +668,13 @@ def read_lifecycle_policy(path: str | Path | None) -> str | None:
     """The policy file's text, checked to be JSON; None when no file is given."""
     if path is None:
         return None
-    try:
-        text = Path(path).read_text()
+    from dtrain.values import SMALL_FILE_MAX, BadValue, small_text_file
+
+    try:  # opened, then checked on its descriptor, then read: what is sent is what was checked
+        text = small_text_file(path, "lifecycle policy", "an ECR lifecycle policy (JSON)", SMALL_FILE_MAX)
         json.loads(text)
-    except OSError as e:
-        raise PushError(f"cannot read lifecycle policy {path}: {e.strerror}") from None
+    except BadValue as e:
+        raise PushError(f"cannot read lifecycle policy: {e}") from None
     except ValueError as e:
         raise PushError(f"lifecycle policy {path} is not valid JSON: {e}") from None
     return text
