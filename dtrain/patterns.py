@@ -180,6 +180,11 @@ def _walk(seq, follow: frozenset, ic: bool, inside: str | None) -> list[tuple[fr
             again = b.first | after if hi >= 2 else after  # after one round: another, or what follows
             if b.nullable and hi >= REPEATS:
                 raise Refused("a repetition of something that can match nothing, e.g. (a*)* or (a?){30}: exponential time on a line")
+            if b.nullable and hi > lo:  # (a*)?: nothing, two ways
+                if inside is not None:
+                    raise Refused(f"an optional part that can also match nothing inside a repetition, e.g. "
+                                  f"((a*)?){{20}}: exponential time on a line")
+                found.append((_EMPTY, 2, False))
             choice = hi > lo and bool(b.first & after)
             if choice and inside is not None:
                 raise Refused(f"nested repetitions that can match the same text in many ways, e.g. {inside}: exponential time on a line")

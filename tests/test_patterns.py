@@ -29,6 +29,9 @@ REFUSED = [
     r".*a.*a.*a.*b", r"(\w|\d\d)+$", r"(?:a+|b)+$", r"((ab)*)+$", r"\s*\s*\s*$", r"(a+)\1",
     r"^(([a-z])+.)+[A-Z]([a-z])+$", r"^([a-zA-Z0-9])(([\-.]|[_]+)?([a-zA-Z0-9]+))*(@){1}[a-z0-9]+[.]{1}(([a-z]{2,3})|([a-z]{2,3}[.]{1}[a-z]{2,3}))$",
     r"(a{2,5}.{2,5}.){3}[^b]{3}\w{2,5}$", r"\s+[^b]?\s+!", "x" * (patterns.MAX_PATTERN + 1),
+    # found by test_random_patterns_that_pass_are_fast's generator before the check knew them
+    r"( (a?+(\d*)?)?){0,40}!", r"a+\w{2,5}a??b{3}", r"[ab]([ab]+|.*)(a{3}){3}!", r"(\s*|[ab]{3}(\d)b?)[^b]{0,40}\d!",
+    r"[^b]*[ab]{0,40}\s!", r"\s?[ab]+\w{0,40}!",
 ]
 # What people write for a training loop's step line.
 ACCEPTED = [
@@ -150,3 +153,38 @@ def test_report_of_an_old_record_with_a_hostile_pattern_finishes(tmp_path):
         steps = report.steps_of(report.stamp((home / "jobs/old/output.log").read_text(),
                                              (home / "jobs/old/output.times").read_text(), 1000.0), r"step \d+|a{100}")
     assert len(steps) == 60
+
+
+def _random_pattern(rng, depth: int = 0) -> str:
+    atoms = ["a", "b", ".", r"\w", r"\d", r"\s", "[ab]", "[^b]", "a?", " "]
+    quantifiers = ["", "", "+", "*", "?", "{2,5}", "{0,40}", "{3}", "?+"]
+    out = ""
+    for _ in range(rng.randint(1, 4)):
+        if rng.random() < 0.25 and depth < 3:
+            inner = _random_pattern(rng, depth + 1)
+            if rng.random() < 0.3:
+                inner += "|" + _random_pattern(rng, depth + 1)
+            out += "(" + inner + ")" + rng.choice(quantifiers)
+        else:
+            out += rng.choice(atoms) + rng.choice(quantifiers)
+    return out + rng.choice(["", "$", "!"])
+
+
+def test_random_patterns_that_pass_are_fast():
+    """Random patterns of the shapes that backtrack (nested, optional, alternated repetitions):
+    every one the check lets through searches each hostile line within a few seconds."""
+    import random
+
+    rng = random.Random(47)
+    passed = 0
+    for _ in range(150):
+        pattern = _random_pattern(rng)
+        try:
+            rx = patterns.compile_bounded(pattern)
+        except re.error:
+            continue
+        passed += 1
+        with _within(5):
+            for line in HOSTILE:
+                patterns.search(rx, line)
+    assert passed > 40
