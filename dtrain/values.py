@@ -356,10 +356,13 @@ def json_text(flag: str, text: str, where) -> object:
         raise BadValue(f"{flag} {where}: not valid JSON ({' '.join(str(e).split())[:120]})") from None
 
 
+JSON_MAX = 16 << 20  # a JSON file a flag names (a lifecycle policy, an image catalog that grows with each push)
+
+
 def json_file(flag: str, path, what: str, *, top: type = dict) -> object:
     """A small JSON file a flag names (an ECR lifecycle policy, a catalog): local_path's checks,
     then JSON whose top level is `top` (an object); one line naming the flag otherwise."""
-    data = json_text(flag, text_file(flag, path, what, "JSON"), path)
+    data = json_text(flag, text_file(flag, path, what, "JSON", JSON_MAX), path)
     if not isinstance(data, top):
         raise BadValue(f"{flag} {path}: JSON {type(data).__name__}, not {what} (a JSON object)")
     return data

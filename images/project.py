@@ -356,11 +356,32 @@ def requirements_text(req_path: Path) -> str:
 
 
 def tree_hash(directory: Path, base_ref: str) -> str:
-    """12 hex digits over the base reference, every file's path and bytes (not .git, caches)."""
+    """12 hex digits over the base reference, every file's path and bytes (not .git, caches); a
+    symbolic link by where it points (the build context sends it as a link, and a link to
+    /proc/kmsg or a FIFO must not be read), a file streamed from the descriptor it was checked on
+    (opened O_NONBLOCK|O_NOFOLLOW: a file swapped for a FIFO meanwhile is not waited on)."""
+    import stat
+
     h = hashlib.sha256(base_ref.encode() + b"\0")
     for path in sorted(p for p in directory.rglob("*") if not SKIP & set(p.relative_to(directory).parts)):
-        if path.is_file():
-            h.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
+        rel = str(path.relative_to(directory)).encode()
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                h.update(rel + b"\0->" + os.fsencode(os.readlink(path)) + b"\0")
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            raise BuildError(f"--project {directory}: cannot read {path}: {e.strerror or e}") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            h.update(rel + b"\0")
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+            h.update(b"\0")
     return h.hexdigest()[:12]
 
 

@@ -168,3 +168,18 @@ def test_diagnose_reads_a_fifo_and_a_kernel_file_without_waiting(tmp_path):
     with _within():
         tail = diagnose.read_tail(big, 1 << 20)
     assert len(tail) == 1 << 20 and tail.endswith(b"end\n")
+
+
+def test_a_project_tree_with_a_link_to_a_kernel_file_and_a_fifo_hashes_without_reading_them(tmp_path):
+    """`dtrain build --project DIR` hashes the project's files for its tag: a link is hashed by
+    where it points (not read: /proc/kmsg would wait for ever), a FIFO is skipped."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "kmsg").symlink_to("/proc/kmsg")
+    os.mkfifo(tmp_path / "pipe")
+    with _within():
+        first = project.tree_hash(tmp_path, "base:1")
+    (tmp_path / "kmsg").unlink()
+    (tmp_path / "kmsg").symlink_to("/proc/version")
+    assert project.tree_hash(tmp_path, "base:1") != first  # the link's target is part of the hash
+    (tmp_path / "train.py").write_text("print(2)\n")
+    assert len({first, project.tree_hash(tmp_path, "base:1"), project.tree_hash(tmp_path, "base:2")}) == 3
