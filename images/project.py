@@ -29,6 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion
 
+from dtrain.images.build import secret_copies
 from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
                                  require_engine, torch_wheel_present)
 from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
@@ -503,8 +504,10 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
     path = out / "Dockerfile"
     path.write_text(dockerfile(p))
     say(f"[build] project {directory} FROM {p.base_ref} -> {p.ref}")
-    if _run_streaming(build_argv(p, opts, docker=docker, dockerfile_path=path), log,
-                      f"[project-{p.name}]", state, say) != 0:
+    with secret_copies(opts) as copies:  # BuildKit reads the --ca-bundle/--pip-conf that were checked
+        code = _run_streaming(build_argv(p, copies, docker=docker, dockerfile_path=path), log,
+                              f"[project-{p.name}]", state, say)
+    if code != 0:
         failures = check_failures(log.read_text())
         if failures:  # the import check (or the companion install) says what is wrong, one line each
             raise BuildError("\n".join(f"building {p.ref} failed: {f}" for f in failures)

@@ -183,3 +183,29 @@ def test_a_project_tree_with_a_link_to_a_kernel_file_and_a_fifo_hashes_without_r
     assert project.tree_hash(tmp_path, "base:1") != first  # the link's target is part of the hash
     (tmp_path / "train.py").write_text("print(2)\n")
     assert len({first, project.tree_hash(tmp_path, "base:1"), project.tree_hash(tmp_path, "base:2")}) == 3
+
+
+def test_buildkit_gets_a_private_copy_of_the_ca_bundle_and_pip_conf_that_were_checked(tmp_path):
+    """`dtrain build --ca-bundle F --pip-conf F`: BuildKit reads `--secret src=` itself, later;
+    it is given a 0600 copy (in a 0700 directory removed after) of the bytes that were checked,
+    so a path swapped for a FIFO or /proc/kmsg meanwhile changes nothing."""
+    from dtrain.images.build import BuildOptions, secret_copies
+
+    ca, conf = tmp_path / "ca.pem", tmp_path / "pip.conf"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    conf.write_text("[global]\nindex-url = https://pypi.example/simple\n")
+    with secret_copies(BuildOptions(ca_bundle=ca, pip_conf=conf, no_cache=True)) as opts:
+        ca.unlink()
+        ca.symlink_to("/proc/kmsg")
+        assert opts.no_cache and opts.ca_bundle != ca and opts.pip_conf != conf
+        assert opts.ca_bundle.read_text().startswith("-----BEGIN CERTIFICATE-----")
+        assert opts.pip_conf.read_text().startswith("[global]")
+        assert oct(opts.ca_bundle.stat().st_mode & 0o777) == "0o600"
+        assert oct(opts.ca_bundle.parent.stat().st_mode & 0o777) == "0o700"
+        where = opts.ca_bundle.parent
+    assert not where.exists()
+    with _within(), pytest.raises(BuildError, match=r"^--ca-bundle .*ca.pem: a kernel file \(proc\)"):
+        with secret_copies(BuildOptions(ca_bundle=ca)):
+            pass
+    with secret_copies(BuildOptions()) as opts:
+        assert opts == BuildOptions()
