@@ -43,7 +43,8 @@ LOCAL_PATHS = {
 NOT_LOCAL_PATHS = {"mount", "checkpoint_dir", "path", "fill_from", ("sagemaker", "output"), "state_dir",
                    ("sagemaker", "project"),  # a name (build's --project is a directory)
                    "output_s3", "ami", ("build", "from_"), ("sagemaker", "task"),
-                   "log"}  # diagnose LOG: a file or a job name, checked by diagnose.log_path
+                   "log",  # diagnose LOG: a file or a job name, checked by diagnose.log_path
+                   ("cluster", "shared")}  # HOST_DIR:PATH, checked by cluster.parse_shared
 
 
 def _local_path_flag(task_name: str, param: str, value) -> None:

@@ -608,10 +608,14 @@ def push_and_verify(local: str, remote: str, out: Callable[[str], None] = print)
 
 
 def read_catalog(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    from dtrain.values import JSON_MAX, BadValue, small_text_file
+
+    if not (path.exists() or path.is_symlink()):
         return {"version": CATALOG_VERSION, "images": []}
+    try:  # values.read_user_file: a regular file, at most JSON_MAX, read from what was checked
+        data = json.loads(small_text_file(path, "catalog", "a dtrain catalog (JSON)", JSON_MAX))
+    except BadValue as e:
+        raise PushError(f"cannot read catalog: {e}") from None
     except (OSError, ValueError) as e:
         raise PushError(f"cannot read catalog {path}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("images", []), list):
@@ -724,11 +728,13 @@ def read_lifecycle_policy(path: str | Path | None) -> str | None:
     """The policy file's text, checked to be JSON; None when no file is given."""
     if path is None:
         return None
-    try:
-        text = Path(path).read_text()
+    from dtrain.values import JSON_MAX, BadValue, small_text_file
+
+    try:  # opened, then checked on its descriptor, then read: what is sent is what was checked
+        text = small_text_file(path, "lifecycle policy", "an ECR lifecycle policy (JSON)", JSON_MAX)
         json.loads(text)
-    except OSError as e:
-        raise PushError(f"cannot read lifecycle policy {path}: {e.strerror}") from None
+    except BadValue as e:
+        raise PushError(f"cannot read lifecycle policy: {e}") from None
     except ValueError as e:
         raise PushError(f"lifecycle policy {path} is not valid JSON: {e}") from None
     return text

@@ -384,8 +384,11 @@ def test_every_flag_of_every_task_refuses_bad_values(nowhere):
 # ---------------------------------------------------------------- every file-taking flag
 
 # What each kind of file is, made in the working directory (or a path of the machine's).
-FILE_KINDS = ("fifo", "/dev/zero", "/dev/null", "directory", "binary", "digits", "nested", "long-name", "empty")
-CONTENT_KINDS = ("binary", "digits", "nested", "empty")  # only where dtrain reads what the file holds
+# /proc/kmsg: a "regular" file (stat says so) whose read blocks for ever (as root); "huge": a
+# sparse 10 GiB file.
+FILE_KINDS = ("fifo", "/dev/zero", "/dev/null", "directory", "binary", "digits", "nested", "long-name", "empty",
+              "/proc/kmsg", "huge")
+CONTENT_KINDS = ("binary", "digits", "nested", "empty", "huge")  # only where dtrain reads what the file holds
 # The local path kinds (tasks.LOCAL_PATHS) whose content dtrain reads; the others are handed on
 # (a directory sent, an output written)
 READ_KINDS = ("file", "ssh-key", "ssh-config", "json", "pem", "ini")
@@ -403,6 +406,8 @@ def _file_fixtures(work: Path) -> None:
     (work / "digits").write_text("9" * 5000 + "\n" + "slots: " + "9" * 5000 + "\n")
     (work / "nested").write_text("image: " + "[" * 20000 + "]" * 20000 + "\n")
     (work / "empty").write_text("")
+    with open(work / "huge", "wb") as f:
+        f.truncate(10 << 30)
 
 
 def _file_flag_cases() -> list[tuple[str, str, str]]:
@@ -439,7 +444,7 @@ def _file_flag_cases() -> list[tuple[str, str, str]]:
     assert not unlisted, "flags that name a file: add them to tasks.LOCAL_PATHS (or NOT_LOCAL_PATHS):\n" + \
         "\n".join(unlisted)
     assert used == set(tasks.LOCAL_PATHS), f"LOCAL_PATHS names no flag: {set(tasks.LOCAL_PATHS) - used}"
-    cases += [("diagnose", "log", k) for k in FILE_KINDS if k not in ("binary", "digits", "nested", "empty")]
+    cases += [("diagnose", "log", k) for k in FILE_KINDS if k not in ("binary", "digits", "nested", "empty", "huge")]
     return cases
 
 

@@ -230,7 +230,9 @@ class JobFile(BaseModel):
         "when no rank has made progress for this many seconds: every rank's Python stack into the log, the "
         "ranks behind named, the attempt ended (a failed attempt: --max-restarts applies); default off"))
     progress_pattern: Optional[str] = Field(None, description=(
-        "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank)"))
+        "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank); "
+        "at most 512 characters, none that backtracks without bound such as (a+)+; a line's first 2048 "
+        "characters are searched"))
     straggler_check: Optional[float] = Field(None, description=(
         "every this many seconds, every rank's Python stack is sampled (py-spy); the rank the others wait for "
         "(rarely inside a collective while they mostly are) is named as a straggler in the log and in dtrain "

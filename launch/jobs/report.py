@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain import contract, outfile
+from dtrain import contract, outfile, patterns
 from dtrain.launch.jobs import events, timeline
 from dtrain.terminal import clean
 from dtrain.launch.jobs.output import RANK_LINE
@@ -166,7 +166,7 @@ def _is_dump(text: str) -> bool:
 def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
     """Each rank's progress lines (pattern: --progress-pattern; "": every line of a rank but a
     stack dump's), with the seconds since that rank's previous one in the same attempt."""
-    rx = re.compile(pattern) if pattern else None
+    rx = patterns.compile_bounded(pattern) if pattern else None  # an old record's: re.error if unbounded
     attempt = 0
     last: dict[tuple[int, int], float] = {}
     out = []
@@ -178,7 +178,7 @@ def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
         if not m or line.at is None:
             continue
         node, rank, text = m.group(1), int(m.group(2)), m.group(3)
-        if (rx is not None and not rx.search(text)) or (rx is None and _is_dump(text)):
+        if (rx is not None and not patterns.search(rx, text)) or (rx is None and _is_dump(text)):
             continue
         before = last.get((attempt, rank))
         out.append(Step(rank, node, attempt, line.at, None if before is None else round(line.at - before, 3)))

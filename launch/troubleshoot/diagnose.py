@@ -284,8 +284,12 @@ TAIL_BYTES = 8 << 20  # a failure's signature is near the end: only the last 8 M
 
 def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
     """At most the last `limit` bytes of a file; of a pipe or device (no end to seek to), the
-    first `limit` bytes: never reads forever (/dev/zero)."""
-    with p.open("rb") as f:
+    first `limit` bytes: never reads forever (/dev/zero), never waits (opened O_NONBLOCK: a FIFO
+    or /proc/kmsg reads as empty). Memory: `limit` bytes, whatever the file's size."""
+    import os
+
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
         try:
             end = f.seek(0, 2)
             if end > limit:
@@ -294,7 +298,10 @@ def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
                 f.seek(0)
         except OSError:
             pass
-        return f.read(limit)
+        try:
+            return f.read(limit) or b""
+        except BlockingIOError:
+            return b""
 
 
 def log_path(text: str) -> Path | None:
