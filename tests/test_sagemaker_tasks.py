@@ -555,6 +555,31 @@ def test_local_refusals_make_nothing(tmp_path, kw, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_local_runs_the_docker_on_path(tmp_path, monkeypatch):
+    """--local runs `docker` from PATH (Docker Desktop's /usr/local/bin/docker on a laptop), not
+    a fixed /usr/bin/docker; with none anywhere, one line and nothing left."""
+    from dtrain import engine
+
+    work = _work(tmp_path)
+    (work / "train.py").write_text("print(1)\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # only the fake: never a real engine
+    monkeypatch.setattr(engine, "DOCKER_CLI", tmp_path / "no-docker")
+    opts = _opts(work, tmp_path, role_arn="", command=("python3", "train.py"), download=tmp_path / "out",
+                 task="local", name="local-path")
+    assert sm.run_local(opts, out=lambda _m: None) == ("local-path", 0)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[0] == "run" and argv[-2:] == [IMAGE, "train"], argv
+    fake.unlink()
+    with pytest.raises(LaunchError, match=r"^--local: no `docker` on PATH: install Docker"):
+        sm.run_local(dataclasses.replace(opts, name="local-none"), out=lambda _m: None)
+    assert not (tmp_path / "out/local-none").exists()
+
+
 @pytest.mark.docker
 def test_local_runs_the_image_train_on_the_real_engine(cpu_images, tmp_path):
     """`--local` on this machine's engine with the pytorch-ddp CPU image: the image's own `train`

@@ -1147,7 +1147,7 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
         from dtrain import engine
 
         try:
-            docker, runner = engine.docker_cli(), _run_streaming
+            docker, runner = engine.run_cli(), _run_streaming  # any docker on PATH runs it
         except engine.EngineError as e:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise LaunchError(f"--local: {e}") from None
