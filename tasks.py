@@ -143,7 +143,8 @@ def user_errors():
     except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
         if not type(e).__module__.startswith("botocore."):
             raise
-        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
+        setup = "" if type(e).__name__ == "ClientError" else " (see `aws configure`, --profile, --region)"
+        print(f"error: AWS: {_one_line(e)}{setup}", file=sys.stderr)  # a refusal is not a setup problem
         sys.exit(contract.USER_ERROR_EXIT)
 
 
