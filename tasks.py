@@ -693,6 +693,7 @@ def _aws(profile, region):
 
 @task(iterable=["ssh_opt", "s3_bucket"], help={
     "action": "up, down or list",
+    "all_regions": "with list: every region of the account (DescribeRegions), not only those dtrain has used here",
     "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
     "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
     "instance_type": "EC2 instance type, e.g. p4d.24xlarge", "spot": "spot instances (launch template)",
@@ -706,7 +707,8 @@ def _aws(profile, region):
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
-    "region": "AWS region", "profile": "AWS profile",
+    "region": "AWS region (down: default the cluster's, from its record or the regions dtrain has used)",
+    "profile": "AWS profile",
     "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
     "keep_on_failure": "keep the stack when up fails (default: delete it)",
     "ssh_user": "ssh user on the nodes (default: the AMI's: ubuntu, ec2-user)",
@@ -721,7 +723,8 @@ def _aws(profile, region):
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
-          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
+          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
+          all_regions=False):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -742,33 +745,15 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
         _ssh_key_flag(ssh_key)
-        session = _aws(profile, region)
         if action == "list":
-            rows = ec2.list_clusters(session)
-            for cluster_name, st in rows:
-                print(f"{cluster_name}  {st}")
-            if not rows:
-                print(f"no clusters (no dtrain stack in region {session.region_name})")
-            return
+            return _nodes_list(profile, region, all_regions)
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
-            before = ec2.stack_state(session, name)
-            had = ec2.stack_addresses(session, name) if before is not None else []
-            data = ec2.delete_stack(session, name, delete_data=delete_data)
-            if before is None:  # only --delete-data had something to do: the data a gone stack left
-                print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
-                      f"nothing to delete there; deleted the data it left: {', '.join(data)}")
-            elif delete_data:
-                print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
-            else:
-                print(f"deleted stack {ec2.stack_name(name)}" + (
-                    f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
-                    f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
-            left = ec2.stack_addresses(session, name, had) if before is not None else []
-            if had or left:  # the stack's Elastic IPs: released with it, or named
-                print(ec2.addresses_left_line(len(had), left))
+            if _nodes_down(profile, region, name, delete_data):
+                sys.exit(1)  # something stays billed: said, line by line
             return
+        session = _aws(profile, region)
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
         buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
@@ -832,6 +817,39 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: dtrain launch --cluster {cluster} --mount {path}:ro ...")
+
+
+def _nodes_list(profile, region, all_regions) -> None:
+    """`nodes list`: the clusters of --region, or of every region dtrain has used here, or with
+    --all-regions of every region of the account (launch/infra/fleet.py)."""
+    from dtrain.launch.errors import LaunchError
+    from dtrain.launch.infra import fleet, regions
+
+    default = _aws(profile, region).region_name
+    where = [region] if region else regions.used(default)
+    if not where and not all_regions:
+        raise LaunchError("nodes list: no AWS region: pass --region R (or --all-regions), or set AWS_REGION")
+    if all_regions:
+        where = fleet.all_regions(_aws(profile, default))
+    rows = fleet.list_rows(lambda r: _aws(profile, r), where, regions.recorded_regions())
+    for line in fleet.table(rows, regions.default_region()):
+        print(line)
+    if not rows:
+        print(f"no clusters (no dtrain stack in region{'s' if len(where) > 1 else ''} {', '.join(where)})")
+
+
+def _nodes_down(profile, region, name, delete_data) -> int:
+    """`nodes down --name NAME`: in --region, else the cluster's (its record here, else the
+    first region dtrain has used that has its stack); exit 1 while anything stays billed."""
+    from dtrain.launch.infra import fleet, regions
+
+    if region is None:
+        region = regions.recorded_regions().get(name)
+    if region is None:
+        default = _aws(profile, None).region_name
+        found = fleet.find_stack(name, lambda r: _aws(profile, r), regions.used(default))
+        region = found[0] if found else None
+    return fleet.down(_aws(profile, region), name, delete_data)
 
 
 def _cluster_record(cluster, profile):

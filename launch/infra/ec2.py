@@ -24,6 +24,7 @@ from typing import Any
 
 from dtrain import ROOT, contract
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.infra import regions
 from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
 
 # The Deep Learning AMI (Ubuntu 22.04, NVIDIA driver, Docker and the NVIDIA container toolkit),
@@ -234,8 +235,9 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         if "does not exist" not in e.response["Error"].get("Message", ""):
             raise _client_error(e, "DescribeStacks") from None
     else:
-        raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
-                          f"`dtrain nodes down --name {spec.name}` first, or pick another name")
+        raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)} in "
+                          f"{session.region_name}); `dtrain nodes down --name {spec.name}"
+                          f"{regions.region_arg(session.region_name)}` first, or pick another name")
     return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
                     efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
@@ -694,6 +696,7 @@ class Cluster:
         d = json.loads(text)
         d["instances"] = tuple(Instance(**i) for i in d["instances"])
         d["ssh_opts"] = tuple(d.get("ssh_opts", ()))
+        d.setdefault("region", "")  # a record of an older dtrain: the default region
         return cls(**d)
 
 
@@ -701,6 +704,7 @@ def create_stack(session: Any, spec: NodesSpec, template: dict[str, Any]) -> str
     """Start the stack (tagged with the cluster, deleted by CloudFormation if creation fails)."""
     from botocore.exceptions import ClientError
 
+    regions.remember(session.region_name)  # `nodes list` looks there from now on, kept stacks included
     try:
         return session.client("cloudformation").create_stack(
             StackName=stack_name(spec.name), TemplateBody=json.dumps(template),
@@ -980,22 +984,27 @@ def unfinished_cluster(name: str, status: str | None, region: str) -> LaunchErro
     (pure): a stack kept by `nodes up --keep-on-failure`, or one still being made, is in
     `nodes list` but has no hostfile to use."""
     stack = stack_name(name)
+    down = f"dtrain nodes down --name {name}{regions.region_arg(region)}"
     if status is None:
         return LaunchError(f"--cluster {name}: no such cluster (no stack {stack} in region {region}, no "
                            f"{cluster_dir(name) / 'cluster.json'}); `dtrain nodes list` shows the clusters")
     if status.endswith("IN_PROGRESS"):
         return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region}: a `nodes up` or "
                            f"`nodes down` is still at work; wait for it (`dtrain nodes list`), then try again")
+    if status == "DELETE_FAILED":
+        return LaunchError(f"--cluster {name}: stack {stack} is DELETE_FAILED in region {region}, still billed: "
+                           f"`{down}` again deletes what is left")
     return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region} but `nodes up` did not "
                        f"finish (kept by --keep-on-failure, or made elsewhere), so there is no hostfile here; "
-                       f"`dtrain nodes down --name {name}`, then `dtrain nodes up --name {name} ...` again")
+                       f"remove it with `{down}` (then `dtrain nodes up --name {name} ...` makes it anew)")
 
 
 def cluster_hostfile(name: str) -> Path:
     """The hostfile `nodes up` wrote, for `dtrain launch --cluster NAME`."""
     path = cluster_dir(name) / "hostfile"
     if not path.exists():
-        raise LaunchError(f"--cluster {name}: no hostfile at {path} (`dtrain nodes up --name {name}` writes it)")
+        raise LaunchError(f"--cluster {name}: no hostfile at {path}: no cluster of that name was made here "
+                          "(`dtrain nodes list` shows the clusters and what to do with each)")
     return path
 
 
@@ -1133,6 +1142,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
     keep_on_failure (then it is kept and that is said): nothing is left half-made unseen."""
     address = address or res.address
     stack = stack_name(spec.name)
+    down = f"dtrain nodes down --name {spec.name}{regions.region_arg(session.region_name)}"
     try:
         up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
         decision = capacity_decision(spec.count, spec.minimum, len(up_))
@@ -1161,8 +1171,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
             ready(up_)
     except KeyboardInterrupt:
         if keep_on_failure:
-            say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with "
-                f"`dtrain nodes down --name {spec.name}`")
+            say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with `{down}`")
         else:
             made = "instances, security group, launch template" + (", Elastic IPs" if res.addresses else "")
             say(f"[nodes] interrupted: deleting stack {stack} (its {made}); "
@@ -1171,8 +1180,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
         raise
     except BaseException:
         if keep_on_failure:
-            say(f"[nodes] stack {stack} kept (--keep-on-failure): look at the nodes, then "
-                f"`dtrain nodes down --name {spec.name}`")
+            say(f"[nodes] stack {stack} kept (--keep-on-failure): look at the nodes, then `{down}`")
         else:
             say(f"[nodes] deleting stack {stack} (nothing of this attempt is kept but the cluster's data)")
             _delete_after_failure(session, spec.name, say)
@@ -1187,7 +1195,8 @@ def _delete_after_failure(session: Any, name: str, say: Callable[[str], None]) -
         delete_stack(session, name, wait=False)
     except Exception as e:  # noqa: BLE001 - the original error is what the user must see
         say(f"[nodes] could not delete stack {stack_name(name)}: {' '.join(str(e).split())}; "
-            f"`dtrain nodes down --name {name}` again, or delete it in the CloudFormation console")
+            f"`dtrain nodes down --name {name}{regions.region_arg(session.region_name)}` again, or delete it in "
+            "the CloudFormation console")
 
 
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
@@ -1195,6 +1204,31 @@ def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
     res = start(session, spec, say=options.get("say", print), address=options.pop("address", "private"),
                 here=options.pop("here", None))
     return finish(session, spec, res, **options)
+
+
+# ssh errors that waiting does not heal: (text in ssh's error, seconds it may last while a node
+# boots, what to do). A route this machine lacks never appears by itself; "No route to host"
+# and a refused key can last the first seconds of a boot (ARP, cloud-init writing the key).
+LASTING_SSH_ERRORS: tuple[tuple[str, float, str], ...] = (
+    ("Network is unreachable", 0, "this machine has no route to that address: reach the nodes at addresses "
+     "it routes to (--address public from outside the VPC), through a VPN, or --ssh-opt ProxyJump=BASTION"),
+    ("Could not resolve hostname", 0, "the name does not resolve here: use the node's IP address"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", 0, "a known_hosts entry of an earlier machine at this address: "
+     "remove it (ssh-keygen -R ADDRESS) or pass --ssh-opt UserKnownHostsFile=/dev/null"),
+    ("Host key verification failed", 0, "the node's host key is refused: remove the old entry (ssh-keygen -R "
+     "ADDRESS) or pass --ssh-opt StrictHostKeyChecking=accept-new"),
+    ("bad permissions", 0, "the private key is readable by others: chmod 600 it"),
+    ("No route to host", 60, "the address cannot be reached from here (the node is gone, or a router or "
+     "firewall rejects it): check the subnet's route table and the security group"),
+    ("Permission denied (publickey", 60, "the nodes refuse the key: give --ssh-key the private key of the "
+     "--key-name key pair, and --ssh-user the AMI's user"),
+)
+
+
+def lasting_ssh_error(error: str) -> tuple[float, str] | None:
+    """(seconds it may last while a node boots, what to do) for an ssh error waiting does not
+    heal, or None for one that may (connection refused or timed out while booting) (pure)."""
+    return next(((grace, advice) for text, grace, advice in LASTING_SSH_ERRORS if text in error), None)
 
 
 def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: float = 600,
@@ -1210,6 +1244,7 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
     deadline = t0 + timeout
     pending = list(nodes)
     ssh = SshTransport(nodes, ssh_opts, multiplex=False)
+    since: dict[tuple[str, str], float] = {}  # (host, lasting error) -> first seen
     while True:
         results = ssh.run(pending, lambda n: ["docker", "info", "--format", "{{.ServerVersion}}"],
                           timeout=30, retries=0)
@@ -1218,6 +1253,12 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
             return
         pending = [n for n, _ in failed]
         now = time.monotonic()
+        for n, r in failed:  # an error that does not heal stops the wait at once (after its grace)
+            lasting = lasting_ssh_error(f"{r.error or ''}\n{r.stderr}")
+            if lasting:
+                first = since.setdefault((n.host, lasting[1]), now)
+                if now - first >= lasting[0]:
+                    raise LaunchError(f"{n.host}: {' '.join((r.error or '').split())}: {lasting[1]}")
         if first_timeout is not None and len(pending) == len(nodes) and now - t0 > first_timeout:
             n, r = failed[0]
             raise LaunchError(f"no node answered ssh + docker within {first_timeout:.0f}s: {n.host}: {r.error}"
