@@ -97,13 +97,14 @@ def test_template_from_outside_lints(aws, itype, eips, new_vpc):
     assert sorted(eip) == [f"Address{k}" for k in range(1, eips + 1)]
     user_data = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
     assert ("\nDTRAIN_WAIT_ADDRESS=1\n" in user_data) == bool(eips)
-    if eips:
-        assert t["Resources"]["Nodes"]["DependsOn"] == sorted(eip)  # instances go first on delete
+    way_out = ["GatewayAttachment", "DefaultRoute", "SubnetRoutes"] if new_vpc else []  # the nodes go before it
+    assert t["Resources"]["Nodes"].get("DependsOn", []) == sorted(eip) + way_out
+    if eips:  # instances go first on delete
         assert all(r["Properties"]["Domain"] == "vpc" for r in eip.values())
         assert all(r.get("DependsOn") == ("GatewayAttachment" if new_vpc else None) for r in eip.values())
         assert [m for m in said if "way in and out" in m] == [ec2.addresses_line(2)]
     else:
-        assert "DependsOn" not in t["Resources"]["Nodes"] and not any("way in and out" in m for m in said)
+        assert not any("way in and out" in m for m in said)
     assert len(addresses(aws)) == eips
 
 
@@ -112,7 +113,8 @@ def test_template_with_efs_and_addresses_lints(aws):
     res = ec2.preflight(aws, s)
     t = ec2.stack_template(s, dataclasses.replace(res, addresses=2))
     assert lint(t) == []
-    assert t["Resources"]["Nodes"]["DependsOn"] == ["MountTarget", "Address1", "Address2"]
+    assert t["Resources"]["Nodes"]["DependsOn"] == ["MountTarget", "Address1", "Address2", "GatewayAttachment",
+                                                  "DefaultRoute", "SubnetRoutes"]
 
 
 # --- deployed in moto: up with the defaults, down, a failed up --------------------------------
