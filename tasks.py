@@ -854,21 +854,15 @@ def _nodes_down(profile, region, name, delete_data) -> int:
 
 def _cluster_record(cluster, profile):
     """The cluster `nodes up` wrote here; where there is none, what its stack's state says
-    (kept by --keep-on-failure, still being made, or none at all), asked read-only."""
+    (kept by --keep-on-failure, still being made, or none at all), asked read-only in the
+    regions dtrain has used."""
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.infra import ec2
+    from dtrain.launch.infra import ec2, fleet
 
     try:
         return ec2.load_cluster(cluster)
     except LaunchError as missing:
-        try:
-            session = _aws(profile, None)
-            status = ec2.stack_state(session, cluster) if session.region_name else ""
-        except Exception:  # noqa: BLE001 - no credentials or region: the record's absence is the answer
-            status = ""
-        if status == "":
-            raise missing from None
-        raise ec2.unfinished_cluster(cluster, status, session.region_name) from None
+        raise (fleet.standing_stack(cluster, profile) or missing) from None
 
 
 # ---------------------------------------------------------------- local simulated cluster

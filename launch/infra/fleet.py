@@ -159,6 +159,21 @@ def find_stack(name: str, session_for: Callable[[str], Any], where: Sequence[str
     return None
 
 
+def standing_stack(name: str, profile: str | None = None) -> LaunchError | None:
+    """What to say of --cluster NAME that has no record here while its stack stands in a region
+    dtrain has used (kept by --keep-on-failure, still being made, DELETE_FAILED): the state and
+    the command that works; None where no such stack is found or AWS cannot be asked."""
+    import boto3
+
+    try:
+        default = boto3.session.Session(profile_name=profile).region_name
+        found = find_stack(name, lambda r: boto3.session.Session(profile_name=profile, region_name=r),
+                           regions.used(default))
+    except Exception:  # noqa: BLE001 - no credentials or region: the missing record is the answer
+        return None
+    return ec2.unfinished_cluster(name, found[1], found[0]) if found else None
+
+
 # --- what `nodes down` leaves billed -----------------------------------------------------------
 
 
@@ -203,10 +218,17 @@ def blocked_by(session: Any, name: str) -> str:
             StackName=ec2.stack_name(name))["StackResources"]
     except ClientError:
         return ""
-    failed = [f"{r['LogicalResourceId']} {r.get('PhysicalResourceId', '')}: "
+    failed = [f"{r.get('LogicalResourceId', '?')} {r.get('PhysicalResourceId', '')}: "
               f"{' '.join(str(r.get('ResourceStatusReason', '')).split())}".strip()
-              for r in res if r.get("ResourceStatus") == "DELETE_FAILED"]
-    return "; ".join(failed)
+              for r in res if r.get("ResourceStatus") == "DELETE_FAILED" and r.get("ResourceStatusReason")]
+    if failed:
+        return "; ".join(failed)
+    try:  # the stack's own event says why
+        events = session.client("cloudformation").describe_stack_events(StackName=ec2.stack_name(name))["StackEvents"]
+    except ClientError:
+        return ""
+    return next((" ".join(str(e["ResourceStatusReason"]).split()) for e in events
+                 if e.get("ResourceStatus") == "DELETE_FAILED" and e.get("ResourceStatusReason")), "")
 
 
 def down(session: Any, name: str, delete_data: bool, say: Callable[[str], None] = print) -> int:
@@ -223,7 +245,7 @@ def down(session: Any, name: str, delete_data: bool, say: Callable[[str], None] 
             raise
         failure, data = str(e), []
     if failure:
-        say(f"stack {ec2.stack_name(name)} not deleted: {failure}")
+        say(failure)
     elif before is None:  # only --delete-data had something to do: the data a gone stack left
         say(f"no stack {ec2.stack_name(name)} in {where} (deleted before): nothing to delete there; "
             f"deleted the data it left: {', '.join(data)}")

@@ -121,7 +121,13 @@ def discover_ec2(
 def cluster_nodes(name: str) -> list[Node]:
     """The nodes of `dtrain nodes up --name NAME`: the hostfile it wrote here."""
     values.name("--cluster", name)
-    return hostfile_nodes(str(stack.cluster_hostfile(name)))
+    try:
+        path = stack.cluster_hostfile(name)
+    except LaunchError as missing:
+        from dtrain.launch.infra import fleet
+
+        raise (fleet.standing_stack(name) or missing) from None  # a kept stack: what to do with it
+    return hostfile_nodes(str(path))
 
 
 class Ec2(NodeProvider):
