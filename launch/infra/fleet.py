@@ -12,6 +12,7 @@ and the exit code says whether anything is left.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,7 @@ def region_rows(session: Any, recorded: dict[str, str]) -> list[Row]:
                 found.setdefault(tag or "", []).append(i)
     rows = []
     for name, st in sorted(stacks.items()):
-        inst = found.get(name, [])
+        inst = sorted(found.get(name, []), key=lambda i: ipaddress.ip_address(i.get("PrivateIpAddress", "0.0.0.0")))
         types = sorted({i["InstanceType"] for i in inst})
         rows.append(Row(name=name, region=region, status=st["StackStatus"], instance_type=",".join(types) or "-",
                         count=len(inst), created=st.get("CreationTime"),
