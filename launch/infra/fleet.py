@@ -166,10 +166,11 @@ def standing_stack(name: str, profile: str | None = None) -> LaunchError | None:
     the command that works; None where no such stack is found or AWS cannot be asked."""
     import boto3
 
+    where = regions.used()  # only where dtrain made stacks: nothing is asked on a machine that made none
+    if not where:
+        return None
     try:
-        default = boto3.session.Session(profile_name=profile).region_name
-        found = find_stack(name, lambda r: boto3.session.Session(profile_name=profile, region_name=r),
-                           regions.used(default))
+        found = find_stack(name, lambda r: boto3.session.Session(profile_name=profile, region_name=r), where)
     except Exception:  # noqa: BLE001 - no credentials or region: the missing record is the answer
         return None
     return ec2.unfinished_cluster(name, found[1], found[0]) if found else None
