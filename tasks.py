@@ -745,12 +745,16 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
         _ssh_key_flag(ssh_key)
+        from dtrain.launch.infra import fleet
+
         if action == "list":
-            return _nodes_list(profile, region, all_regions)
+            for line in fleet.list_lines(lambda r: _aws(profile, r), region, all_regions):
+                print(line)
+            return
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
-            if _nodes_down(profile, region, name, delete_data):
+            if fleet.down_named(lambda r: _aws(profile, r), region, name, delete_data):
                 sys.exit(1)  # something stays billed: said, line by line
             return
         session = _aws(profile, region)
@@ -817,39 +821,6 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "
               f"use it with: dtrain launch --cluster {cluster} --mount {path}:ro ...")
-
-
-def _nodes_list(profile, region, all_regions) -> None:
-    """`nodes list`: the clusters of --region, or of every region dtrain has used here, or with
-    --all-regions of every region of the account (launch/infra/fleet.py)."""
-    from dtrain.launch.errors import LaunchError
-    from dtrain.launch.infra import fleet, regions
-
-    default = _aws(profile, region).region_name
-    where = [region] if region else regions.used(default)
-    if not where and not all_regions:
-        raise LaunchError("nodes list: no AWS region: pass --region R (or --all-regions), or set AWS_REGION")
-    if all_regions:
-        where = fleet.all_regions(_aws(profile, default))
-    rows = fleet.list_rows(lambda r: _aws(profile, r), where, regions.recorded_regions())
-    for line in fleet.table(rows, regions.default_region()):
-        print(line)
-    if not rows:
-        print(f"no clusters (no dtrain stack in region{'s' if len(where) > 1 else ''} {', '.join(where)})")
-
-
-def _nodes_down(profile, region, name, delete_data) -> int:
-    """`nodes down --name NAME`: in --region, else the cluster's (its record here, else the
-    first region dtrain has used that has its stack); exit 1 while anything stays billed."""
-    from dtrain.launch.infra import fleet, regions
-
-    if region is None:
-        region = regions.recorded_regions().get(name)
-    if region is None:
-        default = _aws(profile, None).region_name
-        found = fleet.find_stack(name, lambda r: _aws(profile, r), regions.used(default))
-        region = found[0] if found else None
-    return fleet.down(_aws(profile, region), name, delete_data)
 
 
 def _cluster_record(cluster, profile):

@@ -151,6 +151,33 @@ def list_rows(session_for: Callable[[str], Any], where: Sequence[str], recorded:
     return rows
 
 
+def list_lines(session_for: Callable[[str | None], Any], region: str | None, everywhere: bool) -> list[str]:
+    """`nodes list`: the clusters of --region, or of every region dtrain has used here, or
+    (everywhere: --all-regions) of every region of the account. session_for(region) is a boto3
+    session (None: the default region)."""
+    default = session_for(region).region_name
+    where = [region] if region else regions.used(default)
+    if not where and not everywhere:
+        raise LaunchError("nodes list: no AWS region: pass --region R (or --all-regions), or set AWS_REGION")
+    if everywhere:
+        where = all_regions(session_for(default))
+    rows = list_rows(session_for, where, regions.recorded_regions())
+    if not rows:
+        return [f"no clusters (no dtrain stack in region{'s' if len(where) > 1 else ''} {', '.join(where)})"]
+    return table(rows, regions.default_region())
+
+
+def down_named(session_for: Callable[[str | None], Any], region: str | None, name: str, delete_data: bool) -> int:
+    """`nodes down --name NAME`: in --region, else the cluster's (its record here, else the first
+    region dtrain has used that has its stack); 1 while anything stays billed (see down)."""
+    if region is None:
+        region = regions.recorded_regions().get(name)
+    if region is None:
+        found = find_stack(name, session_for, regions.used(session_for(None).region_name))
+        region = found[0] if found else None
+    return down(session_for(region), name, delete_data)
+
+
 def find_stack(name: str, session_for: Callable[[str], Any], where: Sequence[str]) -> tuple[str, str] | None:
     """(region, status) of the cluster's stack in the first region of `where` that has it, or None."""
     for region in where:
