@@ -146,7 +146,8 @@ def user_errors():
     except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
         if not type(e).__module__.startswith("botocore."):
             raise
-        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
+        setup = "" if type(e).__name__ == "ClientError" else " (see `aws configure`, --profile, --region)"
+        print(f"error: AWS: {_one_line(e)}{setup}", file=sys.stderr)  # a refusal is not a setup problem
         sys.exit(contract.USER_ERROR_EXIT)
 
 
@@ -710,6 +711,7 @@ def _aws(profile, region):
 
 @task(iterable=["ssh_opt", "s3_bucket"], help={
     "action": "up, down or list",
+    "all_regions": "with list: every region of the account (DescribeRegions), not only those dtrain has used here",
     "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
     "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
     "instance_type": "EC2 instance type, e.g. p4d.24xlarge", "spot": "spot instances (launch template)",
@@ -723,7 +725,8 @@ def _aws(profile, region):
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
-    "region": "AWS region", "profile": "AWS profile",
+    "region": "AWS region (down: default the cluster's, from its record or the regions dtrain has used)",
+    "profile": "AWS profile",
     "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
     "keep_on_failure": "keep the stack when up fails (default: delete it)",
     "ssh_user": "ssh user on the nodes (default: the AMI's: ubuntu, ec2-user)",
@@ -738,7 +741,8 @@ def _aws(profile, region):
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
-          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
+          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
+          all_regions=False):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -759,33 +763,19 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
         _ssh_key_flag(ssh_key)
-        session = _aws(profile, region)
+        from dtrain.launch.infra import fleet
+
         if action == "list":
-            rows = ec2.list_clusters(session)
-            for cluster_name, st in rows:
-                print(f"{cluster_name}  {st}")
-            if not rows:
-                print(f"no clusters (no dtrain stack in region {session.region_name})")
+            for line in fleet.list_lines(lambda r: _aws(profile, r), region, all_regions):
+                print(line)
             return
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
-            before = ec2.stack_state(session, name)
-            had = ec2.stack_addresses(session, name) if before is not None else []
-            data = ec2.delete_stack(session, name, delete_data=delete_data)
-            if before is None:  # only --delete-data had something to do: the data a gone stack left
-                print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
-                      f"nothing to delete there; deleted the data it left: {', '.join(data)}")
-            elif delete_data:
-                print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
-            else:
-                print(f"deleted stack {ec2.stack_name(name)}" + (
-                    f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
-                    f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
-            left = ec2.stack_addresses(session, name, had) if before is not None else []
-            if had or left:  # the stack's Elastic IPs: released with it, or named
-                print(ec2.addresses_left_line(len(had), left))
+            if fleet.down_named(lambda r: _aws(profile, r), region, name, delete_data):
+                sys.exit(1)  # something stays billed: said, line by line
             return
+        session = _aws(profile, region)
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
         buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
@@ -853,21 +843,15 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
 
 def _cluster_record(cluster, profile):
     """The cluster `nodes up` wrote here; where there is none, what its stack's state says
-    (kept by --keep-on-failure, still being made, or none at all), asked read-only."""
+    (kept by --keep-on-failure, still being made, or none at all), asked read-only in the
+    regions dtrain has used."""
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.infra import ec2
+    from dtrain.launch.infra import ec2, fleet
 
     try:
         return ec2.load_cluster(cluster)
     except LaunchError as missing:
-        try:
-            session = _aws(profile, None)
-            status = ec2.stack_state(session, cluster) if session.region_name else ""
-        except Exception:  # noqa: BLE001 - no credentials or region: the record's absence is the answer
-            status = ""
-        if status == "":
-            raise missing from None
-        raise ec2.unfinished_cluster(cluster, status, session.region_name) from None
+        raise (fleet.standing_stack(cluster, profile) or missing) from None
 
 
 # ---------------------------------------------------------------- local simulated cluster

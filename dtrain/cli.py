@@ -9,7 +9,6 @@ current directory as code" mean the user's."""
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
 import sys
@@ -59,8 +58,8 @@ def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> st
     token = m.group(1)
     if token.startswith("-"):
         flag = token.split("=", 1)[0]
-        close = difflib.get_close_matches(flag, [f for f in flags if f.startswith("--")], n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = typo_of(flag, flags)
+        hint = f"; did you mean {close}?" if close else ""
         return f"error: {where}no flag {flag}{hint} ({helps})"
     if task is None:
         return f"error: no task {token!r} ({helps})"
@@ -68,6 +67,31 @@ def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> st
         return (f"error: {where}{token!r} is not a flag or a task; the job's command goes after `--`: "
                 f"{COMMAND_TASKS[task]}")
     return f"error: {where}{token!r} is not a flag of {task} or a task ({helps})"
+
+
+def edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) that turn a into b (pure)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            best = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, prev2[j - 2] + 1)
+            row.append(best)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def typo_of(flag: str, flags: Iterable[str]) -> str | None:
+    """The task's flag that `flag` is a typo of, or None (pure): the closest long flag at most
+    one edit in four letters away (at least one). A flag with a word more or less is another
+    flag, not a typo: --max-wait is not --wait (4 edits), --hostfle is --hostfile (1)."""
+    name = flag.removeprefix("--")
+    most = max(1, len(name) // 4)
+    scored = sorted((edits(name, f.removeprefix("--")), f) for f in flags if f.startswith("--") and f != flag)
+    return scored[0][1] if scored and scored[0][0] <= most else None
 
 
 def _usage_error(e: ParseError) -> Exit:

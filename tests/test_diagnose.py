@@ -264,6 +264,10 @@ def test_ssh_port_22_and_other_ports_are_different_entries():
         ["ssh-port-22"]
     assert ids(diagnose("ssh: connect to host node-2 port 2022: Connection refused")) == \
         ["ssh-unreachable"]
+    # no route is connectivity, on any port: neither the port nor a key (issue 47)
+    for port in (22, 2022):
+        for why in ("Network is unreachable", "No route to host"):
+            assert ids(diagnose(f"ssh: connect to host 10.0.1.5 port {port}: {why}")) == ["ssh-no-route"]
 
 
 def test_diagnose_is_pure_and_repeatable():

@@ -37,6 +37,7 @@ def aws(monkeypatch, tmp_path):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with mock_aws():
         session = boto3.Session(region_name=REGION)
         session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-dca37ea5", Type="String")
@@ -158,9 +159,14 @@ def test_up_default_vpc_then_down_leaves_nothing(aws):
     assert stacks(aws) == ["dtrain-c1"]
     nodes = parse_hostfile(hostfile)
     assert len(nodes) == 3 and all(n.slots == 4 and n.user == "ubuntu" and n.identity == "/k/id" for n in nodes)
-    # the launcher's --ec2-tag finds the same nodes
-    found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
+    # the launcher's --ec2-tag finds the same nodes: at their private addresses from inside their
+    # VPC (as this hostfile), at their public ones from outside (a laptop), as nodes up chooses
+    inside = ec2.Vantage(vpc_id=aws.client("ec2").describe_vpcs()["Vpcs"][0]["VpcId"], private_ip="172.31.0.9")
+    found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws, here=inside)
     assert [n.host for n in found] == [n.host for n in nodes]
+    outside = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
+    assert all(i.public_ip for i in cluster.instances)
+    assert [n.host for n in outside] == [i.public_ip for i in cluster.instances]
     assert ec2.cluster_hostfile("c1") == hostfile
     assert ec2.load_cluster("c1") == cluster and cluster.nitro
     lts = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")

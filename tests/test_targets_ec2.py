@@ -24,6 +24,7 @@ def aws_env(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # this machine: not an instance
 
 
 def _launch(ec2, itype, ip, tags, *, subnet):
@@ -85,6 +86,29 @@ def test_discover_ec2_honours_aws_endpoint_url(aws_env, monkeypatch):
         assert discover_ec2("dtrain=remote") == [Node("10.1.0.20", 8)]
     finally:
         server.stop()
+
+
+def test_discover_ec2_uses_public_addresses_from_outside_the_vpc(aws_env):
+    """Instances with public addresses (the default VPC's subnet maps them): from outside their
+    VPC (a laptop: no metadata service) their public addresses, as `nodes up` chooses; from an
+    instance in their VPC the private ones; one without a public address keeps its private one."""
+    from dtrain.launch.infra.ec2 import Vantage
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        for _ in range(2):
+            ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="c5.xlarge",
+                              TagSpecifications=[{"ResourceType": "instance",
+                                                  "Tags": [{"Key": "dtrain:cluster", "Value": "train"}]}])
+        found = ec2.describe_instances()["Reservations"]
+        inst = sorted((i for r in found for i in r["Instances"]), key=lambda i: tuple(
+            int(x) for x in i["PrivateIpAddress"].split(".")))
+        assert all(i.get("PublicIpAddress") for i in inst)
+        outside = discover_ec2("dtrain:cluster=train")
+        assert [n.host for n in outside] == [i["PublicIpAddress"] for i in inst]
+        inside = discover_ec2("dtrain:cluster=train", here=Vantage(vpc_id=inst[0]["VpcId"], private_ip="172.31.0.9"))
+        assert [n.host for n in inside] == [i["PrivateIpAddress"] for i in inst]
+    assert provider.reach_address({"PrivateIpAddress": "10.0.0.5", "VpcId": "vpc-1"}, None) == "10.0.0.5"
 
 
 def test_discover_ec2_nothing_matches(fleet):

@@ -811,6 +811,34 @@ def _bucket(uri: str) -> str:
     return check_s3_uri(uri.rstrip("/"), "S3")[0]
 
 
+def bucket_problem(flag: str, bucket: str, error: Mapping[str, Any], writes: bool) -> str | None:
+    """What HeadBucket's refusal of a bucket the job uses means (pure), or None where the run can
+    go on: a bucket that does not exist is always wrong; one refused (403) only where the job
+    writes to it (an input of another account's may be readable to the job's role)."""
+    code = str(error.get("Code", ""))
+    if code in ("404", "NoSuchBucket", "NotFound"):
+        return f"{flag}: no bucket {bucket}; make it (`aws s3 mb s3://{bucket}`) or name another"
+    if code in ("403", "AccessDenied", "Forbidden"):
+        return (f"{flag}: bucket {bucket} refuses these credentials (HeadBucket: 403): it is another account's, "
+                "or your policy does not allow it; name a bucket of yours") if writes else None
+    return f"{flag}: bucket {bucket}: HeadBucket: {code}: {' '.join(str(error.get('Message', '')).split())}"
+
+
+def check_buckets(s3, used: Sequence[tuple[str, str, bool]]) -> None:
+    """(flag, bucket, the job writes to it) -> a one-line LaunchError for the first that cannot
+    serve, before anything is created (the role, an upload). Read-only (HeadBucket)."""
+    for flag, bucket, writes in used:
+        try:
+            s3.head_bucket(Bucket=bucket)
+        except Exception as e:  # noqa: BLE001 -- botocore ClientError
+            err = getattr(e, "response", {}).get("Error", {})
+            if not err:
+                raise
+            problem = bucket_problem(flag, bucket, err, writes)
+            if problem:
+                raise LaunchError(problem) from None
+
+
 def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
     """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited).
     A task whose last job Completed the same run is skipped (its output reused); one InProgress
@@ -913,6 +941,10 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
                       *(_bucket(u) for u in [*from_jobs.values(), *chained.values()]),
                       *([_bucket(opts.state_s3)] if opts.state_s3 else [])})
     request(output, {**from_jobs, **chained}, opts.role_arn or _STAND_IN_ROLE, task_tags(opts.project, task, digest))
+    check_buckets(s3, [("--output", _bucket(output), True),
+                       *([("--state-dir", _bucket(opts.state_s3), True)] if opts.state_s3 else []),
+                       *((f"--input {ch}", _bucket(u), False) for ch, u in opts.inputs.items()
+                         if u.startswith("s3://"))])  # before the role and the first upload
     role_arn = opts.role_arn or ensure_role(session.client("iam"), role, buckets, out)
     req = request(output, {**from_jobs, **chained}, role_arn, task_tags(opts.project, task, digest))
     bucket, prefix = check_s3_uri(output, "--output")
@@ -947,7 +979,11 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
         put_key()
         create_job(sm, req, retry_role=role is None and not opts.role_arn, poll_s=poll_s)
     except BaseException:
-        delete_keys(s3, bucket, [*uploaded, key_s3])
+        try:
+            delete_keys(s3, bucket, [*uploaded, key_s3])
+        except Exception as e:  # noqa: BLE001 -- the first error is the one to show; this one is said
+            out(f"[sagemaker] could not remove what was uploaded under s3://{bucket}/{base}/: "
+                f"{' '.join(str(e).split())}")
         raise
     in_s3 = [True]  # whether the key is in S3 now (key_action decides what happens to it)
 
@@ -1182,7 +1218,7 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
         from dtrain import engine
 
         try:
-            docker, runner = engine.docker_cli(), _run_streaming
+            docker, runner = engine.run_cli(), _run_streaming  # any docker on PATH runs it
         except engine.EngineError as e:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise LaunchError(f"--local: {e}") from None

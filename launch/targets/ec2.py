@@ -58,14 +58,29 @@ def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
     return slots
 
 
+def reach_address(instance: dict[str, Any], here: stack.Vantage | None) -> str:
+    """The address this machine reaches an instance at, as `nodes up --address auto` chooses
+    (pure): private where this machine is in the instance's VPC, or where the instance has no
+    public address (a VPN, a peering, a bastion); its public address otherwise (a laptop)."""
+    inside = here is not None and here.vpc_id == instance.get("VpcId")
+    public = instance.get("PublicIpAddress")
+    return instance["PrivateIpAddress"] if inside or not public else public
+
+
+_HERE_UNKNOWN = object()
+
+
 def discover_ec2(
     tag: str,
     region: str | None = None,
     session: Any = None,
     *,
     slots: int | None = None,
+    here: Any = _HERE_UNKNOWN,
 ) -> list[Node]:
-    """Running EC2 instances tagged KEY=VALUE, as Nodes on their private IPs, in IP order.
+    """Running EC2 instances tagged KEY=VALUE, as Nodes in private-IP order, each at the
+    address this machine reaches it at (reach_address; here: where this machine is, found
+    from the instance metadata service when not given).
 
     slots: per-node override; otherwise the instance type's GPU count (CPU types: 1).
     session: a boto3.Session; None builds a default one, so AWS_PROFILE, AWS_REGION and
@@ -113,8 +128,10 @@ def discover_ec2(
         raise LaunchError(f"EC2 discovery failed: {e}") from None
 
     instances.sort(key=lambda i: ipaddress.ip_address(i["PrivateIpAddress"]))
+    if here is _HERE_UNKNOWN:
+        here = stack.vantage()
     # `nodes up` tags its instances with their AMI's ssh user (ubuntu, ec2-user)
-    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]],
+    return [Node(host=reach_address(i, here), slots=slots or per_type[i["InstanceType"]],
                  user={t["Key"]: t["Value"] for t in i.get("Tags", [])}.get(contract.SSH_USER_TAG))
             for i in instances]
 
@@ -122,7 +139,13 @@ def discover_ec2(
 def cluster_nodes(name: str) -> list[Node]:
     """The nodes of `dtrain nodes up --name NAME`: the hostfile it wrote here."""
     values.name("--cluster", name)
-    return hostfile_nodes(str(stack.cluster_hostfile(name)))
+    try:
+        path = stack.cluster_hostfile(name)
+    except LaunchError as missing:
+        from dtrain.launch.infra import fleet
+
+        raise (fleet.standing_stack(name) or missing) from None  # a kept stack: what to do with it
+    return hostfile_nodes(str(path))
 
 
 class Ec2(NodeProvider):

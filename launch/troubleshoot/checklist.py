@@ -108,7 +108,7 @@ ENTRIES: tuple[Entry, ...] = (
             "ssh: connect to host node-2 port 22: Connection refused",
         ),
         signatures=_re(r"\borted: command not found",
-                       r"ssh: connect to host \S+ port 22: "),
+                       r"ssh: connect to host \S+ port 22: (?!Network is unreachable|No route to host)"),
         cause="mpirun starts its daemon `orted` on each node over ssh. Without "
               "`--mca plm_rsh_args \"-p 2022\"` ssh uses port 22, which on a host-network "
               "container is the **host's** sshd, not the container's. The host has no `orted` "
@@ -200,10 +200,9 @@ ENTRIES: tuple[Entry, ...] = (
         messages=(
             "ssh: connect to host node-2 port 2022: Connection refused",
             "ssh: connect to host node-2 port 2022: Connection timed out",
-            "ssh: connect to host node-2 port 2022: No route to host",
             "ssh: Could not resolve hostname node-9: Name or service not known",
         ),
-        signatures=_re(r"ssh: connect to host \S+ port (?!22:)\d+: ",
+        signatures=_re(r"ssh: connect to host \S+ port (?!22:)\d+: (?!Network is unreachable|No route to host)",
                        r"ssh: Could not resolve hostname \S+"),
         cause="Refused: the dtrain container is not running on that node (or its sshd died: "
               "`docker logs`). Timed out / no route: the security group or a firewall drops "
@@ -216,6 +215,32 @@ ENTRIES: tuple[Entry, ...] = (
         confirm="`dtrain doctor` checks `peer-2022` and `hostnames`.",
         source=(SSH, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html"),
         doctor_checks=("peer-2022", "port-2022", "hostnames"),
+    ),
+    Entry(
+        id="ssh-no-route",
+        title="no route from this machine to a node (Network is unreachable, No route to host)",
+        symptom="ssh fails at once, on any port, before sshd or a key is involved: `dtrain nodes up` "
+                "stops with it, `dtrain doctor` fails the `ssh` check with it.",
+        messages=(
+            "ssh: connect to host 10.213.77.12 port 22: Network is unreachable",
+            "ssh: connect to host node-2 port 2022: No route to host",
+        ),
+        signatures=_re(r"ssh: connect to host \S+ port \d+: (?:Network is unreachable|No route to host)"),
+        cause="A connectivity problem, not sshd, the port or a key: \"Network is unreachable\" is "
+              "this machine's own routing table having no route to the address (a private VPC "
+              "address from a laptop, a VPN that is down); \"No route to host\" is a router or the "
+              "local network saying the address cannot be reached (the node is gone or not up yet, "
+              "or a firewall rejects with ICMP).",
+        fix="Reach the node at an address this machine routes to: from outside the VPC its public "
+            "address (`dtrain nodes up --address public`, the default there; `--ec2-tag` uses public "
+            "addresses from outside the instances' VPC), else through a bastion (`--ssh-opt "
+            "ProxyJump=HOST`) or a VPN into the VPC; check the subnet's route table and the "
+            "security group's rule for the port.",
+        confirm="`ip route get ADDRESS` on this machine names the route (or says unreachable); "
+                "`dtrain doctor` check `ssh`.",
+        source=(SSH, "https://docs.aws.amazon.com/vpc/latest/userguide/VPC_Route_Tables.html"),
+        doctor_checks=("ssh",),
+        related=("ssh-unreachable",),
     ),
     Entry(
         id="sshd-port-busy",

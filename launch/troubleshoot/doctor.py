@@ -266,10 +266,20 @@ REFUSED = "connection refused"
 _REFUSED_RE = re.compile(r"connect to host (\S+) port (\d+): Connection refused")
 
 
+UNREACHABLE = "no route"
+_UNREACHABLE_RE = re.compile(r"connect to host (\S+) port \d+: (Network is unreachable|No route to host)")
+
+
 def ssh_detail(error: str) -> str:
     """The ssh row of a node the host pass could not reach. A refused connection (nothing
     listens on the port: no sshd, or another port) is its own result, said as such: no key or
-    its modes is at fault there."""
+    its modes is at fault there; so is no route to the node (connectivity: neither the port
+    nor a key)."""
+    u = _UNREACHABLE_RE.search(error)
+    if u:
+        return (f"{UNREACHABLE}: {u[2]} to {u[1]} from this machine; check its route to the node (ip route get "
+                f"{u[1]}), the VPC/VPN, the security group, and that {u[1]} is an address reachable from here "
+                "(a public one from outside the VPC)")
     m = _REFUSED_RE.search(error)
     if not m:
         return error
@@ -283,8 +293,10 @@ def causes(check: str, details: Sequence[str]) -> list[str]:
     lines = []
     if any(d.startswith(REFUSED) for d in details):
         lines.append(f"  {REFUSED} (not a key problem): start sshd on the node, or give the port it listens on")
-    if any(not d.startswith(REFUSED) for d in details):
-        lines += [f"  #{e.id}: {e.title}" for e in entries_for(check)]
+    if any(d.startswith(UNREACHABLE) for d in details):
+        lines.append(f"  {UNREACHABLE} (connectivity, not the port or a key): #ssh-no-route")
+    if any(not d.startswith((REFUSED, UNREACHABLE)) for d in details):
+        lines += [f"  #{e.id}: {e.title}" for e in entries_for(check) if e.id != "ssh-no-route"]
     return lines
 
 
