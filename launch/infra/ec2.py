@@ -24,7 +24,7 @@ from typing import Any
 
 from dtrain import ROOT, contract
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
+from dtrain.launch.infra.instance_types import efa_cards, efa_supported, gpu_count, gpus_of, is_nitro
 
 # The Deep Learning AMI (Ubuntu 22.04, NVIDIA driver, Docker and the NVIDIA container toolkit),
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
@@ -150,6 +150,7 @@ class Resolved:
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
     addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
+    warnings: tuple[str, ...] = ()  # one line each, said before the stack is made (gpu_ami_problem)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -179,7 +180,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
             raise LaunchError(f"--instance-type {spec.instance_type}: no such instance type in "
                               f"{ec2.meta.region_name} (see `aws ec2 describe-instance-types`)") from None
         raise _client_error(e, "DescribeInstanceTypes") from None
-    gpus = sum(int(g.get("Count", 0)) for g in (info.get("GpuInfo") or {}).get("Gpus", [])) or 1
+    # GPUs: the API's answer, else dtrain's snapshot of it (an endpoint without GpuInfo)
+    gpus = gpus_of(info) or gpu_count(spec.instance_type) or 0
     if spec.key_name:
         try:
             ec2.describe_key_pairs(KeyNames=[spec.key_name])
@@ -215,7 +217,9 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
     else:
         az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
-    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(info.get("GpuInfo")))
+    warnings: list[str] = []
+    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(gpus),
+                                                             instance_type=spec.instance_type, warnings=warnings)
     root = spec.root_size or root_size_default(snapshot_gb)
     if root < snapshot_gb:
         raise LaunchError(f"--root-size {root}: the AMI {ami_id}'s snapshot is {snapshot_gb} GiB; "
@@ -237,11 +241,11 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
                           f"`dtrain nodes down --name {spec.name}` first, or pick another name")
     return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
-                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
+                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus or 1, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user)
+                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings))
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -321,11 +325,41 @@ def ami_user(image: dict[str, Any]) -> str:
     return DLAMI_USER
 
 
-def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, str]:
+# Words in an AMI's name or description that say it is made for GPUs (the NVIDIA driver and
+# container toolkit): the Deep Learning AMIs, the ECS and EKS GPU-optimized AMIs, NVIDIA's own.
+GPU_AMI_WORDS = ("gpu", "nvidia", "cuda", "deep learning", "dlami", "deeplearning")
+
+
+def gpu_ami_problem(ami: str, image: dict[str, Any] | None, instance_type: str, gpus: bool) -> tuple[str, str] | None:
+    """A CPU image on a GPU type (pure): ("refuse", line) for --ami cpu, ("warn", line) for an
+    AMI whose name and description say nothing of GPUs; None when it fits."""
+    if not gpus:
+        return None
+    if ami == "cpu":
+        return ("refuse", f"--ami cpu on {instance_type}, a GPU type: the CPU AMI (ECS-optimized Amazon Linux) "
+                          "has no NVIDIA driver, its GPUs would go unused; drop --ami (gpu is the default on GPU "
+                          "types) or pick a CPU instance type")
+    if ami in ("auto", "gpu") or image is None:
+        return None
+    text = f"{image.get('Name', '')} {image.get('Description', '')}".lower()
+    if any(w in text for w in GPU_AMI_WORDS):
+        return None
+    return ("warn", f"[nodes] warning: --ami {ami} ({image.get('Name') or image.get('ImageId', '?')}) on "
+                    f"{instance_type}, a GPU type: its name says nothing of a GPU image (NVIDIA driver, container "
+                    "toolkit); the containers get no GPU unless it has them (--ami gpu: the Deep Learning AMI)")
+
+
+def resolve_ami(session: Any, ami: str, *, gpus: bool, instance_type: str = "",
+                warnings: list[str] | None = None) -> tuple[str, str, int, str]:
     """--ami -> (image id, root device name, root snapshot GiB, ssh user). gpu/cpu are the
-    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu."""
+    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu. With
+    instance_type: a CPU image on a GPU type is refused (--ami cpu) or warned of (appended to
+    warnings: gpu_ami_problem)."""
     from botocore.exceptions import ClientError
 
+    problem = gpu_ami_problem(ami, None, instance_type, gpus) if instance_type else None
+    if problem:  # --ami cpu: refused before anything is asked
+        raise LaunchError(problem[1])
     alias = ("gpu" if gpus else "cpu") if ami == "auto" else ami
     parameter, user = AMI_ALIASES.get(alias, (alias if alias.startswith("/") else None, None))
     image_id = alias
@@ -349,6 +383,9 @@ def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, s
     if image.get("Platform") == "windows" or image.get("RootDeviceType", "ebs") != "ebs":
         raise LaunchError(f"--ami {ami}: {image_id} is a {image.get('Platform') or image.get('RootDeviceType')} "
                           "image; dtrain nodes need a Linux AMI with an EBS root (Docker, ssh)")
+    problem = gpu_ami_problem(ami, image, instance_type, gpus) if instance_type else None
+    if problem and warnings is not None:
+        warnings.append(problem[1])
     root = image.get("RootDeviceName") or "/dev/sda1"
     size = next((int(b["Ebs"].get("VolumeSize", 0)) for b in image.get("BlockDeviceMappings", [])
                  if b.get("DeviceName") == root and "Ebs" in b), 0)
