@@ -159,7 +159,7 @@ def test_discover_ec2_denied_type_lookup(fleet):
     # an error, not a silent 1.
     session = _Session(_NoGpuInfo(fleet, denied=True))
     assert [n.slots for n in discover_ec2("dtrain=exp1", session=session)] == [4, 4, 1]
-    subnet = fleet.describe_subnets()["Subnets"][0]["SubnetId"]
+    subnet = fleet.describe_subnets(Filters=[{"Name": "cidr-block", "Values": ["10.0.0.0/16"]}])["Subnets"][0]["SubnetId"]
     _launch(fleet, "m7i.large", "10.0.2.7", {"dtrain": "exp2"}, subnet=subnet)
     with pytest.raises(LaunchError) as e:
         discover_ec2("dtrain=exp2", session=session)

@@ -1124,11 +1124,14 @@ def ssh_cidr_warning(cidr: str) -> str | None:
 
 
 def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private",
-          here: Vantage | None | Callable[[], Vantage | None] = None) -> Resolved:
+          here: Vantage | None | Callable[[], Vantage | None] = None,
+          confirm: Callable[[Resolved], None] | None = None) -> Resolved:
     """preflight, decide how this machine reaches the nodes, then create the stack (nothing
     is created when either fails). address: auto, private or public (see decide_reach);
     here: where this machine is, or a function that finds out (called only when it matters,
-    after preflight)."""
+    after preflight); confirm: shown what will be rented (the Resolved about to be made: its
+    zone, Elastic IPs, root disks) before anything is, it raises to create nothing
+    (launch/infra/pricing.py nodes_up_gate: the price and the prompt)."""
     res = preflight(session, spec)
     if callable(here):
         here = here() if address == "auto" or (address == "private" and not spec.ssh_cidr) else None
@@ -1152,6 +1155,10 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
         say(addresses_line(addresses))
     res = replace(res, address=reach.address, addresses=addresses,
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
+    for line in res.warnings:
+        say(line)
+    if confirm is not None:
+        confirm(res)
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
         f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''} in {res.availability_zone or 'one zone'}, "
@@ -1230,7 +1237,7 @@ def _delete_after_failure(session: Any, name: str, say: Callable[[str], None]) -
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
     """The whole of `nodes up`: start (address, here), then finish (its options)."""
     res = start(session, spec, say=options.get("say", print), address=options.pop("address", "private"),
-                here=options.pop("here", None))
+                here=options.pop("here", None), confirm=options.pop("confirm", None))
     return finish(session, spec, res, **options)
 
 
