@@ -295,3 +295,35 @@ def test_sagemaker_gate_says_the_price_and_refuses_without_a_terminal(aws):
     pricing.sagemaker_gate(aws, instance_type="ml.m5.2xlarge", count=1, spot=True, above=10, yes=False,
                            say=said.append, tty=False)
     assert said[0].startswith("[price] 1 x ml.m5.2xlarge managed spot, at most: $0.461/h")
+
+
+# --- the real program ------------------------------------------------------------------------
+
+
+def test_cli_nodes_up_without_a_terminal_refuses_in_one_line(moto_server, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DTRAIN_"))}
+    env.update(AWS_ENDPOINT_URL=moto_server, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION=REGION, AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", DTRAIN_HOME=str(tmp_path / "home"), PYTHONPATH=str(root))
+    args = [sys.executable, "-m", "dtrain", "nodes", "up", "--name", "c1", "--count", "2", "--instance-type",
+            "p4d.24xlarge", "--ami", "ami-dca37ea5", "--ssh-cidr", "203.0.113.7/32", "--address", "public"]
+    cfn = boto3.client("cloudformation", endpoint_url=moto_server, region_name=REGION,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    r = subprocess.run([*args, "--hours", "5"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stdout + r.stderr
+    assert r.stderr.startswith("error: nodes up (2 x p4d.24xlarge): $") and "add --yes" in r.stderr
+    assert "[price] 2 x p4d.24xlarge on-demand: $43.915/h (AWS price list snapshot of " in r.stdout
+    assert re.search(r"\[price\] total: \$[0-9.,]+/h, \$[0-9.,]+ for 5 h", r.stdout), r.stdout
+    assert cfn.describe_stacks()["Stacks"] == []
+    r = subprocess.run([*args, "--confirm-above", "a lot"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and r.stderr.startswith("error: --confirm-above 'a lot': "), r.stderr
+    # --yes going on is test_nodes_up_with_yes_proceeds (in-process): here it would ssh to moto's
+    # made-up instance addresses, which no test may reach.
