@@ -144,3 +144,16 @@ def test_nodes_up_warns_of_an_ami_that_is_not_a_gpu_image(aws):
     warned = [x for x in said if x.startswith("[nodes] warning: --ami")]
     assert len(warned) == 1 and "g6e.xlarge, a GPU type" in warned[0], said
     assert res.gpus == 1  # from EC2's data: the slots of the hostfile
+
+
+def test_the_network_expectations_agree_with_ec2s_data():
+    """launch/jobs/network_expectations.yaml keeps measured busbw figures; its link rate and EFA
+    flag of each type must be what EC2 says (jobs/ cannot import infra/: this test is the link)."""
+    import yaml
+
+    table = yaml.safe_load((it.SNAPSHOT.parent.parent / "jobs" / "network_expectations.yaml").read_text())
+    for itype, row in table["instance_types"].items():
+        assert it.link_gbps(itype) == row["link_gbps"], itype
+        assert bool(it.efa_count(itype)) == row["efa"], itype
+    assert it.link_gbps("p5en.48xlarge") == 3200 and it.link_gbps("c5.xlarge") == 10
+    assert it.link_gbps("m7i.large") is None

@@ -101,6 +101,17 @@ def efa_count(instance_type: str) -> int | None:
     return None if entry is None else efa_of(entry)
 
 
+def link_gbps(instance_type: str) -> float | None:
+    """The type's network bandwidth in Gbit/s from NetworkInfo.NetworkPerformance ("3200
+    Gigabit", "4x 100 Gigabit": 400, "Up to 25 Gigabit": 25, its peak), or None (not in the
+    data, or said in words only: "High")."""
+    import re
+
+    perf = ((info(instance_type) or {}).get("NetworkInfo") or {}).get("NetworkPerformance", "")
+    m = re.fullmatch(r"(?:Up to )?(?:(\d+)x )?([\d.]+) Gigabit", perf)
+    return None if not m else float(m.group(2)) * int(m.group(1) or 1)
+
+
 def gpu_model(instance_type: str) -> str | None:
     """'NVIDIA H200 x8, 141 GiB each' style: the type's accelerators in words, or None."""
     entry = info(instance_type) or {}
