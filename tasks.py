@@ -748,7 +748,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         _ssh_key_flag(ssh_key)
         from dtrain.launch.infra import pricing
 
-        above = pricing.threshold(confirm_above)
+        above = pricing.threshold(confirm_above) if action == "up" else 0.0
         hours = values.number("--hours", hours, 0) if hours is not None else None
         session = _aws(profile, region)
         if action == "list":
