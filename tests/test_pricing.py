@@ -74,7 +74,7 @@ def test_snapshot_prices():
     assert book.get(("ipv4", "eu-west-1"), "x").usd == 0.005
     gp3 = book.get(("ebs", "us-east-1", "gp3"), "x")
     assert gp3.unit == "GB-Mo" and gp3.hourly(730) == pytest.approx(0.08)
-    assert book.get(("sagemaker", "us-east-1", "ml.g5.xlarge"), "x").usd == 1.408
+    assert book.get(("ml", "us-east-1", "ml.g5.xlarge"), "x").usd == 1.408
     missing = book.get(("ec2", "eu-west-1", "p5en.48xlarge"), "p5en.48xlarge on-demand")
     assert missing.usd is None and missing.missing.startswith("p5en.48xlarge on-demand in eu-west-1: not in the AWS "
                                                               "price list snapshot of ")
@@ -127,7 +127,7 @@ def test_a_pricing_api_failure_falls_back_to_the_snapshot_and_says_why(monkeypat
 
 def test_refresh_keeps_the_on_demand_terms_in_the_models_shape():
     client = _pricing_client()
-    keys = [("ec2", REGION, "g6e.12xlarge"), ("sagemaker", REGION, "ml.g5.xlarge"), ("ebs", REGION, "gp2"),
+    keys = [("ec2", REGION, "g6e.12xlarge"), ("ml", REGION, "ml.g5.xlarge"), ("ebs", REGION, "gp2"),
             ("ebs", REGION, "gp3"), ("ebs", REGION, "io2"), ("nat", REGION), ("ipv4", REGION)]
     answers = {("ec2", REGION, "g6e.12xlarge"): _live_doc(10.49)}
     with Stubber(client) as stub:
@@ -300,7 +300,7 @@ def test_sagemaker_gate_says_the_price_and_refuses_without_a_terminal(aws):
 # --- the real program ------------------------------------------------------------------------
 
 
-def test_cli_nodes_up_without_a_terminal_refuses_in_one_line(moto_server, tmp_path):
+def test_cli_nodes_up_without_a_terminal_refuses_in_one_line_and_yes_goes_on(moto_server, tmp_path):
     import os
     import subprocess
     import sys
@@ -311,8 +311,10 @@ def test_cli_nodes_up_without_a_terminal_refuses_in_one_line(moto_server, tmp_pa
     env.update(AWS_ENDPOINT_URL=moto_server, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                AWS_DEFAULT_REGION=REGION, AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
                AWS_EC2_METADATA_DISABLED="true", DTRAIN_HOME=str(tmp_path / "home"), PYTHONPATH=str(root))
-    args = [sys.executable, "-m", "dtrain", "nodes", "up", "--name", "c1", "--count", "2", "--instance-type",
-            "p4d.24xlarge", "--ami", "ami-dca37ea5", "--ssh-cidr", "203.0.113.7/32", "--address", "public"]
+    # --efa-interfaces 1: one interface, no Elastic IP (moto's backends are shared by every test of the process)
+    args = [sys.executable, "-m", "dtrain", "nodes", "up", "--name", "price1", "--count", "2", "--instance-type",
+            "p4d.24xlarge", "--ami", "ami-dca37ea5", "--ssh-cidr", "203.0.113.7/32", "--address", "public",
+            "--efa-interfaces", "1"]
     cfn = boto3.client("cloudformation", endpoint_url=moto_server, region_name=REGION,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     r = subprocess.run([*args, "--hours", "5"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
@@ -321,9 +323,14 @@ def test_cli_nodes_up_without_a_terminal_refuses_in_one_line(moto_server, tmp_pa
     assert r.stderr.startswith("error: nodes up (2 x p4d.24xlarge): $") and "add --yes" in r.stderr
     assert "[price] 2 x p4d.24xlarge on-demand: $43.915/h (AWS price list snapshot of " in r.stdout
     assert re.search(r"\[price\] total: \$[0-9.,]+/h, \$[0-9.,]+ for 5 h", r.stdout), r.stdout
-    assert cfn.describe_stacks()["Stacks"] == []
+    assert [st for st in cfn.describe_stacks()["Stacks"] if st["StackName"] == "dtrain-price1"] == []
     r = subprocess.run([*args, "--confirm-above", "a lot"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120, env=env, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.startswith("error: --confirm-above 'a lot': "), r.stderr
-    # --yes going on is test_nodes_up_with_yes_proceeds (in-process): here it would ssh to moto's
-    # made-up instance addresses, which no test may reach.
+    # --yes: past the price, the stack is made; ssh never leaves this machine (ProxyCommand=/bin/false:
+    # moto's addresses are made up), so up fails there and deletes it
+    r = subprocess.run([*args, "--yes", "--timeout", "3", "--ssh-opt", "ProxyCommand=/bin/false"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    assert "[nodes] stack dtrain-price1 creating: 2 x p4d.24xlarge" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error: no node answered ssh + docker within 3s"), r.stderr
+    assert "[nodes] deleting stack dtrain-price1" in r.stdout

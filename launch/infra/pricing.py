@@ -73,8 +73,8 @@ def on_demand(doc: Mapping[str, Any]) -> tuple[float, str] | None:
 
 
 def key_of(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """What a document prices, as dtrain looks it up: ("ec2", region, type), ("sagemaker",
-    region, ml.type), ("ebs", region, gp3|io2), ("nat", region), ("ipv4", region); None for
+    """What a document prices, as dtrain looks it up: ("ec2", region, type), ("ml", region,
+    ml.type) (SageMaker training), ("ebs", region, gp3|io2), ("nat", region), ("ipv4", region); None for
     anything else (Windows, dedicated tenancy, another product)."""
     service = doc.get("serviceCode", "")
     product = doc.get("product") or {}
@@ -84,7 +84,7 @@ def key_of(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
         return ("ec2", region, a["instanceType"])
     if service == "AmazonSageMaker" and a.get("instanceName", "").startswith("ml.") and \
             "train" in (a.get("component", "") + a.get("usagetype", "")).lower():
-        return ("sagemaker", region, a["instanceName"])
+        return ("ml", region, a["instanceName"])
     if service == "AmazonEC2" and a.get("volumeApiName"):
         return ("ebs", region, a["volumeApiName"])
     if service == "AmazonEC2" and product.get("productFamily") == "NAT Gateway" and "Hours" in a.get("usagetype", ""):
@@ -165,7 +165,7 @@ def filters_for(key: tuple[str, ...]) -> tuple[str, list[dict[str, str]]]:
     if kind == "ec2":
         return "AmazonEC2", [term("instanceType", key[2]), term("regionCode", region),
                              *(term(k, v) for k, v in EC2_FILTERS.items())]
-    if kind == "sagemaker":
+    if kind == "ml":
         return "AmazonSageMaker", [term("instanceName", key[2]), term("regionCode", region)]
     if kind == "ebs":
         return "AmazonEC2", [term("volumeApiName", key[2]), term("regionCode", region),
@@ -297,7 +297,7 @@ def sagemaker_quote(book: Book, region: str, instance_type: str, count: int, *, 
     """A SageMaker training job's instances per hour (pure). Managed spot bills less than
     on-demand by a share SageMaker sets per job: the on-demand price is its upper bound. Its
     ML storage volumes (--volume-size) bill per GB-month on top, not counted here."""
-    price = book.get(("sagemaker", region, instance_type), f"{instance_type} (SageMaker training)")
+    price = book.get(("ml", region, instance_type), f"{instance_type} (SageMaker training)")
     what = f"{count} x {instance_type} " + ("managed spot, at most" if spot else "on-demand")
     notes = (("managed spot saves up to 90% of on-demand; the job's billable seconds say what it cost",)
              if spot else ())
@@ -405,7 +405,7 @@ def sagemaker_gate(session: Any, *, instance_type: str, count: int, spot: bool, 
     region = session.region_name
     if not region:
         return
-    book = live_book(session, [("sagemaker", region, instance_type)])
+    book = live_book(session, [("ml", region, instance_type)])
     quote = sagemaker_quote(book, region, instance_type, count, spot=spot)
     confirm(quote, above, yes=yes, what=f"sagemaker run ({count} x {instance_type})", say=say, hours=hours,
             tty=tty, ask=ask)
@@ -424,7 +424,7 @@ def refresh(client: Any, ec2_types: Sequence[str], ml_types: Sequence[str],
     in each region. Each item is trimmed to its On-Demand terms."""
     keys: list[tuple[str, ...]] = []
     for r in regions:
-        keys += [("ec2", r, t) for t in ec2_types] + [("sagemaker", r, t) for t in ml_types]
+        keys += [("ec2", r, t) for t in ec2_types] + [("ml", r, t) for t in ml_types]
         keys += [("ebs", r, v) for v in ("gp2", "gp3", "io2")] + [("nat", r), ("ipv4", r)]
     by_service: dict[str, list[str]] = {}
     for key in keys:
