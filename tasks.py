@@ -737,12 +737,16 @@ def _aws(profile, region):
     "s3_write": "the role may also write to the --s3-bucket buckets (checkpoints)",
     "instance_profile": "an existing instance profile instead of the stack's role, or none",
     "delete_data": "with down: delete the cluster's dataset volumes and EFS too (default: kept)",
+    "yes": "with up: go on without asking, whatever the price per hour",
+    "confirm_above": "with up: ask before renting above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
+                     "without a terminal, refuse unless --yes",
+    "hours": "with up: also show the price for this many hours",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
-          all_regions=False):
+          all_regions=False, yes=False, confirm_above=None, hours=None):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -763,8 +767,10 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
         _ssh_key_flag(ssh_key)
-        from dtrain.launch.infra import fleet
+        from dtrain.launch.infra import fleet, pricing
 
+        above = pricing.threshold(confirm_above) if action == "up" else 0.0
+        hours = values.number("--hours", hours, 0) if hours is not None else None
         if action == "list":
             for line in fleet.list_lines(lambda r: _aws(profile, r), region, all_regions):
                 print(line)
@@ -788,7 +794,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                              root_size=_int_flag("--root-size", root_size, 8, 16384) if root_size is not None else None,
                              s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile)
         ssh_opts = _ssh_opts(ssh_opt)
-        res = ec2.start(session, spec, address=address, here=ec2.vantage)
+        gate = pricing.nodes_up_gate(session, instance_type=instance_type, count=count, spot=spot, above=above,
+                                     yes=yes, hours=hours)
+        res = ec2.start(session, spec, address=address, here=ec2.vantage, confirm=gate)
         hint = (f"the security group lets ssh in from {res.ssh_rule} only; check that this machine's ssh "
                 f"comes from there and can route to the nodes' {res.address} addresses")
         ready = ec2.ssh_ready(ssh_key, res.address, ssh_opts, timeout=seconds, user=res.ssh_user,
@@ -804,6 +812,20 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         print(f"worker list on every node: ~/.dtrain/{ec2.WORKER_LIST} (private addresses, one per line)")
         vol.reattach(session, cluster, up_nodes, ssh_opts=ssh_opts)
         print(f"launch with: dtrain launch --cluster {name} --image IMAGE -- CMD")
+
+
+@task(help={"refresh": "write both snapshots again from AWS with your credentials: DescribeInstanceTypes (the "
+                       "region's) and the Pricing API (us-east-1, us-west-2, eu-west-1)",
+            "region": "AWS region (prices shown for it; default us-east-1)", "profile": "AWS profile"})
+def instance_types(c, refresh=False, region=None, profile=None):
+    """EC2's data on the types dtrain knows (GPUs, EFA, vCPUs, memory, spot, price): dtrain instance-types [--refresh]."""
+    from dtrain.launch.infra import pricing
+
+    with user_errors():
+        if refresh:
+            pricing.refresh_all(_aws(profile, region))
+            return
+        print("\n".join(pricing.type_table(region or "us-east-1")))
 
 
 @task(iterable=["ssh_opt"], help={
@@ -1125,12 +1147,15 @@ def diagnose(c, log=None):
     "wait": "stream the logs until the job ends, then download the output (default; --no-wait: wait until it has started, remove its key from S3, print the name)",
     "download": "local directory for the output and the log, DIR/JOB/logs.txt (default ./output)",
     "region": "AWS region", "profile": "AWS profile",
+    "yes": "go on without asking, whatever the price per hour",
+    "confirm_above": "ask before a job above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
+                     "without a terminal, refuse unless --yes",
 })
 def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
               from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None, project="dtrain", force=False, input_task=None,
-              dependencies=None, tag=None, create_role=False, local=False):
+              dependencies=None, tag=None, create_role=False, local=False, yes=False, confirm_above=None):
     """Run a command as a distributed SageMaker training job: dtrain sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
 
@@ -1169,7 +1194,15 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         if local:
             job, code = sm.run_local(opts)
         else:
-            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
+            from functools import partial
+
+            from dtrain.launch.infra import pricing
+
+            gate = partial(pricing.sagemaker_gate, instance_type=opts.instance_type, count=opts.instances,
+                           spot=opts.spot, above=pricing.threshold(confirm_above), yes=yes,
+                           hours=opts.max_runtime_s / 3600)
+            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region),
+                               confirm=gate)
         if not wait:
             print(job)
         sys.exit(code)

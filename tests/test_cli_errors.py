@@ -179,6 +179,7 @@ BASE = {
     "sagemaker": ("run", "--image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/x:1",
                   "--role", "arn:aws:iam::123456789012:role/r", "--", "true"),
     "manifest": ("--for", "mpijob", "--image", IMAGE, "--", "true"),
+    "instance-types": (),
 }
 NOT_FUZZED = {"test": "its only value flag, -k, is a pytest expression passed to pytest as one argv item"}
 # Flags whose values are numbers (their defaults, where they have one, are digit strings).

@@ -483,8 +483,11 @@ def test_node_selector_and_ecs_cluster_follow_their_services_rules():
 
 # ---------------------------------------------------------------- EFA instance types
 
-EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
-GPUS = {"p4d.24xlarge": 8, "p5.48xlarge": 8, "g5.2xlarge": 1}  # each type's GPUs (AWS's instance type pages)
+# p5en and g6e were outside the old hand table (0 GPUs were requested, their EFA still was: issue 47).
+EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("p5en.48xlarge", 16), ("g6e.12xlarge", 1),
+             ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
+GPUS = {"p4d.24xlarge": 8, "p5.48xlarge": 8, "p5en.48xlarge": 8, "g6e.12xlarge": 4,
+        "g5.2xlarge": 1}  # each type's GPUs (AWS's instance type pages)
 
 
 def _pods(d):
@@ -593,7 +596,7 @@ def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_p
 
 
 @pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs"])
-@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge"])
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge"])
 def test_the_instance_types_gpus_are_the_default(target, instance_type):
     """--instance-type without --gpus-per-worker: each worker gets the type's 8 GPUs (slots,
     nproc, GPU limits, ECS resourceRequirements), beside its EFA interfaces."""
@@ -622,7 +625,44 @@ def test_the_instance_types_gpus_are_the_default(target, instance_type):
 
 
 def instance_types_efa(instance_type):
-    return {"p4d.24xlarge": 4, "p5.48xlarge": 32}[instance_type]
+    return {"p4d.24xlarge": 4, "p5.48xlarge": 32, "p5en.48xlarge": 16}[instance_type]
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs"])
+def test_g6e_workers_ask_for_its_4_gpus_and_its_efa(target):
+    """g6e.12xlarge (4 x L40S, one EFA), from EC2's DescribeInstanceTypes: its GPUs by default."""
+    command = [] if target == "ecs" else list(CMD)
+    s = m.spec_from_args(target, HVD, command, workers=2, instance_type="g6e.12xlarge")
+    assert (s.gpus_per_worker, s.efa) == (4, 1)
+    text = m.render(s)
+    if target == "ecs":
+        c = json.loads(text)["containerDefinitions"][0]
+        assert c["resourceRequirements"] == [{"type": "GPU", "value": "4"}]
+        assert len(c["linuxParameters"]["devices"]) == 1
+    else:
+        limits = [p["containers"][0]["resources"]["limits"] for role, p in _pods(yaml.safe_load(text))
+                  if role != "Launcher"]
+        assert limits and all(x["nvidia.com/gpu"] == 4 and x["vpc.amazonaws.com/efa"] == 1 for x in limits)
+
+
+def test_a_type_the_data_lacks_is_said_not_taken_for_zero_gpus():
+    """m7i.large is an EC2 type (botocore knows it) outside dtrain's DescribeInstanceTypes
+    snapshot: one line naming the flag and the way to add it, never a manifest with 0 GPUs."""
+    for kw in ({"instance_type": "m7i.large"}, {"instance_type": "m7i.large", "gpus_per_worker": 0},
+               {"node_selector": ["node.kubernetes.io/instance-type=m7i.large"]}):
+        with pytest.raises(LaunchError) as e:
+            m.render(m.spec_from_args("mpijob", HVD, list(CMD), **kw))
+        assert "m7i.large is not in dtrain's instance-type data" in str(e.value)
+        assert "`dtrain instance-types --refresh` adds it" in str(e.value) and "\n" not in str(e.value)
+        assert str(e.value).startswith(("--instance-type m7i.large: ", "--node-selector node.kubernetes.io/"))
+
+
+def test_a_misspelled_type_is_still_refused():
+    from dtrain import values
+
+    with pytest.raises(values.BadValue, match=r"--instance-type 'p5en\.48xlage': not an EC2 instance type; did you "
+                                              r"mean p5en\.48xlarge"):
+        values.ec2_instance_type("--instance-type", "p5en.48xlage")
 
 
 def test_given_gpus_win_and_more_than_the_type_has_is_one_line():

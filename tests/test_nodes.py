@@ -21,7 +21,7 @@ from moto import mock_aws
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import cluster, ec2
-from dtrain.launch.infra.instance_types import EFA_TYPES
+from dtrain.launch.infra import instance_types
 from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.targets.ec2 import discover_ec2
 
@@ -145,10 +145,14 @@ def test_capacity_decision():
     assert ec2.capacity_decision(4, 4, 3) == "rollback"
 
 
-def test_doctor_uses_the_shared_efa_table():
+def test_doctor_reads_efa_from_the_instance_type_data():
     from dtrain.launch.troubleshoot import doctor
 
-    assert doctor.EFA_TYPES is EFA_TYPES
+    assert doctor.efa_count is instance_types.efa_count
+    assert doctor.efa_verdict("p5en.48xlarge", 16)[0] == "PASS"  # not in the old hand table
+    assert doctor.efa_verdict("p5en.48xlarge", 0)[0] == "FAIL"
+    status, detail = doctor.efa_verdict("m7i.large", 0)  # not in the data: said, not "not an EFA type"
+    assert status == "PASS" and "m7i.large is not in dtrain's instance-type data" in detail
 
 
 # --- deployed against moto -------------------------------------------------------------------
@@ -484,8 +488,8 @@ def test_efa_layout_from_describe_instance_types(aws, itype):
     assert len(ec2.network_interfaces(info, 2)) == min(2, total)
 
 
-def test_efa_layout_without_network_cards_uses_the_table():
-    """An entry without NetworkCards (an older API answer): the table's count, plain "efa"."""
+def test_efa_layout_without_network_cards_uses_the_snapshot():
+    """An entry without NetworkCards (an older API answer): the snapshot's count, plain "efa"."""
     info = {"InstanceType": "p4d.24xlarge", "NetworkInfo": {"EfaSupported": True}}
     assert ec2.network_interfaces(info) == [
         {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa"},

@@ -265,7 +265,7 @@ def test_cli_p4d_with_the_defaults_from_outside(moto_server, checkip):
     url, env = moto_server
     r = invoke({**env, "DTRAIN_CHECKIP_URL": checkip}, "nodes", "up", "--name", "c1", "--count", "2",
                "--instance-type", "p4d.24xlarge", "--ami", "ami-dca37ea5", "--timeout", "3",
-               "--ssh-opt", "ProxyCommand=/bin/false")
+               "--ssh-opt", "ProxyCommand=/bin/false", "--yes")  # --yes: $43.9/h, no terminal to ask
     assert "[nodes] this machine is not in the nodes' VPC: public addresses; ssh from this machine's public " \
            "address (127.0.0.7/32)\n" in r.stdout, r.stdout
     assert ec2.addresses_line(2) + "\n" in r.stdout
@@ -273,7 +273,7 @@ def test_cli_p4d_with_the_defaults_from_outside(moto_server, checkip):
     assert r.returncode == 2 and r.stderr.startswith("error: no node answered ssh + docker within 3s") \
         and r.stderr.count("\n") == 1, r.stderr
     s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
-    assert s.client("ec2", endpoint_url=url).describe_addresses()["Addresses"] == []
+    assert s.client("ec2", endpoint_url=url).describe_addresses()["Addresses"] == [], r.stdout + r.stderr
     assert [st for st in s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"]
             if st["StackStatus"] != "DELETE_COMPLETE"] == []
 

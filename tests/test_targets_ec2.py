@@ -172,25 +172,37 @@ class _Session:
         return self._client
 
 
-def test_discover_ec2_falls_back_to_builtin_table(fleet):
+def test_discover_ec2_falls_back_to_the_snapshot(fleet):
+    # DescribeInstanceTypes without GpuInfo: the shipped snapshot of it answers (g5.12xlarge: 4).
     nodes = discover_ec2("dtrain=exp1", session=_Session(_NoGpuInfo(fleet)))
     assert [(n.host, n.slots) for n in nodes] == [("10.0.0.9", 4), ("10.0.0.10", 4), ("10.0.1.5", 1)]
 
 
 def test_discover_ec2_denied_type_lookup(fleet):
-    # Denied: a type in the built-in table still works; an unknown one is an error, not a silent 1.
+    # Denied: a type in the snapshot still works (c5.xlarge: no GPU, one slot); one it lacks is
+    # an error, not a silent 1.
     session = _Session(_NoGpuInfo(fleet, denied=True))
+    assert [n.slots for n in discover_ec2("dtrain=exp1", session=session)] == [4, 4, 1]
+    subnet = fleet.describe_subnets(Filters=[{"Name": "cidr-block", "Values": ["10.0.0.0/16"]}])["Subnets"][0]["SubnetId"]
+    _launch(fleet, "m7i.large", "10.0.2.7", {"dtrain": "exp2"}, subnet=subnet)
     with pytest.raises(LaunchError) as e:
-        discover_ec2("dtrain=exp1", session=session)
+        discover_ec2("dtrain=exp2", session=session)
     assert str(e.value) == (
-        "cannot tell how many GPUs a c5.xlarge has "
-        "(DescribeInstanceTypes failed: UnauthorizedOperation: not allowed); pass slots explicitly"
+        "cannot tell how many GPUs a m7i.large has "
+        "(DescribeInstanceTypes failed: UnauthorizedOperation: not allowed; it is not in dtrain's instance-type "
+        "data either); pass slots explicitly"
     )
     assert [n.slots for n in discover_ec2("dtrain=other", session=session)] == [4]
 
 
-def test_known_gpu_table():
-    assert provider.KNOWN_GPU_COUNTS["p4d.24xlarge"] == 8
-    assert provider.KNOWN_GPU_COUNTS["p5.48xlarge"] == 8
-    assert provider.KNOWN_GPU_COUNTS["g4dn.12xlarge"] == 4
-    assert provider.KNOWN_GPU_COUNTS["p3.8xlarge"] == 4
+def test_snapshot_gpu_counts():
+    # What the 17-entry hand table said, now read from EC2's DescribeInstanceTypes snapshot, and
+    # the types it lacked.
+    assert provider.gpu_count("p4d.24xlarge") == 8
+    assert provider.gpu_count("p5.48xlarge") == 8
+    assert provider.gpu_count("g4dn.12xlarge") == 4
+    assert provider.gpu_count("p3.8xlarge") == 4
+    assert provider.gpu_count("p5en.48xlarge") == 8
+    assert provider.gpu_count("g6e.12xlarge") == 4
+    assert provider.gpu_count("c5.xlarge") == 0
+    assert provider.gpu_count("m7i.large") is None

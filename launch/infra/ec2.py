@@ -25,7 +25,7 @@ from typing import Any
 from dtrain import ROOT, contract, records, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import regions
-from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
+from dtrain.launch.infra.instance_types import efa_cards, efa_supported, gpu_count, gpus_of, is_nitro
 
 # The Deep Learning AMI (Ubuntu 22.04, NVIDIA driver, Docker and the NVIDIA container toolkit),
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
@@ -151,6 +151,7 @@ class Resolved:
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
     addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
+    warnings: tuple[str, ...] = ()  # one line each, said before the stack is made (gpu_ami_problem)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -180,7 +181,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
             raise LaunchError(f"--instance-type {spec.instance_type}: no such instance type in "
                               f"{ec2.meta.region_name} (see `aws ec2 describe-instance-types`)") from None
         raise _client_error(e, "DescribeInstanceTypes") from None
-    gpus = sum(int(g.get("Count", 0)) for g in (info.get("GpuInfo") or {}).get("Gpus", [])) or 1
+    # GPUs: the API's answer, else dtrain's snapshot of it (an endpoint without GpuInfo)
+    gpus = gpus_of(info) or gpu_count(spec.instance_type) or 0
     if spec.key_name:
         try:
             ec2.describe_key_pairs(KeyNames=[spec.key_name])
@@ -216,7 +218,9 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
     else:
         az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
-    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(info.get("GpuInfo")))
+    warnings: list[str] = []
+    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(gpus),
+                                                             instance_type=spec.instance_type, warnings=warnings)
     root = spec.root_size or root_size_default(snapshot_gb)
     if root < snapshot_gb:
         raise LaunchError(f"--root-size {root}: the AMI {ami_id}'s snapshot is {snapshot_gb} GiB; "
@@ -239,11 +243,11 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                           f"{session.region_name}); `dtrain nodes down --name {spec.name}"
                           f"{regions.region_arg(session.region_name)}` first, or pick another name")
     return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
-                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
+                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus or 1, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user)
+                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings))
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -323,11 +327,41 @@ def ami_user(image: dict[str, Any]) -> str:
     return DLAMI_USER
 
 
-def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, str]:
+# Words in an AMI's name or description that say it is made for GPUs (the NVIDIA driver and
+# container toolkit): the Deep Learning AMIs, the ECS and EKS GPU-optimized AMIs, NVIDIA's own.
+GPU_AMI_WORDS = ("gpu", "nvidia", "cuda", "deep learning", "dlami", "deeplearning")
+
+
+def gpu_ami_problem(ami: str, image: dict[str, Any] | None, instance_type: str, gpus: bool) -> tuple[str, str] | None:
+    """A CPU image on a GPU type (pure): ("refuse", line) for --ami cpu, ("warn", line) for an
+    AMI whose name and description say nothing of GPUs; None when it fits."""
+    if not gpus:
+        return None
+    if ami == "cpu":
+        return ("refuse", f"--ami cpu on {instance_type}, a GPU type: the CPU AMI (ECS-optimized Amazon Linux) "
+                          "has no NVIDIA driver, its GPUs would go unused; drop --ami (gpu is the default on GPU "
+                          "types) or pick a CPU instance type")
+    if ami in ("auto", "gpu") or image is None:
+        return None
+    text = f"{image.get('Name', '')} {image.get('Description', '')}".lower()
+    if any(w in text for w in GPU_AMI_WORDS):
+        return None
+    return ("warn", f"[nodes] warning: --ami {ami} ({image.get('Name') or image.get('ImageId', '?')}) on "
+                    f"{instance_type}, a GPU type: its name says nothing of a GPU image (NVIDIA driver, container "
+                    "toolkit); the containers get no GPU unless it has them (--ami gpu: the Deep Learning AMI)")
+
+
+def resolve_ami(session: Any, ami: str, *, gpus: bool, instance_type: str = "",
+                warnings: list[str] | None = None) -> tuple[str, str, int, str]:
     """--ami -> (image id, root device name, root snapshot GiB, ssh user). gpu/cpu are the
-    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu."""
+    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu. With
+    instance_type: a CPU image on a GPU type is refused (--ami cpu) or warned of (appended to
+    warnings: gpu_ami_problem)."""
     from botocore.exceptions import ClientError
 
+    problem = gpu_ami_problem(ami, None, instance_type, gpus) if instance_type else None
+    if problem:  # --ami cpu: refused before anything is asked
+        raise LaunchError(problem[1])
     alias = ("gpu" if gpus else "cpu") if ami == "auto" else ami
     parameter, user = AMI_ALIASES.get(alias, (alias if alias.startswith("/") else None, None))
     image_id = alias
@@ -351,6 +385,9 @@ def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, s
     if image.get("Platform") == "windows" or image.get("RootDeviceType", "ebs") != "ebs":
         raise LaunchError(f"--ami {ami}: {image_id} is a {image.get('Platform') or image.get('RootDeviceType')} "
                           "image; dtrain nodes need a Linux AMI with an EBS root (Docker, ssh)")
+    problem = gpu_ami_problem(ami, image, instance_type, gpus) if instance_type else None
+    if problem and warnings is not None:
+        warnings.append(problem[1])
     root = image.get("RootDeviceName") or "/dev/sda1"
     size = next((int(b["Ebs"].get("VolumeSize", 0)) for b in image.get("BlockDeviceMappings", [])
                  if b.get("DeviceName") == root and "Ebs" in b), 0)
@@ -1172,11 +1209,14 @@ def ssh_cidr_warning(cidr: str) -> str | None:
 
 
 def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private",
-          here: Vantage | None | Callable[[], Vantage | None] = None) -> Resolved:
+          here: Vantage | None | Callable[[], Vantage | None] = None,
+          confirm: Callable[[Resolved], None] | None = None) -> Resolved:
     """preflight, decide how this machine reaches the nodes, then create the stack (nothing
     is created when either fails). address: auto, private or public (see decide_reach);
     here: where this machine is, or a function that finds out (called only when it matters,
-    after preflight)."""
+    after preflight); confirm: shown what will be rented (the Resolved about to be made: its
+    zone, Elastic IPs, root disks) before anything is, it raises to create nothing
+    (launch/infra/pricing.py nodes_up_gate: the price and the prompt)."""
     res = preflight(session, spec)
     if callable(here):
         here = here() if address == "auto" or (address == "private" and not spec.ssh_cidr) else None
@@ -1200,6 +1240,10 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
         say(addresses_line(addresses))
     res = replace(res, address=reach.address, addresses=addresses,
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
+    for line in res.warnings:
+        say(line)
+    if confirm is not None:
+        confirm(res)
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
         f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''} in {res.availability_zone or 'one zone'}, "
@@ -1278,7 +1322,7 @@ def _delete_after_failure(session: Any, name: str, say: Callable[[str], None]) -
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
     """The whole of `nodes up`: start (address, here), then finish (its options)."""
     res = start(session, spec, say=options.get("say", print), address=options.pop("address", "private"),
-                here=options.pop("here", None))
+                here=options.pop("here", None), confirm=options.pop("confirm", None))
     return finish(session, spec, res, **options)
 
 

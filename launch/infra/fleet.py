@@ -64,9 +64,19 @@ def hint(row: Row, default: str | None) -> str:
 
 
 def price(row: Row) -> str:
-    """The cluster's price per hour as shown in `nodes list`: "" (none known). The one place a
-    price list plugs in (the column is shown when any row has one)."""
-    return ""
+    """The cluster's price per hour as shown in `nodes list` (the price-list snapshot:
+    pricing.cluster_price_per_hour, no AWS call): "$12.34", "<=$12.34" for spot (the on-demand
+    ceiling), the instances only, "?" where the snapshot lacks the type or region, "" for a cluster with no nodes."""
+    from dtrain.launch.infra import pricing
+
+    if not row.count or row.instance_type in ("", "-"):
+        return ""
+    record = {"region": row.region, "instance_type": row.instance_type, "spot": False,
+              "instances": [{}] * row.count}  # the instances (their public IPv4, $0.005/h each, aside)
+    usd, _ = pricing.cluster_price_per_hour(record)
+    if usd is None:
+        return "?"
+    return f"<=${usd:,.2f}" if row.spot else f"${usd:,.2f}"
 
 
 def age(created: dt.datetime | None, now: dt.datetime) -> str:

@@ -839,10 +839,13 @@ def check_buckets(s3, used: Sequence[tuple[str, str, bool]]) -> None:
                 raise LaunchError(problem) from None
 
 
-def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
+def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0,
+        confirm: Callable[[Any], None] | None = None) -> tuple[str, int]:
     """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited).
     A task whose last job Completed the same run is skipped (its output reused); one InProgress
-    with the same run is followed; otherwise a new job TASK-TIME is created."""
+    with the same run is followed; otherwise a new job TASK-TIME is created. confirm(session):
+    called once every local check passed, before the first AWS call (the price and its prompt:
+    launch/infra/pricing.py sagemaker_gate); it raises to stop with nothing made."""
     import boto3
 
     from dtrain import values
@@ -907,6 +910,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             {ch: _STAND_IN for ch in [*opts.from_jobs, *opts.input_tasks]}, opts.role_arn or _STAND_IN_ROLE,
             task_tags(opts.project, task, "0" * 16))
     session = session or boto3.session.Session()
+    if confirm is not None:
+        confirm(session)
     s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
     role = None
     if not opts.role_arn:

@@ -138,8 +138,9 @@ class ManifestSpec:
 
     @property
     def efa(self) -> int:
-        """EFA interfaces each worker gets: the type's (launch/infra/instance_types.py), 0 without."""
-        return instance_types.efa_count(self.ec2_type) if self.ec2_type else 0
+        """EFA interfaces each worker gets: the type's (launch/infra/instance_types.py, EC2's
+        DescribeInstanceTypes), 0 without (a type the data lacks: refused in _check)."""
+        return (instance_types.efa_count(self.ec2_type) or 0) if self.ec2_type else 0
 
 
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
@@ -197,11 +198,11 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
     most = instance_types.gpu_count(spec.ec2_type) if spec.ec2_type else None
+    if spec.ec2_type and most is None and spec.target != "sagemaker":  # GPUs, EFA unknown: said, not 0
+        raise LaunchError(f"{_type_flag(spec)}: {instance_types.missing(spec.ec2_type)}")
     if most is not None and spec.gpus_per_worker > most:
-        given = f"--instance-type {spec.instance_type}" if spec.instance_type else \
-            f"--node-selector {INSTANCE_TYPE_LABEL}={spec.ec2_type}"
-        raise LaunchError(f"--gpus-per-worker {spec.gpus_per_worker}: a {spec.ec2_type} has {most} GPUs ({given}); "
-                          f"give at most {most}")
+        raise LaunchError(f"--gpus-per-worker {spec.gpus_per_worker}: a {spec.ec2_type} has {most} GPUs "
+                          f"({_type_flag(spec)}); give at most {most}")
     if cluster and spec.target != "ecs":
         raise LaunchError(f"--launcher {spec.launcher}: only for --for ecs (a Ray head and worker services), "
                           f"not {spec.target}")
@@ -215,6 +216,12 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
     if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
         raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
+
+
+def _type_flag(spec: ManifestSpec) -> str:
+    """The flag that named the workers' EC2 type."""
+    return (f"--instance-type {spec.instance_type}" if spec.instance_type
+            else f"--node-selector {INSTANCE_TYPE_LABEL}={spec.ec2_type}")
 
 
 def _resources(spec: ManifestSpec) -> dict[str, Any]:
@@ -611,13 +618,20 @@ def spec_from_args(target: str, image: str | None, command: list[str], *, worker
 
 def default_gpus(target: str, instance_type: str | None, node_selector: dict[str, str]) -> int:
     """GPUs per worker when --gpus-per-worker is not given: the nodes' EC2 type's
-    (launch/infra/instance_types.py; --instance-type, or the Kubernetes nodeSelector's
-    node.kubernetes.io/instance-type), 0 for a type without GPUs or none named. SageMaker: 0
-    (its instance type is chosen by the GPUs, not the other way)."""
+    (launch/infra/instance_types.py, EC2's DescribeInstanceTypes; --instance-type, or the
+    Kubernetes nodeSelector's node.kubernetes.io/instance-type), 0 for a type without GPUs or
+    none named; a type the data lacks is refused (one line), not taken for 0 GPUs. SageMaker:
+    0 (its instance type is chosen by the GPUs, not the other way)."""
     if target == "sagemaker":
         return 0
     given = instance_type or (node_selector.get(INSTANCE_TYPE_LABEL) if target in _API else None)
-    return (instance_types.gpu_count(given) or 0) if given else 0
+    if not given:
+        return 0
+    gpus = instance_types.gpu_count(given)
+    if gpus is None:
+        flag = f"--instance-type {instance_type}" if instance_type else f"--node-selector {INSTANCE_TYPE_LABEL}={given}"
+        raise LaunchError(f"{flag}: {instance_types.missing(given)}")
+    return gpus
 
 
 # ---------------------------------------------------------------- examples (docs/examples)

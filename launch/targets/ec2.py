@@ -13,7 +13,7 @@ from dtrain import contract
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2 as stack
-from dtrain.launch.infra.instance_types import KNOWN_GPU_COUNTS, efa_count
+from dtrain.launch.infra.instance_types import efa_count, gpu_count
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.supervision import EC2_IMDS
 from dtrain.launch.remote.hosts import Node
@@ -35,7 +35,8 @@ def _gpu_count(type_info: dict[str, Any]) -> int | None:
 
 
 def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
-    """GPUs per instance type: API first, then KNOWN_GPU_COUNTS; CPU types get 1 slot."""
+    """GPUs per instance type: API first, then dtrain's DescribeInstanceTypes snapshot
+    (launch/infra/instance_types.py); CPU types get 1 slot."""
     from botocore.exceptions import ClientError
 
     found: dict[str, int | None] = {}
@@ -48,11 +49,11 @@ def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
         api_error = f"{e.response['Error'].get('Code')}: {e.response['Error'].get('Message')}"
     slots: dict[str, int] = {}
     for t in types:
-        count = found.get(t) or KNOWN_GPU_COUNTS.get(t)
+        count = found.get(t) or gpu_count(t)
         if count is None and api_error is not None:
             raise LaunchError(
-                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); "
-                "pass slots explicitly"
+                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}; it is not in "
+                "dtrain's instance-type data either); pass slots explicitly"
             )
         slots[t] = count or 1  # the API answered and lists no GPU: a CPU type, one process
     return slots
@@ -184,7 +185,7 @@ class Ec2(NodeProvider):
             return Expectations(gpus=None, efa=0)
         from dtrain.launch.jobs import netgate
 
-        return Expectations(gpus=KNOWN_GPU_COUNTS.get(instance_type), efa=efa_count(instance_type),
+        return Expectations(gpus=gpu_count(instance_type), efa=efa_count(instance_type) or 0,
                             network=netgate.expectation_for(instance_type, netgate.load_expectations()))
 
 

@@ -22,7 +22,8 @@ from dtrain.launch.jobs import container, nic, node_programs, store
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.remote.transport import SshTransport
-from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count  # noqa: F401 (EFA_TYPES: the one table, tests)
+from dtrain.launch.infra import instance_types
+from dtrain.launch.infra.instance_types import efa_count
 from dtrain.launch.troubleshoot import checklist
 
 from dtrain.launch.errors import LaunchError
@@ -240,7 +241,9 @@ def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[St
     instance type has (instance_types.efa_count: one per network card), and, from the
     container pass, how many libfabric's EFA provider sees there (`fi_info -p efa`: what NCCL's
     aws-ofi-nccl can use; None: no container pass, "": no fi_info in the image)."""
-    want = efa_count(itype)
+    want = efa_count(itype) if itype else 0
+    if want is None:  # a type dtrain's data lacks: said, not taken for one without EFA
+        return "PASS", f"{devices} EFA device(s); {instance_types.missing(itype)}"
     if not want and not devices:
         return "PASS", f"no EFA: not an EFA instance type ({itype or 'not EC2'})"
     if want and not devices:
