@@ -72,7 +72,8 @@ def test_volume_create_on_a_kept_stack_says_its_state(world):
     run, client, home = world
     kept_stack(client, "kept")
     listed = run("nodes", "list")
-    assert listed.returncode == 0 and "kept  CREATE_COMPLETE" in listed.stdout, listed.stdout + listed.stderr
+    row = listed.stdout.splitlines()[1].split() if listed.returncode == 0 else []
+    assert row[:3] == ["kept", "us-east-1", "CREATE_COMPLETE"] and "kept" in row[3:], listed.stdout + listed.stderr
     msg = one_error(run("volume", "create", "--cluster", "kept", "--size", "8"))
     assert "stack dtrain-kept is CREATE_COMPLETE in region us-east-1" in msg, msg
     assert "--keep-on-failure" in msg and "dtrain nodes down --name kept" in msg, msg

@@ -182,7 +182,8 @@ def test_readme_real_nodes_example(moto_server, checkip, tmp_path):
         argv = [str(key) if a == "~/.ssh/mykey.pem" else a for a in argv]
         if argv[0] in ("build", "push"):
             continue
-        extra = {"nodes up": ["--ami", "ami-dca37ea5", "--timeout", "3", "--keep-on-failure", *stop_ssh],
+        # --yes: the README's 2 x g5.12xlarge is above the default --confirm-above and this run has no terminal to ask
+        extra = {"nodes up": ["--ami", "ami-dca37ea5", "--timeout", "3", "--keep-on-failure", "--yes", *stop_ssh],
                  "doctor": stop_ssh}.get(" ".join(argv[:2]) if argv[0] == "nodes" else argv[0], [])
         if argv[0] == "launch":
             i = argv.index("--")

@@ -334,3 +334,17 @@ def test_cli_nodes_up_without_a_terminal_refuses_in_one_line_and_yes_goes_on(mot
     assert "[nodes] stack dtrain-price1 creating: 2 x p4d.24xlarge" in r.stdout, r.stdout + r.stderr
     assert r.returncode == 2 and r.stderr.startswith("error: no node answered ssh + docker within 3s"), r.stderr
     assert "[nodes] deleting stack dtrain-price1" in r.stdout
+
+
+def test_nodes_list_price_column_from_the_snapshot():
+    """`nodes list`'s $/H cell (fleet.price): the snapshot's on-demand price x count, spot as its on-demand
+    ceiling, "?" where the snapshot lacks the region or type, nothing for a cluster without nodes."""
+    from dtrain.launch.infra import fleet
+
+    one = pricing.snapshot().get(("ec2", "us-east-1", "p4d.24xlarge"), "p4d").usd
+    assert one and one > 10
+    assert fleet.price(fleet.Row("a", "us-east-1", "CREATE_COMPLETE", "p4d.24xlarge", 2)) == f"${2 * one:,.2f}"
+    assert fleet.price(fleet.Row("a", "us-east-1", "CREATE_COMPLETE", "p4d.24xlarge", 2, spot=True)) == \
+        f"<=${2 * one:,.2f}"
+    assert fleet.price(fleet.Row("a", "ap-south-2", "CREATE_COMPLETE", "p4d.24xlarge", 2)) == "?"
+    assert fleet.price(fleet.Row("a", "us-east-1", "DELETE_FAILED")) == ""
