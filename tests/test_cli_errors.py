@@ -179,6 +179,8 @@ BASE = {
     "sagemaker": ("run", "--image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/x:1",
                   "--role", "arn:aws:iam::123456789012:role/r", "--", "true"),
     "manifest": ("--for", "mpijob", "--image", IMAGE, "--", "true"),
+    "nodes-ssh": ("--cluster", "c1", "--config"),
+    "exec": ("--cluster", "c1", "--", "true"),
 }
 NOT_FUZZED = {"test": "its only value flag, -k, is a pytest expression passed to pytest as one argv item"}
 # Flags whose values are numbers (their defaults, where they have one, are digit strings).
@@ -686,6 +688,8 @@ RECORD_COMMANDS = {  # every command that reads cluster.json (--cluster c1)
     "volume": ("volume", "create", "--cluster", "c1", "--size", "10"),
     "pull": ("pull", "--image", IMAGE, "--cluster", "c1"),
     "bench-network": ("bench-network", "--image", IMAGE, "--cluster", "c1"),
+    "exec": ("exec", "--cluster", "c1", "--", "true"),
+    "nodes ssh-config": ("nodes-ssh", "--config", "--cluster", "c1"),  # `nodes ssh-config c1` (dtrain/cli.py)
 }
 
 
