@@ -61,10 +61,11 @@ def test_exec_in_the_jobs_container(cluster, remote_images):
     image = next(iter(remote_images.values()))
     name = "dtrain-reachtest"
     try:
-        r = dtrain("exec", "--cluster", "local", "--container", "--", "true")
-        assert r.returncode == 1 and "no dtrain job container is running on node-1" in r.stdout, r.stderr
-        r = dtrain("exec", "--cluster", "local", "--", "docker", "run", "-d", "--name", name, "--network", "host",
-                   "--label", f"{contract.LABEL_JOB}=reachtest", image, "sleep", "600", timeout=900)
+        r = dtrain("exec", "--cluster", "local", "--container", "--job", "reachtest", "--", "true")
+        assert r.returncode == 1 and "no container of job reachtest is running on node-1" in r.stdout, r.stderr
+        assert r.stderr.startswith(f"error: true failed on {len(cluster.nodes)} of {len(cluster.nodes)} nodes: ")
+        r = dtrain("exec", "--cluster", "local", "--", "docker", "run", "-d", "--name", name, "--network", "none",
+                   "--label", f"{contract.LABEL_JOB}=reachtest", "--entrypoint", "sleep", image, "600", timeout=900)
         assert r.returncode == 0, r.stdout + r.stderr
         r = dtrain("exec", "--cluster", "local", "--container", "--job", "reachtest", "--",
                    "sh", "-c", 'printf "%s|" "$@"; echo; cat /proc/1/comm', "sh", *HOSTILE)
@@ -76,5 +77,6 @@ def test_exec_in_the_jobs_container(cluster, remote_images):
         assert r.returncode == 0 and r.stdout.count("] sleep") == len(cluster.nodes), r.stdout + r.stderr
         r = dtrain("exec", "--cluster", "local", "--container", "--job", "other", "--", "true")
         assert r.returncode == 1 and "no container of job other is running on node-1" in r.stdout
+        assert "[node-1] " in r.stdout  # the node's own words, tagged
     finally:
         dtrain("exec", "--cluster", "local", "--", "docker", "rm", "-f", name)
