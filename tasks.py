@@ -700,6 +700,71 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
         print(stop_line(stop_job(job, _ssh_opts(ssh_opt, ssh_config)), before))
 
 
+# ---------------------------------------------------------------- reaching a cluster's nodes (launch/clusters.py)
+
+
+@task(iterable=["ssh_opt"], help={
+    "cluster": "the cluster: a `nodes up --name` name, or local (the simulated cluster)",
+    "node": "its index 1..N, or its host (default: the first)",
+    "config": "print an ssh config block instead: Host dtrain-NAME-1 ... one per node",
+    "write": "with --config: write the block to DTRAIN_HOME/ssh/NAME.config and print the Include line",
+    "force": "with --write: replace a file there dtrain did not write",
+    "ssh_opt": "ssh -o option for this login (repeatable), e.g. LocalForward=8265 localhost:8265"})
+def nodes_ssh(c, cluster=None, node=None, config=False, write=False, force=False, ssh_opt=None):
+    """ssh into a cluster's node: dtrain nodes ssh NAME [NODE] [-- CMD]; its ssh config: dtrain nodes ssh-config NAME [--write]."""
+    import os
+
+    from dtrain import values
+    from dtrain.launch import clusters
+
+    with user_errors():
+        if not cluster:
+            raise values.BadValue("nodes ssh: name the cluster: dtrain nodes ssh NAME [NODE] "
+                                  f"(known: {', '.join(clusters.known()) or 'none'})")
+        if (write or force) and not config:
+            raise values.BadValue("--write and --force are for the ssh config: dtrain nodes ssh-config NAME --write")
+        if config:
+            for given, flag in ((node, "--node"), (ssh_opt, "--ssh-opt"), (_remainder(), "a command after --")):
+                if given:
+                    raise values.BadValue(f"{flag}: is for `nodes ssh`; `nodes ssh-config NAME` takes the "
+                                          "cluster's name only (its block names every node)")
+            if write:
+                path = clusters.write_config(cluster, force=force)
+                print(f"wrote {path}; add this line once, at the top of ~/.ssh/config: {clusters.include_line()}")
+            else:
+                print(clusters.config_text(cluster), end="")
+            return
+        argv = clusters.login_argv(cluster, node, _remainder(), ssh_opt)
+        sys.stdout.flush()
+        try:
+            os.execvp(argv[0], argv)  # the terminal is ssh's now
+        except OSError as e:
+            raise values.BadValue(f"cannot run ssh: {e.strerror or e}") from None
+
+
+@task(name="exec", iterable=["ssh_opt"], help={
+    "cluster": "the cluster: a `nodes up --name` name, or local (the simulated cluster)",
+    "container": "run the command inside the job's container on each node (docker exec)",
+    "job": "with --container: the job whose container (default: the one running on each node)",
+    "timeout": "seconds the command may run on each node (default: no limit)",
+    "ssh_opt": NODE_HELP["ssh_opt"]})
+def exec_(c, cluster=None, container=False, job=None, timeout=None, ssh_opt=None):
+    """Run a command on every node of a cluster at once, lines tagged [node-I]: dtrain exec --cluster NAME -- CMD ARGS..."""
+    from dtrain import values
+    from dtrain.launch import clusters
+
+    with user_errors():
+        if not cluster:
+            raise values.BadValue("exec: --cluster NAME is required "
+                                  f"(known: {', '.join(clusters.known()) or 'none'})")
+        seconds = values.number("--timeout", timeout, 0, hi=86400 * 7) if timeout is not None else None
+        code, _, failed = clusters.exec_on(cluster, _remainder(), container=container, job=job, timeout=seconds,
+                                           ssh_opt=ssh_opt, line=lambda text: print(text, flush=True))
+    if code:
+        print(f"error: {failed}", file=sys.stderr)
+        sys.exit(code)
+
+
 # ---------------------------------------------------------------- EC2 nodes and a dataset volume
 
 

@@ -39,7 +39,8 @@ def tasks_module() -> ModuleType:
 # after their flags is almost always that command without its `--`
 COMMAND_TASKS = {"launch": "dtrain launch ... -- python train.py",
                  "manifest": "dtrain manifest ... -- python train.py",
-                 "sagemaker": "dtrain sagemaker run ... -- python train.py"}
+                 "sagemaker": "dtrain sagemaker run ... -- python train.py",
+                 "nodes-ssh": "dtrain nodes ssh NAME [NODE] -- CMD", "exec": "dtrain exec --cluster NAME -- CMD"}
 
 
 def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> str:
@@ -101,6 +102,25 @@ def _usage_error(e: ParseError) -> Exit:
 
 
 HELP_FLAGS = ("--help", "-h")
+# `dtrain nodes ACTION NAME [NODE]` for these actions is the task nodes-ssh (with these flags):
+# Invoke has no optional positional arguments, and `nodes` takes one (up, down, list).
+REACH_ACTIONS = {"ssh": (), "ssh-config": ("--config",)}
+
+
+def reach_argv(argv: list[str]) -> list[str]:
+    """`dtrain nodes ssh NAME [NODE] ...` -> `dtrain nodes-ssh --cluster NAME [--node NODE] ...`,
+    `dtrain nodes ssh-config NAME ...` -> `dtrain nodes-ssh --config --cluster NAME ...` (pure;
+    NAME and NODE are the words right after the action, before any flag; the rest stays)."""
+    if len(argv) < 3 or argv[1] != "nodes" or argv[2] not in REACH_ACTIONS:
+        return argv
+    rest = list(argv[3:])
+    words = []
+    while rest and len(words) < 2 and not rest[0].startswith("-"):
+        words.append(rest.pop(0))
+    out = [argv[0], "nodes-ssh", *REACH_ACTIONS[argv[2]]]
+    out += ["--cluster", words[0]] if words else []
+    out += ["--node", words[1]] if len(words) > 1 else []
+    return out + rest
 
 
 def help_argv(argv: list[str], tasks: Iterable[str]) -> list[str]:
@@ -125,7 +145,7 @@ class DtrainProgram(Program):
 
     def run(self, argv=None, exit: bool = True):  # type: ignore[no-untyped-def]
         argv = list(sys.argv if argv is None else argv.split() if isinstance(argv, str) else argv)
-        return super().run(help_argv(argv, self.namespace.task_names), exit=exit)
+        return super().run(help_argv(reach_argv(argv), self.namespace.task_names), exit=exit)
 
     def parse_core(self, argv):  # type: ignore[no-untyped-def]
         try:

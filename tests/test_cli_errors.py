@@ -180,6 +180,8 @@ BASE = {
                   "--role", "arn:aws:iam::123456789012:role/r", "--", "true"),
     "manifest": ("--for", "mpijob", "--image", IMAGE, "--", "true"),
     "instance-types": (),
+    "nodes-ssh": ("--cluster", "c1", "--config"),
+    "exec": ("--cluster", "c1", "--", "true"),
 }
 NOT_FUZZED = {"test": "its only value flag, -k, is a pytest expression passed to pytest as one argv item"}
 # Flags whose values are numbers (their defaults, where they have one, are digit strings).
@@ -692,6 +694,8 @@ RECORD_COMMANDS = {  # every command that reads cluster.json (--cluster c1)
     "volume": ("volume", "create", "--cluster", "c1", "--size", "10"),
     "pull": ("pull", "--image", IMAGE, "--cluster", "c1"),
     "bench-network": ("bench-network", "--image", IMAGE, "--cluster", "c1"),
+    "exec": ("exec", "--cluster", "c1", "--", "true"),
+    "nodes ssh-config": ("nodes-ssh", "--config", "--cluster", "c1"),  # `nodes ssh-config c1` (dtrain/cli.py)
 }
 
 

@@ -21,6 +21,7 @@ import pytest
 from invoke import Collection
 from invoke.parser import ParseError, Parser
 
+from dtrain.cli import reach_argv
 from test_nodes import moto_server  # noqa: F401 - a moto server on loopback and the env to reach it
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +75,7 @@ def argv_of(line: str) -> tuple[list[str], list[str]]:
         line = line.replace(f"${k}", v)
     argv = [t.split("|")[0] if not t.startswith("|") else t
             for t in shlex.split(line.replace("[", "").replace("]", ""))]
-    argv = argv[1:]  # drop `invoke`
+    argv = reach_argv(["dtrain", *argv[1:]])[1:]  # drop `invoke`; `nodes ssh NAME` as dtrain/cli.py reads it
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
