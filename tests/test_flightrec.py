@@ -50,4 +50,48 @@ def test_a_dump_is_untrusted_no_class_is_unpickled():
 def test_torchrun_ranks_record_and_dump_into_the_job_dir():
     env = dict(flightrec.env("/dtrain-job"))
     assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == str(flightrec.BUFFER)
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/dtrain-job/fr/rank_" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/dtrain-job/flightrec_rank_" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
+def test_fr_dumps_sh_sends_each_rank_s_dump_once_and_asks_through_the_pipe(tmp_path):
+    """launch/node/fr_dumps.sh over a job dir: rank 0's dump already there (a timeout wrote it),
+    rank 1's written only once its debug pipe gets a line (as NCCL's watchdog does: a fifo a
+    reader here stands in for); both come back, name r1, and are read once."""
+    import os
+    import subprocess
+    import threading
+
+    from dtrain import contract
+
+    prefix = str(tmp_path / flightrec.PREFIX)
+    (tmp_path / f"{flightrec.PREFIX}0").write_bytes((DATA / "rank0.pickle").read_bytes())
+    os.mkfifo(f"{prefix}1.pipe")
+
+    def watchdog():
+        with open(f"{prefix}1.pipe") as pipe:
+            pipe.readline()
+        (tmp_path / f"{flightrec.PREFIX}1").write_bytes((DATA / "rank1.pickle").read_bytes())
+
+    t = threading.Thread(target=watchdog, daemon=True)
+    t.start()
+    run = ["bash", "-s", "--", prefix, "5"]
+    r = subprocess.run(run, input=contract.node_script("fr_dumps.sh"), capture_output=True, text=True, timeout=30)
+    t.join(5)
+    dumps = flightrec.read_lines(r.stdout.splitlines())
+    assert sorted(dumps) == [0, 1], r.stdout[:300] + r.stderr
+    assert [b.ranks for b in flightrec.behind(dumps)] == [(1,)]
+    again = subprocess.run(run, input=contract.node_script("fr_dumps.sh"), capture_output=True, text=True, timeout=30)
+    assert again.stdout.strip() == "fr-none"  # read once: a later hang reads its own
+    assert flightrec.read_lines(["fr 1 !!notbase64", "fr x AAAA", "other"]) == {}
+
+
+def test_the_hang_line_carries_the_flight_recorder_s_verdict():
+    from dtrain.launch.jobs import supervision
+
+    ev = {"silent_for": 10.4, "ranks": [1], "nodes": ["node-2"], "culprits": [], "waiting": [0, 1], "unread": [],
+          "flight_recorder": flightrec.text(flightrec.behind(_dumps("pickle")), 2, 2, ["node-1", "node-2"])}
+    assert supervision.hang_line(ev) == (
+        "hang: no rank made progress for 10.4 s (--hang-timeout); every rank waits in a collective (stacks); by "
+        "progress, behind: r1 on node-2 (last progress ? s ago, 0 line(s)); flight recorder: r1 (node-2) (entered "
+        "up to #3) did not enter gloo:all_reduce #4 of process group 0 that r0 waits in; every rank's Python stack "
+        "follows")

@@ -68,3 +68,12 @@ def test_cuda_and_other_native_waits():
     assert stacks.native_wait(thread("cudaStreamSynchronize", "at::native::_local_scalar_dense_cpu")) is None
     # the hang verdict counts it as a collective too
     assert stacks.collective_frame(thread("cudaStreamSynchronize", "c10d::Reducer::finalize_backward"))
+
+
+def test_a_culprit_is_said_by_its_innermost_python_frame_not_a_c_one():
+    lines = ["[node-2 r1] stack of pid 9, state S: python skip_collective.py",
+             '[node-2 r1]   Thread 9 (idle): "MainThread"',
+             "[node-2 r1]       clock_nanosleep (libc.so.6)",
+             "[node-2 r1]       evaluate (skip_collective.py:23)",
+             "[node-2 r1]       main (skip_collective.py:37)"]
+    assert stacks.place(stacks.parse(lines)[0]) == stacks.Place(stacks.OUTSIDE, "evaluate (skip_collective.py:23)", "S")

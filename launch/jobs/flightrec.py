@@ -3,8 +3,10 @@
 torchrun's ranks get `env(job_dir)` (launch/jobs/job.py): TORCH_FR_BUFFER_SIZE (and its older
 name TORCH_NCCL_TRACE_BUFFER_SIZE) makes every process group keep its last collectives, each
 with its `collective_seq_id`; TORCH_NCCL_DUMP_ON_TIMEOUT writes a rank's records to
-TORCH_FR_DUMP_TEMP_FILE + RANK (`<job dir>/fr/rank_R`: every node's container has its own job
-directory) when NCCL's watchdog sees a collective time out. A rank's dump (`load`: a pickle of
+TORCH_FR_DUMP_TEMP_FILE + RANK (`<job dir>/flightrec_rank_R`: every node's container has its own
+job directory) when NCCL's watchdog sees a collective time out, or when a line is written to its
+debug pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE: `<job dir>/flightrec_rank_R.pipe`; the hang check
+does, launch/node/fr_dumps.sh). A rank's dump (`load`: a pickle of
 plain values, or the JSON form) says, per process group, the last collective it entered
 (`pg_status.last_enqueued_collective`). `behind` names the ranks whose last one is older than
 the others': they did not enter the collective the others wait in.
@@ -26,22 +28,40 @@ import pickle
 from dataclasses import dataclass
 from typing import Mapping
 
-DIR = "fr"  # under the job directory
-PREFIX = "rank_"  # torch appends the rank
+PREFIX = "flightrec_rank_"  # in the job directory; torch appends the rank
 BUFFER = 2000  # collectives kept per process
 USER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
-             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
-NO_DUMP_GLOO = ("no flight-recorder dump from any rank (torch writes one on an NCCL timeout only; "
-                "gloo's records stay inside the ranks)")
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+NO_DUMP_GLOO = ("no flight-recorder dump from any rank (torch writes one for NCCL only, on a timeout or when asked, "
+                "with gloo its records stay inside the ranks)")
 MAX_DUMP = 64 << 20  # bytes read of one dump at most
 
 
 def env(job_dir: str) -> tuple[tuple[str, str], ...]:
-    """The ranks' env: record, and dump on a timeout into <job_dir>/fr/rank_R."""
-    path = f"{job_dir}/{DIR}/{PREFIX}"
+    """The ranks' env: record, and dump on a timeout (or asked through the pipe) into
+    <job_dir>/flightrec_rank_R."""
+    path = f"{job_dir}/{PREFIX}"
     return (("TORCH_FR_BUFFER_SIZE", str(BUFFER)), ("TORCH_NCCL_TRACE_BUFFER_SIZE", str(BUFFER)),
             ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_FR_DUMP_TEMP_FILE", path),
-            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", path))
+            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", path), ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", path))
+
+
+def read_lines(lines) -> dict[int, dict]:
+    """fr_dumps.sh's lines (`fr RANK BASE64`; others skipped) -> {rank: dump} (those that load)."""
+    import base64
+    import binascii
+
+    out: dict[int, dict] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "fr" and parts[1].isdigit():
+            try:
+                dump = load(base64.b64decode(parts[2], validate=True))
+            except (binascii.Error, ValueError):
+                continue
+            if dump is not None:
+                out[int(parts[1])] = dump
+    return out
 
 
 class _Plain(pickle.Unpickler):

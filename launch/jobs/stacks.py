@@ -220,7 +220,9 @@ def place(proc: Proc) -> Place:
     """Where one process is (module docstring)."""
     state = proc.state
     main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
-    inner = str(main.frames[0]) if main is not None and main.frames else ""
+    # the innermost Python frame (with py-spy --native, C frames come first: a libc sleep says little)
+    inner = str(next((f for f in main.frames if _file_of(f).endswith(".py")), main.frames[0])) \
+        if main is not None and main.frames else ""
     if state == "T":
         return Place(STOPPED, inner, state)
     if state == "D":

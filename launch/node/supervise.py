@@ -552,6 +552,8 @@ class Supervisor:
             t.join()
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
         fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
+        if self.plan.run.launcher == "torchrun":  # its ranks record (launch/jobs/flightrec.py env)
+            fields["flight_recorder"] = self.flight_recorder(nodes, ranks)
         self.event("hang", **fields)
         for line in lines:
             self.emit(contract.STACK_LINE + line)
@@ -559,7 +561,34 @@ class Supervisor:
         if not named:
             who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
             named = f"{stacks.fallback_text(fields)}: {who}"
-        return f"hang: no rank made progress for {stall.silent_for} s; {named}"
+        fr = f"; {fields['flight_recorder']}" if fields.get("flight_recorder") else ""
+        return f"hang: no rank made progress for {stall.silent_for} s; {named}{fr}"
+
+    def flight_recorder(self, nodes: Sequence[runplan.PlanNode], ranks: Sequence[str]) -> str:
+        """Every container's flight-recorder dumps (launch/node/fr_dumps.sh: NCCL's asked for
+        through their debug pipes), read into which ranks did not enter the collective the
+        others wait in (launch/jobs/flightrec.py), as the hang line says it."""
+        from dtrain.launch.jobs import flightrec
+
+        script = contract.node_script("fr_dumps.sh")
+        argv0 = ["bash", "-s", "--", f"{JOB_DIR}/{flightrec.PREFIX}", "5"]
+        out: dict[str, list[str]] = {}
+
+        def one(n: runplan.PlanNode) -> None:
+            argv = argv0 if n is self.me else self.remote(n, shlex.join(argv0), mux=False)
+            try:
+                out[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
+                                                 errors="replace", timeout=30).stdout.splitlines()
+            except subprocess.TimeoutExpired:
+                out[n.hostname] = []
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
+        return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
 
     def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
         """--straggler-check: every `straggler_check` s, every rank's stack on every node at once
