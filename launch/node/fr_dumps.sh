@@ -20,7 +20,7 @@ while [ "$asked" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ]; do
   [ "$n" -ge "$asked" ] && break
   sleep 0.5
 done
-sleep 0.5  # a dump being written: torch writes a temporary file, then renames it
+[ "$asked" -eq 0 ] || sleep 0.5  # a dump being written: torch writes a temporary file, then renames it
 found=0
 for f in "$prefix"*; do
   [ -f "$f" ] || continue

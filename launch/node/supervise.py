@@ -564,10 +564,11 @@ class Supervisor:
         fr = f"; {fields['flight_recorder']}" if fields.get("flight_recorder") else ""
         return f"hang: no rank made progress for {stall.silent_for} s; {named}{fr}"
 
-    def flight_recorder(self, nodes: Sequence[runplan.PlanNode], ranks: Sequence[str]) -> str:
+    def flight_recorder(self, nodes: Sequence[runplan.PlanNode], ranks: Sequence[str], only_found: bool = False) -> str:
         """Every container's flight-recorder dumps (launch/node/fr_dumps.sh: NCCL's asked for
         through their debug pipes), read into which ranks did not enter the collective the
-        others wait in (launch/jobs/flightrec.py), as the hang line says it."""
+        others wait in (launch/jobs/flightrec.py), as the hang line says it; only_found: ""
+        where no rank left a dump (a rank's failure: most are no collective's timeout)."""
         from dtrain.launch.jobs import flightrec
 
         script = contract.node_script("fr_dumps.sh")
@@ -575,7 +576,7 @@ class Supervisor:
         out: dict[str, list[str]] = {}
 
         def one(n: runplan.PlanNode) -> None:
-            argv = argv0 if n is self.me else self.remote(n, shlex.join(argv0), mux=False)
+            argv = argv0 if n is self.me else self.remote(n, shlex.join(argv0), mux=only_found)
             try:
                 out[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
                                                  errors="replace", timeout=30).stdout.splitlines()
@@ -588,6 +589,8 @@ class Supervisor:
         for t in threads:
             t.join()
         dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
+        if only_found and not dumps:
+            return ""
         return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
 
     def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
@@ -776,6 +779,11 @@ class Supervisor:
                 while not out and time.monotonic() < deadline:
                     time.sleep(0.1)
                     out = self.health.lost(nodes)
+            if code != 0 and not out and not end.hung and self.plan.run.launcher == "torchrun":
+                # a rank failed: a collective's timeout wrote each rank's flight recorder (NCCL)
+                fr = self.flight_recorder(nodes, runplan.rank_map(nodes), only_found=True)
+                if fr:
+                    self.emit(f"[supervisor] {fr}")
             if self.me.hostname in out and not out[self.me.hostname].startswith(CHECKPOINT_FIRST):
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if set(out) - said:
