@@ -40,9 +40,13 @@ dump_one() {  # dump_one PID STATE LABEL: py-spy's lines of the process, each af
     py=$(timeout 20 "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)
     printf '%s\n' "$py" | grep -m 1 '^Thread .*"MainThread"' | grep -q ' (idle)' || native=""
   fi
-  if [ -z "$native" ] || ! out=$(timeout 20 "$spy" dump --native --pid "$pid" 2>&1); then
-    out=${py:-$(timeout 20 "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)}
+  if [ -n "$native" ] && ! out=$(timeout 20 "$spy" dump --native --pid "$pid" 2>&1); then
+    # said once per process: a collective's wait under C++ frames is not seen (docs/troubleshooting.md)
+    why=$(printf '%s\n' "$out" | grep -m 1 -i 'error' | cut -c 1-200)
+    echo "$label   (native frames not read: ${why:-py-spy --native failed})"
+    native=""
   fi
+  [ -n "$native" ] || out=${py:-$(timeout 20 "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)}
   # py-spy's header (Process, Python version) and blank lines are left out
   printf '%s\n' "$out" | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' -e '/^ *$/d' -e "s/^/$label   /"
 }
