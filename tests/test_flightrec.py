@@ -95,3 +95,23 @@ def test_the_hang_line_carries_the_flight_recorder_s_verdict():
         "progress, behind: r1 on node-2 (last progress ? s ago, 0 line(s)); flight recorder: r1 (node-2) (entered "
         "up to #3) did not enter gloo:all_reduce #4 of process group 0 that r0 waits in; every rank's Python stack "
         "follows")
+
+
+def test_the_launch_gives_torchrun_s_ranks_the_recorder_unless_the_job_sets_it():
+    """Job.plan: torchrun's ranks get flightrec.env (each node's job directory); mpirun's do
+    not (no hang check reads them there); a job that sets TORCH_FR_BUFFER_SIZE keeps its own."""
+    import tasks
+    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs.job import Job, NodeFacts, Started
+    from dtrain.launch.remote.hosts import Node
+
+    def plan(**cfg):
+        spec = tasks.launch_spec({**jobfile.defaults(), "image": "reg/x:1", "command": ["python", "t.py"], **cfg})
+        facts = [NodeFacts(Node(f"10.0.0.{i}", 8), f"10.0.0.{i}", f"node-{i}", "ens5", 0, (), "") for i in (1, 2)]
+        return Job(spec, [f.node for f in facts]).plan(Started(facts, "sha256:x", 4), {"10.0.0.1": "/d"}, 4)
+
+    env = dict(plan(launcher="torchrun").run.extra_env)
+    assert {k: env[k] for k in dict(flightrec.env("/dtrain-job"))} == dict(flightrec.env("/dtrain-job"))
+    assert "TORCH_FR_BUFFER_SIZE" not in dict(plan(launcher="mpirun").run.extra_env)
+    own = dict(plan(launcher="torchrun", env=["TORCH_FR_BUFFER_SIZE=10"]).run.extra_env)
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in own

@@ -445,7 +445,8 @@ def test_ddp_on_4_nodes_one_slowed_mid_run_is_named_from_native_frames(cluster4)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    code, out, _ = _job(cluster, images["pytorch-ddp"], ["python", f"{EX}/ddp_train.py", "--steps", "2000"], name,
+    code, out, _ = _job(cluster, images["pytorch-ddp"],
+                        ["python", f"{EX}/ddp_train.py", "--steps", "2000", "--width", "512"], name,
                         n=4, launcher="torchrun", straggler_check=1.0, env={"OMP_NUM_THREADS": "1"})
     watcher.join(5)
     assert "slowed" in seen and seen.get("lifted") == 0, (seen, out[-3000:])
