@@ -77,3 +77,66 @@ def test_a_culprit_is_said_by_its_innermost_python_frame_not_a_c_one():
              "[node-2 r1]       evaluate (skip_collective.py:23)",
              "[node-2 r1]       main (skip_collective.py:37)"]
     assert stacks.place(stacks.parse(lines)[0]) == stacks.Place(stacks.OUTSIDE, "evaluate (skip_collective.py:23)", "S")
+
+
+# ---------------------------------------------------------------- stacks.sh's native reads, real processes
+
+
+def _stacks_sh(tmp_path, *mode: str, path_first: str = "") -> tuple[list[str], str]:
+    """stacks.sh over two real processes of an attempt: rank 0 asleep (idle: blocked in the
+    kernel), rank 1 spinning (active). Its lines and stderr."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    (tmp_path / "spin.py").write_text("def busy():\n    x = 0\n    while True:\n        x += 1\nbusy()\n")
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "9"}
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / f)], env={**env, "RANK": str(r)})
+             for r, f in enumerate(("sleep.py", "spin.py"))]
+    try:
+        time.sleep(1)
+        path = ":".join(p for p in (path_first, str(Path(sys.executable).parent), os.environ["PATH"]) if p)
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "9", "here", *mode],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return r.stdout.splitlines(), r.stderr
+
+
+def test_sampling_reads_natively_only_the_idle_rank(tmp_path):
+    """--straggler-check's round: the sleeping rank (idle) is read with --native (a C frame under
+    its Python ones); the spinning rank (active) Python-only (never paused)."""
+    lines, err = _stacks_sh(tmp_path, "sample")
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert set(procs) == {0, 1}, lines
+    sleeper, spinner = (procs[r].threads[0].frames for r in (0, 1))
+    assert any(f.func == "nap" for f in sleeper) and not sleeper[0].file.endswith(".py"), lines  # native first
+    assert all(f.file.split(":")[0].endswith(".py") for f in spinner), lines  # Python frames only
+    assert stacks.place(procs[0]).where.startswith("nap ("), lines  # said by its Python frame
+
+
+def test_a_native_read_that_fails_is_said_and_the_python_read_stands(tmp_path):
+    """A py-spy whose --native fails (as one without unwinding support, or a process it cannot
+    pause): stacks.sh says so under the process's header and keeps the Python-only read."""
+    import sys
+
+    real = Path(sys.executable).parent / "py-spy"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "py-spy").write_text('#!/bin/bash\nfor a in "$@"; do [ "$a" != --native ] || '
+                                 '{ echo "Error: Failed to suspend process" >&2; exit 1; }; done\n'
+                                 f'exec {real} "$@"\n')
+    (fake / "py-spy").chmod(0o755)
+    lines, _ = _stacks_sh(tmp_path, path_first=str(fake))
+    notes = [ln for ln in lines if "(native frames not read: " in ln]
+    assert notes == ["[here r0]   (native frames not read: Error: Failed to suspend process)",
+                     "[here r1]   (native frames not read: Error: Failed to suspend process)"], lines
+    v = stacks.of_dump(lines, 2)
+    assert sorted(r for r, _ in v.named) == [0, 1] and dict(v.named)[1].where.startswith("busy ("), lines
