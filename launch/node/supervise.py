@@ -545,15 +545,18 @@ class Supervisor:
                 lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
             dumps[n.hostname] = lines
 
+        fr: list[str] = []  # torchrun: its ranks' flight recorder (launch/jobs/flightrec.py), beside the stacks
         threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        if self.plan.run.launcher == "torchrun":
+            threads.append(threading.Thread(target=lambda: fr.append(self.flight_recorder(nodes, ranks))))
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
         fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
-        if self.plan.run.launcher == "torchrun":  # its ranks record (launch/jobs/flightrec.py env)
-            fields["flight_recorder"] = self.flight_recorder(nodes, ranks)
+        if fr:
+            fields["flight_recorder"] = fr[0]
         self.event("hang", **fields)
         for line in lines:
             self.emit(contract.STACK_LINE + line)
