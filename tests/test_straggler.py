@@ -394,3 +394,80 @@ def test_an_even_run_of_200_steps_on_3_nodes_names_no_straggler(cluster, remote_
     assert "straggler" not in "\n".join(ln for ln in out.splitlines() if ln.startswith("[launch]")), out[-5000:]
     assert "straggler" not in store.status_rows(name=name)[1][1]
     _wait_clean(cluster, name)
+
+
+# ---------------------------------------------------------------- DDP on 4 simulated nodes (native frames)
+
+
+@pytest.fixture
+def cluster4(_cluster_session, engine, cpu_images):
+    """The simulated cluster at 4 nodes with the CPU images pushed to its registry: (info,
+    {family: remote ref}); back to the shared 3 nodes after (as the `cluster` fixture makes it)."""
+    from dtrain.images import push as p
+    from dtrain.images.spec import load_all
+    from dtrain.launch.infra import cluster as cl
+
+    info = cl.up(4, recreate=True, quiet=True)
+    engine.allow_insecure_registry(info.registry)
+    imgs = [i for i in load_all() if not i.gpu]
+    results = p.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog.json")
+    yield info, {r.entry["family"]: r.remote for r in results}
+    cl.up(3, recreate=True, quiet=True)
+
+
+@pytest.mark.cluster
+def test_ddp_on_4_nodes_one_slowed_mid_run_is_named_from_native_frames(cluster4):
+    """PyTorch's DDP example pattern unedited (ddp_train.py: no collective in the script; DDP's
+    gradient allreduce runs inside `loss.backward()`, gloo) on 4 nodes under torchrun: once rank
+    3 printed step 30, node-4's container gets 0.1 CPU. The other ranks wait in
+    c10d::Reducer::finalize_backward, seen only natively (stacks.sh's --native read): r3 on
+    node-4 is named, and only it."""
+    from dtrain.launch.jobs.job import job_log
+    from test_wholerun import _job, _wait_clean
+
+    cluster, images = cluster4
+    name = "t-straggler-ddp"
+    seen: dict = {}
+
+    def watch():
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            path = job_log(name)
+            text = path.read_text() if path.exists() else ""
+            if "slowed" not in seen and re.search(r"^\[node-4 r3\] step 30 rank 3/4 ", text, re.M):
+                r = _docker_update(cluster, 4, name, "0.1")
+                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
+            if "slowed" in seen and ("[launch] straggler: " in text or time.monotonic() - seen["slowed"] > 2 * SLOW_FOR):
+                seen["named"] = time.monotonic()
+                seen["lifted"] = _docker_update(cluster, 4, name, None).returncode
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code, out, _ = _job(cluster, images["pytorch-ddp"],
+                        ["python", f"{EX}/ddp_train.py", "--steps", "2000", "--width", "512"], name,
+                        n=4, launcher="torchrun", straggler_check=1.0, env={"OMP_NUM_THREADS": "1"})
+    watcher.join(5)
+    assert "slowed" in seen and seen.get("lifted") == 0, (seen, out[-3000:])
+    named = re.findall(r"^\[launch\] straggler: (r\d+ on \S+) waited in a collective", out, re.M)
+    assert named == ["r3 on node-4"], out[-5000:]
+    assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
+    print(f"named {seen['named'] - seen['slowed']:.1f} s after the quota")
+    _wait_clean(cluster, name)
+
+
+@pytest.mark.cluster
+def test_an_even_ddp_run_of_200_steps_on_4_nodes_names_no_straggler(cluster4):
+    """No false alarm from the native reads: the same DDP job on 4 even nodes, 200 steps
+    sampled every 0.5 s: no straggler in the log."""
+    from test_wholerun import _job, _wait_clean
+
+    cluster, images = cluster4
+    name = "t-straggler-ddp-even"
+    code, out, _ = _job(cluster, images["pytorch-ddp"], ["python", f"{EX}/ddp_train.py", "--steps", "200"], name,
+                        n=4, launcher="torchrun", straggler_check=0.5, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
+    assert len(re.findall(r"^\[node-\d r\d\] step 200 ", out, re.M)) == 4, out[-3000:]
+    assert "straggler" not in "\n".join(ln for ln in out.splitlines() if ln.startswith("[launch]")), out[-5000:]
+    _wait_clean(cluster, name)
