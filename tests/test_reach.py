@@ -68,7 +68,7 @@ def test_a_command_is_one_word_each_quoted_for_the_nodes_shell():
     argv = rr.login_argv(_node(), [], ["printf", "%s|", *HOSTILE])
     assert argv[-2] == "--" and argv[-1] == shlex.join(["printf", "%s|", *HOSTILE])
     # what the node's shell makes of it: the words, literally
-    out = subprocess.run(["sh", "-c", argv[-1]], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["bash", "-c", argv[-1]], capture_output=True, text=True, check=True).stdout
     assert out == "".join(f"{w}|" for w in HOSTILE)
 
 

@@ -203,12 +203,10 @@ def standing_stack(name: str, profile: str | None = None) -> LaunchError | None:
     the command that works; None where no such stack is found or AWS cannot be asked."""
     import boto3
 
+    where = regions.used()  # only where dtrain made stacks: nothing is asked on a machine that made none
+    if not where:
+        return None
     try:
-        default = boto3.session.Session(profile_name=profile).region_name
-        # where dtrain made stacks, and the default region (a stack made there by another machine)
-        where = list(dict.fromkeys([*regions.used(), *([default] if default else [])]))
-        if not where:
-            return None
         found = find_stack(name, lambda r: boto3.session.Session(profile_name=profile, region_name=r), where)
     except Exception:  # noqa: BLE001 - no credentials or region: the missing record is the answer
         return None

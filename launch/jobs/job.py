@@ -983,7 +983,7 @@ class Job:
         check, _ = nccl_mode(spec, started.facts)
         if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
             run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
-        if run.launcher == "torchrun" and not set(spec.env) & set(flightrec.USER_VARS):  # the hang's flight recorder
+        if launchers.get(run.launcher).flight_recorder and not set(spec.env) & set(flightrec.USER_VARS):  # the hang's flight recorder
             run = replace(run, extra_env=run.extra_env + flightrec.env(supervision.CONTAINER_JOB_DIR))
         plan = supervision.plan(run, ranks, spares=spares,
                                 quarantined=quarantined, ssh=container.supervisor_ssh(),

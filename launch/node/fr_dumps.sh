@@ -11,6 +11,7 @@ prefix=$1 wait=${2:-5}
 asked=0
 for p in "$prefix"*.pipe; do
   [ -p "$p" ] || continue
+  # shellcheck disable=SC2016 # "$1" is the inner shell's argument, not expanded here
   timeout 2 sh -c 'echo 1 > "$1"' sh "$p" 2>/dev/null && asked=$((asked + 1))
 done
 deadline=$((SECONDS + wait))

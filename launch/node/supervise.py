@@ -547,7 +547,7 @@ class Supervisor:
 
         fr: list[str] = []  # torchrun: its ranks' flight recorder (launch/jobs/flightrec.py), beside the stacks
         threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
-        if self.plan.run.launcher == "torchrun":
+        if launchers.get(self.plan.run.launcher).flight_recorder:
             threads.append(threading.Thread(target=lambda: fr.append(self.flight_recorder(nodes, ranks))))
         for t in threads:
             t.start()
@@ -782,7 +782,7 @@ class Supervisor:
                 while not out and time.monotonic() < deadline:
                     time.sleep(0.1)
                     out = self.health.lost(nodes)
-            if code != 0 and not out and not end.hung and self.plan.run.launcher == "torchrun":
+            if code != 0 and not out and not end.hung and launchers.get(self.plan.run.launcher).flight_recorder:
                 # a rank failed: a collective's timeout wrote each rank's flight recorder (NCCL)
                 fr = self.flight_recorder(nodes, runplan.rank_map(nodes), only_found=True)
                 if fr:
