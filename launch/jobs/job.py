@@ -43,7 +43,7 @@ from dtrain.contract import container_name, node_key_dir
 from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, flightrec, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
+from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
 from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
@@ -983,8 +983,6 @@ class Job:
         check, _ = nccl_mode(spec, started.facts)
         if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
             run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
-        if launchers.get(run.launcher).flight_recorder and not set(spec.env) & set(flightrec.USER_VARS):  # the hang's flight recorder
-            run = replace(run, extra_env=run.extra_env + flightrec.env(supervision.CONTAINER_JOB_DIR))
         plan = supervision.plan(run, ranks, spares=spares,
                                 quarantined=quarantined, ssh=container.supervisor_ssh(),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)

@@ -545,18 +545,13 @@ class Supervisor:
                 lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
             dumps[n.hostname] = lines
 
-        fr: list[str] = []  # torchrun: its ranks' flight recorder (launch/jobs/flightrec.py), beside the stacks
         threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
-        if launchers.get(self.plan.run.launcher).flight_recorder:
-            threads.append(threading.Thread(target=lambda: fr.append(self.flight_recorder(nodes, ranks))))
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
         fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
-        if fr:
-            fields["flight_recorder"] = fr[0]
         self.event("hang", **fields)
         for line in lines:
             self.emit(contract.STACK_LINE + line)
@@ -564,37 +559,7 @@ class Supervisor:
         if not named:
             who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
             named = f"{stacks.fallback_text(fields)}: {who}"
-        fr = f"; {fields['flight_recorder']}" if fields.get("flight_recorder") else ""
-        return f"hang: no rank made progress for {stall.silent_for} s; {named}{fr}"
-
-    def flight_recorder(self, nodes: Sequence[runplan.PlanNode], ranks: Sequence[str], only_found: bool = False) -> str:
-        """Every container's flight-recorder dumps (launch/node/fr_dumps.sh: NCCL's asked for
-        through their debug pipes), read into which ranks did not enter the collective the
-        others wait in (launch/jobs/flightrec.py), as the hang line says it; only_found: ""
-        where no rank left a dump (a rank's failure: most are no collective's timeout)."""
-        from dtrain.launch.jobs import flightrec
-
-        script = contract.node_script("fr_dumps.sh")
-        argv0 = ["bash", "-s", "--", f"{JOB_DIR}/{flightrec.PREFIX}", "5"]
-        out: dict[str, list[str]] = {}
-
-        def one(n: runplan.PlanNode) -> None:
-            argv = argv0 if n is self.me else self.remote(n, shlex.join(argv0), mux=only_found)
-            try:
-                out[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
-                                                 errors="replace", timeout=30).stdout.splitlines()
-            except subprocess.TimeoutExpired:
-                out[n.hostname] = []
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
-        if only_found and not dumps:
-            return ""
-        return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
+        return f"hang: no rank made progress for {stall.silent_for} s; {named}"
 
     def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
         """--straggler-check: every `straggler_check` s, every rank's stack on every node at once
@@ -782,11 +747,6 @@ class Supervisor:
                 while not out and time.monotonic() < deadline:
                     time.sleep(0.1)
                     out = self.health.lost(nodes)
-            if code != 0 and not out and not end.hung and launchers.get(self.plan.run.launcher).flight_recorder:
-                # a rank failed: a collective's timeout wrote each rank's flight recorder (NCCL)
-                fr = self.flight_recorder(nodes, runplan.rank_map(nodes), only_found=True)
-                if fr:
-                    self.emit(f"[supervisor] {fr}")
             if self.me.hostname in out and not out[self.me.hostname].startswith(CHECKPOINT_FIRST):
                 out.pop(self.me.hostname)  # this node answers: it is running this
             if set(out) - said:

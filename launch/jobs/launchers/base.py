@@ -20,8 +20,6 @@ the properties the rest of dtrain asks instead of comparing launcher names.
                   as its driver (Ray); on ECS its own task definitions (template ecs-NAME)
     sagemaker     `dtrain sagemaker run` takes it (launch/node/sagemaker_train.py runs it)
     manifests     `dtrain manifest --launcher` takes it
-    flight_recorder  the ranks are PyTorch processes whose flight recorder dtrain turns on and reads
-                  on a hang or a failed attempt (launch/jobs/flightrec.py)
 
     attempt_argv(run, nodes)  the command of one attempt (a supervised launcher): [argv] for the
                   first node, or one argv per node where per_node
@@ -101,7 +99,6 @@ class Launcher:
     starts_cluster = False
     sagemaker = False
     manifests = False
-    flight_recorder = False
 
     def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
         raise NotImplementedError(f"{self.name} is not run under the supervisor")

@@ -67,7 +67,6 @@ class Torchrun(Launcher):
     per_node = True
     sagemaker = True
     manifests = True
-    flight_recorder = True
 
     def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
         if not nodes:
