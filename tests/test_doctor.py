@@ -181,7 +181,9 @@ def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path, nic_down):
     r = rows[(addr(cluster, 1), "gpu-driver")]
     assert r.status == "FAIL" and "570.124.06" in r.detail
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"{gone}  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout
+    assert f"{gone}  ssh" in out.stdout and "ssh FAILED" in out.stdout, out.stdout
+    # a node whose NIC is down has no route: a connectivity problem, not a key's (issue 47)
+    assert "#ssh-no-route" in out.stdout and "#ssh-key-perms" not in out.stdout, out.stdout
 
 
 # ---------------------------------------------------------------- rules without a real cause here
