@@ -43,7 +43,8 @@ LOCAL_PATHS = {
 NOT_LOCAL_PATHS = {"mount", "checkpoint_dir", "path", "fill_from", ("sagemaker", "output"), "state_dir",
                    ("sagemaker", "project"),  # a name (build's --project is a directory)
                    "output_s3", "ami", ("build", "from_"), ("sagemaker", "task"),
-                   "log"}  # diagnose LOG: a file or a job name, checked by diagnose.log_path
+                   "log",  # diagnose LOG: a file or a job name, checked by diagnose.log_path
+                   ("cluster", "shared")}  # HOST_DIR:PATH, checked by cluster.parse_shared
 
 
 def _local_path_flag(task_name: str, param: str, value) -> None:
@@ -135,7 +136,9 @@ def user_errors():
         yield
     except (SpecError, BuildError, PushError, LaunchError, ClusterError, DiagnoseError, BadReference,
             EngineError, BadValue) as e:
-        print(f"error: {e}", file=sys.stderr)
+        from dtrain.terminal import clean
+
+        print(f"error: {clean(str(e), lines=True)}", file=sys.stderr)  # it may quote a node's words
         sys.exit(contract.USER_ERROR_EXIT)
     except UnicodeDecodeError as e:
         print(f"error: a file given is not UTF-8 text ({_one_line(e)})", file=sys.stderr)
@@ -143,7 +146,8 @@ def user_errors():
     except Exception as e:  # botocore's (boto3's own dependency): no credentials, no region, unknown profile
         if not type(e).__module__.startswith("botocore."):
             raise
-        print(f"error: AWS: {_one_line(e)} (see `aws configure`, --profile, --region)", file=sys.stderr)
+        setup = "" if type(e).__name__ == "ClientError" else " (see `aws configure`, --profile, --region)"
+        print(f"error: AWS: {_one_line(e)}{setup}", file=sys.stderr)  # a refusal is not a setup problem
         sys.exit(contract.USER_ERROR_EXIT)
 
 
@@ -398,6 +402,7 @@ LAUNCH_TASK_ONLY_HELP = {
     "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs: the "
             "job description)",
     "output": "--target mpijob|pytorchjob|ecs: write the description to this file instead of stdout",
+    "force": "with --output: replace the file there even where dtrain did not write it",
 }
 
 
@@ -452,17 +457,19 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
            rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
            min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
            hang_timeout=None, progress_pattern=None, straggler_check=None,
-           replace_stragglers=False, target=None, instance_type=None, role=None, output=None):
+           replace_stragglers=False, target=None, instance_type=None, role=None, output=None, nccl_check=None,
+           force=False):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
-        from dtrain.launch.jobs import jobfile
+        from dtrain.launch.jobs import jobfile, trust
 
         if f and file and f != file:
             raise jobfile.LaunchError(f"-f {f} and --file {file}: give one job file")
         path = f or file
         flags["command"] = _remainder() or None
-        from_file = jobfile.load(path) if path else {}
+        flags["env"], bare = trust.cli_env(flags["env"])  # --env NAME: the value from the environment, not argv
+        from_file = jobfile.load(path, allowed=bare) if path else {}
         given = jobfile.merge(from_file, flags)
         cfg = {**jobfile.defaults(), **given}
         from dtrain.launch import targets
@@ -471,22 +478,24 @@ def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=Non
         if target.on_nodes and output is not None:
             raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
                                       "writes the description")
+        _force_flag(force, output)
         if dump and not target.writes:
-            print(jobfile.dump(given), end="")
+            print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
             return
         # a later check of a value the file gave names the file's line, not the flag
-        where = jobfile.origins(path, [k for k in from_file if given[k] is from_file[k]]) if path else {}
+        where = jobfile.origins(path, [k for k in from_file if given.get(k) is from_file[k]]) if path else {}
         if not target.on_nodes:
             from dtrain.launch import jobtarget
 
             with jobfile.located(where):
-                sys.exit(jobtarget.run(given, output=output))  # --dump too: the description is what it writes
+                # --dump too: the description is what it writes
+                sys.exit(jobtarget.run(given, output=output, force=force))
         _launch(where, cfg)
 
 
 def _launch(where, cfg):
     """Run the launch `cfg` (JobFile's fields, flags over the file over defaults()) on its nodes."""
-    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs import jobfile, trust
     from dtrain.launch.jobs.job import Job
 
     with user_errors(), jobfile.located(where):
@@ -495,8 +504,10 @@ def _launch(where, cfg):
 
             raise LaunchError(f"--{'instance-type' if cfg['instance_type'] is not None else 'role'} is for "
                               f"--target sagemaker (the nodes are given by --hosts, --hostfile, --cluster, --ec2-tag)")
-        job = Job(launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"], cfg["slots"],
-                                           cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"]))
+        spec, nodes = launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"],
+                                               cfg["slots"], cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"])
+        # hosts the job file chose: known or confirmed before anything is sent
+        job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, where, spec.ssh_opts))
         code = job.run()
         if code != 0:
             _report_failure(job.spec.name, code)
@@ -522,6 +533,8 @@ def launch_spec(cfg):
     _choice_flag("--pull", cfg["pull"], ("always", "missing", "never"))
     _choice_flag("--launcher", cfg["launcher"], _launcher_names())
     _choice_flag("--rdzv", cfg["rdzv"], ("static", "c10d"))
+    if cfg["nccl_check"] is not None:
+        _choice_flag("--nccl-check", cfg["nccl_check"], ("warn", "fail", "off"))
     number = {k: None if cfg[k] is None else jobfile.number(k, cfg[k]) for k in jobfile.NUMBERS}  # the model's bounds
     port, seconds, hang = number["master_port"], number["timeout"], number["hang_timeout"]
     envs = _env_flags(cfg["env"], cfg["env_file"])
@@ -557,7 +570,8 @@ def launch_spec(cfg):
                    max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
                    checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
                    imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]),
-                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]))
+                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]),
+                   nccl_check=cfg["nccl_check"], efa_types=targets.efa_types())
 
 
 @task(iterable=["ssh_opt"], help={
@@ -582,6 +596,14 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
         provider = targets.choose(targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster))
         login = provider.login(image)  # ECR: a token from boto3, to each node on stdin
         pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), out=sys.stdout, login=login)
+
+
+def _force_flag(force, output) -> None:
+    """--force is for --output (what it may replace)."""
+    if force and output is None:
+        from dtrain import values
+
+        raise values.BadValue("--force: replaces the --output file; give --output FILE, or leave --force out")
 
 
 def _remainder():
@@ -622,8 +644,9 @@ def status(c, job=None):
 
 
 @task(help={"job": "job name or `latest` (default: the latest)",
-            "output": "the HTML file to write (default: JOB-report.html in this directory)"})
-def report(c, job=None, output=None):
+            "output": "the HTML file to write (default: JOB-report.html in this directory)",
+            "force": "replace the file there even where dtrain did not write it"})
+def report(c, job=None, output=None, force=False):
     """Write a job's run as one self-contained HTML file.
 
     Phases per node, restarts and why, step times per rank, the network gate, hangs with their
@@ -637,12 +660,7 @@ def report(c, job=None, output=None):
         if job is not None:
             values.name("--job", job)
         run = rep.load(None if job == "latest" else job)
-        path = Path(output) if output else rep.default_output(run.name)
-        try:
-            print(rep.write(run, path))
-        except OSError as e:
-            raise values.BadValue(f"--output {values.shown_path(str(path))}: cannot write it: "
-                                  f"{e.strerror or e}") from None
+        print(rep.write(run, Path(output) if output else rep.default_output(run.name), force))
 
 
 @task(help={"job": "job name (default: the latest)",
@@ -650,6 +668,7 @@ def report(c, job=None, output=None):
 def logs(c, job=None, follow=False):
     """Print a job's output (every line prefixed with node and rank)."""
     from dtrain.launch.jobs.store import follow as follow_log, job_log, load_job, node_logs, read_log
+    from dtrain.terminal import clean
 
     with user_errors():
         if job is not None:
@@ -659,12 +678,12 @@ def logs(c, job=None, follow=False):
         j = load_job(job)
         path = job_log(j["name"])
         if j.get("detached"):  # the launch's lines, then the job's, from its first node
-            print(read_log(path), end="", flush=True)
+            print(clean(read_log(path), colour=True, lines=True), end="", flush=True)
             sys.exit(node_logs(j, bool(follow)))
         if follow:
             follow_log(path, j)
         else:
-            print(read_log(path), end="")
+            print(clean(read_log(path), colour=True, lines=True), end="")
 
 
 @task(iterable=["ssh_opt"], help={"job": "job name (default: the latest)", "ssh_opt": NODE_HELP["ssh_opt"],
@@ -683,6 +702,71 @@ def stop(c, job=None, ssh_opt=None, ssh_config=None):
         print(stop_line(stop_job(job, _ssh_opts(ssh_opt, ssh_config)), before))
 
 
+# ---------------------------------------------------------------- reaching a cluster's nodes (launch/clusters.py)
+
+
+@task(iterable=["ssh_opt"], help={
+    "cluster": "the cluster: a `nodes up --name` name, or local (the simulated cluster)",
+    "node": "its index 1..N, or its host (default: the first)",
+    "config": "print an ssh config block instead: Host dtrain-NAME-1 ... one per node",
+    "write": "with --config: write the block to DTRAIN_HOME/ssh/NAME.config and print the Include line",
+    "force": "with --write: replace a file there dtrain did not write",
+    "ssh_opt": "ssh -o option for this login (repeatable), e.g. LocalForward=8265 localhost:8265"})
+def nodes_ssh(c, cluster=None, node=None, config=False, write=False, force=False, ssh_opt=None):
+    """ssh into a cluster's node: dtrain nodes ssh NAME [NODE] [-- CMD]; its ssh config: dtrain nodes ssh-config NAME [--write]."""
+    import os
+
+    from dtrain import values
+    from dtrain.launch import clusters
+
+    with user_errors():
+        if not cluster:
+            raise values.BadValue("nodes ssh: name the cluster: dtrain nodes ssh NAME [NODE] "
+                                  f"(known: {', '.join(clusters.known()) or 'none'})")
+        if (write or force) and not config:
+            raise values.BadValue("--write and --force are for the ssh config: dtrain nodes ssh-config NAME --write")
+        if config:
+            for given, flag in ((node, "--node"), (ssh_opt, "--ssh-opt"), (_remainder(), "a command after --")):
+                if given:
+                    raise values.BadValue(f"{flag}: is for `nodes ssh`; `nodes ssh-config NAME` takes the "
+                                          "cluster's name only (its block names every node)")
+            if write:
+                path = clusters.write_config(cluster, force=force)
+                print(f"wrote {path}; add this line once, at the top of ~/.ssh/config: {clusters.include_line()}")
+            else:
+                print(clusters.config_text(cluster), end="")
+            return
+        argv = clusters.login_argv(cluster, node, _remainder(), ssh_opt)
+        sys.stdout.flush()
+        try:
+            os.execvp(argv[0], argv)  # the terminal is ssh's now
+        except OSError as e:
+            raise values.BadValue(f"cannot run ssh: {e.strerror or e}") from None
+
+
+@task(name="exec", iterable=["ssh_opt"], help={
+    "cluster": "the cluster: a `nodes up --name` name, or local (the simulated cluster)",
+    "container": "run the command inside the job's container on each node (docker exec)",
+    "job": "with --container: the job whose container (default: the one running on each node)",
+    "timeout": "seconds the command may run on each node (default: no limit)",
+    "ssh_opt": NODE_HELP["ssh_opt"]})
+def exec_(c, cluster=None, container=False, job=None, timeout=None, ssh_opt=None):
+    """Run a command on every node of a cluster at once, lines tagged [node-I]: dtrain exec --cluster NAME -- CMD ARGS..."""
+    from dtrain import values
+    from dtrain.launch import clusters
+
+    with user_errors():
+        if not cluster:
+            raise values.BadValue("exec: --cluster NAME is required "
+                                  f"(known: {', '.join(clusters.known()) or 'none'})")
+        seconds = values.number("--timeout", timeout, 0, hi=86400 * 7) if timeout is not None else None
+        code, _, failed = clusters.exec_on(cluster, _remainder(), container=container, job=job, timeout=seconds,
+                                           ssh_opt=ssh_opt, line=lambda text: print(text, flush=True))
+    if code:
+        print(f"error: {failed}", file=sys.stderr)
+        sys.exit(code)
+
+
 # ---------------------------------------------------------------- EC2 nodes and a dataset volume
 
 
@@ -694,6 +778,7 @@ def _aws(profile, region):
 
 @task(iterable=["ssh_opt", "s3_bucket"], help={
     "action": "up, down or list",
+    "all_regions": "with list: every region of the account (DescribeRegions), not only those dtrain has used here",
     "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
     "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
     "instance_type": "EC2 instance type, e.g. p4d.24xlarge", "spot": "spot instances (launch template)",
@@ -707,7 +792,8 @@ def _aws(profile, region):
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
-    "region": "AWS region", "profile": "AWS profile",
+    "region": "AWS region (down: default the cluster's, from its record or the regions dtrain has used)",
+    "profile": "AWS profile",
     "timeout": "seconds to wait for capacity, and again for ssh + docker (default 900)",
     "keep_on_failure": "keep the stack when up fails (default: delete it)",
     "ssh_user": "ssh user on the nodes (default: the AMI's: ubuntu, ec2-user)",
@@ -718,11 +804,16 @@ def _aws(profile, region):
     "s3_write": "the role may also write to the --s3-bucket buckets (checkpoints)",
     "instance_profile": "an existing instance profile instead of the stack's role, or none",
     "delete_data": "with down: delete the cluster's dataset volumes and EFS too (default: kept)",
+    "yes": "with up: go on without asking, whatever the price per hour",
+    "confirm_above": "with up: ask before renting above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
+                     "without a terminal, refuse unless --yes",
+    "hours": "with up: also show the price for this many hours",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
-          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False):
+          ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
+          all_regions=False, yes=False, confirm_above=None, hours=None):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -743,33 +834,21 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
         _ssh_key_flag(ssh_key)
-        session = _aws(profile, region)
+        from dtrain.launch.infra import fleet, pricing
+
+        above = pricing.threshold(confirm_above) if action == "up" else 0.0
+        hours = values.number("--hours", hours, 0) if hours is not None else None
         if action == "list":
-            rows = ec2.list_clusters(session)
-            for cluster_name, st in rows:
-                print(f"{cluster_name}  {st}")
-            if not rows:
-                print(f"no clusters (no dtrain stack in region {session.region_name})")
+            for line in fleet.list_lines(lambda r: _aws(profile, r), region, all_regions):
+                print(line)
             return
         if not name:
             raise LaunchError(f"nodes {action}: --name is required")
         if action == "down":
-            before = ec2.stack_state(session, name)
-            had = ec2.stack_addresses(session, name) if before is not None else []
-            data = ec2.delete_stack(session, name, delete_data=delete_data)
-            if before is None:  # only --delete-data had something to do: the data a gone stack left
-                print(f"no stack {ec2.stack_name(name)} in region {session.region_name} (deleted before): "
-                      f"nothing to delete there; deleted the data it left: {', '.join(data)}")
-            elif delete_data:
-                print(f"deleted stack {ec2.stack_name(name)}" + (f" and its data: {', '.join(data)}" if data else ""))
-            else:
-                print(f"deleted stack {ec2.stack_name(name)}" + (
-                    f"; kept its data: {', '.join(data)} (a cluster named {name} mounts it again; "
-                    f"`dtrain nodes down --name {name} --delete-data` deletes it)" if data else ""))
-            left = ec2.stack_addresses(session, name, had) if before is not None else []
-            if had or left:  # the stack's Elastic IPs: released with it, or named
-                print(ec2.addresses_left_line(len(had), left))
+            if fleet.down_named(lambda r: _aws(profile, r), region, name, delete_data):
+                sys.exit(1)  # something stays billed: said, line by line
             return
+        session = _aws(profile, region)
         if not count or not instance_type:
             raise LaunchError("nodes up: --count and --instance-type are required")
         buckets = tuple(b.removeprefix("s3://").rstrip("/") for b in (s3_bucket or []))
@@ -782,7 +861,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                              root_size=_int_flag("--root-size", root_size, 8, 16384) if root_size is not None else None,
                              s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile)
         ssh_opts = _ssh_opts(ssh_opt)
-        res = ec2.start(session, spec, address=address, here=ec2.vantage)
+        gate = pricing.nodes_up_gate(session, instance_type=instance_type, count=count, spot=spot, above=above,
+                                     yes=yes, hours=hours)
+        res = ec2.start(session, spec, address=address, here=ec2.vantage, confirm=gate)
         hint = (f"the security group lets ssh in from {res.ssh_rule} only; check that this machine's ssh "
                 f"comes from there and can route to the nodes' {res.address} addresses")
         ready = ec2.ssh_ready(ssh_key, res.address, ssh_opts, timeout=seconds, user=res.ssh_user,
@@ -798,6 +879,20 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         print(f"worker list on every node: ~/.dtrain/{ec2.WORKER_LIST} (private addresses, one per line)")
         vol.reattach(session, cluster, up_nodes, ssh_opts=ssh_opts)
         print(f"launch with: dtrain launch --cluster {name} --image IMAGE -- CMD")
+
+
+@task(help={"refresh": "write both snapshots again from AWS with your credentials: DescribeInstanceTypes (the "
+                       "region's) and the Pricing API (us-east-1, us-west-2, eu-west-1)",
+            "region": "AWS region (prices shown for it; default us-east-1)", "profile": "AWS profile"})
+def instance_types(c, refresh=False, region=None, profile=None):
+    """EC2's data on the types dtrain knows (GPUs, EFA, vCPUs, memory, spot, price): dtrain instance-types [--refresh]."""
+    from dtrain.launch.infra import pricing
+
+    with user_errors():
+        if refresh:
+            pricing.refresh_all(_aws(profile, region))
+            return
+        print("\n".join(pricing.type_table(region or "us-east-1")))
 
 
 @task(iterable=["ssh_opt"], help={
@@ -837,21 +932,15 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
 
 def _cluster_record(cluster, profile):
     """The cluster `nodes up` wrote here; where there is none, what its stack's state says
-    (kept by --keep-on-failure, still being made, or none at all), asked read-only."""
+    (kept by --keep-on-failure, still being made, or none at all), asked read-only in the
+    regions dtrain has used."""
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.infra import ec2
+    from dtrain.launch.infra import ec2, fleet
 
     try:
         return ec2.load_cluster(cluster)
     except LaunchError as missing:
-        try:
-            session = _aws(profile, None)
-            status = ec2.stack_state(session, cluster) if session.region_name else ""
-        except Exception:  # noqa: BLE001 - no credentials or region: the record's absence is the answer
-            status = ""
-        if status == "":
-            raise missing from None
-        raise ec2.unfinished_cluster(cluster, status, session.region_name) from None
+        raise (fleet.standing_stack(cluster, profile) or missing) from None
 
 
 # ---------------------------------------------------------------- local simulated cluster
@@ -1125,12 +1214,15 @@ def diagnose(c, log=None):
     "wait": "stream the logs until the job ends, then download the output (default; --no-wait: wait until it has started, remove its key from S3, print the name)",
     "download": "local directory for the output and the log, DIR/JOB/logs.txt (default ./output)",
     "region": "AWS region", "profile": "AWS profile",
+    "yes": "go on without asking, whatever the price per hour",
+    "confirm_above": "ask before a job above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
+                     "without a terminal, refuse unless --yes",
 })
 def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
               from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None, project="dtrain", force=False, input_task=None,
-              dependencies=None, tag=None, create_role=False, local=False):
+              dependencies=None, tag=None, create_role=False, local=False, yes=False, confirm_above=None):
     """Run a command as a distributed SageMaker training job: dtrain sagemaker run --instances 2 ... -- python train.py"""
     from pathlib import Path
 
@@ -1169,7 +1261,15 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         if local:
             job, code = sm.run_local(opts)
         else:
-            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region))
+            from functools import partial
+
+            from dtrain.launch.infra import pricing
+
+            gate = partial(pricing.sagemaker_gate, instance_type=opts.instance_type, count=opts.instances,
+                           spot=opts.spot, above=pricing.threshold(confirm_above), yes=yes,
+                           hours=opts.max_runtime_s / 3600)
+            job, code = sm.run(opts, session=boto3.session.Session(profile_name=profile, region_name=region),
+                               confirm=gate)
         if not wait:
             print(job)
         sys.exit(code)
@@ -1186,7 +1286,8 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "ray_head_address": "ECS + ray: DNS name or IP the workers join the head at "
                         "(default ray-head.dtrain.internal; docs/other-tools.md)",
     "ecs_cluster": "ECS + ray: cluster of the services (default dtrain)",
-    "env": "K=V for every rank (repeatable)",
+    "env": "K=V for every rank (repeatable); Kubernetes / ECS: the file names K only, its value comes from a "
+           "secret (printed: how to make it)",
     "node_selector": "K=V Kubernetes nodeSelector (repeatable)",
     "namespace": "Kubernetes namespace",
     "slots_per_worker": "MPIJob slotsPerWorker (default: GPUs per worker, or 1)",
@@ -1196,12 +1297,14 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
                      "on every worker, e.g. p4d.24xlarge)",
     "execution_role_arn": "ECS task execution role ARN",
     "ssh_key_secret_arn": "ECS: Secrets Manager ARN of the job's SSH key",
+    "env_secret_arn": "ECS: Secrets Manager ARN of the JSON object holding the --env values",
     "output": "write to this file instead of stdout",
+    "force": "with --output: replace the file there even where dtrain did not write it",
 })
 def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None, ray_head_address=None, ecs_cluster=None):
+             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False):
     """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
@@ -1223,7 +1326,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             values.instance_type("--instance-type", instance_type, sagemaker=True)
         elif instance_type is not None:
             values.ec2_instance_type("--instance-type", instance_type)
-        mf.check_output(output)
+        _force_flag(force, output)
+        mf.check_output(output, force)
         spec = mf.spec_from_args(
             for_, image, _remainder(), workers=_int_flag("--workers", workers, 1, 1024),
             gpus_per_worker=None if gpus_per_worker is None else _int_flag("--gpus-per-worker", gpus_per_worker, 0, 64),
@@ -1232,8 +1336,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster)
+            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn)
         text = mf.render(spec)
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)
-        print(mf.write(text, output), end="")
+        print(mf.write(text, output, force), end="")

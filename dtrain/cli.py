@@ -9,7 +9,6 @@ current directory as code" mean the user's."""
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
 import sys
@@ -40,7 +39,8 @@ def tasks_module() -> ModuleType:
 # after their flags is almost always that command without its `--`
 COMMAND_TASKS = {"launch": "dtrain launch ... -- python train.py",
                  "manifest": "dtrain manifest ... -- python train.py",
-                 "sagemaker": "dtrain sagemaker run ... -- python train.py"}
+                 "sagemaker": "dtrain sagemaker run ... -- python train.py",
+                 "nodes-ssh": "dtrain nodes ssh NAME [NODE] -- CMD", "exec": "dtrain exec --cluster NAME -- CMD"}
 
 
 def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> str:
@@ -59,8 +59,8 @@ def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> st
     token = m.group(1)
     if token.startswith("-"):
         flag = token.split("=", 1)[0]
-        close = difflib.get_close_matches(flag, [f for f in flags if f.startswith("--")], n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = typo_of(flag, flags)
+        hint = f"; did you mean {close}?" if close else ""
         return f"error: {where}no flag {flag}{hint} ({helps})"
     if task is None:
         return f"error: no task {token!r} ({helps})"
@@ -70,6 +70,31 @@ def parse_error_line(message: str, task: str | None, flags: Iterable[str]) -> st
     return f"error: {where}{token!r} is not a flag of {task} or a task ({helps})"
 
 
+def edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) that turn a into b (pure)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            best = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, prev2[j - 2] + 1)
+            row.append(best)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def typo_of(flag: str, flags: Iterable[str]) -> str | None:
+    """The task's flag that `flag` is a typo of, or None (pure): the closest long flag at most
+    one edit in four letters away (at least one). A flag with a word more or less is another
+    flag, not a typo: --max-wait is not --wait (4 edits), --hostfle is --hostfile (1)."""
+    name = flag.removeprefix("--")
+    most = max(1, len(name) // 4)
+    scored = sorted((edits(name, f.removeprefix("--")), f) for f in flags if f.startswith("--") and f != flag)
+    return scored[0][1] if scored and scored[0][0] <= most else None
+
+
 def _usage_error(e: ParseError) -> Exit:
     ctx = e.context
     return Exit(parse_error_line(str(e), ctx.name if ctx is not None and ctx.name else None,
@@ -77,6 +102,25 @@ def _usage_error(e: ParseError) -> Exit:
 
 
 HELP_FLAGS = ("--help", "-h")
+# `dtrain nodes ACTION NAME [NODE]` for these actions is the task nodes-ssh (with these flags):
+# Invoke has no optional positional arguments, and `nodes` takes one (up, down, list).
+REACH_ACTIONS = {"ssh": (), "ssh-config": ("--config",)}
+
+
+def reach_argv(argv: list[str]) -> list[str]:
+    """`dtrain nodes ssh NAME [NODE] ...` -> `dtrain nodes-ssh --cluster NAME [--node NODE] ...`,
+    `dtrain nodes ssh-config NAME ...` -> `dtrain nodes-ssh --config --cluster NAME ...` (pure;
+    NAME and NODE are the words right after the action, before any flag; the rest stays)."""
+    if len(argv) < 3 or argv[1] != "nodes" or argv[2] not in REACH_ACTIONS:
+        return argv
+    rest = list(argv[3:])
+    words = []
+    while rest and len(words) < 2 and not rest[0].startswith("-"):
+        words.append(rest.pop(0))
+    out = [argv[0], "nodes-ssh", *REACH_ACTIONS[argv[2]]]
+    out += ["--cluster", words[0]] if words else []
+    out += ["--node", words[1]] if len(words) > 1 else []
+    return out + rest
 
 
 def help_argv(argv: list[str], tasks: Iterable[str]) -> list[str]:
@@ -101,7 +145,7 @@ class DtrainProgram(Program):
 
     def run(self, argv=None, exit: bool = True):  # type: ignore[no-untyped-def]
         argv = list(sys.argv if argv is None else argv.split() if isinstance(argv, str) else argv)
-        return super().run(help_argv(argv, self.namespace.task_names), exit=exit)
+        return super().run(help_argv(reach_argv(argv), self.namespace.task_names), exit=exit)
 
     def parse_core(self, argv):  # type: ignore[no-untyped-def]
         try:

@@ -205,6 +205,18 @@ def docker_cli() -> str:
     return str(DOCKER_CLI)
 
 
+def run_cli() -> str:
+    """A docker CLI to run a container with (not to build: docker_cli): the one on PATH (Docker
+    Desktop's, a distribution's; any version runs `docker run`), else DOCKER_CLI."""
+    found = shutil.which("docker")
+    if found:
+        return found
+    if DOCKER_CLI.exists():
+        return str(DOCKER_CLI)
+    raise EngineError("no `docker` on PATH: install Docker (Docker Desktop, docker.io or docker-ce) "
+                      "and put its `docker` on PATH")
+
+
 def docker(*args: str, **kw) -> subprocess.CompletedProcess:
     """Run the docker CLI (check=True); extra kwargs go to subprocess.run."""
     return _run([docker_cli(), *args], **kw)

@@ -227,6 +227,11 @@ def regex(flag: str, text) -> str:
         raise BadValue(f"{flag} {shown(text)}: not a regular expression: {e}; e.g. '^step [0-9]+'") from None
     if not s:
         raise BadValue(f"{flag} '': expected a regular expression (without the flag, any line of a rank is progress)")
+    from dtrain.patterns import backtracking
+
+    why = backtracking(s)
+    if why:
+        raise BadValue(f"{flag} {shown(text)}: {why}; write a simpler one, e.g. '^step [0-9]+'")
     return s
 
 
@@ -318,6 +323,9 @@ def local_path(flag: str, text, want: str = "file", what: str = "") -> "Path":
             "new-dir": "a directory", "project": "a directory", "socket": "a socket"}[want]
     if kind != need:
         raise BadValue(f"{flag} {shown_path(text)}: {kind}, not {need}; expected {wanted}")
+    fs = pseudo_fs(st.st_dev) if want in ("file", "new-file") else None
+    if fs:  # /proc/kmsg, /sys/...: "regular" files whose read blocks or never ends
+        raise BadValue(f"{flag} {shown_path(text)}: a kernel file ({fs}), not a regular file; expected {wanted}")
     if want == "project":
         real = os.path.realpath(p)
         if real in SYSTEM_DIRS or real.startswith(_UNDER_SYSTEM):
@@ -348,10 +356,13 @@ def json_text(flag: str, text: str, where) -> object:
         raise BadValue(f"{flag} {where}: not valid JSON ({' '.join(str(e).split())[:120]})") from None
 
 
+JSON_MAX = 16 << 20  # a JSON file a flag names (a lifecycle policy, an image catalog that grows with each push)
+
+
 def json_file(flag: str, path, what: str, *, top: type = dict) -> object:
     """A small JSON file a flag names (an ECR lifecycle policy, a catalog): local_path's checks,
     then JSON whose top level is `top` (an object); one line naming the flag otherwise."""
-    data = json_text(flag, text_file(flag, path, what, "JSON"), path)
+    data = json_text(flag, text_file(flag, path, what, "JSON", JSON_MAX), path)
     if not isinstance(data, top):
         raise BadValue(f"{flag} {path}: JSON {type(data).__name__}, not {what} (a JSON object)")
     return data
@@ -427,29 +438,103 @@ def ssh_config(flag: str, text) -> str:
 SMALL_FILE_MAX = 1 << 20  # a hostfile or env file larger than 1 MiB is a mistake (/dev/zero, a log)
 
 
-def small_text_file(path, what: str, expected: str, limit: int = SMALL_FILE_MAX) -> str:
-    """The text of a small file the user names (what: "hostfile", "env file"): a regular file of at
-    most `limit` bytes, UTF-8. A device, a pipe or a huge file is refused before it is read
-    (reading /dev/zero would never end). Errors are one line naming the file."""
-    import os
-    import stat
-
-    article = "an" if what[:1] in "aeiou" else "a"
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadValue(f"{path}: {file_kind(st.st_mode)}, not a regular file; expected {article} {what} "
-                           f"of {expected}")
-        if st.st_size > limit:
-            raise BadValue(f"{path}: {st.st_size} bytes, more than {article} {what} has (at most {limit}); "
-                           f"expected {expected}")
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise BadValue(f"{path}: cannot read {what}: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise BadValue(f"{path}: more than {limit} bytes; expected {expected}")
+def small_text_file(path, what: str, expected: str, limit: int = SMALL_FILE_MAX, *, follow: bool = True) -> str:
+    """The text of a small file the user names (what: "hostfile", "env file"): read_user_file's
+    bytes, UTF-8. Errors are one line naming the file."""
+    data = read_user_file(path, what, expected, limit, follow=follow)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise BadValue(f"{path}: not a text {what} (not UTF-8); expected {expected}") from None
+
+
+# Kernel and pseudo file systems: their "regular" files are no user's data, and reading some
+# blocks for ever (/proc/kmsg) or never ends.
+PSEUDO_FS = ("proc", "sysfs", "devtmpfs", "debugfs", "tracefs", "securityfs", "cgroup", "cgroup2", "configfs",
+             "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "devpts", "rpc_pipefs", "nsfs",
+             "autofs")
+
+
+def pseudo_fs(dev: int) -> str | None:
+    """The kernel file system (proc, sysfs, ...) that device number `dev` (a stat's st_dev) is,
+    or None for a file system that holds files (ext4, xfs, tmpfs, overlay, nfs...)."""
+    import os
+
+    for root, fs in (("/proc", "proc"), ("/sys", "sysfs")):
+        try:
+            if os.stat(root).st_dev == dev:
+                return fs
+        except OSError:
+            pass
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            info = f.read(4 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    for line in info.splitlines():
+        fields = line.split()  # ID PARENT MAJ:MIN ROOT POINT OPTIONS... - FSTYPE SOURCE SUPER
+        if len(fields) > 2 and fields[2] == want and "-" in fields:
+            fstype = fields[fields.index("-") + 1] if fields.index("-") + 1 < len(fields) else ""
+            if fstype.split(".")[0] in PSEUDO_FS:
+                return fstype
+    return None
+
+
+def read_user_file(path, what: str, expected: str, limit: int = SMALL_FILE_MAX, *, follow: bool = True) -> bytes:
+    """The bytes of a file the user names, read the one safe way: opened first (O_NONBLOCK, so
+    neither a FIFO's open nor a read of /proc/kmsg blocks; O_NOCTTY; O_NOFOLLOW unless `follow`:
+    a file inside a project must not be a link to elsewhere), then checked on that descriptor
+    (fstat: a regular file, not on a kernel file system, at most `limit` bytes), then read from
+    it, at most limit + 1 bytes: what is read is what was checked (no stat-then-open race).
+    A device, a pipe, a kernel file, a huge or sparse file: BadValue, one line naming the file."""
+    import errno
+    import os
+    import stat
+
+    article = "an" if what[:1] in "aeiou" else "a"
+    a_what = f"{article} {what}"
+    try:
+        st = os.stat(path) if follow else os.lstat(path)  # not opened at all when plainly not a file
+        if stat.S_ISLNK(st.st_mode):
+            raise BadValue(f"{path}: a symbolic link; expected {a_what} itself (of {expected}), not a link")
+        if not stat.S_ISREG(st.st_mode):
+            raise BadValue(f"{path}: {file_kind(st.st_mode)}, not a regular file; expected {a_what} of {expected}")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno == errno.ELOOP and not follow:
+                raise BadValue(f"{path}: a symbolic link; expected {a_what} itself (of {expected}), "
+                               "not a link") from None
+            raise
+        try:
+            st = os.fstat(fd)  # what was opened: the checks below hold for what is read
+            if not stat.S_ISREG(st.st_mode):
+                raise BadValue(f"{path}: {file_kind(st.st_mode)}, not a regular file; expected {a_what} "
+                               f"of {expected}")
+            fs = pseudo_fs(st.st_dev)
+            if fs:
+                raise BadValue(f"{path}: a kernel file ({fs}), not a regular file; expected {a_what} of {expected}")
+            if st.st_size > limit:
+                raise BadValue(f"{path}: {st.st_size} bytes, more than {a_what} has (at most {limit}); "
+                               f"expected {expected}")
+            chunks, size = [], 0
+            while size <= limit:
+                try:
+                    chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+                except BlockingIOError:
+                    raise BadValue(f"{path}: reading it would wait (not a plain file); expected {a_what} "
+                                   f"of {expected}") from None
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise BadValue(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise BadValue(f"{path}: more than {limit} bytes; expected {expected}")
+    return data

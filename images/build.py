@@ -9,6 +9,7 @@ the pure command builders (image_sources()) and .wheelhouse/.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -16,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from dtrain import table
 from dtrain.images.render import ROOT, image_repo, local_ref, output_path, render  # noqa: F401 (local_ref: build.local_ref)
@@ -225,6 +226,42 @@ def check_paths(opts: BuildOptions) -> None:
             raise BuildError(f"{label} {path}: not readable by this user")
 
 
+PEM_MAX = 16 << 20  # --ca-bundle: values.pem_file's limit
+
+
+@contextlib.contextmanager
+def secret_copies(opts: BuildOptions) -> Iterator[BuildOptions]:
+    """opts with --ca-bundle and --pip-conf replaced by private copies (a 0700 temporary
+    directory, removed after) of what values.read_user_file read and checked: BuildKit reads
+    the copy, so the file it gets is the one checked, not whatever the path names by then (a
+    FIFO or /proc/kmsg swapped in would hang the build). One line naming the flag otherwise."""
+    import dataclasses
+    import tempfile
+
+    from dtrain.values import SMALL_FILE_MAX, BadValue, read_user_file
+
+    given = [(name, flag, path, what, expected, limit) for name, flag, path, what, expected, limit in (
+        ("ca_bundle", "--ca-bundle", opts.ca_bundle, "CA bundle", "PEM certificates", PEM_MAX),
+        ("pip_conf", "--pip-conf", opts.pip_conf, "pip.conf", "INI sections such as [global]", SMALL_FILE_MAX))
+        if path is not None]
+    if not given:
+        yield opts
+        return
+    with tempfile.TemporaryDirectory(prefix="dtrain-secrets-") as d:
+        copies = {}
+        for name, flag, path, what, expected, limit in given:
+            try:
+                data = read_user_file(path, what, expected, limit)
+            except BadValue as e:
+                raise BuildError(f"{flag} {e}") from None
+            copy = Path(d) / name
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            copies[name] = copy
+        yield dataclasses.replace(opts, **copies)
+
+
 def check(families: list[str] | None, tag: str | None, all_variants: bool, opts: BuildOptions,
           wheels: bool = False) -> list[Image]:
     """Everything `build` can check without the engine: the variants, the rendered Dockerfiles,
@@ -358,12 +395,13 @@ def build(families: list[str] | None, tag: str | None, all_variants: bool, opts:
     if opts.ca_bundle:
         say(f"[build] CA bundle {opts.ca_bundle} goes in as a BuildKit secret (not stored in any layer)")
     results = []
-    for n, img in enumerate(images, 1):
-        say(f"[build] ({n}/{len(images)}) {local_ref(img)}")
-        results.append(build_one(img, opts, docker=docker, wheels=wheels, say=say))
-        say(f"[build] {local_ref(img)} built in {results[-1].seconds:.1f} s")
-        over = size_over_budget(results[-1].ref, results[-1].size, img.variant.size_gib)
-        if over:
-            raise BuildError(over)
+    with secret_copies(opts) as opts:
+        for n, img in enumerate(images, 1):
+            say(f"[build] ({n}/{len(images)}) {local_ref(img)}")
+            results.append(build_one(img, opts, docker=docker, wheels=wheels, say=say))
+            say(f"[build] {local_ref(img)} built in {results[-1].seconds:.1f} s")
+            over = size_over_budget(results[-1].ref, results[-1].size, img.variant.size_gib)
+            if over:
+                raise BuildError(over)
     say("\n" + summary_table(results))
     return results

@@ -29,6 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion
 
+from dtrain.images.build import secret_copies
 from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
                                  require_engine, torch_wheel_present)
 from dtrain.images.render import ROOT, minor, torch_flavour, torch_index
@@ -338,12 +339,50 @@ def constraints(img: Image) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 
+REQUIREMENTS_MAX = 1 << 20  # bytes of a requirements.txt; more is not a list of packages
+
+
+def requirements_text(req_path: Path) -> str:
+    """A project's requirements.txt ("" when there is none), read by values.read_user_file: a
+    regular file of at most REQUIREMENTS_MAX bytes, not a link (a cloned project's link to
+    /proc/kmsg or to a file outside it), not a FIFO; BuildError, one line, otherwise."""
+    from dtrain.values import BadValue, small_text_file
+
+    if not (req_path.exists() or req_path.is_symlink()):
+        return ""
+    try:
+        return small_text_file(req_path, "requirements.txt", "pip requirement lines", REQUIREMENTS_MAX, follow=False)
+    except BadValue as e:
+        raise BuildError(str(e)) from None
+
+
 def tree_hash(directory: Path, base_ref: str) -> str:
-    """12 hex digits over the base reference, every file's path and bytes (not .git, caches)."""
+    """12 hex digits over the base reference, every file's path and bytes (not .git, caches); a
+    symbolic link by where it points (the build context sends it as a link, and a link to
+    /proc/kmsg or a FIFO must not be read), a file streamed from the descriptor it was checked on
+    (opened O_NONBLOCK|O_NOFOLLOW: a file swapped for a FIFO meanwhile is not waited on)."""
+    import stat
+
     h = hashlib.sha256(base_ref.encode() + b"\0")
     for path in sorted(p for p in directory.rglob("*") if not SKIP & set(p.relative_to(directory).parts)):
-        if path.is_file():
-            h.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
+        rel = str(path.relative_to(directory)).encode()
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                h.update(rel + b"\0->" + os.fsencode(os.readlink(path)) + b"\0")
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            raise BuildError(f"--project {directory}: cannot read {path}: {e.strerror or e}") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            h.update(rel + b"\0")
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+            h.update(b"\0")
     return h.hexdigest()[:12]
 
 
@@ -359,7 +398,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
 
         label = f"{config}: from:"
         try:
-            doc = compose_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`"))[1] or {}
+            doc = compose_load(small_text_file(config, "project file", "`from: FAMILY[:TAG]`", follow=False))[1] or {}
         except BadValue as e:
             raise BuildError(str(e)) from None
         except yaml.YAMLError as e:  # too deep, 5,000 digits: a YAMLError too (compose_load)
@@ -377,7 +416,7 @@ def plan(directory: Path, from_: str | None, images: list[Image] | None = None,
         raise BuildError(str(e)) from None
     base = choose_base(from_, images, label)
     req_path = directory / REQUIREMENTS
-    text = req_path.read_text() if req_path.is_file() else ""
+    text = requirements_text(req_path)
     problems = conflicts(text, base, str(req_path))
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise BuildError(f"--wheelhouse {wheelhouse}: not a directory")
@@ -465,8 +504,10 @@ def build(directory: Path, from_: str | None, opts: BuildOptions,
     path = out / "Dockerfile"
     path.write_text(dockerfile(p))
     say(f"[build] project {directory} FROM {p.base_ref} -> {p.ref}")
-    if _run_streaming(build_argv(p, opts, docker=docker, dockerfile_path=path), log,
-                      f"[project-{p.name}]", state, say) != 0:
+    with secret_copies(opts) as copies:  # BuildKit reads the --ca-bundle/--pip-conf that were checked
+        code = _run_streaming(build_argv(p, copies, docker=docker, dockerfile_path=path), log,
+                              f"[project-{p.name}]", state, say)
+    if code != 0:
         failures = check_failures(log.read_text())
         if failures:  # the import check (or the companion install) says what is wrong, one line each
             raise BuildError("\n".join(f"building {p.ref} failed: {f}" for f in failures)

@@ -15,7 +15,9 @@ registered with `_secret()` and scrubbed from every line this module prints or p
 error message, as a second line of defence. A push that logs in does so into a Docker config
 directory of its own (own_docker_config: 0700, on tmpfs where there is one, DOCKER_CONFIG for
 every docker call of the run, soci's too), removed at the end, failure, Ctrl-C or SIGTERM
-included: no credential is left in ~/.docker/config.json (or a credential helper) after it.
+included: no credential is left in ~/.docker/config.json (or a credential helper) after it. A
+push killed with SIGKILL cannot clean up: its directory is named after its process (pid and
+start time) and the next push removes it once that process is gone (remove_stale_push_configs).
 """
 
 from __future__ import annotations
@@ -411,6 +413,51 @@ def own_config_json(user_config: Any, user_dir: Path) -> dict[str, Any]:
     return out
 
 
+PUSH_CONFIG_PREFIX = "dtrain-push-docker-"  # + PID-STARTTIME- + mkdtemp's random part
+_PUSH_CONFIG_RE = re.compile(re.escape(PUSH_CONFIG_PREFIX) + r"(\d+)-(\d+)-[A-Za-z0-9_]+")
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22), None when it is
+    gone: with the pid it names one process, not a later one given the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def stale_push_configs(parent: Path, start_of: Callable[[int], str | None] = process_start) -> list[Path]:
+    """The push Docker configs under parent whose push is gone (SIGKILL, a crash: its `finally`
+    never ran): named PUSH_CONFIG_PREFIX + PID-STARTTIME-..., this user's, a directory (not a
+    link), and no process PID started at STARTTIME now."""
+    out = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    for e in entries:
+        m = _PUSH_CONFIG_RE.fullmatch(e.name)
+        if not m:
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and e.is_dir(follow_symlinks=False) and start_of(int(m[1])) != m[2]:
+            out.append(Path(e.path))
+    return sorted(out)
+
+
+def remove_stale_push_configs(parent: Path) -> list[Path]:
+    """Remove what stale_push_configs finds (the next push does it: own_docker_config)."""
+    found = stale_push_configs(parent)
+    for d in found:
+        shutil.rmtree(d, ignore_errors=True)
+    return found
+
+
 def _private_tmp_parent() -> str | None:
     """/dev/shm (tmpfs: a credential never reaches a disk) where it is a writable directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
@@ -429,7 +476,10 @@ def own_docker_config() -> Iterator[Path]:
         user_config = {}
     saved = {k: os.environ.get(k) for k in ("DOCKER_CONFIG", "DOCKER_CERT_PATH")}
     restore = interrupts.sigterm_as_interrupt()
-    d = Path(tempfile.mkdtemp(prefix="dtrain-push-docker-", dir=_private_tmp_parent()))
+    parent = _private_tmp_parent()
+    remove_stale_push_configs(Path(parent or tempfile.gettempdir()))  # a SIGKILLed push's credential
+    me = os.getpid()
+    d = Path(tempfile.mkdtemp(prefix=f"{PUSH_CONFIG_PREFIX}{me}-{process_start(me) or 0}-", dir=parent))
     try:
         fd = os.open(d / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -558,10 +608,14 @@ def push_and_verify(local: str, remote: str, out: Callable[[str], None] = print)
 
 
 def read_catalog(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    from dtrain.values import JSON_MAX, BadValue, small_text_file
+
+    if not (path.exists() or path.is_symlink()):
         return {"version": CATALOG_VERSION, "images": []}
+    try:  # values.read_user_file: a regular file, at most JSON_MAX, read from what was checked
+        data = json.loads(small_text_file(path, "catalog", "a dtrain catalog (JSON)", JSON_MAX))
+    except BadValue as e:
+        raise PushError(f"cannot read catalog: {e}") from None
     except (OSError, ValueError) as e:
         raise PushError(f"cannot read catalog {path}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("images", []), list):
@@ -574,7 +628,13 @@ def record(catalog_path: Path, entry: dict[str, Any]) -> None:
     so readers see the old or the new catalog and concurrent pushes lose no entry."""
     catalog_path = Path(catalog_path)
     catalog_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(catalog_path.with_name(catalog_path.name + ".lock"), "w") as lock:
+    lock_path = catalog_path.with_name(catalog_path.name + ".lock")
+    try:  # neither truncated nor opened through a link planted at its name (a cloned project's build/)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise PushError(f"--catalog {catalog_path}: cannot open its lock {lock_path}: {e.strerror or e} "
+                        "(a symbolic link there is refused: remove it)") from None
+    with os.fdopen(fd, "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = merge_entry(read_catalog(catalog_path), entry)
         fd, tmp = tempfile.mkstemp(dir=catalog_path.parent, prefix=f".{catalog_path.name}.")
@@ -668,11 +728,13 @@ def read_lifecycle_policy(path: str | Path | None) -> str | None:
     """The policy file's text, checked to be JSON; None when no file is given."""
     if path is None:
         return None
-    try:
-        text = Path(path).read_text()
+    from dtrain.values import JSON_MAX, BadValue, small_text_file
+
+    try:  # opened, then checked on its descriptor, then read: what is sent is what was checked
+        text = small_text_file(path, "lifecycle policy", "an ECR lifecycle policy (JSON)", JSON_MAX)
         json.loads(text)
-    except OSError as e:
-        raise PushError(f"cannot read lifecycle policy {path}: {e.strerror}") from None
+    except BadValue as e:
+        raise PushError(f"cannot read lifecycle policy: {e}") from None
     except ValueError as e:
         raise PushError(f"lifecycle policy {path} is not valid JSON: {e}") from None
     return text

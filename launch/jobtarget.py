@@ -52,7 +52,7 @@ def node_count(cfg: Mapping[str, Any]) -> int | None:
 
 
 def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str], None] | None = None,
-        session=None) -> int:
+        session=None, force: bool = False) -> int:
     """Submit (sagemaker) or write (mpijob, pytorchjob, ecs) the launch `given` (the flags over the
     job file; defaults() fill the rest): the exit code. The target's module does it (launch/targets/)."""
     from dtrain.launch.jobs import jobfile
@@ -70,4 +70,4 @@ def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str]
             err(f"[launch] --target {target.name}: {', '.join(ignored)} ignored (the {target.name} job's own)")
 
     count = node_count(cfg)
-    return target.run(cfg, given, count, output=output, session=session, note=note, err=err)
+    return target.run(cfg, given, count, output=output, session=session, note=note, err=err, force=force)

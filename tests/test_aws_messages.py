@@ -71,8 +71,11 @@ def stacks(client) -> list[str]:
 def test_volume_create_on_a_kept_stack_says_its_state(world):
     run, client, home = world
     kept_stack(client, "kept")
+    (home / "regions").parent.mkdir(parents=True, exist_ok=True)
+    (home / "regions").write_text("us-east-1\n")  # as `nodes up` records the region it made a stack in
     listed = run("nodes", "list")
-    assert listed.returncode == 0 and "kept  CREATE_COMPLETE" in listed.stdout, listed.stdout + listed.stderr
+    row = listed.stdout.splitlines()[1].split() if listed.returncode == 0 else []
+    assert row[:3] == ["kept", "us-east-1", "CREATE_COMPLETE"] and "kept" in row[3:], listed.stdout + listed.stderr
     msg = one_error(run("volume", "create", "--cluster", "kept", "--size", "8"))
     assert "stack dtrain-kept is CREATE_COMPLETE in region us-east-1" in msg, msg
     assert "--keep-on-failure" in msg and "dtrain nodes down --name kept" in msg, msg
@@ -82,6 +85,11 @@ def test_volume_create_on_a_kept_stack_says_its_state(world):
 
 def test_volume_create_on_no_cluster_says_so(world):
     run, client, home = world
+    msg = one_error(run("volume", "create", "--cluster", "nope", "--size", "8"))
+    # no region used here: AWS is not asked, the missing record is the answer
+    assert msg.startswith("error: --cluster nope: no such cluster here (") and "dtrain nodes list" in msg, msg
+    (home / "regions").parent.mkdir(parents=True, exist_ok=True)
+    (home / "regions").write_text("us-east-1\n")
     msg = one_error(run("volume", "create", "--cluster", "nope", "--size", "8"))
     assert "--cluster nope: no such cluster (no stack dtrain-nope in region us-east-1" in msg, msg
 

@@ -179,6 +179,9 @@ BASE = {
     "sagemaker": ("run", "--image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/x:1",
                   "--role", "arn:aws:iam::123456789012:role/r", "--", "true"),
     "manifest": ("--for", "mpijob", "--image", IMAGE, "--", "true"),
+    "instance-types": (),
+    "nodes-ssh": ("--cluster", "c1", "--config"),
+    "exec": ("--cluster", "c1", "--", "true"),
 }
 NOT_FUZZED = {"test": "its only value flag, -k, is a pytest expression passed to pytest as one argv item"}
 # Flags whose values are numbers (their defaults, where they have one, are digit strings).
@@ -384,8 +387,11 @@ def test_every_flag_of_every_task_refuses_bad_values(nowhere):
 # ---------------------------------------------------------------- every file-taking flag
 
 # What each kind of file is, made in the working directory (or a path of the machine's).
-FILE_KINDS = ("fifo", "/dev/zero", "/dev/null", "directory", "binary", "digits", "nested", "long-name", "empty")
-CONTENT_KINDS = ("binary", "digits", "nested", "empty")  # only where dtrain reads what the file holds
+# /proc/kmsg: a "regular" file (stat says so) whose read blocks for ever (as root); "huge": a
+# sparse 10 GiB file.
+FILE_KINDS = ("fifo", "/dev/zero", "/dev/null", "directory", "binary", "digits", "nested", "long-name", "empty",
+              "/proc/kmsg", "huge")
+CONTENT_KINDS = ("binary", "digits", "nested", "empty", "huge")  # only where dtrain reads what the file holds
 # The local path kinds (tasks.LOCAL_PATHS) whose content dtrain reads; the others are handed on
 # (a directory sent, an output written)
 READ_KINDS = ("file", "ssh-key", "ssh-config", "json", "pem", "ini")
@@ -403,6 +409,8 @@ def _file_fixtures(work: Path) -> None:
     (work / "digits").write_text("9" * 5000 + "\n" + "slots: " + "9" * 5000 + "\n")
     (work / "nested").write_text("image: " + "[" * 20000 + "]" * 20000 + "\n")
     (work / "empty").write_text("")
+    with open(work / "huge", "wb") as f:
+        f.truncate(10 << 30)
 
 
 def _file_flag_cases() -> list[tuple[str, str, str]]:
@@ -439,7 +447,7 @@ def _file_flag_cases() -> list[tuple[str, str, str]]:
     assert not unlisted, "flags that name a file: add them to tasks.LOCAL_PATHS (or NOT_LOCAL_PATHS):\n" + \
         "\n".join(unlisted)
     assert used == set(tasks.LOCAL_PATHS), f"LOCAL_PATHS names no flag: {set(tasks.LOCAL_PATHS) - used}"
-    cases += [("diagnose", "log", k) for k in FILE_KINDS if k not in ("binary", "digits", "nested", "empty")]
+    cases += [("diagnose", "log", k) for k in FILE_KINDS if k not in ("binary", "digits", "nested", "empty", "huge")]
     return cases
 
 
@@ -630,3 +638,153 @@ def test_issue_38_reproductions(tmp_path, case):
         "ssh-key-fifo": ((*LAUNCH, "--ssh-key", str(fifo), "--", "true"), ("--ssh-key", "named pipe")),
     }[case]
     assert_usage_error(invoke(tmp_path, *args), tmp_path, *needles)
+
+
+# ---------------------------------------------------------------- records: damaged cluster.json
+
+def _cluster_record() -> dict:
+    """cluster.json as `nodes up --name c1` writes it (launch/infra/ec2.py save_cluster)."""
+    import json
+
+    from dtrain.launch.infra import ec2
+
+    inst = ec2.Instance("i-0123", "127.0.0.1", None, "us-east-1a", "g5.12xlarge")
+    return json.loads(ec2.Cluster("c1", "us-east-1", "dtrain-c1", "g5.12xlarge", True, 4, "root", None, (inst,),
+                                  ssh_opts=("-o", "Port=1")).to_json())
+
+
+def _damaged_records() -> dict[str, str | bytes]:
+    """Damaged forms of cluster.json (issue 47: each was a traceback): file contents by name."""
+    import json
+
+    good = _cluster_record()
+    text = json.dumps(good)
+    forms: dict[str, str | bytes] = {
+        "empty": "", "blank": " \n", "list": "[]", "null": "null", "number": "4", "string": '"c1"', "object": "{}",
+        "truncated": text[: len(text) // 2], "garbage-after": text + "}", "not-json": "name: c1\n",
+        "binary": BINARY, "bom": "\ufeff" + text, "nul": text.replace(":", ":\x00", 1),
+        "slots-5000-digits": text.replace('"slots": 4', '"slots": ' + "9" * 5000),
+        "slots-1e400": text.replace('"slots": 4', '"slots": 1e400'),
+        "slots-zero": text.replace('"slots": 4', '"slots": 0'),
+        "slots-huge": text.replace('"slots": 4', '"slots": 99999999999999999999'),
+        "deep-list": "[" * 20000 + "]" * 20000, "deep-object": '{"a":' * 20000 + "1" + "}" * 20000,
+        "instances-empty": json.dumps({**good, "instances": []}),
+        "instances-object": json.dumps({**good, "instances": {"i": good["instances"][0]}}),
+        "instances-nested": json.dumps({**good, "instances": [[good["instances"][0]]]}),
+        "instance-ip": json.dumps({**good, "instances": [{**good["instances"][0], "private_ip": "x;id"}]}),
+        "instance-missing-key": json.dumps({**good, "instances": [{"id": "i-1"}]}),
+        "name-other": json.dumps({**good, "name": "c2"}),
+        "user-newline": json.dumps({**good, "user": "root\nx"}),
+        "ssh-opts-string": json.dumps({**good, "ssh_opts": "-oProxyCommand=id"}),
+        "ssh-opts-number": json.dumps({**good, "ssh_opts": [1]}),
+    }
+    wrong = {"name": 1, "region": ["us-east-1"], "stack": None, "instance_type": 5, "nitro": "true", "slots": "4",
+             "user": {"u": 1}, "identity": 1, "instances": "127.0.0.1", "security_group": [],
+             "file_system": 0, "ssh_opts": {"-o": "x"}}
+    for key, value in wrong.items():
+        forms[f"{key}-wrong-type"] = json.dumps({**good, key: value})
+    for key in ("name", "region", "stack", "instance_type", "nitro", "slots", "user", "identity", "instances"):
+        forms[f"{key}-missing"] = json.dumps({k: v for k, v in good.items() if k != key})
+    return forms
+
+
+RECORD_COMMANDS = {  # every command that reads cluster.json (--cluster c1)
+    "launch": ("launch", "--image", IMAGE, "--cluster", "c1", "--", "true"),
+    "doctor": ("doctor", "--cluster", "c1"),
+    "volume": ("volume", "create", "--cluster", "c1", "--size", "10"),
+    "pull": ("pull", "--image", IMAGE, "--cluster", "c1"),
+    "bench-network": ("bench-network", "--image", IMAGE, "--cluster", "c1"),
+    "exec": ("exec", "--cluster", "c1", "--", "true"),
+    "nodes ssh-config": ("nodes-ssh", "--config", "--cluster", "c1"),  # `nodes ssh-config c1` (dtrain/cli.py)
+}
+
+
+def test_every_command_that_reads_cluster_json_says_what_is_damaged(nowhere):
+    """Each damaged form of cluster.json (and a FIFO, a directory, a file past the size limit in
+    its place) through every command that reads it: exit 2, one line naming the file and what
+    to do, nothing on stdout, no traceback, no hang, no job started."""
+    import json
+    import signal
+
+    from dtrain.launch.infra import ec2
+
+    d = nowhere / "home" / "clusters" / "c1"
+    d.mkdir(parents=True)
+    (d / "hostfile").write_text("127.0.0.1 slots=1 user=root\n")
+    record = d / "cluster.json"
+    record.write_text(json.dumps(_cluster_record()))
+    assert ec2.load_cluster("c1").instances[0].private_ip == "127.0.0.1"  # the undamaged record is read
+    forms = _damaged_records()
+    assert len(forms) >= 40
+    forms.update({"fifo": "@fifo", "directory": "@dir", "huge": "@huge"})
+
+    def hang(signum, frame):
+        raise Hang(f"no answer within {CASE_TIMEOUT} s")
+
+    failures = []
+    old = signal.signal(signal.SIGALRM, hang)
+    try:
+        for form, content in sorted(forms.items()):
+            if record.is_dir():
+                record.rmdir()
+            else:
+                record.unlink(missing_ok=True)
+            if content == "@fifo":
+                os.mkfifo(record)
+            elif content == "@dir":
+                record.mkdir()
+            elif content == "@huge":
+                with open(record, "wb") as f:
+                    f.truncate(17 << 20)
+            else:
+                record.write_bytes(content if isinstance(content, bytes) else content.encode())
+            for cmd, argv in RECORD_COMMANDS.items():
+                signal.alarm(CASE_TIMEOUT)
+                try:
+                    code, out, err = _run_in_process(list(argv))
+                finally:
+                    signal.alarm(0)
+                lines = err.strip().splitlines()
+                jobs = nowhere / "home" / "jobs"
+                if (code != 2 or len(lines) != 1 or not lines[0].startswith(f"error: {record}: ")
+                        or "dtrain nodes" not in lines[0] or out.strip() or "Traceback" in err
+                        or (jobs.exists() and any(jobs.iterdir()))):
+                    failures.append(f"{form} via {cmd}: exit {code}, stdout {out[:200]!r}, stderr {err[:300]!r}")
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert not failures, f"{len(failures)} of {len(forms) * len(RECORD_COMMANDS)} cases:\n" + "\n".join(failures)
+
+
+# ---------------------------------------------------------------- records a node or a job wrote (issue 47)
+
+# job.json forms that no reader can take: the commands that read one job's record say so in one
+# line naming the file (what of it), exit 2, no traceback, no terminal control printed.
+HOSTILE_RECORDS = {
+    "list": "[]", "null": "null", "string": '"running"', "number": "1e400", "nan": '{"started": NaN}',
+    "infinity": '{"ended": Infinity}', "deep": "[" * 100_000 + "]" * 100_000, "digits": '{"pid": ' + "9" * 5000 + "}",
+    "binary": "\udcff", "nodes-dict": '{"nodes": {"host": "a"}}', "state-list": '{"state": ["failed"]}',
+    "final-string": '{"final": "failed"}', "final-reason": '{"final": {"reason": ["x"]}}',
+    "quarantined-list": '{"quarantined": ["n2"]}', "stragglers-nested": '{"stragglers": {"n2": {"r": 1}}}',
+    "huge-started": '{"started": 1e400}', "pid-string": '{"pid": "12"}', "ranks-null": '{"ranks": [null]}',
+    "exit-huge": '{"exit_code": ' + "1" + "0" * 400 + "}", "ssh-opts": '{"ssh_opts": "-oProxyCommand=x"}',
+    "escape-name": '{"name": "\\u001b]0;pwned\\u0007", "state": 5}',
+    "long-state": '{"state": "' + "x" * 100_000 + '"}',
+}
+JOB_RECORD_COMMANDS = (("status", "--job"), ("logs", "--job"), ("stop", "--job"), ("report", "--job"))
+
+
+def test_every_reader_of_a_record_refuses_a_hostile_one_in_one_line(nowhere):
+    control = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+    failures = []
+    for form, text in HOSTILE_RECORDS.items():
+        d = nowhere / "home" / "jobs" / f"t-{form}"
+        d.mkdir(parents=True)
+        (d / "job.json").write_bytes(text.encode(errors="surrogateescape"))
+        for command, flag in JOB_RECORD_COMMANDS:
+            code, out, err = _run_in_process([command, flag, f"t-{form}"])
+            lines = err.strip().splitlines()
+            if (code != 2 or len(lines) != 1 or not lines[0].startswith(f"error: {d / 'job.json'}: not a readable")
+                    or out.strip() or "Traceback" in err or control.search(out + err)):
+                failures.append(f"{form}: {command} -> exit {code}, stdout {out[:200]!r}, stderr {err[:300]!r}")
+    assert not failures, f"{len(failures)} cases:\n" + "\n".join(failures)
+    assert not list(nowhere.glob("work/*-report.html"))

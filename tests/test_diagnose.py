@@ -70,8 +70,8 @@ def test_entry_is_complete(entry):
 
 def test_only_the_throughput_entry_has_nothing_to_match():
     # efa-fewer: NCCL's "(found 1 nics)" is right on a single-EFA type; only the instance type
-    # tells (doctor's efa check, doctor --bandwidth), never one log line.
-    assert [e.id for e in ENTRIES if not e.signatures] == ["efa-fewer", "throughput"]
+    # tells (doctor's efa check, doctor --bandwidth, the launch's --nccl-check line), never NCCL's own.
+    assert [e.id for e in ENTRIES if not e.signatures] == ["throughput"]
 
 
 def test_every_doctor_check_is_used():
@@ -264,6 +264,10 @@ def test_ssh_port_22_and_other_ports_are_different_entries():
         ["ssh-port-22"]
     assert ids(diagnose("ssh: connect to host node-2 port 2022: Connection refused")) == \
         ["ssh-unreachable"]
+    # no route is connectivity, on any port: neither the port nor a key (issue 47)
+    for port in (22, 2022):
+        for why in ("Network is unreachable", "No route to host"):
+            assert ids(diagnose(f"ssh: connect to host 10.0.1.5 port {port}: {why}")) == ["ssh-no-route"]
 
 
 def test_diagnose_is_pure_and_repeatable():

@@ -181,7 +181,9 @@ def test_unreachable_node_and_gpu_image(cluster, engine, tmp_path, nic_down):
     r = rows[(addr(cluster, 1), "gpu-driver")]
     assert r.status == "FAIL" and "570.124.06" in r.detail
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"{gone}  ssh" in out.stdout and "ssh FAILED" in out.stdout and "#ssh-key-perms" in out.stdout
+    assert f"{gone}  ssh" in out.stdout and "ssh FAILED" in out.stdout, out.stdout
+    # a node whose NIC is down has no route: a connectivity problem, not a key's (issue 47)
+    assert "#ssh-no-route" in out.stdout and "#ssh-key-perms" not in out.stdout, out.stdout
 
 
 # ---------------------------------------------------------------- rules without a real cause here
@@ -312,6 +314,19 @@ def test_refused_connection_is_its_own_result(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"connection refused: nothing listens on 127.0.0.1 port {port}; is sshd running" in r.stdout, r.stdout
     assert "ssh FAILED" in r.stdout and "#ssh-key-perms" not in r.stdout, r.stdout
+
+
+def test_unreachable_network_is_connectivity_not_a_port_or_key(tmp_path):
+    """`dtrain doctor --hosts` to an address this machine has no route to (a network namespace
+    with only loopback: "Network is unreachable" is real and no packet leaves): the ssh row
+    says no route and what to check; no key-permission or port-22 entry is offered."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DTRAIN_HOME": str(tmp_path / "home")}
+    r = subprocess.run(["unshare", "-n", sys.executable, "-m", "dtrain", "doctor", "--hosts", "10.213.77.12"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no route: Network is unreachable to 10.213.77.12 from this machine; check its route" in r.stdout, r.stdout
+    assert "(connectivity, not the port or a key): #ssh-no-route" in r.stdout, r.stdout
+    assert "#ssh-key-perms" not in r.stdout and "#ssh-port-22" not in r.stdout, r.stdout
 
 
 def test_failure_causes_follow_the_details():

@@ -82,6 +82,9 @@ def test_a_command_line_dtrain_cannot_parse_is_one_line_and_exit_2(tmp_path):
          "error: dtrain launch: no flag --hostfle; did you mean --hostfile? (dtrain --help launch)"),
         (("launch", "--max-restart=2", "--", "true"), "no flag --max-restart; did you mean --max-restarts?"),
         (("launch", "--nosuch"), "error: dtrain launch: no flag --nosuch (dtrain --help launch)"),
+        # a word more is another flag, not a typo: --max-wait (SageMaker's spot wait) is not --wait
+        (("sagemaker", "run", "--max-wait", "3600", "--", "true"),
+         "error: dtrain sagemaker: no flag --max-wait (dtrain --help sagemaker)"),
         (("launch", "--hostfile", "hosts", "--image", image, "python", "train.py"),
          "error: dtrain launch: 'python' is not a flag or a task; the job's command goes after `--`: "
          "dtrain launch ... -- python train.py"),
@@ -94,6 +97,15 @@ def test_a_command_line_dtrain_cannot_parse_is_one_line_and_exit_2(tmp_path):
         r = dtrain(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
         assert r.stderr.startswith("error: ") and what in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_suggestion_is_a_typo_of_a_flag_not_another_flag():
+    from dtrain.cli import typo_of
+
+    flags = ["--wait", "--no-wait", "--max-run", "--hostfile", "--max-restarts", "--instances", "-f"]
+    assert [typo_of(f, flags) for f in ("--hostfle", "--max-restart", "--wiat", "--max-rn", "--instance")] == \
+        ["--hostfile", "--max-restarts", "--wait", "--max-run", "--instances"]
+    assert [typo_of(f, flags) for f in ("--max-wait", "--wait-max", "--run", "--x", "--hosts")] == [None] * 5
 
 
 def test_help_for_an_action_the_way_users_type_it(tmp_path):

@@ -31,7 +31,7 @@ def test_dump_then_load_gives_the_same_flags(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "s3cret" not in r.stdout  # a value of --env is never written (nor printed)
     (tmp_path / "job.yaml").write_text(r.stdout)
-    got = jobfile.load(tmp_path / "job.yaml", environ={"A": "s3cret"})
+    got = jobfile.load(tmp_path / "job.yaml", environ={"A": "s3cret"}, allowed={"A"})  # run with --env A
     assert got == {"image": "reg/x:1", "command": ["python", "train.py", "--lr", "0.1"], "launcher": "torchrun",
                    "hostfile": str(tmp_path / "hosts"), "env": ["A=s3cret"], "mount": ["/fsx:ro"],
                    "max_restarts": "2"}
@@ -91,10 +91,13 @@ def test_located_leaves_other_errors_and_other_flags_alone():
 
 
 def test_the_cli_says_it_in_one_line_and_exits_non_zero(tmp_path):
+    """env.TOKEN with no value, TOKEN allowed (the allow-list file) but not set: one line."""
     (tmp_path / "job.yaml").write_text("image: reg/x:1\nenv:\n  TOKEN:\ncommand: python t.py\n")
+    (tmp_path / "cfg" / "dtrain").mkdir(parents=True)
+    (tmp_path / "cfg" / "dtrain" / "env-allow").write_text("# mine\nTOKEN\n")
     env = {k: v for k, v in os.environ.items() if k != "TOKEN"}
     r = subprocess.run([*DTRAIN, "launch", "-f", "job.yaml"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120, env=env)
+                       timeout=120, env={**env, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: job.yaml:3: env.TOKEN: no value here and $TOKEN is not set where dtrain runs"
     r = _cli(tmp_path, "launch", "-f", "absent.yaml")
@@ -103,10 +106,10 @@ def test_the_cli_says_it_in_one_line_and_exits_non_zero(tmp_path):
 
 def test_paths_in_a_job_file_are_relative_to_the_file(tmp_path):
     (tmp_path / "proj").mkdir()
-    (tmp_path / "proj" / "job.yaml").write_text("image: x\nhostfile: hosts\nworkdir: .\nenv_file: ../e.env\n")
+    (tmp_path / "proj" / "job.yaml").write_text("image: x\nhostfile: hosts\nworkdir: .\nenv_file: conf/../e.env\n")
     got = jobfile.load(tmp_path / "proj" / "job.yaml")
     assert got["hostfile"] == str(tmp_path / "proj" / "hosts") and got["workdir"] == str(tmp_path / "proj")
-    assert got["env_file"] == str(tmp_path / "e.env")
+    assert got["env_file"] == str(tmp_path / "proj" / "e.env")  # and never outside it: tests/test_jobfile_trust.py
 
 
 def test_the_files_a_job_file_names_are_checked_before_anything_starts(tmp_path):
@@ -116,7 +119,7 @@ def test_the_files_a_job_file_names_are_checked_before_anything_starts(tmp_path)
     (tmp_path / "bin").write_bytes(bytes(range(256)))
     head = "image: reg/x:1\nhosts: 127.0.0.1:1\ncommand: python t.py\n"
     for line, says in (("ssh_key: fifo", "ssh_key '" + str(tmp_path / "fifo") + "': a named pipe (FIFO)"),
-                       ("workdir: /dev", "workdir '/dev': /dev is a system directory"),
+                       ("workdir: /dev", "workdir '/dev': an absolute path; a job file is run by others"),
                        ("ssh_config: bin", "ssh_config: an ssh config file can run commands on the launching machine"),
                        ("env_file: fifo", "env_file '" + str(tmp_path / "fifo") + "': a named pipe (FIFO)"),
                        ("region: ''\nec2_tag: a=b", "region '': expected an AWS region")):
@@ -142,18 +145,20 @@ def test_a_job_file_runs_the_same_job_as_its_flags(cluster, remote_images, tmp_p
     (work / "train.py").write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
                                    "os.environ['GREETING'], os.getcwd(), flush=True)\n")
     home = tmp_path / "home"
-    flags = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config, "--image",
-             remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", str(work),
-             "--max-restarts", "1"]
+    nodes = ["--hostfile", cluster.hostfile, "--ssh-config", cluster.ssh_config]  # the user's: outside the project
+    flags = [*nodes, "--image", remote_images["pytorch-ddp"], "--launcher", "torchrun", "--workdir", str(work),
+             "--max-restarts", "1"]  # --dump writes the workdir under the working directory relative: `.`
     env = {"DTRAIN_HOME": str(home)}
-    by_flags = _cli(tmp_path, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
+    by_flags = _cli(work, "launch", *flags, "--name", "t-jf-flags", "--env", "GREETING=hello", "--",
                     "python", "train.py", env=env)
     assert by_flags.returncode == 0, by_flags.stdout + by_flags.stderr
-    dumped = _cli(tmp_path, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
+    dumped = _cli(work, "launch", "--dump", *flags, "--env", "GREETING=hello", "--", "python", "train.py")
     assert dumped.returncode == 0, dumped.stderr
     (work / "job.yaml").write_text(dumped.stdout)
-    assert "\nssh_config:" not in dumped.stdout  # a job file may not give one (it can run commands): the flag does
-    by_file = _cli(tmp_path, "launch", "-f", str(work / "job.yaml"), "--ssh-config", cluster.ssh_config,
+    # a job file may not give an ssh config (it can run commands) nor a path outside its directory: the flags do
+    assert "\nssh_config:" not in dumped.stdout and "\nhostfile:" not in dumped.stdout and "\nworkdir: .\n" in dumped.stdout
+    assert f"--hostfile {cluster.hostfile}" in dumped.stdout.splitlines()[1]
+    by_file = _cli(work, "launch", "-f", "job.yaml", *nodes, "--env", "GREETING",  # its value from the environment
                    "--name", "t-jf-file", env={**env, "GREETING": "hello"})
     assert by_file.returncode == 0, by_file.stdout + by_file.stderr
 

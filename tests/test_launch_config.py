@@ -43,7 +43,7 @@ def test_launch_flags_are_the_models_fields_with_its_help_and_defaults():
     while hasattr(body, "__wrapped__"):
         body = body.__wrapped__
     params = inspect.signature(body).parameters
-    task_only = {"f", "file", "dump", "output"}
+    task_only = {"f", "file", "dump", "output", "force"}
     fields = set(jobfile.JobFile.model_fields) - {"command"}  # command: what follows `--`
     assert set(params) - {"c"} == fields | task_only
     assert set(tasks.LAUNCH_TASK_ONLY_HELP) == task_only

@@ -225,7 +225,8 @@ def test_supervisor_gets_the_modules_it_imports(tmp_path):
         "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/runplan.py", "dtrain/table.py")
     files = supervision.builder_files()
     assert set(files) == {*supervision.shipped_modules(contract.NODE_SCRIPTS / "supervise.py"),
-                          "dtrain/launch/node/stacks.sh"}
+                          *(f"dtrain/launch/node/{p}" for p in supervision.SUPERVISOR_NODE_PROGRAMS)}
+    assert "dtrain/launch/node/nccl_net.sh" in files and "dtrain/launch/jobs/nccl_net.py" in files  # --nccl-check
     # what the hand list of before sent (issue 39) is still sent
     assert set(files) >= {"dtrain/__init__.py", "dtrain/contract.py", "dtrain/values.py", "dtrain/launch/__init__.py",
                           "dtrain/launch/errors.py", "dtrain/launch/jobs/__init__.py", "dtrain/launch/jobs/runplan.py",

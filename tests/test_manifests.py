@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dtrain.launch.jobs import container
-from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv
+from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv, training_env
 from dtrain.launch.jobs.launchers.ray import ray_head_argv, ray_worker_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
 
@@ -17,6 +21,7 @@ from dtrain.launch.other_tools import k8s_schema
 from dtrain.launch.other_tools import manifests as m
 from dtrain.launch.errors import LaunchError
 
+ROOT = Path(__file__).resolve().parent.parent
 HVD = "registry.example.com/dtrain/horovod-pytorch:2.13.0-hvd0.28.1-cpu-py311-debian12"
 DDP = "registry.example.com/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
 CMD = ("python", "train.py", "--epochs", "3")
@@ -192,19 +197,67 @@ def test_mpijob_mpirun_is_launch_commands_output():
     assert "NCCL_SOCKET_IFNAME=eth0" in expected
 
 
-def test_mpijob_env_values_are_in_the_pod_spec_never_in_the_mpirun_argv():
+def test_mpijob_env_values_are_in_no_file_the_pods_read_them_from_a_secret():
     env = {"WANDB_API_KEY": "s3cret-value-1", "NCCL_SOCKET_IFNAME": "eth9"}  # a user value, a built-in one
     text = m.render(spec("mpijob", env=env))
+    assert "s3cret-value-1" not in text and "eth9" not in text
     d = m.load("mpijob", text)
     launcher = d["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     argv = launcher["args"]
-    assert not any("s3cret-value-1" in a or "eth9" in a for a in argv)
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert "WANDB_API_KEY" in xs and "NCCL_SOCKET_IFNAME" in xs  # names only
-    assert {e["name"]: e["value"] for e in launcher["env"]} == env  # mpirun -x NAME reads them here
-    worker = d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert {e["name"]: e["value"] for e in worker["env"]}["WANDB_API_KEY"] == "s3cret-value-1"
+    ref = {"secretKeyRef": {"name": "job-1-env", "key": "WANDB_API_KEY"}}
+    assert {e["name"]: e["valueFrom"] for e in launcher["env"]} == {
+        "NCCL_SOCKET_IFNAME": {"secretKeyRef": {"name": "job-1-env", "key": "NCCL_SOCKET_IFNAME"}},
+        "WANDB_API_KEY": ref}  # mpirun -x NAME reads them here
+    worker = {e["name"]: e for e in d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
+    assert worker["WANDB_API_KEY"]["valueFrom"] == ref and "value" not in worker["NCCL_SOCKET_IFNAME"]
+    assert worker["OMP_NUM_THREADS"]["value"] == training_env("eth0")["OMP_NUM_THREADS"]  # dtrain's own: literal
     assert m.problems("mpijob", d) == []
+
+
+SECRET_VALUE = "v4lue-that-must-not-be-written-47"
+
+
+@pytest.mark.parametrize("target, kw", [("mpijob", {}), ("pytorchjob", {"namespace": "ml"}), ("ecs", {}),
+                                        ("ecs", {"launcher": "ray"})])
+def test_no_env_value_reaches_a_description_only_its_name(target, kw):
+    env = {"HF_TOKEN": SECRET_VALUE, "DB_PASSWORD": SECRET_VALUE + "2", "MODE": "offline-" + SECRET_VALUE}
+    command = () if target == "ecs" and not kw else CMD
+    s = m.ManifestSpec(target, image=RAY if kw.get("launcher") else HVD, command=command, name="job-1",
+                       workers=2, env=env, **kw)
+    text = m.render(s)
+    assert SECRET_VALUE not in text and "offline" not in text
+    name = m.template_name(s)
+    d = m.load(name, text)
+    assert m.problems(name, d) == []
+    notes = m.placeholders(s)
+    assert not any(SECRET_VALUE in line for line in notes)
+    [note] = [line for line in notes if "env DB_PASSWORD, HF_TOKEN, MODE: not in the file" in line]
+    if target == "ecs":
+        defs = [d] if name == "ecs" else [d["headTaskDefinition"], d["workerTaskDefinition"]]
+        for td in defs:
+            secrets = {x["name"]: x["valueFrom"] for x in td["containerDefinitions"][0]["secrets"]}
+            assert secrets["HF_TOKEN"] == m.PLACEHOLDER_ENV_SECRET + ":HF_TOKEN::"
+            assert td["executionRoleArn"] == m.PLACEHOLDER_EXECUTION_ROLE
+        assert "--secret-string file://FILE" in note and "--env-secret-arn" in note
+        assert "[manifest] secrets (--env) valueFrom: a placeholder, replace it (dtrain manifest --env-secret-arn)" \
+            in notes
+        given = m.render(dataclasses.replace(s, env_secret_arn="arn:aws:secretsmanager:eu-west-1:1:secret:x"))
+        assert "arn:aws:secretsmanager:eu-west-1:1:secret:x:MODE::" in given
+    else:
+        ns = " --namespace ml" if kw.get("namespace") else ""
+        assert note.endswith(f"(kubectl create secret generic job-1-env --from-env-file=FILE{ns})")
+
+
+def test_the_cli_writes_no_env_value_and_says_how_to_make_the_secret(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = subprocess.run([sys.executable, "-m", "dtrain", "manifest", "--for", "pytorchjob", "--image", HVD,
+                        "--env", f"HF_TOKEN={SECRET_VALUE}", "--output", str(out), "--", "train.py"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert SECRET_VALUE not in out.read_text() + r.stdout + r.stderr
+    assert "kubectl create secret generic dtrain-job-env --from-env-file=FILE" in r.stderr
 
 
 @pytest.mark.parametrize("namespace", ["ml\n  labels: {x: y}", "ml: x", "ML", "-ml", "ml-", "a" * 64, "",
@@ -430,8 +483,11 @@ def test_node_selector_and_ecs_cluster_follow_their_services_rules():
 
 # ---------------------------------------------------------------- EFA instance types
 
-EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
-GPUS = {"p4d.24xlarge": 8, "p5.48xlarge": 8, "g5.2xlarge": 1}  # each type's GPUs (AWS's instance type pages)
+# p5en and g6e were outside the old hand table (0 GPUs were requested, their EFA still was: issue 47).
+EFA_TYPES = [("p4d.24xlarge", 4), ("p5.48xlarge", 32), ("p5en.48xlarge", 16), ("g6e.12xlarge", 1),
+             ("g5.2xlarge", 0)]  # g5.2xlarge: no EFA
+GPUS = {"p4d.24xlarge": 8, "p5.48xlarge": 8, "p5en.48xlarge": 8, "g6e.12xlarge": 4,
+        "g5.2xlarge": 1}  # each type's GPUs (AWS's instance type pages)
 
 
 def _pods(d):
@@ -540,7 +596,7 @@ def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_p
 
 
 @pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs"])
-@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge"])
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge"])
 def test_the_instance_types_gpus_are_the_default(target, instance_type):
     """--instance-type without --gpus-per-worker: each worker gets the type's 8 GPUs (slots,
     nproc, GPU limits, ECS resourceRequirements), beside its EFA interfaces."""
@@ -569,7 +625,44 @@ def test_the_instance_types_gpus_are_the_default(target, instance_type):
 
 
 def instance_types_efa(instance_type):
-    return {"p4d.24xlarge": 4, "p5.48xlarge": 32}[instance_type]
+    return {"p4d.24xlarge": 4, "p5.48xlarge": 32, "p5en.48xlarge": 16}[instance_type]
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs"])
+def test_g6e_workers_ask_for_its_4_gpus_and_its_efa(target):
+    """g6e.12xlarge (4 x L40S, one EFA), from EC2's DescribeInstanceTypes: its GPUs by default."""
+    command = [] if target == "ecs" else list(CMD)
+    s = m.spec_from_args(target, HVD, command, workers=2, instance_type="g6e.12xlarge")
+    assert (s.gpus_per_worker, s.efa) == (4, 1)
+    text = m.render(s)
+    if target == "ecs":
+        c = json.loads(text)["containerDefinitions"][0]
+        assert c["resourceRequirements"] == [{"type": "GPU", "value": "4"}]
+        assert len(c["linuxParameters"]["devices"]) == 1
+    else:
+        limits = [p["containers"][0]["resources"]["limits"] for role, p in _pods(yaml.safe_load(text))
+                  if role != "Launcher"]
+        assert limits and all(x["nvidia.com/gpu"] == 4 and x["vpc.amazonaws.com/efa"] == 1 for x in limits)
+
+
+def test_a_type_the_data_lacks_is_said_not_taken_for_zero_gpus():
+    """m7i.large is an EC2 type (botocore knows it) outside dtrain's DescribeInstanceTypes
+    snapshot: one line naming the flag and the way to add it, never a manifest with 0 GPUs."""
+    for kw in ({"instance_type": "m7i.large"}, {"instance_type": "m7i.large", "gpus_per_worker": 0},
+               {"node_selector": ["node.kubernetes.io/instance-type=m7i.large"]}):
+        with pytest.raises(LaunchError) as e:
+            m.render(m.spec_from_args("mpijob", HVD, list(CMD), **kw))
+        assert "m7i.large is not in dtrain's instance-type data" in str(e.value)
+        assert "`dtrain instance-types --refresh` adds it" in str(e.value) and "\n" not in str(e.value)
+        assert str(e.value).startswith(("--instance-type m7i.large: ", "--node-selector node.kubernetes.io/"))
+
+
+def test_a_misspelled_type_is_still_refused():
+    from dtrain import values
+
+    with pytest.raises(values.BadValue, match=r"--instance-type 'p5en\.48xlage': not an EC2 instance type; did you "
+                                              r"mean p5en\.48xlarge"):
+        values.ec2_instance_type("--instance-type", "p5en.48xlage")
 
 
 def test_given_gpus_win_and_more_than_the_type_has_is_one_line():
@@ -579,3 +672,15 @@ def test_given_gpus_win_and_more_than_the_type_has_is_one_line():
         m.render(m.spec_from_args("mpijob", HVD, list(CMD), gpus_per_worker=16, instance_type="p4d.24xlarge"))
     assert str(e.value) == ("--gpus-per-worker 16: a p4d.24xlarge has 8 GPUs (--instance-type p4d.24xlarge); "
                             "give at most 8")
+
+
+@pytest.mark.parametrize("target", ["mpijob", "ecs"])
+def test_launch_target_writes_no_env_value_either(tmp_path, target):
+    out = tmp_path / "job.txt"
+    r = subprocess.run([sys.executable, "-m", "dtrain", "launch", "--target", target, "--image", HVD,
+                        "--env", f"HF_TOKEN={SECRET_VALUE}", "--output", str(out),
+                        *([] if target == "ecs" else ["--", "python", "train.py"])],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert SECRET_VALUE not in out.read_text() + r.stdout + r.stderr
+    assert "[launch] env HF_TOKEN: not in the file" in r.stderr

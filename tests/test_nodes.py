@@ -21,7 +21,7 @@ from moto import mock_aws
 from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import cluster, ec2
-from dtrain.launch.infra.instance_types import EFA_TYPES
+from dtrain.launch.infra import instance_types
 from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.targets.ec2 import discover_ec2
 
@@ -37,6 +37,7 @@ def aws(monkeypatch, tmp_path):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with mock_aws():
         session = boto3.Session(region_name=REGION)
         session.client("ssm").put_parameter(Name=AMI_PARAM, Value="ami-dca37ea5", Type="String")
@@ -144,10 +145,14 @@ def test_capacity_decision():
     assert ec2.capacity_decision(4, 4, 3) == "rollback"
 
 
-def test_doctor_uses_the_shared_efa_table():
+def test_doctor_reads_efa_from_the_instance_type_data():
     from dtrain.launch.troubleshoot import doctor
 
-    assert doctor.EFA_TYPES is EFA_TYPES
+    assert doctor.efa_count is instance_types.efa_count
+    assert doctor.efa_verdict("p5en.48xlarge", 16)[0] == "PASS"  # not in the old hand table
+    assert doctor.efa_verdict("p5en.48xlarge", 0)[0] == "FAIL"
+    status, detail = doctor.efa_verdict("m7i.large", 0)  # not in the data: said, not "not an EFA type"
+    assert status == "PASS" and "m7i.large is not in dtrain's instance-type data" in detail
 
 
 # --- deployed against moto -------------------------------------------------------------------
@@ -158,9 +163,14 @@ def test_up_default_vpc_then_down_leaves_nothing(aws):
     assert stacks(aws) == ["dtrain-c1"]
     nodes = parse_hostfile(hostfile)
     assert len(nodes) == 3 and all(n.slots == 4 and n.user == "ubuntu" and n.identity == "/k/id" for n in nodes)
-    # the launcher's --ec2-tag finds the same nodes
-    found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
+    # the launcher's --ec2-tag finds the same nodes: at their private addresses from inside their
+    # VPC (as this hostfile), at their public ones from outside (a laptop), as nodes up chooses
+    inside = ec2.Vantage(vpc_id=aws.client("ec2").describe_vpcs()["Vpcs"][0]["VpcId"], private_ip="172.31.0.9")
+    found = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws, here=inside)
     assert [n.host for n in found] == [n.host for n in nodes]
+    outside = discover_ec2(f"{ec2.CLUSTER_TAG}=c1", session=aws)
+    assert all(i.public_ip for i in cluster.instances)
+    assert [n.host for n in outside] == [i.public_ip for i in cluster.instances]
     assert ec2.cluster_hostfile("c1") == hostfile
     assert ec2.load_cluster("c1") == cluster and cluster.nitro
     lts = aws.client("ec2").describe_launch_template_versions(LaunchTemplateName="dtrain-c1")
@@ -478,8 +488,8 @@ def test_efa_layout_from_describe_instance_types(aws, itype):
     assert len(ec2.network_interfaces(info, 2)) == min(2, total)
 
 
-def test_efa_layout_without_network_cards_uses_the_table():
-    """An entry without NetworkCards (an older API answer): the table's count, plain "efa"."""
+def test_efa_layout_without_network_cards_uses_the_snapshot():
+    """An entry without NetworkCards (an older API answer): the snapshot's count, plain "efa"."""
     info = {"InstanceType": "p4d.24xlarge", "NetworkInfo": {"EfaSupported": True}}
     assert ec2.network_interfaces(info) == [
         {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa"},

@@ -97,13 +97,14 @@ def test_template_from_outside_lints(aws, itype, eips, new_vpc):
     assert sorted(eip) == [f"Address{k}" for k in range(1, eips + 1)]
     user_data = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
     assert ("\nDTRAIN_WAIT_ADDRESS=1\n" in user_data) == bool(eips)
-    if eips:
-        assert t["Resources"]["Nodes"]["DependsOn"] == sorted(eip)  # instances go first on delete
+    way_out = ["GatewayAttachment", "DefaultRoute", "SubnetRoutes"] if new_vpc else []  # the nodes go before it
+    assert t["Resources"]["Nodes"].get("DependsOn", []) == sorted(eip) + way_out
+    if eips:  # instances go first on delete
         assert all(r["Properties"]["Domain"] == "vpc" for r in eip.values())
         assert all(r.get("DependsOn") == ("GatewayAttachment" if new_vpc else None) for r in eip.values())
         assert [m for m in said if "way in and out" in m] == [ec2.addresses_line(2)]
     else:
-        assert "DependsOn" not in t["Resources"]["Nodes"] and not any("way in and out" in m for m in said)
+        assert not any("way in and out" in m for m in said)
     assert len(addresses(aws)) == eips
 
 
@@ -112,7 +113,8 @@ def test_template_with_efs_and_addresses_lints(aws):
     res = ec2.preflight(aws, s)
     t = ec2.stack_template(s, dataclasses.replace(res, addresses=2))
     assert lint(t) == []
-    assert t["Resources"]["Nodes"]["DependsOn"] == ["MountTarget", "Address1", "Address2"]
+    assert t["Resources"]["Nodes"]["DependsOn"] == ["MountTarget", "Address1", "Address2", "GatewayAttachment",
+                                                  "DefaultRoute", "SubnetRoutes"]
 
 
 # --- deployed in moto: up with the defaults, down, a failed up --------------------------------
@@ -150,7 +152,11 @@ def _nodes_down(name: str) -> str:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        tasks.nodes.body(None, "down", name=name, region=REGION)
+        try:
+            tasks.nodes.body(None, "down", name=name, region=REGION)
+        except SystemExit as e:  # something stays billed: exit 1, after saying what
+            assert e.code == 1
+            return out.getvalue() + "[exit 1]\n"
     return out.getvalue()
 
 
@@ -165,9 +171,9 @@ def test_nodes_down_says_the_stacks_addresses_are_released_or_names_those_left(a
     stray = aws.client("ec2").allocate_address(Domain="vpc")  # one the stack did not make, tagged as the cluster's
     aws.client("ec2").create_tags(Resources=[stray["AllocationId"]], Tags=[{"Key": ec2.CLUSTER_TAG, "Value": "c2"}])
     said = _nodes_down("c2").splitlines()
-    assert said[0] == "deleted stack dtrain-c2", said
-    assert said[1] == (f"Elastic IP(s) of the stack left, still billed: {stray['PublicIp']} ({stray['AllocationId']}); "
-                       "release each with `aws ec2 release-address --allocation-id ID`"), said
+    assert said == ["deleted stack dtrain-c2", f"still billed in region {REGION} (1):",
+                    f"  Elastic IP {stray['PublicIp']} ({stray['AllocationId']}): `aws ec2 release-address "
+                    f"--allocation-id {stray['AllocationId']} --region {REGION}`", "[exit 1]"], said
 
 
 def test_an_interrupted_up_names_the_elastic_ips_among_what_it_deletes(aws):
@@ -259,7 +265,7 @@ def test_cli_p4d_with_the_defaults_from_outside(moto_server, checkip):
     url, env = moto_server
     r = invoke({**env, "DTRAIN_CHECKIP_URL": checkip}, "nodes", "up", "--name", "c1", "--count", "2",
                "--instance-type", "p4d.24xlarge", "--ami", "ami-dca37ea5", "--timeout", "3",
-               "--ssh-opt", "ProxyCommand=/bin/false")
+               "--ssh-opt", "ProxyCommand=/bin/false", "--yes")  # --yes: $43.9/h, no terminal to ask
     assert "[nodes] this machine is not in the nodes' VPC: public addresses; ssh from this machine's public " \
            "address (127.0.0.7/32)\n" in r.stdout, r.stdout
     assert ec2.addresses_line(2) + "\n" in r.stdout
@@ -267,7 +273,7 @@ def test_cli_p4d_with_the_defaults_from_outside(moto_server, checkip):
     assert r.returncode == 2 and r.stderr.startswith("error: no node answered ssh + docker within 3s") \
         and r.stderr.count("\n") == 1, r.stderr
     s = boto3.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
-    assert s.client("ec2", endpoint_url=url).describe_addresses()["Addresses"] == []
+    assert s.client("ec2", endpoint_url=url).describe_addresses()["Addresses"] == [], r.stdout + r.stderr
     assert [st for st in s.client("cloudformation", endpoint_url=url).describe_stacks()["Stacks"]
             if st["StackStatus"] != "DELETE_COMPLETE"] == []
 

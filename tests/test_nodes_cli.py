@@ -80,7 +80,10 @@ def test_nodes_up_list_down_with_the_defaults(world):
         workers = Path(node.state_dir) / "dtrain-home" / "workers"
         assert workers.read_text() == "10.213.0.11\n10.213.0.12\n"
     r = dtrain(user_dir, env, "nodes", "list")
-    assert r.returncode == 0 and r.stdout == "e2e  CREATE_COMPLETE\n", r.stdout + r.stderr
+    row = r.stdout.splitlines()[1].split()
+    assert r.returncode == 0 and row[:6] + row[7:9] == ["e2e", REGION, "CREATE_COMPLETE", "c5.xlarge", "2", "-", "usable",
+                                                         "10.213.0.11,10.213.0.12"], r.stdout + r.stderr
+    assert r.stdout.splitlines()[2] == f"e2e ({REGION}): dtrain launch --cluster e2e --image IMAGE -- CMD", r.stdout
     r = dtrain(user_dir, env, "nodes", "down", "--name", "e2e")
     assert r.returncode == 0 and r.stdout == "deleted stack dtrain-e2e\n", r.stdout + r.stderr
     r = dtrain(user_dir, env, "nodes", "list")
@@ -164,7 +167,9 @@ def test_the_docs_walkthrough(world):
             assert r.returncode == 0 and "1 nodes up (private addresses, user root)" in r.stdout, r.stdout + r.stderr
         elif argv[:2] == ["nodes", "list"]:
             r = dtrain(user_dir, env, *argv)
-            assert r.stdout == "train  CREATE_COMPLETE\n", r.stdout + r.stderr
+            lines = r.stdout.splitlines()
+            assert len(lines) == 3 and lines[1].split()[:3] == ["train", REGION, "CREATE_COMPLETE"], r.stdout + r.stderr
+            assert lines[1].split()[7] == "usable", r.stdout
         elif argv[:2] == ["volume", "create"]:
             r = dtrain(user_dir, env, *argv)
             assert r.returncode == 2 and "is not a block device on node-1" in r.stderr, r.stdout + r.stderr

@@ -223,7 +223,9 @@ def test_report_of_latest_is_private_and_an_unwritable_output_is_one_line(tmp_pa
     assert (tmp_path / "new.html").stat().st_mode & 0o777 == 0o600  # as private as the job's store
     (tmp_path / "mine.html").write_text("old")
     (tmp_path / "mine.html").chmod(0o644)
-    r = _dtrain(home, "report", "--output", "mine.html", cwd=tmp_path)
+    r = _dtrain(home, "report", "--output", "mine.html", cwd=tmp_path)  # not dtrain's: --force replaces it
+    assert r.returncode == 2 and "--force" in r.stderr and (tmp_path / "mine.html").read_text() == "old"
+    r = _dtrain(home, "report", "--output", "mine.html", "--force", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "mine.html").stat().st_mode & 0o777 == 0o644
     assert "<html" in (tmp_path / "mine.html").read_text()
     for where in ("/proc/x.html", str(tmp_path)):

@@ -310,7 +310,9 @@ def test_dtrain_sagemaker_run_with_requirements_data_and_3_instances(tmp_path, m
     (project / "data/train/0.tar").write_bytes(b"x" * 100)
     env = {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "PYTHONPATH": str(ROOT)}
+           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "PYTHONPATH": str(ROOT),
+           # 3 x ml.p3.2xlarge is above the default $10/h: no terminal here to ask (issue 49)
+           "DTRAIN_CONFIRM_ABOVE": "100"}
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     argv = documented_sagemaker_run()  # docs/other-tools.md's example, its placeholders filled in
     cut = argv.index("--")
@@ -319,6 +321,7 @@ def test_dtrain_sagemaker_run_with_requirements_data_and_3_instances(tmp_path, m
                        timeout=120, env={**os.environ, **env})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == "imagenet-3-nodes"
+    assert "[price] 3 x ml.p3.2xlarge managed spot, at most: $11.475/h (AWS price list snapshot of " in r.stdout
 
     try:
         req = _recorded_create_training_job(moto_server)

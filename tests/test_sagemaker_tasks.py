@@ -344,11 +344,37 @@ def test_create_role_makes_a_least_privilege_role_once_and_widens_it(bucket, tmp
 
     # Reused without the flag; another bucket is added to its policy.
     aws.client("s3").create_bucket(Bucket="other-bucket")
+    aws.client("s3").create_bucket(Bucket="data-bucket")
     printed.clear()
     sm.run(_opts(work, tmp_path, task="r2", role_arn="", output_s3="s3://other-bucket/x",
                  inputs={"data": "s3://data-bucket/imagenet"}), session=aws, out=printed.append, poll_s=0)
     assert len(iam.list_roles()["Roles"]) == 1 and sm.role_buckets(iam) == {BUCKET, "other-bucket", "data-bucket"}
     assert "[sagemaker] IAM role dtrain-sagemaker: S3 access widened to data-bucket, other-bucket" in printed
+
+
+def test_a_missing_bucket_is_refused_before_the_role_or_any_upload(bucket, tmp_path):
+    """--create-role --output s3://missing/...: one line naming the flag and the bucket, and
+    nothing made (no role, no upload, no job); the same for --state-dir and an --input bucket
+    that does not exist (issue 47: the role was made, then the cleanup's NoSuchBucket shown)."""
+    aws, work = bucket, _work(tmp_path)
+    for kw, message in [
+        ({"output_s3": "s3://missing-bucket/runs"}, "--output: no bucket missing-bucket; make it "
+                                                    "(`aws s3 mb s3://missing-bucket`) or name another"),
+        ({"state_s3": "s3://missing-state/s"}, "--state-dir: no bucket missing-state; make it"),
+        ({"inputs": {"data": "s3://missing-data/x"}}, "--input data: no bucket missing-data; make it"),
+    ]:
+        with pytest.raises(LaunchError) as e:
+            sm.run(_opts(work, tmp_path, task="m", role_arn="", create_role=True, **kw), session=aws,
+                   out=lambda _: None, poll_s=0)
+        assert str(e.value).startswith(message), str(e.value)
+        assert aws.client("iam").list_roles()["Roles"] == [] and _keys(aws) == set() and _jobs(aws) == []
+
+
+def test_bucket_problem_table():
+    assert sm.bucket_problem("--output", "b", {"Code": "403"}, writes=True).startswith(
+        "--output: bucket b refuses these credentials (HeadBucket: 403)")
+    assert sm.bucket_problem("--input d", "b", {"Code": "403"}, writes=False) is None  # the job's role may read it
+    assert sm.bucket_problem("--input d", "b", {"Code": "404"}, writes=False).startswith("--input d: no bucket b")
 
 
 # ---------------------------------------------------------------- nothing half-made
@@ -553,6 +579,31 @@ def test_local_refusals_make_nothing(tmp_path, kw, message):
     with pytest.raises(LaunchError, match=re.escape(message)):
         sm.run_local(_opts(work, tmp_path, download=tmp_path / "out", **kw), runner=lambda a, e: 0)
     assert not (tmp_path / "out").exists()
+
+
+def test_local_runs_the_docker_on_path(tmp_path, monkeypatch):
+    """--local runs `docker` from PATH (Docker Desktop's /usr/local/bin/docker on a laptop), not
+    a fixed /usr/bin/docker; with none anywhere, one line and nothing left."""
+    from dtrain import engine
+
+    work = _work(tmp_path)
+    (work / "train.py").write_text("print(1)\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # only the fake: never a real engine
+    monkeypatch.setattr(engine, "DOCKER_CLI", tmp_path / "no-docker")
+    opts = _opts(work, tmp_path, role_arn="", command=("python3", "train.py"), download=tmp_path / "out",
+                 task="local", name="local-path")
+    assert sm.run_local(opts, out=lambda _m: None) == ("local-path", 0)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[0] == "run" and argv[-2:] == [IMAGE, "train"], argv
+    fake.unlink()
+    with pytest.raises(LaunchError, match=r"^--local: no `docker` on PATH: install Docker"):
+        sm.run_local(dataclasses.replace(opts, name="local-none"), out=lambda _m: None)
+    assert not (tmp_path / "out/local-none").exists()
 
 
 @pytest.mark.docker

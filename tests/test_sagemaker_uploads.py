@@ -157,4 +157,79 @@ def test_symlinks_upload_only_what_the_rules_let_go(tmp_path):
     assert [f.as_posix() for f in files] == [".dtrainignore", ".env.example", "lib/util.py", "main.py", "util.py"]
     assert left_out == [".aws/", ".env", "id_rsa"] and links == ["env_copy", "lib_link", "passwd"]
     assert sm.left_out_lines(left_out, links)[1] == (
-        "left out 3 symlink(s) leading out of the workdir or to a file left out: env_copy, lib_link, passwd")
+        "left out 3 symlink(s) leading out of the directory or to a file left out: env_copy, lib_link, passwd")
+
+
+# ---------------------------------------------------------------- --input DIR, --dependencies DIR (issue 47)
+
+PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow" + MARKER + "\n-----END RSA PRIVATE KEY-----\n"
+
+
+def test_input_and_dependency_directories_upload_no_secret_and_follow_no_link_out(tmp_path, moto_server):
+    """--input NAME=DIR was uploaded whole (links followed out of it); --dependencies had the
+    workdir's rules but the names only. Now: secrets by name, content and hard link stay here,
+    a link out of the directory or a FIFO is not read, in both; a nested .dtrainignore sends
+    nothing back."""
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="proj-bucket")
+    project = _project(tmp_path)
+    outside = tmp_path / "home-secret"
+    outside.write_text(MARKER)
+    data, deps = tmp_path / "data", tmp_path / "mylib"
+    for rel, text in {"data/train.csv": "a,b\n1,2\n", "data/sub/val.csv": "a,b\n", "data/.env": MARKER,
+                      "data/id_test": PEM, "data/GCP-KEY.json": "{}", "data/notes.txt": f"AWS_PASSWORD={MARKER}\n",
+                      "mylib/__init__.py": "X = 1\n", "mylib/prod.env": MARKER, "mylib/vendor/.dtrainignore": "!*\n",
+                      "mylib/vendor/kubeconfig": MARKER, "mylib/vendor/keep.py": "Y = 2\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for d in (data, deps):
+        (d / "out_link").symlink_to(outside)
+        (d / "dir_link").symlink_to(tmp_path / "proj")
+        os.mkfifo(d / "pipe")
+    os.link(data / ".env", data / "copy.csv")
+    (data / "train_link.csv").symlink_to("train.csv")  # inside and sent: its content goes
+    r = _cli(["--name", "job-47", "--no-wait", "--input", f"train={data}", "--dependencies", str(deps), "--",
+              "python", "main.py"], project, moto_server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    keys = _keys(s3, "proj-bucket")
+    base = "dtrain/job-47/"
+    assert {k[len(base + "input/train/"):] for k in keys if k.startswith(base + "input/train/")} == {
+        "train.csv", "sub/val.csv", "train_link.csv"}
+    assert {k[len(base + "deps/mylib/"):] for k in keys if k.startswith(base + "deps/mylib/")} == {
+        "__init__.py", "vendor/.dtrainignore", "vendor/keep.py"}
+    for k in keys:
+        assert MARKER.encode() not in s3.get_object(Bucket="proj-bucket", Key=k)["Body"].read(), k
+    lines = r.stdout.splitlines()
+    assert ("[sagemaker] --input train: left out 5 that may hold secrets: .env, GCP-KEY.json, copy.csv, id_test, "
+            "notes.txt (to send one, put it in S3 yourself and pass --input NAME=s3://BUCKET/PREFIX)") in lines, lines
+    assert ("[sagemaker] --input train: left out 2 symlink(s) leading out of the directory or to a file left out: "
+            "dir_link, out_link") in lines
+    assert any(line.startswith("[sagemaker] mylib: left out 2 that may hold secrets: prod.env, vendor/kubeconfig")
+               for line in lines), lines
+    assert MARKER not in r.stdout + r.stderr
+
+
+def test_the_code_upload_leaves_out_issue_47s_files_by_name_content_and_hard_link(tmp_path, moto_server):
+    """The files the issue found uploaded (prod.env, service-account.json, ..., a PEM key named
+    id_test, a hard link to .env under another name), and a nested .dtrainignore's `!*`."""
+    from test_workdir import BY_CONTENT, ISSUE_47, MARK, NOT_SECRETS
+
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="proj-bucket")
+    project = tmp_path / "proj"
+    tree = {**ISSUE_47, **BY_CONTENT, **NOT_SECRETS, "main.py": "print(1)\n", "vendor/.dtrainignore": "!*\n",
+            "vendor/.env": MARKER}
+    for rel, text in tree.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    os.link(project / ".ENV", project / "notes.txt")
+    r = _cli(["--name", "job-47b", "--no-wait", "--", "python", "main.py"], project, moto_server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = "dtrain/job-47b/code/"
+    assert {k[len(code):] for k in _keys(s3, "proj-bucket") if k.startswith(code)} == {
+        *NOT_SECRETS, "main.py", "vendor/.dtrainignore"}
+    for k in _keys(s3, "proj-bucket"):
+        assert MARK.encode() not in s3.get_object(Bucket="proj-bucket", Key=k)["Body"].read(), k
+    assert MARK not in r.stdout + r.stderr

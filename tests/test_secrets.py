@@ -186,11 +186,11 @@ def test_a_job_file_with_a_local_command_ssh_option_is_refused_with_one_line(tmp
 
 
 @pytest.mark.parametrize("opt", ["ProxyJump=user@bastion.example.com", "ProxyJump=a@b:2222,ssh://c.example:22",
-                                 "Port=2222", "Port 2222", "User=ubuntu", "IdentityFile=~/.ssh/id_ed25519",
+                                 "Port=2222", "Port 2222", "User=ubuntu", "IdentitiesOnly=no",
                                  "ConnectTimeout=10", "ServerAliveInterval = 30", "ServerAliveCountMax=3",
                                  "StrictHostKeyChecking=accept-new", "UserKnownHostsFile=/dev/null",
                                  "Compression=yes", "IdentitiesOnly=yes", "ConnectionAttempts=3", "BatchMode=yes",
-                                 "LogLevel=ERROR", "AddressFamily=inet", "HostKeyAlias=node-1", "CheckHostIP=no",
+                                 "LogLevel=ERROR", "AddressFamily=inet", "CheckHostIP=no",
                                  "TCPKeepAlive=yes"])
 def test_a_job_file_may_give_ssh_options_that_run_nothing_here(tmp_path, opt):
     (tmp_path / "job.yaml").write_text(f"image: reg/x:1\nssh_opt:\n  - {json.dumps(opt)}\n")
@@ -291,3 +291,52 @@ def test_the_docker_cli_finds_the_users_context_in_the_own_config(tmp_path, monk
         r = subprocess.run([P.DOCKER, "context", "inspect", "--format", "{{.Name}} {{.Endpoints.docker.Host}}"],
                            capture_output=True, text=True)
     assert r.stdout.strip() == "dtrain-ctx-test unix:///nonexistent.sock", r.stderr
+
+
+# ---------------------------------------------------------------- a SIGKILLed push's Docker config (issue 47)
+
+
+def _holder(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    p = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                         "DOCKER_CONFIG": str(tmp_path)})
+    assert p.stdout
+    d = Path(p.stdout.readline().strip())
+    assert d.is_dir() and d.name.startswith(f"{P.PUSH_CONFIG_PREFIX}{p.pid}-")
+    return p, d
+
+
+def test_the_next_push_removes_a_sigkilled_pushs_docker_config_and_no_live_ones(tmp_path, monkeypatch):
+    """SIGKILL runs no `finally`: the killed push's config (where docker login writes the
+    credential) stays on /dev/shm until the next push, which removes it; a push still running
+    keeps its own."""
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    killed, stale = _holder(tmp_path)
+    alive, live = _holder(tmp_path)
+    try:
+        (stale / "config.json").write_text('{"auths": {"r.io": {"auth": "dTpw"}}}')  # as docker login leaves it
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        assert stale.is_dir()  # nothing ran in the killed process
+        assert stale in P.stale_push_configs(stale.parent) and live not in P.stale_push_configs(stale.parent)
+        with P.own_docker_config() as mine:
+            assert not stale.exists() and live.is_dir() and mine.is_dir()
+        assert not mine.exists()
+    finally:
+        alive.send_signal(signal.SIGTERM)
+        alive.wait(timeout=30)
+
+
+def test_a_config_whose_pid_was_reused_by_another_process_is_stale(tmp_path):
+    me = os.getpid()
+    start = P.process_start(me)
+    assert start is not None and P.process_start(2**22 + 1) is None
+    reused = tmp_path / f"{P.PUSH_CONFIG_PREFIX}{me}-{int(start) - 1}-abc123"  # this pid, an earlier process
+    mine = tmp_path / f"{P.PUSH_CONFIG_PREFIX}{me}-{start}-def456"
+    other = tmp_path / "dtrain-push-docker-xyz"  # not ours to judge: an older name, kept
+    link = tmp_path / f"{P.PUSH_CONFIG_PREFIX}1-1-link"
+    for d in (reused, mine, other):
+        d.mkdir()
+    link.symlink_to(mine)
+    assert P.remove_stale_push_configs(tmp_path) == [reused]
+    assert not reused.exists() and mine.is_dir() and other.is_dir() and link.is_symlink()

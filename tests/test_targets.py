@@ -132,7 +132,8 @@ def test_nodes_apply_the_ssh_defaults(tmp_path):
 
 def test_cluster_nodes_are_the_hostfile_nodes_up_wrote(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(LaunchError, match=r"^--cluster c1: no hostfile at .*`dtrain nodes up --name c1` writes it"):
+    with pytest.raises(LaunchError, match=r"^--cluster c1: no hostfile at .*: no cluster of that name was made here "
+                                          r"\(`dtrain nodes list` shows the clusters"):
         targets.nodes(NodeArgs(cluster="c1"))
     stack.cluster_dir("c1").mkdir(parents=True)
     (stack.cluster_dir("c1") / "hostfile").write_text("10.0.0.5 slots=8 user=ubuntu\n")

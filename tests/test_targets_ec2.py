@@ -24,6 +24,7 @@ def aws_env(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # this machine: not an instance
 
 
 def _launch(ec2, itype, ip, tags, *, subnet):
@@ -87,6 +88,29 @@ def test_discover_ec2_honours_aws_endpoint_url(aws_env, monkeypatch):
         server.stop()
 
 
+def test_discover_ec2_uses_public_addresses_from_outside_the_vpc(aws_env):
+    """Instances with public addresses (the default VPC's subnet maps them): from outside their
+    VPC (a laptop: no metadata service) their public addresses, as `nodes up` chooses; from an
+    instance in their VPC the private ones; one without a public address keeps its private one."""
+    from dtrain.launch.infra.ec2 import Vantage
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        for _ in range(2):
+            ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="c5.xlarge",
+                              TagSpecifications=[{"ResourceType": "instance",
+                                                  "Tags": [{"Key": "dtrain:cluster", "Value": "train"}]}])
+        found = ec2.describe_instances()["Reservations"]
+        inst = sorted((i for r in found for i in r["Instances"]), key=lambda i: tuple(
+            int(x) for x in i["PrivateIpAddress"].split(".")))
+        assert all(i.get("PublicIpAddress") for i in inst)
+        outside = discover_ec2("dtrain:cluster=train")
+        assert [n.host for n in outside] == [i["PublicIpAddress"] for i in inst]
+        inside = discover_ec2("dtrain:cluster=train", here=Vantage(vpc_id=inst[0]["VpcId"], private_ip="172.31.0.9"))
+        assert [n.host for n in inside] == [i["PrivateIpAddress"] for i in inst]
+    assert provider.reach_address({"PrivateIpAddress": "10.0.0.5", "VpcId": "vpc-1"}, None) == "10.0.0.5"
+
+
 def test_discover_ec2_nothing_matches(fleet):
     with pytest.raises(LaunchError) as e:
         discover_ec2("dtrain=nope")
@@ -148,25 +172,37 @@ class _Session:
         return self._client
 
 
-def test_discover_ec2_falls_back_to_builtin_table(fleet):
+def test_discover_ec2_falls_back_to_the_snapshot(fleet):
+    # DescribeInstanceTypes without GpuInfo: the shipped snapshot of it answers (g5.12xlarge: 4).
     nodes = discover_ec2("dtrain=exp1", session=_Session(_NoGpuInfo(fleet)))
     assert [(n.host, n.slots) for n in nodes] == [("10.0.0.9", 4), ("10.0.0.10", 4), ("10.0.1.5", 1)]
 
 
 def test_discover_ec2_denied_type_lookup(fleet):
-    # Denied: a type in the built-in table still works; an unknown one is an error, not a silent 1.
+    # Denied: a type in the snapshot still works (c5.xlarge: no GPU, one slot); one it lacks is
+    # an error, not a silent 1.
     session = _Session(_NoGpuInfo(fleet, denied=True))
+    assert [n.slots for n in discover_ec2("dtrain=exp1", session=session)] == [4, 4, 1]
+    subnet = fleet.describe_subnets(Filters=[{"Name": "cidr-block", "Values": ["10.0.0.0/16"]}])["Subnets"][0]["SubnetId"]
+    _launch(fleet, "m7i.large", "10.0.2.7", {"dtrain": "exp2"}, subnet=subnet)
     with pytest.raises(LaunchError) as e:
-        discover_ec2("dtrain=exp1", session=session)
+        discover_ec2("dtrain=exp2", session=session)
     assert str(e.value) == (
-        "cannot tell how many GPUs a c5.xlarge has "
-        "(DescribeInstanceTypes failed: UnauthorizedOperation: not allowed); pass slots explicitly"
+        "cannot tell how many GPUs a m7i.large has "
+        "(DescribeInstanceTypes failed: UnauthorizedOperation: not allowed; it is not in dtrain's instance-type "
+        "data either); pass slots explicitly"
     )
     assert [n.slots for n in discover_ec2("dtrain=other", session=session)] == [4]
 
 
-def test_known_gpu_table():
-    assert provider.KNOWN_GPU_COUNTS["p4d.24xlarge"] == 8
-    assert provider.KNOWN_GPU_COUNTS["p5.48xlarge"] == 8
-    assert provider.KNOWN_GPU_COUNTS["g4dn.12xlarge"] == 4
-    assert provider.KNOWN_GPU_COUNTS["p3.8xlarge"] == 4
+def test_snapshot_gpu_counts():
+    # What the 17-entry hand table said, now read from EC2's DescribeInstanceTypes snapshot, and
+    # the types it lacked.
+    assert provider.gpu_count("p4d.24xlarge") == 8
+    assert provider.gpu_count("p5.48xlarge") == 8
+    assert provider.gpu_count("g4dn.12xlarge") == 4
+    assert provider.gpu_count("p3.8xlarge") == 4
+    assert provider.gpu_count("p5en.48xlarge") == 8
+    assert provider.gpu_count("g6e.12xlarge") == 4
+    assert provider.gpu_count("c5.xlarge") == 0
+    assert provider.gpu_count("m7i.large") is None

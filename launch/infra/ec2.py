@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dtrain import ROOT, contract
+from dtrain import ROOT, contract, records, values
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.infra.instance_types import efa_cards, efa_supported, is_nitro
+from dtrain.launch.infra import regions
+from dtrain.launch.infra.instance_types import efa_cards, efa_supported, gpu_count, gpus_of, is_nitro
 
 # The Deep Learning AMI (Ubuntu 22.04, NVIDIA driver, Docker and the NVIDIA container toolkit),
 # through its public SSM parameter: CloudFormation resolves the newest id at create time.
@@ -150,6 +151,7 @@ class Resolved:
     ssh_rule: str = ""  # who may ssh in, in words (for messages)
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
     addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
+    warnings: tuple[str, ...] = ()  # one line each, said before the stack is made (gpu_ami_problem)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -179,7 +181,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
             raise LaunchError(f"--instance-type {spec.instance_type}: no such instance type in "
                               f"{ec2.meta.region_name} (see `aws ec2 describe-instance-types`)") from None
         raise _client_error(e, "DescribeInstanceTypes") from None
-    gpus = sum(int(g.get("Count", 0)) for g in (info.get("GpuInfo") or {}).get("Gpus", [])) or 1
+    # GPUs: the API's answer, else dtrain's snapshot of it (an endpoint without GpuInfo)
+    gpus = gpus_of(info) or gpu_count(spec.instance_type) or 0
     if spec.key_name:
         try:
             ec2.describe_key_pairs(KeyNames=[spec.key_name])
@@ -215,7 +218,9 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
     else:
         az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
-    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(info.get("GpuInfo")))
+    warnings: list[str] = []
+    ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(gpus),
+                                                             instance_type=spec.instance_type, warnings=warnings)
     root = spec.root_size or root_size_default(snapshot_gb)
     if root < snapshot_gb:
         raise LaunchError(f"--root-size {root}: the AMI {ami_id}'s snapshot is {snapshot_gb} GiB; "
@@ -234,14 +239,15 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
         if "does not exist" not in e.response["Error"].get("Message", ""):
             raise _client_error(e, "DescribeStacks") from None
     else:
-        raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)}); "
-                          f"`dtrain nodes down --name {spec.name}` first, or pick another name")
+        raise LaunchError(f"--name {spec.name}: cluster exists (stack {stack_name(spec.name)} in "
+                          f"{session.region_name}); `dtrain nodes down --name {spec.name}"
+                          f"{regions.region_arg(session.region_name)}` first, or pick another name")
     return Resolved(file_system=kept_file_system(session, spec.name) if spec.efs else None,
-                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus, vpc_id=vpc_id,
+                    efa=efa_supported(info), nitro=is_nitro(info), gpus=gpus or 1, vpc_id=vpc_id,
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user)
+                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings))
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -321,11 +327,41 @@ def ami_user(image: dict[str, Any]) -> str:
     return DLAMI_USER
 
 
-def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, str]:
+# Words in an AMI's name or description that say it is made for GPUs (the NVIDIA driver and
+# container toolkit): the Deep Learning AMIs, the ECS and EKS GPU-optimized AMIs, NVIDIA's own.
+GPU_AMI_WORDS = ("gpu", "nvidia", "cuda", "deep learning", "dlami", "deeplearning")
+
+
+def gpu_ami_problem(ami: str, image: dict[str, Any] | None, instance_type: str, gpus: bool) -> tuple[str, str] | None:
+    """A CPU image on a GPU type (pure): ("refuse", line) for --ami cpu, ("warn", line) for an
+    AMI whose name and description say nothing of GPUs; None when it fits."""
+    if not gpus:
+        return None
+    if ami == "cpu":
+        return ("refuse", f"--ami cpu on {instance_type}, a GPU type: the CPU AMI (ECS-optimized Amazon Linux) "
+                          "has no NVIDIA driver, its GPUs would go unused; drop --ami (gpu is the default on GPU "
+                          "types) or pick a CPU instance type")
+    if ami in ("auto", "gpu") or image is None:
+        return None
+    text = f"{image.get('Name', '')} {image.get('Description', '')}".lower()
+    if any(w in text for w in GPU_AMI_WORDS):
+        return None
+    return ("warn", f"[nodes] warning: --ami {ami} ({image.get('Name') or image.get('ImageId', '?')}) on "
+                    f"{instance_type}, a GPU type: its name says nothing of a GPU image (NVIDIA driver, container "
+                    "toolkit); the containers get no GPU unless it has them (--ami gpu: the Deep Learning AMI)")
+
+
+def resolve_ami(session: Any, ami: str, *, gpus: bool, instance_type: str = "",
+                warnings: list[str] | None = None) -> tuple[str, str, int, str]:
     """--ami -> (image id, root device name, root snapshot GiB, ssh user). gpu/cpu are the
-    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu."""
+    public SSM parameters in AMI_ALIASES; auto is gpu on types with GPUs, else cpu. With
+    instance_type: a CPU image on a GPU type is refused (--ami cpu) or warned of (appended to
+    warnings: gpu_ami_problem)."""
     from botocore.exceptions import ClientError
 
+    problem = gpu_ami_problem(ami, None, instance_type, gpus) if instance_type else None
+    if problem:  # --ami cpu: refused before anything is asked
+        raise LaunchError(problem[1])
     alias = ("gpu" if gpus else "cpu") if ami == "auto" else ami
     parameter, user = AMI_ALIASES.get(alias, (alias if alias.startswith("/") else None, None))
     image_id = alias
@@ -349,6 +385,9 @@ def resolve_ami(session: Any, ami: str, *, gpus: bool) -> tuple[str, str, int, s
     if image.get("Platform") == "windows" or image.get("RootDeviceType", "ebs") != "ebs":
         raise LaunchError(f"--ami {ami}: {image_id} is a {image.get('Platform') or image.get('RootDeviceType')} "
                           "image; dtrain nodes need a Linux AMI with an EBS root (Docker, ssh)")
+    problem = gpu_ami_problem(ami, image, instance_type, gpus) if instance_type else None
+    if problem and warnings is not None:
+        warnings.append(problem[1])
     root = image.get("RootDeviceName") or "/dev/sda1"
     size = next((int(b["Ebs"].get("VolumeSize", 0)) for b in image.get("BlockDeviceMappings", [])
                  if b.get("DeviceName") == root and "Ebs" in b), 0)
@@ -590,6 +629,14 @@ def stack_template(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
                             **({"DependsOn": "GatewayAttachment"} if spec.new_vpc else {})}
         resources["Nodes"]["DependsOn"] = [*([resources["Nodes"]["DependsOn"]] if spec.efs else []), *names]
         outputs["Addresses"] = {"Value": {"Fn::Join": [",", [{"Fn::GetAtt": [n, "AllocationId"]} for n in names]]}}
+    if spec.new_vpc:
+        # The nodes after the VPC's way out (they pull at boot), so deleting the stack removes them
+        # first: CloudFormation deletes in reverse dependency order, and detaching the internet
+        # gateway or deleting the subnet while an instance still holds a public address or an
+        # interface there fails (DependencyViolation: "has some mapped public address(es)").
+        after = resources["Nodes"].get("DependsOn", [])
+        resources["Nodes"]["DependsOn"] = [*([after] if isinstance(after, str) else after),
+                                           "GatewayAttachment", "DefaultRoute", "SubnetRoutes"]
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": f"dtrain cluster {spec.name}: {spec.count} x {spec.instance_type} (generated by dtrain)",
@@ -694,6 +741,7 @@ class Cluster:
         d = json.loads(text)
         d["instances"] = tuple(Instance(**i) for i in d["instances"])
         d["ssh_opts"] = tuple(d.get("ssh_opts", ()))
+        d.setdefault("region", "")  # a record of an older dtrain: the default region
         return cls(**d)
 
 
@@ -701,6 +749,7 @@ def create_stack(session: Any, spec: NodesSpec, template: dict[str, Any]) -> str
     """Start the stack (tagged with the cluster, deleted by CloudFormation if creation fails)."""
     from botocore.exceptions import ClientError
 
+    regions.remember(session.region_name)  # `nodes list` looks there from now on, kept stacks included
     try:
         return session.client("cloudformation").create_stack(
             StackName=stack_name(spec.name), TemplateBody=json.dumps(template),
@@ -820,6 +869,7 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
             raise LaunchError(f"nodes down --name {name}: nothing to delete: no stack {stack_name(name)} in region "
                               f"{session.region_name}{data}; `dtrain nodes list` shows the clusters")
         cfn.delete_stack(StackName=stack_name(name))
+        retried = False
         deadline = time.monotonic() + timeout
         while wait:
             try:
@@ -830,6 +880,11 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
                 raise
             if status == "DELETE_COMPLETE":
                 break
+            if status == "DELETE_FAILED" and not retried:  # once more, after what may block it
+                retried = True
+                delete_loose_interfaces(session, name)
+                cfn.delete_stack(StackName=stack_name(name))
+                continue
             if status == "DELETE_FAILED" or time.monotonic() > deadline:
                 raise LaunchError(f"stack {stack_name(name)}: {status}; see the CloudFormation console's events")
             time.sleep(poll)
@@ -840,6 +895,28 @@ def delete_stack(session: Any, name: str, *, wait: bool = True, timeout: float =
         raise _client_error(e, f"DeleteStack {stack_name(name)}") from None
     _forget(name)
     return data
+
+
+def delete_loose_interfaces(session: Any, name: str) -> list[str]:
+    """Delete the network interfaces left unattached ("available") in the stack's own VPC
+    (--new-vpc): an interface of a terminated instance that outlived it holds the subnet, and
+    the subnet the VPC (DependencyViolation). Its ids; none for a stack in another's VPC."""
+    from botocore.exceptions import ClientError
+
+    try:
+        res = session.client("cloudformation").describe_stack_resources(StackName=stack_name(name))["StackResources"]
+        vpc = next((r["PhysicalResourceId"] for r in res if r.get("ResourceType") == "AWS::EC2::VPC"
+                    and r.get("PhysicalResourceId")), None)
+        if vpc is None:
+            return []
+        ec2 = session.client("ec2")
+        loose = [i["NetworkInterfaceId"] for i in ec2.describe_network_interfaces(Filters=[
+            {"Name": "vpc-id", "Values": [vpc]}, {"Name": "status", "Values": ["available"]}])["NetworkInterfaces"]]
+        for eni in loose:
+            ec2.delete_network_interface(NetworkInterfaceId=eni)
+    except ClientError:
+        return []  # the stack's own retry says what still blocks it
+    return loose
 
 
 def stack_addresses(session: Any, name: str, known: Sequence[str] = ()) -> list[str]:
@@ -945,20 +1022,60 @@ def hostfile_text(cluster: Cluster, address: str = "private") -> str:
 
 
 def save_cluster(cluster: Cluster, address: str = "private") -> Path:
-    """Write cluster.json and the hostfile; returns the hostfile's path."""
+    """Write cluster.json and the hostfile, each replaced atomically (dtrain/records.py: a
+    concurrent launch reads the old one or the new one); returns the hostfile's path."""
     d = cluster_dir(cluster.name)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "cluster.json").write_text(cluster.to_json())
-    (d / "hostfile").write_text(hostfile_text(cluster, address))
+    records.write(d / "cluster.json", cluster.to_json())
+    records.write(d / "hostfile", hostfile_text(cluster, address))
     return d / "hostfile"
 
 
+def cluster_problem(c: Cluster, name: str) -> str | None:
+    """What is wrong in a cluster record the schema let through (pure): a name not the
+    directory's, a value past its range or not one line, an address that is not one."""
+    if c.name != name:
+        return f"name: {values.shown(c.name)}, not this cluster's ({name})"
+    for key in ("name", "region", "stack", "instance_type", "user", "identity", "security_group", "file_system"):
+        v = getattr(c, key, None)
+        if v is not None and (not v or len(v) > 4096 or not v.isprintable()):
+            return f"{key}: not one line of printable text"
+    if not 1 <= c.slots <= 4096:
+        return f"slots: {c.slots if len(str(c.slots)) < 20 else 'a number of ' + str(len(str(c.slots))) + ' digits'}" \
+            ", not from 1 to 4096"
+    if not 1 <= len(c.instances) <= 10000:
+        return f"instances: {len(c.instances)}, not from 1 to 10000"
+    for k, i in enumerate(c.instances):
+        for key in ("private_ip", "public_ip"):
+            v = getattr(i, key)
+            try:
+                if v is not None:
+                    ipaddress.ip_address(v)
+            except ValueError:
+                return f"instances.{k}.{key}: not an IP address"
+        for key in ("id", "availability_zone", "instance_type"):
+            v = getattr(i, key)
+            if not v or len(v) > 255 or not v.isprintable():
+                return f"instances.{k}.{key}: not one line of printable text"
+    for o in c.ssh_opts:
+        if len(o) > 4096 or not o.isprintable():
+            return "ssh_opts: an option that is not one line of printable text"
+    return None
+
+
 def load_cluster(name: str) -> Cluster:
+    """cluster.json of `nodes up --name NAME`, through its schema (the Cluster dataclass, strict;
+    then cluster_problem): damage is one line naming the file, what is wrong and what to do."""
     path = cluster_dir(name) / "cluster.json"
+    fix = (f"`dtrain nodes up --name {name}` wrote it: restore it, or `dtrain nodes down --name {name}` "
+           "and `nodes up` again")
     try:
-        return Cluster.from_json(path.read_text())
+        cluster = records.read(path, Cluster, fix)
     except FileNotFoundError:
         raise LaunchError(f"--cluster {name}: no such cluster here ({path} missing; `dtrain nodes list`)") from None
+    why = cluster_problem(cluster, name)
+    if why:
+        raise values.BadValue(f"{path}: {why}; {fix}")
+    return cluster
 
 
 def stack_state(session: Any, name: str) -> str | None:
@@ -980,22 +1097,27 @@ def unfinished_cluster(name: str, status: str | None, region: str) -> LaunchErro
     (pure): a stack kept by `nodes up --keep-on-failure`, or one still being made, is in
     `nodes list` but has no hostfile to use."""
     stack = stack_name(name)
+    down = f"dtrain nodes down --name {name}{regions.region_arg(region)}"
     if status is None:
         return LaunchError(f"--cluster {name}: no such cluster (no stack {stack} in region {region}, no "
                            f"{cluster_dir(name) / 'cluster.json'}); `dtrain nodes list` shows the clusters")
     if status.endswith("IN_PROGRESS"):
         return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region}: a `nodes up` or "
                            f"`nodes down` is still at work; wait for it (`dtrain nodes list`), then try again")
+    if status == "DELETE_FAILED":
+        return LaunchError(f"--cluster {name}: stack {stack} is DELETE_FAILED in region {region}, still billed: "
+                           f"`{down}` again deletes what is left")
     return LaunchError(f"--cluster {name}: stack {stack} is {status} in region {region} but `nodes up` did not "
                        f"finish (kept by --keep-on-failure, or made elsewhere), so there is no hostfile here; "
-                       f"`dtrain nodes down --name {name}`, then `dtrain nodes up --name {name} ...` again")
+                       f"remove it with `{down}` (then `dtrain nodes up --name {name} ...` makes it anew)")
 
 
 def cluster_hostfile(name: str) -> Path:
     """The hostfile `nodes up` wrote, for `dtrain launch --cluster NAME`."""
     path = cluster_dir(name) / "hostfile"
     if not path.exists():
-        raise LaunchError(f"--cluster {name}: no hostfile at {path} (`dtrain nodes up --name {name}` writes it)")
+        raise LaunchError(f"--cluster {name}: no hostfile at {path}: no cluster of that name was made here "
+                          "(`dtrain nodes list` shows the clusters and what to do with each)")
     return path
 
 
@@ -1087,11 +1209,14 @@ def ssh_cidr_warning(cidr: str) -> str | None:
 
 
 def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, address: str = "private",
-          here: Vantage | None | Callable[[], Vantage | None] = None) -> Resolved:
+          here: Vantage | None | Callable[[], Vantage | None] = None,
+          confirm: Callable[[Resolved], None] | None = None) -> Resolved:
     """preflight, decide how this machine reaches the nodes, then create the stack (nothing
     is created when either fails). address: auto, private or public (see decide_reach);
     here: where this machine is, or a function that finds out (called only when it matters,
-    after preflight)."""
+    after preflight); confirm: shown what will be rented (the Resolved about to be made: its
+    zone, Elastic IPs, root disks) before anything is, it raises to create nothing
+    (launch/infra/pricing.py nodes_up_gate: the price and the prompt)."""
     res = preflight(session, spec)
     if callable(here):
         here = here() if address == "auto" or (address == "private" and not spec.ssh_cidr) else None
@@ -1115,6 +1240,10 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
         say(addresses_line(addresses))
     res = replace(res, address=reach.address, addresses=addresses,
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
+    for line in res.warnings:
+        say(line)
+    if confirm is not None:
+        confirm(res)
     create_stack(session, spec, stack_template(spec, res))
     say(f"[nodes] stack {stack_name(spec.name)} creating: {spec.count} x {spec.instance_type}"
         f"{' (spot)' if spec.spot else ''}{f', {efas} EFA' if efas else ''} in {res.availability_zone or 'one zone'}, "
@@ -1133,6 +1262,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
     keep_on_failure (then it is kept and that is said): nothing is left half-made unseen."""
     address = address or res.address
     stack = stack_name(spec.name)
+    down = f"dtrain nodes down --name {spec.name}{regions.region_arg(session.region_name)}"
     try:
         up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
         decision = capacity_decision(spec.count, spec.minimum, len(up_))
@@ -1161,8 +1291,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
             ready(up_)
     except KeyboardInterrupt:
         if keep_on_failure:
-            say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with "
-                f"`dtrain nodes down --name {spec.name}`")
+            say(f"[nodes] interrupted: stack {stack} kept (--keep-on-failure); delete it with `{down}`")
         else:
             made = "instances, security group, launch template" + (", Elastic IPs" if res.addresses else "")
             say(f"[nodes] interrupted: deleting stack {stack} (its {made}); "
@@ -1171,8 +1300,7 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
         raise
     except BaseException:
         if keep_on_failure:
-            say(f"[nodes] stack {stack} kept (--keep-on-failure): look at the nodes, then "
-                f"`dtrain nodes down --name {spec.name}`")
+            say(f"[nodes] stack {stack} kept (--keep-on-failure): look at the nodes, then `{down}`")
         else:
             say(f"[nodes] deleting stack {stack} (nothing of this attempt is kept but the cluster's data)")
             _delete_after_failure(session, spec.name, say)
@@ -1187,14 +1315,40 @@ def _delete_after_failure(session: Any, name: str, say: Callable[[str], None]) -
         delete_stack(session, name, wait=False)
     except Exception as e:  # noqa: BLE001 - the original error is what the user must see
         say(f"[nodes] could not delete stack {stack_name(name)}: {' '.join(str(e).split())}; "
-            f"`dtrain nodes down --name {name}` again, or delete it in the CloudFormation console")
+            f"`dtrain nodes down --name {name}{regions.region_arg(session.region_name)}` again, or delete it in "
+            "the CloudFormation console")
 
 
 def up(session: Any, spec: NodesSpec, **options: Any) -> tuple[Cluster, Path]:
     """The whole of `nodes up`: start (address, here), then finish (its options)."""
     res = start(session, spec, say=options.get("say", print), address=options.pop("address", "private"),
-                here=options.pop("here", None))
+                here=options.pop("here", None), confirm=options.pop("confirm", None))
     return finish(session, spec, res, **options)
+
+
+# ssh errors that waiting does not heal: (text in ssh's error, seconds it may last while a node
+# boots, what to do). A route this machine lacks never appears by itself; "No route to host"
+# and a refused key can last the first seconds of a boot (ARP, cloud-init writing the key).
+LASTING_SSH_ERRORS: tuple[tuple[str, float, str], ...] = (
+    ("Network is unreachable", 0, "this machine has no route to that address: reach the nodes at addresses "
+     "it routes to (--address public from outside the VPC), through a VPN, or --ssh-opt ProxyJump=BASTION"),
+    ("Could not resolve hostname", 0, "the name does not resolve here: use the node's IP address"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", 0, "a known_hosts entry of an earlier machine at this address: "
+     "remove it (ssh-keygen -R ADDRESS) or pass --ssh-opt UserKnownHostsFile=/dev/null"),
+    ("Host key verification failed", 0, "the node's host key is refused: remove the old entry (ssh-keygen -R "
+     "ADDRESS) or pass --ssh-opt StrictHostKeyChecking=accept-new"),
+    ("bad permissions", 0, "the private key is readable by others: chmod 600 it"),
+    ("No route to host", 60, "the address cannot be reached from here (the node is gone, or a router or "
+     "firewall rejects it): check the subnet's route table and the security group"),
+    ("Permission denied (publickey", 60, "the nodes refuse the key: give --ssh-key the private key of the "
+     "--key-name key pair, and --ssh-user the AMI's user"),
+)
+
+
+def lasting_ssh_error(error: str) -> tuple[float, str] | None:
+    """(seconds it may last while a node boots, what to do) for an ssh error waiting does not
+    heal, or None for one that may (connection refused or timed out while booting) (pure)."""
+    return next(((grace, advice) for text, grace, advice in LASTING_SSH_ERRORS if text in error), None)
 
 
 def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: float = 600,
@@ -1210,6 +1364,7 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
     deadline = t0 + timeout
     pending = list(nodes)
     ssh = SshTransport(nodes, ssh_opts, multiplex=False)
+    since: dict[tuple[str, str], float] = {}  # (host, lasting error) -> first seen
     while True:
         results = ssh.run(pending, lambda n: ["docker", "info", "--format", "{{.ServerVersion}}"],
                           timeout=30, retries=0)
@@ -1218,6 +1373,12 @@ def wait_ready(nodes: Sequence[Any], *, ssh_opts: Sequence[str] = (), timeout: f
             return
         pending = [n for n, _ in failed]
         now = time.monotonic()
+        for n, r in failed:  # an error that does not heal stops the wait at once (after its grace)
+            lasting = lasting_ssh_error(f"{r.error or ''}\n{r.stderr}")
+            if lasting:
+                first = since.setdefault((n.host, lasting[1]), now)
+                if now - first >= lasting[0]:
+                    raise LaunchError(f"{n.host}: {' '.join((r.error or '').split())}: {lasting[1]}")
         if first_timeout is not None and len(pending) == len(nodes) and now - t0 > first_timeout:
             n, r = failed[0]
             raise LaunchError(f"no node answered ssh + docker within {first_timeout:.0f}s: {n.host}: {r.error}"

@@ -23,6 +23,7 @@ from dtrain import ROOT
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, aws_error_text, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
+from dtrain.launch.infra.regions import region_arg
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
@@ -258,7 +259,8 @@ def create(session: Any, cluster: Cluster, nodes: Sequence[Node], spec: VolumeSp
     """The whole of `dtrain volume create`: the volume (or the cluster's EFS), on every node."""
     if spec.efs:
         if not cluster.file_system:
-            raise LaunchError(f"cluster {cluster.name} has no EFS file system: make it with "
+            raise LaunchError(f"cluster {cluster.name} has no EFS file system (nodes up without --efs): "
+                              f"`dtrain nodes down --name {cluster.name}{region_arg(cluster.region)}`, then "
                               f"`dtrain nodes up --name {cluster.name} --efs ...`")
         prepare(nodes, efs_dns(cluster.file_system, cluster.region), spec.mount_path, kind="efs",
                 ssh_opts=ssh_opts, say=say, fstab=fstab)

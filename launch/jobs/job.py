@@ -40,9 +40,10 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, TypeVar
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
 from dtrain.contract import container_name, node_key_dir
+from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, netgate, nic, node_programs, output, runplan, store, supervision, timeline
+from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
 from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
@@ -96,6 +97,8 @@ class JobSpec:
     heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
     spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
     check_network: bool = False  # the network gate between the containers before the job (netgate)
+    nccl_check: str | None = None  # --nccl-check: warn, fail, off (None: by the nodes, nccl_net.mode)
+    efa_types: tuple[tuple[str, int], ...] = ()  # (instance type, EFA interfaces) of the types with EFA
 
     @property
     def restarts(self) -> int:
@@ -206,7 +209,10 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
     address = p.get("addr") or node.host
     ipjson = p.get("ipjson", "")
     if iface:
-        names = {i.get("ifname") for i in json.loads(ipjson or "[]")}
+        try:
+            names = {i.get("ifname") for i in nic.links_of(ipjson)}
+        except ValueError:
+            names = set()
         if iface not in names:
             raise LaunchError(f"{node.host}: --iface {iface} does not exist "
                               f"(interfaces: {', '.join(sorted(n for n in names if n))})")
@@ -508,6 +514,12 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     return result, fan
 
 
+def nccl_mode(spec: JobSpec, facts: Sequence[NodeFacts]) -> tuple[str, str]:
+    """--nccl-check for these nodes (nccl_net.mode): (auto|warn|fail|off, why it is off or "")."""
+    return nccl_net.mode(spec.nccl_check, any(f.gpus for f in facts), (*spec.env, *spec.forward),
+                         len(facts) - spec.spares)
+
+
 def memlock_warning(facts: Sequence[NodeFacts]) -> str:
     """The nodes with EFA devices whose dockerd cannot lift the memlock limit (their containers get
     dockerd's ceiling: EFA registers memory and needs unlimited), as one line; "" where none. A
@@ -615,7 +627,8 @@ class Job:
     It returns the job's exit code and always tears down. What it keeps is only what teardown
     needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
 
-    def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print):
+    def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print,
+                 confirm: Callable[[], None] | None = None):
         if not nodes:
             raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
         if not spec.command:
@@ -624,7 +637,8 @@ class Job:
         self.spec = replace(spec, name=name)
         self.launcher = launchers.get(self.spec.launcher)
         self.nodes = nodes
-        self.say = say
+        self.say: Callable[[str], None] = lambda text: say(clean(text, lines=True))  # it names nodes' hostnames
+        self.confirm = confirm  # after the launch's own checks, before anything is sent (trust.check_hosts)
         self.dir = store.job_dir(name)
         # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own
         self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"
@@ -965,9 +979,14 @@ class Job:
         prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
         first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
         node_dir = node_dirs.get(first, "")
-        return supervision.plan(launch_command(spec, ompi, started.subnet), ranks, spares=spares,
+        run = launch_command(spec, ompi, started.subnet)
+        check, _ = nccl_mode(spec, started.facts)
+        if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
+            run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
+        plan = supervision.plan(run, ranks, spares=spares,
                                 quarantined=quarantined, ssh=container.supervisor_ssh(),
                                 policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
+        return replace(plan, nccl_check=check, efa_types=spec.efa_types) if check != "off" else plan
 
     def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
                        quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> int:
@@ -979,6 +998,8 @@ class Job:
         node's first step, a restart's phases), and the log shows it as a table once every node
         made its first step (or the output ends before)."""
         plan = self.plan(started, node_dirs, ompi, quarantined)
+        if why := nccl_mode(self.spec, started.facts)[1]:
+            self.say(f"[launch] NCCL network check off: {why}")
         facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
         first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
         rec = rec or timeline.Recorder(time.time())
@@ -1153,6 +1174,8 @@ class Job:
                                              or self.spec.hang_timeout or self.spec.straggler_check):
             raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
                               f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}")
+        if self.confirm:
+            self.confirm()
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases

@@ -6,16 +6,22 @@
 
 Every key is a `dtrain launch` flag, with `_` for `-` (`max_restarts:` is `--max-restarts`), and
 `command:` is what follows `--`. The file is validated by one model (JobFile): an unknown key or
-a bad value is one line naming the file, its line and the key. Relative paths in the file
-(hostfile, env_file, workdir, ssh_key, ssh_config) are relative to the file's directory.
-`env:` values that are secrets belong in the environment: a key with no value (`TOKEN:`) takes
-the launcher's own $TOKEN, as `--env TOKEN` would not: it is the file's way to name a secret.
+a bad value is one line naming the file, its line and the key.
 
-A job file is committed with the code and run by others, so it may not run a command on the
-launching machine: `ssh_opt` takes only the options in FILE_SSH_OPTIONS (none of them runs a
-local command, loads code, forwards the agent, ports or the environment, or reads another
-config), each value checked; `ssh_config` is refused (an ssh config file can hold ProxyCommand,
-LocalCommand, `Match exec`). Both are for the command line (--ssh-opt, --ssh-config).
+A job file is data, not authority (docs/launch.md, "What a job file may do"): it is committed
+with the code and run by others, so what it says may not reach past the project it came with.
+- Its paths (PATH_KEYS, a hostfile's identity=) are relative to its directory and stay inside
+  it: no `~`, no absolute path, no `..` or symlink out (`inside`). A flag's path keeps its meaning.
+- `env: {NAME: }` (no value: the launcher's own $NAME) only for a name the user allowed:
+  `--env NAME` on the command line or a line of the allow-list file outside any project
+  (trust.env_allow_file); literal values (`EPOCHS: 10`) are the file's own.
+- `ssh_opt` takes only the options in FILE_SSH_OPTIONS (none of them runs a local command, loads
+  code, forwards the agent, ports or the environment, reads another config or loosens host key
+  checking), each value checked, numbers bounded (FILE_SSH_BOUNDS); `ssh_config` is refused (an
+  ssh config file can hold ProxyCommand, LocalCommand, `Match exec`). Both are for the command
+  line (--ssh-opt, --ssh-config).
+- Hosts it names that the user has never connected to are confirmed or refused before the first
+  ssh (launch/jobs/trust.py `check_hosts`).
 """
 
 from __future__ import annotations
@@ -47,8 +53,11 @@ PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 # them runs a command here (ProxyCommand, LocalCommand, KnownHostsCommand, Match exec), loads code
 # (PKCS11Provider, SecurityKeyProvider), sends the agent, ports or variables to a node (ForwardAgent,
 # *Forward, SendEnv, SetEnv), reads another config (Include), or takes ssh's multiplexing
-# (ControlPath). Values are checked too: ssh splices ProxyJump's user and host, and User, into a
-# command line of its own; UserKnownHostsFile is written to, so only /dev/null.
+# (ControlPath), names a file here (IdentityFile: `ssh_key:` is the file's key, inside its
+# directory) or loosens host key checking (StrictHostKeyChecking only yes or accept-new; no
+# HostKeyAlias, which would check a new host against a known one's key: trust.check_hosts). Values
+# are checked too: ssh splices ProxyJump's user and host, and User, into a command line of its
+# own; UserKnownHostsFile is written to, so only /dev/null; numbers are bounded (FILE_SSH_BOUNDS).
 _WORD = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
 _JUMP = rf"(?:ssh://)?(?:{_WORD}@)?{_HOST}(?::[0-9]{{1,5}})?"
@@ -61,19 +70,21 @@ FILE_SSH_OPTIONS = {
     "Compression": _YES_NO,
     "ConnectionAttempts": _NUMBER,
     "ConnectTimeout": _NUMBER,
-    "HostKeyAlias": _HOST,
     "IdentitiesOnly": _YES_NO,
-    "IdentityFile": r"[^\x00-\x1f\x7f\"'\s][^\x00-\x1f\x7f\"']{0,4095}",
     "LogLevel": r"(?i:quiet|fatal|error|info|verbose|debug[123]?)",
     "Port": _NUMBER,
     "ProxyJump": rf"(?i:none)|{_JUMP}(?:,{_JUMP})*",
     "ServerAliveCountMax": _NUMBER,
     "ServerAliveInterval": _NUMBER,
-    "StrictHostKeyChecking": r"(?i:yes|no|ask|off|accept-new)",
+    "StrictHostKeyChecking": r"(?i:yes|accept-new)",
     "TCPKeepAlive": _YES_NO,
     "User": _WORD,
     "UserKnownHostsFile": r"/dev/null",
 }
+# The numbers a job file may give them: (least, most). A failed launch ends within minutes, not
+# days (ConnectionAttempts=999999 held one for 181 s measured), and a lost node is noticed.
+FILE_SSH_BOUNDS = {"ConnectionAttempts": (1, 10), "ConnectTimeout": (1, 120), "ServerAliveCountMax": (1, 10),
+                   "ServerAliveInterval": (1, 300), "Port": (1, 65535)}
 _BY_LOWER = {k.lower(): k for k in FILE_SSH_OPTIONS}
 _LOCAL_COMMAND = {"proxycommand", "localcommand", "permitlocalcommand", "knownhostscommand", "include", "match",
                   "pkcs11provider", "securitykeyprovider", "xauthlocation"}
@@ -90,11 +101,18 @@ def file_ssh_option(value: str) -> str | None:
         return (f"{key} can run a command on the launching machine, and a job file is run by others: "
                 f"take it out of the file and pass it with --ssh-opt on the command line")
     name = _BY_LOWER.get(key.lower())
+    if key.lower() == "identityfile":
+        return ("IdentityFile names a file outside the job file's directory to ssh (~ and %d expanded): give "
+                "the key as ssh_key: (a path inside it), or pass --ssh-key/--ssh-opt on the command line")
     if name is None:
         return (f"{key} is not an ssh option a job file may give ({', '.join(FILE_SSH_OPTIONS)}): "
                 f"take it out of the file and pass it with --ssh-opt on the command line")
     if not re.fullmatch(FILE_SSH_OPTIONS[name], arg):
         return (f"{name} {arg!r}: not a value a job file may give it: take it out of the file and pass it "
+                f"with --ssh-opt on the command line")
+    lo, hi = FILE_SSH_BOUNDS.get(name, (None, None))
+    if lo is not None and not lo <= int(arg) <= hi:
+        return (f"{name} {arg}: a job file may give it from {lo} to {hi}: take it out of the file or pass it "
                 f"with --ssh-opt on the command line")
     return None
 
@@ -168,7 +186,9 @@ class JobFile(BaseModel):
     ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
     ssh_config: Optional[str] = Field(None, description="ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's")
     # the job
-    env: Optional[dict[str, Optional[str]]] = Field(None, description="K=V for every rank (repeatable)")  # NAME: value, or NAME: (empty) for the launcher's $NAME
+    env: Optional[dict[str, Optional[str]]] = Field(None, description=(
+        "K=V for every rank (repeatable); K alone takes K's value from your environment (a secret: its value "
+        "never in argv)"))  # NAME: value, or NAME: (empty) for the launcher's $NAME
     env_file: Optional[str] = Field(None, description="file of K=V lines; every variable is forwarded to every rank")
     iface: Optional[str] = Field(None, description="network interface for MPI/NCCL/Gloo (default: the NIC of each node's address)")
     mount: Optional[list[str]] = Field(None, description="/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro")
@@ -210,7 +230,9 @@ class JobFile(BaseModel):
         "when no rank has made progress for this many seconds: every rank's Python stack into the log, the "
         "ranks behind named, the attempt ended (a failed attempt: --max-restarts applies); default off"))
     progress_pattern: Optional[str] = Field(None, description=(
-        "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank)"))
+        "with --hang-timeout, a rank's output line matching this regex is progress (default: any line of a rank); "
+        "at most 512 characters, none that backtracks without bound such as (a+)+; a line's first 2048 "
+        "characters are searched"))
     straggler_check: Optional[float] = Field(None, description=(
         "every this many seconds, every rank's Python stack is sampled (py-spy); the rank the others wait for "
         "(rarely inside a collective while they mostly are) is named as a straggler in the log and in dtrain "
@@ -219,6 +241,11 @@ class JobFile(BaseModel):
         "with --straggler-check and --spares: a straggler (not the first node) is swapped for a spare at a "
         "checkpoint (the job is asked to checkpoint now, as for a spot notice), quarantined as a straggler, and "
         "the job restarts at full size"))
+    nccl_check: Optional[Literal["warn", "fail", "off"]] = Field(None, description=(
+        "at the first collective, the network NCCL chose on every node (its INIT/NET lines, written to the job's "
+        "directory) against the node's (EFA on an EFA instance type, as many NICs as the type has): fail ends the "
+        "job naming the node, the cause and the fix; warn says so; off; default fail on GPU nodes that should "
+        "use EFA (a job on 2 nodes or more), warn on other GPU nodes, off without GPUs or where --env sets NCCL_DEBUG"))
 
     @field_validator(*NUMBERS, mode="before")
     @classmethod
@@ -322,9 +349,49 @@ def parse(text: str, where: str) -> JobFile:
         raise LaunchError(f"{where}{f':{line}' if line else ''}: {key}{sep}{msg}{more}") from None
 
 
-def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, Any]:
+def inside(base: Path, value: str, where: str, key: str, *, start: Path | None = None, ssh: bool = False) -> str:
+    """A job file's path `value` (relative to `start`, default its directory `base`) made absolute,
+    or LaunchError `WHERE: KEY 'VALUE': ...` where it could name a file outside base: `~`, an
+    absolute path, `..` or a symlink out (resolved, then checked); with ssh, `%` and `$` too (ssh
+    expands %d, ${HOME} in a key's path). A flag's path is the user's own: not checked here."""
+    if value.startswith("~"):
+        why = "a path in your home (~)"
+    elif os.path.isabs(value):
+        why = "an absolute path"
+    elif ssh and ("%" in value or "$" in value):
+        why = "ssh would expand its % or $ (%d is your home)"
+    else:
+        root = base.resolve()
+        real = ((start or base) / value).resolve()
+        if real == root or root in real.parents:
+            return str(real)
+        why = "it leaves the job file's directory (by .. or a symlink)"
+    flag = f"{_flag(key)} on the command line" if key in JobFile.model_fields else "a --hostfile of yours"
+    raise LaunchError(f"{where}: {key} {values.shown(value)}: {why}; a job file is run by others, so its paths "
+                      f"stay inside its directory ({base}): move the file there, or give it with {flag}")
+
+
+def _hostfile_identities(hostfile: str, base: Path, where: str) -> None:
+    """A hostfile the job file names: each identity= inside the job file's directory (relative to
+    the hostfile, as launch/targets/ssh.py reads it). One it cannot read: the later checks say."""
+    from dtrain.launch.remote.hosts import parse_hostfile
+
+    try:
+        nodes = parse_hostfile(hostfile)
+    except LaunchError:
+        return
+    for identity in dict.fromkeys(n.identity for n in nodes if n.identity):
+        inside(base, identity, f"{where}: hostfile {Path(hostfile).name}", "identity", start=Path(hostfile).parent,
+               ssh=True)
+
+
+def load(path: str | Path, environ: Mapping[str, str] | None = None, allowed: Iterable[str] = ()) -> dict[str, Any]:
     """The flags a job file gives: {flag name: value} in the form the launch task takes them
-    (env and mount as lists of strings, paths relative to the file made absolute)."""
+    (env and mount as lists of strings, paths relative to the file made absolute). Its paths stay
+    inside its directory (`inside`); `env: {NAME: }` takes $NAME from environ only for a name in
+    `allowed` (the command line's `--env NAME`) or the allow-list file (trust.env_allowed)."""
+    from dtrain.launch.jobs import trust
+
     path = Path(path)
     try:
         values.local_path("-f", str(path), "file", "a job file")
@@ -332,24 +399,34 @@ def load(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, A
     except values.BadValue as e:
         raise LaunchError(str(e)) from None
     job = parse(text, str(path))
+    doc = compose_load(text)[0]
     if job.ssh_opt or job.ssh_config is not None:
-        check_file_ssh(job, yaml.compose(text), str(path))
+        check_file_ssh(job, doc, str(path))
     out = {k: v for k, v in job.model_dump().items() if v is not None}
     for key, v in out.items():  # numbers as the command line gives them: the flags' own checks apply
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[key] = f"{v:g}" if isinstance(v, float) else str(v)
     for key in PATH_KEYS:
         if key in out:
-            out[key] = str((path.parent / os.path.expanduser(out[key])).resolve())
+            out[key] = inside(path.parent, out[key], f"{path}:{line_of(doc, (key,)) or 1}", key, ssh=key == "ssh_key")
+    if "hostfile" in out:
+        _hostfile_identities(out["hostfile"], path.parent, f"{path}:{line_of(doc, ('hostfile',)) or 1}")
     if "env" in out:
         environ = os.environ if environ is None else environ
+        allowed = set(allowed)
+        if any(v is None and k not in allowed for k, v in out["env"].items()):
+            allowed |= trust.env_allowed()
         pairs = []
         for k, v in out["env"].items():
             if v is None:
+                at = f"{path}:{line_of(doc, ('env', k))}: env.{k}"
+                if k not in allowed:
+                    raise LaunchError(f"{at}: takes ${k} from your environment, and a job file is run by others: "
+                                      f"pass --env {k} on the command line (its value from your environment), or "
+                                      f"add the line {k} to {trust.env_allow_file()}")
                 if k not in environ:
-                    raise LaunchError(f"{path}:{line_of(compose_load(text)[0], ('env', k))}: env.{k}: no value "
-                                      f"here and ${k} is not set where dtrain runs")
-                v = environ[k]
+                    raise LaunchError(f"{at}: no value here and ${k} is not set where dtrain runs")
+                v = trust.environ_value(k, environ, at)
             pairs.append(f"{k}={v}")
         out["env"] = pairs
     return out
@@ -383,22 +460,60 @@ def located(where: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
+# The keys that name the nodes: one source. The command line's replaces the file's, whichever.
+NODE_KEYS = ("cluster", "hostfile", "hosts", "ec2_tag")
+
+
 def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
-    """The file's flags, then the command line's (given ones only: not None, not empty)."""
-    return {**from_file, **{k: v for k, v in flags.items() if v not in (None, [], (), False)}}
+    """The file's flags, then the command line's (given ones only: not None, not empty). env
+    adds up: the file's pairs, then --env's (a name given twice: the command line's value). Nodes
+    named on the command line (--hosts, --hostfile, ...) replace the file's, whichever key."""
+    given = {k: v for k, v in flags.items() if v not in (None, [], (), False)}
+    if from_file.get("env") and given.get("env"):
+        given["env"] = [*from_file["env"], *given["env"]]
+    if any(k in given for k in NODE_KEYS):
+        from_file = {k: v for k, v in from_file.items() if k not in NODE_KEYS}
+    return {**from_file, **given}
 
 
-def dump(given: dict[str, Any]) -> str:
+def _stays_inside(path: str) -> bool:
+    """A path as typed that a job file beside it (here) may give: relative, no `..`, no `~`."""
+    return not (path.startswith("~") or os.path.isabs(path) or ".." in Path(path).parts)
+
+
+def _here(path: str) -> str:
+    """An absolute path under the working directory as a relative one (a job file's path, made
+    absolute by load, dumped as the file had it when run from its directory)."""
+    if os.path.isabs(path):
+        for cwd in dict.fromkeys((Path.cwd(), Path.cwd().resolve())):
+            if Path(path).is_relative_to(cwd):
+                return str(Path(path).relative_to(cwd))
+    return path
+
+
+def literal_env(path: str | Path) -> dict[str, str]:
+    """A job file's literal env values ({NAME: value}, `EPOCHS: 10`): not secrets (they are in the
+    file), so --dump writes them back; the names it takes from the environment it leaves empty."""
+    job = parse(values.small_text_file(Path(path), "job file", "YAML of launch flags"), str(path))
+    return {k: v for k, v in (job.env or {}).items() if v is not None}
+
+
+def dump(given: dict[str, Any], literal: Mapping[str, str] | None = None) -> str:
     """The job file a set of flags means. --env values are not written (a file is shared, a
-    secret is not): each name is left empty, taken from the environment when the file runs."""
+    secret is not): each name is left empty, taken from the environment when the file runs with
+    --env NAME; a job file's literal values (literal: literal_env) stay. A path a job file may not
+    give (absolute outside here, ~, ..) is left out and named, as a flag for the command line; a
+    relative one stays as typed (the file saved here)."""
     data: dict[str, Any] = {}
     left_out = []  # what a job file may not give (check_file_ssh): the command line's
     for key in JobFile.model_fields:
         v = given.get(key)
         if v in (None, [], (), False):
             continue
-        if key == "ssh_config":
-            left_out.append(("--ssh-config", v))
+        if key in PATH_KEYS:
+            v = _here(v)
+        if key == "ssh_config" or (key in PATH_KEYS and not _stays_inside(v)):
+            left_out.append((_flag(key), v))
             continue
         if key == "ssh_opt":
             left_out += [("--ssh-opt", o) for o in v if file_ssh_option(o)]
@@ -406,7 +521,8 @@ def dump(given: dict[str, Any]) -> str:
             if not v:
                 continue
         if key == "env":
-            v = {kv.partition("=")[0]: None for kv in v}
+            pairs = [kv.partition("=")[::2] for kv in v]
+            v = {k: (x if (literal or {}).get(k) == x else None) for k, x in pairs}
         elif key == "command":
             v = list(v)
         data[key] = v
@@ -418,12 +534,12 @@ def dump(given: dict[str, Any]) -> str:
             data[key] = float(data[key])
     JobFile.model_validate(data)  # what is written reads back
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
-    if "env" in data:
-        text = ("# env: values are not written here; each is taken from the environment of\n"
-                "# `dtrain launch -f` (export it first), or give them in an env_file:\n") + text
+    if None in (data.get("env") or {}).values():
+        text = ("# env: values are not written here; run the file with --env NAME for each (its value from\n"
+                "# your environment), or give them in an env_file:\n") + text
     if left_out:
         text = ("# not written here (a job file may not give them: they can run commands on the launching\n"
-                "# machine): give them with -f on the command line: "
+                "# machine or name files outside its directory): give them with -f on the command line: "
                 + " ".join(f"{flag} {shlex.quote(v)}" for flag, v in left_out)
                 + "\n") + text
     return text

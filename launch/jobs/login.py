@@ -1,6 +1,8 @@
 """Registry login for the nodes' pull: an ECR token fetched here with boto3, handed to
 `docker login` on each node on stdin (never argv, never printed), into a per-launch Docker
-config directory that the node removes after the pull (launch/node/host/login.sh)."""
+config directory that the node removes after the pull (launch/node/host/login.sh). Only nodes the
+user chose get it: hosts a job file names are known or confirmed before the first ssh
+(launch/jobs/trust.py `check_hosts`), and a refused launch never fetches it."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ Pure functions apart from run_gate, which runs the node program in started conta
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 import yaml
 
 from dtrain import contract
+from dtrain.launch.jobs import events
 from dtrain.launch.remote.transport import SshTransport
 
 if TYPE_CHECKING:
@@ -157,6 +157,12 @@ def gbps(x: float) -> str:
     return f"{x:.3g} Gbit/s" if x >= 1 else f"{x * 1000:.3g} Mbit/s"
 
 
+# A pair's line of the node program: its types and bounds (bytes within 2**62, seconds within ten years).
+_MEASURED = events.fields_of({"from": (events.NAME, events.REQUIRED), "to": (events.NAME, events.REQUIRED),
+                              "bytes": (events.whole(0, 1 << 62), events.O), "seconds": (events.SECONDS, events.O),
+                              "error": (events.TEXT, events.O)})
+
+
 def parse_output(text: str, host_of: Mapping[str, str]) -> tuple[list[Pair], str, str]:
     """One node's program output -> (the pairs it sent, its instance type, its own error: "" or
     why it could not run, e.g. the port taken). host_of: address -> host (the program speaks
@@ -164,7 +170,7 @@ def parse_output(text: str, host_of: Mapping[str, str]) -> tuple[list[Pair], str
     pairs, itype, error = [], "", ""
     for line in text.splitlines():
         try:
-            d = json.loads(line)
+            d = events.loads(line)
         except ValueError:
             continue
         if not isinstance(d, dict):
@@ -174,11 +180,15 @@ def parse_output(text: str, host_of: Mapping[str, str]) -> tuple[list[Pair], str
         elif "error" in d and "from" not in d:
             error = str(d["error"])
         elif "from" in d and "to" in d:
-            src, dst = host_of.get(d["from"], d["from"]), host_of.get(d["to"], d["to"])
-            if "error" in d or not d.get("seconds"):
-                pairs.append(Pair(src, dst, None, str(d.get("error", "no bytes counted"))))
+            try:  # a node's words: a line of other types or out of bounds is left out (events.py)
+                measured = _MEASURED(d)
+            except ValueError:
+                continue
+            src, dst = host_of.get(measured["from"], measured["from"]), host_of.get(measured["to"], measured["to"])
+            if "error" in measured or not measured.get("seconds") or "bytes" not in measured:
+                pairs.append(Pair(src, dst, None, str(measured.get("error", "no bytes counted"))))
             else:
-                pairs.append(Pair(src, dst, int(d["bytes"]) * 8 / float(d["seconds"]) / 1e9))
+                pairs.append(Pair(src, dst, measured["bytes"] * 8 / measured["seconds"] / 1e9))
     return pairs, itype, error
 
 

@@ -6,25 +6,44 @@ Pure: values in, values out; bad input raises LaunchError naming the node.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Mapping, Sequence
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs import events
 
 # Docker bridges and container veths carry addresses but never the node's traffic.
 _BRIDGE_PREFIXES = ("docker", "br-", "veth")
 
 
+# A link of `ip -j addr` as dtrain reads it: a node's words, so each field checked (events.py)
+_LINK = events.fields_of({"ifname": (events.NAME, events.O), "addr_info": (events.list_of(events.fields_of(
+    {"family": (events.NAME, events.O), "local": (events.NAME, events.O),
+     "prefixlen": (events.whole(0, 128), events.O)})), events.O)})
+
+
+def links_of(ip_addr_json: str) -> list[dict]:
+    """A node's `ip -j addr` output as its links ({ifname, addr_info: [{family, local}]}), strict
+    JSON; a link of other types is left out. ValueError where it is not JSON."""
+    data = events.loads(ip_addr_json or "[]")
+    out = []
+    for link in data if isinstance(data, list) else []:
+        try:
+            out.append(_LINK(link))
+        except ValueError:
+            continue
+    return out
+
+
 def _links(ip_addr_json: str, address: str, where: str) -> tuple[list, ipaddress.IPv4Address | ipaddress.IPv6Address]:
     """`ip -j addr` output as its list of links, and address parsed; a LaunchError naming where."""
     try:
-        links = json.loads(ip_addr_json)
+        links = links_of(ip_addr_json)
         want = ipaddress.ip_address(address)
     except ValueError as e:
         raise LaunchError(f"{where}cannot read `ip -j addr` output / address {address!r}: {e}") from None
-    return (links if isinstance(links, list) else []), want
+    return links, want
 
 
 def interface_for_address(ip_addr_json: str, address: str, *, host: str | None = None) -> str:
@@ -53,10 +72,10 @@ def interface_for_address(ip_addr_json: str, address: str, *, host: str | None =
 def interface_address(ip_addr_json: str, iface: str) -> str:
     """The first IPv4 address of NIC `iface` in a node's `ip -j addr` output ("" where none)."""
     try:
-        links = json.loads(ip_addr_json or "[]")
+        links = links_of(ip_addr_json)
     except ValueError:
         return ""
-    for link in links if isinstance(links, list) else []:
+    for link in links:
         if link.get("ifname") == iface:
             for info in link.get("addr_info") or []:
                 if info.get("family") == "inet" and info.get("local"):

@@ -9,8 +9,10 @@ from typing import Callable, Iterator, Protocol, Sequence
 from dtrain.launch.jobs import runplan
 
 # A rank's line as the user reads it, as prefix_line and MpiOutput write it: `[node-2 r3] text`
-# (hostname, global rank, text). Render (first steps) and progress (hangs) read it back.
-RANK_LINE = re.compile(r"^\[([^\]\s]+) r(\d+)\] ?(.*)$")
+# (hostname, global rank, text). Render (first steps) and progress (hangs) read it back. A rank
+# has at most 9 digits, here and in every pattern that reads one back (stacks, report, diagnose):
+# a job's line with more is text, never an int() of 5000 digits (issue 47).
+RANK_LINE = re.compile(r"^\[([^\]\s]+) r(\d{1,9})\] ?(.*)$")
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # what Python's text mode takes for a line's end
@@ -59,7 +61,7 @@ def rank_nodes(facts: Sequence[_Facts]) -> list[str]:
 def prefix_line(line: str, *, default_node: str, torch_base: int) -> str:
     """torchrun's '[default1]:text' -> '[node-2 r5] text' (the node's first global rank + local
     rank); other lines get the node. mpirun's output goes through MpiOutput."""
-    if m := re.match(r"^\[default(\d+)\]:(.*)$", line):
+    if m := re.match(r"^\[default(\d{1,9})\]:(.*)$", line):
         return f"[{default_node} r{torch_base + int(m.group(1))}] {m.group(2)}"
     return f"[{default_node}] {line}"
 

@@ -16,13 +16,14 @@ import re
 import threading
 from dataclasses import dataclass, field
 
+from dtrain import patterns
 from dtrain.launch.jobs.output import RANK_LINE
 
 
-
 def compile_pattern(pattern: str | None) -> re.Pattern | None:
-    """--progress-pattern as a regex (None: any line counts); re.error for a bad one."""
-    return re.compile(pattern) if pattern else None
+    """--progress-pattern as a regex (None: any line counts); re.error for a bad one, or one that
+    can backtrack without bound (patterns.backtracking: the launcher refused it already)."""
+    return patterns.compile_bounded(pattern) if pattern else None
 
 
 def ranks_of(shown: list[str]) -> list[tuple[int, str]]:
@@ -52,7 +53,7 @@ class Progress:
 
     def feed(self, rank: int, line: str, now: float) -> bool:
         """One line of `rank`; True when it counts as progress."""
-        if not 0 <= rank < self.world or (self.pattern is not None and not self.pattern.search(line)):
+        if not 0 <= rank < self.world or (self.pattern is not None and not patterns.search(self.pattern, line)):
             return False
         self.last[rank] = now
         self.steps[rank] = self.steps.get(rank, 0) + 1

@@ -24,14 +24,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain import contract
-from dtrain.launch.jobs import timeline
+from dtrain import contract, outfile, patterns
+from dtrain.launch.jobs import events, timeline
+from dtrain.terminal import clean
 from dtrain.launch.jobs.output import RANK_LINE
 from dtrain.launch.jobs.timeline import Entry
 
 STRAGGLER_FACTOR = 1.5  # a rank whose median step is this much above the ranks' median stands out
-_RESTART = re.compile(r"^\[launch\] restart (\d+): (.*)$")
-_RESTARTED = re.compile(r"^\[launch\] job restarted \(attempt (\d+)\)")
+_RESTART = re.compile(r"^\[launch\] restart (\d{1,9}): (.*)$")
+_RESTARTED = re.compile(r"^\[launch\] job restarted \(attempt (\d{1,9})\)")
 _PHASE_LINE = re.compile(r"^(%s)( \S+)? [\d.]+ s$" % "|".join(map(re.escape, contract.RESTART_PHASES)))
 
 
@@ -118,6 +119,7 @@ class Run:
     events: tuple[Line, ...] = ()  # the launch's own lines ([launch] ...)
     final: str = ""  # the job's last word (reason of a failure)
     recorded: bool = False  # the record is a launch's that records a timeline (empty: none reached a phase)
+    notes: tuple[str, ...] = ()  # values of the record or the log refused (not finite, out of bounds)
 
 
 # ---------------------------------------------------------------- record + log -> Run (pure)
@@ -126,15 +128,34 @@ class Run:
 def stamp(log: str, times: str, t0: float) -> list[Line]:
     """output.log's lines, each with the time of the write that brought it (output.times:
     `EPOCH COUNT` per write, in order); lines past what times covers are untimed."""
+    return stamped(log, times, t0)[0]
+
+
+def stamped(log: str, times: str, t0: float) -> tuple[list[Line], int]:
+    """stamp's lines, and how many rows of output.times were refused: a time not finite or
+    more than events.MAX_SECONDS from the launch's start, a count not a whole number within the
+    lines left (such a row's lines stay untimed: a later row's lines keep their own)."""
     lines = log.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     ats: list[float | None] = []
+    refused = 0
     for row in times.splitlines():
         parts = row.split()
-        with contextlib.suppress(ValueError, IndexError):
-            ats += [round(float(parts[0]) - t0, 3)] * int(parts[1])
-    return [Line(ats[i] if i < len(ats) else None, text) for i, text in enumerate(lines)]
+        try:
+            at, count = float(parts[0]) - t0, int(parts[1])
+        except (ValueError, IndexError, OverflowError):
+            refused += 1
+            continue
+        if not 0 <= count <= len(lines) - len(ats):
+            refused += 1
+            count = max(0, len(lines) - len(ats)) if count > 0 else 0
+            at = float("nan")
+        elif not -events.MAX_SECONDS <= at <= events.MAX_SECONDS:  # also NaN
+            refused += 1
+            at = float("nan")
+        ats += [None if at != at else round(at, 3)] * count
+    return [Line(ats[i] if i < len(ats) else None, text) for i, text in enumerate(lines)], refused
 
 
 def _is_dump(text: str) -> bool:
@@ -145,7 +166,7 @@ def _is_dump(text: str) -> bool:
 def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
     """Each rank's progress lines (pattern: --progress-pattern; "": every line of a rank but a
     stack dump's), with the seconds since that rank's previous one in the same attempt."""
-    rx = re.compile(pattern) if pattern else None
+    rx = patterns.compile_bounded(pattern) if pattern else None  # an old record's: re.error if unbounded
     attempt = 0
     last: dict[tuple[int, int], float] = {}
     out = []
@@ -157,7 +178,7 @@ def steps_of(lines: Sequence[Line], pattern: str) -> list[Step]:
         if not m or line.at is None:
             continue
         node, rank, text = m.group(1), int(m.group(2)), m.group(3)
-        if (rx is not None and not rx.search(text)) or (rx is None and _is_dump(text)):
+        if (rx is not None and not patterns.search(rx, text)) or (rx is None and _is_dump(text)):
             continue
         before = last.get((attempt, rank))
         out.append(Step(rank, node, attempt, line.at, None if before is None else round(line.at - before, 3)))
@@ -176,7 +197,7 @@ def restarts_of(lines: Sequence[Line]) -> list[Restart]:
     return out
 
 
-_STARTED = re.compile(r"^\[launch\] job (?:started|restarted \(attempt (\d+)\)) on ")
+_STARTED = re.compile(r"^\[launch\] job (?:started|restarted \(attempt (\d{1,9})\)) on ")
 _ENDED = ("[launch] job succeeded", "[launch] job failed", "[launch] job timed out", "error:")
 
 
@@ -207,7 +228,7 @@ def attempts_of(lines: Sequence[Line], end: float | None) -> list[Attempt]:
 
 # A line of a node's output: `[NODE rR] ...` (a rank's) or `[NODE] ...` (a process without a
 # rank, such as torchrun's agent, whose stack the hang dump shows too: launch/node/stacks.sh).
-_NODE_LINE = re.compile(r"^\[([^\]\s]+)(?: r(\d+))?\] ?(.*)$")
+_NODE_LINE = re.compile(r"^\[([^\]\s]+)(?: r(\d{1,9}))?\] ?(.*)$")
 
 
 def hangs_of(lines: Sequence[Line]) -> list[Hang]:
@@ -229,11 +250,18 @@ def hangs_of(lines: Sequence[Line]) -> list[Hang]:
     return out
 
 
-def _float(x: object) -> float | None:
-    try:
-        return float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+def _float(x: object, lo: float = -events.MAX_EPOCH, hi: float = events.MAX_EPOCH) -> float | None:
+    """x as a number within lo..hi (finite); None where it is not one."""
+    if isinstance(x, bool):
         return None
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if lo <= v <= hi else None
+
+
+MAX_GBPS = 100_000.0  # a link's rate the gate can report (Gbit/s); beyond: refused
 
 
 def _list(x: object) -> list:
@@ -245,21 +273,34 @@ def gate_of(data: object) -> tuple[tuple[GateNode, ...], tuple[GatePair, ...]]:
     if not isinstance(data, dict):
         return (), ()
     per_node = data.get("nodes") if isinstance(data.get("nodes"), dict) else {}
-    nodes = tuple(GateNode(str(h), _float(d.get("gbps")) or 0.0, str(d.get("status", "")), str(d.get("why", "")))
-                  for h, d in per_node.items() if isinstance(d, dict))
-    pairs = tuple(GatePair(str(p.get("src", "")), str(p.get("dst", "")), _float(p.get("gbps")), str(p.get("error", "")))
-                  for p in _list(data.get("pairs")) if isinstance(p, dict))
+    nodes = tuple(GateNode(str(h), _float(d.get("gbps"), 0, MAX_GBPS) or 0.0, str(d.get("status", "")),
+                           str(d.get("why", ""))) for h, d in per_node.items() if isinstance(d, dict))
+    pairs = tuple(GatePair(str(p.get("src", "")), str(p.get("dst", "")), _float(p.get("gbps"), 0, MAX_GBPS),
+                           str(p.get("error", ""))) for p in _list(data.get("pairs")) if isinstance(p, dict))
     return nodes, pairs
 
 
 def read(job: Mapping, log: str = "", times: str = "") -> Run:
     """A job's record (job.json as a dict), its output.log and output.times -> Run."""
-    t0 = _float(job.get("started")) or 0.0
-    ended = _float(job.get("ended"))
-    lines = stamp(log, times, t0)
+    notes = []
+    t0 = _float(job.get("started"), 0) or 0.0
+    ended = _float(job.get("ended"), 0)
+    if ended is not None and t0 and not 0 <= ended - t0 <= events.MAX_SECONDS:
+        notes.append(f"the record's end is {'before' if ended < t0 else 'too long after'} its start: not drawn")
+        ended = None
+    for key in ("started", "ended"):
+        if job.get(key) is not None and _float(job.get(key), 0) is None:
+            notes.append(f"the record's {key} is not a time before 2100: not drawn")
+    lines, refused = stamped(log, times, t0)
+    if refused:
+        notes.append(f"{refused} row(s) of output.times are not a time and a count of lines: those lines are untimed")
     nodes = tuple(str(n.get("host", "")) for n in _list(job.get("nodes")) if isinstance(n, dict))
     names = job.get("node_names") if isinstance(job.get("node_names"), dict) else {}
-    entries = timeline.from_json(job.get("timeline"))
+    entries = tuple(x for x in timeline.from_json(job.get("timeline"))
+                    if -events.MAX_SECONDS <= x.start <= events.MAX_SECONDS)
+    if len(entries) < len(_list(job.get("timeline"))):
+        notes.append(f"{len(_list(job.get('timeline'))) - len(entries)} timeline entr(ies) of the record are not "
+                     f"a phase with times within {events.MAX_SECONDS} s of the launch: not drawn")
     gate, pairs = gate_of(job.get("gate"))
     final = job.get("final") if isinstance(job.get("final"), dict) else {}
     code = job.get("exit_code")
@@ -278,7 +319,8 @@ def read(job: Mapping, log: str = "", times: str = "") -> Run:
         timed=bool(times.strip()), gate=gate, pairs=pairs,
         quarantined={str(k): str(v) for k, v in (job.get("quarantined") or {}).items()}
         if isinstance(job.get("quarantined"), dict) else {},
-        events=tuple(events_of(lines)), final=str(final.get("reason", "")), recorded="timeline" in job)
+        events=tuple(events_of(lines)), final=str(final.get("reason", "")), recorded="timeline" in job,
+        notes=tuple(notes))
 
 
 def events_of(lines: Sequence[Line]) -> list[Line]:
@@ -301,8 +343,8 @@ def events_of(lines: Sequence[Line]) -> list[Line]:
 
 
 def e(value: object) -> str:
-    """Any value of the job, as text in HTML (and in an attribute)."""
-    return _html.escape(str(value), quote=True)
+    """Any value of the job, as text in HTML (and in an attribute), without control characters."""
+    return _html.escape(clean(value, lines=True), quote=True)
 
 
 COLOURS = {"first-round": "#9aa5b1", "pull": "#4e79a7", "container": "#59a14f", "sshd": "#8cd17d",
@@ -535,6 +577,12 @@ def gate_section(run: Run) -> str:
                     if pairs else "")
 
 
+def nccl_section(run: Run) -> str:
+    """The network NCCL chose at the first collective (--nccl-check's line among the events)."""
+    said = [ln.text for ln in run.events if ln.text.startswith("[launch] NCCL network")]
+    return f'<p class="note nccl">{e(said[0].removeprefix("[launch] "))}</p>' if said else ""
+
+
 def html(run: Run) -> str:
     """The report of a run: one HTML document, nothing to fetch."""
     ok = run.state == "succeeded" or run.exit_code == 0
@@ -544,6 +592,7 @@ def html(run: Run) -> str:
             f"image <b>{e(run.image)}</b>", f"ended: {end}",
             f"took {_secs(run.duration)} s, {len(run.restarts)} restart(s), {len(run.hangs)} hang(s)"]
     parts = [f"<h1>dtrain job {e(run.name)}</h1>", *(f'<p class="meta">{m}</p>' for m in meta)]
+    parts += [f'<p class="note refused">{e(n)}</p>' for n in run.notes]
     parts += ["<h2>Phases per node</h2>", gantt(run)]
     if run.attempts and (run.restarts or len(run.attempts) > 1):
         parts += ["<h2>Attempts and restarts</h2>",
@@ -555,7 +604,7 @@ def html(run: Run) -> str:
         parts += ["<h2>Quarantined nodes</h2>",
                   _table(("node", "why"), ((_label(h, run.names), why) for h, why in run.quarantined.items()))]
     parts += ["<h2>Step times per rank</h2>", step_charts(run)]
-    parts += ["<h2>Network gate</h2>", gate_section(run)]
+    parts += ["<h2>Network gate</h2>", gate_section(run), nccl_section(run)]
     if run.hangs:
         parts.append("<h2>Hangs</h2>")
         for hg in run.hangs:
@@ -599,12 +648,14 @@ def default_output(name: str) -> Path:
     return Path(f"{name}-report.html")
 
 
-def write(run: Run, output: Path) -> Path:
-    """The report written to `output`: a new file 0600 (the job's store is private), an existing
-    one keeps its mode. OSError where it cannot be written."""
-    import os
+# The report's first line: how `dtrain report` knows a file it may replace (dtrain/outfile.py).
+# A comment before the DOCTYPE is allowed (HTML: comments and whitespace may precede it).
+MARKER = "<!-- GENERATED by `dtrain report`: a later `dtrain report` replaces this file -->\n"
+OUTPUT = outfile.marked(MARKER)
 
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(html(run))
-    return output
+
+def write(run: Run, output: Path, force: bool = False, flag: str = "--output") -> Path:
+    """The report written to `output` as dtrain/outfile.py writes (no link followed, no file
+    dtrain did not write replaced without force, atomically): a new file 0600 (the job's store is
+    private), a replaced one keeps its mode. BadValue naming `flag` where it cannot be written."""
+    return outfile.write(output, MARKER + html(run), flag=flag, kind=OUTPUT, force=force, mode=0o600)

@@ -66,7 +66,7 @@ class PlanNode:
 # What `mpirun --tag-output` puts before each chunk a rank writes, and launch/node/rank_output.py
 # before each line: `[1,3]<stdout>:` (job, rank; the job part is absent in some versions, and in
 # horovodrun's Gloo prefix). Group 1 is the rank, group 2 the stream.
-MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:"
+MPI_OUTPUT_TAG = r"\[(?:\d+,)?(\d{1,9})\]<(stdout|stderr)>:"
 
 # What runs launch/node/rank_output.py (its text follows) before a rank's command: -I -S, only
 # the standard library, whatever PYTHON* variables the job sets.
@@ -146,6 +146,10 @@ class RunPlan:
     # rank the others wait for is named (launch/jobs/straggler.py)
     straggler_check: float | None = None
     replace_stragglers: bool = False  # a straggler (not the first node) swapped for a spare at a checkpoint
+    # NCCL's network on the first attempt (launch/jobs/nccl_net.py): "auto", "warn", "fail" ("" or
+    # "off": not checked); efa_types: (instance type, EFA interfaces) for the types that have EFA
+    nccl_check: str = ""
+    efa_types: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -163,7 +167,7 @@ class RunPlan:
                 v = v.to_json()
             elif k in ("nodes", "spares"):
                 v = [n.__dict__ for n in v]
-            elif k == "quarantined":
+            elif k in ("quarantined", "efa_types"):
                 v = [list(p) for p in v]
             elif isinstance(v, tuple):
                 v = list(v)
@@ -181,7 +185,7 @@ class RunPlan:
                 v = LaunchCommand.from_json(v)
             elif k in ("nodes", "spares"):
                 v = tuple(PlanNode(**n) for n in v)
-            elif k == "quarantined":
+            elif k in ("quarantined", "efa_types"):
                 v = tuple(tuple(p) for p in v)
             elif isinstance(v, list):
                 v = tuple(v)

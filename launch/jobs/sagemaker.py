@@ -347,13 +347,15 @@ def request_problems(req: Mapping[str, Any]) -> list[str]:
 
 
 def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = WORKDIR_MAX_BYTES,
-                   max_files: int = WORKDIR_MAX_FILES) -> tuple[list[Path], int, list[str], list[str]]:
-    """What goes to the `code` channel: (files relative to root, their bytes, what SECRETS left
-    out, the symlinks left out). launch --workdir's rules (workdir.select: .gitignore,
-    .dtrainignore, the files that hold secrets), less the not_code directories inside root (the
-    download directory, local --input directories), and less symlinks that do not lead to a file
-    that goes itself (S3 gets a link's content: a link out of the workdir would carry what the
-    rules never saw)."""
+                   max_files: int = WORKDIR_MAX_FILES, flag: str = "--workdir",
+                   rules: bool = True) -> tuple[list[Path], int, list[str], list[str]]:
+    """What goes to the `code` channel (flag --workdir; --dependencies DIR: the same rules): (files
+    relative to root, their bytes, what was left out as it may hold secrets, the symlinks left
+    out). launch --workdir's rules (workdir.select: .gitignore, .dtrainignore, the files that
+    hold secrets by name or content), less the not_code directories inside root (the download
+    directory, local --input directories), and less symlinks that do not lead to a file that goes
+    itself (S3 gets a link's content: a link out of the workdir would carry what the rules never
+    saw); FIFOs, sockets and devices are never read. rules=False: no ignore file (data_selection)."""
     from dtrain.launch.jobs import workdir as wdir
 
     root = root.resolve()
@@ -368,11 +370,11 @@ def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = W
 
     def check(rel: str, count: int, size: int) -> None:
         if count > max_files or size > max_bytes:
-            raise LaunchError(f"--workdir {root}: over {max_files} files or {max_bytes / 2**20:.0f} MiB at {rel}; "
+            raise LaunchError(f"{flag} {root}: over {max_files} files or {max_bytes / 2**20:.0f} MiB at {rel}; "
                               "put data in S3 and pass it with --input NAME=s3://... (or NAME=DIR), or leave it "
                               f"out with {wdir.DTRAINIGNORE}")
 
-    wd = wdir.select(root, skip, check)
+    wd = wdir.select(root, skip, check if rules else None, rules=rules)
     chosen = set(wd.files)
     files, links = [], []
     for rel in wd.files:
@@ -389,13 +391,24 @@ def code_selection(root: Path, not_code: Sequence[Path] = (), max_bytes: int = W
     return files, sum((root / f).stat().st_size for f in files), list(wd.left_out), links
 
 
-def left_out_lines(left_out: Sequence[str], links: Sequence[str]) -> list[str]:
-    """What the upload left out, by name: the files that may hold secrets, the symlinks."""
+def data_selection(root: Path) -> tuple[list[Path], int, list[str], list[str]]:
+    """An --input NAME=DIR channel's files: all of DIR (data: no ignore file, no size limit) but
+    what may hold secrets (by name, content, hard link), symlinks leading out of DIR or to a file
+    left out, FIFOs, sockets and devices; as code_selection returns them."""
+    return code_selection(root, rules=False)
+
+
+def left_out_lines(left_out: Sequence[str], links: Sequence[str], data: bool = False) -> list[str]:
+    """What the upload left out, by name: the files that may hold secrets, the symlinks. data:
+    an --input directory's (no .dtrainignore sends one back there)."""
     from dtrain.launch.jobs import workdir as wdir
 
     lines = [wdir.left_out_line(left_out)] if left_out else []
+    if lines and data:
+        lines[0] = (f"left out {len(left_out)} that may hold secrets: {wdir.names(left_out)} (to send one, put it "
+                    "in S3 yourself and pass --input NAME=s3://BUCKET/PREFIX)")
     if links:
-        lines.append(f"left out {len(links)} symlink(s) leading out of the workdir or to a file left out: "
+        lines.append(f"left out {len(links)} symlink(s) leading out of the directory or to a file left out: "
                      + wdir.names(links))
     return lines
 
@@ -437,11 +450,6 @@ def upload(s3, root: Path, files: Sequence[Path], bucket: str, prefix: str, uplo
         if uploaded is not None:
             uploaded.append(key)
         s3.upload_file(str(root / f), bucket, key)
-
-
-def local_files(root: Path) -> list[Path]:
-    """Every file under an --input directory, relative to it (data: nothing is left out)."""
-    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
 def from_job_uri(sm, job: str, channel: str) -> str:
@@ -803,10 +811,41 @@ def _bucket(uri: str) -> str:
     return check_s3_uri(uri.rstrip("/"), "S3")[0]
 
 
-def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0) -> tuple[str, int]:
+def bucket_problem(flag: str, bucket: str, error: Mapping[str, Any], writes: bool) -> str | None:
+    """What HeadBucket's refusal of a bucket the job uses means (pure), or None where the run can
+    go on: a bucket that does not exist is always wrong; one refused (403) only where the job
+    writes to it (an input of another account's may be readable to the job's role)."""
+    code = str(error.get("Code", ""))
+    if code in ("404", "NoSuchBucket", "NotFound"):
+        return f"{flag}: no bucket {bucket}; make it (`aws s3 mb s3://{bucket}`) or name another"
+    if code in ("403", "AccessDenied", "Forbidden"):
+        return (f"{flag}: bucket {bucket} refuses these credentials (HeadBucket: 403): it is another account's, "
+                "or your policy does not allow it; name a bucket of yours") if writes else None
+    return f"{flag}: bucket {bucket}: HeadBucket: {code}: {' '.join(str(error.get('Message', '')).split())}"
+
+
+def check_buckets(s3, used: Sequence[tuple[str, str, bool]]) -> None:
+    """(flag, bucket, the job writes to it) -> a one-line LaunchError for the first that cannot
+    serve, before anything is created (the role, an upload). Read-only (HeadBucket)."""
+    for flag, bucket, writes in used:
+        try:
+            s3.head_bucket(Bucket=bucket)
+        except Exception as e:  # noqa: BLE001 -- botocore ClientError
+            err = getattr(e, "response", {}).get("Error", {})
+            if not err:
+                raise
+            problem = bucket_problem(flag, bucket, err, writes)
+            if problem:
+                raise LaunchError(problem) from None
+
+
+def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll_s: float = 10.0,
+        confirm: Callable[[Any], None] | None = None) -> tuple[str, int]:
     """`dtrain sagemaker run`: returns (job name, exit code: 0 Completed, 1 otherwise / not waited).
     A task whose last job Completed the same run is skipped (its output reused); one InProgress
-    with the same run is followed; otherwise a new job TASK-TIME is created."""
+    with the same run is followed; otherwise a new job TASK-TIME is created. confirm(session):
+    called once every local check passed, before the first AWS call (the price and its prompt:
+    launch/infra/pricing.py sagemaker_gate); it raises to stop with nothing made."""
     import boto3
 
     from dtrain import values
@@ -832,9 +871,10 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
     # The output (downloaded here by earlier runs) and the data channels are not code.
     files, size, left_out, links = code_selection(
         root, [*local.values(), *([Path(opts.download)] if opts.download is not None else [])])
-    deps = {dep: code_selection(d) for dep, d in opts.dependencies.items()}  # the same rules as the code
+    deps = {dep: code_selection(d, flag="--dependencies") for dep, d in opts.dependencies.items()}  # as the code
     task = task_name(opts.task, root)
-    data = {ch: local_files(d) for ch, d in local.items()}
+    picked = {ch: data_selection(d) for ch, d in local.items()}
+    data = {ch: got[0] for ch, got in picked.items()}
     for ch, found in data.items():
         if not found:
             raise LaunchError(f"--input {ch}={local[ch]}: the directory has no files")
@@ -870,6 +910,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             {ch: _STAND_IN for ch in [*opts.from_jobs, *opts.input_tasks]}, opts.role_arn or _STAND_IN_ROLE,
             task_tags(opts.project, task, "0" * 16))
     session = session or boto3.session.Session()
+    if confirm is not None:
+        confirm(session)
     s3, sm, logs = session.client("s3"), session.client("sagemaker"), session.client("logs")
     role = None
     if not opts.role_arn:
@@ -904,6 +946,10 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
                       *(_bucket(u) for u in [*from_jobs.values(), *chained.values()]),
                       *([_bucket(opts.state_s3)] if opts.state_s3 else [])})
     request(output, {**from_jobs, **chained}, opts.role_arn or _STAND_IN_ROLE, task_tags(opts.project, task, digest))
+    check_buckets(s3, [("--output", _bucket(output), True),
+                       *([("--state-dir", _bucket(opts.state_s3), True)] if opts.state_s3 else []),
+                       *((f"--input {ch}", _bucket(u), False) for ch, u in opts.inputs.items()
+                         if u.startswith("s3://"))])  # before the role and the first upload
     role_arn = opts.role_arn or ensure_role(session.client("iam"), role, buckets, out)
     req = request(output, {**from_jobs, **chained}, role_arn, task_tags(opts.project, task, digest))
     bucket, prefix = check_s3_uri(output, "--output")
@@ -932,11 +978,17 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
             upload(s3, opts.dependencies[dep], dfiles, bucket, f"{base}/{DEPS_CHANNEL}/{dep}", uploaded)
         for ch, d in local.items():
             out(f"[sagemaker] uploading {len(data[ch])} files of {d} to {inputs[ch]} (channel {ch})")
+            for note in left_out_lines(picked[ch][2], picked[ch][3], data=True):
+                out(f"[sagemaker] --input {ch}: {note}")
             upload(s3, d, data[ch], bucket, f"{base}/input/{ch}", uploaded)
         put_key()
         create_job(sm, req, retry_role=role is None and not opts.role_arn, poll_s=poll_s)
     except BaseException:
-        delete_keys(s3, bucket, [*uploaded, key_s3])
+        try:
+            delete_keys(s3, bucket, [*uploaded, key_s3])
+        except Exception as e:  # noqa: BLE001 -- the first error is the one to show; this one is said
+            out(f"[sagemaker] could not remove what was uploaded under s3://{bucket}/{base}/: "
+                f"{' '.join(str(e).split())}")
         raise
     in_s3 = [True]  # whether the key is in S3 now (key_action decides what happens to it)
 
@@ -1020,6 +1072,26 @@ def delete_keys(s3, bucket: str, keys: Sequence[str]) -> None:
         s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
+def _append(path: Path):
+    """The job's log copy opened to append: never through a symbolic link at its name (one
+    planted in a cloned project's output/ would have dtrain append elsewhere), never a FIFO or a
+    device; LaunchError naming it."""
+    import errno
+    import stat
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:
+        why = "a symbolic link; dtrain does not write through links" if e.errno == errno.ELOOP else e.strerror
+        raise LaunchError(f"--download: {path}: {why}; remove it or give another --download") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LaunchError(f"--download: {path}: not a regular file; remove it or give another --download")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 @contextmanager
 def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable[[str], None]]:
     """out, also appending every line to path (the job's log as streamed), when given."""
@@ -1027,7 +1099,7 @@ def log_copy(out: Callable[[str], None], path: Path | None) -> Iterator[Callable
         yield out
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
+    with _append(path) as f:
         def tee(line: str) -> None:
             out(line)
             f.write(line + "\n")
@@ -1126,7 +1198,7 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
     local = {ch: Path(v) for ch, v in opts.inputs.items()}
     check_download_dir(download, local)
     files, _size, left_out, links = code_selection(root, [*local.values(), download])
-    deps = {dep: code_selection(d)[0] for dep, d in opts.dependencies.items()}
+    deps = {dep: code_selection(d, flag="--dependencies")[0] for dep, d in opts.dependencies.items()}
     task = task_name(opts.task, root)
     name = opts.name or task_job_name(task)
     hps = hyperparameters(opts.command, opts.launcher or default_launcher(opts.image), opts.slots,
@@ -1135,11 +1207,15 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
     if job_dir.exists():
         raise LaunchError(f"--name {name}: {job_dir} exists; give another --name")
     channels: dict[str, list[Tree]] = {CODE_CHANNEL: [(root, files, "")]}
-    channels |= {ch: [(d, local_files(d), "")] for ch, d in local.items()}
+    picked = {ch: data_selection(d) for ch, d in local.items()}
+    channels |= {ch: [(local[ch], got[0], "")] for ch, got in picked.items()}
     if deps:  # each dependency as deps/NAME/, as the upload lays it out
         channels[DEPS_CHANNEL] = [(opts.dependencies[k], f, k) for k, f in deps.items()]
     for note in left_out_lines(left_out, links):
         out(f"[sagemaker local] {note}")
+    for ch, got in picked.items():
+        for note in left_out_lines(got[2], got[3], data=True):
+            out(f"[sagemaker local] --input {ch}: {note}")
     ml = local_tree(job_dir / "opt-ml", hps, channels)
     state = download / "state" / task
     state.mkdir(parents=True, exist_ok=True)
@@ -1147,7 +1223,7 @@ def run_local(opts: RunOptions, out: Callable[[str], None] = print,
         from dtrain import engine
 
         try:
-            docker, runner = engine.docker_cli(), _run_streaming
+            docker, runner = engine.run_cli(), _run_streaming  # any docker on PATH runs it
         except engine.EngineError as e:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise LaunchError(f"--local: {e}") from None

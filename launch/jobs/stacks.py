@@ -31,8 +31,8 @@ from typing import Iterable, Mapping, Sequence
 from dtrain import contract
 
 # `[node rN] text` or `[node] text` (a launcher process such as torchrun's agent: no rank)
-_LABEL = re.compile(r"^\[(?P<node>[^\]\s]+)(?: r(?P<rank>\d+))?\](?P<rest>.*)$")
-_HEADER = re.compile(r"^ ?stack of pid (?P<pid>\d+), state (?P<state>\S?): ?(?P<cmd>.*)$")
+_LABEL = re.compile(r"^\[(?P<node>[^\]\s]+)(?: r(?P<rank>\d{1,9}))?\](?P<rest>.*)$")
+_HEADER = re.compile(r"^ ?stack of pid (?P<pid>\d{1,9}), state (?P<state>\S?): ?(?P<cmd>.*)$")
 _THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<name>.*)")?$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]*)\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -31,8 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dtrain import contract, values
+from dtrain.terminal import clean
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import node_programs
+from dtrain.launch.jobs import events, node_programs
 from dtrain.launch.remote.fanout import SSH_FAILURE, host_lines
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
@@ -100,6 +101,8 @@ def _write_json(path: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the record
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -109,21 +112,70 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
+        data = events.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
+# What readers take from job.json, each with its type and bounds (launch/jobs/events.py's
+# checks): its `final` and `quarantined`/`stragglers` came from a node, and a record can be
+# damaged or left by another dtrain. A field of another type makes the record unreadable, one
+# line naming the file and the key; fields not listed are not read by more than a truth test.
+_FINAL = events.fields_of({"event": (events.NAME, events.O), "state": (events.NAME, events.O),
+                           "exit_code": (events.maybe(events.EXIT), events.O), "reason": (events.TEXT, events.O),
+                           "restarts": (events.COUNT, events.O)})
+_LIST = events.list_of(lambda item: item)
+_FINITE = events.number(-sys.float_info.max, sys.float_info.max)
+RECORD_FIELDS: dict[str, events.Check] = {
+    "name": events.NAME, "state": events.NAME, "launcher": events.NAME, "image": events.TEXT,
+    "pid": events.whole(0, 1 << 31), "pid_identity": events.mapping(events.NAME, events.TEXT),
+    "host": events.NAME, "first": events.NAME, "nodes": _LIST,  # each read by job_nodes
+    "ranks": events.NAMES, "node_names": events.mapping(events.NAME, events.NAME),
+    "ssh_opts": events.list_of(events.TEXT), "started": _FINITE, "ended": _FINITE,  # the report bounds them
+    "exit_code": events.EXIT, "detached": events.flag, "final": _FINAL,
+    "quarantined": events.mapping(events.NAME, events.TEXT), "stragglers": events.mapping(events.NAME, events.TEXT),
+    "timeline": _LIST,  # each read by timeline.from_json "gate": events.fields_of({}),
+    "progress_pattern": events.TEXT,
+}
+
+
+def record_problem(data: dict) -> str | None:
+    """What of job.json's fields a reader cannot take (`KEY: why`, one line); None where all."""
+    for key, check in RECORD_FIELDS.items():
+        if data.get(key) is not None:
+            try:
+                check(data[key])
+            except ValueError as e:
+                return f"{key}: {clean(str(e))}"
+    return None
+
+
+def _check_record(path: Path) -> tuple[dict | None, str]:
+    """(job.json as a dict, "") or (None, why it cannot be read: one line)."""
+    try:
+        raw = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"cannot be read ({type(e).__name__})"
+    try:
+        data = events.loads(raw)
+    except ValueError as e:
+        return None, str(e)
+    if not isinstance(data, dict):
+        return None, f"not a JSON object but {type(data).__name__}"
+    why = record_problem(data)
+    if why:
+        return None, why
+    if not data.get("name"):
+        data["name"] = path.parent.name
+    return data, ""
+
+
 def read_record(path: Path) -> dict | None:
     """job.json as a dict, its name that of its directory where it has none; None where it
-    cannot be read or is not a JSON object."""
-    data = _read_json(path)
-    if data is None:
-        return None
-    if not isinstance(data.get("name"), str) or not data["name"]:
-        data["name"] = path.parent.name
-    return data
+    cannot be read, is not a JSON object, or a field a reader takes is not of its type
+    (RECORD_FIELDS)."""
+    return _check_record(path)[0]
 
 
 def record(job: str, /, **fields) -> None:
@@ -276,9 +328,9 @@ def load_job(name: str | None) -> dict:
         path = job_dir(name) / "job.json"
         if not path.exists():
             raise LaunchError(f"no job named {name} (jobs are in {root})")
-        j = read_record(path)
+        j, why = _check_record(path)
         if j is None:
-            raise LaunchError(f"{path}: not a readable job record; remove {path.parent} if the job is over")
+            raise LaunchError(f"{path}: not a readable job record ({why}); remove {path.parent} if the job is over")
         return j
     for path in sorted(root.glob("*/job.json"), key=_mtime, reverse=True):
         j = read_record(path)
@@ -318,7 +370,7 @@ def job_nodes(job: dict) -> list[Node]:
     """The nodes a record names; LaunchError naming the job where they cannot be read."""
     try:
         return [Node(**n) for n in job.get("nodes") or []]
-    except TypeError:
+    except (TypeError, ValueError):
         raise LaunchError(f"job {job.get('name')}: its record's nodes cannot be read "
                           f"({jobs_dir() / str(job.get('name'))}/job.json)") from None
 
@@ -341,13 +393,16 @@ def detached_state(job: dict, ssh_opts: tuple[str, ...] = ()) -> dict:
     has ended, kept in job.json too. {} where the node does not answer."""
     if job.get("final"):
         return job["final"]
-    ssh = SshTransport([_first_node(job)], ssh_opts or job.get("ssh_opts", []), multiplex=False)
+    first = _first_node(job)
+    ssh = SshTransport([first], ssh_opts or job.get("ssh_opts", []), multiplex=False)
     # One try: `status` asks every job's node at once (status_rows), and waits one connect timeout.
     r = ssh.run(ssh.nodes, lambda n: node_file_argv(job["name"], "state.json"), timeout=15, retries=0)[0]
-    try:
-        state = json.loads(r.stdout) if r.ok else {}
-    except json.JSONDecodeError:
-        state = {}
+    if not r.ok:
+        return {}
+    try:  # the supervisor's file, beside the job (untrusted): checked (launch/jobs/events.py)
+        state = events.node_state(r.stdout, f"{first.host}: the job's state.json")
+    except ValueError as e:
+        raise LaunchError(f"job {job['name']}: {clean(str(e))}") from None
     if state.get("state") in ("succeeded", "failed"):
         record(job["name"], final=state, exit_code=state.get("exit_code"))
     return state
@@ -365,7 +420,7 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
     argv = ssh.argv(first, node_file_argv(job["name"], "output.log", follow))
     phases: list = []
     names = job.get("node_names") if isinstance(job.get("node_names"), dict) else {}
-    render = Render(job.get("launcher", "mpirun"), (job.get("ranks") or [first.host])[0],
+    render = Render(job.get("launcher") or "mpirun", (job.get("ranks") or [first.host])[0],
                     t0=float(job.get("started") or 0), names=names, on_phase=phases.append)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace")
@@ -406,7 +461,9 @@ def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...
     if name is not None:
         load_job(name)  # a LaunchError naming it where there is no such job
     paths = [job_dir(name) / "job.json"] if name else sorted(jobs_dir().glob("*/job.json"), key=_mtime)[-limit:]
-    records = [(p, read_record(p)) for p in paths]
+    checked = [(p, *_check_record(p)) for p in paths]
+    records = [(p, j) for p, j, _ in checked]
+    unread = {p: why for p, j, why in checked if j is None}
 
     def ask(j: dict) -> dict:
         try:
@@ -420,7 +477,7 @@ def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...
         states = dict(zip((id(j) for j in asked), pool.map(ask, asked)))
     for p, j in records:
         if j is None:
-            rows.append((p.parent.name, f"unreadable record ({p})", "", "", "", ""))
+            rows.append((p.parent.name, f"unreadable record ({p}: {unread[p]})", "", "", "", ""))
             continue
         state = str(j.get("state", "?"))
         if state in LIVE_STATES and not launcher_alive(j):
@@ -440,7 +497,7 @@ def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...
         nodes = j.get("nodes") if isinstance(j.get("nodes"), list) else []
         rows.append((str(j["name"]), state, str(j.get("launcher", "")), str(len(nodes)),
                      str(j.get("image", "")), "" if j.get("exit_code") is None else str(j["exit_code"])))
-    return rows
+    return [tuple(clean(c) for c in row) for row in rows]  # a node's words, without terminal control
 
 
 def job_timeline(name: str) -> str:
@@ -475,7 +532,7 @@ def follow(path: Path, job: dict, out=sys.stdout) -> None:
         while True:
             line = f.readline()
             if line:
-                out.write(line)
+                out.write(clean(line, colour=True, lines=True))
                 out.flush()
                 continue
             now = read_record(path.parent / "job.json") or {}

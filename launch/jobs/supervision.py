@@ -20,8 +20,9 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.shipped import shipped_modules
-from dtrain.launch.jobs import launchers, output, runplan, stacks, straggler, timeline
-from dtrain.launch.jobs.timeline import parse_event
+from dtrain.launch.jobs import events, launchers, nccl_net, output, runplan, stacks, straggler, timeline
+from dtrain.launch.jobs.timeline import event_of, parse_event
+from dtrain.terminal import clean
 
 EVENT = contract.SUPERVISOR_EVENT
 EC2_IMDS = "http://169.254.169.254"  # where each EC2 node reads its spot interruption notice
@@ -71,7 +72,7 @@ def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: 
 # attempt's command is this launcher's, whatever dtrain the image holds.
 # launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
 # there from beside the builders), so an image older than this launcher runs this one's.
-SUPERVISOR_NODE_PROGRAMS = ("stacks.sh",)
+SUPERVISOR_NODE_PROGRAMS = ("stacks.sh", "nccl_net.sh")
 
 
 def builder_files() -> dict[str, str]:
@@ -127,6 +128,8 @@ def describe(ev: dict) -> str:
         return "[launch] " + hang_line(ev)
     if name == "straggler":
         return "[launch] " + straggler.line(ev)
+    if name == "nccl-net":
+        return "[launch] " + nccl_net.event_line(ev)
     if name == "succeeded":
         return "[launch] job succeeded"
     if name == "failed":
@@ -213,14 +216,19 @@ class Render:
         self._mpi = MpiOutput(ranks, self.first)
 
     def feed(self, line: str) -> list[str]:
-        shown = self._feed(line)
+        """The lines a user reads for one line of the supervisor's output, without terminal
+        control (dtrain/terminal.py; a job's own colours kept)."""
+        shown = [clean(s, colour=True) for s in self._feed(line)]
         self._first_steps(shown)
         return shown
 
     def _feed(self, line: str) -> list[str]:
         if line.startswith(contract.STACK_LINE):  # a hang's stack dump: already `[node rN] ...`
             return [line[len(contract.STACK_LINE):]]
-        ev = parse_event(line)
+        try:
+            ev = event_of(line)
+        except events.BadEvent as e:  # forged or garbled: skipped, said once
+            return self._flush() + [events.problem(str(e))]
         if ev is not None:
             out = self._flush()
             self._event(ev)
@@ -239,7 +247,7 @@ class Render:
                 self.stragglers[str(ev.get("node"))] = straggler.summary(ev)
             if ev["event"] in FINAL:
                 self.final = ev
-            return out + [describe(ev)]
+            return out + [clean(describe(ev))]
         if launchers.get(self.launcher).per_node:  # the supervisor tags each node's lines
             m = NODE_LINE.match(line)
             if m and m.group(1) in self.ranks:
@@ -252,7 +260,7 @@ class Render:
         return self._mpi.feed(line)
 
     def flush(self) -> list[str]:
-        shown = self._flush()
+        shown = [clean(s, colour=True) for s in self._flush()]
         self._first_steps(shown)
         return shown
 

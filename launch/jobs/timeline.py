@@ -12,12 +12,13 @@ its first step, and `dtrain status JOB` prints them. Pure functions, but for Rec
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from dtrain import contract
+from dtrain.terminal import clean
+from dtrain.launch.jobs import events
 
 PHASES = contract.LAUNCH_PHASES
 RESTART_PHASES = contract.RESTART_PHASES
@@ -44,6 +45,13 @@ def _num(value: object) -> float | None:
     return x if x == x and abs(x) != float("inf") else None
 
 
+def _in_bounds(x: float) -> bool:
+    """A time of the timeline (seconds after the launch) that can be drawn: finite, within
+    events.MAX_EPOCH either side (a node's clock may be behind the launcher's; a record
+    without its start counts from 0)."""
+    return -events.MAX_EPOCH <= x <= events.MAX_EPOCH
+
+
 def from_event(ev: Mapping, *, t0: float, now: float, node: str = "", restart: int = 0,
                names: Mapping[str, str] | None = None) -> Entry | None:
     """A `phase` event -> Entry; None where it is not one or its times cannot be read.
@@ -60,19 +68,29 @@ def from_event(ev: Mapping, *, t0: float, now: float, node: str = "", restart: i
     if at is None:
         at = (end if end is not None else now) - seconds
     who = str(ev.get("node") or node)
+    if not (_in_bounds(at - t0) and -events.MAX_SECONDS <= seconds <= events.MAX_SECONDS):
+        return None
     return Entry((names or {}).get(who, who), ev["phase"], round(at - t0, 3), round(max(seconds, 0.0), 3),
                  int(_num(ev.get("restart")) or restart))
 
 
-def parse_event(line: str) -> dict | None:
-    """A `dtrain-supervisor {json}` event line (contract.SUPERVISOR_EVENT) as its dict, else None."""
+def event_of(line: str) -> dict | None:
+    """A `dtrain-supervisor {json}` event line (contract.SUPERVISOR_EVENT) as its checked fields
+    (launch/jobs/events.py: the schema of each kind); None where the line is not an event line;
+    events.BadEvent (why, one line) where it is one that the schema refuses (a node's lines are
+    untrusted: the job runs beside the supervisor)."""
     if not line.startswith(contract.SUPERVISOR_EVENT):
         return None
+    return events.parse(line[len(contract.SUPERVISOR_EVENT):])
+
+
+def parse_event(line: str) -> dict | None:
+    """A `dtrain-supervisor {json}` event line as its checked fields, else None (not an event
+    line, or one the schema refuses: event_of says why)."""
     try:
-        ev = json.loads(line[len(contract.SUPERVISOR_EVENT):])
-    except json.JSONDecodeError:
+        return event_of(line)
+    except events.BadEvent:
         return None
-    return ev if isinstance(ev, dict) and "event" in ev else None
 
 
 def restart_of(ev: Mapping, attempt: int, restarts: int) -> int:
@@ -124,7 +142,11 @@ def from_json(data: object) -> Timeline:
         start, seconds = _num(d.get("start")), _num(d.get("seconds"))
         if start is None or seconds is None or not isinstance(d.get("phase"), str):
             continue
-        out.append(Entry(str(d.get("node", "")), d["phase"], start, seconds, int(_num(d.get("restart")) or 0)))
+        restart = _num(d.get("restart")) or 0
+        if (not (_in_bounds(start) and 0 <= seconds <= events.MAX_SECONDS and 0 <= restart <= events.MAX_COUNT)
+                or len(d["phase"]) > events.MAX_NAME):
+            continue
+        out.append(Entry(str(d.get("node", ""))[:events.MAX_TEXT], d["phase"], start, seconds, int(restart)))
     return tuple(out)
 
 
@@ -144,11 +166,11 @@ def rows(entries: Iterable[Entry], nodes: Sequence[str] = ()) -> list[list[list[
         cols = _columns(these, PHASES if restart == 0 else RESTART_PHASES)
         hosts = [h for h in nodes if any(e.node == h for e in these)]
         hosts += sorted({e.node for e in these} - set(hosts))
-        table = [["launch" if restart == 0 else f"restart {restart}", *cols, "done at"]]
+        table = [["launch" if restart == 0 else f"restart {restart}", *map(clean, cols), "done at"]]
         for h in hosts:
             mine = {e.phase: e for e in these if e.node == h}
             done = max(e.start + e.seconds for e in mine.values())
-            table.append([h or "(job)", *(f"{mine[c].seconds:.2f}" if c in mine else "-" for c in cols),
+            table.append([clean(h) or "(job)", *(f"{mine[c].seconds:.2f}" if c in mine else "-" for c in cols),
                           f"{done:.2f}"])
         tables.append(table)
     return tables

@@ -10,9 +10,15 @@ also where nodes share the home. The job's copy goes at teardown; the cache stay
 
 What is sent (`select`, the same rules for `dtrain sagemaker run`'s upload): every file under DIR
 but what its .gitignore and .dtrainignore files exclude (git's rules, per directory, deeper files
-winning; `.git/` never), and but the files that hold secrets by their names (SECRETS: `.env*`,
-keys, credentials), even where git tracks them; only a `.dtrainignore` line re-includes one of
-those (`!.env`). What the defaults left out is reported by name (`left_out_line`), never read.
+winning; `.git/` never; launch/jobs/ignore.py: matching time bounded, ignore files bounded in
+size), and but the files that may hold secrets, even where git tracks them:
+- by name (SECRETS, case-insensitive: `.env*`, `*.env`, keys, credentials, kubeconfig, ...);
+- by content (launch/jobs/secretscan.py: private keys, cloud credentials, tokens; the first
+  64 KiB of each file, binaries skipped);
+- a hard link to one of those under another name (same inode).
+Only the top directory's .dtrainignore sends one back, by a `!` line naming it without
+wildcards (`!.env.example`, `!tests/fixtures/id_test`); a deeper .dtrainignore or a .gitignore
+cannot, nor can `!*`. What was left out is reported by name (`left_out_line`), never its content.
 `select` is the only function here that reads the disk; `sync` runs rsync.
 """
 
@@ -23,14 +29,13 @@ import os
 import re
 import shlex
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import pathspec
-
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import node_programs
+from dtrain.launch.jobs import ignore, node_programs, secretscan
 from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
@@ -38,18 +43,24 @@ from dtrain.launch.remote.transport import SshTransport
 IGNORE_FILES = (".gitignore", ".dtrainignore")  # in this order: .dtrainignore's lines win
 DTRAINIGNORE = ".dtrainignore"
 # Names of files (and directories, ending in /) that hold secrets: never uploaded, whatever git
-# tracks, unless a .dtrainignore re-includes them (`!.env`). Gitignore syntax, from DIR.
+# tracks, unless the top .dtrainignore names them (`!.env`). Gitignore syntax, from DIR, matched
+# against the lower-cased path (.ENV, ID_RSA too).
 SECRETS = (
-    ".env*",  # .env, .env.local, .envrc (direnv)
-    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",  # keys, certificates
+    ".env*", "*.env", "*.env.*",  # .env, .env.local, .envrc (direnv), prod.env, prod.env.bak
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx",  # keys, certificates
     "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",  # ssh keys (their .pub too: simplest)
     ".ssh/", ".aws/", ".gnupg/", ".kube/", ".azure/", "**/.config/gcloud/", "**/.docker/config.json",
-    "*credentials*", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".pgpass",
-    "*.tfstate", "*.tfstate.*",  # Terraform state holds the secrets it made
+    "*credentials*", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".pgpass", ".dockercfg",
+    "*.tfstate", "*.tfstate.*", "*.tfvars", "*.tfvars.json",  # Terraform state and variables
+    "*service-account*.json", "*service_account*.json", "*-key.json", "*_key.json",  # GCP keys
+    "kubeconfig", "kubeconfig.*", "*.kubeconfig",
+    "secrets.*", "secret.*", ".secrets", ".secret", "*.secret", "*.secrets",
+    "token", "token.*", "*.token", ".vault-token", "*_token", "*-token",
+    ".htpasswd", "htpasswd", "*.htpasswd",
 )
 QUIET = ("__pycache__/",)  # left out too, not worth a word
-_SECRETS = pathspec.GitIgnoreSpec.from_lines(SECRETS)
-_QUIET = pathspec.GitIgnoreSpec.from_lines(QUIET)
+_SECRETS = ignore.compile_lines(SECRETS, "SECRETS")
+_QUIET = ignore.compile_lines(QUIET, "QUIET")
 DEFAULT_LIMIT = 1 << 30  # bytes; over it, data belongs on a --mount
 # On each node, relative to its job's workdir/ (~/.dtrain/nodes/HOST/jobs/<job>/workdir): the
 # node's cache of this directory, ~/.dtrain/nodes/HOST/workdir-cache/<key> (host/prepare.sh
@@ -63,7 +74,7 @@ class Workdir:
     files: tuple[str, ...]  # relative POSIX paths of regular files and symlinks, sorted
     size: int  # bytes
     key: str  # this directory's cache name on the nodes
-    left_out: tuple[str, ...] = ()  # what SECRETS kept back (directories end in /), sorted
+    left_out: tuple[str, ...] = ()  # what may hold secrets, kept back (directories end in /), sorted
 
 
 def parse_size(text: str) -> int:
@@ -89,75 +100,114 @@ def cache_key(root: Path) -> str:
     return hashlib.sha256(f"{socket.gethostname()}:{root.resolve()}".encode()).hexdigest()[:16]
 
 
-Specs = list[tuple[str, pathspec.GitIgnoreSpec, bool]]  # (directory, its rules, from .dtrainignore)
+Specs = list[tuple[str, ignore.Rules]]  # (directory, its ignore file's rules), .gitignore before .dtrainignore
 
 
-def _verdicts(specs: Specs, rel: str) -> tuple[bool | None, bool | None]:
+def _verdict(specs: Specs, rel: str) -> bool | None:
     """git's rule: the deepest directory's ignore files decide, the last matching line wins.
-    (all ignore files' verdict, .dtrainignore files' alone); True: ignored, False: re-included
-    (`!`), None: no line matched."""
-    verdict = dtrain = None
-    for base, spec, from_dtrain in specs:
+    True: ignored, False: re-included (`!`), None: no line matched."""
+    verdict = None
+    for base, rules in specs:
         if base and not rel.startswith(base + "/"):
             continue
-        r = spec.check_file(rel[len(base) + 1:] if base else rel)
-        if r.include is not None:
-            verdict = r.include
-            if from_dtrain:
-                dtrain = r.include
-    return verdict, dtrain
+        r = rules.check(rel[len(base) + 1:] if base else rel)
+        if r is not None:
+            verdict = r
+    return verdict
 
 
-def decide(specs: Specs, rel: str) -> str | None:
+def secret_name(rel: str) -> bool:
+    """rel's name says it may hold a secret (SECRETS, any case)."""
+    return _SECRETS.match(rel.lower())
+
+
+def sent_back(rules: ignore.Rules) -> ignore.Rules:
+    """What the top .dtrainignore sends back although it may hold secrets: its `!` lines without
+    wildcards (`!.env.example`, `!.aws/`), as plain patterns. Not `!*`, not a deeper file's."""
+    return ignore.Rules(tuple(ignore.Pattern(p.regex, False, p.text, True)
+                              for p in rules.patterns if p.negate and p.literal))
+
+
+def decide(specs: Specs, rel: str, back: ignore.Rules = ignore.Rules()) -> str | None:
     """Why rel (a file, or a directory ending in /) stays here: "ignored" (an ignore file, or QUIET),
-    "secret" (SECRETS, no .dtrainignore `!` for it), or None: it goes."""
-    verdict, dtrain = _verdicts(specs, rel)
+    "secret" (SECRETS, not sent back by `back`: sent_back), or None: it goes."""
+    verdict = _verdict(specs, rel)
     if verdict:
         return "ignored"
-    if _SECRETS.match_file(rel) and dtrain is not False:
+    if secret_name(rel) and not back.match(rel):
         return "secret"
-    if verdict is None and _QUIET.match_file(rel):
+    if verdict is None and _QUIET.match(rel):
         return "ignored"
     return None
 
 
-def _read_specs(directory: Path, base: str) -> Specs:
+def _read_specs(directory: Path, base: str, budget: ignore.Budget) -> tuple[Specs, ignore.Rules]:
+    """directory's ignore files' rules, and its .dtrainignore's alone (empty without one)."""
     out: Specs = []
+    own = ignore.Rules()
     for name in IGNORE_FILES:
         f = directory / name
         if f.is_file():
             try:
-                lines = f.read_text(errors="replace").splitlines()
+                rules = ignore.read_rules(f, budget)
             except OSError as e:
                 raise LaunchError(f"--workdir: cannot read {f}: {e.strerror or e}") from None
-            out.append((base, pathspec.GitIgnoreSpec.from_lines(lines), name == DTRAINIGNORE))
-    return out
+            out.append((base, rules))
+            if name == DTRAINIGNORE:
+                own = rules
+    return out, own
+
+
+def _inodes(root: Path, dirs: Sequence[str]) -> set[tuple[int, int]]:
+    """(device, inode) of every file under the given directories of root (no link followed)."""
+    found = set()
+    for d in dirs:
+        for dirpath, _dirnames, filenames in os.walk(root / d):
+            for name in filenames:
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                found.add((st.st_dev, st.st_ino))
+    return found
 
 
 def select(root: Path, skip: Sequence[str] = (),
-           check: Callable[[str, int, int], None] | None = None) -> Workdir:
+           check: Callable[[str, int, int], None] | None = None, rules: bool = True) -> Workdir:
     """The files of root that leave this machine (launch --workdir, sagemaker run): regular files
-    and symlinks, less ignored ones and SECRETS (recorded in left_out), never .git/. skip:
-    directories (relative POSIX paths) not walked at all. check(rel, files, bytes) after each
-    file: raise there to stop at a limit."""
+    and symlinks, less ignored ones and those that may hold secrets (by name, by content, hard
+    links to them; recorded in left_out), never .git/. skip: directories (relative POSIX paths)
+    not walked at all. check(rel, files, bytes) after each file: raise there to stop at a limit.
+    rules=False (data: sagemaker --input DIR): no ignore file is read, only secrets are left out."""
     root = root.expanduser()
     specs: Specs = []
+    back = ignore.Rules()
+    budget = ignore.Budget()
     files: list[str] = []
     left_out: list[str] = []
+    held_dirs: list[str] = []  # directories left out as secrets (their inodes: only if needed)
+    held: set[tuple[int, int]] = set()  # inodes of files left out as secrets
+    linked: dict[tuple[int, int], list[str]] = {}  # inodes of files sent that have other names
     size = 0
     skipped = {s.strip("/") for s in skip}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         base = here.relative_to(root).as_posix()
         base = "" if base == "." else base
-        specs.extend(_read_specs(here, base))
+        if rules:
+            found, own = _read_specs(here, base, budget)
+            specs.extend(found)
+            if not base:
+                back = sent_back(own)
         keep = []
         for d in sorted(dirnames):
             rel = f"{base}/{d}" if base else d
             link = (here / d).is_symlink()
-            why = decide(specs, rel if link else rel + "/")
+            why = decide(specs, rel if link else rel + "/", back)
             if why == "secret":
                 left_out.append(rel if link else rel + "/")
+                if not link:
+                    held_dirs.append(rel)
             elif d == ".git" or rel in skipped or why:
                 continue
             elif link:
@@ -168,20 +218,40 @@ def select(root: Path, skip: Sequence[str] = (),
         for name in sorted(filenames):
             rel = f"{base}/{name}" if base else name
             path = here / name
-            if not (path.is_symlink() or path.is_file()):
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # FIFOs, sockets, devices: not code
-            why = decide(specs, rel)
+            why = decide(specs, rel, back)
             if why == "secret":
                 left_out.append(rel)
+                held.add((st.st_dev, st.st_ino))
             if why:
                 continue
-            if not path.is_symlink() and not os.access(path, os.R_OK):
-                raise LaunchError(f"--workdir {root}: cannot read {rel}; make it readable, or leave it out "
-                                  f"with a line in {DTRAINIGNORE}")
+            if stat.S_ISREG(st.st_mode):
+                if not os.access(path, os.R_OK):
+                    raise LaunchError(f"--workdir {root}: cannot read {rel}; make it readable, or leave it out "
+                                      f"with a line in {DTRAINIGNORE}")
+                if not back.match(rel) and secretscan.kind(path):
+                    left_out.append(rel)
+                    held.add((st.st_dev, st.st_ino))
+                    continue
+                if st.st_nlink > 1:
+                    linked.setdefault((st.st_dev, st.st_ino), []).append(rel)
             files.append(rel)
-            size += path.lstat().st_size
+            size += st.st_size
             if check is not None:
                 check(rel, len(files), size)
+    if linked:  # hard links to a file held back, under another name: held back too
+        held |= _inodes(root, held_dirs)
+        for ino, rels in linked.items():
+            if ino in held:
+                gone = set(rels)
+                files = [f for f in files if f not in gone]
+                left_out.extend(rels)
+                size -= sum((root / r).lstat().st_size for r in rels)
     return Workdir(root, tuple(sorted(files)), size, cache_key(root), tuple(sorted(left_out)))
 
 
@@ -208,7 +278,7 @@ def names(rels: Sequence[str], most: int = 8) -> str:
 
 
 def left_out_line(left_out: Sequence[str]) -> str | None:
-    """One line naming what SECRETS kept back (names only), or None when nothing was."""
+    """One line naming what was kept back as it may hold secrets (names only), or None."""
     if not left_out:
         return None
     return (f"left out {len(left_out)} that may hold secrets: {names(left_out)} (to send one, add "

@@ -38,7 +38,7 @@ command line.
 
 Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's
 events as lines `dtrain-supervisor {json}` (running, lost, checkpoint-now, quarantined,
-spare-in, hang, restart, phase, succeeded, failed; a hang's stacks as `dtrain-stack ` lines), on stdout and appended to output.log beside the
+spare-in, hang, straggler, nccl-net, restart, phase, succeeded, failed; a hang's stacks as `dtrain-stack ` lines), on stdout and appended to output.log beside the
 plan; the state (nodes, spares, quarantined, the last event) is kept in state.json. Where
 output.log or state.json cannot be written (a full disk), the job ends with an error naming
 the node and the file, its output still drained. An attached job ends too when its launcher
@@ -330,6 +330,7 @@ class AttemptEnd(NamedTuple):
     out: dict[str, str]
     spare_out: dict[str, str]
     hung: str = ""
+    fatal: str = ""  # why the job ends without a restart (a wrong NCCL network: check_nccl)
 
 
 class Supervisor:
@@ -347,6 +348,7 @@ class Supervisor:
         self.hang: progress.Watch | None = None  # the attempt's hang watch (--hang-timeout)
         self.sampling = threading.Event()  # set: the attempt's straggler sampling ends (--straggler-check)
         self.slow: dict[str, str] = {}  # stragglers to swap for a spare (--replace-stragglers): host -> why
+        self.nccl_fatal: tuple[str, list[str]] | None = None  # --nccl-check's mismatch that ends the job: (why, nodes)
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.watching = threading.Lock()  # held once the heartbeat sessions are opened (watch_all)
@@ -491,6 +493,8 @@ class Supervisor:
                 return AttemptEnd(1, out, spare_out)
             if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
                 return AttemptEnd(1, dict(self.slow), spare_out)
+            if self.nccl_fatal is not None:
+                return AttemptEnd(1, {}, spare_out, fatal=self.nccl_fatal[0])
             if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
                 return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
             time.sleep(0.1)
@@ -607,6 +611,43 @@ class Supervisor:
                 if self.plan.replace_stragglers and fields["node"] != self.me.hostname:  # it runs this
                     self.slow.setdefault(fields["node"], "straggler: " + straggler.summary(fields))
 
+    def check_nccl(self, nodes: Sequence[runplan.PlanNode]) -> None:
+        """--nccl-check, on the first attempt: every container's NCCL debug files (one per rank,
+        the plan's nccl_check gave the ranks NCCL_DEBUG_FILE) read by launch/node/nccl_net.sh
+        once a rank said which network it uses (at most nccl_net.WAIT_S after the start), judged
+        against what each node has (nccl_net.judge_node); one `nccl-net` event, and in
+        state.json. A mismatch where it fails (nccl_net.fails: `fail`, or `auto` on a node that
+        should use EFA) ends the job, naming the node, NCCL's choice, what was expected and the fix."""
+        from dtrain.launch.jobs import nccl_net
+
+        script = contract.node_script("nccl_net.sh")
+        args = ["bash", "-s", "--", JOB_DIR, str(nccl_net.WAIT_S), *nccl_net.RANK_VARS]
+        said: dict[str, str] = {}
+
+        def one(n: runplan.PlanNode) -> None:
+            argv = args if n is self.me else self.remote(n, shlex.join(args))
+            try:
+                said[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace",
+                                                  timeout=nccl_net.WAIT_S + 30).stdout
+            except (subprocess.TimeoutExpired, OSError):
+                said[n.hostname] = ""
+
+        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.state.get("restarts") != 0 or self.stopping.is_set():
+            return  # the first attempt ended meanwhile: its check says nothing of the next
+        fields, bad = nccl_net.event_fields(self.plan.nccl_check, {n.hostname: said.get(n.hostname, "") for n in nodes},
+                                            dict(self.plan.efa_types))
+        self.state["nccl"] = nccl_net.summary(fields)
+        self.save_state()
+        self.emit(EVENT + json.dumps({"event": "nccl-net", **fields}))
+        self.emit_all([contract.STACK_LINE + w for w in nccl_net.warnings(said)])  # shown as they are
+        if bad:
+            self.nccl_fatal = (nccl_net.failure(fields, bad), bad)
+
     def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
         lines. Not from a lost node's session: an ssh session over a master hands its output pipe
@@ -666,6 +707,8 @@ class Supervisor:
             self.start(nodes, attempt)
             if attempt == 0:  # the heartbeat sessions once the job runs (HEARTBEAT_AFTER)
                 threading.Thread(target=self.watch_later, args=((*nodes, *spares),), daemon=True).start()
+                if self.plan.nccl_check not in ("", "off"):
+                    threading.Thread(target=self.check_nccl, args=(nodes,), daemon=True).start()
             else:
                 self.watch_all((*nodes, *spares))  # where the first attempt ended before they opened
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
@@ -685,13 +728,17 @@ class Supervisor:
                 self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
             # A lost node stalls every collective: no rank can save anything more, and mpirun
             # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
-            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung else 10,
+            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung or end.fatal else 10,
                               lost=[h for h, why in out.items() if not why.startswith(CHECKPOINT_FIRST)])
             if self.stopping.is_set():
                 self.event("failed", exit_code=code, reason="stopped: the launcher went away")
                 break
             if self.write_error:  # a full disk here: no restart writes more
                 self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me.hostname])
+                code = 1
+                break
+            if end.fatal and self.nccl_fatal is not None:  # a restart would pick the same network
+                self.event("failed", exit_code=1, reason=end.fatal, at_fault=self.nccl_fatal[1])
                 code = 1
                 break
             if code != 0 and not out:  # a rank failed: which nodes are still there? (a node gone

@@ -31,7 +31,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import instance_types
 from dtrain.launch.jobs import sagemaker
 
-from dtrain import ROOT, contract
+from dtrain import ROOT, contract, outfile
 TEMPLATES = ROOT / "templates" / "manifests"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 EXAMPLES = ROOT / "docs" / "examples"
@@ -52,6 +52,12 @@ PLACEHOLDER_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"
 PLACEHOLDER_S3 = "s3://my-bucket/dtrain/output"
 PLACEHOLDER_EXECUTION_ROLE = "arn:aws:iam::123456789012:role/ecsTaskExecutionRole"
 PLACEHOLDER_KEY_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:dtrain-ssh-key"
+PLACEHOLDER_ENV_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:dtrain-env"
+# --env values never reach a Kubernetes or ECS description (a file meant to be committed): each
+# NAME is read from a secret the user creates from a file (env_secret_notes says how). Kubernetes:
+# the Secret ENV_SECRET_NAME.format(name=job), one key per NAME (valueFrom.secretKeyRef); ECS: a
+# Secrets Manager secret holding a JSON object, one key per NAME (secrets[].valueFrom ARN:NAME::).
+ENV_SECRET_NAME = "{name}-env"
 
 # What each target's template runs, as the launchers' properties (launch/jobs/launchers/base.py):
 # a launcher without them is refused, one line naming the ones that fit.
@@ -110,6 +116,7 @@ class ManifestSpec:
     memory_reservation_mib: int = 4096  # ECS
     execution_role_arn: str = PLACEHOLDER_EXECUTION_ROLE  # ECS: reads the ssh key secret
     ssh_key_secret_arn: str = PLACEHOLDER_KEY_SECRET  # ECS: the job's private key (Secrets Manager)
+    env_secret_arn: str = PLACEHOLDER_ENV_SECRET  # ECS: the secret (a JSON object) the env values come from
     role_arn: str = PLACEHOLDER_ROLE  # SageMaker
     output_s3: str = PLACEHOLDER_S3  # SageMaker
     # SageMaker's type (default by GPUs); Kubernetes and ECS: the nodes' EC2 type, whose EFA
@@ -131,8 +138,9 @@ class ManifestSpec:
 
     @property
     def efa(self) -> int:
-        """EFA interfaces each worker gets: the type's (launch/infra/instance_types.py), 0 without."""
-        return instance_types.efa_count(self.ec2_type) if self.ec2_type else 0
+        """EFA interfaces each worker gets: the type's (launch/infra/instance_types.py, EC2's
+        DescribeInstanceTypes), 0 without (a type the data lacks: refused in _check)."""
+        return (instance_types.efa_count(self.ec2_type) or 0) if self.ec2_type else 0
 
 
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
@@ -190,11 +198,11 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"workers={spec.workers}, gpus per worker={spec.gpus_per_worker}: must be "
                           "at least 1 worker and 0 or more GPUs")
     most = instance_types.gpu_count(spec.ec2_type) if spec.ec2_type else None
+    if spec.ec2_type and most is None and spec.target != "sagemaker":  # GPUs, EFA unknown: said, not 0
+        raise LaunchError(f"{_type_flag(spec)}: {instance_types.missing(spec.ec2_type)}")
     if most is not None and spec.gpus_per_worker > most:
-        given = f"--instance-type {spec.instance_type}" if spec.instance_type else \
-            f"--node-selector {INSTANCE_TYPE_LABEL}={spec.ec2_type}"
-        raise LaunchError(f"--gpus-per-worker {spec.gpus_per_worker}: a {spec.ec2_type} has {most} GPUs ({given}); "
-                          f"give at most {most}")
+        raise LaunchError(f"--gpus-per-worker {spec.gpus_per_worker}: a {spec.ec2_type} has {most} GPUs "
+                          f"({_type_flag(spec)}); give at most {most}")
     if cluster and spec.target != "ecs":
         raise LaunchError(f"--launcher {spec.launcher}: only for --for ecs (a Ray head and worker services), "
                           f"not {spec.target}")
@@ -208,6 +216,12 @@ def _check(spec: ManifestSpec) -> None:
         raise LaunchError(f"--ray-head-address {spec.ray_head_address!r}: expected a DNS name or IP address")
     if spec.target == "sagemaker" and not spec.instance_type and spec.gpus_per_worker not in SAGEMAKER_INSTANCE:
         raise LaunchError(f"SageMaker: give --instance-type for {spec.gpus_per_worker} GPUs per instance")
+
+
+def _type_flag(spec: ManifestSpec) -> str:
+    """The flag that named the workers' EC2 type."""
+    return (f"--instance-type {spec.instance_type}" if spec.instance_type
+            else f"--node-selector {INSTANCE_TYPE_LABEL}={spec.ec2_type}")
 
 
 def _resources(spec: ManifestSpec) -> dict[str, Any]:
@@ -286,12 +300,41 @@ def ecs_ray_context(spec: ManifestSpec) -> dict[str, Any]:
     starts before the head fails and ECS starts it again, until it joins."""
     head = f"{spec.ray_head_address}:{RAY_PORT}"
     return {
-        "env": spec.env,
         "ray_head": ray_head_argv(RAY_PORT, num_gpus=0, block=True),
         "ray_worker": ray_worker_argv(head, num_gpus=spec.gpus_per_worker, block=True),
         "ray_job": shlex.join(ray_job_argv(head, list(spec.command))),
         "ray_port": RAY_PORT,
     }
+
+
+def _literal(builtin: dict[str, str], spec: ManifestSpec) -> dict[str, str]:
+    """dtrain's own env of a pod (the NIC, NCCL's), less what the user's env gives (from the secret)."""
+    return {k: v for k, v in builtin.items() if k not in spec.env}
+
+
+def env_secret(spec: ManifestSpec) -> str:
+    """Where the user's env values come from: the Kubernetes Secret's name, or the ECS secret's ARN."""
+    return spec.env_secret_arn if spec.target == "ecs" else ENV_SECRET_NAME.format(name=spec.name)
+
+
+def env_secret_notes(spec: ManifestSpec, via: str = "manifest") -> list[str]:
+    """One line naming the env the description reads from a secret and how to make that secret
+    from a file (no value on a command line); [] without --env or for SageMaker (its request
+    carries the environment)."""
+    if not spec.env or spec.target == "sagemaker":
+        return []
+    names = ", ".join(sorted(spec.env))
+    if spec.target == "ecs":
+        flag = ("give its ARN with --env-secret-arn" if via == "manifest" else
+                "give its ARN with dtrain manifest --for ecs ... --env-secret-arn ARN")
+        return [f"[{via}] env {names}: not in the file; each comes from the JSON key of that name in the Secrets "
+                f"Manager secret secrets[].valueFrom names: create it from a file holding a JSON object of those "
+                f"keys (aws secretsmanager create-secret --name {spec.name}-env --secret-string file://FILE) and "
+                f"{flag}"]
+    ns = f" --namespace {spec.namespace}" if spec.namespace else ""
+    return [f"[{via}] env {names}: not in the file; each comes from the key of that name in the Secret "
+            f"{env_secret(spec)}: create it from a file of NAME=VALUE lines (kubectl create secret generic "
+            f"{env_secret(spec)} --from-env-file=FILE{ns})"]
 
 
 def context(spec: ManifestSpec) -> dict[str, Any]:
@@ -302,16 +345,18 @@ def context(spec: ManifestSpec) -> dict[str, Any]:
                            "resources": _resources(spec), "capabilities": list(EFA_CAPABILITIES) if spec.efa else [],
                            "shm_size": f"{spec.shm_size_mib}Mi", "devices": _ecs_devices(spec),
                            "node_selector": _worker_selector(spec), "namespace": spec.namespace}
+    # the user's env: by name from a secret (env_secret_notes), never its values
+    ctx |= {"secret_env": sorted(spec.env), "env_secret": env_secret(spec)}
     if spec.target == "mpijob":
-        ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": dict(spec.env),
-                "env": training_env(POD_IFACE) | spec.env}
+        ctx |= {"mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": {},
+                "env": _literal(training_env(POD_IFACE), spec)}
     elif spec.target == "pytorchjob":
         ctx |= {"torchrun": pytorchjob_torchrun_argv(spec), "master_port": MASTER_PORT,
-                "env": torchrun_env(POD_IFACE) | spec.env}
+                "env": _literal(torchrun_env(POD_IFACE), spec)}
     elif template_name(spec) != spec.target:  # ecs-ray
         ctx |= ecs_ray_context(spec)
     elif spec.target == "ecs":
-        ctx |= {"command": _ecs_command(spec), "env": spec.env}
+        ctx |= {"command": _ecs_command(spec), "env": {}}
     else:
         ctx |= {"request": sagemaker.create_training_job_request(sagemaker_job(spec))}
     return ctx
@@ -334,7 +379,10 @@ def template_name(spec: ManifestSpec) -> str:
 _PLACEHOLDERS = {  # target -> (the spec's field, its placeholder, the document's field, the flag)
     "ecs": (("execution_role_arn", PLACEHOLDER_EXECUTION_ROLE, "executionRoleArn", "--execution-role-arn"),
             ("ssh_key_secret_arn", PLACEHOLDER_KEY_SECRET, "secrets DTRAIN_SSH_KEY valueFrom",
-             "--ssh-key-secret-arn")),
+             "--ssh-key-secret-arn"),
+            ("env_secret_arn", PLACEHOLDER_ENV_SECRET, "secrets (--env) valueFrom", "--env-secret-arn")),
+    "ecs-ray": (("execution_role_arn", PLACEHOLDER_EXECUTION_ROLE, "executionRoleArn", "--execution-role-arn"),
+                ("env_secret_arn", PLACEHOLDER_ENV_SECRET, "secrets (--env) valueFrom", "--env-secret-arn")),
     "sagemaker": (("role_arn", PLACEHOLDER_ROLE, "RoleArn", "--role-arn"),
                   ("output_s3", PLACEHOLDER_S3, "OutputDataConfig.S3OutputPath", "--output-s3")),
 }
@@ -343,15 +391,16 @@ _PLACEHOLDERS = {  # target -> (the spec's field, its placeholder, the document'
 def placeholders(spec: ManifestSpec, via: str = "manifest") -> list[str]:
     """One line per placeholder the description holds (a role or secret ARN, an S3 path that
     AWS would refuse), naming the field and the flag that gives it; no values. Ray's ECS
-    services take no role or secret. via="launch" (`dtrain launch --target T`, which has no
-    such flags): the line says to write the description with `dtrain manifest` and the flag."""
-    if template_name(spec) != spec.target:
-        return []
+    services take a role and a secret only for --env. via="launch" (`dtrain launch --target T`,
+    which has no such flags): the line says to write the description with `dtrain manifest` and
+    the flag. Then env_secret_notes: where the --env values come from."""
+    name = template_name(spec)
     how = {"manifest": "dtrain manifest {flag}",
            "launch": "or write the description with dtrain manifest --for {target} ... {flag} ARN"}[via]
     return [f"[{via}] {doc_field}: a placeholder, replace it ({how.format(flag=flag, target=spec.target)})"
-            for field_name, placeholder, doc_field, flag in _PLACEHOLDERS.get(spec.target, ())
-            if getattr(spec, field_name) == placeholder]
+            for field_name, placeholder, doc_field, flag in _PLACEHOLDERS.get(name, ())
+            if getattr(spec, field_name) == placeholder
+            and (name == spec.target and field_name != "env_secret_arn" or spec.env)] + env_secret_notes(spec, via)
 
 
 def render(spec: ManifestSpec) -> str:
@@ -363,21 +412,48 @@ def render(spec: ManifestSpec) -> str:
     return text
 
 
-def check_output(output: str | None) -> None:
-    """--output's directory exists (checked before anything is rendered)."""
-    if output is not None and not Path(output).parent.is_dir():
-        raise LaunchError(f"--output {output!r}: directory {str(Path(output).parent)!r} does not exist")
+GENERATED = "# GENERATED by `dtrain manifest"  # the YAML descriptions' first line (templates/manifests/)
 
 
-def write(text: str, output: str | None) -> str:
-    """The rendered description into --output (None: nothing written); what to print: the text,
-    or the line that names the file."""
+def _written_by_dtrain(head: bytes) -> bool:
+    """A description dtrain wrote: YAML under its GENERATED first line, or JSON (ECS, SageMaker:
+    no comments there) carrying the job label (contract.LABEL_JOB) where the templates put it."""
+    if head.startswith(GENERATED.encode()):
+        return True
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):
+        return False
+    todo, seen = [doc], 0
+    while todo and seen < 100_000:
+        node = todo.pop()
+        seen += 1
+        if isinstance(node, dict):
+            if contract.LABEL_JOB in node or node.get("Key") == contract.LABEL_JOB:
+                return True
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return False
+
+
+OUTPUT = outfile.Kind(f"no first line {GENERATED}`, no {contract.LABEL_JOB} label", _written_by_dtrain)
+
+
+def check_output(output: str | None, force: bool = False, flag: str = "--output") -> None:
+    """--output's directory exists, and the file there is dtrain's own earlier description or
+    none (or --force), not a link, not a device: checked before anything is rendered."""
+    if output is not None:
+        outfile.check(output, flag=flag, kind=OUTPUT, force=force)
+
+
+def write(text: str, output: str | None, force: bool = False, flag: str = "--output") -> str:
+    """The rendered description into --output (None: nothing written) as dtrain/outfile.py writes
+    (no link followed, no foreign file replaced without --force, atomically); what to print: the
+    text, or the line that names the file."""
     if not output:
         return text
-    try:
-        Path(output).write_text(text)
-    except OSError as e:
-        raise LaunchError(f"--output {output!r}: cannot write: {e.strerror or e}") from None
+    outfile.write(output, text, flag=flag, kind=OUTPUT, force=force)
     return f"wrote {output}\n"
 
 
@@ -542,13 +618,20 @@ def spec_from_args(target: str, image: str | None, command: list[str], *, worker
 
 def default_gpus(target: str, instance_type: str | None, node_selector: dict[str, str]) -> int:
     """GPUs per worker when --gpus-per-worker is not given: the nodes' EC2 type's
-    (launch/infra/instance_types.py; --instance-type, or the Kubernetes nodeSelector's
-    node.kubernetes.io/instance-type), 0 for a type without GPUs or none named. SageMaker: 0
-    (its instance type is chosen by the GPUs, not the other way)."""
+    (launch/infra/instance_types.py, EC2's DescribeInstanceTypes; --instance-type, or the
+    Kubernetes nodeSelector's node.kubernetes.io/instance-type), 0 for a type without GPUs or
+    none named; a type the data lacks is refused (one line), not taken for 0 GPUs. SageMaker:
+    0 (its instance type is chosen by the GPUs, not the other way)."""
     if target == "sagemaker":
         return 0
     given = instance_type or (node_selector.get(INSTANCE_TYPE_LABEL) if target in _API else None)
-    return (instance_types.gpu_count(given) or 0) if given else 0
+    if not given:
+        return 0
+    gpus = instance_types.gpu_count(given)
+    if gpus is None:
+        flag = f"--instance-type {instance_type}" if instance_type else f"--node-selector {INSTANCE_TYPE_LABEL}={given}"
+        raise LaunchError(f"{flag}: {instance_types.missing(given)}")
+    return gpus
 
 
 # ---------------------------------------------------------------- examples (docs/examples)

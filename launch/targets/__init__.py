@@ -92,6 +92,16 @@ def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
     return chosen.ssh_opts(args) if chosen else ()
 
 
+def efa_types() -> tuple[tuple[str, int], ...]:
+    """(instance type, EFA interfaces) of every type known to have EFA: what the launch's NCCL
+    check (--nccl-check, launch/jobs/nccl_net.py) expects of a node whose DMI names that type,
+    wherever its nodes come from (the one call of the table for it)."""
+    from dtrain.launch.infra import instance_types
+
+    known = instance_types.snapshot().types  # EC2's own data (DescribeInstanceTypes' dated snapshot)
+    return tuple((t, n) for t in sorted(known) if (n := instance_types.efa_of(known[t])) > 0)
+
+
 def _exactly_one() -> str:
     return "give exactly one of " + ", ".join(shown for _, shown in _NAMED_BY)
 

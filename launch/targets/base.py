@@ -27,7 +27,7 @@ from dtrain.launch.remote.hosts import Node
 
 # Fields the job relies on that a target off the nodes cannot honour: refused, named.
 REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
-           "checkpoint_dir", "straggler_check", "replace_stragglers")
+           "checkpoint_dir", "straggler_check", "replace_stragglers", "nccl_check")
 # Fields about the nodes themselves: a target off the nodes has its own; a line on stderr says so.
 IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
            "shm_size", "workdir_limit", "no_spot_watch")
@@ -103,7 +103,7 @@ class Target(ABC):
 
     @abstractmethod
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         """Run the checked launch cfg (given: the fields set by the flags or the file; count: the
         nodes it names, None where none) and return the exit code (err: a line for stderr); note() once it is checked, before
-        anything is submitted or written."""
+        anything is submitted or written. force: --output may replace a file dtrain did not write."""

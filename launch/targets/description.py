@@ -23,7 +23,7 @@ class Description(Target):
     instance_type: ClassVar[bool] = True
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         from dtrain.launch.jobs.jobfile import COMMAND_TEXT  # the file's `command:` named as such (located)
         from dtrain.launch.other_tools import manifests as mf
 
@@ -35,7 +35,7 @@ class Description(Target):
         if cfg["name"] is not None:
             values.name("--name", cfg["name"])
         env_items = [f"{k}={v}" for k, v in env(cfg).items()]
-        mf.check_output(output)
+        mf.check_output(output, force)
         try:
             spec = mf.spec_from_args(
                 self.name, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
@@ -48,5 +48,5 @@ class Description(Target):
         note()
         for line in mf.placeholders(spec, via="launch"):  # what it filled in, named (no values)
             err(line)
-        print(mf.write(text, output), end="")
+        print(mf.write(text, output, force), end="")
         return 0

@@ -6,13 +6,14 @@ fetched here; the instance type tells the GPUs and EFA interfaces."""
 from __future__ import annotations
 
 import ipaddress
+import os
 from typing import Any
 
 from dtrain import contract
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2 as stack
-from dtrain.launch.infra.instance_types import KNOWN_GPU_COUNTS, efa_count
+from dtrain.launch.infra.instance_types import efa_count, gpu_count
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.supervision import EC2_IMDS
 from dtrain.launch.remote.hosts import Node
@@ -34,7 +35,8 @@ def _gpu_count(type_info: dict[str, Any]) -> int | None:
 
 
 def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
-    """GPUs per instance type: API first, then KNOWN_GPU_COUNTS; CPU types get 1 slot."""
+    """GPUs per instance type: API first, then dtrain's DescribeInstanceTypes snapshot
+    (launch/infra/instance_types.py); CPU types get 1 slot."""
     from botocore.exceptions import ClientError
 
     found: dict[str, int | None] = {}
@@ -47,14 +49,26 @@ def _slots_by_type(ec2: Any, types: list[str]) -> dict[str, int]:
         api_error = f"{e.response['Error'].get('Code')}: {e.response['Error'].get('Message')}"
     slots: dict[str, int] = {}
     for t in types:
-        count = found.get(t) or KNOWN_GPU_COUNTS.get(t)
+        count = found.get(t) or gpu_count(t)
         if count is None and api_error is not None:
             raise LaunchError(
-                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}); "
-                "pass slots explicitly"
+                f"cannot tell how many GPUs a {t} has (DescribeInstanceTypes failed: {api_error}; it is not in "
+                "dtrain's instance-type data either); pass slots explicitly"
             )
         slots[t] = count or 1  # the API answered and lists no GPU: a CPU type, one process
     return slots
+
+
+def reach_address(instance: dict[str, Any], here: stack.Vantage | None) -> str:
+    """The address this machine reaches an instance at, as `nodes up --address auto` chooses
+    (pure): private where this machine is in the instance's VPC, or where the instance has no
+    public address (a VPN, a peering, a bastion); its public address otherwise (a laptop)."""
+    inside = here is not None and here.vpc_id == instance.get("VpcId")
+    public = instance.get("PublicIpAddress")
+    return instance["PrivateIpAddress"] if inside or not public else public
+
+
+_HERE_UNKNOWN = object()
 
 
 def discover_ec2(
@@ -63,8 +77,11 @@ def discover_ec2(
     session: Any = None,
     *,
     slots: int | None = None,
+    here: Any = _HERE_UNKNOWN,
 ) -> list[Node]:
-    """Running EC2 instances tagged KEY=VALUE, as Nodes on their private IPs, in IP order.
+    """Running EC2 instances tagged KEY=VALUE, as Nodes in private-IP order, each at the
+    address this machine reaches it at (reach_address; here: where this machine is, found
+    from the instance metadata service when not given).
 
     slots: per-node override; otherwise the instance type's GPU count (CPU types: 1).
     session: a boto3.Session; None builds a default one, so AWS_PROFILE, AWS_REGION and
@@ -112,8 +129,10 @@ def discover_ec2(
         raise LaunchError(f"EC2 discovery failed: {e}") from None
 
     instances.sort(key=lambda i: ipaddress.ip_address(i["PrivateIpAddress"]))
+    if here is _HERE_UNKNOWN:
+        here = stack.vantage()
     # `nodes up` tags its instances with their AMI's ssh user (ubuntu, ec2-user)
-    return [Node(host=i["PrivateIpAddress"], slots=slots or per_type[i["InstanceType"]],
+    return [Node(host=reach_address(i, here), slots=slots or per_type[i["InstanceType"]],
                  user={t["Key"]: t["Value"] for t in i.get("Tags", [])}.get(contract.SSH_USER_TAG))
             for i in instances]
 
@@ -121,7 +140,13 @@ def discover_ec2(
 def cluster_nodes(name: str) -> list[Node]:
     """The nodes of `dtrain nodes up --name NAME`: the hostfile it wrote here."""
     values.name("--cluster", name)
-    return hostfile_nodes(str(stack.cluster_hostfile(name)))
+    try:
+        path = stack.cluster_hostfile(name)
+    except LaunchError as missing:
+        from dtrain.launch.infra import fleet
+
+        raise (fleet.standing_stack(name) or missing) from None  # a kept stack: what to do with it
+    return hostfile_nodes(str(path))
 
 
 class Ec2(NodeProvider):
@@ -139,7 +164,7 @@ class Ec2(NodeProvider):
 
     def ssh_opts(self, args: NodeArgs) -> tuple[str, ...]:
         """What `nodes up --ssh-opt` recorded for --cluster (a ProxyJump to a bastion)."""
-        if args.cluster and (stack.cluster_dir(args.cluster) / "cluster.json").is_file():
+        if args.cluster and os.path.lexists(stack.cluster_dir(args.cluster) / "cluster.json"):  # damaged: said
             return tuple(stack.load_cluster(args.cluster).ssh_opts)
         return ()
 
@@ -160,7 +185,7 @@ class Ec2(NodeProvider):
             return Expectations(gpus=None, efa=0)
         from dtrain.launch.jobs import netgate
 
-        return Expectations(gpus=KNOWN_GPU_COUNTS.get(instance_type), efa=efa_count(instance_type),
+        return Expectations(gpus=gpu_count(instance_type), efa=efa_count(instance_type) or 0,
                             network=netgate.expectation_for(instance_type, netgate.load_expectations()))
 
 

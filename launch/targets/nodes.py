@@ -15,7 +15,7 @@ class Nodes(Target):
     on_nodes = True
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         raise LaunchError("--target nodes: the launch runs on its nodes (dtrain launch), not as a job elsewhere")
 
 

@@ -21,7 +21,7 @@ class SageMaker(Target):
     ignored = IGNORED
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
-            session: Any, note: Callable[[], None], err: Callable[[str], None] = print) -> int:
+            session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         import boto3
 
         from dtrain.launch.jobs import jobfile, launchers, sagemaker as sm

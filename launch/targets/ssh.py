@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.login import Login, login_for
@@ -10,8 +13,12 @@ from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
 
 
 def hostfile_nodes(hostfile: str) -> list[Node]:
-    """The hostfile's nodes; each identity= names a private key (ssh reads it: a key, not a FIFO)."""
-    nodes = parse_hostfile(hostfile)
+    """The hostfile's nodes; each identity= names a private key (ssh reads it: a key, not a FIFO),
+    a relative one relative to the hostfile's directory (as a job file's paths are to its own)."""
+    here = Path(hostfile).parent
+    nodes = [dataclasses.replace(n, identity=str(here / n.identity))
+             if n.identity and not n.identity.startswith(("~", "/", "%", "$")) else n
+             for n in parse_hostfile(hostfile)]
     for key in dict.fromkeys(n.identity for n in nodes if n.identity):
         try:
             values.ssh_key("identity", key)

@@ -110,7 +110,7 @@ ENTRIES: tuple[Entry, ...] = (
             "ssh: connect to host node-2 port 22: Connection refused",
         ),
         signatures=_re(r"\borted: command not found",
-                       r"ssh: connect to host \S+ port 22: "),
+                       r"ssh: connect to host \S+ port 22: (?!Network is unreachable|No route to host)"),
         cause="mpirun starts its daemon `orted` on each node over ssh. Without "
               "`--mca plm_rsh_args \"-p 2022\"` ssh uses port 22, which on a host-network "
               "container is the **host's** sshd, not the container's. The host has no `orted` "
@@ -202,10 +202,9 @@ ENTRIES: tuple[Entry, ...] = (
         messages=(
             "ssh: connect to host node-2 port 2022: Connection refused",
             "ssh: connect to host node-2 port 2022: Connection timed out",
-            "ssh: connect to host node-2 port 2022: No route to host",
             "ssh: Could not resolve hostname node-9: Name or service not known",
         ),
-        signatures=_re(r"ssh: connect to host \S+ port (?!22:)\d+: ",
+        signatures=_re(r"ssh: connect to host \S+ port (?!22:)\d+: (?!Network is unreachable|No route to host)",
                        r"ssh: Could not resolve hostname \S+"),
         cause="Refused: the dtrain container is not running on that node (or its sshd died: "
               "`docker logs`). Timed out / no route: the security group or a firewall drops "
@@ -218,6 +217,32 @@ ENTRIES: tuple[Entry, ...] = (
         confirm="`dtrain doctor` checks `peer-2022` and `hostnames`.",
         source=(SSH, "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html"),
         doctor_checks=("peer-2022", "port-2022", "hostnames"),
+    ),
+    Entry(
+        id="ssh-no-route",
+        title="no route from this machine to a node (Network is unreachable, No route to host)",
+        symptom="ssh fails at once, on any port, before sshd or a key is involved: `dtrain nodes up` "
+                "stops with it, `dtrain doctor` fails the `ssh` check with it.",
+        messages=(
+            "ssh: connect to host 10.213.77.12 port 22: Network is unreachable",
+            "ssh: connect to host node-2 port 2022: No route to host",
+        ),
+        signatures=_re(r"ssh: connect to host \S+ port \d+: (?:Network is unreachable|No route to host)"),
+        cause="A connectivity problem, not sshd, the port or a key: \"Network is unreachable\" is "
+              "this machine's own routing table having no route to the address (a private VPC "
+              "address from a laptop, a VPN that is down); \"No route to host\" is a router or the "
+              "local network saying the address cannot be reached (the node is gone or not up yet, "
+              "or a firewall rejects with ICMP).",
+        fix="Reach the node at an address this machine routes to: from outside the VPC its public "
+            "address (`dtrain nodes up --address public`, the default there; `--ec2-tag` uses public "
+            "addresses from outside the instances' VPC), else through a bastion (`--ssh-opt "
+            "ProxyJump=HOST`) or a VPN into the VPC; check the subnet's route table and the "
+            "security group's rule for the port.",
+        confirm="`ip route get ADDRESS` on this machine names the route (or says unreachable); "
+                "`dtrain doctor` check `ssh`.",
+        source=(SSH, "https://docs.aws.amazon.com/vpc/latest/userguide/VPC_Route_Tables.html"),
+        doctor_checks=("ssh",),
+        related=("ssh-unreachable",),
     ),
     Entry(
         id="sshd-port-busy",
@@ -573,13 +598,22 @@ ENTRIES: tuple[Entry, ...] = (
             "node-1:1234:1234 [0] NCCL WARN NET/OFI aws-ofi-nccl initialization failed",
             "node-1:1234:1234 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using "
             "internal network plugin.",
+            "node-1:1234:1234 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object "
+            "file: No such file or directory No plugin found (libnccl-net.so), using internal implementation",
+            "[launch] NCCL network mismatch on node-2 (efa-unused): Socket on ens5 (libnccl-net.so "
+            "not found: no net plugin); expected EFA x4 (p4d.24xlarge); likely no net plugin in the "
+            "image (libnccl-net.so not found): an image without aws-ofi-nccl on an EFA type; fix: use "
+            "a dtrain GPU image (aws-ofi-nccl in /opt/aws-ofi-nccl/lib, on LD_LIBRARY_PATH), or put "
+            "the plugin's libnccl-net.so on LD_LIBRARY_PATH of the image "
+            "(docs/troubleshooting.md#efa-unused)",
         ),
         signatures=_re(
             r"NET/OFI .*fi_getinfo\(\) call failed",
             r"NET/OFI No eligible providers were found",
             r"NET/OFI Unable to find a protocol that worked",
             r"NET/OFI aws-ofi-nccl initialization failed",
-            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found)",
+            r"NET/Plugin ?: (?:Could not find: libnccl-net|No plugin found|dlerror=libnccl-net)",
+            r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-unused\)",
         ),
         cause="The EFA devices are not passed into the container (`/dev/infiniband/uverbs*`), "
               "the instance type has no EFA or it was not enabled at launch, the security "
@@ -594,7 +628,11 @@ ENTRIES: tuple[Entry, ...] = (
             "the family's EFA variant (the `ubuntu22.04` tags; docs/images.md, \"Which variant\").",
         confirm="`dtrain doctor` check `efa` (`fi_info -p efa` in the container; WARN naming the "
                 "EFA variant when the image has none); "
-                "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works.",
+                "`NCCL_DEBUG=INFO` shows `Using network AWS Libfabric` when it works. `dtrain launch` "
+                "checks it at the first collective on GPU nodes (`--nccl-check`, default fail on EFA types): "
+                "the `[launch] NCCL network mismatch on NODE (efa-unused)` line names what NCCL chose "
+                "(Socket without `libnccl-net.so`: an image without aws-ofi-nccl; NCCL's IB transport) "
+                "and the fix.",
         source=(EFA_NCCL, "https://github.com/aws/aws-ofi-nccl"),
         doctor_checks=("efa",),
         related=("memlock", "nccl-iface"),
@@ -607,8 +645,13 @@ ENTRIES: tuple[Entry, ...] = (
                 "it names another libfabric provider instead.",
         messages=(
             "node-1:1234:1234 [0] NCCL INFO NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)",
+            "[launch] NCCL network mismatch on node-2 (efa-not-selected): OFI (aws-ofi-nccl) provider "
+            "tcp;ofi_rxm, 1 NIC(s); expected EFA x4 (p4d.24xlarge); likely FI_PROVIDER=tcp is set for "
+            "the ranks; fix: leave FI_PROVIDER unset or set it to efa (--env) "
+            "(docs/troubleshooting.md#efa-not-selected)",
         ),
-        signatures=_re(r"NET/OFI Selected [Pp]rovider is (?!efa\b)\w+"),
+        signatures=_re(r"NET/OFI Selected [Pp]rovider is (?!efa\b)\w+",
+                       r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-not-selected\)"),
         cause="libfabric found no usable EFA device in the container (devices not passed, EFA "
               "not enabled on the instance, the security group blocks traffic from itself), or "
               "`FI_PROVIDER` names another provider, so the plugin runs over TCP.",
@@ -616,7 +659,9 @@ ENTRIES: tuple[Entry, ...] = (
             "at instance launch, allow all traffic within the security group, and leave "
             "`FI_PROVIDER` unset or `efa`.",
         confirm="`dtrain doctor --bandwidth` (reads NCCL's log for `Selected Provider is efa`); "
-                "`dtrain doctor` check `efa`; `fi_info -p efa` in the container.",
+                "`dtrain doctor` check `efa`; `fi_info -p efa` in the container. `dtrain launch --nccl-check` "
+                "(default on GPU nodes) reads it at the first collective and names the node and the ranks' "
+                "`FI_PROVIDER` where it is set.",
         source=(AWS_EFA_NCCL,),
         doctor_checks=("efa",),
         related=("efa-unused",),
@@ -627,8 +672,9 @@ ENTRIES: tuple[Entry, ...] = (
         symptom="NCCL runs over EFA (`Selected Provider is efa`) but inter-node busbw is a "
                 "fraction of the type's: aws-ofi-nccl's line says `(found 1 nics)` on a "
                 "p4d.24xlarge (4 EFA) or p5.48xlarge (32). nccl-tests on 2 x p4d.24xlarge: 77.9 "
-                "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no log line is an error, "
-                "so `dtrain diagnose` cannot tell it from a single-EFA type.",
+                "GB/s busbw with 4 EFA, 20.3 GB/s with 1. Nothing fails: no line of NCCL's is an error, "
+                "and NCCL's log alone cannot tell it from a single-EFA type; `dtrain launch`'s check, "
+                "which knows the node's type, names it.",
         cause="The instances were launched with one EFA interface (a launch template or "
               "`run-instances` with one `NetworkInterfaces` entry, `DeviceIndex 0`, no "
               "`NetworkCardIndex`). An EFA is one per network card: p4d/p4de have 4, p5/p5e 32, "
@@ -641,7 +687,17 @@ ENTRIES: tuple[Entry, ...] = (
             "public address with more than one interface\"), or put them in a subnet behind a NAT "
             "gateway (`--subnet`) and run the launcher inside the VPC. Elsewhere, "
             "launch with one interface per network card the same way.",
-        confirm="`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
+        messages=(
+            "[launch] NCCL network mismatch on node-2 (efa-fewer): OFI (aws-ofi-nccl) provider efa, 1 "
+            "NIC(s); expected EFA x4 (p4d.24xlarge); likely the node has 1 of the 4 EFA devices its "
+            "type takes; fix: launch the instances with one EFA interface per network card (dtrain "
+            "nodes up does) (docs/troubleshooting.md#efa-fewer)",
+        ),
+        signatures=_re(r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(efa-fewer\)"),
+        confirm="`dtrain launch` on GPU nodes compares NCCL's `found N nics` with the node's type at "
+                "the first collective (`--nccl-check`, default fail on EFA types): its line "
+                "`NCCL network mismatch on NODE (efa-fewer)` is what `dtrain diagnose` matches. "
+                "`dtrain doctor` check `efa` (WARN `1 of the 4 EFA devices p4d.24xlarge has`; "
                 "with `--image`, how many `fi_info -p efa` sees in the container); "
                 "`dtrain doctor --bandwidth` (the `found N nics` of NCCL's log against the type).",
         source=("https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html",
@@ -712,11 +768,17 @@ ENTRIES: tuple[Entry, ...] = (
             "node-1:1234:1300 [0] NCCL WARN NET/OFI Unable to register memory (type = 2) for "
             "device 0. RC: -12, Error: Cannot allocate memory",
             "The OpenFabrics (openib) BTL failed to initialize while trying to",
+            "[launch] NCCL network mismatch on node-2 (memlock): Socket on enp73s0 pod-id-link0 "
+            "(aws-ofi-nccl: aws-ofi-nccl initialization failed); expected EFA x4 (p4d.24xlarge); "
+            "likely aws-ofi-nccl gave up (aws-ofi-nccl initialization failed): memlock is 65536 KiB "
+            "in the container; EFA needs unlimited; fix: let dockerd lift it: LimitMEMLOCK=infinity "
+            "in its systemd unit (docs/troubleshooting.md#memlock)",
         ),
         signatures=_re(
             r"RLIMIT_MEMLOCK is \d+ bytes",
             r"Unable to register memory.*Cannot allocate memory",
             r"failed to initialize while trying to",
+            r"\[launch\] NCCL network mismatch on (?P<node>\S+) \(memlock\)",
         ),
         cause="RDMA (EFA, verbs) pins the buffers it registers; the container's `memlock` "
               "ulimit caps how much. Docker's default is 64 KiB (libibverbs warns at 32 KiB "

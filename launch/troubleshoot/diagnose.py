@@ -40,8 +40,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.terminal import clean
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
-from dtrain.launch.jobs import stacks
+from dtrain.launch.jobs import nccl_net, stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
@@ -132,11 +133,11 @@ for _i, (_, _sig) in enumerate(_SIGNATURES):
 
 # (prefix, final): a final prefix starts the message itself, so reading stops after it.
 _PREFIXES: tuple[tuple[re.Pattern[str], bool], ...] = (
-    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d+)\] ?"), False),        # dtrain
-    (re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
-    (re.compile(r"\[(?P<rank>\d+)\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
-    (re.compile(r"\[rank(?P<rank>\d+)\]: ?"), False),                                  # PyTorch
-    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d+)\]: ?"), False),             # torchrun
+    (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*) r(?P<rank>\d{1,9})\] ?"), False),        # dtrain
+    (re.compile(r"\[\d+,(?P<rank>\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?"), False),       # --tag-output
+    (re.compile(r"\[(?P<rank>\d{1,9})\]<(?:stdout|stderr)>: ?"), False),                   # horovodrun
+    (re.compile(r"\[rank(?P<rank>\d{1,9})\]: ?"), False),                                  # PyTorch
+    (re.compile(r"\[(?!rank\d)[A-Za-z_]+(?P<local_rank>\d{1,9})\]: ?"), False),             # torchrun
     (re.compile(r"\[(?P<node>[A-Za-z0-9][\w.-]*):\d+\] "), True),                     # [host:pid]
     (re.compile(r"(?:\[[^\]]*\] )?(?P<node>[A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] (?=.*NCCL)"),
      True),                                                                        # NCCL
@@ -221,10 +222,35 @@ def diagnose(text: str) -> list[Finding]:
                 node = g["node"]
             lines.append(Line(number, raw, rank, local_rank, node))
     by_id = {e.id: e for e in ENTRIES}
-    findings = [Finding(by_id[i], tuple(lines), hang_notes(text, lines) if i == "hang" else ())
+    findings = [Finding(by_id[i], tuple(lines), hang_notes(text, lines) if i == "hang" else
+                        net_notes(text) if i in NET_ENTRIES else ())
                 for i, lines in found.items()]
     findings.sort(key=lambda f: (f.entry.catch_all, f.first_line))
     return findings
+
+
+# The entries about NCCL's network: their finding says what NCCL chose (launch/jobs/nccl_net.py)
+NET_ENTRIES = ("efa-unused", "efa-not-selected", "efa-fewer")
+
+
+def net_notes(text: str) -> tuple[str, ...]:
+    """What NCCL's INIT/NET lines in the log say it chose (the last word where ranks differ),
+    and, where aws-ofi-nccl named the instance type (`Running on p4d.24xlarge platform`), the
+    likely cause against that type's EFA interfaces; each note starts with `nccl: `."""
+    net = nccl_net.parse(text.splitlines())
+    if not (net.network or net.missing or net.ofi_error):
+        return ()
+    said = net.said()
+    plugin = f"; plugin {net.plugin}" if net.plugin and net.plugin not in said else ""
+    out = [f"nccl: NCCL's network: {said}{plugin}"]
+    if net.platform:
+        from dtrain.launch.infra.instance_types import efa_count
+
+        efa = efa_count(net.platform)
+        v = nccl_net.verdict(net, nccl_net.Expect(net.platform, efa, devices=-1))  # a log: devices unknown
+        if not v.ok:
+            out.append(f"nccl: on {net.platform} ({v.expected}): likely {v.why}; fix: {v.fix}")
+    return tuple(out)
 
 
 def hang_notes(text: str, lines: list[Line]) -> tuple[str, ...]:
@@ -258,8 +284,12 @@ TAIL_BYTES = 8 << 20  # a failure's signature is near the end: only the last 8 M
 
 def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
     """At most the last `limit` bytes of a file; of a pipe or device (no end to seek to), the
-    first `limit` bytes: never reads forever (/dev/zero)."""
-    with p.open("rb") as f:
+    first `limit` bytes: never reads forever (/dev/zero), never waits (opened O_NONBLOCK: a FIFO
+    or /proc/kmsg reads as empty). Memory: `limit` bytes, whatever the file's size."""
+    import os
+
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
         try:
             end = f.seek(0, 2)
             if end > limit:
@@ -268,7 +298,10 @@ def read_tail(p: Path, limit: int = TAIL_BYTES) -> bytes:
                 f.seek(0)
         except OSError:
             pass
-        return f.read(limit)
+        try:
+            return f.read(limit) or b""
+        except BlockingIOError:
+            return b""
 
 
 def log_path(text: str) -> Path | None:
@@ -378,14 +411,14 @@ def format_report(findings: list[Finding]) -> str:
         elif len(scope) and len(f.lines) > 1:
             out.append(f"   ({'; '.join(scope)})")
         for note in f.notes:
-            out.append(_clip(f"   stacks: {note}"))
+            out.append(_clip(f"   {note}" if note.startswith("nccl: ") else f"   stacks: {note}"))
         out.append(_wrap("cause", e.cause))
         out.append(_wrap("fix", e.fix))
         if e.doctor_checks:
             out.append(f"   check: dtrain doctor ({', '.join(e.doctor_checks)})")
         out.append(f"   more:  docs/troubleshooting.md#{e.id}  {e.source[0]}")
         out.append("")
-    return "\n".join(out)
+    return clean("\n".join(out), lines=True)  # the log's lines quoted: a job's words, no terminal control
 
 
 def _wrap(label: str, md: str) -> str:

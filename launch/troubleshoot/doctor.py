@@ -22,7 +22,8 @@ from dtrain.launch.jobs import container, nic, node_programs, store
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
 from dtrain.launch.remote.transport import SshTransport
-from dtrain.launch.infra.instance_types import EFA_TYPES, efa_count  # noqa: F401 (EFA_TYPES: the one table, tests)
+from dtrain.launch.infra import instance_types
+from dtrain.launch.infra.instance_types import efa_count
 from dtrain.launch.troubleshoot import checklist
 
 from dtrain.launch.errors import LaunchError
@@ -263,7 +264,9 @@ def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[St
     instance type has (instance_types.efa_count: one per network card), and, from the
     container pass, how many libfabric's EFA provider sees there (`fi_info -p efa`: what NCCL's
     aws-ofi-nccl can use; None: no container pass, "": no fi_info in the image)."""
-    want = efa_count(itype)
+    want = efa_count(itype) if itype else 0
+    if want is None:  # a type dtrain's data lacks: said, not taken for one without EFA
+        return "PASS", f"{devices} EFA device(s); {instance_types.missing(itype)}"
     if not want and not devices:
         return "PASS", f"no EFA: not an EFA instance type ({itype or 'not EC2'})"
     if want and not devices:
@@ -289,10 +292,20 @@ REFUSED = "connection refused"
 _REFUSED_RE = re.compile(r"connect to host (\S+) port (\d+): Connection refused")
 
 
+UNREACHABLE = "no route"
+_UNREACHABLE_RE = re.compile(r"connect to host (\S+) port \d+: (Network is unreachable|No route to host)")
+
+
 def ssh_detail(error: str) -> str:
     """The ssh row of a node the host pass could not reach. A refused connection (nothing
     listens on the port: no sshd, or another port) is its own result, said as such: no key or
-    its modes is at fault there."""
+    its modes is at fault there; so is no route to the node (connectivity: neither the port
+    nor a key)."""
+    u = _UNREACHABLE_RE.search(error)
+    if u:
+        return (f"{UNREACHABLE}: {u[2]} to {u[1]} from this machine; check its route to the node (ip route get "
+                f"{u[1]}), the VPC/VPN, the security group, and that {u[1]} is an address reachable from here "
+                "(a public one from outside the VPC)")
     m = _REFUSED_RE.search(error)
     if not m:
         return error
@@ -306,8 +319,10 @@ def causes(check: str, details: Sequence[str]) -> list[str]:
     lines = []
     if any(d.startswith(REFUSED) for d in details):
         lines.append(f"  {REFUSED} (not a key problem): start sshd on the node, or give the port it listens on")
-    if any(not d.startswith(REFUSED) for d in details):
-        lines += [f"  #{e.id}: {e.title}" for e in entries_for(check)]
+    if any(d.startswith(UNREACHABLE) for d in details):
+        lines.append(f"  {UNREACHABLE} (connectivity, not the port or a key): #ssh-no-route")
+    if any(not d.startswith((REFUSED, UNREACHABLE)) for d in details):
+        lines += [f"  #{e.id}: {e.title}" for e in entries_for(check) if e.id != "ssh-no-route"]
     return lines
 
 

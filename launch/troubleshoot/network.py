@@ -123,7 +123,7 @@ def likely_causes(expect: Expectation | None, nccl_log: str, gpu: bool) -> tuple
     if gpu and expect is not None and expect.efa and not _EFA_SELECTED.search(nccl_log):
         causes.append("efa-not-selected")
     nics = [int(n) for n in _EFA_NICS.findall(nccl_log)]
-    if gpu and expect is not None and nics and min(nics) < efa_count(expect.instance_type):
+    if gpu and expect is not None and nics and min(nics) < (efa_count(expect.instance_type) or 0):
         causes.append("efa-fewer")  # NCCL found fewer EFA devices than the type has
     if gpu and _SOCKETS.search(nccl_log):
         causes.append("efa-unused" if expect is not None and expect.efa else "nccl-few-sockets")
