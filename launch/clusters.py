@@ -89,8 +89,8 @@ def reach(name: str) -> Reach:
         local = targets.provider("local")
         nodes = local.discover(targets.NodeArgs())
         try:
-            info = cl.ClusterInfo.from_dict(json.loads(cl.STATE_FILE.read_text()))
-        except (OSError, ValueError) as e:
+            info = cl.ClusterInfo.from_dict(json.loads(cl.STATE_FILE.read_text())["info"])  # cluster.py's state
+        except (OSError, ValueError, KeyError, TypeError, cl.ClusterError) as e:
             raise LaunchError(f"{cl.STATE_FILE}: cannot read the simulated cluster's record ({e}); "
                               "`dtrain cluster up` again") from None
         return Reach(name, "the simulated cluster (dtrain cluster up)",

@@ -81,8 +81,11 @@ def test_nodes_up_list_down_with_the_defaults(world):
         assert workers.read_text() == "10.213.0.11\n10.213.0.12\n"
     r = dtrain(user_dir, env, "nodes", "list")
     row = r.stdout.splitlines()[1].split()
-    assert r.returncode == 0 and row[:6] + row[7:9] == ["e2e", REGION, "CREATE_COMPLETE", "c5.xlarge", "2", "-", "usable",
-                                                         "10.213.0.11,10.213.0.12"], r.stdout + r.stderr
+    # AGE (row[6]) varies; $/H (row[8]) is the price-list snapshot's 2 x c5.xlarge on-demand in us-east-1
+    assert r.returncode == 0 and row[:6] + row[7:8] + row[9:10] == ["e2e", REGION, "CREATE_COMPLETE", "c5.xlarge", "2",
+                                                                   "-", "usable", "10.213.0.11,10.213.0.12"], \
+        r.stdout + r.stderr
+    assert row[8].startswith("$"), r.stdout
     assert r.stdout.splitlines()[2] == f"e2e ({REGION}): dtrain launch --cluster e2e --image IMAGE -- CMD", r.stdout
     r = dtrain(user_dir, env, "nodes", "down", "--name", "e2e")
     assert r.returncode == 0 and r.stdout == "deleted stack dtrain-e2e\n", r.stdout + r.stderr

@@ -287,7 +287,7 @@ def test_the_simulated_cluster_is_local(home, monkeypatch, tmp_path):
         clusters.reach("local")
     (state / "hostfile").write_text("10.213.0.11 slots=1 port=22 user=root\n10.213.0.12 slots=1 port=22 user=root\n")
     info = cl._info(2)
-    (state / "state.json").write_text(json.dumps(info.to_dict()))
+    (state / "state.json").write_text(json.dumps({"info": info.to_dict(), "ready": True}))  # as cluster.up writes it
     assert clusters.known() == ["local"]
     got = clusters.reach("local")
     assert [(n.host, n.user, n.identity) for n in got.nodes] == [
