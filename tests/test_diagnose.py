@@ -268,6 +268,9 @@ def test_ssh_port_22_and_other_ports_are_different_entries():
     for port in (22, 2022):
         for why in ("Network is unreachable", "No route to host"):
             assert ids(diagnose(f"ssh: connect to host 10.0.1.5 port {port}: {why}")) == ["ssh-no-route"]
+    # a timeout on 2022 (between nodes) stays ssh-unreachable; doctor's own ssh to 22 timing out is
+    # connectivity (test_doctor.test_failure_causes_follow_the_details)
+    assert ids(diagnose("ssh: connect to host 10.0.1.5 port 2022: Connection timed out")) == ["ssh-unreachable"]
 
 
 def test_diagnose_is_pure_and_repeatable():

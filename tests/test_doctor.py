@@ -332,8 +332,12 @@ def test_unreachable_network_is_connectivity_not_a_port_or_key(tmp_path):
 def test_failure_causes_follow_the_details():
     refused = dr.ssh_detail("ssh could not connect (2 attempts): ssh: connect to host n1 port 22: Connection refused")
     assert refused.startswith("connection refused: nothing listens on n1 port 22")
-    other = dr.ssh_detail("ssh: connect to host n2 port 22: Connection timed out")
-    assert other == "ssh: connect to host n2 port 22: Connection timed out"
+    other = dr.ssh_detail("root@n2: Permission denied (publickey).")
+    assert other == "root@n2: Permission denied (publickey)."
+    # a timeout is dropped packets (a security group, a link down): connectivity, like no route
+    timed = dr.ssh_detail("ssh could not connect (2 attempts): ssh: connect to host n2 port 22: Connection timed out")
+    assert timed.startswith("no route: Connection timed out to n2")
+    assert dr.causes("ssh", [timed]) == ["  no route (connectivity, not the port or a key): #ssh-no-route"]
     assert not any("#ssh-key-perms" in line for line in dr.causes("ssh", [refused]))
     both = dr.causes("ssh", [refused, other])
     assert any("connection refused" in line for line in both) and any("#ssh-key-perms" in line for line in both)

@@ -220,7 +220,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         id="ssh-no-route",
-        title="no route from this machine to a node (Network is unreachable, No route to host)",
+        title="no route from this machine to a node (Network is unreachable, No route to host; "
+              "doctor: port 22 timed out)",
         symptom="ssh fails at once, on any port, before sshd or a key is involved: `dtrain nodes up` "
                 "stops with it, `dtrain doctor` fails the `ssh` check with it.",
         messages=(
@@ -232,7 +233,9 @@ ENTRIES: tuple[Entry, ...] = (
               "this machine's own routing table having no route to the address (a private VPC "
               "address from a laptop, a VPN that is down); \"No route to host\" is a router or the "
               "local network saying the address cannot be reached (the node is gone or not up yet, "
-              "or a firewall rejects with ICMP).",
+              "or a firewall rejects with ICMP); a timeout on port 22 is packets dropped on the way "
+              "(a security group without the rule for this machine's address, a node whose link is "
+              "down, a private address from outside the VPC).",
         fix="Reach the node at an address this machine routes to: from outside the VPC its public "
             "address (`dtrain nodes up --address public`, the default there; `--ec2-tag` uses public "
             "addresses from outside the instances' VPC), else through a bastion (`--ssh-opt "

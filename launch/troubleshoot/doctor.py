@@ -293,7 +293,8 @@ _REFUSED_RE = re.compile(r"connect to host (\S+) port (\d+): Connection refused"
 
 
 UNREACHABLE = "no route"
-_UNREACHABLE_RE = re.compile(r"connect to host (\S+) port \d+: (Network is unreachable|No route to host)")
+_UNREACHABLE_RE = re.compile(r"connect to host (\S+) port \d+: (Network is unreachable|No route to host|"
+                            r"Connection timed out|Operation timed out)")
 
 
 def ssh_detail(error: str) -> str:
