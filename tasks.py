@@ -407,171 +407,51 @@ LAUNCH_TASK_ONLY_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
-    """The nodes the flags name, from their provider (launch/targets: --cluster and --ec2-tag EC2,
-    --hostfile and --hosts plain ssh hosts)."""
-    from dtrain import values
-    from dtrain.launch import targets
+    from dtrain.launch.targets.common import node_list
 
-    if ssh_user is not None:
-        values.user("--ssh-user", ssh_user)
-    if region is not None:
-        values.region("--region", region)
-    _ssh_key_flag(ssh_key)
-    if slots is not None:
-        slots = values.count("--slots", slots, 1, 4096)
-    args = targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster, region=region,
-                            slots=slots)
-    return targets.nodes(args, ssh_user=ssh_user, ssh_key=ssh_key)
-
-
-def _ssh_key_flag(ssh_key):
-    """--ssh-key must name a private key file here (the key for the nodes)."""
-    from dtrain import values
-
-    if ssh_key is not None:
-        values.ssh_key("--ssh-key", ssh_key)
+    return node_list(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
 
 
 def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
-    """ssh options from --ssh-config and --ssh-opt, after those `nodes up --ssh-opt` recorded
-    for --cluster (a ProxyJump to a bastion): ssh takes the first value of an option, so the
-    cluster's win over a repeated one; give the cluster a new one with nodes up."""
-    from dtrain import values
+    from dtrain.launch.targets.common import ssh_options
 
-    if ssh_config is not None:
-        values.ssh_config("--ssh-config", ssh_config)
-    recorded: tuple = ()
-    if cluster:
-        from dtrain.launch import targets
-
-        values.name("--cluster", cluster)
-        recorded = targets.ssh_opts(targets.NodeArgs(cluster=cluster))  # its provider's record
-    return (("-F", ssh_config) if ssh_config else ()) + tuple(recorded) + tuple(
-        x for o in (ssh_opt or []) for x in ("-o", o))
+    return ssh_options(ssh_opt, ssh_config, cluster)
 
 
-@task(iterable=["env", "mount", "ssh_opt"], help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP})
-def launch(c, f=None, file=None, dump=False, image=None, launcher=None, name=None, cluster=None, hostfile=None,
-           hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None, ssh_key=None, ssh_opt=None,
-           ssh_config=None, env=None, env_file=None, iface=None, mount=None, shm_size=None, master_port=None,
-           rdzv=None, pull=None, timeout=None, workdir=None, workdir_limit=None, detach=False, max_restarts=None,
-           min_nodes=None, spares=None, checkpoint_dir=None, no_spot_watch=False, check_network=False,
-           hang_timeout=None, progress_pattern=None, straggler_check=None,
-           replace_stragglers=False, target=None, instance_type=None, role=None, output=None, nccl_check=None,
-           force=False):
+def _launch_signature(body):
+    """The launch task's flags are the model's fields (Invoke reads the signature): one flag per
+    JobFile field, list fields repeatable, booleans switches; then the task's own."""
+    import inspect
+
+    fields = [k for k in _jobfile.JobFile.model_fields if k != "command"]
+    params = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False if k in _FLAG_BOOLS else None)
+              for k in ["c", *LAUNCH_TASK_ONLY_HELP, *fields]]
+    params[0] = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    body.__signature__ = inspect.Signature(params)
+    return body
+
+
+_FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in str(f.annotation)} | {"dump", "force"}
+_FLAG_LISTS = [k for k, f in _jobfile.JobFile.model_fields.items()
+               if ("list" in str(f.annotation) or "dict" in str(f.annotation)) and k != "command"]  # env: K=V items
+
+
+@task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP})
+@_launch_signature
+def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
-    flags = {k: v for k, v in locals().items() if k not in ("c", *LAUNCH_TASK_ONLY_HELP)}
     with user_errors():
-        from dtrain.launch.jobs import jobfile, trust
+        from dtrain.launch import jobtarget, targets
+        from dtrain.launch.jobs import config
 
         if f and file and f != file:
-            raise jobfile.LaunchError(f"-f {f} and --file {file}: give one job file")
-        path = f or file
-        flags["command"] = _remainder() or None
-        flags["env"], bare = trust.cli_env(flags["env"])  # --env NAME: the value from the environment, not argv
-        from_file = jobfile.load(path, allowed=bare) if path else {}
-        given = jobfile.merge(from_file, flags)
-        cfg = {**jobfile.defaults(), **given}
-        from dtrain.launch import targets
-
-        target = targets.get(cfg["target"])
-        if target.on_nodes and output is not None:
-            raise jobfile.LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} "
-                                      "writes the description")
+            raise config.LaunchError(f"-f {f} and --file {file}: give one job file")
         _force_flag(force, output)
-        if dump and not target.writes:
-            print(jobfile.dump(given, jobfile.literal_env(path) if path else None), end="")
+        cfg = config.build({**flags, "command": _remainder() or None}, f or file)
+        if dump and not targets.get(cfg.target).writes:  # a target that writes: its description is the dump
+            print(config.dump(cfg), end="")
             return
-        # a later check of a value the file gave names the file's line, not the flag
-        where = jobfile.origins(path, [k for k in from_file if given.get(k) is from_file[k]]) if path else {}
-        if not target.on_nodes:
-            from dtrain.launch import jobtarget
-
-            with jobfile.located(where):
-                # --dump too: the description is what it writes
-                sys.exit(jobtarget.run(given, output=output, force=force))
-        _launch(where, cfg)
-
-
-def _launch(where, cfg):
-    """Run the launch `cfg` (JobFile's fields, flags over the file over defaults()) on its nodes."""
-    from dtrain.launch.jobs import jobfile, trust
-    from dtrain.launch.jobs.job import Job
-
-    with user_errors(), jobfile.located(where):
-        if cfg["instance_type"] is not None or cfg["role"] is not None:
-            from dtrain.launch.errors import LaunchError
-
-            raise LaunchError(f"--{'instance-type' if cfg['instance_type'] is not None else 'role'} is for "
-                              f"--target sagemaker (the nodes are given by --hosts, --hostfile, --cluster, --ec2-tag)")
-        spec, nodes = launch_spec(cfg), _nodes(cfg["hostfile"], cfg["hosts"], cfg["ec2_tag"], cfg["region"],
-                                               cfg["slots"], cfg["ssh_user"], cfg["ssh_key"], cfg["cluster"])
-        # hosts the job file chose: known or confirmed before anything is sent
-        job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, where, spec.ssh_opts))
-        code = job.run()
-        if code != 0:
-            _report_failure(job.spec.name, code)
-        sys.exit(code)
-
-
-def launch_spec(cfg):
-    """The JobSpec a launch's config means, every value checked by the flag's own parser (a value from
-    the job file too: jobfile.located names its line)."""
-    import os
-
-    from dtrain import values
-    from dtrain.launch.errors import LaunchError
-    from dtrain.launch import targets
-    from dtrain.launch.jobs import container, jobfile
-    from dtrain.launch.jobs.job import JobSpec
-    from dtrain.launch.jobs.workdir import parse_size
-
-    image, name, shm_size, iface, workdir = cfg["image"], cfg["name"], cfg["shm_size"], cfg["iface"], cfg["workdir"]
-    if not image:
-        raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/horovod-tensorflow:TAG)")
-    _image_flag(image)
-    _choice_flag("--pull", cfg["pull"], ("always", "missing", "never"))
-    _choice_flag("--launcher", cfg["launcher"], _launcher_names())
-    _choice_flag("--rdzv", cfg["rdzv"], ("static", "c10d"))
-    if cfg["nccl_check"] is not None:
-        _choice_flag("--nccl-check", cfg["nccl_check"], ("warn", "fail", "off"))
-    number = {k: None if cfg[k] is None else jobfile.number(k, cfg[k]) for k in jobfile.NUMBERS}  # the model's bounds
-    port, seconds, hang = number["master_port"], number["timeout"], number["hang_timeout"]
-    envs = _env_flags(cfg["env"], cfg["env_file"])
-    if name is not None:
-        values.name("--name", name)
-    if shm_size is not None:
-        shm_size = values.docker_size("--shm-size", shm_size, "16g")
-    if iface is not None:
-        values.name("--iface", iface, 15)
-    if workdir is not None:
-        values.local_path("--workdir", workdir, "project")
-    if cfg["progress_pattern"] is not None:
-        values.regex("--progress-pattern", cfg["progress_pattern"])
-        if hang is None:
-            raise LaunchError("--progress-pattern is what --hang-timeout counts as progress: give --hang-timeout too")
-    if cfg["replace_stragglers"] and not number["straggler_check"]:
-        raise LaunchError("--replace-stragglers swaps out what --straggler-check finds: give --straggler-check too")
-    if cfg["replace_stragglers"] and not number["spares"]:
-        raise LaunchError("--replace-stragglers needs a spare: --spares 0 gives none" if number["spares"] == 0
-                          else "--replace-stragglers swaps a straggler for a spare: give --spares K too")
-    checkpoint_dir = cfg["checkpoint_dir"]
-    if checkpoint_dir is not None and not checkpoint_dir.startswith("/"):
-        raise LaunchError(f"--checkpoint-dir {checkpoint_dir}: expected an absolute path in the containers")
-    # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
-    # turns the watch on for any nodes (tests: tests/imds.py)
-    imds = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").rstrip("/") or targets.spot_notice(
-        targets.NodeArgs(hostfile=cfg["hostfile"], hosts=cfg["hosts"], ec2_tag=cfg["ec2_tag"], cluster=cfg["cluster"]))
-    return JobSpec(image=image, command=tuple(cfg["command"]), launcher=cfg["launcher"], name=name or "", env=envs,
-                   iface=iface, mounts=tuple(container.parse_mount(m) for m in cfg["mount"] or []),
-                   shm_size=shm_size, master_port=port, rdzv=cfg["rdzv"], pull=cfg["pull"],
-                   job_timeout=seconds, ssh_opts=_ssh_opts(cfg["ssh_opt"], cfg["ssh_config"], cfg["cluster"]),
-                   workdir=workdir, workdir_limit=parse_size(cfg["workdir_limit"]), detach=bool(cfg["detach"]),
-                   max_restarts=number["max_restarts"], min_nodes=number["min_nodes"], spares=number["spares"] or 0,
-                   checkpoint_dir=checkpoint_dir, hang_timeout=hang, progress_pattern=cfg["progress_pattern"] or "",
-                   imds="" if cfg["no_spot_watch"] else imds, check_network=bool(cfg["check_network"]),
-                   straggler_check=number["straggler_check"], replace_stragglers=bool(cfg["replace_stragglers"]),
-                   nccl_check=cfg["nccl_check"], efa_types=targets.efa_types())
+        sys.exit(jobtarget.run(cfg, output=output, force=force))
 
 
 @task(iterable=["ssh_opt"], help={
@@ -609,20 +489,6 @@ def _force_flag(force, output) -> None:
 def _remainder():
     argv = sys.argv
     return argv[argv.index("--") + 1:] if "--" in argv else []
-
-
-def _report_failure(name, code):
-    from dtrain.launch.troubleshoot import diagnose
-    from dtrain.launch.jobs.store import job_log, load_job
-
-    if load_job(name).get("state") == "interrupted":  # Ctrl-C, stop, SIGTERM: nothing to diagnose
-        print(f"[launch] job {name} interrupted (exit code {code}); output: dtrain logs --job {name}",
-              file=sys.stderr)
-        return
-    print(f"[launch] job {name} failed with exit code {code}; output: dtrain logs --job {name}",
-          file=sys.stderr)
-
-    print(diagnose.format_report(diagnose.diagnose_file(job_log(name))), file=sys.stderr)
 
 
 @task(help={"job": "a job's name: its row, and the timeline of its launch and restarts (seconds per node and phase)"})
@@ -833,7 +699,8 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
             values.instance_type("--instance-type", instance_type)
         if ssh_user is not None:
             values.user("--ssh-user", ssh_user)
-        _ssh_key_flag(ssh_key)
+        if ssh_key is not None:
+            values.ssh_key("--ssh-key", ssh_key)
         from dtrain.launch.infra import fleet, pricing
 
         above = pricing.threshold(confirm_above) if action == "up" else 0.0

@@ -16,58 +16,47 @@ named. Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of othe
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from dtrain import values
 from dtrain.launch import targets
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.targets.base import NodeArgs
-from dtrain.launch.targets.common import env, flag, given as _given
+from dtrain.launch.targets.common import env, flag, node_count
 
 __all__ = ["check_fields", "env", "node_count", "run"]
 
 
-def check_fields(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """LaunchError for the first field the target cannot take (one line: the flag and the target);
-    returns the flags it ignores."""
-    target = targets.get(cfg["target"])
-    for key in target.refused:
-        if _given(cfg, key):
-            raise LaunchError(f"{flag(key)}: not for --target {target.name} (it runs on the nodes dtrain launches: "
-                              f"--target nodes); take it out for {target.name}")
-    return [flag(k) for k in target.ignored if _given(cfg, k) and cfg.get(k) != defaults.get(k)]
+def check_fields(cfg: Any) -> list[str]:
+    """LaunchError naming, in one message, every field set that the target cannot honour (as the
+    launch names it: the flag, or the job file's line and key); returns the flags it ignores."""
+    target = targets.get(cfg.target)
+    refused = [cfg.named(k) for k in target.refused if cfg.set(k)]
+    if refused:
+        raise LaunchError(target.refusal(refused))
+    return [flag(k) for k in target.ignored if cfg.set(k)]
 
 
-def node_count(cfg: Mapping[str, Any]) -> int | None:
-    """How many nodes the launch names (None: none named)."""
-    args = NodeArgs(hostfile=cfg["hostfile"], hosts=cfg["hosts"], ec2_tag=cfg["ec2_tag"], cluster=cfg["cluster"],
-                    region=cfg["region"])
-    if args.cluster:
-        targets.choose(args)  # --cluster's checks first, before --region's
-    elif not targets.named(args):
-        return None
-    if cfg["region"] is not None:
-        values.region("--region", cfg["region"])
-    return len(targets.nodes(args))
-
-
-def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str], None] | None = None,
+def run(cfg: Any, output: str | None = None, err: Callable[[str], None] | None = None,
         session=None, force: bool = False) -> int:
-    """Submit (sagemaker) or write (mpijob, pytorchjob, ecs) the launch `given` (the flags over the
-    job file; defaults() fill the rest): the exit code. The target's module does it (launch/targets/)."""
+    """Run the launch `cfg` (launch/jobs/config.py LaunchConfig) on its target: on the nodes
+    (targets/nodes.py), submitted (sagemaker) or written (mpijob, pytorchjob, ecs): the exit code."""
     from dtrain.launch.jobs import jobfile
 
-    cfg = {**jobfile.defaults(), **given}
+    with jobfile.located(cfg.where):  # a value the job file gave: named by its line, not the flag
+        return _run(cfg, output, err, session, force)
 
+
+def _run(cfg: Any, output: str | None, err: Callable[[str], None] | None, session: Any, force: bool) -> int:
     err = err or (lambda line: print(line, file=sys.stderr))
-    target = targets.get(cfg["target"])
-    if not cfg["image"]:
-        raise LaunchError("--image is required")
-    ignored = check_fields(cfg, jobfile.defaults())
+    target = targets.get(cfg.target)
+    if target.on_nodes:
+        check_fields(cfg)
+        return target.run(cfg, {}, None, output=output, session=session, note=lambda: None, err=err, force=force)
+    ignored = check_fields(cfg)
 
     def note() -> None:  # once the launch is checked, before it is submitted or written
         if ignored:
             err(f"[launch] --target {target.name}: {', '.join(ignored)} ignored (the {target.name} job's own)")
 
     count = node_count(cfg)
+    given = {k: getattr(cfg, k) for k in cfg.given}
     return target.run(cfg, given, count, output=output, session=session, note=note, err=err, force=force)

@@ -74,11 +74,11 @@ def test_every_default_in_a_help_text_is_the_models():
 
 
 def test_launch_spec_is_built_once_from_the_config(tmp_path):
-    import tasks
+    from dtrain.launch.jobs import config
 
-    cfg = {**jobfile.defaults(), "image": "reg/x:1", "command": ["python", "t.py"], "launcher": "torchrun", "env": ["A=1"],
-           "spares": "1", "max_restarts": "2", "hang_timeout": "30"}
-    spec = tasks.launch_spec(cfg)
+    cfg = config.build({"image": "reg/x:1", "command": ["python", "t.py"], "launcher": "torchrun", "env": ["A=1"],
+                        "spares": "1", "max_restarts": "2", "hang_timeout": "30"})
+    spec = config.job_spec(cfg)
     assert (spec.image, spec.command, spec.launcher, spec.master_port) == ("reg/x:1", ("python", "t.py"), "torchrun",
                                                                           contract.MASTER_PORT)
     assert (spec.spares, spec.max_restarts, spec.hang_timeout, spec.env) == (1, 2, 30.0, {"A": "1"})
@@ -295,7 +295,9 @@ def test_target_from_the_file(tmp_path):
 
 
 def test_check_fields_ignores_the_nodes_own_settings():
-    cfg = {**jobfile.defaults(), "target": "ecs", "ssh_user": "u", "pull": "always", "master_port": "29501"}
-    assert jobtarget.check_fields(cfg, jobfile.defaults()) == ["--ssh-user", "--master-port"]
+    from dtrain.launch.jobs import config
+
+    cfg = {"image": "r/x:1", "target": "ecs", "ssh_user": "u", "pull": "always", "master_port": "29501"}
+    assert jobtarget.check_fields(config.build(cfg)) == ["--ssh-user", "--master-port"]
     with pytest.raises(LaunchError, match="--mount: not for --target ecs"):
-        jobtarget.check_fields({**cfg, "mount": ["/fsx"]}, jobfile.defaults())
+        jobtarget.check_fields(config.build({**cfg, "mount": ["/fsx"]}))

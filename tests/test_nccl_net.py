@@ -491,13 +491,14 @@ def test_a_bad_nccl_check_is_one_line_from_the_flag_and_the_file(tmp_path):
 def test_the_launch_gives_the_ranks_nccls_debug_file_only_where_it_checks():
     """Job.plan: GPU nodes get the check (auto) and NCCL's variables in every rank's environment;
     CPU nodes, --nccl-check off and a job that sets NCCL_DEBUG itself get neither."""
-    import tasks
-    from dtrain.launch.jobs import jobfile
+    from dtrain.launch import targets
+    from dtrain.launch.jobs import config
     from dtrain.launch.jobs.job import Job, NodeFacts, Started
     from dtrain.launch.remote.hosts import Node
 
     def plan(gpus: int, **cfg):
-        spec = tasks.launch_spec({**jobfile.defaults(), "image": "reg/x:1", "command": ["python", "t.py"], **cfg})
+        spec = config.job_spec(config.build({"image": "reg/x:1", "command": ["python", "t.py"], **cfg}),
+                               efa_types=targets.efa_types())  # what the nodes target gives
         facts = [NodeFacts(Node(f"10.0.0.{i}", 8), f"10.0.0.{i}", f"node-{i}", "ens5", gpus, (), "") for i in (1, 2)]
         job = Job(spec, [f.node for f in facts])
         return job.plan(Started(facts, "sha256:x", 4), {"10.0.0.1": "/d"}, 4)

@@ -240,14 +240,13 @@ def test_an_even_run_names_no_straggler(tmp_path):
 
 
 def test_a_job_file_gives_the_check_as_the_flags_do(tmp_path):
-    import tasks
-    from dtrain.launch.jobs import jobfile
+    from dtrain.launch.jobs import config
 
     f = tmp_path / "job.yaml"
     f.write_text("image: r/i:t\ncommand: python t.py\nspares: 1\nstraggler_check: 2\nreplace_stragglers: true\n")
-    spec = tasks.launch_spec({**jobfile.defaults(), **jobfile.load(str(f))})
+    spec = config.job_spec(config.build({}, f))
     assert (spec.straggler_check, spec.replace_stragglers, spec.spares) == (2.0, True, 1)
-    assert tasks.launch_spec({**jobfile.defaults(), "image": "r/i:t", "command": ["x"]}).straggler_check is None
+    assert config.job_spec(config.build({"image": "r/i:t", "command": ["x"]})).straggler_check is None
 
 
 @pytest.mark.parametrize("argv, said", [

@@ -14,6 +14,7 @@ from dtrain.launch import jobtarget, targets
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.infra import ec2 as stack
+from dtrain.launch.jobs import config
 from dtrain.launch.jobs import jobfile
 from dtrain.launch.jobs.login import Login
 from dtrain.launch.jobs.supervision import EC2_IMDS
@@ -96,11 +97,15 @@ def test_refused_and_ignored_per_target():
     assert "timeout" not in sm.refused and "timeout" in ecs.refused and "role" in mpijob.refused
     assert "workdir" in ecs.ignored and "workdir" not in sm.ignored
     assert "spares" in sm.refused and "spares" in ecs.refused
-    assert targets.get("nodes").refused == () and targets.get("nodes").ignored == ()
-    cfg = {**jobfile.defaults(), "target": "sagemaker", "timeout": "60", "workdir": "."}
-    assert jobtarget.check_fields(cfg, jobfile.defaults()) == []
-    with pytest.raises(LaunchError, match=r"^--timeout: not for --target pytorchjob \(.*take it out for pytorchjob$"):
-        jobtarget.check_fields({**cfg, "target": "pytorchjob"}, jobfile.defaults())
+    assert "role" in targets.get("nodes").refused and targets.get("nodes").ignored == ()
+    flags = {"image": "r/x:1", "target": "sagemaker", "timeout": "60", "workdir": ".", "max_restarts": "2"}
+    assert jobtarget.check_fields(config.build(flags)) == []  # restarts: SageMaker's RetryStrategy
+    with pytest.raises(LaunchError, match=r"^--max-restarts and --timeout: not for --target pytorchjob \(.*take "
+                                          r"them out for pytorchjob$"):
+        jobtarget.check_fields(config.build({**flags, "target": "pytorchjob"}))
+    # a flag given as the default cancels the file's value: nothing to refuse
+    assert jobtarget.check_fields(config.build({**flags, "target": "pytorchjob", "max_restarts": "0",
+                                                "timeout": None})) == ["--workdir"]
 
 
 def test_choose_the_provider_by_the_flags_given():

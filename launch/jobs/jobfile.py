@@ -49,6 +49,12 @@ TARGETS = ("nodes", "sagemaker", "mpijob", "pytorchjob", "ecs")
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 
+# The choices of a launch, declared once (tests/test_launch_model.py fails on a second copy in
+# the package): the fields' Literal types, JobSpec's and the checks read these.
+PULL = ("always", "missing", "never")  # as docker's --pull
+RDZV = ("static", "c10d")  # torchrun's rendezvous
+NCCL_CHECK = ("warn", "fail", "off")
+
 # ssh options a job file may give (ssh -o KEY=VALUE), each with the values it may have. None of
 # them runs a command here (ProxyCommand, LocalCommand, KnownHostsCommand, Match exec), loads code
 # (PKCS11Provider, SecurityKeyProvider), sends the agent, ports or variables to a node (ForwardAgent,
@@ -138,7 +144,8 @@ def _flag(key: str) -> str:
 # them, from a flag (tasks.launch_spec) and from a job file (JobFile) alike.
 NUMBERS = {"slots": (True, 1, 4096), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
            "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
-           "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600)}
+           "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600), "count": (True, 1, 10000),
+           "max_wait": (False, 0, None), "volume_size": (True, 1, 16384)}
 
 
 class BadNumber(ValueError):
@@ -173,6 +180,16 @@ class JobFile(BaseModel):
         "description, printed or --output)"), json_schema_extra={"launch_default": "nodes"})
     instance_type: Optional[str] = Field(None, description="--target sagemaker: the instances' type, e.g. ml.g5.12xlarge")
     role: Optional[str] = Field(None, description="--target sagemaker: the SageMaker execution role ARN")
+    on_demand: Optional[bool] = Field(None, description=(
+        "--target sagemaker: an on-demand training job (default: managed spot, resumed from its checkpoints)"))
+    max_wait: Optional[float] = Field(None, description=(
+        "--target sagemaker, spot: the most seconds to wait for spot capacity and run, at least --timeout "
+        "(default twice the run-time limit)"))
+    volume_size: Optional[int] = Field(None, description="--target sagemaker: GB of storage per instance (default 100)",
+                                       json_schema_extra={"launch_default": 100})
+    input: Optional[list[str]] = Field(None, description=(
+        "--target sagemaker: NAME=DIR or NAME=s3://BUCKET/PREFIX, a data channel at /opt/ml/input/data/NAME "
+        "(repeatable; a DIR is uploaded)"))
     # where the nodes come from (one of cluster, hostfile, hosts, ec2_tag) and how to reach them
     cluster: Optional[str] = Field(None, description=(
         "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)"))
@@ -180,7 +197,12 @@ class JobFile(BaseModel):
     hosts: Optional[str] = Field(None, description="h1:4,h2:4")
     ec2_tag: Optional[str] = Field(None, description="Key=Value: running instances with this tag (private IPs; slots = GPUs)")
     region: Optional[str] = Field(None, description="AWS region for --ec2-tag (and --target sagemaker)")
-    slots: Optional[int] = Field(None, description="slots per node for --ec2-tag (default: GPUs of the instance type)")
+    slots: Optional[int] = Field(None, description=(
+        "processes per node, on every target (default: each host's slots, e.g. --hosts h1:8; for --ec2-tag and "
+        "the targets off the nodes the GPUs of the instance type, else 1)"))
+    count: Optional[int] = Field(None, description=(
+        "how many nodes (SageMaker instances, workers, replicas) where the launch names no nodes; with nodes "
+        "named, their number must be this"))
     ssh_user: Optional[str] = Field(None, description="ssh user on the nodes (default: from the hostfile or ~/.ssh/config)")
     ssh_key: Optional[str] = Field(None, description="ssh identity for the nodes")
     ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
@@ -194,10 +216,10 @@ class JobFile(BaseModel):
     mount: Optional[list[str]] = Field(None, description="/host/path[:/container/path][:ro] (repeatable), e.g. /fsx:ro")
     shm_size: Optional[str] = Field(None, description="container /dev/shm size, e.g. 16g (default: --ipc host)")
     master_port: Optional[int] = Field(None, description=f"torchrun master port (default {MASTER_PORT})",
-                                       json_schema_extra={"launch_default": str(MASTER_PORT)})
-    rdzv: Optional[Literal["static", "c10d"]] = Field(None, description="torchrun rendezvous: static (default) or c10d",
+                                       json_schema_extra={"launch_default": MASTER_PORT})
+    rdzv: Optional[Literal[RDZV]] = Field(None, description="torchrun rendezvous: static (default) or c10d",
                                                       json_schema_extra={"launch_default": "static"})
-    pull: Optional[Literal["always", "missing", "never"]] = Field(None, description=(
+    pull: Optional[Literal[PULL]] = Field(None, description=(
         "always (default: unless the node holds the registry's digest, with progress), missing (only where "
         "absent) or never"), json_schema_extra={"launch_default": "always"})
     timeout: Optional[float] = Field(None, description="stop the job after this many seconds")
@@ -241,7 +263,7 @@ class JobFile(BaseModel):
         "with --straggler-check and --spares: a straggler (not the first node) is swapped for a spare at a "
         "checkpoint (the job is asked to checkpoint now, as for a spot notice), quarantined as a straggler, and "
         "the job restarts at full size"))
-    nccl_check: Optional[Literal["warn", "fail", "off"]] = Field(None, description=(
+    nccl_check: Optional[Literal[NCCL_CHECK]] = Field(None, description=(
         "at the first collective, the network NCCL chose on every node (its INIT/NET lines, written to the job's "
         "directory) against the node's (EFA on an EFA instance type, as many NICs as the type has): fail ends the "
         "job naming the node, the cause and the fix; warn says so; off; default fail on GPU nodes that should "
@@ -302,8 +324,13 @@ class JobFile(BaseModel):
 def defaults() -> dict[str, Any]:
     """{field: value} where neither a flag nor the job file says, in the flags' (string) form;
     None: no value (the field's help says what that means)."""
-    out: dict[str, Any] = {k: (f.json_schema_extra or {}).get("launch_default") for k, f in JobFile.model_fields.items()}
-    return {**out, "command": []}
+    out: dict[str, Any] = {k: launch_default(k) for k in JobFile.model_fields}
+    return {**{k: str(v) if isinstance(v, int) else v for k, v in out.items()}, "command": []}
+
+
+def launch_default(key: str) -> Any:
+    """The value of field `key` where neither a flag nor the job file gives it (typed; None: none)."""
+    return (JobFile.model_fields[key].json_schema_extra or {}).get("launch_default")
 
 
 def help_texts() -> dict[str, str]:
@@ -409,6 +436,11 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None, allowed: It
     for key in PATH_KEYS:
         if key in out:
             out[key] = inside(path.parent, out[key], f"{path}:{line_of(doc, (key,)) or 1}", key, ssh=key == "ssh_key")
+    for i, item in enumerate(out.get("input") or []):  # NAME=DIR: the DIR inside the file's directory too
+        name, eq, where = item.partition("=")
+        if eq and where and not where.startswith("s3://"):
+            at = f"{path}:{line_of(doc, ('input', i)) or 1}"
+            out["input"][i] = f"{name}={inside(path.parent, where, at, 'input')}"
     if "hostfile" in out:
         _hostfile_identities(out["hostfile"], path.parent, f"{path}:{line_of(doc, ('hostfile',)) or 1}")
     if "env" in out:

@@ -38,6 +38,7 @@ ROLE_NAME = "dtrain-sagemaker"  # --create-role makes it; without --role it is l
 TASK_TAG, PROJECT_TAG, DIGEST_TAG = "dtrain:task", "dtrain:project", "dtrain:digest"
 MAX_TAGS = 50  # CreateTrainingJob's limit, dtrain's own four included
 FROM_JOB_CHANNEL = "previous"  # --from-job JOB without NAME=
+MAX_RETRIES = 30  # RetryStrategy.MaximumRetryAttempts' most (the service's bound)
 STATE_LOCAL = "/opt/ml/checkpoints"  # the state directory inside the job (CheckpointConfig.LocalPath)
 MAX_RUN_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -75,6 +76,7 @@ class TrainingJob:
     volume_gb: int = 100
     max_runtime_s: int = 86400
     max_wait_s: int | None = None  # spot: default 2 x max_runtime_s
+    retries: int = 0  # RetryStrategy.MaximumRetryAttempts (launch's max_restarts); 0: none
     tags: Mapping[str, str] = field(default_factory=dict)
     metrics: Sequence[Mapping[str, str]] = ()  # MetricDefinitions: {"Name", "Regex"}
 
@@ -318,6 +320,11 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
     if job.spot:
         req["EnableManagedSpotTraining"] = True
         req["StoppingCondition"]["MaxWaitTimeInSeconds"] = job.max_wait_s or 2 * job.max_runtime_s
+    if job.retries:
+        if not 1 <= job.retries <= MAX_RETRIES:
+            raise LaunchError(f"--max-restarts {job.retries}: a SageMaker job retries from 1 to {MAX_RETRIES} times "
+                              "(RetryStrategy)")
+        req["RetryStrategy"] = {"MaximumRetryAttempts": job.retries}
     return req
 
 
@@ -789,6 +796,8 @@ class RunOptions:
     wait: bool = True
     volume_gb: int = 100
     max_runtime_s: int = 86400
+    max_wait_s: int | None = None  # spot: default 2 x max_runtime_s
+    retries: int = 0  # RetryStrategy (launch --max-restarts)
     task: str | None = None  # default: the workdir's directory name
     state_s3: str | None = None  # default OUTPUT/state/TASK/
     from_jobs: Mapping[str, str] = field(default_factory=dict)  # channel -> earlier job name
@@ -897,7 +906,8 @@ def run(opts: RunOptions, session=None, out: Callable[[str], None] = print, poll
                           deps_s3=f"s3://{bucket}/{base}/{DEPS_CHANNEL}/" if deps else None,
                           inputs={**inputs, **chained}, env=opts.env, spot=opts.spot,
                           checkpoint_s3=opts.state_s3 or state_uri(output, task), volume_gb=opts.volume_gb,
-                          max_runtime_s=opts.max_runtime_s, metrics=opts.metrics, tags={**tags, **opts.tags})
+                          max_runtime_s=opts.max_runtime_s, max_wait_s=opts.max_wait_s, retries=opts.retries,
+                          metrics=opts.metrics, tags={**tags, **opts.tags})
         req = create_training_job_request(job)
         found = request_problems(req)
         if found:

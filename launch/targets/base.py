@@ -25,12 +25,15 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.login import Login
 from dtrain.launch.remote.hosts import Node
 
-# Fields the job relies on that a target off the nodes cannot honour: refused, named.
+# Fields the job relies on that a target off the nodes cannot honour: refused, every one named in
+# one message (Target.refusal).
 REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
            "checkpoint_dir", "straggler_check", "replace_stragglers", "nccl_check")
 # Fields about the nodes themselves: a target off the nodes has its own; a line on stderr says so.
-IGNORED = ("slots", "ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
+IGNORED = ("ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
            "shm_size", "workdir_limit", "no_spot_watch")
+# Fields only a SageMaker training job has.
+SAGEMAKER_ONLY = ("role", "on_demand", "max_wait", "volume_size", "input")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,10 @@ class NodeProvider(ABC):
 
 
 class Target(ABC):
-    """A `--target` value: where the launch runs."""
+    """A `--target` value: where the launch runs. Every launch field (launch/jobs/config.py
+    LaunchConfig) is one of three to a target: refused (it cannot honour it: the launch is refused,
+    every such field named in one message), ignored (the target's own: one line on stderr says
+    so), or honoured (the rest: `honoured()`)."""
 
     name: ClassVar[str]
     on_nodes: ClassVar[bool] = False  # dtrain starts the containers on nodes (`dtrain launch` runs the Job)
@@ -101,9 +107,25 @@ class Target(ABC):
     refused: ClassVar[tuple[str, ...]] = ()  # launch fields it cannot honour: refused, named
     ignored: ClassVar[tuple[str, ...]] = ()  # launch fields that are its own: ignored, a line says so
 
+    @classmethod
+    def honoured(cls) -> tuple[str, ...]:
+        """The launch fields it reads (neither refused nor ignored)."""
+        from dtrain.launch.jobs.jobfile import JobFile
+
+        return tuple(k for k in JobFile.model_fields if k not in cls.refused and k not in cls.ignored)
+
+    def refusal(self, names: list[str]) -> str:
+        """The one message for every field it cannot honour (names: as the launch names them, a
+        flag or `FILE:LINE: key`)."""
+        them = "it" if len(names) == 1 else "them"
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        return (f"{listed}: not for --target {self.name} (it runs on the nodes dtrain launches: --target nodes); "
+                f"take {them} out for {self.name}")
+
     @abstractmethod
-    def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
+    def run(self, cfg: Any, given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
-        """Run the checked launch cfg (given: the fields set by the flags or the file; count: the
-        nodes it names, None where none) and return the exit code (err: a line for stderr); note() once it is checked, before
-        anything is submitted or written. force: --output may replace a file dtrain did not write."""
+        """Run the checked launch cfg (launch/jobs/config.py LaunchConfig; given: the fields set by
+        the flags or the file; count: the nodes it names or its `count`, None where neither) and
+        return the exit code (err: a line for stderr); note() once it is checked, before anything
+        is submitted or written. force: --output may replace a file dtrain did not write."""
