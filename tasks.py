@@ -407,13 +407,13 @@ LAUNCH_TASK_ONLY_HELP = {
 
 
 def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
-    from dtrain.launch.targets.common import node_list
+    from dtrain.launch.launching import node_list
 
     return node_list(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
 
 
 def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
-    from dtrain.launch.targets.common import ssh_options
+    from dtrain.launch.launching import ssh_options
 
     return ssh_options(ssh_opt, ssh_config, cluster)
 
@@ -461,7 +461,7 @@ def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
             "or missing (only where no image of that name is)",
 })
 def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
-         ssh_key=None, ssh_opt=None, ssh_config=None, pull="always"):
+         ssh_key=None, ssh_opt=None, ssh_config=None, pull=None):
     """Pre-stage an image on nodes ahead of a launch, with per-node progress: dtrain pull --hosts h1,h2 --image REF"""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch import targets
@@ -471,7 +471,7 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
         if not image:
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/pytorch-ddp:TAG)")
         _image_flag(image)
-        _choice_flag("--pull", pull, pl.POLICIES)
+        pull = _choice_flag("--pull", pull or _jobfile.launch_default("pull"), pl.POLICIES)
         nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
         provider = targets.choose(targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster))
         login = provider.login(image)  # ECR: a token from boto3, to each node on stdin
@@ -1086,7 +1086,7 @@ def diagnose(c, log=None):
                      "without a terminal, refuse unless --yes",
 })
 def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=None, role=None, input=None,
-              from_job=None, on_demand=False, volume_size="100", max_run="24h", metric=None, task=None,
+              from_job=None, on_demand=False, volume_size=None, max_run="24h", metric=None, task=None,
               state_dir=None, output=None, workdir=".", launcher=None, slots=None, name=None, env=None, wait=True,
               download="output", region=None, profile=None, project="dtrain", force=False, input_task=None,
               dependencies=None, tag=None, create_role=False, local=False, yes=False, confirm_above=None):
@@ -1115,14 +1115,14 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
         opts = sm.RunOptions(image=image or "", role_arn=role or "", command=tuple(_remainder()),
                              instances=_int_flag("--instances", instances, 1, 1000), instance_type=instance_type,
                              name=name, launcher=launcher,
-                             slots=_int_flag("--slots", slots, 1, 1024) if slots is not None else None, inputs=inputs,
+                             slots=_jobfile.number("slots", slots) if slots is not None else None, inputs=inputs,
                              from_jobs=from_jobs, project=sm.check_project(project), force=force,
                              input_tasks=sm.parse_input_tasks(input_task or [], {**inputs, **from_jobs}),
                              dependencies=sm.parse_dependencies(dependencies or []), tags=sm.parse_tags(tag or []),
                              create_role=create_role, task_state=True,
                              env=values.env_pairs("--env", env), spot=not on_demand, output_s3=output, workdir=Path(workdir),
                              download=Path(download), wait=wait,
-                             volume_gb=_int_flag("--volume-size", volume_size, 1, 16384),
+                             volume_gb=_jobfile.number("volume_size", volume_size or _jobfile.launch_default("volume_size")),
                              max_runtime_s=sm.parse_duration(max_run), metrics=sm.parse_metrics(metric or []),
                              task=task, state_s3=state_dir)
         if local:

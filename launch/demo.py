@@ -15,7 +15,8 @@ from dtrain.images.spec import load_all
 from dtrain import contract, engine
 from dtrain.launch.infra import cluster
 from dtrain.launch.remote.hosts import parse_hostfile
-from dtrain.launch.jobs.job import Job, JobSpec
+from dtrain.launch.jobs.config import LaunchConfig, job_spec
+from dtrain.launch.jobs.job import Job
 
 FAMILY = "horovod-tensorflow"
 TRAIN = ("python", f"{contract.EXAMPLES}/hvd_tf_synthetic.py", "--epochs", "3")
@@ -44,8 +45,8 @@ def run(nodes: int = 2, keep: bool = False, epochs: int = 3) -> int:
         p.push_registry([img], info.registry, catalog_path=p.CATALOG)
         image = f"{info.registry}/dtrain/{FAMILY}:{img.tag}"
         say(f"5/5 launching Horovod training on {nodes} nodes with mpirun")
-        spec = JobSpec(image=image, command=TRAIN[:-1] + (str(epochs),), launcher="mpirun",
-                       name="demo", ssh_opts=("-F", info.ssh_config))
+        spec = job_spec(LaunchConfig(image=image, command=[*TRAIN[:-1], str(epochs)], launcher="mpirun", name="demo"),
+                        ssh_opts=("-F", info.ssh_config))
         code = Job(spec, parse_hostfile(info.hostfile)).run()
     finally:
         if keep or theirs:

@@ -1,16 +1,15 @@
-"""`dtrain launch --target T`: the same launch (JobFile's fields, flags over the job file) run
-somewhere other than the nodes: a SageMaker training job (launch/jobs/sagemaker.py's `run`, as
-`dtrain sagemaker run` does) or the description of a job for another tool
-(launch/other_tools/manifests.py, as `dtrain manifest` does).
+"""`dtrain launch`'s dispatch: the launch (launch/jobs/config.py LaunchConfig, flags over the job
+file) run where its `target` says: on its nodes (launch/launching.py), submitted as a SageMaker
+training job (targets/sagemaker.py) or written as a job description for another tool
+(targets/mpijob.py, pytorchjob.py, ecs.py; launch/other_tools/manifests.py renders it).
 
-What carries over: image, command, launcher, name, env (and env_file), workdir (SageMaker: the
-code channel, its requirements.txt installed), the number of nodes the launch names (--hosts,
---hostfile, --cluster's hostfile, --ec2-tag: instances, workers, replicas), timeout (SageMaker's
-run-time limit), detach (SageMaker: return once the job has started). How the nodes are reached
-(ssh_*, slots), pulled (pull) and wired (iface, master_port, rdzv, shm_size, workdir_limit,
-no_spot_watch) is the target's own: said to be ignored on stderr. What a target would silently
-drop and the job relies on (restarts, spares, the hang watch, mounts, the network gate) is refused,
-named. Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of other_tools.
+Each target declares what it does with every launch field (targets/base.py Target): refused
+(everything it cannot honour, named in one message: `--spares, job.yaml:7: mount: not for
+--target ecs ...`), ignored (the nodes' own settings: one line on stderr), honoured (the rest).
+A value the launch gives as its default (`--max-restarts 0`) is not refused. The node shape
+every target reads: `count` (else the nodes the launch names, counted: a hostfile or --hosts
+read here, a cluster's hostfile, --ec2-tag's instances), `slots` (else the hosts' own, `h:8`),
+`instance_type`.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any, Callable
 
 from dtrain.launch import targets
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.targets.common import env, flag, node_count
+from dtrain.launch.targets.common import env, flag, local_nodes, node_key
 
 __all__ = ["check_fields", "env", "node_count", "run"]
 
@@ -33,6 +32,26 @@ def check_fields(cfg: Any) -> list[str]:
     if refused:
         raise LaunchError(target.refusal(refused))
     return [flag(k) for k in target.ignored if cfg.set(k)]
+
+
+def node_count(cfg: Any) -> int | None:
+    """How many nodes a target off the nodes runs on: `count` where the launch gives it (no node
+    is read: no cluster need be up; nodes named too must be as many), else the number of nodes the
+    launch names (a hostfile, --hosts, a cluster's hostfile; --ec2-tag asks EC2); None: neither."""
+    args = targets.NodeArgs(hostfile=cfg.hostfile, hosts=cfg.hosts, ec2_tag=cfg.ec2_tag, cluster=cfg.cluster,
+                            region=cfg.region, slots=cfg.slots)
+    if cfg.count is not None:
+        if cfg.hosts or cfg.hostfile:
+            n = len(local_nodes(cfg))
+            if n != cfg.count:
+                raise LaunchError(f"{cfg.named('count')} {cfg.count}: the launch names {n} node(s) "
+                                  f"({cfg.named(node_key(cfg))}): give one, or both the same")
+        return cfg.count
+    if args.cluster:
+        targets.choose(args)  # --cluster's checks first
+    elif not targets.named(args):
+        return None
+    return len(targets.nodes(args))
 
 
 def run(cfg: Any, output: str | None = None, err: Callable[[str], None] | None = None,
@@ -49,8 +68,13 @@ def _run(cfg: Any, output: str | None, err: Callable[[str], None] | None, sessio
     err = err or (lambda line: print(line, file=sys.stderr))
     target = targets.get(cfg.target)
     if target.on_nodes:
+        from dtrain.launch import launching
+
         check_fields(cfg)
-        return target.run(cfg, {}, None, output=output, session=session, note=lambda: None, err=err, force=force)
+        if output is not None:
+            raise LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} writes the "
+                              "description")
+        return launching.run_on_nodes(cfg)
     ignored = check_fields(cfg)
 
     def note() -> None:  # once the launch is checked, before it is submitted or written

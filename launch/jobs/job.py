@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Mapping, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
@@ -46,6 +46,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
 from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
+from dtrain.launch.jobs.jobfile import launch_default
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
@@ -68,7 +69,7 @@ SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* clo
 class JobSpec:
     image: str
     command: tuple[str, ...]
-    launcher: Launcher = "mpirun"
+    launcher: Launcher = launch_default("launcher")  # the launch's defaults, declared once (jobfile.JobFile)
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)  # --env K=V, for every rank (values by file)
     forward: tuple[str, ...] = ()  # names forwarded from the launching container's env
@@ -76,8 +77,8 @@ class JobSpec:
     mounts: tuple[container.Mount, ...] = ()
     shm_size: str | None = None  # None: --ipc host
     master_port: int = contract.MASTER_PORT
-    rdzv: Literal["static", "c10d"] = "static"
-    pull: Literal["always", "missing", "never"] = "always"  # as docker's --pull
+    rdzv: str = launch_default("rdzv")  # one of jobfile.RDZV
+    pull: str = launch_default("pull")  # one of jobfile.PULL, as docker's --pull
     ready_timeout: float = 60
     job_timeout: float | None = None
     ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes

@@ -42,6 +42,8 @@ from dtrain.contract import MASTER_PORT
 from dtrain.yamlfile import TooDeep, compose_load, line_of
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
+from dtrain.launch.jobs.nccl_net import MODES
+from dtrain.launch.remote.hosts import MAX_SLOTS
 
 # Where a launch runs: its nodes (the default), a SageMaker training job, or the description of one
 # for another tool (launch/other_tools/manifests.py), written for the user to submit.
@@ -53,7 +55,7 @@ PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 # the package): the fields' Literal types, JobSpec's and the checks read these.
 PULL = ("always", "missing", "never")  # as docker's --pull
 RDZV = ("static", "c10d")  # torchrun's rendezvous
-NCCL_CHECK = ("warn", "fail", "off")
+NCCL_CHECK = MODES  # nccl_net.MODES: the supervisor on a node reads it (standard library only)
 
 # ssh options a job file may give (ssh -o KEY=VALUE), each with the values it may have. None of
 # them runs a command here (ProxyCommand, LocalCommand, KnownHostsCommand, Match exec), loads code
@@ -142,7 +144,7 @@ def _flag(key: str) -> str:
 
 # The numbers of a launch: (whole?, lo, hi). values.count (whole) or values.number (> lo) checks
 # them, from a flag (tasks.launch_spec) and from a job file (JobFile) alike.
-NUMBERS = {"slots": (True, 1, 4096), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
+NUMBERS = {"slots": (True, 1, MAX_SLOTS), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
            "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
            "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600), "count": (True, 1, 10000),
            "max_wait": (False, 0, None), "volume_size": (True, 1, 16384)}

@@ -29,6 +29,7 @@ from typing import Any
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
+from dtrain.launch.jobs.jobfile import launch_default
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
 CODE_CHANNEL = "code"  # the uploaded workdir; the command runs there
@@ -64,7 +65,7 @@ class TrainingJob:
     output_s3: str  # S3OutputPath; the job's model.tar.gz lands under it
     instances: int = 1
     instance_type: str = "ml.m5.2xlarge"
-    launcher: str = "mpirun"  # mpirun (Horovod images) or torchrun (pytorch-ddp)
+    launcher: str = launch_default("launcher")  # mpirun (Horovod images) or torchrun (pytorch-ddp)
     slots: int | None = None  # ranks per instance; None: its GPUs, or 1
     key_s3: str | None = None  # S3 prefix holding id_ed25519 (channel `dtrain`); needed when instances > 1
     code_s3: str | None = None  # S3 prefix of the workdir (channel `code`)

@@ -20,7 +20,8 @@ from dtrain import contract, table
 from dtrain.contract import container_name
 from dtrain.launch.jobs import container, nic, node_programs, store
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs.job import Job, JobSpec, driver_too_old, parse_probe
+from dtrain.launch.jobs.config import LaunchConfig, job_spec
+from dtrain.launch.jobs.job import Job, driver_too_old, parse_probe
 from dtrain.launch.remote.transport import SshTransport
 from dtrain.launch.infra import instance_types
 from dtrain.launch.infra.instance_types import efa_count
@@ -377,8 +378,8 @@ def _container_pass(nodes: list[Node], host: dict[str, dict[str, str]], errors: 
     if not usable:
         return {}
     name = store.default_name("doctor")
-    spec = JobSpec(image=opts.image or "", command=("true",), name=name, iface=opts.iface,
-                   shm_size=opts.shm_size, ssh_opts=opts.ssh_opts, ready_timeout=20)
+    spec = job_spec(LaunchConfig(image=opts.image, command=["true"], name=name, iface=opts.iface,
+                                 shm_size=opts.shm_size), ssh_opts=opts.ssh_opts, ready_timeout=20)
     job = Job(spec, usable, say=lambda m: None)
     out: dict[str, dict[str, str]] = {}
     try:

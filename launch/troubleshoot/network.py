@@ -248,7 +248,7 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
     """The sweep as a job of `image` on `nodes`: all_reduce_perf under mpirun on GPU images;
     on CPU images allreduce_bw.py with the family's backend (torchrun for gloo, mpirun for
     Horovod) unless launcher says otherwise."""
-    from dtrain.launch.jobs.job import JobSpec
+    from dtrain.launch.jobs.config import LaunchConfig, job_spec
 
     backend = cpu_backend(family_of(image))
     launcher = launcher or ("mpirun" if gpu or backend != "torch" else "torchrun")
@@ -258,8 +258,8 @@ def bandwidth(nodes: list[Node], *, image: str, gpu: bool = False, launcher: str
         raise LaunchError(f"--launcher {launcher}: all_reduce_perf is an MPI program; use mpirun")
     command = sweep_command(gpu=gpu, backend=backend, min_bytes=min_bytes, max_bytes=max_bytes, iters=iters,
                             tcp_seconds=tcp_seconds, tcp_streams=tcp_streams)
-    spec = JobSpec(image=image, command=tuple(command), launcher=launcher, name=name, env=dict(env or {}),
-                   iface=iface, ssh_opts=ssh_opts, job_timeout=1800, extra_mca=tuple(extra_mca))
+    spec = job_spec(LaunchConfig(image=image, command=list(command), launcher=launcher, name=name, env=dict(env or {}),
+                                 iface=iface, timeout=1800), ssh_opts=ssh_opts, extra_mca=tuple(extra_mca))
     return run_sweep(spec, nodes, gpu=gpu, instance_type=instance_type, say=say)
 
 
@@ -274,10 +274,11 @@ def quick(nodes: list[Node], *, image: str, iface: str | None = None, ssh_opts: 
     import shutil
 
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.job import Job, JobSpec
+    from dtrain.launch.jobs.config import LaunchConfig, job_spec
+    from dtrain.launch.jobs.job import Job
 
-    spec = JobSpec(image=image, command=("true",), name=store.default_name("netgate"), iface=iface,
-                   ssh_opts=ssh_opts, ready_timeout=20)
+    spec = job_spec(LaunchConfig(image=image, command=["true"], name=store.default_name("netgate"), iface=iface),
+                    ssh_opts=ssh_opts, ready_timeout=20)
     job = Job(spec, nodes, say=lambda m: None)
     try:
         say(f"[doctor] starting {image} on {len(nodes)} node(s) for the network gate")
