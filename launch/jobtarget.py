@@ -28,7 +28,9 @@ def check_fields(cfg: Any) -> list[str]:
     """LaunchError naming, in one message, every field set that the target cannot honour (as the
     launch names it: the flag, or the job file's line and key); returns the flags it ignores."""
     target = targets.get(cfg.target)
-    refused = [cfg.named(k) for k in target.refused if cfg.set(k)]
+    keys = [k for k in target.refused if cfg.set(k)]
+    line = lambda k: int(cfg.where[k].rsplit(":", 1)[1]) if k in cfg.where else 1 << 30  # noqa: E731  file order
+    refused = [cfg.named(k) for k in sorted(keys, key=line)]
     if refused:
         raise LaunchError(target.refusal(refused))
     return [flag(k) for k in target.ignored if cfg.set(k)]
@@ -70,7 +72,9 @@ def _run(cfg: Any, output: str | None, err: Callable[[str], None] | None, sessio
     if target.on_nodes:
         from dtrain.launch import launching
 
-        check_fields(cfg)
+        ignored = check_fields(cfg)
+        if ignored:
+            err(f"[launch] --target {target.name}: {', '.join(ignored)} ignored (the nodes' own)")
         if output is not None:
             raise LaunchError(f"--output is where --target {'|'.join(targets.names(writes=True))} writes the "
                               "description")

@@ -4,6 +4,7 @@ failure diagnosed. Also the node and ssh flags' reading that `pull`, `doctor`, `
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -60,6 +61,8 @@ def run_on_nodes(cfg: Any) -> int:
                           cfg.cluster)
         if cfg.count is not None and cfg.count != len(nodes):
             raise LaunchError(f"--count {cfg.count}: the launch names {len(nodes)} node(s)")
+        if cfg.slots is not None:  # processes per node, over each host's own
+            nodes = [dataclasses.replace(n, slots=cfg.slots) for n in nodes]
         args = targets.NodeArgs(hostfile=cfg.hostfile, hosts=cfg.hosts, ec2_tag=cfg.ec2_tag, cluster=cfg.cluster)
         # AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore's name): another metadata endpoint, which
         # turns the watch on for any nodes (tests: tests/imds.py)

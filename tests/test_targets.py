@@ -97,7 +97,7 @@ def test_refused_and_ignored_per_target():
     assert "timeout" not in sm.refused and "timeout" in ecs.refused and "role" in mpijob.refused
     assert "workdir" in ecs.ignored and "workdir" not in sm.ignored
     assert "spares" in sm.refused and "spares" in ecs.refused
-    assert "role" in targets.get("nodes").refused and targets.get("nodes").ignored == ()
+    assert "role" in targets.get("nodes").refused and targets.get("nodes").ignored == ("instance_type",)
     flags = {"image": "r/x:1", "target": "sagemaker", "timeout": "60", "workdir": ".", "max_restarts": "2"}
     assert jobtarget.check_fields(config.build(flags)) == []  # restarts: SageMaker's RetryStrategy
     with pytest.raises(LaunchError, match=r"^--max-restarts and --timeout: not for --target pytorchjob \(.*take "

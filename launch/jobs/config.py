@@ -314,7 +314,7 @@ def dump(cfg: LaunchConfig) -> str:
         if key not in cfg.given:
             continue
         v = getattr(cfg, key)
-        if v in (None, [], (), False):
+        if v is None or v is False or (isinstance(v, (list, tuple, dict)) and not v):  # 0 stays: given
             continue
         if key == "ssh_config":
             left_out.append((flag(key), v))

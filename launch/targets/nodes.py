@@ -13,7 +13,8 @@ from dtrain.launch.targets.base import SAGEMAKER_ONLY, Target
 class Nodes(Target):
     name = "nodes"
     on_nodes = True
-    refused = ("instance_type",) + SAGEMAKER_ONLY  # the nodes are what they are; SageMaker's own
+    refused = SAGEMAKER_ONLY  # SageMaker's own
+    ignored = ("instance_type",)  # the nodes are what they are (their type: the provider's, the probe's)
 
     def refusal(self, names: list[str]) -> str:
         return (f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} for --target sagemaker (the nodes are "
