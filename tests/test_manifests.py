@@ -579,10 +579,11 @@ def test_placeholders_are_named_one_line_each():
 def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_path):
     """`dtrain launch --target ecs --instance-type p4d.24xlarge`: the same lines, through its err."""
     from dtrain.launch import jobtarget
+    from dtrain.launch.jobs import config
 
     lines: list[str] = []
-    code = jobtarget.run({"target": "ecs", "image": HVD, "command": [], "hosts": "10.0.0.1,10.0.0.2",
-                          "instance_type": "p4d.24xlarge"}, output=str(tmp_path / "td.json"), err=lines.append)
+    cfg = config.build({"target": "ecs", "image": HVD, "hosts": "10.0.0.1,10.0.0.2", "instance_type": "p4d.24xlarge"})
+    code = jobtarget.run(cfg, output=str(tmp_path / "td.json"), err=lines.append)
     assert code == 0 and lines == m.placeholders(spec("ecs"), via="launch")
     # `launch` has no --execution-role-arn: the line names what does, for the command that printed it
     assert lines[0] == ("[launch] executionRoleArn: a placeholder, replace it (or write the description with "
