@@ -250,3 +250,19 @@ def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_tar
     if target != "sagemaker":
         kind = "ecs-ray" if target == "ecs" else target
         assert mf.problems(kind, mf.load(kind, r.stdout)) == []
+
+
+def test_every_target_says_what_it_does_with_every_field():
+    """Each field is refused, ignored or honoured by each target: never two, never unknown; the
+    SageMaker fields are honoured by SageMaker alone; the node shape by every target."""
+    from dtrain.launch import targets
+
+    fields = set(jobfile.JobFile.model_fields)
+    for name in targets.names():
+        t = targets.get(name)
+        refused, ignored, honoured = set(t.refused), set(t.ignored), set(t.honoured())
+        assert not refused & ignored and refused | ignored <= fields, name
+        assert refused | ignored | honoured == fields, name
+        assert {"count", "slots", "image", "command", "env", "name"} <= honoured, name
+        sm_only = {"role", "on_demand", "max_wait", "volume_size", "input"}
+        assert (sm_only <= honoured) == (name == "sagemaker"), name

@@ -18,7 +18,7 @@ class Description(Target):
     # beyond image, command, name, env, workers: the tool, not dtrain, times and waits for the job,
     # and the image holds the code
     refused = REFUSED + ("timeout",) + SAGEMAKER_ONLY
-    ignored = IGNORED + ("workdir", "detach")
+    ignored = IGNORED + ("workdir", "detach", "region")  # region: where the cluster runs is the tool's
     # takes --instance-type: its GPUs and EFA interfaces per pod (manifests.py), as `dtrain manifest`
     instance_type: ClassVar[bool] = True
 
