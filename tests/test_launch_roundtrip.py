@@ -221,7 +221,7 @@ def test_the_documented_job_file_is_refused_in_one_message_naming_every_field(tm
              env={"WANDB_API_KEY": "k", **AWS})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     refused = ["spares", "min_nodes", "check_network", "mount"] + (
-        [] if target == "sagemaker" else ["max_restarts", "checkpoint_dir"])
+        [] if target == "sagemaker" else ["max_restarts", "checkpoint_dir"])  # timeout: none in the file
     for key in refused:
         assert f"job.yaml:{lines[key]}: {key}" in r.stderr, (key, r.stderr)
     assert f"not for --target {target}" in r.stderr and "cluster" not in r.stderr  # no cluster was read
@@ -266,3 +266,16 @@ def test_every_target_says_what_it_does_with_every_field():
         assert {"count", "slots", "image", "command", "env", "name"} <= honoured, name
         sm_only = {"role", "on_demand", "max_wait", "volume_size", "input"}
         assert (sm_only <= honoured) == (name == "sagemaker"), name
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob"])
+def test_kubernetes_targets_map_the_timeout_to_the_jobs_deadline(tmp_path, target):
+    cfg = config.build({"image": IMAGE, "command": ["python", "t.py"], "hosts": "h1:2,h2:2", "timeout": "3600.5",
+                        "target": target, "launcher": "torchrun" if target == "pytorchjob" else "mpirun"})
+    from dtrain.launch import jobtarget
+
+    out = tmp_path / "job.yaml"
+    assert jobtarget.run(cfg, output=str(out), err=lambda line: None) == 0
+    doc = mf.load(target, out.read_text())
+    assert mf.problems(target, doc) == []
+    assert doc["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "activeDeadlineSeconds": 3601}

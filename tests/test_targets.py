@@ -100,9 +100,10 @@ def test_refused_and_ignored_per_target():
     assert "role" in targets.get("nodes").refused and targets.get("nodes").ignored == ("instance_type",)
     flags = {"image": "r/x:1", "target": "sagemaker", "timeout": "60", "workdir": ".", "max_restarts": "2"}
     assert jobtarget.check_fields(config.build(flags)) == []  # restarts: SageMaker's RetryStrategy
-    with pytest.raises(LaunchError, match=r"^--max-restarts and --timeout: not for --target pytorchjob \(.*take "
-                                          r"them out for pytorchjob$"):
-        jobtarget.check_fields(config.build({**flags, "target": "pytorchjob"}))
+    with pytest.raises(LaunchError, match=r"^--max-restarts and --timeout: not for --target ecs \(.*take "
+                                          r"them out for ecs$"):
+        jobtarget.check_fields(config.build({**flags, "target": "ecs"}))
+    assert "timeout" not in targets.get("pytorchjob").refused  # its runPolicy.activeDeadlineSeconds
     # a flag given as the default cancels the file's value: nothing to refuse
     assert jobtarget.check_fields(config.build({**flags, "target": "pytorchjob", "max_restarts": "0",
                                                 "timeout": None})) == ["--workdir"]

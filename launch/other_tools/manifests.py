@@ -125,6 +125,7 @@ class ManifestSpec:
     instance_type: str | None = None
     volume_gb: int = 100  # SageMaker
     max_runtime_s: int = 86400  # SageMaker
+    active_deadline_s: int | None = None  # Kubernetes: runPolicy.activeDeadlineSeconds (launch's timeout)
 
     @property
     def slots(self) -> int:

@@ -4,6 +4,7 @@ checked, written to --output or stdout."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -17,10 +18,12 @@ class Description(Target):
     writes = True
     # beyond image, command, name, env, workers: the tool, not dtrain, times and waits for the job,
     # and the image holds the code
-    refused = REFUSED + ("timeout",) + SAGEMAKER_ONLY
+    refused = REFUSED + SAGEMAKER_ONLY + ("timeout",)  # Kubernetes' targets map it (deadline below)
     ignored = IGNORED + ("workdir", "detach", "region")  # region: where the cluster runs is the tool's
     # takes --instance-type: its GPUs and EFA interfaces per pod (manifests.py), as `dtrain manifest`
     instance_type: ClassVar[bool] = True
+    # maps the launch's timeout to the job's deadline (Kubernetes: runPolicy.activeDeadlineSeconds)
+    deadline: ClassVar[bool] = False
 
     def run(self, cfg: Any, given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
@@ -39,7 +42,8 @@ class Description(Target):
         try:
             spec = mf.spec_from_args(
                 self.name, cfg.image, list(cfg.command or ()), workers=count or 2, name=cfg.name or "dtrain-job",
-                env=env_items, launcher=launcher, instance_type=cfg.instance_type, slots_per_worker=per_node)
+                env=env_items, launcher=launcher, instance_type=cfg.instance_type, slots_per_worker=per_node,
+                **({"active_deadline_s": math.ceil(cfg.timeout)} if self.deadline and cfg.timeout else {}))
             text = mf.render(spec)
         except mf.CommandRefused as e:  # the command may be the job file's: named as `command` (jobfile.located)
             raise LaunchError(f"{COMMAND_TEXT}: {e.why.replace('--for ', '--target ')}; give no command") from None

@@ -7,6 +7,8 @@ from dtrain.launch.targets.description import Description
 
 class PyTorchJob(Description):
     name = "pytorchjob"
+    deadline = True  # timeout -> runPolicy.activeDeadlineSeconds
+    refused = tuple(k for k in Description.refused if k != "timeout")
 
 
 TARGET = PyTorchJob()
