@@ -99,7 +99,7 @@ def test_dump_of_flags_alone_loads_back(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hosts").write_text("h1 slots=2\n")
     flags = {"hostfile": "hosts", "image": "reg/x:1", "launcher": "torchrun", "mount": ["/fsx:ro"], "timeout": "90",
-             "command": ["python", "t.py"], "input": ["train=s3://b/p"], "on_demand": True, "volume_size": "200"}
+             "command": ["python", "t.py"], "input": ["train=s3://bucket-1/p"], "on_demand": True, "volume_size": "200"}
     cfg = config.build(flags)
     (tmp_path / "job.yaml").write_text(config.dump(cfg))
     _same(config.build({}, tmp_path / "job.yaml"), cfg)

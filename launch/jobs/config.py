@@ -18,7 +18,6 @@ demo, the doctor's and the network checks' containers all come through it
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import typing
 from collections.abc import Mapping
@@ -139,12 +138,13 @@ class LaunchConfig(JobFile):
     @field_validator("input")
     @classmethod
     def _inputs(cls, v: Optional[list[str]]) -> Optional[list[str]]:
-        for item in v or []:
-            name, eq, where = item.partition("=")
-            if not eq or not re.fullmatch(r"[A-Za-z0-9\.\-_]{1,64}", name) or not where:
-                raise values.BadValue(f"--input {values.shown(item)}: expected NAME=DIR or NAME=s3://BUCKET/PREFIX")
-            if not where.startswith("s3://"):
+        from dtrain.launch.jobs.sagemaker import parse_inputs
+
+        for item in v or []:  # each local DIR a directory (a FIFO or device is one line, not a hang)
+            where = item.partition("=")[2]
+            if where and not where.startswith("s3://"):
                 values.local_path(f"--input {values.shown(item)}:", where, "dir", "an input channel's data")
+        parse_inputs(v or [])  # `dtrain sagemaker run --input`'s own rules (names, S3 URIs, one per channel)
         return v
 
     # ---- the rules between fields
