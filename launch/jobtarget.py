@@ -28,13 +28,14 @@ __all__ = ["check_fields", "env", "node_count", "run"]
 
 
 def check_fields(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """LaunchError for the first field the target cannot take (one line: the flag and the target);
-    returns the flags it ignores."""
+    """LaunchError naming every field given that the target cannot take, in one line (one field:
+    `--spares: not for --target T ...`, as a job file's line names it); returns the flags it ignores."""
     target = targets.get(cfg["target"])
-    for key in target.refused:
-        if _given(cfg, key):
-            raise LaunchError(f"{flag(key)}: not for --target {target.name} (it runs on the nodes dtrain launches: "
-                              f"--target nodes); take it out for {target.name}")
+    refused = [flag(key) for key in target.refused if _given(cfg, key)]
+    if refused:
+        raise LaunchError(f"{', '.join(refused)}: not for --target {target.name} (it runs on the nodes dtrain "
+                          f"launches: --target nodes); take {'it' if len(refused) == 1 else 'them'} out for "
+                          f"{target.name}")
     return [flag(k) for k in target.ignored if _given(cfg, k) and cfg.get(k) != defaults.get(k)]
 
 

@@ -234,8 +234,6 @@ def cluster_launcher(spec: ManifestSpec) -> bool:
 
 def check(spec: ManifestSpec, kind: Describer) -> None:
     """The spec's values, then the kind's own checks; LaunchError (one line) at the first fault."""
-    if spec.target != kind.name:
-        raise ValueError(f"a {spec.target} spec given to the {kind.name} kind")
     if not spec.image or spec.image.startswith("-") or any(c.isspace() for c in spec.image):
         raise LaunchError(f"bad image {spec.image!r}")
     if spec.launcher is not None and (spec.launcher not in launchers.LAUNCHERS
@@ -489,3 +487,83 @@ def boto_problems(service: str, op: str, params: Any) -> list[str]:
         report = str(e.kwargs.get("report", e))
         return [line.strip() for line in report.splitlines() if line.strip()]
     return []
+
+
+# ---------------------------------------------------------------- a host-network pod (TrainJob, JobSet)
+
+HOST_IFACE = "ens5"  # a host-network pod's NIC: the node's first ENA interface on EKS's AL2023 AMIs (--iface)
+SHM_VOLUME = "dshm"
+
+
+def host_iface(spec: ManifestSpec) -> str:
+    return spec.iface or HOST_IFACE
+
+
+def secret_env(spec: ManifestSpec, kind: Describer) -> list[dict[str, Any]]:
+    """The user's env, each NAME from the key NAME of the kind's Secret (never a value)."""
+    return [{"name": k, "valueFrom": {"secretKeyRef": {"name": kind.env_secret(spec), "key": k}}}
+            for k in sorted(spec.env)]
+
+
+def node_container(spec: ManifestSpec, *, name: str, args: list[str], env: list[dict[str, Any]],
+                   gpus: bool = True, sshd: bool = False) -> dict[str, Any]:
+    """One container of a host-network pod: the image's entrypoint with args (none: sshd on 2022,
+    then ready when it listens), /dev/shm and the --mount paths, and on a GPU pod the type's GPUs,
+    EFA interfaces, huge pages and IPC_LOCK (resources())."""
+    from dtrain.launch.jobs import container as docker
+
+    c: dict[str, Any] = {"name": name, "image": spec.image, "imagePullPolicy": "IfNotPresent",
+                         "command": [contract.ENTRYPOINT]}
+    if args:
+        c["args"] = list(args)
+    if env:
+        c["env"] = env
+    if sshd:
+        c["ports"] = [{"name": "ssh", "containerPort": contract.SSH_PORT, "protocol": "TCP"}]
+        c["readinessProbe"] = {"tcpSocket": {"port": contract.SSH_PORT}, "periodSeconds": 2}
+    res = resources(spec) if gpus else {}
+    if res:
+        c["resources"] = res
+    if gpus and spec.efa:
+        c["securityContext"] = {"capabilities": {"add": list(EFA_CAPABILITIES)}}
+    mounts = [docker.parse_mount(m) for m in spec.mounts]
+    c["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] + [
+        {"name": f"mount-{i}", "mountPath": m.dst, **({"readOnly": True} if m.readonly else {})}
+        for i, m in enumerate(mounts)]
+    return c
+
+
+def host_pod(spec: ManifestSpec, containers: list[dict[str, Any]], *, selector: bool = True) -> dict[str, Any]:
+    """A host-network pod (the nodes' NICs, EFA, the ports the images listen on, as `dtrain launch`
+    runs its containers), the nodes' DNS for the job's names, never restarted in place (a failed
+    pod fails its Job; JobSet restarts the whole set, failurePolicy.maxRestarts)."""
+    from dtrain.launch.jobs import container as docker
+
+    pod: dict[str, Any] = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet", "restartPolicy": "Never",
+                           "containers": containers}
+    if selector and worker_selector(spec):
+        pod["nodeSelector"] = worker_selector(spec)
+    pod["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_size_mib}Mi"}}] + [
+        {"name": f"mount-{i}", "hostPath": {"path": m.src, "type": "Directory"}}
+        for i, m in enumerate(docker.parse_mount(m) for m in spec.mounts)]
+    return pod
+
+
+def job_template(pod: dict[str, Any], *, nodes: int | None = None, labels: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+    """A batch/v1 Job template of one pod per node (nodes: Indexed, that many; None: the
+    runtime's controller sets the count), no retries of its own."""
+    spec: dict[str, Any] = {"backoffLimit": 0}
+    if nodes is not None:
+        spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+    spec["template"] = {"spec": pod}
+    out: dict[str, Any] = {"spec": spec}
+    if labels:
+        out = {"metadata": {"labels": labels}, **out}
+    return out
+
+
+def yaml_documents(header: list[str], docs: list[dict[str, Any]]) -> str:
+    """YAML of one or more documents under dtrain's GENERATED header lines (keys in order)."""
+    body = "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=1000) for d in docs)
+    return "".join(f"# {line}\n" for line in header) + body

@@ -9,7 +9,8 @@ from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.other_tools.describe import Describer
 from dtrain.launch.remote.hosts import Node, apply_ssh_defaults
-from dtrain.launch.targets import ec2, ecs, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh
+from dtrain.launch.targets import (ec2, ecs, jobset, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh,
+                                   trainjob)
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
 
 __all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "describers", "get",
@@ -22,6 +23,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     mpijob.TARGET,
     pytorchjob.TARGET,
     ecs.TARGET,
+    trainjob.TARGET,
+    jobset.TARGET,
 )}
 
 # where the nodes come from
