@@ -107,6 +107,10 @@ def examples() -> dict[Path, str]:
     ddp = EXAMPLE_IMAGE.format(family="pytorch-ddp", tag="2.11.0-cu128-cudnn9-py310-ubuntu22.04")
     ray = EXAMPLE_IMAGE.format(family="ray-train", tag="2.11.0-ray2.60.0-cu128-cudnn9-py310-ubuntu22.04")
     specs = [
+        ManifestSpec("trainjob", ddp, (f"{contract.EXAMPLES}/ddp_grads.py",), name="ddp-grads", workers=2,
+                     gpus_per_worker=8, instance_type="p5.48xlarge", timeout_s=3600, max_restarts=1),
+        ManifestSpec("jobset", ddp, (f"{contract.EXAMPLES}/ddp_grads.py",), name="ddp-grads", workers=2,
+                     gpus_per_worker=8, instance_type="p4d.24xlarge", timeout_s=3600),
         ManifestSpec("mpijob", hvd, ("python", f"{contract.EXAMPLES}/allreduce_check.py", "torch"),
                      name="hvd-allreduce", workers=2, gpus_per_worker=8,
                      node_selector={"node.kubernetes.io/instance-type": "p4d.24xlarge"}),
