@@ -10,7 +10,8 @@ run-time limit), detach (SageMaker: return once the job has started). How the no
 (ssh_*, slots), pulled (pull) and wired (iface, master_port, rdzv, shm_size, workdir_limit,
 no_spot_watch) is the target's own: said to be ignored on stderr. What a target would silently
 drop and the job relies on (restarts, spares, the hang watch, mounts, the network gate) is refused,
-named. Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of other_tools.
+every such field named in one message; a description that can map one (trainjob, jobset: the
+timeout, restarts, mounts) maps it (its module's `maps`). Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of other_tools.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def node_count(cfg: Mapping[str, Any]) -> int | None:
 
 def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str], None] | None = None,
         session=None, force: bool = False) -> int:
-    """Submit (sagemaker) or write (mpijob, pytorchjob, ecs) the launch `given` (the flags over the
+    """Submit (sagemaker) or write (trainjob, jobset, mpijob, pytorchjob, ecs) the launch `given` (the flags over the
     job file; defaults() fill the rest): the exit code. The target's module does it (launch/targets/)."""
     from dtrain.launch.jobs import jobfile
 
