@@ -19,7 +19,6 @@ from dtrain.launch.jobs.launchers.torchrun import torchrun_argv
 from dtrain.launch.other_tools import crds, describe
 from dtrain.launch.other_tools import manifests as m
 from dtrain.launch.targets import jobset as js
-from dtrain.launch.targets.trainjob import model_problems
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/pytorch-ddp:TAG"
 SCHEMA = "crd-jobset-v1alpha2.json"
@@ -97,7 +96,7 @@ def test_the_schema_check_is_strict():
     assert f"{pod}.containers[0].resouces: unknown field 'resouces'" in found
     assert "spec.replicatedJobs[0].template.spec.parallelism: '3' is not of type 'integer'" in found
     assert "spec.failurePolcy: unknown field 'failurePolcy'" in found
-    assert model_problems(models.JobsetV1alpha2JobSet, bad) != []
+    assert describe.model_problems(models.JobsetV1alpha2JobSet, bad) != []
     with pytest.raises(describe.ManifestError, match=r"(?s)^JobSet \(JobSet v0.12.0 CRD.*resouces"):
         m.validate("jobset", bad)
     wrong_kind = {**doc, "apiVersion": "jobset.x-k8s.io/v1alpha1"}

@@ -120,6 +120,14 @@ def test_mpirun_runs_on_the_mpi_policy_with_sshd_on_2022():
     assert "x" not in [a for a in job["spec"]["trainer"]["args"]]  # the value: only in the Secret
 
 
+def test_the_runtime_of_a_namespaced_job_is_named_apart():
+    """ClusterTrainingRuntime is cluster-scoped: job-1 of two namespaces must not share one."""
+    runtime, job = _render(namespace="team-a")
+    assert runtime["metadata"]["name"] == job["spec"]["runtimeRef"]["name"] == "team-a-job-1-runtime"
+    assert "namespace" not in runtime["metadata"] and job["metadata"]["namespace"] == "team-a"
+    assert _render()[0]["metadata"]["name"] == "job-1-runtime"
+
+
 def test_a_cpu_job_asks_for_no_gpu_efa_or_capability():
     runtime, job = _render(workers=2)
     c = _pod(runtime)["containers"][0]
@@ -151,10 +159,10 @@ def test_the_schema_check_is_strict():
     assert "metadata.nme: unknown field 'nme'" in found
     assert any(p.startswith("spec.trainer.numProcPerNode: 8.5 is not") for p in found), found
     # the models too: a field they do not know, a value of another type
-    assert tj.model_problems(models.TrainerV1alpha1TrainJob, bad_job) != []
+    assert describe.model_problems(models.TrainerV1alpha1TrainJob, bad_job) != []
     wrong = copy.deepcopy(job)
     wrong["spec"]["trainer"]["numNodes"] = "4"
-    assert tj.model_problems(models.TrainerV1alpha1TrainJob, wrong) != []
+    assert describe.model_problems(models.TrainerV1alpha1TrainJob, wrong) != []
     assert crds.problems(TRAINJOB, wrong) == ["spec.trainer.numNodes: '4' is not of type 'integer'"]
     with pytest.raises(describe.ManifestError,
                        match=r"(?s)^TrainJob \+ ClusterTrainingRuntime .*TrainJob spec.trainer.imagee: unknown field"):

@@ -474,6 +474,22 @@ class Crd(Describer):
         return crds.problems(self.schema_file, doc)
 
 
+def model_problems(model: Any, doc: Any, where: str = "") -> list[str]:
+    """The field's own models (kubeflow-trainer-api): doc loads (types as the API's) and loads
+    back the same (no field the models do not know); one line per problem."""
+    import pydantic
+
+    try:
+        back = model.from_dict(doc)
+    except (pydantic.ValidationError, ValueError, TypeError, AttributeError) as e:
+        first = str(e).splitlines()
+        return [f"{where}{model.__name__}: " + " ".join(line.strip() for line in first[:3])]
+    if back is None or back.to_dict() != doc:
+        return [f"{where}{model.__name__}: the models load a different document (a field they do not know, "
+                "or of another type)"]
+    return []
+
+
 def boto_problems(service: str, op: str, params: Any) -> list[str]:
     """Every problem of a request against botocore's own model of the AWS API, one line each."""
     import botocore.session

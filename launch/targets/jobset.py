@@ -18,7 +18,6 @@ from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
 from dtrain.launch.other_tools import describe
 from dtrain.launch.other_tools.describe import ManifestSpec
 from dtrain.launch.targets.description import Description
-from dtrain.launch.targets.trainjob import model_problems
 
 API = "jobset.x-k8s.io/v1alpha2"
 SCHEMA = "crd-jobset-v1alpha2.json"
@@ -78,7 +77,7 @@ class JobSet(Description):
 
         from dtrain.launch.other_tools import crds
 
-        return crds.problems(SCHEMA, doc) + model_problems(models.JobsetV1alpha2JobSet, doc)
+        return crds.problems(SCHEMA, doc) + describe.model_problems(models.JobsetV1alpha2JobSet, doc)
 
 
 TARGET = JobSet()

@@ -36,7 +36,8 @@ RUNTIME_SCHEMA = "crd-clustertrainingruntime-v1alpha1.json"
 
 
 def runtime_name(spec: ManifestSpec) -> str:
-    return f"{spec.name}-runtime"
+    """The runtime's name: cluster-scoped, so a namespace's job does not take another's."""
+    return f"{spec.namespace}-{spec.name}-runtime" if spec.namespace else f"{spec.name}-runtime"
 
 
 def _mpi(spec: ManifestSpec, kind: Describer) -> bool:
@@ -107,22 +108,6 @@ def trainjob(spec: ManifestSpec, kind: Describer) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "TrainJob", "metadata": meta, "spec": body}
 
 
-def model_problems(model: Any, doc: Any, where: str = "") -> list[str]:
-    """The field's own models (kubeflow-trainer-api): doc loads (types as the API's) and loads
-    back the same (no field the models do not know); one line per problem."""
-    import pydantic
-
-    try:
-        back = model.from_dict(doc)
-    except (pydantic.ValidationError, ValueError, TypeError, AttributeError) as e:
-        first = str(e).splitlines()
-        return [f"{where}{model.__name__}: " + " ".join(line.strip() for line in first[:3])]
-    if back is None or back.to_dict() != doc:
-        return [f"{where}{model.__name__}: the models load a different document (a field they do not know, "
-                "or of another type)"]
-    return []
-
-
 class TrainJob(Description):
     name = "trainjob"
     filenames = {"trainjob": "trainjob.yaml"}
@@ -162,9 +147,9 @@ class TrainJob(Description):
             return ["(document): expected two documents, the ClusterTrainingRuntime then the TrainJob"]
         rt, job = doc
         return ([f"ClusterTrainingRuntime {p}" for p in crds.problems(RUNTIME_SCHEMA, rt)]
-                + model_problems(models.TrainerV1alpha1ClusterTrainingRuntime, rt)
+                + describe.model_problems(models.TrainerV1alpha1ClusterTrainingRuntime, rt)
                 + [f"TrainJob {p}" for p in crds.problems(TRAINJOB_SCHEMA, job)]
-                + model_problems(models.TrainerV1alpha1TrainJob, job))
+                + describe.model_problems(models.TrainerV1alpha1TrainJob, job))
 
 
 TARGET = TrainJob()
