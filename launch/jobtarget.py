@@ -10,7 +10,8 @@ run-time limit), detach (SageMaker: return once the job has started). How the no
 (ssh_*, slots), pulled (pull) and wired (iface, master_port, rdzv, shm_size, workdir_limit,
 no_spot_watch) is the target's own: said to be ignored on stderr. What a target would silently
 drop and the job relies on (restarts, spares, the hang watch, mounts, the network gate) is refused,
-named. Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of other_tools.
+every such field named in one message; a description that can map one (trainjob, jobset: the
+timeout, restarts, mounts) maps it (its module's `maps`). Here, not in launch/jobs: running jobs (launch/jobs) uses nothing of other_tools.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ __all__ = ["check_fields", "env", "node_count", "run"]
 
 
 def check_fields(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """LaunchError for the first field the target cannot take (one line: the flag and the target);
-    returns the flags it ignores."""
+    """LaunchError naming every field given that the target cannot take, in one line (one field:
+    `--spares: not for --target T ...`, as a job file's line names it); returns the flags it ignores."""
     target = targets.get(cfg["target"])
-    for key in target.refused:
-        if _given(cfg, key):
-            raise LaunchError(f"{flag(key)}: not for --target {target.name} (it runs on the nodes dtrain launches: "
-                              f"--target nodes); take it out for {target.name}")
+    refused = [flag(key) for key in target.refused if _given(cfg, key)]
+    if refused:
+        raise LaunchError(f"{', '.join(refused)}: not for --target {target.name} (it runs on the nodes dtrain "
+                          f"launches: --target nodes); take {'it' if len(refused) == 1 else 'them'} out for "
+                          f"{target.name}")
     return [flag(k) for k in target.ignored if _given(cfg, k) and cfg.get(k) != defaults.get(k)]
 
 
@@ -53,7 +55,7 @@ def node_count(cfg: Mapping[str, Any]) -> int | None:
 
 def run(given: Mapping[str, Any], output: str | None = None, err: Callable[[str], None] | None = None,
         session=None, force: bool = False) -> int:
-    """Submit (sagemaker) or write (mpijob, pytorchjob, ecs) the launch `given` (the flags over the
+    """Submit (sagemaker) or write (trainjob, jobset, mpijob, pytorchjob, ecs) the launch `given` (the flags over the
     job file; defaults() fill the rest): the exit code. The target's module does it (launch/targets/)."""
     from dtrain.launch.jobs import jobfile
 

@@ -1,31 +1,62 @@
-"""What the targets that write a job description (mpijob.py, pytorchjob.py, ecs.py) share: the
-description rendered by launch/other_tools/manifests.py (as `dtrain manifest --for T` does),
-checked, written to --output or stdout."""
+"""What the targets that write a job description (mpijob.py, pytorchjob.py, ecs.py, trainjob.py,
+jobset.py) share: each is also the `Describer` of its kind (launch/other_tools/describe.py), so
+`dtrain manifest --for T` and `dtrain launch --target T` write the same document; here the launch's
+fields become its spec, checked, rendered, written to --output or stdout."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from dtrain import values
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.other_tools.describe import Describer
 from dtrain.launch.targets.base import IGNORED, REFUSED, Target
 from dtrain.launch.targets.common import env
 
+# beyond image, command, name, env, workers: the tool, not dtrain, times and waits for the job,
+# and the image holds the code
+_REFUSED = REFUSED + ("timeout", "role")
+_IGNORED = IGNORED + ("workdir", "detach")
 
-class Description(Target):
+
+class Description(Target, Describer):
     writes = True
-    # beyond image, command, name, env, workers: the tool, not dtrain, times and waits for the job,
-    # and the image holds the code
-    refused = REFUSED + ("timeout", "role")
-    ignored = IGNORED + ("workdir", "detach")
-    # takes --instance-type: its GPUs and EFA interfaces per pod (manifests.py), as `dtrain manifest`
+    refused = _REFUSED
+    ignored = _IGNORED
+    # takes --instance-type: its GPUs and EFA interfaces per pod (describe.py), as `dtrain manifest`
     instance_type: ClassVar[bool] = True
+    # launch fields of _REFUSED/_IGNORED the kind maps into its document (timeout, max_restarts,
+    # mount, iface: ManifestSpec's fields of the same meaning); the rest stay refused or ignored
+    maps: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.refused = tuple(k for k in _REFUSED if k not in cls.maps)
+        cls.ignored = tuple(k for k in _IGNORED if k not in cls.maps)
+
+    def mapped(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """The ManifestSpec fields of the launch fields the kind maps (None: not given)."""
+        from dtrain.launch.jobs import container, jobfile
+
+        out: dict[str, Any] = {}
+        if "timeout" in self.maps and cfg.get("timeout") is not None:
+            out["timeout_s"] = max(1, math.ceil(float(jobfile.number("timeout", cfg["timeout"]))))
+        if "max_restarts" in self.maps and cfg.get("max_restarts") is not None:
+            out["max_restarts"] = int(jobfile.number("max_restarts", cfg["max_restarts"]))
+        if "mount" in self.maps and cfg.get("mount"):
+            for m in cfg["mount"]:
+                container.parse_mount(m)  # one line naming --mount where it is wrong
+            out["mounts"] = tuple(cfg["mount"])
+        if "iface" in self.maps and cfg.get("iface"):
+            out["iface"] = values.name("--iface", cfg["iface"], 15)  # as a launch on nodes checks it
+        return out
 
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         from dtrain.launch.jobs.jobfile import COMMAND_TEXT  # the file's `command:` named as such (located)
-        from dtrain.launch.other_tools import manifests as mf
+        from dtrain.launch.other_tools import describe
 
         if cfg["instance_type"] is not None and not self.instance_type:
             raise LaunchError(f"--instance-type: not for --target {self.name}; take it out for {self.name}")
@@ -35,18 +66,18 @@ class Description(Target):
         if cfg["name"] is not None:
             values.name("--name", cfg["name"])
         env_items = [f"{k}={v}" for k, v in env(cfg).items()]
-        mf.check_output(output, force)
+        describe.check_output(output, force)
         try:
-            spec = mf.spec_from_args(
-                self.name, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
-                env=env_items, launcher=launcher, instance_type=cfg["instance_type"])
-            text = mf.render(spec)
-        except mf.CommandRefused as e:  # the command may be the job file's: named as `command` (jobfile.located)
+            spec = describe.spec_from_args(
+                self, cfg["image"], list(cfg["command"]), workers=count or 2, name=cfg["name"] or "dtrain-job",
+                env=env_items, launcher=launcher, instance_type=cfg["instance_type"], **self.mapped(cfg))
+            text = describe.render(spec, self)
+        except describe.CommandRefused as e:  # the command may be the job file's: named as `command` (jobfile.located)
             raise LaunchError(f"{COMMAND_TEXT}: {e.why.replace('--for ', '--target ')}; give no command") from None
         except LaunchError as e:  # `dtrain manifest`'s words: --for is --target here
             raise type(e)(str(e).replace("--for ", "--target ")) from None
         note()
-        for line in mf.placeholders(spec, via="launch"):  # what it filled in, named (no values)
+        for line in self.notes(spec, via="launch"):  # what it filled in, named (no values)
             err(line)
-        print(mf.write(text, output, force), end="")
+        print(describe.write(text, output, force), end="")
         return 0
