@@ -190,9 +190,9 @@ NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_ta
 LAUNCH_TASK_ONLY_HELP = {
     "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
     "file": "the same as -f",
-    "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs: the "
-            "job description)",
-    "output": "--target mpijob|pytorchjob|ecs: write the description to this file instead of stdout",
+    "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs|trainjob|jobset: "
+            "the job description)",
+    "output": "--target mpijob|pytorchjob|ecs|trainjob|jobset: write the description to this file instead of stdout",
     "force": "with --output: replace the file there even where dtrain did not write it",
 }
 
@@ -934,7 +934,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
 
 
 @task(iterable=["env", "node_selector"], help={
-    "for_": "mpijob, pytorchjob, ecs or sagemaker",
+    "for_": "trainjob, jobset, mpijob, pytorchjob, ecs or sagemaker",
     "image": "image reference (built here, pushed with dtrain push)",
     "workers": "workers / replicas / instances (default 2)",
     "gpus_per_worker": "GPUs per worker (0: CPU; default: --instance-type's, else 0)",
@@ -963,7 +963,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
              output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False):
-    """Job description for Kubeflow MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
+    """Job description for Kubeflow Trainer v2 (TrainJob), JobSet, MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
     from dtrain.launch.other_tools import manifests as mf
@@ -973,7 +973,7 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
     with user_errors():
         _image_flag(image)
         if for_ is not None:
-            _choice_flag("--for", for_, ("mpijob", "pytorchjob", "ecs", "sagemaker"))
+            _choice_flag("--for", for_, mf.TARGETS)
         values.name("--name", name)
         values.env_pairs("--env", env)
         if launcher is not None:

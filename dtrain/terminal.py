@@ -38,3 +38,15 @@ def clean(text: object, *, colour: bool = False, lines: bool = False) -> str:
     if _CONTROL.search(s) is None:  # the common case: one scan, no copy
         return s
     return _CONTROL.sub(_keep_colour if colour else "", s)
+
+
+def shown(text: str) -> str:
+    """text with every character that is not printable (escape sequences, carriage returns,
+    bidirectional overrides) written as a visible escape (\\x1b, \\u202e); a tab stays. For
+    output the user asked to see as it is (`dtrain exec`): nothing in it can move the cursor,
+    retitle the window or hide text, and nothing is silently dropped either."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000
+                    else f"\\U{ord(c):08x}") for c in text)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain import contract, outfile, values
+from dtrain.terminal import shown
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote import reach as rr
 from dtrain.launch.remote.fanout import NodeResult
@@ -187,7 +188,7 @@ def exec_on(name: str, command: Sequence[str], *, container: bool = False, job: 
             timeout: float | None = None, ssh_opt: Sequence[str] | None = None,
             line: Callable[[str], None] = print) -> tuple[int, list[NodeResult], str]:
     """command on every node of cluster name at once, each line of its output passed to line()
-    as `[node-I] text` (cleaned: rr.clean). (exit code: 0 where every node succeeded, else 1;
+    as `[node-I] text` (control characters shown as escapes: terminal.shown). (exit code: 0 where every node succeeded, else 1;
     the results; "" or the one line naming the failed nodes)."""
     from dtrain.launch.remote.transport import SshTransport
 
@@ -205,5 +206,5 @@ def exec_on(name: str, command: Sequence[str], *, container: bool = False, job: 
 def failure_line(results: Sequence[NodeResult], tags: dict[str, str], command: Sequence[str]) -> str:
     """One line: which nodes failed and how (their text cleaned)."""
     failed = [r for r in results if not r.ok]
-    what = "; ".join(f"{tags[r.host]} ({r.host}): {rr.clean(r.error or 'failed')}" for r in failed)
-    return f"{rr.clean(command[0])} failed on {len(failed)} of {len(results)} nodes: {what}"
+    what = "; ".join(f"{tags[r.host]} ({r.host}): {shown(r.error or 'failed')}" for r in failed)
+    return f"{shown(command[0])} failed on {len(failed)} of {len(results)} nodes: {what}"

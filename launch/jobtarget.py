@@ -1,7 +1,8 @@
 """`dtrain launch`'s dispatch: the launch (launch/jobs/config.py LaunchConfig, flags over the job
 file) run where its `target` says: on its nodes (launch/launching.py), submitted as a SageMaker
 training job (targets/sagemaker.py) or written as a job description for another tool
-(targets/mpijob.py, pytorchjob.py, ecs.py; launch/other_tools/manifests.py renders it).
+(targets/mpijob.py, pytorchjob.py, ecs.py, trainjob.py, jobset.py: each also the Describer of
+its kind, launch/other_tools/describe.py).
 
 Each target declares what it does with every launch field (targets/base.py Target): refused
 (everything it cannot honour, named in one message: `--spares, job.yaml:7: mount: not for

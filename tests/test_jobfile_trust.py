@@ -443,6 +443,27 @@ def test_check_hosts_asks_only_where_the_file_chose(tmp_path):
         trust.check_hosts(nodes, {"ssh_opt": "j.yaml:3"}, opts, ask=lambda q: False)
 
 
+def test_a_jump_host_the_file_names_must_be_known_too(tmp_path):
+    """A known node behind a jump host the user never connected to: ssh would connect to the jump
+    host first (with the user's key), so it is asked about like a node; a known jump host passes."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "hk")], check=True)
+    kind, key = (tmp_path / "hk.pub").read_text().split()[:2]
+    kh = tmp_path / "kh"
+    kh.write_text(f"node.example {kind} {key}\n[bastion.example]:2200 {kind} {key}\n")
+    cfg = tmp_path / "cfg"
+    cfg.write_text(f"Host *\n  UserKnownHostsFile {kh}\n  GlobalKnownHostsFile /dev/null\n")
+    nodes, opts = [Node("node.example")], ["-F", str(cfg)]
+    trust.check_hosts(nodes, {"hosts": "j.yaml:2"}, opts, ask=None)  # the node is known, no jump: passes
+    with pytest.raises(LaunchError, match=r"^j\.yaml:4: ssh_opt: .*: evil\.example \(jump host\); nothing was sent"):
+        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=u@evil.example:22"], ask=None)
+    with pytest.raises(LaunchError, match=r": evil\.example \(jump host\)"):  # the second hop of a chain
+        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=bastion.example:2200,evil.example"],
+                          ask=None)
+    with pytest.raises(LaunchError, match=r": evil\.example \(jump host\)"):  # a hostfile's jump=
+        trust.check_hosts([Node("node.example", jump="evil.example")], {"hostfile": "j.yaml:1"}, opts, ask=None)
+    trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=bastion.example:2200"], ask=None)
+
+
 # ---------------------------------------------------------------- --dump of a job file
 
 

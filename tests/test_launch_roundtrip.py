@@ -267,15 +267,3 @@ def test_every_target_says_what_it_does_with_every_field():
         sm_only = {"role", "on_demand", "max_wait", "volume_size", "input"}
         assert (sm_only <= honoured) == (name == "sagemaker"), name
 
-
-@pytest.mark.parametrize("target", ["mpijob", "pytorchjob"])
-def test_kubernetes_targets_map_the_timeout_to_the_jobs_deadline(tmp_path, target):
-    cfg = config.build({"image": IMAGE, "command": ["python", "t.py"], "hosts": "h1:2,h2:2", "timeout": "3600.5",
-                        "target": target, "launcher": "torchrun" if target == "pytorchjob" else "mpirun"})
-    from dtrain.launch import jobtarget
-
-    out = tmp_path / "job.yaml"
-    assert jobtarget.run(cfg, output=str(out), err=lambda line: None) == 0
-    doc = mf.load(target, out.read_text())
-    assert mf.problems(target, doc) == []
-    assert doc["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "activeDeadlineSeconds": 3601}

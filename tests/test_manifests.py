@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtrain.launch.jobs import container
+from dtrain.launch.jobs import container, sagemaker
 from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv, training_env
 from dtrain.launch.jobs.launchers.ray import ray_head_argv, ray_worker_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env
@@ -112,11 +112,20 @@ def test_wrong_kind_is_named():
 
 
 def test_stored_schemas_name_their_source():
-    for name in ("mpijob-v2beta1.yaml", "pytorchjob-v1.yaml"):
-        head = (m.SCHEMAS / name).read_text().split("\nproperties:")[0]
-        assert "Source: https://github.com/kubeflow/" in head and "Apache-2.0" in head
-    assert "mpi-operator/blob/v0.4.0/" in (m.SCHEMAS / "mpijob-v2beta1.yaml").read_text()
-    assert "training-operator/blob/v1.7.0/" in (m.SCHEMAS / "pytorchjob-v1.yaml").read_text()
+    """Each CRD schema is its project's own, of a named release (crds.py writes the note)."""
+    from dtrain.launch.other_tools import crds
+
+    releases = {"crd-mpijob-v2beta1.json": "kubeflow/mpi-operator/blob/v0.8.0/",
+                "crd-pytorchjob-v1.json": "kubeflow/trainer/blob/v1.9.4/",
+                "crd-trainjob-v1alpha1.json": "kubeflow/trainer/blob/v2.3.0/",
+                "crd-clustertrainingruntime-v1alpha1.json": "kubeflow/trainer/blob/v2.3.0/",
+                "crd-jobset-v1alpha2.json": "kubernetes-sigs/jobset/blob/v0.12.0/"}
+    assert {p.name for p in m.SCHEMAS.glob("crd-*.json")} == set(releases)
+    for name, release in releases.items():
+        note = crds.stored(name)["$comment"]
+        assert f"Source: https://github.com/{release}" in note and "Apache-2.0" in note and "commit " in note
+    assert crds.kind("crd-mpijob-v2beta1.json") == ("kubeflow.org/v2beta1", "MPIJob")
+    assert crds.kind("crd-pytorchjob-v1.json") == ("kubeflow.org/v1", "PyTorchJob")
     total = sum(p.stat().st_size for p in m.SCHEMAS.iterdir())
     assert total < 2_000_000
 
@@ -130,13 +139,15 @@ def _fields(schema):
     return set(schema.get("properties", {}))
 
 
-def test_pytorchjob_schema_fields_equal_training_operator_v1_7_0_sdk():
+def test_pytorchjob_schema_fields_equal_training_operator_v1_9_4_sdk():
     from kubeflow.training import models as sdk
+
+    from dtrain.launch.other_tools import crds
 
     def names(cls):
         return {cls.attribute_map[a] for a in cls.openapi_types}
 
-    crd = yaml.safe_load((m.SCHEMAS / "pytorchjob-v1.yaml").read_text())
+    crd = crds.stored("crd-pytorchjob-v1.json")
     s = crd["properties"]["spec"]
     assert _fields(crd) == names(sdk.KubeflowOrgV1PyTorchJob)
     assert _fields(s) == names(sdk.KubeflowOrgV1PyTorchJobSpec)
@@ -342,7 +353,7 @@ def test_sagemaker_request_contract():
     # one instance: mpirun needs no ssh key, so no `dtrain` channel
     assert d["InputDataConfig"] == [{"ChannelName": "code", "InputMode": "File", "DataSource": {"S3DataSource": {
         "S3DataType": "S3Prefix", "S3Uri": "s3://bkt/out/job-1/code/", "S3DataDistributionType": "FullyReplicated"}}}]
-    assert d == m.sagemaker.create_training_job_request(m.sagemaker_job(spec(
+    assert d == sagemaker.create_training_job_request(m.sagemaker_job(spec(
         "sagemaker", role_arn="arn:aws:iam::111122223333:role/Train", output_s3="s3://bkt/out", gpus_per_worker=8)))
 
 

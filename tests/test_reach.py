@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dtrain import ROOT, contract
+from dtrain.terminal import shown
 from dtrain.cli import reach_argv
 from dtrain.launch import clusters
 from dtrain.launch.errors import LaunchError
@@ -100,7 +101,7 @@ def test_config_block_refuses_a_value_it_cannot_write(value):
 
 def test_a_nodes_text_cannot_drive_the_terminal():
     assert rr.tagged("node-1", "hi\tthere") == "[node-1] hi\tthere"
-    assert rr.clean("\x1b]0;owned\x07red \x1b[31mx\r\u202eevil\x9b") == \
+    assert shown("\x1b]0;owned\x07red \x1b[31mx\r\u202eevil\x9b") == \
         "\\x1b]0;owned\\x07red \\x1b[31mx\\x0d\\u202eevil\\x9b"
 
 

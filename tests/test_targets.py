@@ -35,11 +35,10 @@ def _compared(names: tuple[str, ...]) -> re.Pattern:
 
 
 def _python_files() -> list[Path]:
-    # launch/other_tools/ is `dtrain manifest --for KIND`'s renderer (the description targets call it):
-    # its kinds share the names; so does the `manifest` task's --for (for_)
+    # launch/other_tools/ (`dtrain manifest --for KIND`) included: each kind is its target's module
+    # (issue 48); the `manifest` task's --for (for_) shares the names
     skip = {".venv", "tests", ".git", "node_modules"}
-    return [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts)
-            and TARGET_DIR not in p.parents and (ROOT / "launch" / "other_tools") not in p.parents]
+    return [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts) and TARGET_DIR not in p.parents]
 
 
 def test_no_target_name_compared_outside_the_target_modules():
@@ -83,11 +82,13 @@ def test_the_registry():
     assert targets.names()[0] == "nodes"  # the default leads the choices
     assert all(targets.get(n).name == n for n in targets.names())
     assert targets.names(on_nodes=True) == ("nodes",)
-    assert targets.names(writes=True) == ("mpijob", "pytorchjob", "ecs")
+    assert targets.names(writes=True) == ("mpijob", "pytorchjob", "ecs", "trainjob", "jobset")
+    # the kinds `dtrain manifest --for` writes: the registry's targets that describe a job
+    assert tuple(targets.describers()) == ("sagemaker", "mpijob", "pytorchjob", "ecs", "trainjob", "jobset")
     assert tuple(targets.PROVIDERS) == ("local", "ssh", "ec2")
     with pytest.raises(LaunchError) as e:
         targets.get("slurm")
-    assert str(e.value) == "--target 'slurm': expected one of nodes, sagemaker, mpijob, pytorchjob, ecs"
+    assert str(e.value) == "--target 'slurm': expected one of nodes, sagemaker, mpijob, pytorchjob, ecs, trainjob, jobset"
     with pytest.raises(LaunchError, match=r"^no node provider 'gcp': expected one of local, ssh, ec2$"):
         targets.provider("gcp")
 
@@ -103,7 +104,7 @@ def test_refused_and_ignored_per_target():
     with pytest.raises(LaunchError, match=r"^--max-restarts and --timeout: not for --target ecs \(.*take "
                                           r"them out for ecs$"):
         jobtarget.check_fields(config.build({**flags, "target": "ecs"}))
-    assert "timeout" not in targets.get("pytorchjob").refused  # its runPolicy.activeDeadlineSeconds
+    assert "timeout" not in targets.get("trainjob").refused  # its activeDeadlineSeconds
     # a flag given as the default cancels the file's value: nothing to refuse
     assert jobtarget.check_fields(config.build({**flags, "target": "pytorchjob", "max_restarts": "0",
                                                 "timeout": None})) == ["--workdir"]

@@ -47,7 +47,7 @@ from dtrain.launch.remote.hosts import MAX_SLOTS
 
 # Where a launch runs: its nodes (the default), a SageMaker training job, or the description of one
 # for another tool (launch/other_tools/manifests.py), written for the user to submit.
-TARGETS = ("nodes", "sagemaker", "mpijob", "pytorchjob", "ecs")
+TARGETS = ("nodes", "sagemaker", "mpijob", "pytorchjob", "ecs", "trainjob", "jobset")
 
 PATH_KEYS = ("hostfile", "env_file", "workdir", "ssh_key", "ssh_config")
 
@@ -178,8 +178,8 @@ class JobFile(BaseModel):
         "refused, an ended one's is reused"))
     target: Optional[Literal[TARGETS]] = Field(None, description=(
         "where the job runs: nodes (default: the nodes given, in containers), sagemaker (a training job: "
-        "--instance-type, --role; as many instances as nodes), mpijob, pytorchjob or ecs (the job "
-        "description, printed or --output)"), json_schema_extra={"launch_default": "nodes"})
+        "--instance-type, --role; as many instances as nodes), mpijob, pytorchjob, ecs, trainjob (Kubeflow "
+        "Trainer v2) or jobset (the job description, printed or --output)"), json_schema_extra={"launch_default": "nodes"})
     instance_type: Optional[str] = Field(None, description="--target sagemaker: the instances' type, e.g. ml.g5.12xlarge")
     role: Optional[str] = Field(None, description="--target sagemaker: the SageMaker execution role ARN")
     on_demand: Optional[bool] = Field(None, description=(

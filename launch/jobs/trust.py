@@ -105,14 +105,14 @@ def interactive() -> bool:
 def check_hosts(nodes: Sequence[Node], by_file: Mapping[str, str], ssh_opts: Sequence[str], *,
                 ask: Callable[[str], bool] | None = None) -> None:
     """Where the job file chose the nodes or the ssh route to them (HOST_KEYS in by_file: {key:
-    "FILE:LINE"}), each host must be in the user's known_hosts (known_hosts.unknown, as ssh would
-    look it up with ssh_opts), or be confirmed: ask (default: y/N at a terminal); without one,
+    "FILE:LINE"}), each host must be in the user's known_hosts (known_hosts.unknown_route, as ssh would
+    look it up with ssh_opts), and so must every jump host on the way to them, or be confirmed: ask (default: y/N at a terminal); without one,
     LaunchError naming the hosts and what to do. Before the first ssh: nothing is sent to a host
     this refuses, the registry login included. Hosts the command line chose are not asked about."""
     keys = [k for k in HOST_KEYS if k in by_file]
     if not keys or not nodes:
         return
-    new = [n.host for n in known_hosts.unknown(nodes, ssh_opts)]
+    new = known_hosts.unknown_route(nodes, ssh_opts)
     if not new:
         return
     at, key = by_file[keys[0]], keys[0]

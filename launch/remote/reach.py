@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Sequence
 
 from dtrain import contract
+from dtrain.terminal import shown
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 
@@ -124,21 +125,6 @@ def login_argv(node: Node, recorded: Sequence[tuple[str, str]], command: Sequenc
     return argv
 
 
-_SHOWN = {"\t": "\t"}
-
-
-def clean(text: str) -> str:
-    """A node's text as a terminal may show it: every character that is not printable (escape
-    sequences, carriage returns, bidirectional overrides) written as a visible escape (\\x1b,
-    \\u202e); a tab stays. What a node sends is not the user's: it must not move the cursor,
-    retitle the window or hide text."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in _SHOWN else
-                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000
-                    else f"\\U{ord(c):08x}") for c in text)
-
-
 def tagged(tag: str, line: str) -> str:
-    """`[tag] line`, the line cleaned."""
-    return f"[{tag}] {clean(line)}"
+    """`[tag] line`, the line with control characters shown as escapes (terminal.shown)."""
+    return f"[{tag}] {shown(line)}"

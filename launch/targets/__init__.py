@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dtrain import values
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.other_tools.describe import Describer
 from dtrain.launch.remote.hosts import Node, apply_ssh_defaults
-from dtrain.launch.targets import ec2, ecs, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh
+from dtrain.launch.targets import (ec2, ecs, jobset, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh,
+                                   trainjob)
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
 
-__all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "get",
+__all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "describers", "get",
            "named", "names", "nodes", "provider", "spot_notice", "ssh_opts"]
 
 # --target values; the first is the default.
@@ -21,6 +23,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     mpijob.TARGET,
     pytorchjob.TARGET,
     ecs.TARGET,
+    trainjob.TARGET,
+    jobset.TARGET,
 )}
 
 # where the nodes come from
@@ -37,6 +41,12 @@ _NAMED_BY = (("hostfile", "--hostfile FILE"), ("hosts", "--hosts h1:4,h2:4"), ("
 def names(**having: bool) -> tuple[str, ...]:
     """The --target choices (the default first), e.g. names(writes=True)."""
     return tuple(n for n, t in TARGETS.items() if all(getattr(t, k) == v for k, v in having.items()))
+
+
+def describers() -> dict[str, Describer]:
+    """The targets that are also a kind of job description (`dtrain manifest --for NAME`), in
+    the registry's order."""
+    return {n: t for n, t in TARGETS.items() if isinstance(t, Describer)}
 
 
 def get(name: str) -> Target:
