@@ -268,7 +268,7 @@ def sagemaker_job(spec: ManifestSpec) -> sagemaker.TrainingJob:
     workdir upload). Across instances mpirun needs the job key: the `dtrain` channel points at
     OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
     launcher = spec.launcher or "mpirun"
-    needs_key = spec.workers > 1 and launchers.get(launcher).needs_ssh
+    needs_key = spec.workers > 1 and launchers.get(launcher).ranks_over_ssh
     job_s3 = f"{spec.output_s3.rstrip('/')}/{spec.name}"
     return sagemaker.TrainingJob(
         name=spec.name, image=spec.image, role_arn=spec.role_arn, command=spec.command,
