@@ -791,7 +791,7 @@ class Job:
         if not r.ok:
             said = [ln.strip() for ln in (r.stderr + r.stdout).splitlines()
                     if ln.strip() and not ln.startswith(contract.READY_SAYS)]
-            raise LaunchError(f"--launcher {self.launcher.name}: its check in the image ({shlex.join(argv)}) failed on "
+            raise LaunchError(f"--launcher {self.launcher.name}: the image fails the launcher's check on "
                               f"{facts[0].hostname}: {said[-1] if said else r.error or 'no output'}")
         found = self.launcher.preflight_result(r.stdout)
         self.say(f"[launch] sshd reachable on every node; {found.said} ({time.monotonic() - t0:.1f} s)")
