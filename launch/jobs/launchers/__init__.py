@@ -14,6 +14,7 @@ from dtrain.launch.jobs import runplan
 from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.launchers.accelerate import Accelerate
 from dtrain.launch.jobs.launchers.base import Attempt, Launcher, plan_nodes
+from dtrain.launch.jobs.launchers.deepspeed import DeepSpeed
 from dtrain.launch.jobs.launchers.horovodrun import Horovodrun
 from dtrain.launch.jobs.launchers.mpirun import Mpirun
 from dtrain.launch.jobs.launchers.ray import Ray
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["LAUNCHERS", "Attempt", "Launcher", "attempt", "attempt_argv", "choices", "env_file", "get", "launch_command", "names",
            "plan_nodes"]
 
-LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate)}
+LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate,
+                                                     DeepSpeed)}
 
 def names(**having: bool) -> tuple[str, ...]:
     """The launchers' names, in registry order; having: only those whose properties have these
