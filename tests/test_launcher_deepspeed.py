@@ -41,14 +41,14 @@ def test_one_deepspeed_command_in_the_first_container_with_its_hostfile():
     assert att.files == ((HOSTFILE, "10.0.0.1 slots=2\n10.0.0.2 slots=2\n10.0.0.3 slots=2\n"),)
     assert att.env == (("DS_ACCELERATOR", "cpu"),)  # CPU nodes: DeepSpeed's CPU accelerator
     [argv] = att.argvs
-    assert list(argv[:15]) == [
+    assert list(argv[:16]) == [
         "deepspeed", "--hostfile", f"{contract.CONTAINER_JOB_DIR}/{HOSTFILE}", "--launcher", "openmpi",
-        "--master_addr", "10.0.0.1", "--master_port", "29500", "--no_ssh_check", "--no_python",
-        "--log_level", "warning", "--launcher_args", argv[14]]
+        "--master_addr", "10.0.0.1", "--master_port", "29500", "--no_ssh_check", "--force_multi", "--no_python",
+        "--log_level", "warning", "--launcher_args", argv[15]]
     # each rank: rank_output.py tags its lines, RANK_ENV gives torch.distributed its variables
-    assert list(argv[15:]) == [*runplan.RANK_OUTPUT_HEAD, run.rank_output, *runplan.RANK_OUTPUT_HEAD, RANK_ENV,
+    assert list(argv[16:]) == [*runplan.RANK_OUTPUT_HEAD, run.rank_output, *runplan.RANK_OUTPUT_HEAD, RANK_ENV,
                                "python", "train.py", "--lr", "0.1"]
-    mpi = shlex.split(argv[14])  # what DeepSpeed's runner hands mpirun
+    mpi = shlex.split(argv[15])  # what DeepSpeed's runner hands mpirun
     pairs = dict(zip(mpi[1::2], mpi[2::2]))
     assert mpi[:4] == ["--bind-to", "none", "--map-by", "slot"]
     mca = {a: b for f, a, b in zip(mpi, mpi[1:], mpi[2:]) if f == "--mca"}
@@ -65,7 +65,7 @@ def test_gpu_nodes_open_mpi_5_and_the_users_mca():
     run = launchers.launch_command(spec(extra_mca=(("btl_tcp_links", "4"),)), ompi=5)
     att = launchers.attempt(run, launchers.plan_nodes(facts(gpus=8)))
     assert att.env == ()
-    mpi = shlex.split(att.argvs[0][14])
+    mpi = shlex.split(att.argvs[0][15])
     mca = {a: b for f, a, b in zip(mpi, mpi[1:], mpi[2:]) if f == "--mca"}
     assert "plm_ssh_args" in mca and "plm_rsh_args" not in mca  # Open MPI 5 (PRRTE)
     assert mca["btl_tcp_links"] == "4" and "DS_ACCELERATOR=cpu" not in mpi
@@ -96,7 +96,7 @@ def test_the_launcher_as_the_launch_and_the_supervisor_use_it():
 def test_nodes_whose_nics_differ_go_by_subnet():
     run = launchers.launch_command(spec(), subnet="10.0.0.0/16")
     argv = launchers.attempt(run, launchers.plan_nodes(facts())).argvs[0]
-    mpi = shlex.split(argv[14])
+    mpi = shlex.split(argv[15])
     mca = {a: b for f, a, b in zip(mpi, mpi[1:], mpi[2:]) if f == "--mca"}
     assert mca["btl_tcp_if_include"] == "10.0.0.0/16"
     assert argv[-5:] == (f"{contract.NODE_DIR}/node_env.sh", "python", "train.py", "--lr", "0.1")

@@ -20,6 +20,8 @@ OpenMPIRunner), every rank's lines tagged by launch/node/rank_output.py.
 - CPU nodes (no GPU on any): DS_ACCELERATOR=cpu for the runner and every rank (DeepSpeed's
   accelerator; its ops are not built: DS_BUILD_OPS=0 is DeepSpeed's own default for a pip
   install). A CPU job's ranks join with deepspeed.init_distributed(dist_backend="gloo").
+- `--force_multi`: Open MPI on one node too (a restart left with one node), where DeepSpeed
+  would otherwise start its ranks itself, without Open MPI's variables or rank_output.py.
 - `--no_ssh_check`: DeepSpeed's check ssh'es on port 22; the launch's readiness check reached
   every node's sshd on 2022 already. `--log_level warning`: DeepSpeed's runner logs its whole
   mpirun command at info (rank_output.py's text in it).
@@ -105,7 +107,7 @@ class DeepSpeed(Launcher):
             command = [*runplan.RANK_OUTPUT_HEAD, RANK_ENV, nic.NODE_ENV_WRAPPER, *run.command]
         argv = ["deepspeed", "--hostfile", f"{run.files_dir}/{HOSTFILE}", "--launcher", "openmpi",
                 "--master_addr", nodes[0].address, "--master_port", str(run.master_port),
-                "--no_ssh_check", "--no_python", "--log_level", "warning",
+                "--no_ssh_check", "--force_multi", "--no_python", "--log_level", "warning",
                 "--launcher_args", shlex.join(launcher_args(run, nodes, cpu)),
                 *runplan.rank_output_argv(run.rank_output, command)]
         return attempt_of([argv], env={"DS_ACCELERATOR": "cpu"} if cpu else {},
