@@ -47,7 +47,7 @@ def test_one_deepspeed_command_in_the_first_container_with_its_hostfile():
         "--log_level", "warning", "--launcher_args", argv[15]]
     # each rank: rank_output.py tags its lines, RANK_ENV gives torch.distributed its variables
     assert list(argv[16:]) == [*runplan.RANK_OUTPUT_HEAD, run.rank_output, *runplan.RANK_OUTPUT_HEAD, RANK_ENV,
-                               "python", "train.py", "--lr", "0.1"]
+                               "-", "python", "train.py", "--lr", "0.1"]
     mpi = shlex.split(argv[15])  # what DeepSpeed's runner hands mpirun
     pairs = dict(zip(mpi[1::2], mpi[2::2]))
     assert mpi[:4] == ["--bind-to", "none", "--map-by", "slot"]
@@ -59,6 +59,33 @@ def test_one_deepspeed_command_in_the_first_container_with_its_hostfile():
     assert {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "GLOO_SOCKET_IFNAME=ens5", "NCCL_SOCKET_IFNAME=ens5",
             "DS_ACCELERATOR=cpu", "HF_TOKEN", runplan.RESTART_VAR, "DTRAIN_CHECKPOINT_DIR"} <= set(exports)
     assert pairs and "s3cret" not in str(att)  # --env values: the node's file, never the argv
+
+
+def test_env_deepspeed_would_export_with_its_value_reaches_the_ranks_from_the_env_file():
+    """DeepSpeed's runner puts MLFLOW_*, PYTHON*, UCX_*, MV2_*, NCCL_* of its environment into
+    mpirun's argv with their values: such --env names leave its environment (env --unset), and
+    each rank reads them from its node's env file (RANK_ENV)."""
+    run, att = _attempt(env={"MLFLOW_TRACKING_TOKEN": "s3cret", "HF_TOKEN": "t0ken"})
+    [argv] = att.argvs
+    assert list(argv[:3]) == ["env", "--unset=MLFLOW_TRACKING_TOKEN", "deepspeed"]
+    i = argv.index(RANK_ENV)
+    assert argv[i + 1] == "MLFLOW_TRACKING_TOKEN" and argv[i + 2:] == ("python", "train.py", "--lr", "0.1")
+    exports = shlex.split(argv[argv.index("--launcher_args") + 1])
+    assert "HF_TOKEN" in exports and "MLFLOW_TRACKING_TOKEN" not in exports
+    assert "s3cret" not in str(att) and "t0ken" not in str(att)
+
+
+def test_rank_env_gives_torch_distributed_its_variables_from_open_mpis():
+    import os
+    import subprocess
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "6",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "LOCAL_RANK": "kept"}
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", RANK_ENV, "-", sys.executable, "-c",
+                        "import os; print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', "
+                        "'LOCAL_WORLD_SIZE')))"], env=env, capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "4 6 kept 2\n"), r.stderr
 
 
 def test_gpu_nodes_open_mpi_5_and_the_users_mca():
@@ -128,8 +155,8 @@ ap.add_argument("--step-seconds", type=float, default=1.0)
 args = ap.parse_args()
 deepspeed.init_distributed(dist_backend="gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-print(f"ranks {rank}/{world} local {os.environ['LOCAL_RANK']} accelerator {os.environ.get('DS_ACCELERATOR')}",
-      flush=True)
+print(f"ranks {rank}/{world} local {os.environ['LOCAL_RANK']} accelerator {os.environ.get('DS_ACCELERATOR')} "
+      f"note {os.environ.get('MLFLOW_RUN_NOTE')}", flush=True)
 for step in range(1, args.steps + 1):
     print(f"step {step} rank {rank}/{world}", flush=True)
     total = train_step(torch.tensor([rank + 1.0]) * step)
@@ -172,7 +199,7 @@ def test_deepspeed_on_3_nodes_from_a_project_image_with_a_hang_named(cluster, re
     monkeypatch.setattr(test_hang, "RANK_PROCESS", "^[^ ]*python[^ ]* (-u )?[^ ]*ds_train\\.py")  # not its tagger
     watcher = _stop_rank_when(cluster, name, r"^\[node-2 r1\] step 3 rank 1/3$", 2, seen)
     code, out, _ = _job(cluster, remote, ["python", "/workdir/ds_train.py", "--steps", str(steps)], name, n=3,
-                        launcher="deepspeed", master_port=29514, hang_timeout=10, progress_pattern="^step ",
+                        launcher="deepspeed", env={"MLFLOW_RUN_NOTE": "from the env file"}, master_port=29514, hang_timeout=10, progress_pattern="^step ",
                         max_restarts=1)
     watcher.join(5)
     assert "stopped" in seen, (seen, out[-3000:])
@@ -188,7 +215,9 @@ def test_deepspeed_on_3_nodes_from_a_project_image_with_a_hang_named(cluster, re
     sums = re.findall(r"^\[node-\d r(\d)\] sum (\d+) (\S+) rank \d attempt 1$", out, re.M)
     assert sorted((int(s), int(r)) for r, s, _ in sums) == [(s, r) for s in range(1, steps + 1) for r in range(3)]
     assert all(float(v) == 6 * int(s) for _, s, v in sums)  # (1 + 2 + 3) x step, on every rank
-    assert re.search(r"^\[node-1 r0\] ranks 0/3 local 0 accelerator cpu$", out, re.M), out[-4000:]
+    for r in range(3):  # the --env value DeepSpeed would have put in mpirun's argv: from each node's env file
+        assert re.search(rf"^\[node-{r + 1} r{r}\] ranks {r}/3 local 0 accelerator cpu note from the env file$",
+                         out, re.M), out[-4000:]
     timeline = store.load_job(name)["timeline"]  # each node's first step, read from its ranks' lines
     assert len({e["node"] for e in timeline if e["phase"] == "first-step" and e["restart"] == 0}) == 3, timeline
     _wait_clean(cluster, name)

@@ -12,6 +12,10 @@ OpenMPIRunner), every rank's lines tagged by launch/node/rank_output.py.
   (`plm_rsh_args`), Open MPI's TCP and Gloo/NCCL on the job's NIC (DeepSpeed's own default is
   `btl_tcp_if_include eth0`; giving ours drops it), MPI_DEFAULTS, and `-x NAME` for every
   variable the ranks get (the job's --env by name: no value in the argv).
+- DeepSpeed's runner puts every variable of its environment named MLFLOW*, PYTHON*, UCX*, MV2*
+  (and NCCL* on CUDA) into mpirun's argv with its value: the job's --env of such names leave the
+  runner's environment (`env --unset`), and RANK_ENV reads them on each rank from its node's env
+  file, so no --env value is in an argv.
 - Ranks: Open MPI gives each its OMPI_COMM_WORLD_* variables; deepspeed.init_distributed()
   without RANK/WORLD_SIZE/LOCAL_RANK would ask mpi4py (not in the images), so each rank runs
   through RANK_ENV (python3 -I -S -c: it sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from
@@ -32,6 +36,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, nic, runplan
 from dtrain.launch.jobs.launchers.base import FIRST_NODE, MPI_TAGS, Attempt, Launcher, PreflightResult, attempt_of
@@ -39,14 +44,29 @@ from dtrain.launch.jobs.launchers.mpirun import mpi_defaults, ompi_major, traini
 
 HOSTFILE = "deepspeed-hostfile"  # the attempt's file, in the job's directory of the first container
 
-# Each rank: torch.distributed's variables from Open MPI's where unset, then the command.
-RANK_ENV = ("import os, sys\n"
+# DeepSpeed's runner puts the value of every variable of its environment whose name starts so
+# into mpirun's argv (`-x NAME=VALUE`: runner.py EXPORT_ENVS, and the CUDA accelerator's NCCL):
+# the job's --env of such names (MLFLOW_TRACKING_TOKEN) are taken out of the runner's environment
+# (`env -u NAME`), and each rank reads them from its node's copy of the job's env file instead.
+EXPORTED = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")
+
+# Each rank: `python3 -I -S -c RANK_ENV NAMES COMMAND...`: the job's --env variables NAMES
+# (comma-separated; "-": none) from the node's env file (NAME=base64 lines, launch/node/run.sh
+# reads the same), torch.distributed's variables from Open MPI's where unset, then the command.
+RANK_ENV = ("import base64, os, sys\n"
             "e = os.environ\n"
+            "names = set(sys.argv[1].split(',')) - {'-'}\n"
+            "if names:\n"
+            f"    with open('{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}') as f:\n"
+            "        for line in f:\n"
+            "            k, _, v = line.strip().partition('=')\n"
+            "            if k in names:\n"
+            "                e[k] = base64.b64decode(v).decode()\n"
             "for k, v in (('RANK', 'OMPI_COMM_WORLD_RANK'), ('WORLD_SIZE', 'OMPI_COMM_WORLD_SIZE'),\n"
             "             ('LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK'), ('LOCAL_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_SIZE')):\n"
             "    if k not in e and v in e:\n"
             "        e[k] = e[v]\n"
-            "os.execvp(sys.argv[1], sys.argv[1:])\n")
+            "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 # The launcher's check in the first container: DeepSpeed's command, and Open MPI's version.
 PREFLIGHT = ("command -v deepspeed >/dev/null || { echo 'no deepspeed command in the image: build a project image "
@@ -71,7 +91,8 @@ def launcher_args(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode],
     values = {**training_env(nodes[0].iface), "GLOO_SOCKET_IFNAME": nodes[0].iface,
               "MASTER_ADDR": nodes[0].address, "MASTER_PORT": str(run.master_port),
               **({"DS_ACCELERATOR": "cpu"} if cpu else {})}
-    names = [*run.forward, runplan.RESTART_VAR, *(k for k, _ in run.extra_env), *run.env_names]
+    names = [*run.forward, runplan.RESTART_VAR, *(k for k, _ in run.extra_env),
+             *(n for n in run.env_names if n not in hidden(run))]
     args = ["--bind-to", "none", "--map-by", "slot"]
     for k, v in mca.items():
         args += ["--mca", k, v]
@@ -81,6 +102,11 @@ def launcher_args(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode],
     for k in dict.fromkeys(names):
         args += ["-x", k]
     return args
+
+
+def hidden(run: runplan.LaunchCommand) -> list[str]:
+    """The job's --env names DeepSpeed's runner would put into mpirun's argv with their value."""
+    return [n for n in run.env_names if n.startswith(EXPORTED)]
 
 
 class DeepSpeed(Launcher):
@@ -102,10 +128,10 @@ class DeepSpeed(Launcher):
         if not nodes:
             raise ValueError("attempt: no nodes")
         cpu = not any(n.gpus for n in nodes)
-        command = [*runplan.RANK_OUTPUT_HEAD, RANK_ENV, *run.command]
-        if run.subnet:  # each rank's NCCL/Gloo on its own node's NIC
-            command = [*runplan.RANK_OUTPUT_HEAD, RANK_ENV, nic.NODE_ENV_WRAPPER, *run.command]
-        argv = ["deepspeed", "--hostfile", f"{run.files_dir}/{HOSTFILE}", "--launcher", "openmpi",
+        secret = hidden(run)
+        wrapper = [nic.NODE_ENV_WRAPPER] if run.subnet else []  # each rank's NCCL/Gloo on its own node's NIC
+        command = [*runplan.RANK_OUTPUT_HEAD, RANK_ENV, ",".join(secret) or "-", *wrapper, *run.command]
+        argv = [*(["env", *(f"--unset={n}" for n in secret)] if secret else []), "deepspeed", "--hostfile", f"{run.files_dir}/{HOSTFILE}", "--launcher", "openmpi",
                 "--master_addr", nodes[0].address, "--master_port", str(run.master_port),
                 "--no_ssh_check", "--force_multi", "--no_python", "--log_level", "warning",
                 "--launcher_args", shlex.join(launcher_args(run, nodes, cpu)),
