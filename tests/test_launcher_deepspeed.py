@@ -153,10 +153,12 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=6)
 ap.add_argument("--step-seconds", type=float, default=1.0)
 args = ap.parse_args()
-deepspeed.init_distributed(dist_backend="gloo")
+# torch.distributed directly: deepspeed.init_distributed() on a CPU node JIT-builds DeepSpeed's
+# shared-memory op (deepspeed_shm_comm), which failed to build in the CPU image
+dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 print(f"ranks {rank}/{world} local {os.environ['LOCAL_RANK']} accelerator {os.environ.get('DS_ACCELERATOR')} "
-      f"note {os.environ.get('MLFLOW_RUN_NOTE')}", flush=True)
+      f"note {os.environ.get('MLFLOW_RUN_NOTE')} deepspeed {deepspeed.__version__}", flush=True)
 for step in range(1, args.steps + 1):
     print(f"step {step} rank {rank}/{world}", flush=True)
     total = train_step(torch.tensor([rank + 1.0]) * step)
@@ -216,7 +218,8 @@ def test_deepspeed_on_3_nodes_from_a_project_image_with_a_hang_named(cluster, re
     assert sorted((int(s), int(r)) for r, s, _ in sums) == [(s, r) for s in range(1, steps + 1) for r in range(3)]
     assert all(float(v) == 6 * int(s) for _, s, v in sums)  # (1 + 2 + 3) x step, on every rank
     for r in range(3):  # the --env value DeepSpeed would have put in mpirun's argv: from each node's env file
-        assert re.search(rf"^\[node-{r + 1} r{r}\] ranks {r}/3 local 0 accelerator cpu note from the env file$",
+        assert re.search(rf"^\[node-{r + 1} r{r}\] ranks {r}/3 local 0 accelerator cpu note from the env file "
+                         r"deepspeed 0\.19\.8$",
                          out, re.M), out[-4000:]
     timeline = store.load_job(name)["timeline"]  # each node's first step, read from its ranks' lines
     assert len({e["node"] for e in timeline if e["phase"] == "first-step" and e["restart"] == 0}) == 3, timeline

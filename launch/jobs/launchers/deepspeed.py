@@ -23,7 +23,9 @@ OpenMPIRunner), every rank's lines tagged by launch/node/rank_output.py.
   --master-port. `--no_python`: the command runs as given (`python train.py`, as mpirun takes it).
 - CPU nodes (no GPU on any): DS_ACCELERATOR=cpu for the runner and every rank (DeepSpeed's
   accelerator; its ops are not built: DS_BUILD_OPS=0 is DeepSpeed's own default for a pip
-  install). A CPU job's ranks join with deepspeed.init_distributed(dist_backend="gloo").
+  install). deepspeed.init_distributed() on a CPU node JIT-builds DeepSpeed's shared-memory op
+  (deepspeed_shm_comm), which failed to build in the pytorch-ddp CPU image: a CPU job's ranks
+  join with torch.distributed.init_process_group("gloo") (docs/launch.md).
 - `--force_multi`: Open MPI on one node too (a restart left with one node), where DeepSpeed
   would otherwise start its ranks itself, without Open MPI's variables or rank_output.py.
 - `--no_ssh_check`: DeepSpeed's check ssh'es on port 22; the launch's readiness check reached
