@@ -110,7 +110,7 @@ def test_torchrun_per_node():
 
 
 def test_open_mpi_version_picks_the_ssh_parameter():
-    from dtrain.launch.jobs.job import ompi_major
+    from dtrain.launch.jobs.launchers.mpirun import ompi_major
 
     assert ompi_major("mpirun (Open MPI) 4.1.4\n\nReport bugs to ...") == 4
     assert ompi_major("mpirun (Open MPI) 5.0.3\n") == 5

@@ -8,7 +8,9 @@ import pytest
 
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import launchers, runplan, supervision
+from dtrain.launch.jobs import launchers
+from dtrain.launch.jobs import runplan, supervision
+from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.job import JobSpec, NodeFacts, per_node_argv
 from dtrain.launch.jobs.launchers.accelerate import accelerate_argv
 from dtrain.launch.remote.hosts import Node
@@ -50,9 +52,10 @@ def test_gpu_nodes_leave_accelerate_to_pick_nccl():
 
 def test_the_launcher_as_the_launch_and_the_supervisor_use_it():
     acc = launchers.get("accelerate")
-    assert (acc.per_node, acc.needs_ssh, acc.ssh_here, acc.rank_output, acc.supervised) == (True, False, True,
-                                                                                             False, True)
-    assert not (acc.sagemaker or acc.manifests or acc.mpi_ranks or acc.same_iface or acc.starts_cluster)
+    assert (acc.placement, acc.output, acc.ranks_over_ssh, acc.ssh_here, acc.rank_output) == (
+        "every-node", base.NODE_LINES, False, True, False)
+    assert (acc.per_node, acc.supervised, acc.preflight(None)) == (True, True, None)
+    assert not (acc.sagemaker or acc.manifests or acc.mpi_ranks or acc.starts_cluster)
     assert acc.exec_env("ens5") == {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}
     f = facts()
     assert acc.argv(spec(), f, 1, "eth9")[:3] == ["env", "NCCL_SOCKET_IFNAME=eth9", "GLOO_SOCKET_IFNAME=eth9"]

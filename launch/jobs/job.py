@@ -44,7 +44,6 @@ from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
-from dtrain.launch.jobs.launchers.ray import ray_stop_argv, ray_wait_argv
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.jobfile import launch_default
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
@@ -319,14 +318,6 @@ def check_driver(facts: Sequence[NodeFacts], need: dict[str, str]) -> None:
                           + "\n  ".join(old))
 
 
-def ompi_major(version_output: str) -> int:
-    """`mpirun --version` -> 4 for 'mpirun (Open MPI) 4.1.4'; 5 for PRRTE's 'mpirun (Open MPI) 5.0.3'."""
-    m = re.search(r"\(Open MPI\) (\d+)\.", version_output)
-    if not m:
-        raise LaunchError(f"the image's mpirun is not Open MPI: {version_output.strip()[:200]!r}")
-    return int(m.group(1))
-
-
 def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> container.ContainerSpec:
     """The job's container, without the node's own flags (the node adds them: start.sh).
     The user's --env values are not in it: they go in the job's env file. node_dir: the
@@ -543,8 +534,7 @@ def _check_nodes(spec: JobSpec, nodes: Sequence[Node], out: dict[str, str], runn
         raise LaunchError(f"nodes hold different images for {spec.image}; all must run the same:\n{lines}")
     check_driver(facts, {h: v[0] for h, v in info.items() if len(v) == 3 and v[0] != "-"})
     label = next(iter(info.values()))
-    if launchers.get(spec.launcher).same_iface:  # horovodrun: one --network-interface for all nodes
-        nic.check_same_iface({f.node.host: f.iface for f in facts})
+    launchers.get(spec.launcher).check_nodes({f.node.host: f.iface for f in facts})  # its own rule (horovodrun: one NIC)
     subnet = nic.tcp_include({f.node.host: (f.iface, f.address, f.network) for f in facts})
     taken = [f for f in facts if f.port_holder]
     if taken:
@@ -622,7 +612,7 @@ class Job:
         prepare(workdir) -> Prepared       the job's directory, the image held where, the login
         pull(prepared) -> Pulled           the image onto the nodes that lack it
         up(prepared, pulled) -> Started    a container on every node, their facts
-        run_supervised(started, prepared, ompi) -> exit code   (or _run_ray)
+        run_supervised(started, prepared, ompi) -> exit code   (or the launcher's own run: Ray)
         teardown()                         whatever the stages left on a node
 
     It returns the job's exit code and always tears down. What it keeps is only what teardown
@@ -790,60 +780,23 @@ class Job:
             self._watch.join(timeout)
         return self._up_failure
 
-    def wait_ready(self, facts: Sequence[NodeFacts]) -> int:
-        """From the first node's container, ssh to every node's container; returns the image's
-        Open MPI major version (its mpirun --version)."""
+    def preflight(self, facts: Sequence[NodeFacts], argv: Sequence[str]) -> int | None:
+        """From the first node's container, ssh to every node's container (the readiness check),
+        then the launcher's check of its own tool there (launchers' preflight: mpirun's `mpirun
+        --version`); returns Open MPI's major version where the check says it."""
         t0 = time.monotonic()
-        argv = run_argv(self.spec, facts, ["mpirun", "--version"], ready=True, fill_hosts=False)
-        r = self.ssh.run([facts[0].node], lambda n: argv, timeout=self.spec.ready_timeout + 30)[0]
-        if not r.ok:
+        r = self.ssh.run([facts[0].node], lambda n: run_argv(self.spec, facts, list(argv), ready=True, fill_hosts=False),
+                         timeout=self.spec.ready_timeout + 30)[0]
+        if not r.ok and r.returncode in (READY_FAILED, None):  # the readiness check, or no answer
             raise LaunchError(_ready_error(r.stdout + r.stderr, r.error))
-        ompi = ompi_major(r.stdout)
-        self.say(f"[launch] sshd reachable on every node; Open MPI {ompi} in the image "
-                 f"({time.monotonic() - t0:.1f} s)")
-        return ompi
-
-    def _run_ray(self, facts: Sequence[NodeFacts], iface: str) -> int:
-        """Ray: a head in the first node's container, a worker in each other one (`ray start`;
-        Ray's daemons stay in the container), wait until the head sees every node, then the
-        command as a Ray driver in the head's container (RAY_ADDRESS set), its output streamed.
-        Every step goes through run.sh, so the job's --env values come from its file, and
-        starts where the other launchers start the command: /workdir with --workdir, else the
-        image's WORKDIR (as mpirun's supervisor). Ray stops everywhere afterwards (the
-        containers go anyway)."""
-        ray = self.launcher
-        first = facts[0]
-        head = ray.head_address(facts)
-        env = ray.exec_env(iface)
-        cwd = contract.WORKDIR if self.spec.workdir else None
-
-        def in_container(argv: Sequence[str]) -> list[str]:
-            return run_argv(self.spec, facts, argv, ready=False, fill_hosts=True, exec_env=env, cwd=cwd)
-
-        storage = ray.shared_storage(self.spec)
-        self.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)"
-                 + (f"; Ray Train's default storage ~/ray_results -> {storage} on every node" if storage else ""))
-        try:
-            t0 = time.monotonic()
-            by_host = {f.node.host: i for i, f in enumerate(facts)}
-            self.ssh.run([first.node], lambda n: in_container(ray.node_argv(facts, 0, storage)),
-                         timeout=self.spec.ready_timeout + 30, what="starting the Ray head")
-            if len(facts) > 1:
-                self.ssh.run([f.node for f in facts[1:]],
-                             lambda n: in_container(ray.node_argv(facts, by_host[n.host], storage)),
-                             timeout=self.spec.ready_timeout + 30, what="starting Ray workers")
-            wait = ray_wait_argv(head, len(facts), self.spec.ready_timeout)
-            self.ssh.run([first.node], lambda n: in_container(wait), timeout=self.spec.ready_timeout + 60,
-                         what="waiting for every Ray node")
-            self.say(f"[launch] ray cluster of {len(facts)} node(s) up ({time.monotonic() - t0:.1f} s)")
-            job = in_container(ray.argv(self.spec, facts, 0, iface))
-            result = self.ssh.run([first.node], lambda n: job, timeout=self.spec.job_timeout, retries=0,
-                                  on_line=lambda n, line: self._emit(f"[{first.hostname}] {line.rstrip()}"))[0]
-            return _exit_code(result)
-        finally:
-            if not self._closing:
-                stop = ["docker", "exec", container_name(self.spec.name), *ray_stop_argv()]
-                self.ssh.run([f.node for f in facts], lambda n: stop, timeout=60)
+        if not r.ok:
+            said = [ln.strip() for ln in (r.stderr + r.stdout).splitlines()
+                    if ln.strip() and not ln.startswith(contract.READY_SAYS)]
+            raise LaunchError(f"--launcher {self.launcher.name}: the image fails the launcher's check on "
+                              f"{facts[0].hostname}: {said[-1] if said else r.error or 'no output'}")
+        found = self.launcher.preflight_result(r.stdout)
+        self.say(f"[launch] sshd reachable on every node; {found.said} ({time.monotonic() - t0:.1f} s)")
+        return found.ompi
 
     def pull(self, prepared: Prepared, t0: float = 0.0) -> Pulled:
         """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
@@ -1155,8 +1108,8 @@ class Job:
         """The job: Ray's steps, or the launcher's command under its supervisor; but where a
         node's sshd never came up (_watch_up ended the job), that is the error."""
         try:
-            if not self.launcher.supervised:  # Ray: its own cluster, the command its driver
-                code = self._run_ray(started.facts, started.facts[0].iface)
+            if not self.launcher.supervised:  # its own protocol (Ray: its cluster, the command its driver)
+                code = self.launcher.run(OwnRun(self, started.facts))
             else:
                 code = self.run_supervised(started, node_dirs, ompi, quarantined, rec)
         except LaunchError:
@@ -1174,7 +1127,8 @@ class Job:
         if not self.launcher.supervised and (self.spec.detach or self.spec.restarts or self.spec.spares
                                              or self.spec.hang_timeout or self.spec.straggler_check):
             raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
-                              f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}")
+                              f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}"
+                              + (f" ({self.launcher.output.why_not})" if self.launcher.output.why_not else ""))
         if self.confirm:
             self.confirm()
         # The launcher's lock of the name before anything of the job changes (here or on a node).
@@ -1214,8 +1168,8 @@ class Job:
                     quarantined = gate_out(started.facts, self.spec.spares, gate)
                     self._take_out(started.facts, quarantined)
             ompi = started.ompi or 4
-            if self.launcher.needs_ssh and started.ompi is None:
-                ompi = self.wait_ready([f for f in started.facts if f.hostname not in quarantined])  # ask its mpirun
+            if check := self.launcher.preflight(started.ompi):  # the launcher's own tool (mpirun: its version)
+                ompi = self.preflight([f for f in started.facts if f.hostname not in quarantined], check) or ompi
             self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
             code = self._job(started, prepared.node_dirs, ompi, quarantined, rec)
             if self.detached:
@@ -1280,6 +1234,38 @@ def _beat(stdin) -> None:
             stdin.flush()
         except (OSError, ValueError):
             return
+
+
+class OwnRun:
+    """What a launcher that runs its own protocol (launchers' ITS_OWN: Ray) gets of the launch
+    (launchers.base.Session): the job, its started nodes, and steps in their containers."""
+
+    def __init__(self, job: Job, facts: Sequence[NodeFacts]):
+        self.job, self.spec, self.facts = job, job.spec, list(facts)
+        self._by_host = {f.node.host: f for f in self.facts}
+
+    def say(self, line: str) -> None:
+        self.job.say(line)
+
+    def in_container(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        cwd = contract.WORKDIR if self.spec.workdir else None  # where the supervised launchers start too
+        return run_argv(self.spec, self.facts, list(argv), ready=False, fill_hosts=True, exec_env=dict(env), cwd=cwd)
+
+    def exec(self, argv: Sequence[str]) -> list[str]:
+        return ["docker", "exec", container_name(self.spec.name), *argv]
+
+    def on(self, facts: Sequence[NodeFacts], argv_of: Callable[[NodeFacts], list[str]], timeout: float,
+           what: str) -> None:
+        self.job.ssh.run([f.node for f in facts], lambda n: argv_of(self._by_host[n.host]), timeout=timeout,
+                         what=what or None)
+
+    def stream(self, fact: NodeFacts, argv: Sequence[str]) -> int:
+        result = self.job.ssh.run([fact.node], lambda n: list(argv), timeout=self.spec.job_timeout, retries=0,
+                                  on_line=lambda n, line: self.job._emit(f"[{fact.hostname}] {line.rstrip()}"))[0]
+        return _exit_code(result)
+
+    def closing(self) -> bool:
+        return self.job._closing
 
 
 def node_names(facts: Sequence[NodeFacts]) -> dict[str, str]:

@@ -39,6 +39,7 @@ class LaunchCommand:
     # and tags its lines itself ("": Open MPI's --tag-output tags them, losing some; see there)
     rank_output: str = ""
     per_node: bool = False  # one command per node, each started over ssh (torchrun), else one in the first
+    files_dir: str = contract.CONTAINER_JOB_DIR  # where an attempt's files go (the job's directory in the first container)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (list(map(list, v)) if k in ("extra_env", "mca") else list(v) if isinstance(v, tuple) else v)

@@ -285,7 +285,7 @@ def create_training_job_request(job: TrainingJob) -> dict[str, Any]:
         raise LaunchError("no command: put it after `--`, e.g. dtrain sagemaker run ... -- python train.py")
     if job.instances < 1:
         raise LaunchError(f"--instances {job.instances}: must be at least 1")
-    if job.instances > 1 and launchers.get(job.launcher).needs_ssh and not job.key_s3:
+    if job.instances > 1 and launchers.get(job.launcher).ranks_over_ssh and not job.key_s3:
         raise LaunchError(f"{job.launcher} across instances needs the job key channel (key_s3)")
     check_s3_uri(job.output_s3, "--output")
     if job.spot and job.max_wait_s is not None and job.max_wait_s < job.max_runtime_s:

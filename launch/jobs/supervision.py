@@ -248,11 +248,14 @@ class Render:
             if ev["event"] in FINAL:
                 self.final = ev
             return out + [clean(describe(ev))]
-        if launchers.get(self.launcher).per_node:  # the supervisor tags each node's lines
+        reader = launchers.get(self.launcher).output.reader  # how its lines name their rank
+        if reader != "mpi-tags":  # the supervisor tags each node's lines (a per-node command's)
             m = NODE_LINE.match(line)
             if m and m.group(1) in self.ranks:
                 from dtrain.launch.jobs.output import prefix_line
 
+                if reader != "node-lines":  # no rank in them: the node only
+                    return [f"[{m.group(1)}] {m.group(2)}"]
                 return [prefix_line(m.group(2), default_node=m.group(1), torch_base=self.ranks.index(m.group(1)))]
             return [f"[{self.first}] {line}"]
         if self._mpi is None:

@@ -46,14 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "py"))
 
 from dtrain import contract  # noqa: E402
 from dtrain.launch.jobs import container  # noqa: E402
-from dtrain.launch.jobs.launchers.mpirun import mpirun_argv  # noqa: E402
-from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env  # noqa: E402
-from dtrain.launch.remote.hosts import Node  # noqa: E402
+from dtrain.launch.jobs import launchers  # noqa: E402
 
 ML = Path("/opt/ml")
 KEY_CHANNEL = "dtrain"  # the job's ssh key; never a hyperparameter (they show in the console)
 SSH_PORT = contract.SSH_PORT
-TORCH_PORT = contract.MASTER_PORT
 # mpirun's ssh to the other hosts: retried while their sshd starts; this program's own, fewer
 MPI_SSH = container.ssh_options(attempts=10)
 SSH = container.ssh_argv(attempts=5)
@@ -85,7 +82,7 @@ class Contract:
 @dataclass(frozen=True)
 class JobArgs:
     command: tuple[str, ...]
-    launcher: str  # a name of LAUNCH_ARGV
+    launcher: str  # a launcher of the registry that runs on SageMaker (launchers.names(sagemaker=True))
     slots: int
     workdir: str | None  # a channel name, or None
     per_node: bool = False  # every host runs the launcher; False: the first across all over ssh
@@ -137,8 +134,9 @@ def job_args(hps: dict[str, str], gpus: int) -> JobArgs:
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
         raise ContractError(f"hyperparameter dtrain_command: expected a non-empty JSON list of strings, got {raw!r}")
     launcher = hps.get("dtrain_launcher", "mpirun")
-    if launcher not in LAUNCH_ARGV:
-        raise ContractError(f"hyperparameter dtrain_launcher: {launcher!r}; use {' or '.join(LAUNCH_ARGV)}")
+    if launcher not in launchers.names(sagemaker=True):
+        raise ContractError(f"hyperparameter dtrain_launcher: {launcher!r}; "
+                            f"use {launchers.choices(launchers.names(sagemaker=True))}")
     per_node = hps.get("dtrain_per_node", "0")
     if per_node not in ("0", "1"):
         raise ContractError(f"hyperparameter dtrain_per_node: {per_node!r}; expected 0 or 1")
@@ -184,26 +182,12 @@ def sm_env(c: Contract, gpus: int, ml: Path = ML) -> dict[str, str]:
     return env
 
 
-def _torchrun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return torchrun_argv(len(c.hosts), c.rank, job.slots, c.hosts[0], TORCH_PORT, list(job.command))
-
-
-def _mpirun_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str]:
-    return mpirun_argv([Node(h, job.slots) for h in c.hosts], list(job.command), iface=c.iface,
-                                forward=forward, ssh=MPI_SSH)
-
-
-# The launchers this program runs, by the name dtrain_launcher gives (launch/jobs/sagemaker.py
-# allows those whose launcher module says `sagemaker`); how hosts take part: dtrain_per_node.
-LAUNCH_ARGV = {"mpirun": _mpirun_argv, "torchrun": _torchrun_argv}
-
-
 def launch_argv(c: Contract, job: JobArgs, forward: list[str]) -> list[str] | None:
-    """This host's launch command; None: a non-first host of a job the first host runs across
-    all (mpirun: it only serves ssh)."""
-    if not job.per_node and c.rank != 0:
-        return None
-    return LAUNCH_ARGV[job.launcher](c, job, forward)
+    """This host's launch command, from the launcher's module (the registry's
+    sagemaker_argv); None: a host that runs nothing itself (mpirun's non-first hosts only
+    serve ssh)."""
+    return launchers.get(job.launcher).sagemaker_argv(c.hosts, c.rank, c.iface, job.slots, job.command, forward,
+                                                      MPI_SSH)
 
 
 def requirements_key(text: str, python: str, machine: str) -> str:
@@ -368,8 +352,8 @@ def main(ml: Path = ML) -> int:
     for d in ("model", "output/data", "checkpoints"):
         (ml / d).mkdir(parents=True, exist_ok=True)
     extra = {k: v for k, v in sm_env(c, gpus, ml).items() if k not in os.environ}
-    if job.per_node:  # NCCL and Gloo on this host's NIC (torchrun's own rendezvous)
-        extra |= torchrun_env(c.iface)
+    if job.per_node:  # the launcher's own variables (torchrun: NCCL and Gloo on this host's NIC)
+        extra |= launchers.get(job.launcher).exec_env(c.iface)
     env = {**os.environ, **extra}
     cwd = c.channels.get(job.workdir) if job.workdir else None
     try:

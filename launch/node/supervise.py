@@ -440,8 +440,16 @@ class Supervisor:
         """The attempt's launcher command for `nodes`, from the builders (launchers.attempt_argv),
         as the launcher made the first one."""
         run = self.plan.run
-        env = {**os.environ, **dict(run.extra_env), runplan.RESTART_VAR: str(attempt)}
-        argvs = launchers.attempt_argv(run, nodes)
+        att = launchers.attempt(run, nodes)
+        env = {**os.environ, **dict(run.extra_env), **dict(att.env), runplan.RESTART_VAR: str(attempt)}
+        argvs = [list(a) for a in att.argvs]
+        for name, text in att.files:  # the launcher's files for this attempt (a hostfile of its nodes)
+            path = Path(run.files_dir) / name
+            try:
+                path.with_name(name + ".tmp").write_text(text)
+                path.with_name(name + ".tmp").replace(path)
+            except OSError as e:  # the job ends (watch), as for its log
+                self.write_error = self.write_error or self.cannot_write(name, e)
         self.first_line.clear()
         self.sampling.set()  # the previous attempt's sampler ends; this attempt's starts below
         self.slow = {}

@@ -32,7 +32,7 @@ def sagemaker_job(spec: ManifestSpec) -> sm_engine.TrainingJob:
     workdir upload). Across instances mpirun needs the job key: the `dtrain` channel points at
     OUTPUT/NAME/dtrain/, where you put a fresh id_ed25519 (docs/other-tools.md)."""
     launcher = spec.launcher or "mpirun"
-    needs_key = spec.workers > 1 and launcher_registry.get(launcher).needs_ssh
+    needs_key = spec.workers > 1 and launcher_registry.get(launcher).ranks_over_ssh
     job_s3 = f"{spec.output_s3.rstrip('/')}/{spec.name}"
     return sm_engine.TrainingJob(
         name=spec.name, image=spec.image, role_arn=spec.role_arn, command=spec.command,

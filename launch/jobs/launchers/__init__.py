@@ -13,7 +13,8 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import runplan
 from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.launchers.accelerate import Accelerate
-from dtrain.launch.jobs.launchers.base import Launcher, plan_nodes
+from dtrain.launch.jobs.launchers.base import Attempt, Launcher, plan_nodes
+from dtrain.launch.jobs.launchers.deepspeed import DeepSpeed
 from dtrain.launch.jobs.launchers.horovodrun import Horovodrun
 from dtrain.launch.jobs.launchers.mpirun import Mpirun
 from dtrain.launch.jobs.launchers.ray import Ray
@@ -22,10 +23,11 @@ from dtrain.launch.jobs.launchers.torchrun import Torchrun
 if TYPE_CHECKING:
     from dtrain.launch.jobs.job import JobSpec
 
-__all__ = ["LAUNCHERS", "Launcher", "attempt_argv", "choices", "env_file", "get", "launch_command", "names",
+__all__ = ["LAUNCHERS", "Attempt", "Launcher", "attempt", "attempt_argv", "choices", "env_file", "get", "launch_command", "names",
            "plan_nodes"]
 
-LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate)}
+LAUNCHERS: dict[str, Launcher] = {c.name: c() for c in (Mpirun, Horovodrun, Torchrun, Ray, Accelerate,
+                                                     DeepSpeed)}
 
 def names(**having: bool) -> tuple[str, ...]:
     """The launchers' names, in registry order; having: only those whose properties have these
@@ -46,17 +48,22 @@ def get(name: str) -> Launcher:
         raise LaunchError(f"--launcher {name}: use {choices(names())}") from None
 
 
-def attempt_argv(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
-    """The launcher command of one attempt on `nodes` (in rank order): [argv] run in the first
-    node's container (mpirun, horovodrun), or one argv per node (torchrun). The one author of
-    the command: the launch and every restart of the supervisor (launch/node/supervise.py) call
-    it, each with the nodes it has."""
+def attempt(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
+    """One attempt on `nodes` (in rank order): its argvs ([argv] run in the first node's
+    container: mpirun, horovodrun, deepspeed; or one per node: torchrun), env and files. The one
+    author of the command: the launch and every restart of the supervisor
+    (launch/node/supervise.py) call it, each with the nodes it has."""
     if not nodes:
-        raise ValueError("attempt_argv: no nodes")
+        raise ValueError("attempt: no nodes")
     launcher = LAUNCHERS.get(run.launcher)
     if launcher is None or not launcher.supervised:
-        raise ValueError(f"attempt_argv: no supervised launcher {run.launcher!r}")
-    return launcher.attempt_argv(run, nodes)
+        raise ValueError(f"attempt: no supervised launcher {run.launcher!r}")
+    return launcher.attempt(run, nodes)
+
+
+def attempt_argv(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    """The argvs of attempt(run, nodes)."""
+    return [list(a) for a in attempt(run, nodes).argvs]
 
 
 def launch_command(spec: JobSpec, ompi: int = 4, subnet: str | None = None) -> runplan.LaunchCommand:

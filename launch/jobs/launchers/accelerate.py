@@ -21,9 +21,8 @@ from collections.abc import Sequence
 
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import runplan
-from dtrain.launch.jobs.launchers.base import script_argv
+from dtrain.launch.jobs.launchers.base import EVERY_NODE, NODE_LINES, Attempt, Launcher, attempt_of, script_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_env
-from dtrain.launch.jobs.launchers.base import Launcher
 
 
 def accelerate_argv(num_machines: int, machine_rank: int, num_processes: int, main_ip: str, main_port: int,
@@ -45,9 +44,10 @@ def accelerate_argv(num_machines: int, machine_rank: int, num_processes: int, ma
 
 class Accelerate(Launcher):
     name = "accelerate"
-    per_node = True
+    placement = EVERY_NODE
+    output = NODE_LINES  # `--tee 3`, as torchrun's
 
-    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         if not nodes:
             raise ValueError("attempt_argv: no nodes")
         slots = {n.slots for n in nodes}
@@ -62,7 +62,7 @@ class Accelerate(Launcher):
             out.append(["env", *(f"{k}={v}" for k, v in env.items()),
                         *accelerate_argv(len(nodes), rank, total, nodes[0].address, run.master_port,
                                          run.command, rdzv=run.rdzv)])
-        return out
+        return attempt_of(out)
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return torchrun_env(iface)

@@ -1,29 +1,45 @@
-"""What a launcher provides (one small class per launcher, as DeepSpeed's multinode_runner.py):
-the same job description and the nodes in, the command to run in a node's container out, and
-the properties the rest of dtrain asks instead of comparing launcher names.
+"""What a launcher provides: a small strategy, as DeepSpeed's launcher/multinode_runner.py
+runners are. The same job description and the nodes in; an attempt out (the argv, the env,
+the files to put on the node, how its output names ranks); the launcher checks its own tool,
+validates its own nodes and, where it is not run under the supervisor, runs its own protocol.
+Nothing here is a boolean with a second meaning: each declaration says one thing.
 
     name          what --launcher names (the registry's key: launch/jobs/launchers/__init__.py)
-    per_node      False: one command in the first node's container starts every rank over ssh
-                  (mpirun, horovodrun); True: one command in every node's container (torchrun)
-    needs_ssh     the containers' sshd must answer node to node before the command (readiness
-                  check; a SageMaker job across instances needs the job key), and the image's
-                  Open MPI major version matters
+    placement     where an attempt's command runs: FIRST_NODE (one command in the first node's
+                  container starts every rank over ssh: mpirun, horovodrun, deepspeed),
+                  EVERY_NODE (one command in every node's container, each started by the
+                  supervisor over the job's ssh, through run.sh: torchrun, accelerate), or
+                  ITS_OWN (not under the supervisor: the launcher's `run` drives the nodes: Ray)
+    output        how the attempt's lines name their rank (RankOutput): MPI_TAGS
+                  (`[1,R]<stdout>:`, rank_output.py or --tag-output), NODE_LINES (each node's
+                  lines, torchrun's `[defaultN]:` local ranks), or none with the one line the
+                  launch says: hang detection, the first-step timeline and straggler naming read
+                  ranks from these lines, and do nothing for a launcher whose lines name none
+    ranks_over_ssh  the ranks reach the other nodes' sshd (the containers' sshd must answer node
+                  to node before the command; a SageMaker job or a manifest across nodes needs
+                  the job key)
     ssh_here      the command reaches its own node's sshd too (torchrun: the supervisor's ssh to
                   every node; horovodrun: its own check of every host); False: the readiness check
                   leaves that node out (mpirun starts the ranks there without ssh)
     rank_output   each rank's command runs under launch/node/rank_output.py, which tags its lines
-    supervised    the command runs under launch/node/supervise.py (restarts, spares, --detach,
-                  --hang-timeout); False: the launcher runs its own steps (Ray's cluster)
-    same_iface    every node must name the job's NIC alike (horovodrun: one --network-interface)
     mpi_ranks     the ranks are MPI processes: an MPI program (all_reduce_perf) runs under it
     starts_cluster  starts its own cluster on every node (a head, workers) and runs the command
                   as its driver (Ray); on ECS its own task definitions (template ecs-NAME)
-    sagemaker     `dtrain sagemaker run` takes it (launch/node/sagemaker_train.py runs it)
+    sagemaker     `dtrain sagemaker run` takes it: sagemaker_argv is SageMaker's `train` command
     manifests     `dtrain manifest --launcher` takes it
 
-    attempt_argv(run, nodes)  the command of one attempt (a supervised launcher): [argv] for the
-                  first node, or one argv per node where per_node
-    argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when not per_node)
+    attempt(run, nodes) -> Attempt  one attempt's command (a supervised launcher): argvs (one
+                  for the first node, or one per node where EVERY_NODE), env (the launcher
+                  command's environment), files (put in the job's directory of the first node's
+                  container before the command runs)
+    preflight(ompi) / preflight_result(output)  the check of the launcher's own tool in the first
+                  node's container once every node's sshd answers (mpirun: `mpirun --version`,
+                  Open MPI's major version); None: nothing to check
+    check_nodes(ifaces)  the launcher's own rule on the nodes (horovodrun: one NIC name)
+    run(session)  an ITS_OWN launcher's protocol (Ray: head, workers, the driver)
+    sagemaker_argv(hosts, rank, iface, slots, command, forward)  SageMaker's `train` command on
+                  host `rank` (launch/node/sagemaker_train.py asks the registry for it)
+    argv(spec, facts, rank, iface, ompi, subnet)  the command for node `rank` (0 when FIRST_NODE)
     exec_env(iface)  variables set by `docker exec -e` (non-secret; the user's --env come after
                   them, from the job's env file: launch/node/run.sh)
     notes(spec, nodes)  warnings said before the job starts (Ray: no shared storage across nodes)
@@ -35,9 +51,9 @@ values reach the command's environment from a file (env_file).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 from dtrain import contract
 from dtrain.launch.jobs import runplan
@@ -45,6 +61,105 @@ from dtrain.launch.remote.hosts import Node
 
 if TYPE_CHECKING:
     from dtrain.launch.jobs.job import JobSpec, NodeFacts
+
+# --- what a launcher declares ------------------------------------------------------------
+
+FIRST_NODE = "first-node"  # one command in the first node's container starts every rank
+EVERY_NODE = "every-node"  # one command in every node's container, started by the supervisor
+ITS_OWN = "its-own"  # not under the supervisor: the launcher's run() drives the nodes
+PLACEMENTS = (FIRST_NODE, EVERY_NODE, ITS_OWN)
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """How an attempt's lines name the rank that wrote them: `reader` is what reads them
+    (supervision.Render: "mpi-tags" -> output.MpiOutput, "node-lines" -> output.prefix_line);
+    "" where the lines name no rank, and `why_not` is the one line the launch says then
+    (hang detection, the first-step timeline and straggler naming need each line's rank)."""
+
+    reader: str
+    why_not: str = ""
+
+    def __post_init__(self) -> None:
+        if self.reader not in ("mpi-tags", "node-lines", ""):
+            raise ValueError(f"RankOutput: unknown reader {self.reader!r}")
+        if not self.reader and not self.why_not:
+            raise ValueError("RankOutput: a launcher whose lines name no rank says why (why_not)")
+
+    @property
+    def attributed(self) -> bool:
+        return bool(self.reader)
+
+
+# `[1,R]<stdout>:` before each line (launch/node/rank_output.py, or Open MPI's --tag-output)
+MPI_TAGS = RankOutput("mpi-tags")
+# each node's lines, tagged with the node by the supervisor; torchrun's `[defaultN]:` local ranks
+NODE_LINES = RankOutput("node-lines")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's command, as the supervisor runs it (launch/node/supervise.py start)."""
+
+    argvs: tuple[tuple[str, ...], ...]  # [the first node's] (FIRST_NODE) or one per node (EVERY_NODE)
+    env: tuple[tuple[str, str], ...] = ()  # the launcher command's environment (non-secret values)
+    # (name, text): written into the job's directory of the first node's container (run.files_dir)
+    # before the command runs, every attempt (a hostfile of the attempt's nodes)
+    files: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.argvs or not all(self.argvs):
+            raise ValueError("Attempt: no command")
+        for name, _ in self.files:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+                raise ValueError(f"Attempt: file name {name!r} must be a plain name in the job's directory")
+
+
+def attempt_of(argvs: Sequence[Sequence[str]], env: Mapping[str, str] | None = None,
+               files: Mapping[str, str] | None = None) -> Attempt:
+    return Attempt(tuple(tuple(a) for a in argvs), tuple((env or {}).items()), tuple((files or {}).items()))
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    """What the preflight found: Open MPI's major version where the tool says it (the plan's
+    `ompi`), and the words the launch says."""
+
+    ompi: int | None
+    said: str
+
+
+class Session(Protocol):
+    """What an ITS_OWN launcher's run() gets from the launch (launch/jobs/job.py OwnRun): the
+    job, its started nodes and how to reach them."""
+
+    spec: JobSpec
+    facts: Sequence[NodeFacts]
+
+    def say(self, line: str) -> None: ...
+
+    def in_container(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """argv run in the job's container through run.sh (the job's --env values from its file,
+        the workdir as the other launchers start in), docker exec -e env."""
+        ...
+
+    def exec(self, argv: Sequence[str]) -> list[str]:
+        """argv run in the job's container as it is (docker exec)."""
+        ...
+
+    def on(self, facts: Sequence[NodeFacts], argv_of: Callable[[NodeFacts], list[str]], timeout: float,
+           what: str) -> None:
+        """argv_of(node) on each of these nodes at once; LaunchError naming a node that failed
+        `what` ("": failures not checked)."""
+        ...
+
+    def stream(self, fact: NodeFacts, argv: Sequence[str]) -> int:
+        """argv on that node, its output the job's (`[hostname] line`), until --timeout; its exit code."""
+        ...
+
+    def closing(self) -> bool:
+        """The launch is ending (interrupted, timed out): its teardown removes the containers."""
+        ...
 
 
 def check_command(command: Sequence[str], who: str) -> None:
@@ -89,19 +204,57 @@ class Launcher:
     """The defaults a launcher module overrides (a supervised launcher run from the first node)."""
 
     name = ""
-    per_node = False
-    needs_ssh = False
+    placement = FIRST_NODE
+    output: RankOutput = MPI_TAGS
+    ranks_over_ssh = False
     ssh_here = True
     rank_output = False
-    supervised = True
-    same_iface = False
     mpi_ranks = False
     starts_cluster = False
     sagemaker = False
     manifests = False
 
-    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    # derived, for the registry's names(**having) and the node programs' plan (runplan.per_node)
+    @property
+    def per_node(self) -> bool:
+        return self.placement == EVERY_NODE
+
+    @property
+    def supervised(self) -> bool:
+        return self.placement != ITS_OWN
+
+    def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         raise NotImplementedError(f"{self.name} is not run under the supervisor")
+
+    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+        """The attempt's argvs (attempt(run, nodes).argvs) as lists."""
+        return [list(a) for a in self.attempt(run, nodes).argvs]
+
+    def preflight(self, ompi: int | None) -> list[str] | None:
+        """The check of this launcher's own tool, run in the first node's container once every
+        node's sshd answers (ompi: Open MPI's major version where the image's label says it);
+        None: nothing to check."""
+        return None
+
+    def preflight_result(self, output: str) -> PreflightResult:
+        """The preflight's output -> what it found; LaunchError (one line) where the tool is not
+        what this launcher needs."""
+        return PreflightResult(None, "")
+
+    def check_nodes(self, ifaces: Mapping[str, str]) -> None:
+        """The launcher's own rule on the started nodes ({host: the job's NIC there}):
+        LaunchError (one line) where they do not fit it."""
+
+    def run(self, session: Session) -> int:
+        """An ITS_OWN launcher's protocol on the started nodes; its exit code."""
+        raise NotImplementedError(f"{self.name} runs under the supervisor")
+
+    def sagemaker_argv(self, hosts: Sequence[str], rank: int, iface: str, slots: int, command: Sequence[str],
+                       forward: Sequence[str], ssh: Sequence[str]) -> list[str] | None:
+        """SageMaker's `train` command on host `rank` of `hosts` (sorted; launch/node/
+        sagemaker_train.py); None: that host runs nothing (the first host starts every rank).
+        ssh: the ssh options its ranks reach the other hosts with."""
+        raise NotImplementedError(f"{self.name} does not run on SageMaker")
 
     def argv(self, spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str, ompi: int = 4,
              subnet: str | None = None) -> list[str]:
@@ -119,5 +272,9 @@ class Launcher:
 
     def notes(self, spec: JobSpec, nodes: int) -> list[str]:
         """Warnings the launch says before anything starts (one line each), for this job on
-        `nodes` nodes: what the launcher needs that the job lacks (Ray: shared storage)."""
-        return []
+        `nodes` nodes: what the launcher needs that the job lacks (Ray: shared storage), and
+        where its lines name no rank, what that leaves undone."""
+        if self.output.attributed:
+            return []
+        return [f"{self.name}: hang detection, the first-step timeline and straggler naming read each line's "
+                f"rank, and {self.output.why_not}"]

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dtrain import contract
 from dtrain.launch.jobs import runplan
 from dtrain.launch.jobs.container import check_env_names
-from dtrain.launch.jobs.launchers.base import Launcher, check_command, total_slots
-from dtrain.launch.jobs.launchers.mpirun import training_env
+from dtrain.launch.jobs import nic
+from dtrain.launch.jobs.launchers.base import Attempt, Launcher, attempt_of, check_command, total_slots
+from dtrain.launch.jobs.launchers.mpirun import OpenMpiTool, training_env
 from dtrain.launch.remote.hosts import Node, hosts_list
 
 
@@ -49,19 +50,22 @@ def horovodrun_argv(
     return argv
 
 
-class Horovodrun(Launcher):
+class Horovodrun(OpenMpiTool, Launcher):
     name = "horovodrun"
-    needs_ssh = True
+    ranks_over_ssh = True
     ssh_here = True  # its own check of every host
     rank_output = True
-    same_iface = True  # one --network-interface for all nodes
     mpi_ranks = True
 
-    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    def check_nodes(self, ifaces: Mapping[str, str]) -> None:
+        """One --network-interface for all nodes: every node names the job's NIC alike."""
+        nic.check_same_iface(ifaces)
+
+    def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         if not nodes:
             raise ValueError("attempt_argv: no nodes")
         peers = [Node(n.address, n.slots) for n in nodes]
         extra = [k for k, _ in run.extra_env]  # horovodrun forwards its whole environment (extra_env too)
-        return [horovodrun_argv(peers, runplan.rank_output_argv(run.rank_output, run.command),
-                                         iface=nodes[0].iface, ssh_port=contract.SSH_PORT,
-                                         env_names=[*run.env_names, *extra])]
+        return attempt_of([horovodrun_argv(peers, runplan.rank_output_argv(run.rank_output, run.command),
+                                           iface=nodes[0].iface, ssh_port=contract.SSH_PORT,
+                                           env_names=[*run.env_names, *extra])])

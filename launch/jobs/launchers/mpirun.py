@@ -4,12 +4,14 @@ sshd (Open MPI; builders: mpirun_argv, mpi_flags, mpirun_mixed_argv)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dtrain.launch.jobs import container, nic, runplan
 from dtrain.launch.jobs.container import check_env_names
-from dtrain.launch.jobs.launchers.base import Launcher, check_command, total_slots
+from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.launchers.base import Attempt, Launcher, PreflightResult, attempt_of, check_command, total_slots
 from dtrain.launch.remote.hosts import Node, hosts_list
 
 
@@ -150,16 +152,36 @@ def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
 
 
-class Mpirun(Launcher):
+def ompi_major(version_output: str) -> int:
+    """`mpirun --version` -> 4 for 'mpirun (Open MPI) 4.1.4'; 5 for PRRTE's 'mpirun (Open MPI) 5.0.3'."""
+    m = re.search(r"\(Open MPI\) (\d+)\.", version_output)
+    if not m:
+        raise LaunchError(f"the image's mpirun is not Open MPI: {version_output.strip()[:200]!r}")
+    return int(m.group(1))
+
+
+class OpenMpiTool:
+    """The preflight of a launcher that runs Open MPI's mpirun (mpirun, horovodrun): where the
+    image's label does not say Open MPI's major version, ask its mpirun."""
+
+    def preflight(self, ompi: int | None) -> list[str] | None:
+        return ["mpirun", "--version"] if ompi is None else None
+
+    def preflight_result(self, output: str) -> PreflightResult:
+        ompi = ompi_major(output)
+        return PreflightResult(ompi, f"Open MPI {ompi} in the image")
+
+
+class Mpirun(OpenMpiTool, Launcher):
     name = "mpirun"
-    needs_ssh = True
+    ranks_over_ssh = True
     ssh_here = False
     rank_output = True
     mpi_ranks = True
     sagemaker = True
     manifests = True
 
-    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         """mpirun in the first node's container, -np/-H from nodes, Open MPI's TCP and NCCL on
         the first node's NIC (by subnet and each rank's own NIC where nodes name theirs apart)."""
         if not nodes:
@@ -173,4 +195,11 @@ class Mpirun(Launcher):
         command = runplan.rank_output_argv(run.rank_output, run.command)
         argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
                 else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
-        return [argv if run.rank_output else [argv[0], "--tag-output", *argv[1:]]]
+        return attempt_of([argv if run.rank_output else [argv[0], "--tag-output", *argv[1:]]])
+
+    def sagemaker_argv(self, hosts: Sequence[str], rank: int, iface: str, slots: int, command: Sequence[str],
+                       forward: Sequence[str], ssh: Sequence[str]) -> list[str] | None:
+        """The first host runs mpirun across every host; the others only serve its ssh."""
+        if rank != 0:
+            return None
+        return mpirun_argv([Node(h, slots) for h in hosts], list(command), iface=iface, forward=forward, ssh=ssh)

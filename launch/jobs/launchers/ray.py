@@ -1,6 +1,6 @@
 """Ray: `ray start` in every container (node_argv: the head on the first node, workers joining
-it), then argv, the command as a Ray driver in the head's container (launch/jobs/job.py
-_run_ray; builders: ray_head_argv, ray_worker_argv, ray_job_argv, RAY_PORT).
+it), then argv, the command as a Ray driver in the head's container: Ray's protocol is its own
+(Ray.run, not the supervisor; builders: ray_head_argv, ray_worker_argv, ray_job_argv, RAY_PORT).
 
 Ray Train's storage: a TorchTrainer without RunConfig(storage_path) keeps its run under
 `~/ray_results` (ray.train.constants.DEFAULT_STORAGE_PATH, expanded in the driver; Ray 2.60's
@@ -14,12 +14,13 @@ ray-storage.sh) before `ray start`; without one, across nodes, the launch says s
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dtrain import contract
 from dtrain.launch.jobs import node_programs
-from dtrain.launch.jobs.launchers.base import Launcher, check_command
+from dtrain.launch.jobs.launchers.base import ITS_OWN, Launcher, RankOutput, Session, check_command
 
 RESULTS = "ray_results"  # the directory Ray Train's default storage_path names, under a shared --mount
 # Ray Train's workers also hand each print() to a logger that writes it to the console again
@@ -103,9 +104,52 @@ def ray_job_argv(head_address: str, command: Sequence[str]) -> list[str]:
 
 class Ray(Launcher):
     name = "ray"
-    supervised = False
+    placement = ITS_OWN
+    output = RankOutput("", "Ray's driver prints its workers' lines without their rank (it runs the job, "
+                            "not the supervisor): --hang-timeout and --straggler-check are not for it")
     starts_cluster = True
     manifests = True
+
+    def notes(self, spec: JobSpec, nodes: int) -> list[str]:
+        if nodes < 2 or self.shared_storage(spec):
+            return []
+        return ["ray: no writable --mount, so Ray Train's default storage (~/ray_results) is each "
+                "container's own, and a TorchTrainer without RunConfig(storage_path=s3://... or a shared "
+                "path) fails across nodes (\"Unable to set up cluster storage\"); give --mount PATH that "
+                "every node shares (EFS: dtrain volume create --efs; the simulated cluster: dtrain cluster "
+                "up --shared DIR:PATH)"]
+
+    def run(self, session: Session) -> int:
+        """A head in the first node's container, a worker in each other one (`ray start`; Ray's
+        daemons stay in the container), wait until the head sees every node, then the command as
+        a Ray driver in the head's container (RAY_ADDRESS set), its output streamed. Every step
+        runs through run.sh (session.in_container), so the job's --env values come from its file,
+        and starts where the other launchers start the command. Ray stops everywhere afterwards
+        (the containers go anyway)."""
+        spec, facts = session.spec, session.facts
+        first = facts[0]
+        head = self.head_address(facts)
+        env = self.exec_env(first.iface)
+        storage = self.shared_storage(spec)
+        by_host = {f.node.host: i for i, f in enumerate(facts)}
+        session.say(f"[launch] ray: head {head} on {first.hostname}, {len(facts) - 1} worker node(s)"
+                    + (f"; Ray Train's default storage ~/ray_results -> {storage} on every node" if storage else ""))
+        try:
+            t0 = time.monotonic()
+            session.on([first], lambda f: session.in_container(self.node_argv(facts, 0, storage), env),
+                       spec.ready_timeout + 30, "starting the Ray head")
+            if len(facts) > 1:
+                session.on(facts[1:], lambda f: session.in_container(self.node_argv(facts, by_host[f.node.host],
+                                                                                    storage), env),
+                           spec.ready_timeout + 30, "starting Ray workers")
+            wait = ray_wait_argv(head, len(facts), spec.ready_timeout)
+            session.on([first], lambda f: session.in_container(wait, env), spec.ready_timeout + 60,
+                       "waiting for every Ray node")
+            session.say(f"[launch] ray cluster of {len(facts)} node(s) up ({time.monotonic() - t0:.1f} s)")
+            return session.stream(first, session.in_container(ray_job_argv(head, list(spec.command)), env))
+        finally:
+            if not session.closing():
+                session.on(facts, lambda f: session.exec(ray_stop_argv()), 60, "")
 
     @staticmethod
     def head_address(facts: Sequence[NodeFacts]) -> str:
@@ -118,15 +162,6 @@ class Ray(Launcher):
         taken as shared, as --checkpoint-dir takes it); None without one."""
         writable = [m for m in spec.mounts if not m.readonly]
         return posixpath.join(writable[0].dst, RESULTS) if writable else None
-
-    def notes(self, spec: JobSpec, nodes: int) -> list[str]:
-        if nodes < 2 or self.shared_storage(spec):
-            return []
-        return ["ray: no writable --mount, so Ray Train's default storage (~/ray_results) is each "
-                "container's own, and a TorchTrainer without RunConfig(storage_path=s3://... or a shared "
-                "path) fails across nodes (\"Unable to set up cluster storage\"); give --mount PATH that "
-                "every node shares (EFS: dtrain volume create --efs; the simulated cluster: dtrain cluster "
-                "up --shared DIR:PATH)"]
 
     def node_argv(self, facts: Sequence[NodeFacts], rank: int, storage: str | None = None) -> list[str]:
         """`ray start` on node `rank`; storage: the shared directory ~/ray_results becomes a link to

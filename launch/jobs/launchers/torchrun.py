@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from dtrain import contract
 from dtrain.launch.jobs import nic, runplan
-from dtrain.launch.jobs.launchers.base import Launcher, check_command, script_argv
+from dtrain.launch.jobs.launchers.base import (EVERY_NODE, NODE_LINES, Attempt, Launcher, attempt_of, check_command,
+                                               script_argv)
 
 
 # --- the argv -------------------------------------------------------------------------
@@ -64,11 +66,12 @@ def torchrun_env(iface: str) -> dict[str, str]:
 
 class Torchrun(Launcher):
     name = "torchrun"
-    per_node = True
+    placement = EVERY_NODE
+    output = NODE_LINES  # `--tee 3`: `[defaultN]:` before each local rank's line
     sagemaker = True
     manifests = True
 
-    def attempt_argv(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> list[list[str]]:
+    def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         if not nodes:
             raise ValueError("attempt_argv: no nodes")
         out = []
@@ -77,7 +80,13 @@ class Torchrun(Launcher):
                                        list(run.command), rdzv=run.rdzv, job_id=run.job)
             env = {**torchrun_env(n.iface), **dict(run.extra_env)}
             out.append(["env", *(f"{k}={v}" for k, v in env.items()), t[0], "--tee", "3", *t[1:]])
-        return out
+        return attempt_of(out)
+
+    def sagemaker_argv(self, hosts: Sequence[str], rank: int, iface: str, slots: int, command: Sequence[str],
+                       forward: Sequence[str], ssh: Sequence[str]) -> list[str] | None:
+        """Every host runs torchrun, its node rank its place in the sorted hosts (SageMaker's
+        `train` sets NCCL and Gloo on its NIC: exec_env)."""
+        return torchrun_argv(len(hosts), rank, slots, hosts[0], contract.MASTER_PORT, list(command))
 
     def exec_env(self, iface: str) -> dict[str, str]:
         return torchrun_env(iface)
