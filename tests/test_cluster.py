@@ -22,7 +22,7 @@ from dtrain import engine
 from dtrain.launch.infra import cluster
 from dtrain.launch.infra import netns as nx
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]  # a shape of its own: after the 3-node tests
 
 N = 2
 DOCKER = cluster.DOCKER_BIN
