@@ -32,16 +32,23 @@ CLUSTER_NODES = 3
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_cluster: brings up a simulated cluster of its own shape (size, lazy, "
-                                       "shared directories): runs after every test on the shared 3-node cluster")
+    config.addinivalue_line("markers", "own_cluster(takes_down=False): brings up a simulated cluster of its own "
+                                       "shape (size, lazy, shared directories): runs after every test on the shared "
+                                       "3-node cluster; takes_down: it takes the cluster down (its registry too): "
+                                       "after the other own_cluster modules")
+
+
+def _cluster_order(item) -> tuple[int, int]:
+    own = item.get_closest_marker("own_cluster")
+    return (0, 0) if own is None else (1, int(bool(own.kwargs.get("takes_down"))))
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests on the shared 3-node cluster first, the `own_cluster` modules after them, each in
-    the order collected: a shape is made once (each own_cluster module's, then none), never the
-    3-node cluster again after one of them (a cluster made again costs its registry's pushes and
-    every node's pulls)."""
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("own_cluster") is not None)
+    """The tests on the shared 3-node cluster first, the `own_cluster` modules after them (those
+    that take the cluster down last), each in the order collected: a shape is made once, never the
+    3-node cluster again after one of them (a cluster made again costs every node's pulls), and
+    each recreate keeps the registry's images (cluster.up) for the next shape's pushes."""
+    items[:] = sorted(items, key=_cluster_order)
 
 
 @pytest.fixture(scope="session", autouse=True)
