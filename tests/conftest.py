@@ -4,12 +4,12 @@ Nothing here skips: when a component cannot start, the fixture raises and the te
 need it fail. Images are built once per session (cached by layer across sessions on the
 same machine); the cluster comes up once with 3 nodes and goes down at the end.
 
-What makes the suite fit its time (docs/testing.md, "The suite's time"): the 3-node cluster is
-made once and every test that needs it runs on it, the modules marked `own_cluster` (a cluster
-of another shape: size, lazy, shared directories) run after all of them
-(pytest_collection_modifyitems), and the CPU images are pushed to the cluster's registry once
-(`remote_images` asks the registry for each image's digest and pushes again only where it
-differs: a cluster made again has an empty registry).
+What keeps the suite's time down (docs/benchmarks.md, "The test suite's time"): the 3-node
+cluster is made once and every test that needs it runs on it, the modules marked `own_cluster`
+(a cluster of another shape: size, lazy, shared directories) run after all of them
+(pytest_collection_modifyitems; tests/test_suite_order.py), a recreate keeps the registry's
+images (cluster.up), and `remote_images` pushes only where the registry does not hold what this
+session pushed (not before every test).
 """
 
 from __future__ import annotations
