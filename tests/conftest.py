@@ -3,6 +3,13 @@
 Nothing here skips: when a component cannot start, the fixture raises and the tests that
 need it fail. Images are built once per session (cached by layer across sessions on the
 same machine); the cluster comes up once with 3 nodes and goes down at the end.
+
+What keeps the suite's time down (docs/benchmarks.md, "The test suite's time"): the 3-node
+cluster is made once and every test that needs it runs on it, the modules marked `own_cluster`
+(a cluster of another shape: size, lazy, shared directories) run after all of them
+(pytest_collection_modifyitems; tests/test_suite_order.py), a recreate keeps the registry's
+images (cluster.up), and `remote_images` pushes only where the registry does not hold what this
+session pushed (not before every test).
 """
 
 from __future__ import annotations
@@ -22,6 +29,26 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = Path("/opt/wheels")
 CLUSTER_NODES = 3
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "own_cluster(takes_down=False): brings up a simulated cluster of its own "
+                                       "shape (size, lazy, shared directories): runs after every test on the shared "
+                                       "3-node cluster; takes_down: it takes the cluster down (its registry too): "
+                                       "after the other own_cluster modules")
+
+
+def _cluster_order(item) -> tuple[int, int]:
+    own = item.get_closest_marker("own_cluster")
+    return (0, 0) if own is None else (1, int(bool(own.kwargs.get("takes_down"))))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests on the shared 3-node cluster first, the `own_cluster` modules after them (those
+    that take the cluster down last), each in the order collected: a shape is made once, never the
+    3-node cluster again after one of them (a cluster made again costs every node's pulls), and
+    each recreate keeps the registry's images (cluster.up) for the next shape's pushes."""
+    items[:] = sorted(items, key=_cluster_order)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -113,15 +140,49 @@ def nic_down(cluster):
     return down
 
 
+def registry_digest(ref: str) -> str | None:
+    """The manifest digest the (plain-HTTP) registry holds for REGISTRY/REPO:TAG, None if none."""
+    import urllib.error
+    import urllib.request
+
+    registry, _, rest = ref.partition("/")
+    repo, _, tag = rest.rpartition(":")
+    req = urllib.request.Request(f"http://{registry}/v2/{repo}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"})
+    try:  # no proxy: the cluster's registry is on this machine's bridge
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as r:
+            return r.headers.get("Docker-Content-Digest")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+_PUSHED: dict[str, tuple[str, str]] = {}  # remote ref -> (local image ID, digest) this session pushed
+
+
 @pytest.fixture
 def remote_images(cluster, cpu_images):
-    """CPU images pushed to the cluster's registry: {family: remote ref}."""
+    """CPU images pushed to the cluster's registry: {family: remote ref}. Pushed (and verified
+    by pulling back) unless the registry holds the digest this session pushed of the same local
+    image: once per cluster, not once per test (the 81 tests that use it each pushed all four)."""
     from dtrain.images import push as p
     from dtrain.images.spec import load_all
 
     imgs = [i for i in load_all() if not i.gpu]
-    results = p.push_registry(imgs, cluster.registry, catalog_path=ROOT / "build" / "test-catalog.json")
-    return {r.entry["family"]: r.remote for r in results}
+    refs = {i.family: p.remote_ref(cluster.registry, p.REPO_PREFIX, i.family, i.tag) for i in imgs}
+
+    def pushed(img) -> bool:
+        ref = refs[img.family]
+        was = _PUSHED.get(ref)
+        return (was is not None and (p.inspect_image(p.local_ref(img)) or {}).get("Id") == was[0]
+                and registry_digest(ref) == was[1])
+
+    if not all(pushed(i) for i in imgs):
+        results = p.push_registry(imgs, cluster.registry, catalog_path=ROOT / "build" / "test-catalog.json")
+        _PUSHED.update({r.remote: (r.entry["image_id"], r.digest) for r in results})
+        refs = {r.entry["family"]: r.remote for r in results}
+    return refs
 
 
 # ---------------------------------------------------------------- AWS: moto only, on loopback

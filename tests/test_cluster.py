@@ -22,7 +22,8 @@ from dtrain import engine
 from dtrain.launch.infra import cluster
 from dtrain.launch.infra import netns as nx
 
-pytestmark = pytest.mark.cluster
+# a shape of its own, and it takes the cluster down: after the 3-node tests and the other own_cluster modules
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster(takes_down=True)]
 
 N = 2
 DOCKER = cluster.DOCKER_BIN
@@ -215,6 +216,28 @@ def test_up_is_idempotent_and_refuses_other_size(info):
     assert cluster.status().up
 
 
+def test_a_recreate_keeps_the_registrys_images_for_the_new_nodes(info):
+    """up(recreate=True) of another shape (here: a shared directory) keeps what was pushed to the
+    registry, as ECR outlives the nodes (the next shape's push finds every layer: a push of the CPU
+    images to an empty registry took 190 s of CI's run per cluster made again); the new nodes'
+    engines are new and pull it from there. Nothing of it is left between (REGISTRY_KEPT)."""
+    push_test_image_from_node1(info)
+    shared = Path(tempfile.mkdtemp(prefix="dt-shared-"))
+    try:
+        other = cluster.up(N, recreate=True, quiet=True, shared={str(shared): str(shared)})
+        assert other.shared == ((str(shared), str(shared)),) and cluster.status().up
+        assert not cluster.REGISTRY_KEPT.exists()
+        n2 = other.nodes[1].name
+        assert ssh(other, n2, f"docker image inspect {IMAGE}", check=False).returncode != 0  # a new engine
+        ssh(other, n2, f"docker pull -q {IMAGE}")  # from the kept registry
+    finally:
+        again = cluster.up(N, recreate=True, quiet=True)  # as the module's fixture made it
+        shutil.rmtree(shared)
+    assert again == info and cluster.status().up
+    ssh(info, info.nodes[0].name, f"docker pull -q {IMAGE}")
+    assert not cluster.REGISTRY_KEPT.exists()
+
+
 def _daemon_pids() -> list[str]:
     out = run(["ps", "-eo", "pid=,stat=,args="]).stdout
     return [l for l in out.splitlines() if str(cluster.STATE_DIR) in l and " Z" not in l
@@ -228,7 +251,7 @@ def _assert_nothing_left():
     assert _daemon_pids() == []
     assert "dtrain-cluster" not in run(["iptables", "-S"]).stdout
     assert str(cluster.STATE_DIR) not in Path("/proc/self/mountinfo").read_text()
-    assert not cluster.STATE_DIR.exists()
+    assert not cluster.STATE_DIR.exists() and not cluster.REGISTRY_KEPT.exists()
     st = cluster.status()
     assert st.info is None and not st.up and st.leftovers == []
 

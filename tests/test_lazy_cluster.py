@@ -5,7 +5,8 @@ node how the image came.
 Real components only: the cluster's nodes run launch/node/lazy-node.sh (Debian 13's
 soci-snapshotter-grpc, containerd and dockerd 26, unpacked by engine.ensure_lazy_binaries:
 fetched with apt when missing, never skipped), the registry speaks TLS with the cluster's
-self-signed certificate. The cluster is left as the other tests want it: 3 classic nodes.
+self-signed certificate. A shape of its own (own_cluster): it runs after the tests on the shared
+3-node cluster, which the `cluster` fixture makes again where a test after it needs one.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from dtrain.launch.remote.hosts import parse_hostfile
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "logs"
 
+pytestmark = pytest.mark.own_cluster  # a shape of its own: after the 3-node tests
+
 
 @pytest.fixture(scope="module")
 def lazy_cluster(_cluster_session):
     info = cl.up(2, recreate=True, quiet=True, lazy=cl.Lazy(str(engine.ensure_lazy_binaries())))
     engine.allow_insecure_registry(info.registry)
-    yield info
-    cl.up(3, recreate=True, quiet=True)  # as the other modules' `cluster` fixture makes it
+    return info
 
 
 def dtrain(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
 """Ray Train's own example style across nodes (issue 40): a TorchTrainer with
 ScalingConfig(num_workers=3) and no RunConfig(storage_path), as ray's torch_linear_example.py,
 on 3 simulated nodes that share a host directory (`cluster.up(shared=...)`, as EFS) given to
-the job as --mount: it ends with its metrics and every worker line shows once. The cluster is
-left as the other tests want it: 3 nodes, nothing shared."""
+the job as --mount: it ends with its metrics and every worker line shows once. A shape of its
+own (own_cluster): it runs after the tests on the shared 3-node cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dtrain.launch.jobs.container import Mount
 from dtrain.launch.jobs.job import Job, job_log
 from test_launch import containers_left, nodes_of, spec
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]  # a shape of its own: after the 3-node tests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,8 +140,7 @@ def ray_shared(_cluster_session, engine, cpu_images, tmp_path_factory):
     engine.allow_insecure_registry(info.registry)
     imgs = [i for i in load_all() if not i.gpu and i.family == "ray-train"]
     ref = P.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog-ray-shared.json")[0].remote
-    yield info, shared, ref
-    cl.up(3, recreate=True, quiet=True)  # as the other modules' `cluster` fixture makes it
+    return info, shared, ref
 
 
 def test_ray_trains_example_without_storage_path_on_3_nodes_with_shared_storage(ray_shared, tmp_path):

@@ -2,8 +2,8 @@
 Slurm clusters: 4 simulated nodes whose /root is one host directory (cluster.up(shared=...)).
 Every launch makes the job's directory anew on every node at the same moment; each node's is
 its own (~/.dtrain/nodes/HOST/jobs/NAME), so relaunches of one name pass on all 4 and no node
-makes, locks or removes another's. The cluster is left as the other tests want it: 3 nodes,
-each with its own ~/.dtrain.
+makes, locks or removes another's. A shape of its own (own_cluster): it runs after the tests on
+the shared 3-node cluster, which the `cluster` fixture makes again where a test after it needs one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dtrain.launch.jobs import store
 from dtrain.launch.jobs.job import Job, job_log
 from test_launch import containers_left, nodes_of, spec
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]  # a shape of its own: after the 3-node tests
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 4
@@ -41,8 +41,7 @@ def shared_home(_cluster_session, engine, cpu_images, tmp_path_factory):
     engine.allow_insecure_registry(info.registry)
     imgs = [i for i in load_all() if not i.gpu and i.family == "pytorch-ddp"]
     ref = P.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog-shared-home.json")[0].remote
-    yield info, home, ref
-    cl.up(3, recreate=True, quiet=True)  # as the other modules' `cluster` fixture makes it
+    return info, home, ref
 
 
 def _node_dirs(home: Path, name: str) -> list[Path]:

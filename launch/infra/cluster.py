@@ -557,8 +557,10 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
 
     If a healthy cluster with the same node count is already up, it is returned
     unchanged.  A different count raises :class:`ClusterError` unless
-    ``recreate=True`` (then the old cluster is torn down first).  Any failure
-    tears down everything this call made and raises :class:`ClusterError`.
+    ``recreate=True`` (then the old cluster is torn down first; its registry's storage, the
+    images pushed to it, is kept for the new one, as ECR outlives the nodes: a push of the same
+    image finds every layer there).  Any failure tears down everything this call made and
+    raises :class:`ClusterError`.
     """
     _check_platform()
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
@@ -575,26 +577,27 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
         check_lazy_root(lazy.root)  # before anything is touched
     mounts = check_shared(shared)
     with _locked():
+        kept = False  # the registry's storage of the cluster this call replaced (REGISTRY_KEPT)
         try:
             st = _status()
         except ClusterError:  # a record from another version of dtrain
             if not recreate:
                 raise
             _log(quiet, f"{STATE_FILE} is from another version of dtrain; rebuilding")
-            _down(quiet)
+            kept = _down(quiet, keep_registry=True) or kept
             st = _status()
         if st.info is not None and st.info.lazy != (lazy is not None):
             mode = "lazy" if st.info.lazy else "classic"
             if not recreate:
                 raise ClusterError(refusal(st.nodes, mode))
             _log(quiet, f"existing cluster is in {mode} mode; rebuilding")
-            _down(quiet)
+            kept = _down(quiet, keep_registry=True) or kept
             st = _status()
         if st.info is not None and st.info.shared != mounts:
             if not recreate:
                 raise ClusterError(refusal(st.nodes, "shared"))
             _log(quiet, "existing cluster has other shared directories; rebuilding")
-            _down(quiet)
+            kept = _down(quiet, keep_registry=True) or kept
             st = _status()
         if st.info is not None:
             if st.nodes == nodes and st.up:
@@ -606,13 +609,13 @@ def up(nodes: int, *, recreate: bool = False, quiet: bool = False,
             _log(quiet, "existing cluster is " + ("degraded: " + "; ".join(st.problems)
                                                   if not st.up else f"{st.nodes} node(s)")
                  + "; rebuilding")
-            _down(quiet)
+            kept = _down(quiet, keep_registry=True) or kept
         elif st.leftovers:
             _log(quiet, "cleaning leftovers: " + ", ".join(st.leftovers))
-            _down(quiet)
+            kept = _down(quiet, keep_registry=True) or kept
         t0 = time.monotonic()
         try:
-            info = _up(nodes, quiet, timeout, lazy, mounts)
+            info = _up(nodes, quiet, timeout, lazy, mounts, registry_data=REGISTRY_KEPT if kept else None)
         except BaseException as e:
             _log(quiet, f"up failed ({type(e).__name__}: {e}); tearing down")
             with contextlib.suppress(Exception):
@@ -706,7 +709,7 @@ def set_link_rate(index: int, bits_per_s: int | None) -> None:
 
 
 def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None,
-        shared: tuple[tuple[str, str], ...] = ()) -> ClusterInfo:
+        shared: tuple[tuple[str, str], ...] = (), registry_data: Path | None = None) -> ClusterInfo:
     info = _info(n, lazy is not None, shared)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE_DIR, 0o755)
@@ -760,6 +763,9 @@ def _up(n: int, quiet: bool, timeout: float, lazy: Lazy | None = None,
     regdir.mkdir(parents=True, exist_ok=True)
     tls = _registry_tls(regdir)[:2] if lazy else None
     _write(regdir / "config.yml", _registry_config(regdir, tls))
+    if registry_data is not None and registry_data.is_dir():  # the replaced cluster's images (up's recreate)
+        _log(quiet, "registry: keeping the images pushed to the cluster this one replaces")
+        registry_data.rename(regdir / "data")
     (regdir / "data").mkdir(parents=True, exist_ok=True)
     rpid = nx.spawn(["docker-registry", "serve", str(regdir / "config.yml")], regdir / "registry.log")
     record("registry", rpid)
@@ -893,10 +899,24 @@ def down(*, quiet: bool = False, wait: bool = False) -> None:
 
 
 TRASH_GLOB = f".{STATE_DIR.name}-trash-*"
+# The registry's storage between the _down and the _up of a recreate (same file system: a rename).
+REGISTRY_KEPT = STATE_DIR.parent / f".{STATE_DIR.name}-registry-kept"
 
 
-def _remove_state_dir(quiet: bool, wait: bool) -> None:
+def _remove_state_dir(quiet: bool, wait: bool, keep_registry: bool = False) -> bool:
+    """The state directory away (renamed, then deleted); keep_registry: its registry storage moved
+    to REGISTRY_KEPT first (True if there was one). Without it, a kept one left by an
+    interrupted recreate goes too."""
     trash: list[Path] = []
+    kept = False
+    data = STATE_DIR / "registry" / "data"
+    if REGISTRY_KEPT.exists() and (not keep_registry or data.is_dir()):  # an interrupted recreate's
+        t = STATE_DIR.parent / TRASH_GLOB.replace("*", f"{os.getpid()}-{time.time_ns()}-kept")
+        REGISTRY_KEPT.rename(t)
+        trash.append(t)
+    if keep_registry and data.is_dir():
+        data.rename(REGISTRY_KEPT)
+        kept = True
     if STATE_DIR.exists():
         t = STATE_DIR.parent / TRASH_GLOB.replace("*", f"{os.getpid()}-{time.time_ns()}")
         STATE_DIR.rename(t)
@@ -904,16 +924,19 @@ def _remove_state_dir(quiet: bool, wait: bool) -> None:
     # earlier leftovers (a previous background delete that was interrupted)
     trash += [p for p in STATE_DIR.parent.glob(TRASH_GLOB) if p not in trash]
     if not trash:
-        return
+        return kept
     _log(quiet, f"removing {STATE_DIR}" + ("" if wait else " (in the background)"))
     argv = ["rm", "-rf", "--one-file-system", *map(str, trash)]
     if wait:
         sh(argv, timeout=3600)
     else:
         nx.spawn(["nice", "-n", "10", *argv], Path(os.devnull))
+    return kept
 
 
-def _down(quiet: bool, wait: bool = False) -> None:
+def _down(quiet: bool, wait: bool = False, keep_registry: bool = False) -> bool:
+    """Everything away; keep_registry (up's recreate): the registry's storage to REGISTRY_KEPT
+    (True if it was kept)."""
     state = _load_state() or {}
     pids: dict[str, int] = state.get("pids", {})
     namespaces = sorted(set(nx.netns_list()) | {k for k in
@@ -974,7 +997,7 @@ def _down(quiet: bool, wait: bool = False) -> None:
     nx.del_link(BRIDGE)
     nx.ipt_remove_tagged()
     # 6. files
-    _remove_state_dir(quiet, wait)
+    return _remove_state_dir(quiet, wait, keep_registry)
 
 
 _DAEMON_COMMS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
