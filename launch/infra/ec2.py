@@ -152,6 +152,10 @@ class Resolved:
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
     addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
     warnings: tuple[str, ...] = ()  # one line each, said before the stack is made (gpu_ami_problem)
+    # The zones still to try when this one has no capacity (zone, its subnet; None with --new-vpc),
+    # in order; () when none or when the zone is pinned (zone_pin says why).
+    other_zones: tuple[tuple[str, str | None], ...] = ()
+    zone_pin: str = ""  # why the nodes cannot move to another zone ("--subnet S is in ...", the data's zone)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -192,7 +196,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                                   "(create or import it: aws ec2 import-key-pair)") from None
             raise _client_error(e, "DescribeKeyPairs") from None
     offered = offered_zones(session, spec.instance_type)
-    vpc_id = subnet_id = az = None
+    vpc_id = subnet_id = az = pinned = None
+    others: tuple[tuple[str, str | None], ...] = ()
     if spec.subnet:
         try:
             sub = ec2.describe_subnets(SubnetIds=[spec.subnet])["Subnets"][0]
@@ -212,12 +217,23 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                                              {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
         if not subs:
             raise LaunchError(f"default VPC {vpcs[0]['VpcId']} has no default subnet: pass --subnet SUBNET-ID")
-        zone = pick_zone([s["AvailabilityZone"] for s in subs], offered, spec.instance_type,
-                         preferred=data_zone(session, spec.name))
+        pinned = data_zone(session, spec.name)
+        zone = pick_zone([s["AvailabilityZone"] for s in subs], offered, spec.instance_type, preferred=pinned)
         sub = next(s for s in subs if s["AvailabilityZone"] == zone)
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
+        by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subs}
+        others = tuple((z, by_zone[z]) for z in zone_order(list(by_zone), offered) if z != zone)
     else:
-        az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
+        pinned = data_zone(session, spec.name)
+        az = pick_zone(offered, offered, spec.instance_type, preferred=pinned)
+        others = tuple((z, None) for z in zone_order(offered, offered) if z != az)
+    if spec.subnet:
+        pin = f"--subnet {spec.subnet} is in {az}"
+    elif pinned == az:
+        pin = (f"the cluster's dataset volume(s) {', '.join(v['VolumeId'] for v in dataset_volumes(session, spec.name))} "
+               f"are in {az} (a volume attaches in its own zone only)")
+    else:
+        pin = ""
     warnings: list[str] = []
     ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(gpus),
                                                              instance_type=spec.instance_type, warnings=warnings)
@@ -247,7 +263,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings))
+                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings),
+                    other_zones=() if pin else others, zone_pin=pin)
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -285,6 +302,11 @@ def pick_zone(candidates: Sequence[str], offered: Sequence[str], instance_type: 
         raise LaunchError(f"--instance-type {instance_type}: offered in {', '.join(offered) or 'no zone'} of this "
                           "region, none of which has a default subnet here: pass --subnet SUBNET-ID in one of them")
     return preferred if preferred in usable else usable[0]
+
+
+def zone_order(candidates: Sequence[str], offered: Sequence[str]) -> list[str]:
+    """The candidate zones that offer the type, in the order `nodes up` tries them (pure)."""
+    return sorted(z for z in set(candidates) if z in set(offered))
 
 
 def dataset_volumes(session: Any, cluster: str, status: str | None = None) -> list[dict[str, Any]]:
@@ -785,26 +807,151 @@ def capacity_decision(count: int, minimum: int, up: int) -> str:
 
 def wait_capacity(session: Any, spec: NodesSpec, *, timeout: float = 900, poll: float = 10,
                   say: Callable[[str], None] = print) -> list[Instance]:
-    """Wait for the stack, then for count running instances or the timeout; what is running."""
+    """Wait for the stack, then for count running instances or the timeout; what is running.
+    Returns early (what runs) when the stack failed or is gone, or when the group says the zone
+    has no capacity (capacity_failure) while fewer than --min-count run."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     while True:
-        status, _ = stack_status(session, spec.name)
+        status = stack_state(session, spec.name)
         if status == "CREATE_COMPLETE":
             break
-        if not status.endswith("IN_PROGRESS"):
-            return []  # CREATE_FAILED / ROLLBACK / DELETE: no capacity to speak of
+        if status is None or not status.endswith("IN_PROGRESS"):
+            return []  # CREATE_FAILED / ROLLBACK / DELETE (OnFailure=DELETE): no capacity to speak of
         if time.monotonic() > deadline:
             break
+        up = running_instances(session, spec.name)
+        if len(up) < spec.minimum and capacity_failure(session, spec.name):
+            return up
         say(f"[nodes] stack {status} ({time.monotonic() - t0:.0f}s of at most {timeout:.0f}s)")
         time.sleep(poll)
     while True:
         up = running_instances(session, spec.name)
         if len(up) >= spec.count or time.monotonic() > deadline:
             return up
+        if len(up) < spec.minimum and capacity_failure(session, spec.name):
+            return up
         say(f"[nodes] {len(up)}/{spec.count} instances running ({time.monotonic() - t0:.0f}s of at most "
             f"{timeout:.0f}s)")
         time.sleep(poll)
+
+
+# What EC2 and Auto Scaling say when a zone has no capacity for the type: RunInstances' error
+# codes, and the words of a failed scaling activity or of CloudFormation's "Group did not
+# stabilize" ("We currently do not have sufficient p4d.24xlarge capacity in the Availability
+# Zone you requested (us-east-1a)", "There is no Spot capacity available that matches your request").
+CAPACITY_WORDS = re.compile(r"InsufficientInstanceCapacity|InsufficientCapacity|InsufficientHostCapacity|"
+                            r"do not have sufficient [\w.-]+ capacity|no Spot capacity available|"
+                            r"capacity-not-available|MaxSpotInstanceCountExceeded", re.IGNORECASE)
+
+
+def is_capacity_error(text: str) -> bool:
+    """Whether an AWS message says the zone has no capacity for the type (pure)."""
+    return bool(CAPACITY_WORDS.search(text or ""))
+
+
+def nodes_group(session: Any, name: str) -> str | None:
+    """The stack's Auto Scaling group (its physical id), or None before it is made or once gone."""
+    from botocore.exceptions import ClientError
+
+    try:
+        res = session.client("cloudformation").describe_stack_resources(StackName=stack_name(name))["StackResources"]
+    except ClientError:
+        return None
+    return next((r["PhysicalResourceId"] for r in res
+                 if r.get("LogicalResourceId") == "Nodes" and r.get("PhysicalResourceId")), None)
+
+
+def failed_activities(session: Any, name: str) -> list[str]:
+    """The messages of the group's failed launches (DescribeScalingActivities), newest first."""
+    from botocore.exceptions import ClientError
+
+    group = nodes_group(session, name)
+    if group is None:
+        return []
+    try:
+        acts = session.client("autoscaling").describe_scaling_activities(
+            AutoScalingGroupName=group, MaxRecords=20)["Activities"]
+    except ClientError:
+        return []
+    return [" ".join(str(a.get("StatusMessage") or a.get("Description") or "").split())
+            for a in acts if a.get("StatusCode") in ("Failed", "Cancelled")]
+
+
+def stack_failure(session: Any, name: str) -> str:
+    """Why the cluster's last stack failed (its first CREATE_FAILED event with a reason), found
+    by id (ListStacks) so a stack CloudFormation deleted after the failure is read too; "" if none."""
+    from botocore.exceptions import ClientError
+
+    cfn = session.client("cloudformation")
+    try:
+        found = [st for p in cfn.get_paginator("list_stacks").paginate() for st in p["StackSummaries"]
+                 if st["StackName"] == stack_name(name)]
+        if not found:
+            return ""
+        newest = max(found, key=lambda st: str(st.get("CreationTime", "")))["StackId"]
+        events = cfn.describe_stack_events(StackName=newest)["StackEvents"]
+    except ClientError:
+        return ""
+    reasons = [" ".join(str(e["ResourceStatusReason"]).split()) for e in events
+               if str(e.get("ResourceStatus", "")).endswith("FAILED") and e.get("ResourceStatusReason")
+               and "cancelled" not in str(e["ResourceStatusReason"]).lower()]
+    return reasons[-1] if reasons else ""
+
+
+def capacity_failure(session: Any, name: str) -> str:
+    """The group's message that its zone has no capacity for the type, or "" (read-only)."""
+    return next((m for m in failed_activities(session, name) if is_capacity_error(m)), "")
+
+
+def shortfall(session: Any, name: str) -> str:
+    """Why fewer than --min-count instances run: a capacity message (scaling activity, stack
+    event), else the stack's failure, else ""."""
+    found = capacity_failure(session, name)
+    return found or stack_failure(session, name)
+
+
+def next_zone(res: Resolved, reason: str) -> tuple[str, str | None] | None:
+    """The zone (and subnet) to try after res's zone gave too few instances, or None: the zone is
+    pinned, none is left, or the failure is not one of capacity (pure). reason "" (instances that
+    did not come up by the timeout, the stack standing) counts as capacity."""
+    if res.zone_pin or not res.other_zones:
+        return None
+    if reason and not is_capacity_error(reason):
+        return None
+    return res.other_zones[0]
+
+
+def move_line(spec: NodesSpec, zone: str | None, started: int, reason: str, to: str) -> str:
+    """What `nodes up` says when it leaves a zone without capacity for the next one (pure)."""
+    why = reason or f"not running after the wait (--min-count {spec.minimum})"
+    return (f"[nodes] no capacity in {zone} for {spec.count} x {spec.instance_type}{' (spot)' if spec.spot else ''} "
+            f"({started} started: {why}): deleting stack {stack_name(spec.name)} there (nothing of it stays in "
+            f"{zone}), then trying {to}")
+
+
+def capacity_in_zones(session: Any, spec: NodesSpec, res: Resolved, *, timeout: float = 900, poll: float = 10,
+                      say: Callable[[str], None] = print) -> tuple[list[Instance], Resolved, str]:
+    """wait_capacity in the stack's zone; below --min-count for want of capacity
+    (InsufficientInstanceCapacity, or instances that did not come), delete the stack (waiting
+    until it is gone: nothing bills in the zone it leaves) and make it again in the next zone
+    that offers the type (res.other_zones), until one has capacity or none is left. Returns
+    what runs, the Resolved of the zone it runs in, and why the last zone fell short ("")."""
+    while True:
+        up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
+        if capacity_decision(spec.count, spec.minimum, len(up_)) != "rollback":
+            return up_, res, ""
+        reason = shortfall(session, spec.name)
+        nxt = next_zone(res, reason)
+        if nxt is None:
+            return up_, res, reason
+        say(move_line(spec, res.availability_zone, len(up_), reason, nxt[0]))
+        if stack_state(session, spec.name) is not None:  # CloudFormation may have deleted it (OnFailure)
+            delete_stack(session, spec.name, poll=poll)
+        res = replace(res, availability_zone=nxt[0], subnet_id=nxt[1] or res.subnet_id,
+                      other_zones=res.other_zones[1:])
+        create_stack(session, spec, stack_template(spec, res))
+        say(f"[nodes] stack {stack_name(spec.name)} creating in {nxt[0]}")
 
 
 def keep_partial(session: Any, name: str, up: int) -> None:
@@ -1264,10 +1411,14 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
     stack = stack_name(spec.name)
     down = f"dtrain nodes down --name {spec.name}{regions.region_arg(session.region_name)}"
     try:
-        up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
+        up_, res, reason = capacity_in_zones(session, spec, res, timeout=timeout, poll=poll, say=say)
         decision = capacity_decision(spec.count, spec.minimum, len(up_))
         if decision == "rollback":
-            raise LaunchError(f"only {len(up_)} of {spec.count} instances started (--min-count {spec.minimum})"
+            where = f" in {res.availability_zone}" if res.availability_zone else ""
+            stay = f"; not moved to another zone: {res.zone_pin}" if res.zone_pin else (
+                "; no other zone of the region offers the type" if is_capacity_error(reason) or not reason else "")
+            raise LaunchError(f"only {len(up_)} of {spec.count} instances started{where} (--min-count {spec.minimum})"
+                              + (f": {reason}" if reason else "") + stay
                               + ("" if keep_on_failure else f"; rolled back: stack {stack} deleted"))
         if decision == "partial":
             say(f"[nodes] partial capacity: {len(up_)} of {spec.count} instances started "
