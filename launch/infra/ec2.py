@@ -42,6 +42,8 @@ LARGEST_IMAGE_GB = 20
 ROOT_ROOM_GB = 100
 SSH_USER_TAG = contract.SSH_USER_TAG  # on every instance: `launch --ec2-tag` reads the user from it
 FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
+IDLE_DOWN = ROOT / "launch" / "node" / "idle_down.py"  # --idle-down: in the user data, installed by first-boot.sh
+IDLE_DOWN_MAX_MINUTES = 7 * 24 * 60
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `dtrain launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
@@ -91,6 +93,7 @@ class NodesSpec:
     s3_write: bool = False
     instance_profile: str | None = None  # an existing profile instead of the stack's; "none": no role
     lazy: bool = False  # lazy loading with SOCI on every node (first-boot.sh: DTRAIN_LAZY=1)
+    idle_down: int | None = None  # minutes without a dtrain job before the nodes delete the stack (idle_down.py)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -122,6 +125,11 @@ class NodesSpec:
                               "add --s3-bucket NAME (repeatable)")
         if self.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", self.instance_profile):
             raise LaunchError(f"--instance-profile {self.instance_profile!r}: not an instance profile name")
+        if self.idle_down is not None and not 1 <= self.idle_down <= IDLE_DOWN_MAX_MINUTES:
+            raise LaunchError(f"--idle-down {self.idle_down}: minutes from 1 to {IDLE_DOWN_MAX_MINUTES}")
+        if self.idle_down is not None and self.instance_profile is not None:
+            raise LaunchError(f"--idle-down lets the stack's own role delete its own stack; with --instance-profile "
+                              f"{self.instance_profile} the nodes have no such role: drop one of the two")
         if self.instance_profile is not None and (self.s3_buckets or self.s3_write):
             raise LaunchError("--s3-bucket/--s3-write shape the stack's own role; with --instance-profile "
                               f"{self.instance_profile}, give that profile's role the bucket access instead")
@@ -680,18 +688,95 @@ def user_data(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     """launch/node/first-boot.sh; with --efs, the file system's id and the region set above
     it (AWS values, not user text) so it mounts the EFS at /efs at every boot; with --lazy,
     DTRAIN_LAZY=1 (lazy loading with SOCI); with Elastic IPs, DTRAIN_WAIT_ADDRESS=1 (no way
-    out until `nodes up` associates them)."""
+    out until `nodes up` associates them); with --idle-down, DTRAIN_IDLE_DOWN_S (seconds), the
+    stack's name and region, and launch/node/idle_down.py (gzip, base64) for first-boot.sh to
+    install as a service."""
     script = FIRST_BOOT.read_text()
     switches = ("DTRAIN_LAZY=1\n" if spec.lazy else "") + ("DTRAIN_WAIT_ADDRESS=1\n" if res.addresses else "")
+    if spec.idle_down:
+        switches += (f"DTRAIN_IDLE_DOWN_S={spec.idle_down * 60}\n"
+                     f"DTRAIN_IDLE_PROGRAM={idle_program()}\n")
     if not spec.efs and not switches:
         return {"Fn::Base64": script}
     shebang, rest = script.split("\n", 1)
     head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + switches
-    if not spec.efs:
+    stack: list[Any] = (["DTRAIN_STACK=", {"Ref": "AWS::StackName"}, "\nDTRAIN_REGION=", {"Ref": "AWS::Region"}, "\n"]
+                        if spec.idle_down else [])
+    if not spec.efs and not stack:
         return {"Fn::Base64": head + rest}
     fs: Any = res.file_system or {"Ref": "FileSystem"}
-    return {"Fn::Base64": {"Fn::Join": ["", [
-        f"{head}DTRAIN_EFS_ID=", fs, "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n", rest]]}}
+    efs: list[Any] = ["DTRAIN_EFS_ID=", fs, "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n"] if spec.efs else []
+    parts: list[Any] = []
+    for part in (head, *efs, *stack):  # adjacent text above the script as one string
+        if isinstance(part, str) and parts and isinstance(parts[-1], str):
+            parts[-1] += part
+        else:
+            parts.append(part)
+    return {"Fn::Base64": {"Fn::Join": ["", [*parts, rest]]}}
+
+
+def idle_down_line(spec: NodesSpec) -> str:
+    """What `nodes up --idle-down` says before the stack is made (pure)."""
+    return (f"[nodes] idle-down: the nodes delete stack {stack_name(spec.name)} once no dtrain job has run for "
+            f"{spec.idle_down} min (the whole cluster goes; its data stays; their role may delete that stack "
+            "and nothing else)")
+
+
+def idle_program() -> str:
+    """launch/node/idle_down.py as one line: gzip, then base64 (user data holds 16 KiB)."""
+    import base64
+    import gzip
+
+    return base64.b64encode(gzip.compress(IDLE_DOWN.read_bytes(), mtime=0)).decode()
+
+
+# What CloudFormation calls, with the caller's rights, to delete a cluster's stack: per resource
+# type of stack_template (the Auto Scaling group, launch template, security group and its rules,
+# placement group, Elastic IPs, EFS mount target, --new-vpc's network, the role and profile).
+STACK_DELETION_ACTIONS = (
+    "autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup",
+    "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities",
+    "ec2:DeleteLaunchTemplate", "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
+    "ec2:DeleteSecurityGroup", "ec2:RevokeSecurityGroupIngress", "ec2:RevokeSecurityGroupEgress",
+    "ec2:DescribeSecurityGroups", "ec2:DescribeSecurityGroupRules",
+    "ec2:DeletePlacementGroup", "ec2:DescribePlacementGroups",
+    "ec2:ReleaseAddress", "ec2:DisassociateAddress", "ec2:DescribeAddresses",
+    "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
+    "elasticfilesystem:DeleteMountTarget", "elasticfilesystem:DescribeMountTargets",
+    "ec2:DeleteVpc", "ec2:DeleteSubnet", "ec2:DeleteInternetGateway", "ec2:DetachInternetGateway",
+    "ec2:DeleteRoute", "ec2:DeleteRouteTable", "ec2:DisassociateRouteTable", "ec2:DescribeVpcs",
+    "ec2:DescribeSubnets", "ec2:DescribeInternetGateways", "ec2:DescribeRouteTables",
+)
+ROLE_DELETION_ACTIONS = (
+    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:GetInstanceProfile",
+    "iam:DeleteRole", "iam:DeleteRolePolicy", "iam:DetachRolePolicy", "iam:GetRole",
+    "iam:ListRolePolicies", "iam:ListAttachedRolePolicies", "iam:ListInstanceProfilesForRole",
+)
+VIA_CLOUDFORMATION = {"ForAnyValue:StringEquals": {"aws:CalledVia": ["cloudformation.amazonaws.com"]}}
+
+
+def role_path(spec: NodesSpec) -> str:
+    """The IAM path of the stack's role and instance profile (--idle-down: its rights name it)."""
+    return f"/dtrain/{spec.name}/"
+
+
+def idle_down_policy(spec: NodesSpec) -> dict[str, Any]:
+    """The nodes' rights for --idle-down: DeleteStack on their own stack, and nothing else
+    directly; what deleting it needs only through CloudFormation (aws:CalledVia), the IAM
+    part only on the stack's own role and profile (their path). CloudFormation acts for the
+    node on no other stack, since the node may start no operation on any other."""
+    own = "arn:${AWS::Partition}:iam::${AWS::AccountId}:"
+    return {"PolicyName": "dtrain-idle-down", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
+        {"Sid": "DeleteOwnStack", "Effect": "Allow", "Action": "cloudformation:DeleteStack",
+         "Resource": {"Fn::Sub": "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:"
+                                 "stack/${AWS::StackName}/*"}},
+        {"Sid": "StackResourcesThroughCloudFormation", "Effect": "Allow", "Action": list(STACK_DELETION_ACTIONS),
+         "Resource": "*", "Condition": VIA_CLOUDFORMATION},
+        {"Sid": "OwnRoleThroughCloudFormation", "Effect": "Allow", "Action": list(ROLE_DELETION_ACTIONS),
+         "Resource": [{"Fn::Sub": f"{own}role{role_path(spec)}*"},
+                      {"Fn::Sub": f"{own}instance-profile{role_path(spec)}*"}],
+         "Condition": VIA_CLOUDFORMATION},
+    ]}}
 
 
 def _instance_profile(spec: NodesSpec) -> dict[str, Any] | None:
@@ -715,14 +800,18 @@ def _role_resources(spec: NodesSpec, tags: list[dict[str, str]]) -> dict[str, An
         policies.append({"PolicyName": "dtrain-s3", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": arns},
             {"Effect": "Allow", "Action": actions, "Resource": objects}]}})
+    if spec.idle_down:
+        policies.append(idle_down_policy(spec))
+    path = {"Path": role_path(spec)} if spec.idle_down else {}
     return {
         "Role": {"Type": "AWS::IAM::Role", "Properties": {
+            **path,
             "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]},
             "ManagedPolicyArns": [{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"}],
             **({"Policies": policies} if policies else {}),
             "Tags": tags}},
-        "InstanceProfile": {"Type": "AWS::IAM::InstanceProfile", "Properties": {"Roles": [{"Ref": "Role"}]}},
+        "InstanceProfile": {"Type": "AWS::IAM::InstanceProfile", "Properties": {**path, "Roles": [{"Ref": "Role"}]}},
     }
 
 
@@ -1177,6 +1266,80 @@ def save_cluster(cluster: Cluster, address: str = "private") -> Path:
     return d / "hostfile"
 
 
+# --- the record follows the Auto Scaling group: a replaced node joins ----------------------------
+
+
+def follow(record: Cluster, running: Sequence[Instance]) -> tuple[Cluster, list[Instance], list[Instance]]:
+    """The record after the group replaced nodes (pure): the nodes still running keep their
+    place, those gone leave, the group's new ones join at the end (private-IP order). Returns
+    (the new record, gone, joined)."""
+    now = {i.id: i for i in running}
+    kept = [now[i.id] if now[i.id].public_ip else i for i in record.instances if i.id in now]
+    known = {i.id for i in record.instances}
+    joined = [i for i in running if i.id not in known]
+    gone = [i for i in record.instances if i.id not in now]
+    return replace(record, instances=tuple(kept + joined)), gone, joined
+
+
+def record_address(name: str, record: Cluster) -> str:
+    """The addresses the cluster's hostfile uses (public or private), read from it."""
+    try:
+        hosts = [line.split()[0] for line in cluster_hostfile(name).read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+    except (LaunchError, OSError):
+        return "private"
+    public = {i.public_ip for i in record.instances if i.public_ip}
+    return "public" if hosts and hosts[0] in public else "private"
+
+
+def free_addresses(session: Any, name: str, running: Sequence[Instance]) -> list[str]:
+    """The stack's Elastic IPs (allocation ids) associated with nothing: those a replaced node
+    left."""
+    _, out = stack_status(session, name)
+    allocations = [a for a in out.get("Addresses", "").split(",") if a]
+    if not allocations:
+        return []
+    ids = {i.id for i in running}
+    found = session.client("ec2").describe_addresses(AllocationIds=allocations)["Addresses"]
+    # AWS disassociates a terminated instance's address: one still associated is a node's
+    held = {a["AllocationId"] for a in found if a.get("AssociationId") or a.get("InstanceId") in ids}
+    return [a for a in allocations if a not in held]
+
+
+def follow_group(session: Any, name: str, say: Callable[[str], None] = print) -> tuple[Cluster, Path, bool]:
+    """`dtrain nodes sync --name NAME`: the cluster's record and hostfile follow its Auto Scaling
+    group. A node the group replaced (a spot interruption, a failed health check) leaves, and
+    the one that came instead joins with its address (on multi-EFA types, the Elastic IP the
+    old one left: its way in and out). Each change is one line; returns (record, hostfile,
+    whether anything changed)."""
+    record = load_cluster(name)
+    address = record_address(name, record)
+    running = running_instances(session, name)
+    updated, gone, joined = follow(record, running)
+    if joined:
+        free = free_addresses(session, name, running)
+        if free:  # multi-EFA nodes: the Elastic IP a gone node left is the newcomer's way in and out
+            attached = attach_addresses(session, joined[:len(free)], free)
+            by_id = {i.id: i for i in attached}
+            joined = [by_id.get(i.id, i) for i in joined]
+            updated = replace(updated, instances=tuple(by_id.get(i.id, i) for i in updated.instances))
+
+    def shown(i: Instance) -> str:
+        return i.public_ip if address == "public" and i.public_ip else i.private_ip
+
+    for i in gone:
+        say(f"[nodes] {shown(i)} ({i.id}, {i.availability_zone}) left: no longer running in the group")
+    for i in joined:
+        say(f"[nodes] {shown(i)} ({i.id}, {i.availability_zone}) joined: the group's replacement")
+    if not (gone or joined):
+        say(f"[nodes] {name}: the hostfile matches the group ({len(record.instances)} nodes)")
+        return record, cluster_hostfile(name), False
+    if not updated.instances:
+        raise LaunchError(f"--name {name}: no node of the cluster is running (stack {stack_name(name)}); "
+                          f"`dtrain nodes list` shows it; `dtrain nodes down --name {name}` removes it")
+    return updated, save_cluster(updated, address), True
+
+
 def cluster_problem(c: Cluster, name: str) -> str | None:
     """What is wrong in a cluster record the schema let through (pure): a name not the
     directory's, a value past its range or not one line, an address that is not one."""
@@ -1389,6 +1552,8 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
     for line in res.warnings:
         say(line)
+    if spec.idle_down:
+        say(idle_down_line(spec))
     if confirm is not None:
         confirm(res)
     create_stack(session, spec, stack_template(spec, res))
