@@ -168,3 +168,15 @@ def test_a_given_subnet_pins_its_zone(aws):
     sub = aws.client("ec2").describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"][0]
     res = ec2.preflight(aws, spec(subnet=sub["SubnetId"]))
     assert res.other_zones == () and res.zone_pin == f"--subnet {sub['SubnetId']} is in {sub['AvailabilityZone']}"
+
+
+def test_a_spot_move_says_the_new_zones_spot_price(aws, capacity):
+    first, second = zones(aws)[:2]
+    capacity[first] = 0
+    said: list[str] = []
+    ec2.up(aws, spec(count=2, spot=True), poll=0.05, timeout=5, say=said.append)
+    [line] = [m for m in said if m.startswith("[price]")]
+    # moto's spot price history: $0.00001 an hour in every zone
+    assert line.startswith(f"[price] 2 x g5.12xlarge spot in {second}: $0.000/h (EC2 spot price now in "), line
+    assert line.endswith("; the on-demand price shown before stays its ceiling")
+    assert said.index(line) == said.index(f"[nodes] stack dtrain-c1 creating in {second}") + 1

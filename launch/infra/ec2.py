@@ -700,18 +700,25 @@ def user_data(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
         return {"Fn::Base64": script}
     shebang, rest = script.split("\n", 1)
     head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + switches
-    stack: list[Any] = (["DTRAIN_STACK=", {"Ref": "AWS::StackName"}, "\nDTRAIN_REGION=", {"Ref": "AWS::Region"}, "\n"]
-                        if spec.idle_down else [])
-    if not spec.efs and not stack:
+    if not spec.efs and not spec.idle_down:
         return {"Fn::Base64": head + rest}
     fs: Any = res.file_system or {"Ref": "FileSystem"}
-    efs: list[Any] = ["DTRAIN_EFS_ID=", fs, "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n"] if spec.efs else []
+    region = {"Ref": "AWS::Region"}
+    pieces: list[tuple[Any, bool]] = [(head, False)]  # (part, a value: never joined to its neighbours)
+    if spec.efs:
+        pieces += [("DTRAIN_EFS_ID=", False), (fs, True), ("\nDTRAIN_EFS_REGION=", False), (region, True),
+                   ("\n", False)]
+    if spec.idle_down:
+        pieces += [("DTRAIN_STACK=", False), ({"Ref": "AWS::StackName"}, True), ("\nDTRAIN_REGION=", False),
+                   (region, True), ("\n", False)]
     parts: list[Any] = []
-    for part in (head, *efs, *stack):  # adjacent text above the script as one string
-        if isinstance(part, str) and parts and isinstance(parts[-1], str):
+    joinable = False
+    for part, value in pieces:  # adjacent text as one string
+        if joinable and not value:
             parts[-1] += part
         else:
             parts.append(part)
+        joinable = not value
     return {"Fn::Base64": {"Fn::Join": ["", [*parts, rest]]}}
 
 
@@ -1019,6 +1026,14 @@ def move_line(spec: NodesSpec, zone: str | None, started: int, reason: str, to: 
             f"{zone}), then trying {to}")
 
 
+def spot_price_line(spec: NodesSpec, zone: str, price: Any) -> str:
+    """The spot price in the zone `nodes up` moved to (a pricing.Price), said as the gate says it (pure)."""
+    if price.usd is None:
+        return f"[price] {price.missing} in {zone}; the on-demand price shown before stays its ceiling"
+    return (f"[price] {spec.count} x {spec.instance_type} spot in {zone}: ${price.usd * spec.count:,.3f}/h "
+            f"({price.source}); the on-demand price shown before stays its ceiling")
+
+
 def capacity_in_zones(session: Any, spec: NodesSpec, res: Resolved, *, timeout: float = 900, poll: float = 10,
                       say: Callable[[str], None] = print) -> tuple[list[Instance], Resolved, str]:
     """wait_capacity in the stack's zone; below --min-count for want of capacity
@@ -1041,6 +1056,10 @@ def capacity_in_zones(session: Any, spec: NodesSpec, res: Resolved, *, timeout: 
                       other_zones=res.other_zones[1:])
         create_stack(session, spec, stack_template(spec, res))
         say(f"[nodes] stack {stack_name(spec.name)} creating in {nxt[0]}")
+        if spec.spot:  # the spot price shown before was the first zone's
+            from dtrain.launch.infra import pricing
+
+            say(spot_price_line(spec, nxt[0], pricing.spot_now(session, spec.instance_type, nxt[0])))
 
 
 def keep_partial(session: Any, name: str, up: int) -> None:
