@@ -434,7 +434,7 @@ def _aws(profile, region):
 
 
 @task(iterable=["ssh_opt", "s3_bucket"], help={
-    "action": "up, down or list",
+    "action": "up, down, list or sync (the hostfile follows the Auto Scaling group: a replaced node joins)",
     "all_regions": "with list: every region of the account (DescribeRegions), not only those dtrain has used here",
     "name": "cluster name (stack dtrain-NAME; instances tagged dtrain:cluster=NAME)",
     "count": "instances wanted", "min_count": "go on with this many if fewer start (default: --count)",
@@ -465,12 +465,14 @@ def _aws(profile, region):
     "confirm_above": "with up: ask before renting above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
                      "without a terminal, refuse unless --yes",
     "hours": "with up: also show the price for this many hours",
+    "idle_down": "with up: the nodes delete their own stack once no dtrain job has run for this many minutes "
+                 "(data kept; the role may delete that stack and nothing else)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
           new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
-          all_regions=False, yes=False, confirm_above=None, hours=None):
+          all_regions=False, yes=False, confirm_above=None, hours=None, idle_down=None):
     """EC2 nodes from one CloudFormation stack: dtrain nodes up --name C --count 4 --instance-type T | down | list."""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch.infra import ec2
@@ -478,7 +480,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
     from dtrain import values
 
     with user_errors():
-        _choice_flag("action", action, ("up", "down", "list"))
+        _choice_flag("action", action, ("up", "down", "list", "sync"))
         if name is not None:
             values.name("--name", name)
         count = values.count("--count", count, 1, 10000) if count is not None else None
@@ -496,6 +498,7 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
 
         above = pricing.threshold(confirm_above) if action == "up" else 0.0
         hours = values.number("--hours", hours, 0) if hours is not None else None
+        idle_down = values.count("--idle-down", idle_down, 1, ec2.IDLE_DOWN_MAX_MINUTES) if idle_down is not None else None
         if action == "list":
             for line in fleet.list_lines(lambda r: _aws(profile, r), region, all_regions):
                 print(line)
@@ -505,6 +508,9 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         if action == "down":
             if fleet.down_named(lambda r: _aws(profile, r), region, name, delete_data):
                 sys.exit(1)  # something stays billed: said, line by line
+            return
+        if action == "sync":
+            _nodes_sync(name, profile, region, ssh_opt)
             return
         session = _aws(profile, region)
         if not count or not instance_type:
@@ -517,7 +523,8 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
                              if efa_interfaces is not None else None,
                              ssh_user=ssh_user, ami=ami,
                              root_size=_int_flag("--root-size", root_size, 8, 16384) if root_size is not None else None,
-                             s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile)
+                             s3_buckets=buckets, s3_write=s3_write, instance_profile=instance_profile,
+                             idle_down=idle_down)
         ssh_opts = _ssh_opts(ssh_opt)
         gate = pricing.nodes_up_gate(session, instance_type=instance_type, count=count, spot=spot, above=above,
                                      yes=yes, hours=hours)
@@ -537,6 +544,20 @@ def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, 
         print(f"worker list on every node: ~/.dtrain/{ec2.WORKER_LIST} (private addresses, one per line)")
         vol.reattach(session, cluster, up_nodes, ssh_opts=ssh_opts)
         print(f"launch with: dtrain launch --cluster {name} --image IMAGE -- CMD")
+
+
+def _nodes_sync(name, profile, region, ssh_opt):
+    """`nodes sync --name C`: the record and hostfile follow the group (ec2.follow_group), then the
+    worker list on every node, as `nodes up` writes it."""
+    from dtrain.launch.infra import ec2, regions
+    from dtrain.launch.remote.hosts import parse_hostfile
+
+    record = ec2.load_cluster(name)
+    cluster, hostfile, changed = ec2.follow_group(_aws(profile, region or record.region or regions.default_region()),
+                                                  name)
+    if changed:
+        ec2.write_worker_list(parse_hostfile(hostfile), cluster, _ssh_opts(ssh_opt, cluster=name))
+        print(f"{len(cluster.instances)} nodes; hostfile: {hostfile}; worker list rewritten on every node")
 
 
 @task(help={"refresh": "write both snapshots again from AWS with your credentials: DescribeInstanceTypes (the "

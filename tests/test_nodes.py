@@ -232,11 +232,16 @@ def test_partial_capacity_continues_with_what_started(aws):
 
 
 def test_below_min_count_rolls_back(aws):
-    s = spec(count=3, min_count=2)
+    # --subnet pins the zone (tests/test_nodes_zones.py: without it, the next zone is tried)
+    sub = aws.client("ec2").describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    sub = min(sub, key=lambda x: x["AvailabilityZone"])
+    s = spec(count=3, min_count=2, subnet=sub["SubnetId"])
     res = ec2.start(aws, s, say=quiet)
     ids = sorted(i["InstanceId"] for i in running(aws))
     aws.client("ec2").stop_instances(InstanceIds=ids[:2])
-    with pytest.raises(LaunchError, match=r"only 1 of 3 instances started \(--min-count 2\); rolled back"):
+    zone = sub["AvailabilityZone"]
+    with pytest.raises(LaunchError, match=rf"^only 1 of 3 instances started in {zone} \(--min-count 2\); not moved "
+                                          rf"to another zone: --subnet {sub['SubnetId']} is in {zone}; rolled back"):
         ec2.finish(aws, s, res, poll=0.05, timeout=0.5, say=quiet)
     assert stacks(aws) == [] and running(aws) == []
     assert not (ec2.cluster_dir("c1") / "hostfile").exists()

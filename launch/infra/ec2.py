@@ -42,6 +42,8 @@ LARGEST_IMAGE_GB = 20
 ROOT_ROOM_GB = 100
 SSH_USER_TAG = contract.SSH_USER_TAG  # on every instance: `launch --ec2-tag` reads the user from it
 FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
+IDLE_DOWN = ROOT / "launch" / "node" / "idle_down.py"  # --idle-down: in the user data, installed by first-boot.sh
+IDLE_DOWN_MAX_MINUTES = 7 * 24 * 60
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `dtrain launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
@@ -91,6 +93,7 @@ class NodesSpec:
     s3_write: bool = False
     instance_profile: str | None = None  # an existing profile instead of the stack's; "none": no role
     lazy: bool = False  # lazy loading with SOCI on every node (first-boot.sh: DTRAIN_LAZY=1)
+    idle_down: int | None = None  # minutes without a dtrain job before the nodes delete the stack (idle_down.py)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -122,6 +125,11 @@ class NodesSpec:
                               "add --s3-bucket NAME (repeatable)")
         if self.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", self.instance_profile):
             raise LaunchError(f"--instance-profile {self.instance_profile!r}: not an instance profile name")
+        if self.idle_down is not None and not 1 <= self.idle_down <= IDLE_DOWN_MAX_MINUTES:
+            raise LaunchError(f"--idle-down {self.idle_down}: minutes from 1 to {IDLE_DOWN_MAX_MINUTES}")
+        if self.idle_down is not None and self.instance_profile is not None:
+            raise LaunchError(f"--idle-down lets the stack's own role delete its own stack; with --instance-profile "
+                              f"{self.instance_profile} the nodes have no such role: drop one of the two")
         if self.instance_profile is not None and (self.s3_buckets or self.s3_write):
             raise LaunchError("--s3-bucket/--s3-write shape the stack's own role; with --instance-profile "
                               f"{self.instance_profile}, give that profile's role the bucket access instead")
@@ -152,6 +160,10 @@ class Resolved:
     file_system: str | None = None  # the cluster's kept EFS (a name that comes back), or None
     addresses: int = 0  # Elastic IPs in the stack, one per node's primary interface (needs_addresses)
     warnings: tuple[str, ...] = ()  # one line each, said before the stack is made (gpu_ami_problem)
+    # The zones still to try when this one has no capacity (zone, its subnet; None with --new-vpc),
+    # in order; () when none or when the zone is pinned (zone_pin says why).
+    other_zones: tuple[tuple[str, str | None], ...] = ()
+    zone_pin: str = ""  # why the nodes cannot move to another zone ("--subnet S is in ...", the data's zone)
 
 
 # --- preflight: read-only calls, every bad input an error before anything is created --------
@@ -192,7 +204,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                                   "(create or import it: aws ec2 import-key-pair)") from None
             raise _client_error(e, "DescribeKeyPairs") from None
     offered = offered_zones(session, spec.instance_type)
-    vpc_id = subnet_id = az = None
+    vpc_id = subnet_id = az = pinned = None
+    others: tuple[tuple[str, str | None], ...] = ()
     if spec.subnet:
         try:
             sub = ec2.describe_subnets(SubnetIds=[spec.subnet])["Subnets"][0]
@@ -212,12 +225,23 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                                              {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
         if not subs:
             raise LaunchError(f"default VPC {vpcs[0]['VpcId']} has no default subnet: pass --subnet SUBNET-ID")
-        zone = pick_zone([s["AvailabilityZone"] for s in subs], offered, spec.instance_type,
-                         preferred=data_zone(session, spec.name))
+        pinned = data_zone(session, spec.name)
+        zone = pick_zone([s["AvailabilityZone"] for s in subs], offered, spec.instance_type, preferred=pinned)
         sub = next(s for s in subs if s["AvailabilityZone"] == zone)
         vpc_id, subnet_id, az = sub["VpcId"], sub["SubnetId"], sub["AvailabilityZone"]
+        by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subs}
+        others = tuple((z, by_zone[z]) for z in zone_order(list(by_zone), offered) if z != zone)
     else:
-        az = pick_zone(offered, offered, spec.instance_type, preferred=data_zone(session, spec.name))
+        pinned = data_zone(session, spec.name)
+        az = pick_zone(offered, offered, spec.instance_type, preferred=pinned)
+        others = tuple((z, None) for z in zone_order(offered, offered) if z != az)
+    if spec.subnet:
+        pin = f"--subnet {spec.subnet} is in {az}"
+    elif pinned == az:
+        pin = (f"the cluster's dataset volume(s) {', '.join(v['VolumeId'] for v in dataset_volumes(session, spec.name))} "
+               f"are in {az} (a volume attaches in its own zone only)")
+    else:
+        pin = ""
     warnings: list[str] = []
     ami_id, root_device, snapshot_gb, ami_user = resolve_ami(session, spec.ami, gpus=bool(gpus),
                                                              instance_type=spec.instance_type, warnings=warnings)
@@ -247,7 +271,8 @@ def preflight(session: Any, spec: NodesSpec) -> Resolved:
                     subnet_id=subnet_id, availability_zone=az,
                     interfaces=tuple(network_interfaces(info, spec.efa_interfaces)),
                     ami_id=ami_id, root_device=root_device, root_size=root,
-                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings))
+                    ssh_user=spec.ssh_user or ami_user, warnings=tuple(warnings),
+                    other_zones=() if pin else others, zone_pin=pin)
 
 
 def kept_file_system(session: Any, cluster: str) -> str | None:
@@ -285,6 +310,11 @@ def pick_zone(candidates: Sequence[str], offered: Sequence[str], instance_type: 
         raise LaunchError(f"--instance-type {instance_type}: offered in {', '.join(offered) or 'no zone'} of this "
                           "region, none of which has a default subnet here: pass --subnet SUBNET-ID in one of them")
     return preferred if preferred in usable else usable[0]
+
+
+def zone_order(candidates: Sequence[str], offered: Sequence[str]) -> list[str]:
+    """The candidate zones that offer the type, in the order `nodes up` tries them (pure)."""
+    return sorted(z for z in set(candidates) if z in set(offered))
 
 
 def dataset_volumes(session: Any, cluster: str, status: str | None = None) -> list[dict[str, Any]]:
@@ -658,18 +688,102 @@ def user_data(spec: NodesSpec, res: Resolved) -> dict[str, Any]:
     """launch/node/first-boot.sh; with --efs, the file system's id and the region set above
     it (AWS values, not user text) so it mounts the EFS at /efs at every boot; with --lazy,
     DTRAIN_LAZY=1 (lazy loading with SOCI); with Elastic IPs, DTRAIN_WAIT_ADDRESS=1 (no way
-    out until `nodes up` associates them)."""
+    out until `nodes up` associates them); with --idle-down, DTRAIN_IDLE_DOWN_S (seconds), the
+    stack's name and region, and launch/node/idle_down.py (gzip, base64) for first-boot.sh to
+    install as a service."""
     script = FIRST_BOOT.read_text()
     switches = ("DTRAIN_LAZY=1\n" if spec.lazy else "") + ("DTRAIN_WAIT_ADDRESS=1\n" if res.addresses else "")
+    if spec.idle_down:
+        switches += (f"DTRAIN_IDLE_DOWN_S={spec.idle_down * 60}\n"
+                     f"DTRAIN_IDLE_PROGRAM={idle_program()}\n")
     if not spec.efs and not switches:
         return {"Fn::Base64": script}
     shebang, rest = script.split("\n", 1)
     head = f"{shebang}\n# set by dtrain nodes up (CloudFormation)\n" + switches
-    if not spec.efs:
+    if not spec.efs and not spec.idle_down:
         return {"Fn::Base64": head + rest}
     fs: Any = res.file_system or {"Ref": "FileSystem"}
-    return {"Fn::Base64": {"Fn::Join": ["", [
-        f"{head}DTRAIN_EFS_ID=", fs, "\nDTRAIN_EFS_REGION=", {"Ref": "AWS::Region"}, "\n", rest]]}}
+    region = {"Ref": "AWS::Region"}
+    pieces: list[tuple[Any, bool]] = [(head, False)]  # (part, a value: never joined to its neighbours)
+    if spec.efs:
+        pieces += [("DTRAIN_EFS_ID=", False), (fs, True), ("\nDTRAIN_EFS_REGION=", False), (region, True),
+                   ("\n", False)]
+    if spec.idle_down:
+        pieces += [("DTRAIN_STACK=", False), ({"Ref": "AWS::StackName"}, True), ("\nDTRAIN_REGION=", False),
+                   (region, True), ("\n", False)]
+    parts: list[Any] = []
+    joinable = False
+    for part, value in pieces:  # adjacent text as one string
+        if joinable and not value:
+            parts[-1] += part
+        else:
+            parts.append(part)
+        joinable = not value
+    return {"Fn::Base64": {"Fn::Join": ["", [*parts, rest]]}}
+
+
+def idle_down_line(spec: NodesSpec) -> str:
+    """What `nodes up --idle-down` says before the stack is made (pure)."""
+    return (f"[nodes] idle-down: the nodes delete stack {stack_name(spec.name)} once no dtrain job has run for "
+            f"{spec.idle_down} min (the whole cluster goes; its data stays; their role may delete that stack "
+            "and nothing else)")
+
+
+def idle_program() -> str:
+    """launch/node/idle_down.py as one line: gzip, then base64 (user data holds 16 KiB)."""
+    import base64
+    import gzip
+
+    return base64.b64encode(gzip.compress(IDLE_DOWN.read_bytes(), mtime=0)).decode()
+
+
+# What CloudFormation calls, with the caller's rights, to delete a cluster's stack: per resource
+# type of stack_template (the Auto Scaling group, launch template, security group and its rules,
+# placement group, Elastic IPs, EFS mount target, --new-vpc's network, the role and profile).
+STACK_DELETION_ACTIONS = (
+    "autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup",
+    "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities",
+    "ec2:DeleteLaunchTemplate", "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
+    "ec2:DeleteSecurityGroup", "ec2:RevokeSecurityGroupIngress", "ec2:RevokeSecurityGroupEgress",
+    "ec2:DescribeSecurityGroups", "ec2:DescribeSecurityGroupRules",
+    "ec2:DeletePlacementGroup", "ec2:DescribePlacementGroups",
+    "ec2:ReleaseAddress", "ec2:DisassociateAddress", "ec2:DescribeAddresses",
+    "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
+    "elasticfilesystem:DeleteMountTarget", "elasticfilesystem:DescribeMountTargets",
+    "ec2:DeleteVpc", "ec2:DeleteSubnet", "ec2:DeleteInternetGateway", "ec2:DetachInternetGateway",
+    "ec2:DeleteRoute", "ec2:DeleteRouteTable", "ec2:DisassociateRouteTable", "ec2:DescribeVpcs",
+    "ec2:DescribeSubnets", "ec2:DescribeInternetGateways", "ec2:DescribeRouteTables",
+)
+ROLE_DELETION_ACTIONS = (
+    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:GetInstanceProfile",
+    "iam:DeleteRole", "iam:DeleteRolePolicy", "iam:DetachRolePolicy", "iam:GetRole",
+    "iam:ListRolePolicies", "iam:ListAttachedRolePolicies", "iam:ListInstanceProfilesForRole",
+)
+VIA_CLOUDFORMATION = {"ForAnyValue:StringEquals": {"aws:CalledVia": ["cloudformation.amazonaws.com"]}}
+
+
+def role_path(spec: NodesSpec) -> str:
+    """The IAM path of the stack's role and instance profile (--idle-down: its rights name it)."""
+    return f"/dtrain/{spec.name}/"
+
+
+def idle_down_policy(spec: NodesSpec) -> dict[str, Any]:
+    """The nodes' rights for --idle-down: DeleteStack on their own stack, and nothing else
+    directly; what deleting it needs only through CloudFormation (aws:CalledVia), the IAM
+    part only on the stack's own role and profile (their path). CloudFormation acts for the
+    node on no other stack, since the node may start no operation on any other."""
+    own = "arn:${AWS::Partition}:iam::${AWS::AccountId}:"
+    return {"PolicyName": "dtrain-idle-down", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
+        {"Sid": "DeleteOwnStack", "Effect": "Allow", "Action": "cloudformation:DeleteStack",
+         "Resource": {"Fn::Sub": "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:"
+                                 "stack/${AWS::StackName}/*"}},
+        {"Sid": "StackResourcesThroughCloudFormation", "Effect": "Allow", "Action": list(STACK_DELETION_ACTIONS),
+         "Resource": "*", "Condition": VIA_CLOUDFORMATION},
+        {"Sid": "OwnRoleThroughCloudFormation", "Effect": "Allow", "Action": list(ROLE_DELETION_ACTIONS),
+         "Resource": [{"Fn::Sub": f"{own}role{role_path(spec)}*"},
+                      {"Fn::Sub": f"{own}instance-profile{role_path(spec)}*"}],
+         "Condition": VIA_CLOUDFORMATION},
+    ]}}
 
 
 def _instance_profile(spec: NodesSpec) -> dict[str, Any] | None:
@@ -693,14 +807,18 @@ def _role_resources(spec: NodesSpec, tags: list[dict[str, str]]) -> dict[str, An
         policies.append({"PolicyName": "dtrain-s3", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": arns},
             {"Effect": "Allow", "Action": actions, "Resource": objects}]}})
+    if spec.idle_down:
+        policies.append(idle_down_policy(spec))
+    path = {"Path": role_path(spec)} if spec.idle_down else {}
     return {
         "Role": {"Type": "AWS::IAM::Role", "Properties": {
+            **path,
             "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]},
             "ManagedPolicyArns": [{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"}],
             **({"Policies": policies} if policies else {}),
             "Tags": tags}},
-        "InstanceProfile": {"Type": "AWS::IAM::InstanceProfile", "Properties": {"Roles": [{"Ref": "Role"}]}},
+        "InstanceProfile": {"Type": "AWS::IAM::InstanceProfile", "Properties": {**path, "Roles": [{"Ref": "Role"}]}},
     }
 
 
@@ -785,26 +903,163 @@ def capacity_decision(count: int, minimum: int, up: int) -> str:
 
 def wait_capacity(session: Any, spec: NodesSpec, *, timeout: float = 900, poll: float = 10,
                   say: Callable[[str], None] = print) -> list[Instance]:
-    """Wait for the stack, then for count running instances or the timeout; what is running."""
+    """Wait for the stack, then for count running instances or the timeout; what is running.
+    Returns early (what runs) when the stack failed or is gone, or when the group says the zone
+    has no capacity (capacity_failure) while fewer than --min-count run."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     while True:
-        status, _ = stack_status(session, spec.name)
+        status = stack_state(session, spec.name)
         if status == "CREATE_COMPLETE":
             break
-        if not status.endswith("IN_PROGRESS"):
-            return []  # CREATE_FAILED / ROLLBACK / DELETE: no capacity to speak of
+        if status is None or not status.endswith("IN_PROGRESS"):
+            return []  # CREATE_FAILED / ROLLBACK / DELETE (OnFailure=DELETE): no capacity to speak of
         if time.monotonic() > deadline:
             break
+        up = running_instances(session, spec.name)
+        if len(up) < spec.minimum and capacity_failure(session, spec.name):
+            return up
         say(f"[nodes] stack {status} ({time.monotonic() - t0:.0f}s of at most {timeout:.0f}s)")
         time.sleep(poll)
     while True:
         up = running_instances(session, spec.name)
         if len(up) >= spec.count or time.monotonic() > deadline:
             return up
+        if len(up) < spec.minimum and capacity_failure(session, spec.name):
+            return up
         say(f"[nodes] {len(up)}/{spec.count} instances running ({time.monotonic() - t0:.0f}s of at most "
             f"{timeout:.0f}s)")
         time.sleep(poll)
+
+
+# What EC2 and Auto Scaling say when a zone has no capacity for the type: RunInstances' error
+# codes, and the words of a failed scaling activity or of CloudFormation's "Group did not
+# stabilize" ("We currently do not have sufficient p4d.24xlarge capacity in the Availability
+# Zone you requested (us-east-1a)", "There is no Spot capacity available that matches your request").
+CAPACITY_WORDS = re.compile(r"InsufficientInstanceCapacity|InsufficientCapacity|InsufficientHostCapacity|"
+                            r"do not have sufficient [\w.-]+ capacity|no Spot capacity available|"
+                            r"capacity-not-available|MaxSpotInstanceCountExceeded", re.IGNORECASE)
+
+
+def is_capacity_error(text: str) -> bool:
+    """Whether an AWS message says the zone has no capacity for the type (pure)."""
+    return bool(CAPACITY_WORDS.search(text or ""))
+
+
+def nodes_group(session: Any, name: str) -> str | None:
+    """The stack's Auto Scaling group (its physical id), or None before it is made or once gone."""
+    from botocore.exceptions import ClientError
+
+    try:
+        res = session.client("cloudformation").describe_stack_resources(StackName=stack_name(name))["StackResources"]
+    except ClientError:
+        return None
+    return next((r["PhysicalResourceId"] for r in res
+                 if r.get("LogicalResourceId") == "Nodes" and r.get("PhysicalResourceId")), None)
+
+
+def failed_activities(session: Any, name: str) -> list[str]:
+    """The messages of the group's failed launches (DescribeScalingActivities), newest first."""
+    from botocore.exceptions import ClientError
+
+    group = nodes_group(session, name)
+    if group is None:
+        return []
+    try:
+        acts = session.client("autoscaling").describe_scaling_activities(
+            AutoScalingGroupName=group, MaxRecords=20)["Activities"]
+    except ClientError:
+        return []
+    return [" ".join(str(a.get("StatusMessage") or a.get("Description") or "").split())
+            for a in acts if a.get("StatusCode") in ("Failed", "Cancelled")]
+
+
+def stack_failure(session: Any, name: str) -> str:
+    """Why the cluster's last stack failed (its first CREATE_FAILED event with a reason), found
+    by id (ListStacks) so a stack CloudFormation deleted after the failure is read too; "" if none."""
+    from botocore.exceptions import ClientError
+
+    cfn = session.client("cloudformation")
+    try:
+        found = [st for p in cfn.get_paginator("list_stacks").paginate() for st in p["StackSummaries"]
+                 if st["StackName"] == stack_name(name)]
+        if not found:
+            return ""
+        newest = max(found, key=lambda st: str(st.get("CreationTime", "")))["StackId"]
+        events = cfn.describe_stack_events(StackName=newest)["StackEvents"]
+    except ClientError:
+        return ""
+    reasons = [" ".join(str(e["ResourceStatusReason"]).split()) for e in events
+               if str(e.get("ResourceStatus", "")).endswith("FAILED") and e.get("ResourceStatusReason")
+               and "cancelled" not in str(e["ResourceStatusReason"]).lower()]
+    return reasons[-1] if reasons else ""
+
+
+def capacity_failure(session: Any, name: str) -> str:
+    """The group's message that its zone has no capacity for the type, or "" (read-only)."""
+    return next((m for m in failed_activities(session, name) if is_capacity_error(m)), "")
+
+
+def shortfall(session: Any, name: str) -> str:
+    """Why fewer than --min-count instances run: a capacity message (scaling activity, stack
+    event), else the stack's failure, else ""."""
+    found = capacity_failure(session, name)
+    return found or stack_failure(session, name)
+
+
+def next_zone(res: Resolved, reason: str) -> tuple[str, str | None] | None:
+    """The zone (and subnet) to try after res's zone gave too few instances, or None: the zone is
+    pinned, none is left, or the failure is not one of capacity (pure). reason "" (instances that
+    did not come up by the timeout, the stack standing) counts as capacity."""
+    if res.zone_pin or not res.other_zones:
+        return None
+    if reason and not is_capacity_error(reason):
+        return None
+    return res.other_zones[0]
+
+
+def move_line(spec: NodesSpec, zone: str | None, started: int, reason: str, to: str) -> str:
+    """What `nodes up` says when it leaves a zone without capacity for the next one (pure)."""
+    why = reason or f"not running after the wait (--min-count {spec.minimum})"
+    return (f"[nodes] no capacity in {zone} for {spec.count} x {spec.instance_type}{' (spot)' if spec.spot else ''} "
+            f"({started} started: {why}): deleting stack {stack_name(spec.name)} there (nothing of it stays in "
+            f"{zone}), then trying {to}")
+
+
+def spot_price_line(spec: NodesSpec, zone: str, price: Any) -> str:
+    """The spot price in the zone `nodes up` moved to (a pricing.Price), said as the gate says it (pure)."""
+    if price.usd is None:
+        return f"[price] {price.missing} in {zone}; the on-demand price shown before stays its ceiling"
+    return (f"[price] {spec.count} x {spec.instance_type} spot in {zone}: ${price.usd * spec.count:,.3f}/h "
+            f"({price.source}); the on-demand price shown before stays its ceiling")
+
+
+def capacity_in_zones(session: Any, spec: NodesSpec, res: Resolved, *, timeout: float = 900, poll: float = 10,
+                      say: Callable[[str], None] = print) -> tuple[list[Instance], Resolved, str]:
+    """wait_capacity in the stack's zone; below --min-count for want of capacity
+    (InsufficientInstanceCapacity, or instances that did not come), delete the stack (waiting
+    until it is gone: nothing bills in the zone it leaves) and make it again in the next zone
+    that offers the type (res.other_zones), until one has capacity or none is left. Returns
+    what runs, the Resolved of the zone it runs in, and why the last zone fell short ("")."""
+    while True:
+        up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
+        if capacity_decision(spec.count, spec.minimum, len(up_)) != "rollback":
+            return up_, res, ""
+        reason = shortfall(session, spec.name)
+        nxt = next_zone(res, reason)
+        if nxt is None:
+            return up_, res, reason
+        say(move_line(spec, res.availability_zone, len(up_), reason, nxt[0]))
+        if stack_state(session, spec.name) is not None:  # CloudFormation may have deleted it (OnFailure)
+            delete_stack(session, spec.name, poll=poll)
+        res = replace(res, availability_zone=nxt[0], subnet_id=nxt[1] or res.subnet_id,
+                      other_zones=res.other_zones[1:])
+        create_stack(session, spec, stack_template(spec, res))
+        say(f"[nodes] stack {stack_name(spec.name)} creating in {nxt[0]}")
+        if spec.spot:  # the spot price shown before was the first zone's
+            from dtrain.launch.infra import pricing
+
+            say(spot_price_line(spec, nxt[0], pricing.spot_now(session, spec.instance_type, nxt[0])))
 
 
 def keep_partial(session: Any, name: str, up: int) -> None:
@@ -1030,6 +1285,80 @@ def save_cluster(cluster: Cluster, address: str = "private") -> Path:
     return d / "hostfile"
 
 
+# --- the record follows the Auto Scaling group: a replaced node joins ----------------------------
+
+
+def follow(record: Cluster, running: Sequence[Instance]) -> tuple[Cluster, list[Instance], list[Instance]]:
+    """The record after the group replaced nodes (pure): the nodes still running keep their
+    place, those gone leave, the group's new ones join at the end (private-IP order). Returns
+    (the new record, gone, joined)."""
+    now = {i.id: i for i in running}
+    kept = [now[i.id] if now[i.id].public_ip else i for i in record.instances if i.id in now]
+    known = {i.id for i in record.instances}
+    joined = [i for i in running if i.id not in known]
+    gone = [i for i in record.instances if i.id not in now]
+    return replace(record, instances=tuple(kept + joined)), gone, joined
+
+
+def record_address(name: str, record: Cluster) -> str:
+    """The addresses the cluster's hostfile uses (public or private), read from it."""
+    try:
+        hosts = [line.split()[0] for line in cluster_hostfile(name).read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+    except (LaunchError, OSError):
+        return "private"
+    public = {i.public_ip for i in record.instances if i.public_ip}
+    return "public" if hosts and hosts[0] in public else "private"
+
+
+def free_addresses(session: Any, name: str, running: Sequence[Instance]) -> list[str]:
+    """The stack's Elastic IPs (allocation ids) associated with nothing: those a replaced node
+    left."""
+    _, out = stack_status(session, name)
+    allocations = [a for a in out.get("Addresses", "").split(",") if a]
+    if not allocations:
+        return []
+    ids = {i.id for i in running}
+    found = session.client("ec2").describe_addresses(AllocationIds=allocations)["Addresses"]
+    # AWS disassociates a terminated instance's address: one still associated is a node's
+    held = {a["AllocationId"] for a in found if a.get("AssociationId") or a.get("InstanceId") in ids}
+    return [a for a in allocations if a not in held]
+
+
+def follow_group(session: Any, name: str, say: Callable[[str], None] = print) -> tuple[Cluster, Path, bool]:
+    """`dtrain nodes sync --name NAME`: the cluster's record and hostfile follow its Auto Scaling
+    group. A node the group replaced (a spot interruption, a failed health check) leaves, and
+    the one that came instead joins with its address (on multi-EFA types, the Elastic IP the
+    old one left: its way in and out). Each change is one line; returns (record, hostfile,
+    whether anything changed)."""
+    record = load_cluster(name)
+    address = record_address(name, record)
+    running = running_instances(session, name)
+    updated, gone, joined = follow(record, running)
+    if joined:
+        free = free_addresses(session, name, running)
+        if free:  # multi-EFA nodes: the Elastic IP a gone node left is the newcomer's way in and out
+            attached = attach_addresses(session, joined[:len(free)], free)
+            by_id = {i.id: i for i in attached}
+            joined = [by_id.get(i.id, i) for i in joined]
+            updated = replace(updated, instances=tuple(by_id.get(i.id, i) for i in updated.instances))
+
+    def shown(i: Instance) -> str:
+        return i.public_ip if address == "public" and i.public_ip else i.private_ip
+
+    for i in gone:
+        say(f"[nodes] {shown(i)} ({i.id}, {i.availability_zone}) left: no longer running in the group")
+    for i in joined:
+        say(f"[nodes] {shown(i)} ({i.id}, {i.availability_zone}) joined: the group's replacement")
+    if not (gone or joined):
+        say(f"[nodes] {name}: the hostfile matches the group ({len(record.instances)} nodes)")
+        return record, cluster_hostfile(name), False
+    if not updated.instances:
+        raise LaunchError(f"--name {name}: no node of the cluster is running (stack {stack_name(name)}); "
+                          f"`dtrain nodes list` shows it; `dtrain nodes down --name {name}` removes it")
+    return updated, save_cluster(updated, address), True
+
+
 def cluster_problem(c: Cluster, name: str) -> str | None:
     """What is wrong in a cluster record the schema let through (pure): a name not the
     directory's, a value past its range or not one line, an address that is not one."""
@@ -1242,6 +1571,8 @@ def start(session: Any, spec: NodesSpec, say: Callable[[str], None] = print, add
                   ssh_rule=f"security group {spec.ssh_group}" if spec.ssh_group else f"{cidr}")
     for line in res.warnings:
         say(line)
+    if spec.idle_down:
+        say(idle_down_line(spec))
     if confirm is not None:
         confirm(res)
     create_stack(session, spec, stack_template(spec, res))
@@ -1264,10 +1595,14 @@ def finish(session: Any, spec: NodesSpec, res: Resolved, *, identity: str | None
     stack = stack_name(spec.name)
     down = f"dtrain nodes down --name {spec.name}{regions.region_arg(session.region_name)}"
     try:
-        up_ = wait_capacity(session, spec, timeout=timeout, poll=poll, say=say)
+        up_, res, reason = capacity_in_zones(session, spec, res, timeout=timeout, poll=poll, say=say)
         decision = capacity_decision(spec.count, spec.minimum, len(up_))
         if decision == "rollback":
-            raise LaunchError(f"only {len(up_)} of {spec.count} instances started (--min-count {spec.minimum})"
+            where = f" in {res.availability_zone}" if res.availability_zone else ""
+            stay = f"; not moved to another zone: {res.zone_pin}" if res.zone_pin else (
+                "; no other zone of the region offers the type" if is_capacity_error(reason) or not reason else "")
+            raise LaunchError(f"only {len(up_)} of {spec.count} instances started{where} (--min-count {spec.minimum})"
+                              + (f": {reason}" if reason else "") + stay
                               + ("" if keep_on_failure else f"; rolled back: stack {stack} deleted"))
         if decision == "partial":
             say(f"[nodes] partial capacity: {len(up_)} of {spec.count} instances started "

@@ -18,6 +18,11 @@
 #    puts DTRAIN_WAIT_ADDRESS=1 above this script: the node has no way out until `nodes up`
 #    associates the address once the instances run, so the steps that fetch packages wait until
 #    the instance metadata shows a public address (at most DTRAIN_ADDRESS_WAIT_S, 900 s).
+# 5. With `nodes up --idle-down MINUTES`, the stack puts DTRAIN_IDLE_DOWN_S (seconds),
+#    DTRAIN_STACK, DTRAIN_REGION (AWS values) and DTRAIN_IDLE_PROGRAM (launch/node/idle_down.py,
+#    gzip + base64) above this script: the program goes to /usr/local/lib/dtrain/idle_down.py,
+#    its settings to /etc/dtrain/idle-down.env, and the service dtrain-idle-down runs it at
+#    every boot: once no dtrain job container has run for that long, it deletes the stack.
 set -u
 
 wait_address() {
@@ -130,7 +135,39 @@ with open(path, "w") as f:
   return 0
 }
 
+IDLE_UNIT='[Unit]
+Description=dtrain idle-down: delete the cluster stack once no dtrain job has run for a while
+After=docker.service network-online.target
+Wants=network-online.target
+
+[Service]
+EnvironmentFile=/etc/dtrain/idle-down.env
+ExecStart=/usr/bin/python3 /usr/local/lib/dtrain/idle_down.py
+Restart=on-failure
+RestartSec=60
+
+[Install]
+WantedBy=multi-user.target
+'
+
+install_idle_down() {
+  [ -n "${DTRAIN_IDLE_DOWN_S:-}" ] && [ -n "${DTRAIN_IDLE_PROGRAM:-}" ] || return 0
+  local lib=${DTRAIN_IDLE_LIB:-/usr/local/lib/dtrain} etc=${DTRAIN_IDLE_ETC:-/etc/dtrain}
+  local units=${DTRAIN_UNIT_DIR:-/etc/systemd/system}
+  mkdir -p "$lib" "$etc" "$units"
+  printf '%s' "$DTRAIN_IDLE_PROGRAM" | base64 -d | gunzip > "$lib/idle_down.py" || return 0
+  printf 'DTRAIN_STACK=%s\nDTRAIN_REGION=%s\nDTRAIN_IDLE_DOWN_S=%s\n' \
+    "${DTRAIN_STACK:-}" "${DTRAIN_REGION:-}" "$DTRAIN_IDLE_DOWN_S" > "$etc/idle-down.env"
+  printf '%s' "$IDLE_UNIT" > "$units/dtrain-idle-down.service"
+  if command -v systemctl >/dev/null; then
+    systemctl daemon-reload
+    systemctl enable --now dtrain-idle-down.service
+  fi
+  return 0
+}
+
 wait_address
+install_idle_down
 install_pigz
 mount_efs
 configure_lazy
