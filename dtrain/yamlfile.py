@@ -54,3 +54,43 @@ def _mapping_get(node: yaml.MappingNode, key: str) -> tuple[yaml.Node, yaml.Node
         if k.value == "<<" and isinstance(v, yaml.MappingNode):
             merged = merged or _mapping_get(v, key)
     return merged
+
+
+def duplicate_key(root: yaml.Node | None) -> tuple[str, int, int] | None:
+    """The first key given twice in one mapping anywhere in the tree: (key, its line, the first
+    one's line), 1-based; None where every key is given once. YAML's loader keeps the last one
+    silently: a file that says `count: 2` and, further down, `count: 3` means what it says last,
+    which the writer did not see."""
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    line = k.start_mark.line + 1
+                    if k.value in seen:
+                        return k.value, line, seen[k.value]
+                    seen[k.value] = line
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
+
+
+def plain_text(node: yaml.Node | None, key: str) -> dict[str, str]:
+    """For the mapping under top-level `key`: {name: the value's text as written} for each plain
+    (unquoted) scalar YAML would read as a number or a yes/no (`0755`, `yes`, `12:30`, `0x10`:
+    YAML 1.1 reads 493, True, 750, 16). Where a value is text for a program (an environment
+    variable's), what the user wrote is the value."""
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    found = _mapping_get(node, key)
+    if found is None or not isinstance(found[1], yaml.MappingNode):
+        return {}
+    out = {}
+    for k, v in found[1].value:
+        if (isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and v.style is None
+                and v.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")):
+            out[k.value] = v.value
+    return out

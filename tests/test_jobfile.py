@@ -181,3 +181,25 @@ def test_the_documented_job_file_is_valid():
     job = jobfile.parse(block, "docs/launch.md")
     assert job.launcher == "torchrun" and job.command == ["python", "train.py", "--epochs", "10"]
     assert job.env == {"EPOCHS": "10", "WANDB_API_KEY": None}
+
+
+def test_env_values_are_the_text_as_written_not_yaml_1_1_numbers():
+    """`A: 0755` is the text 0755 for the rank, not 493; `yes`, `12:30`, `0x10` likewise (YAML
+    1.1 would read True, 750, 16); quoted values and plain words are as they were."""
+    job = jobfile.parse("image: r/x:1\nenv:\n  A: 0755\n  B: yes\n  F: 12:30\n  E: 0x10\n  H: 10\n  Q: '0755'\n"
+                        "  W: word\n  N:\n", "j.yaml")
+    assert job.env == {"A": "0755", "B": "yes", "F": "12:30", "E": "0x10", "H": "10", "Q": "0755", "W": "word",
+                       "N": None}
+
+
+def test_a_yes_no_value_is_not_a_number():
+    for key in ("timeout", "max_restarts", "slots", "count", "hang_timeout"):
+        with pytest.raises(LaunchError, match=rf"^j\.yaml:2: {key} 'true': expected a number, not a yes/no value$"):
+            jobfile.parse(f"image: r/x:1\n{key}: true\n", "j.yaml")
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines():
+    with pytest.raises(LaunchError, match=r"^j\.yaml:4: 'count': given twice \(first on line 2\)"):
+        jobfile.parse("image: r/x:1\ncount: 2\ncommand: python t.py\ncount: 3\n", "j.yaml")
+    with pytest.raises(LaunchError, match=r"^j\.yaml:4: 'A': given twice \(first on line 3\)"):  # nested too
+        jobfile.parse("image: r/x:1\nenv:\n  A: 1\n  A: 2\n", "j.yaml")

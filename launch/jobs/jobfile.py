@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from dtrain import values
 from dtrain.contract import MASTER_PORT
-from dtrain.yamlfile import TooDeep, compose_load, line_of
+from dtrain.yamlfile import TooDeep, compose_load, duplicate_key, line_of, plain_text
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
 from dtrain.launch.jobs.nccl_net import MODES
@@ -276,8 +276,10 @@ class JobFile(BaseModel):
     def _number(cls, v: Any, info: ValidationInfo) -> Any:
         """The flag's own parser (dtrain/values.py) and bounds: a value from the file and from the
         flag are refused in the same words."""
-        if v is None or isinstance(v, bool):
+        if v is None:
             return v
+        if isinstance(v, bool):  # YAML's true/yes/on: not 1
+            raise BadNumber(f"{str(v).lower()!r}: expected a number, not a yes/no value")
         try:
             return number(info.field_name, f"{v:g}" if isinstance(v, float) else str(v))
         except values.BadValue as e:
@@ -362,6 +364,14 @@ def parse(text: str, where: str) -> JobFile:
         data = {}
     if not isinstance(data, dict):
         raise LaunchError(f"{where}: expected a mapping of launch flags (image:, command:, ...), got {type(data).__name__}")
+    twice = duplicate_key(doc)
+    if twice:
+        key, line, first = twice
+        raise LaunchError(f"{where}:{line}: {values.shown(key)}: given twice (first on line {first}); YAML would "
+                          "silently keep the last: give it once")
+    if isinstance(data.get("env"), dict):  # `A: 0755` is the text 0755 (YAML 1.1 reads 493), `B: yes` is yes
+        written = plain_text(doc, "env")
+        data["env"] = {k: written.get(k, v) if isinstance(k, str) else v for k, v in data["env"].items()}
     try:
         return JobFile.model_validate(data)
     except ValidationError as e:
