@@ -203,3 +203,9 @@ def test_a_key_given_twice_is_refused_naming_both_lines():
         jobfile.parse("image: r/x:1\ncount: 2\ncommand: python t.py\ncount: 3\n", "j.yaml")
     with pytest.raises(LaunchError, match=r"^j\.yaml:4: 'A': given twice \(first on line 3\)"):  # nested too
         jobfile.parse("image: r/x:1\nenv:\n  A: 1\n  A: 2\n", "j.yaml")
+
+
+def test_a_file_yaml_cannot_read_is_one_line():
+    with pytest.raises(LaunchError) as e:
+        jobfile.parse("image: r\x00x\n", "j.yaml")
+    assert str(e.value).startswith("j.yaml: not YAML (unacceptable character") and "\n" not in str(e.value)

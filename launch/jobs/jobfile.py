@@ -171,7 +171,8 @@ class JobFile(BaseModel):
     command: Optional[list[str]] = Field(None, description="what follows `--`: the job's command")  # a list, or one string split as a shell would (no shell runs it)
     launcher: Optional[Literal[launchers.names()]] = Field(None, description=(  # the registry's (launch/jobs/launchers/)
         "mpirun (default), horovodrun, torchrun, ray (a Ray cluster, then the command as its driver; image: "
-        "ray-train) or accelerate (Hugging Face accelerate launch on every node)"),
+        "ray-train), accelerate (Hugging Face accelerate launch on every node) or deepspeed (DeepSpeed's runner "
+        "over Open MPI)"),
         json_schema_extra={"launch_default": "mpirun"})
     name: Optional[str] = Field(None, description=(
         "job name (default job-YYYYmmdd-HHMMSS-XXXXXX, unique per launch); a name in use by a running job is "
@@ -359,7 +360,8 @@ def parse(text: str, where: str) -> JobFile:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
-        raise LaunchError(f"{where}{at}: not YAML ({getattr(e, 'problem', None) or e})") from None
+        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: the parser's may hold two
+        raise LaunchError(f"{where}{at}: not YAML ({why})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
