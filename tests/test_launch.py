@@ -153,7 +153,7 @@ def test_btl_tcp_if_include_matters(cluster, remote_images):
               nodes_of(cluster, 2), say=lambda m: None)
     try:
         facts = job.up().facts
-        job.wait_ready(facts)
+        job.preflight(facts, job.launcher.preflight(None))  # every sshd answers; the image's mpirun
         good = job_argv(job.spec, facts, facts[0].iface)
         bad = [a for a in good]
         for flag in ("btl_tcp_if_include", "oob_tcp_if_include"):
@@ -190,7 +190,7 @@ def test_diagnose_on_real_failures(cluster, remote_images):
               nodes_of(cluster, 2), say=lambda m: None)
     try:
         facts = job.up().facts
-        job.wait_ready(facts)
+        job.preflight(facts, job.launcher.preflight(None))  # every sshd answers; the image's mpirun
         good = job_argv(job.spec, facts, facts[0].iface)
 
         def in_first(argv: list[str], env: str = "") -> str:

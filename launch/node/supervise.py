@@ -115,7 +115,7 @@ KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ"
 def start_dir(here: str, workdir: str = WORKDIR) -> str:
     """Where the command starts on every node: the job's code where the container has it, else
     `here`, where `docker exec` started this program: the image's WORKDIR (the same in every
-    container of the job; the Ray driver starts there too: launch/jobs/job.py _run_ray). torchrun's
+    container of the job; the Ray driver starts there too: launch/jobs/launchers/ray.py Ray.run). torchrun's
     ssh to a node would start in root's home: its line changes to this directory first."""
     return workdir if os.path.isdir(workdir) else here
 
