@@ -18,13 +18,11 @@ demo, the doctor's and the network checks' containers all come through it
 from __future__ import annotations
 
 import os
-import shlex
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-import yaml
 from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 
 from dtrain import values
@@ -344,14 +342,4 @@ def dump(cfg: LaunchConfig) -> str:
         elif isinstance(v, (list, tuple)):
             v = list(v)
         data[key] = v
-    JobFile.model_validate(data)  # what is written reads back
-    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
-    if None in (data.get("env") or {}).values():
-        text = ("# env: values are not written here; run the file with --env NAME for each (its value from\n"
-                "# your environment), or give them in an env_file:\n") + text
-    if left_out:
-        text = ("# not written here (a job file may not give them: they can run commands on the launching\n"
-                "# machine or name files outside its directory): give them with -f on the command line: "
-                + " ".join(f"{f} {shlex.quote(v)}" for f, v in left_out)
-                + "\n") + text
-    return text
+    return jobfile.written(data, left_out)

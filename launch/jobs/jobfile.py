@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -578,6 +578,12 @@ def dump(given: dict[str, Any], literal: Mapping[str, str] | None = None) -> str
     for key in ("timeout", "hang_timeout", "straggler_check"):
         if key in data:
             data[key] = float(data[key])
+    return written(data, left_out)
+
+
+def written(data: dict[str, Any], left_out: Sequence[tuple[str, str]]) -> str:
+    """A job file's text for `data` (checked to read back), with the comments that say what is
+    not in it: env names without values, and the flags a job file may not give (left_out)."""
     JobFile.model_validate(data)  # what is written reads back
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False).replace(": null\n", ":\n")
     if None in (data.get("env") or {}).values():
