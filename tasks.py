@@ -311,7 +311,7 @@ def report(c, job=None, output=None, force=False):
     from pathlib import Path
 
     from dtrain import values
-    from dtrain.launch.jobs import report as rep
+    from dtrain.launch.analysis import report as rep
 
     with user_errors():
         if job is not None:
@@ -909,7 +909,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
 
     from dtrain.launch.errors import LaunchError
     from dtrain import values
-    from dtrain.launch.jobs import sagemaker as sm
+    from dtrain.launch.sagemaker import engine as sm
 
     with user_errors():
         if action != "run":

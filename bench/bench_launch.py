@@ -20,11 +20,11 @@ launches a slim copy of the image (below, `slim`), so that 32 nodes need not eac
 
     python bench/bench_launch.py --scale 8,16,32 [--repeat 3]
 
-Each count's last warm launch's timeline (launch/jobs/timeline.py: seconds per node and phase,
+Each count's last warm launch's timeline (launch/analysis/timeline.py: seconds per node and phase,
 `dtrain status --job`) is printed after its row, on stderr: where the launch's time goes.
 
 --against REV compares the working tree's warm launch with git revision REV's (one with
-launch/jobs/timeline.py, issue 25 on), interleaved to take the shared machine's drift out: per
+launch/analysis/timeline.py, issue 25 on), interleaved to take the shared machine's drift out: per
 round the bare parallel fan-out, then one warm launch of each revision, each from a fresh process
 that imports that revision's code, the revisions' order turned each round (the second launch of
 a round pays for the first's leftovers: both places are reported; --repeat is rounded up so that
@@ -62,7 +62,7 @@ from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
-from dtrain.launch.jobs import timeline  # noqa: E402
+from dtrain.launch.analysis import timeline  # noqa: E402
 from dtrain.launch.jobs.store import job_log, load_job  # noqa: E402
 from dtrain.launch.remote.transport import close_masters  # noqa: E402
 from dtrain.table import markdown  # noqa: E402

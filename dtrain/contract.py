@@ -72,7 +72,7 @@ USER_ERROR_EXIT = 2
 READY_FAILED = 97
 READY_SAYS = "dtrain-ready: "  # before each line of the readiness check's verdict (run.sh --ready-says)
 
-# The timeline of a launch (launch/jobs/timeline.py): the phases each node measures of its own
+# The timeline of a launch (launch/analysis/timeline.py): the phases each node measures of its own
 # steps (lines `SUPERVISOR_EVENT{"event": "phase", "phase": P, "at": EPOCH, "seconds": S}` from
 # launch/node/host/ and run.sh) or the launcher measures of its rounds, in their order; then a
 # restart's phases, from the supervisor's `phase` events ({"phase": P, "node": host, "seconds": S}).

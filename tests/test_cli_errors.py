@@ -556,7 +556,8 @@ def test_env_names_are_one_rule():
     """--env, --env-file, SageMaker's env and the container env accept the same names."""
     from dtrain import values
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs import container, sagemaker as sm
+    from dtrain.launch.jobs import container
+    from dtrain.launch.sagemaker import engine as sm
 
     for name in ("1BAD", "A B", "", "$(id)", "A-B", "É"):
         assert not values.env_name(name)

@@ -70,7 +70,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, re
                         env=env, launcher=launcher, hang_timeout=TIMEOUT, progress_pattern="^step ", max_restarts=1)
     watcher.join(5)
     assert "stopped" in seen, (seen, out)
-    # the verdict from the stacks (launch/jobs/stacks.py), not from how many lines each rank printed
+    # the verdict from the stacks (launch/analysis/stacks.py), not from how many lines each rank printed
     assert re.search(r"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
                      r"stopped: r1 on node-2 \(state T\); r0 waits in a collective; every rank's Python stack follows$",
                      out, re.M), out

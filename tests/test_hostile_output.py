@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import events, report, timeline
+from dtrain.launch.jobs import events
+from dtrain.launch.analysis import report
+from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs.supervision import Render
 from dtrain.terminal import clean
 
@@ -409,7 +411,8 @@ def test_dtrain_logs_and_diagnose_print_a_jobs_escapes_only_as_colours(tmp_path)
 def test_a_rank_of_5000_digits_in_a_jobs_line_is_text_everywhere(tmp_path):
     """A rank's number is read back from a job's lines by Render (mpirun's tags, torchrun's
     local ranks), stacks, stragglers, the report and diagnose: 5000 digits are a job's text."""
-    from dtrain.launch.jobs import stacks, straggler
+    from dtrain.launch.analysis import stacks
+    from dtrain.launch.analysis import straggler
     from dtrain.launch.jobs.output import MpiOutput, prefix_line
 
     big = "9" * 5000

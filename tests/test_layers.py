@@ -234,7 +234,7 @@ def test_supervisor_gets_the_modules_it_imports(tmp_path):
                           "dtrain/launch/jobs/launchers/mpirun.py", "dtrain/launch/jobs/launchers/torchrun.py",
                           "dtrain/launch/remote/__init__.py", "dtrain/launch/remote/hosts.py",
                           "dtrain/launch/jobs/output.py", "dtrain/launch/jobs/supervision.py",
-                          "dtrain/launch/jobs/progress.py", "dtrain/launch/jobs/timeline.py",
+                          "dtrain/launch/jobs/progress.py", "dtrain/launch/analysis/timeline.py",
                           # imported inside the functions that use them (--hang-timeout, --straggler-check):
                           # found all the same, or the verdicts would fail mid-job in a container
-                          "dtrain/launch/jobs/stacks.py", "dtrain/launch/jobs/straggler.py"}
+                          "dtrain/launch/analysis/stacks.py", "dtrain/launch/analysis/straggler.py"}

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtrain.launch.jobs import container, sagemaker
+from dtrain.launch.jobs import container
+from dtrain.launch.sagemaker import engine as sagemaker
 from dtrain.launch.jobs.launchers.mpirun import mpi_flags, mpirun_argv, training_env
 from dtrain.launch.jobs.launchers.ray import ray_head_argv, ray_worker_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_argv, torchrun_env

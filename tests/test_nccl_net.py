@@ -461,7 +461,7 @@ def test_diagnose_says_what_nccl_chose_and_why():
 
 
 def test_the_run_report_shows_the_check():
-    from dtrain.launch.jobs import report
+    from dtrain.launch.analysis import report
 
     line = "[launch] NCCL network mismatch on node-2 (efa-unused): Socket on lo <b>"
     page = report.html(report.read({"name": "j", "state": "failed"}, f"[launch] job started\n{line}\n"))

@@ -13,7 +13,7 @@ import pytest
 
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.infra import netns as nx
-from dtrain.launch.jobs import timeline
+from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs.store import job_log, load_job
 from dtrain.launch.remote.hosts import parse_hostfile
 

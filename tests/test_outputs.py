@@ -22,7 +22,7 @@ from test_report import HANG_LOG, _store_job, recorded_job, timed
 
 from dtrain import outfile
 from dtrain.launch.infra import ec2
-from dtrain.launch.jobs import report
+from dtrain.launch.analysis import report
 from dtrain.launch.other_tools import manifests
 from dtrain.values import BadValue
 
@@ -324,7 +324,7 @@ def test_sagemakers_log_copy_is_not_appended_through_a_link(tmp_path):
     """`dtrain sagemaker run` appends the job's log to --download/JOB/logs.txt: a link planted
     there (a cloned project's output/) is refused, a FIFO too; a file of its own is appended to."""
     from dtrain.launch.errors import LaunchError
-    from dtrain.launch.jobs import sagemaker
+    from dtrain.launch.sagemaker import engine as sagemaker
 
     job = tmp_path / "output" / "job-1"
     job.mkdir(parents=True)

@@ -19,7 +19,8 @@ import pytest
 
 from dtrain import ROOT, patterns, values
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import jobfile, progress, report
+from dtrain.launch.jobs import jobfile, progress
+from dtrain.launch.analysis import report
 
 # Known ReDoS shapes (OWASP's list, CVE write-ups) and their cousins: each takes minutes or more
 # on a line of a few thousand characters.

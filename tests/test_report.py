@@ -1,4 +1,4 @@
-"""`dtrain report` (launch/jobs/report.py): a job's record, output.log and output.times -> one
+"""`dtrain report` (launch/analysis/report.py): a job's record, output.log and output.times -> one
 self-contained HTML page; the launcher's side of what it reads (output.times, the gate in the
 record); the CLI's error lines; and the page rendered by a real headless Chromium."""
 
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.jobs import job as jobmod
-from dtrain.launch.jobs import netgate, report
+from dtrain.launch.jobs import netgate
+from dtrain.launch.analysis import report
 from dtrain.launch.jobs.job import JobSpec
-from dtrain.launch.jobs.timeline import Entry, to_json
+from dtrain.launch.analysis.timeline import Entry, to_json
 from dtrain.launch.remote.hosts import Node
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -385,7 +386,7 @@ def test_a_real_run_with_a_hang_and_a_restart_is_reported_and_renders(cluster, r
 def test_a_hang_dump_that_starts_with_a_process_without_a_rank_is_kept_whole():
     """The hang dump as stacks.sh writes it under torchrun: the agent's stack (`[node-1] ...`, no
     rank) comes before the ranks'; every line of it belongs to the hang (seen on the cluster)."""
-    from dtrain.launch.jobs import report as rp
+    from dtrain.launch.analysis import report as rp
 
     text = ["[node-1 r0] step 4", "[launch] hang: no rank made progress for 10.1 s; stopped: r1 on node-2 (state T)",
             "[node-1] stack of pid 40, state S: /opt/venv/bin/torchrun --nnodes 2",

@@ -20,7 +20,7 @@ from dtrain.launch.jobs import container
 from dtrain.launch.jobs.launchers.mpirun import mpirun_argv
 from dtrain.launch.jobs.launchers.torchrun import torchrun_argv
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs import sagemaker as sm
+from dtrain.launch.sagemaker import engine as sm
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"

@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import sagemaker as sm
+from dtrain.launch.sagemaker import engine as sm
 from test_sagemaker import ROLE, _job, _ml, train
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.launch.jobs import sagemaker
+from dtrain.launch.sagemaker import engine as sagemaker
 
 pytestmark = pytest.mark.cluster
 

@@ -19,7 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import sagemaker as sm
+from dtrain.launch.sagemaker import engine as sm
 from test_sagemaker import ROLE, _ml, train
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""A hang's culprit from its stack dump (launch/jobs/stacks.py): each rank stopped, in disk wait,
+"""A hang's culprit from its stack dump (launch/analysis/stacks.py): each rank stopped, in disk wait,
 outside any collective or waiting inside one, read from launch/node/stacks.sh's lines as py-spy
 0.4 writes them; the hang line that says it (supervision.hang_line), the attempt's end
 (supervise.py) and `dtrain diagnose` of a log holding a dump."""
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import stacks, supervision
+from dtrain.launch.jobs import supervision
+from dtrain.launch.analysis import stacks
 from dtrain.launch.troubleshoot.diagnose import diagnose, format_report
 
 LOGS = Path(__file__).parent / "logs"

@@ -1,4 +1,4 @@
-"""Straggler detection (--straggler-check): the verdict (launch/jobs/straggler.py), the reading
+"""Straggler detection (--straggler-check): the verdict (launch/analysis/straggler.py), the reading
 of stacks.sh's dumps, the event as the log and `dtrain status` show it, the flag; on the
 simulated cluster, one node slowed mid-run by its container's CPU quota is named."""
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import runplan, straggler, supervision
-from dtrain.launch.jobs.straggler import History, ranks_waiting, stragglers
+from dtrain.launch.jobs import runplan, supervision
+from dtrain.launch.analysis import straggler
+from dtrain.launch.analysis.straggler import History, ranks_waiting, stragglers
 
 W = straggler.WINDOW
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The launch's timeline (launch/jobs/timeline.py): node phase lines -> entries -> tables, the
+"""The launch's timeline (launch/analysis/timeline.py): node phase lines -> entries -> tables, the
 supervisor's phase events through Render, and the node programs' own lines."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from dtrain import contract
-from dtrain.launch.jobs import node_programs, store, timeline
+from dtrain.launch.jobs import node_programs, store
+from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs.job import Job, JobSpec
 from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.jobs.supervision import Render
-from dtrain.launch.jobs.timeline import Entry
+from dtrain.launch.analysis.timeline import Entry
 
 EV = contract.SUPERVISOR_EVENT
 T0 = 1000.0

@@ -136,7 +136,7 @@ class LaunchConfig(JobFile):
     @field_validator("input")
     @classmethod
     def _inputs(cls, v: Optional[list[str]]) -> Optional[list[str]]:
-        from dtrain.launch.jobs.sagemaker import parse_inputs
+        from dtrain.launch.sagemaker.engine import parse_inputs
 
         for item in v or []:  # each local DIR a directory (a FIFO or device is one line, not a hang)
             where = item.partition("=")[2]

@@ -43,7 +43,8 @@ from dtrain.contract import container_name, node_key_dir
 from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision, timeline
+from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision
+from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.jobfile import launch_default
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
@@ -666,7 +667,7 @@ class Job:
 
     def _log_write(self, text: str) -> None:  # the output lock held
         """Lines to output.log, and when they came to output.times (`EPOCH COUNT` a write: the
-        report's step times, launch/jobs/report.py)."""
+        report's step times, launch/analysis/report.py)."""
         if self._log:
             self._log.write(text)
             self._log.flush()

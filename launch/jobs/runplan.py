@@ -144,7 +144,7 @@ class RunPlan:
     hang_timeout: float | None = None
     progress_pattern: str = ""
     # stragglers: every rank's stack sampled every straggler_check s (None: not watched); the
-    # rank the others wait for is named (launch/jobs/straggler.py)
+    # rank the others wait for is named (launch/analysis/straggler.py)
     straggler_check: float | None = None
     replace_stragglers: bool = False  # a straggler (not the first node) swapped for a spare at a checkpoint
     # NCCL's network on the first attempt (launch/jobs/nccl_net.py): "auto", "warn", "fail" ("" or

@@ -412,7 +412,7 @@ def node_logs(job: dict, follow: bool, out=sys.stdout, ssh_opts: tuple[str, ...]
     """A detached job's output as the launch shows it, read from its first node; follow:
     until the job ends. Returns the job's exit code where it ended, else 0. The supervisor's
     `phase` events in it (a restart's) join the timeline in the job's record."""
-    from dtrain.launch.jobs import timeline
+    from dtrain.launch.analysis import timeline
     from dtrain.launch.jobs.supervision import Render
 
     first = _first_node(job)
@@ -501,9 +501,9 @@ def status_rows(limit: int = 10, name: str | None = None) -> list[tuple[str, ...
 
 
 def job_timeline(name: str) -> str:
-    """The job's timeline (launch/jobs/timeline.py) as tables: a row per node, a column per
+    """The job's timeline (launch/analysis/timeline.py) as tables: a row per node, a column per
     phase, seconds; a detached job's restarts read from its first node first (node_logs)."""
-    from dtrain.launch.jobs import timeline
+    from dtrain.launch.analysis import timeline
 
     job = load_job(name)
     if job.get("detached"):

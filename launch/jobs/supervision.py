@@ -20,8 +20,11 @@ from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.shipped import shipped_modules
-from dtrain.launch.jobs import events, launchers, nccl_net, output, runplan, stacks, straggler, timeline
-from dtrain.launch.jobs.timeline import event_of, parse_event
+from dtrain.launch.jobs import events, launchers, nccl_net, output, runplan
+from dtrain.launch.analysis import stacks
+from dtrain.launch.analysis import straggler
+from dtrain.launch.analysis import timeline
+from dtrain.launch.analysis.timeline import event_of, parse_event
 from dtrain.terminal import clean
 
 EVENT = contract.SUPERVISOR_EVENT
@@ -139,7 +142,7 @@ def describe(ev: dict) -> str:
 
 def hang_line(ev: dict) -> str:
     """A `hang` event ({silent_for, ranks, nodes, ago, steps} and the stacks' verdict:
-    culprits, waiting, unread: launch/jobs/stacks.py) as one line: the ranks the stacks name,
+    culprits, waiting, unread: launch/analysis/stacks.py) as one line: the ranks the stacks name,
     or, where they name none (or an older supervisor sent no verdict), the ranks behind by
     progress."""
     head = f"hang: no rank made progress for {ev.get('silent_for')} s (--hang-timeout); "
@@ -159,7 +162,7 @@ class Render:
     """Supervisor output -> lines for a user. mpirun's tagged chunks are reassembled per rank
     (MpiOutput), torchrun's local ranks become global ones, events become [launch] lines.
 
-    The timeline (launch/jobs/timeline.py): `phase` events (the readiness check's, a restart's)
+    The timeline (launch/analysis/timeline.py): `phase` events (the readiness check's, a restart's)
     and each node's first line of the job (its `first-step`, timed from the `running` event of
     the first attempt) go to on_phase as entries, times after t0 (the launch's start, epoch);
     names: a hostname or address -> the node's host (the timeline's rows)."""

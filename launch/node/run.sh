@@ -26,7 +26,7 @@
 #                      where the image has no perl or the address is IPv6.
 #   --phase-says TEXT  with --ready: a line on stderr for each node once reached, TEXT then
 #                      {"event": "phase", "phase": "ready", "node": ADDR, "at": EPOCH, "end": EPOCH}
-#                      (the launch's timeline: launch/jobs/timeline.py)
+#                      (the launch's timeline: launch/analysis/timeline.py)
 # then execs COMMAND.
 set -u
 READY_FAILED=1 READY_SAYS=

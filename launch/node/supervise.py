@@ -15,10 +15,10 @@ once. A node given a spot notice says `leaving` in its beat: the job is told to 
 now (contract.CHECKPOINT_NOW), then the attempt ends. With the plan's `hang_timeout`, an
 attempt none of whose ranks made progress for that long (launch/jobs/progress.py) is a hang:
 every rank's Python stack is read (launch/node/stacks.sh), the `hang` event names the ranks
-not waiting in a collective (launch/jobs/stacks.py; by progress where all wait), the stacks go
+not waiting in a collective (launch/analysis/stacks.py; by progress where all wait), the stacks go
 into the output, and the attempt ends as a failed one. With `straggler_check`, every
 rank's stack is sampled that often (stacks.sh too) and the rank the others wait for is named
-once per attempt (a `straggler` event: launch/jobs/straggler.py's rule; the attempt goes on;
+once per attempt (a `straggler` event: launch/analysis/straggler.py's rule; the attempt goes on;
 with `replace_stragglers` and a spare left, it is taken out as a node given a spot notice is:
 checkpoint now, then a spare in its place, the node quarantined as a straggler).
 
@@ -530,9 +530,9 @@ class Supervisor:
     def on_hang(self, nodes: Sequence[runplan.PlanNode], stall: progress.Stall) -> str:
         """Every process's Python stack of the attempt on every node (launch/node/stacks.sh in
         each container, all at once), the `hang` event naming the culprits from those stacks
-        (launch/jobs/stacks.py: the ranks not waiting in a collective; by progress where every
+        (launch/analysis/stacks.py: the ranks not waiting in a collective; by progress where every
         rank waits), then the stacks, node by node; the reason the attempt ends."""
-        from dtrain.launch.jobs import stacks
+        from dtrain.launch.analysis import stacks
 
         ranks = runplan.rank_map(nodes)
         fields = progress.event_fields(stall, ranks)
@@ -574,7 +574,7 @@ class Supervisor:
         (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
         (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
         `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
-        from dtrain.launch.jobs import straggler
+        from dtrain.launch.analysis import straggler
 
         interval = float(self.plan.straggler_check or 0)
         history = straggler.History()

@@ -1,4 +1,4 @@
-"""`--target sagemaker`: the launch submitted as a SageMaker training job (launch/jobs/sagemaker.py's
+"""`--target sagemaker`: the launch submitted as a SageMaker training job (launch/sagemaker/engine.py's
 `run`, as `dtrain sagemaker run` does): as many instances as the launch names nodes, the workdir
 as its code channel, the launch's timeout as its run-time limit (default 24 h), on_demand / max_wait
 -> managed spot or not and its MaxWaitTimeInSeconds, volume_size, input -> data channels,
@@ -18,7 +18,8 @@ from typing import Any
 
 from dtrain import values
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import launchers as launcher_registry, sagemaker as sm_engine
+from dtrain.launch.jobs import launchers as launcher_registry
+from dtrain.launch.sagemaker import engine as sm_engine
 from dtrain.launch.other_tools import describe
 from dtrain.launch.other_tools.describe import PLACEHOLDER_ROLE, PLACEHOLDER_S3, Describer, ManifestSpec
 from dtrain.launch.targets.base import IGNORED, REFUSED, Target

@@ -22,7 +22,7 @@ Lines are attributed from these prefixes (nested prefixes are read left to right
 and from named groups in a signature (`mpirun noticed that process rank 3 ... on node node-2`).
 
 A hang's headline (`dtrain launch --hang-timeout`) followed by its stack dump gets a note: the
-ranks the stacks show not waiting in a collective (launch/jobs/stacks.py, as the supervisor
+ranks the stacks show not waiting in a collective (launch/analysis/stacks.py, as the supervisor
 names them), whatever the headline said (an older dtrain named the ranks behind by progress).
 
 Speed: each signature has a literal "needle" (the longest literal run it requires); the text
@@ -42,7 +42,8 @@ from pathlib import Path
 
 from dtrain.terminal import clean
 from dtrain.launch.troubleshoot.checklist import ENTRIES, Entry
-from dtrain.launch.jobs import nccl_net, stacks
+from dtrain.launch.jobs import nccl_net
+from dtrain.launch.analysis import stacks
 from dtrain.launch.jobs.runplan import MPI_OUTPUT_TAG
 
 MAX_SHOWN = 3
@@ -255,7 +256,7 @@ def net_notes(text: str) -> tuple[str, ...]:
 
 def hang_notes(text: str, lines: list[Line]) -> tuple[str, ...]:
     """For each hang headline (dtrain launch --hang-timeout) and the stack dump after it (the
-    lines up to the next `[launch]` one), the culprits the stacks name (launch/jobs/stacks.py): the ranks not
+    lines up to the next `[launch]` one), the culprits the stacks name (launch/analysis/stacks.py): the ranks not
     waiting in a collective; where every rank waits, that the progress counts tell."""
     all_lines = text.splitlines()
     out = []

@@ -5,7 +5,7 @@ now() {
   if [ -n "${EPOCHREALTIME:-}" ]; then t=${EPOCHREALTIME/,/.}; else t=$(date +%s.%N); fi
 }
 
-# phase NAME SINCE: a line for the launch's timeline (launch/jobs/timeline.py): this node's
+# phase NAME SINCE: a line for the launch's timeline (launch/analysis/timeline.py): this node's
 # step NAME (dtrain/contract.py LAUNCH_PHASES) ran from SINCE (a `now`) until now.
 phase() {
   now

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from dtrain.launch.jobs import stacks
+from dtrain.launch.analysis import stacks
 
 WINDOW = 12  # samples per rank the verdict looks at
 FACTOR = 1 / 3  # the straggler waits at most this fraction of the others' median

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain import contract, outfile, patterns
-from dtrain.launch.jobs import events, timeline
+from dtrain.launch.jobs import events
+from dtrain.launch.analysis import timeline
 from dtrain.terminal import clean
 from dtrain.launch.jobs.output import RANK_LINE
-from dtrain.launch.jobs.timeline import Entry
+from dtrain.launch.analysis.timeline import Entry
 
 STRAGGLER_FACTOR = 1.5  # a rank whose median step is this much above the ranks' median stands out
 _RESTART = re.compile(r"^\[launch\] restart (\d{1,9}): (.*)$")
