@@ -157,26 +157,22 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
 
 
 @task(help={"k": "only tests matching this pytest -k expression",
-            "unit": "only the tests that need neither Docker nor the simulated cluster"})
-def test(c, k=None, unit=False):
+            "unit": "only the tests that need neither Docker nor the simulated cluster",
+            "serial": "every test in one process, one after another (slower: the unit tests no longer run beside "
+                      "the cluster tests)"})
+def test(c, k=None, unit=False, serial=False):
     """Run the tests; installs and starts what they need (root, Linux).
 
-    Debian packages, the Docker engine, the debootstrapped base image."""
-    import subprocess
+    Debian packages, the Docker engine, the debootstrapped base image. The unit tests run beside
+    the cluster tests, at a lower priority (dtrain/suite.py); the slowest of each are listed."""
+    from dtrain import ROOT, suite
 
-    args = [sys.executable, "-m", "pytest", "-q", "--durations=25"]  # the slowest tests, in every run's output
-    if unit:
-        args += ["-m", "not docker and not cluster"]
-    else:
+    if not unit:
         from dtrain import engine
 
         with user_errors():
             engine.ensure_all()
-    if k:
-        args += ["-k", k]
-    from dtrain import ROOT
-
-    sys.exit(subprocess.call(args, cwd=ROOT))  # dtrain's own tests, from any directory
+    sys.exit(suite.run(k, unit, serial, cwd=ROOT))  # dtrain's own tests, from any directory
 
 
 # ---------------------------------------------------------------- running jobs

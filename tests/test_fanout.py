@@ -15,6 +15,9 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.fanout import NodeResult, raise_on_failure, run_all
 from dtrain.launch.remote.hosts import Node, ssh_argv
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 NODES = [Node("n1", 1), Node("n2", 1), Node("n3", 1)]
 
 

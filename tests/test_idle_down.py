@@ -33,6 +33,9 @@ from imds import Imds
 
 from test_nodes import AMI_PARAM, CIDR, REGION, RESOLVED, invoke
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 PROGRAM = ec2.IDLE_DOWN
 spec_ = importlib.util.spec_from_file_location("idle_down", PROGRAM)
 idle_down = importlib.util.module_from_spec(spec_)

@@ -20,6 +20,9 @@ from dtrain import ROOT, contract
 from dtrain.launch.jobs import nccl_net, runplan, supervision
 from dtrain.launch.jobs.nccl_net import Expect, NcclNet, parse, verdict
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 # ---------------------------------------------------------------- real lines, with their sources
 
 # NCCL 2.19 in a container without a net plugin (its internal plugin: IB or sockets)

@@ -18,6 +18,9 @@ from dtrain.launch.jobs import node_programs
 from dtrain.launch.jobs.container import ContainerSpec, docker_run_parts, parse_mount
 from dtrain.launch.jobs.launchers import env_file
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 NODE = contract.NODE_SCRIPTS
 LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
 LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "

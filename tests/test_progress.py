@@ -21,6 +21,9 @@ from dtrain.launch.jobs import jobfile, progress, runplan, supervision
 from dtrain.launch.jobs.job import JobSpec
 from dtrain.launch.jobs.launchers import launch_command
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 
 def _render(launcher: str, ranks: list[str]):
     return supervision.Render(launcher, ranks[0], ranks=list(ranks))

@@ -13,8 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from dtrain import contract
 from dtrain.launch.jobs.output import MpiOutput
+
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
 
 NODE = Path(__file__).resolve().parent.parent / "launch" / "node"
 PROGRAM = contract.node_script("rank_output.py")

@@ -19,6 +19,9 @@ from dtrain.launch.jobs import runplan, supervision
 from dtrain.launch.analysis import straggler
 from dtrain.launch.analysis.straggler import History, ranks_waiting, stragglers
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 W = straggler.WINDOW
 ROOT = Path(__file__).resolve().parent.parent
 

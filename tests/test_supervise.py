@@ -22,6 +22,9 @@ from dtrain.launch.jobs.job import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
 from dtrain.launch.jobs.supervision import EVENT
 
+# timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
+pytestmark = pytest.mark.serial
+
 _spec = importlib.util.spec_from_file_location("supervise", ROOT / "launch" / "node" / "supervise.py")
 sv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sv)

@@ -64,7 +64,7 @@ def test_every_module_is_one_registered_target_or_provider():
     assert modules == registered  # a module and its registry line come together
 
 
-@pytest.mark.parametrize("item", [*targets.TARGETS.values(), *targets.PROVIDERS.values()], ids=str)
+@pytest.mark.parametrize("item", [*targets.TARGETS.values(), *targets.PROVIDERS.values()], ids=lambda t: type(t).__name__)
 def test_every_target_implements_the_interface(item):
     base = Target if isinstance(item, Target) else NodeProvider
     assert isinstance(item, base) and not inspect.isabstract(type(item))
