@@ -964,3 +964,22 @@ def test_doctor_container_reaches_each_peer_with_the_builders_ssh(tmp_path):
     assert "peer 10.0.0.2=ok" in r.stdout and "peer 10.0.0.3=ok" in r.stdout, r.stdout
     calls = [line.rstrip("|").split("|") for line in (tmp_path / "argv").read_text().splitlines()]
     assert calls == [[*container.doctor_ssh(), f"root@{p}", "command -v orted python"] for p in ("10.0.0.2", "10.0.0.3")]
+
+
+def test_doctor_container_gives_a_firewalled_peer_about_10_s_not_20_connect_timeouts(tmp_path):
+    """A peer whose port 2022 drops packets costs each try its whole connect timeout (5 s): the
+    check gives up after ~10 s (two or three tries), where twenty tries took 110 s."""
+    from dtrain.launch.jobs import container
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\necho x >> "$TRIES"; sleep 5\n'
+                                 'echo "ssh: connect to host 10.0.0.3 port 2022: Connection timed out" >&2; exit 255\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TRIES": str(tmp_path / "tries")}
+    began = time.monotonic()
+    r = subprocess.run(["bash", "-c", contract.node_script("doctor-container.sh"), "dtrain-doctor-container",
+                        *container.doctor_ssh(), "--", "10.0.0.3"], capture_output=True, text=True, env=env, timeout=60)
+    took = time.monotonic() - began
+    assert "peer 10.0.0.3=ssh: connect to host 10.0.0.3 port 2022: Connection timed out" in r.stdout, r.stdout
+    assert 2 <= len((tmp_path / "tries").read_text().split()) <= 3 and 10 <= took < 20, took

@@ -8,13 +8,15 @@ ssh=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do ssh+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 try() {
-  local i
-  for i in $(seq 20); do
+  # ~10 s per peer, whatever fails: a refused connection (sshd still starting) is tried again
+  # every 0.5 s; a dropped one costs its 5-s connect timeout, so two tries, not twenty (a
+  # count of tries made a firewalled peer cost 20 x 5.5 s).
+  local end=$((SECONDS + 10))
+  while :; do
     out=$(timeout 15 "${ssh[@]}" "root@$1" 'command -v orted python' 2>&1) && return 0
-    : "$i"
+    [ "$SECONDS" -lt "$end" ] || return 1
     sleep 0.5
   done
-  return 1
 }
 for p in "$@"; do
   if try "$p"; then echo "peer $p=ok"; else echo "peer $p=$(echo "$out" | tail -1)"; fi
