@@ -190,8 +190,8 @@ NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_ta
 LAUNCH_TASK_ONLY_HELP = {
     "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
     "file": "the same as -f",
-    "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs|trainjob|jobset: "
-            "the job description)",
+    "dump": "print the job file these flags (and -f) mean, and exit, whatever the --target (a description: "
+            "--output, or stdout without --dump)",
     "output": "--target mpijob|pytorchjob|ecs|trainjob|jobset: write the description to this file instead of stdout",
     "force": "with --output: replace the file there even where dtrain did not write it",
 }
@@ -232,14 +232,17 @@ _FLAG_LISTS = [k for k, f in _jobfile.JobFile.model_fields.items()
 def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     with user_errors():
-        from dtrain.launch import jobtarget, targets
+        from dtrain.launch import jobtarget
         from dtrain.launch.jobs import config
 
         if f and file and f != file:
             raise config.LaunchError(f"-f {f} and --file {file}: give one job file")
         _force_flag(force, output)
         cfg = config.build({**flags, "command": _remainder() or None}, f or file)
-        if dump and not targets.get(cfg.target).writes:  # a target that writes: its description is the dump
+        if dump:  # the job file, on every target (the description: without --dump)
+            if output is not None:
+                raise config.LaunchError(f"--output {output}: where a description goes; --dump prints the job "
+                                         "file on stdout (> FILE to save it)")
             print(config.dump(cfg), end="")
             return
         sys.exit(jobtarget.run(cfg, output=output, force=force))

@@ -169,7 +169,7 @@ def test_the_job_file_as_a_valid_description(tmp_path, target):
     launcher = {"mpijob": None, "pytorchjob": "torchrun", "ecs": "ray"}[target]  # what the tool runs
     (project / "job.yaml").write_text((project / "job.yaml").read_text().replace(
         "launcher: torchrun\n", f"launcher: {launcher}\n" if launcher else ""))
-    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--dump")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target)
     assert r.returncode == 0, r.stderr
     kind = "ecs-ray" if target == "ecs" else target  # ECS with a command: Ray's head and worker services
     doc = mf.load(kind, r.stdout)
@@ -222,26 +222,29 @@ def test_kubeflow_targets_take_the_instance_type_and_its_efa(tmp_path, target):
     """`launch -f job.yaml --target mpijob|pytorchjob --instance-type p4d.24xlarge`: the same file's
     job with each worker pod asking for the type's 4 EFA interfaces (manifests.py)."""
     r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", target, "--instance-type", "p4d.24xlarge",
-             "--launcher", "torchrun" if target == "pytorchjob" else "mpirun", "--dump",
+             "--launcher", "torchrun" if target == "pytorchjob" else "mpirun",
              env={"AWS_EC2_METADATA_DISABLED": "true"})
     assert r.returncode == 0, r.stderr
     assert "vpc.amazonaws.com/efa: 4" in r.stdout and "IPC_LOCK" in r.stdout
 
 
 @pytest.mark.parametrize("target", ["mpijob", "ecs"])
-def test_dump_with_output_writes_the_file_and_says_so(tmp_path, target):
-    """docs/other-tools.md: `--dump ... --output FILE to write it`."""
+def test_output_writes_the_description_and_says_so(tmp_path, target):
+    """docs/other-tools.md: `--output FILE to write it`; --dump is the job file, on stdout only."""
     project = _project(tmp_path)
     extra = ["--launcher", "ray"] if target == "ecs" else ["--launcher", "mpirun"]
-    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "o.out")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--output", "o.out")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "wrote o.out\n" and (project / "o.out").read_text().strip()
+    assert r.stdout == "wrote o.out\n" and (project / "o.out").read_text().startswith("# GENERATED")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "p.out")
+    assert r.returncode == 2 and r.stderr.startswith("error: --output p.out: ") and "--dump" in r.stderr, r.stderr
+    assert not (project / "p.out").exists()
 
 
 def test_launch_instance_type_gives_the_types_gpus(tmp_path):
     """--instance-type p5.48xlarge: 8 slots per worker, -np 3x8, 8 GPUs beside the 32 EFA."""
     r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun",
-             "--instance-type", "p5.48xlarge", "--dump")
+             "--instance-type", "p5.48xlarge")
     assert r.returncode == 0, r.stderr
     doc = mf.load("mpijob", r.stdout)
     assert doc["spec"]["slotsPerWorker"] == 8
@@ -255,12 +258,12 @@ def test_launch_instance_type_gives_the_types_gpus(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "p9.bogus"],
      "error: --instance-type 'p9.bogus': not an EC2 instance type"),
-    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "p4d.24xlarg",
-      "--dump"], "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "p4d.24xlarg"],
+     "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
     (["manifest", "--for", "mpijob", "--image", IMAGE, "--instance-type", "p4d.24xlarg", "--", "python", "t.py"],
      "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
-    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "ml.g5.12xlarge",
-      "--dump"], "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml. "
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "ml.g5.12xlarge"],
+     "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml. "
                  "(drop it: g5.12xlarge)"),
     (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "ml.g5.12xlarge"],
      "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml."),

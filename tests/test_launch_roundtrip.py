@@ -114,6 +114,19 @@ def test_a_flag_given_cancels_the_files_value(tmp_path):
         "max_restarts").endswith("job.yaml:9: max_restarts")
 
 
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs", "trainjob", "jobset"])
+def test_dump_is_the_job_file_on_every_target(tmp_path, target):
+    """--dump with a target that writes a description prints the job file (the lossless YAML),
+    not the description (that is stdout or --output without --dump)."""
+    project = _project(tmp_path)
+    env = {"WANDB_API_KEY": "k"}
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--env", "WANDB_API_KEY", "--dump", env=env)
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(r.stdout)
+    assert data["target"] == target and data["env"] == {"EPOCHS": "10", "WANDB_API_KEY": None}
+    assert "GENERATED" not in r.stdout and "apiVersion" not in r.stdout and "k" not in data["env"].values()
+
+
 # ---------------------------------------------------------------- every target reads the same launch
 
 
