@@ -182,6 +182,7 @@ def test(c, k=None, unit=False):
 # ---------------------------------------------------------------- running jobs
 
 from dtrain.launch.jobs import jobfile as _jobfile  # noqa: E402  the launch flags' help: the job file's model
+from dtrain.launch.jobs import config as _config  # noqa: E402  the switches' opposites
 
 LAUNCH_HELP = _jobfile.help_texts()
 NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_tag", "region", "slots", "ssh_user",
@@ -216,18 +217,21 @@ def _launch_signature(body):
 
     fields = [k for k in _jobfile.JobFile.model_fields if k != "command"]
     params = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False if k in _FLAG_BOOLS else None)
-              for k in ["c", *LAUNCH_TASK_ONLY_HELP, *fields]]
+              for k in ["c", *LAUNCH_TASK_ONLY_HELP, *fields, *_SWITCH_OFF]]
     params[0] = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     body.__signature__ = inspect.Signature(params)
     return body
 
 
-_FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in str(f.annotation)} | {"dump", "force"}
+# each switch's opposite (--no-check-network over a file's `check_network: true`: launch/jobs/config.py)
+_SWITCH_OFF = {_config.opposite(k): f"turns off {_config.flag(k)} (over a job file's `{k}: true`)" for k in _config.SWITCHES}
+_FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in str(f.annotation)} | {"dump", "force",
+                                                                                                         *_SWITCH_OFF}
 _FLAG_LISTS = [k for k, f in _jobfile.JobFile.model_fields.items()
                if ("list" in str(f.annotation) or "dict" in str(f.annotation)) and k != "command"]  # env: K=V items
 
 
-@task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP})
+@task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP, **_SWITCH_OFF})
 @_launch_signature
 def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
@@ -238,7 +242,7 @@ def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
         if f and file and f != file:
             raise config.LaunchError(f"-f {f} and --file {file}: give one job file")
         _force_flag(force, output)
-        cfg = config.build({**flags, "command": _remainder() or None}, f or file)
+        cfg = config.build(config.switches({**flags, "command": _remainder() or None}), f or file)
         if dump:  # the job file, on every target (the description: without --dump)
             if output is not None:
                 raise config.LaunchError(f"--output {output}: where a description goes; --dump prints the job "

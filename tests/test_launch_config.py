@@ -18,7 +18,7 @@ import pytest
 from dtrain import contract
 from dtrain.launch import jobtarget
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import jobfile
+from dtrain.launch.jobs import config, jobfile
 from dtrain.launch.jobs.job import JobSpec
 from dtrain.launch.other_tools import manifests as mf
 
@@ -45,7 +45,9 @@ def test_launch_flags_are_the_models_fields_with_its_help_and_defaults():
     params = inspect.signature(body).parameters
     task_only = {"f", "file", "dump", "output", "force"}
     fields = set(jobfile.JobFile.model_fields) - {"command"}  # command: what follows `--`
-    assert set(params) - {"c"} == fields | task_only
+    off = {config.opposite(k) for k in config.SWITCHES}  # --no-check-network: a file's `true` turned off
+    assert off and set(params) - {"c"} == fields | task_only | off
+    assert all(params[k].default is False for k in off)
     assert set(tasks.LAUNCH_TASK_ONLY_HELP) == task_only
     assert tasks.LAUNCH_HELP == jobfile.help_texts()
     shown = "".join(_cli(ROOT, "launch", "--help").stdout.split())  # Invoke wraps the lines
@@ -88,7 +90,7 @@ def test_launch_spec_is_built_once_from_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("master_port", "70000"), ("spares", "-1"), ("max_restarts", "5" * 300),
-                                        ("hang_timeout", "0"), ("timeout", "-1"), ("slots", "0"), ("min_nodes", "0"),
+                                        ("hang_timeout", "0"), ("timeout", "-1"), ("slots", "0"), ("min_nodes", "-1"),
                                         ("shm_size", "lots"), ("name", "a b")])
 def test_a_bad_value_from_the_file_and_from_the_flag_say_the_same(tmp_path, key, value):
     (tmp_path / "job.yaml").write_text(f"image: reg/x:1\nhosts: h1:1\ncommand: python t.py\n{key}: {value}\n")
@@ -235,7 +237,7 @@ def test_output_writes_the_description_and_says_so(tmp_path, target):
     extra = ["--launcher", "ray"] if target == "ecs" else ["--launcher", "mpirun"]
     r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--output", "o.out")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "wrote o.out\n" and (project / "o.out").read_text().startswith("# GENERATED")
+    assert r.stdout == "wrote o.out\n" and IMAGE in (project / "o.out").read_text()
     r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "p.out")
     assert r.returncode == 2 and r.stderr.startswith("error: --output p.out: ") and "--dump" in r.stderr, r.stderr
     assert not (project / "p.out").exists()

@@ -127,6 +127,38 @@ def test_dump_is_the_job_file_on_every_target(tmp_path, target):
     assert "GENERATED" not in r.stdout and "apiVersion" not in r.stdout and "k" not in data["env"].values()
 
 
+def test_a_false_switch_or_a_zero_given_cancels_the_files_value(tmp_path):
+    """--no-check-network over `check_network: true`, --min-nodes 0 over `min_nodes: 2`, --spares 0
+    over `spares: 1`: the command line wins, even with false or zero (config.switches, merge)."""
+    project = _project(tmp_path, "check_network: true\nmin_nodes: 2\nspares: 1\ndetach: true\n")
+    environ = {"WANDB_API_KEY": "k"}
+    flags = config.switches({"no_check_network": True, "min_nodes": "0", "spares": "0", "no_detach": True,
+                             "env": ["WANDB_API_KEY"]})
+    cfg = config.build(flags, project / "job.yaml", environ=environ)
+    assert cfg.check_network is False and cfg.min_nodes == 0 and cfg.spares == 0 and cfg.detach is False
+    assert not any(cfg.set(k) for k in ("check_network", "min_nodes", "spares", "detach"))
+    assert config.job_spec(cfg).min_nodes is None and config.job_spec(cfg).check_network is False
+    (project / "again.yaml").write_text(config.dump(cfg))  # the dump keeps them: the same launch
+    _same(config.build({"env": ["WANDB_API_KEY"]}, project / "again.yaml", environ=environ), cfg)
+    # not given: the file's value stands
+    kept = config.build(config.switches({"env": ["WANDB_API_KEY"]}), project / "job.yaml", environ=environ)
+    assert kept.check_network is True and kept.min_nodes == 2 and kept.detach is True
+    with pytest.raises(config.LaunchError, match="--check-network and --no-check-network: give one"):
+        config.switches({"check_network": True, "no_check_network": True})
+
+
+def test_no_switch_flags_let_a_target_take_the_file(tmp_path):
+    """The real CLI: a file's check_network/min_nodes that mpijob refuses, turned off by flags."""
+    project = _project(tmp_path, "check_network: true\nmin_nodes: 2\n")
+    env = {"WANDB_API_KEY": "k"}
+    base = ["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--max-restarts", "0",
+            "--env", "WANDB_API_KEY"]
+    r = _cli(project, *base, env=env)
+    assert r.returncode == 2 and "check_network" in r.stderr and "min_nodes" in r.stderr, r.stderr
+    r = _cli(project, *base, "--no-check-network", "--min-nodes", "0", env=env)
+    assert r.returncode == 0 and "kind: MPIJob" in r.stdout, r.stderr
+
+
 # ---------------------------------------------------------------- every target reads the same launch
 
 
