@@ -207,9 +207,10 @@ def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
     ("ecs", ["--spares", "1"], "--spares: not for --target ecs"),
     ("mpijob", ["--max-restarts", "2"], "--max-restarts: not for --target mpijob"),
     ("sagemaker", ["--hang-timeout", "60"], "--hang-timeout: not for --target sagemaker"),
-    ("pytorchjob", ["--role", ROLE], "--role: not for --target pytorchjob"),
+    ("pytorchjob", ["--role", ROLE], "--role is SageMaker's only (--target sagemaker); --target pytorchjob has no "
+                                     "equivalent"),
     ("sagemaker", ["--role", ROLE], "--instance-type is required with --target sagemaker"),
-    ("nodes", ["--role", ROLE], "--role is for --target sagemaker"),
+    ("nodes", ["--role", ROLE], "--role is SageMaker's only (--target sagemaker); --target nodes has no equivalent"),
     ("kubernetes", [], "--target 'kubernetes'"),
 ])
 def test_fields_a_target_cannot_take_are_one_line(tmp_path, target, args, message):

@@ -275,17 +275,17 @@ def test_the_documented_job_file_is_refused_in_one_message_naming_every_field(tm
 @pytest.mark.parametrize("target", ["sagemaker", "mpijob", "pytorchjob", "ecs"])
 def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_target(tmp_path, target, moto_server):
     """The file's node-only fields cancelled on the command line by their defaults (`--spares 0`,
-    `--max-restarts 0`) or left out of a copy (min_nodes, mount, check_network: no default to
-    give), its shape given (`--count 4`): one run each, no cluster read (none is up)."""
+    `--max-restarts 0`, `--min-nodes 0`, `--no-check-network`) or left out of a copy (mount: a
+    list), its shape given (`--count 4`): one run each, no cluster read (none is up)."""
     _docs_job(tmp_path)
     (tmp_path / "train.py").write_text("print(1)\n")
-    cancel = ["--spares", "0", "--count", "4"]
+    cancel = ["--spares", "0", "--count", "4", "--min-nodes", "0", "--no-check-network"]
     off = [] if target == "sagemaker" else ["--max-restarts", "0"]
     extra = {"sagemaker": ["--instance-type", "ml.m5.xlarge", "--role", ROLE, "--detach", "--name", "docs-1"],
              "ecs": ["--launcher", "ray"], "mpijob": ["--launcher", "mpirun"], "pytorchjob": []}[target]
-    # the file's mount, check_network and checkpoint_dir (off the nodes) are dropped from a copy
+    # the file's mount and checkpoint_dir (off the nodes) are dropped from a copy
     text = (tmp_path / "job.yaml").read_text()
-    keep = [line for line in text.splitlines() if not line.startswith(("mount:", "check_network:", "min_nodes:"))
+    keep = [line for line in text.splitlines() if not line.startswith("mount:")
             and (target == "sagemaker" or not line.startswith("checkpoint_dir:"))]
     (tmp_path / "job.yaml").write_text("\n".join(keep) + "\n")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
@@ -295,6 +295,23 @@ def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_tar
     if target != "sagemaker":
         kind = "ecs-ray" if target == "ecs" else target
         assert mf.problems(kind, mf.load(kind, r.stdout)) == []
+
+
+@pytest.mark.parametrize("target", ["mpijob", "trainjob", "ecs", "nodes"])
+def test_sagemakers_own_fields_are_named_as_sagemakers_in_one_message(tmp_path, target):
+    """on_demand, max_wait, volume_size, input on another target: `FILE:LINE: key ... SageMaker's
+    only; --target T has no equivalent`, every one in one line, beside the nodes-only ones."""
+    project = _project(tmp_path, "spares: 1\non_demand: true\nvolume_size: 200\ninput: [train=data]\n")
+    lines = {k: i for i, line in enumerate((project / "job.yaml").read_text().splitlines(), start=1)
+             for k in [line.split(":", 1)[0]]}
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--env", "WANDB_API_KEY", "--max-restarts", "0",
+             env={"WANDB_API_KEY": "k"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    own = "job.yaml:{}: on_demand, job.yaml:{}: volume_size and job.yaml:{}: input".format(
+        lines["on_demand"], lines["volume_size"], lines["input"])
+    assert f"{own} are SageMaker's only (--target sagemaker); --target {target} has no equivalent" in r.stderr, r.stderr
+    if target != "nodes":  # spares: the nodes' own, said so in the same line
+        assert f"job.yaml:{lines['spares']}: spares: not for --target {target} (it runs on the nodes" in r.stderr
 
 
 def test_every_target_says_what_it_does_with_every_field():
