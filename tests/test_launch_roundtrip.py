@@ -186,6 +186,32 @@ def test_the_dumped_file_writes_the_same_description(tmp_path, target):
             doc["spec"].get("nprocPerNode") == "8", container
 
 
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "trainjob", "jobset", "ecs"])
+def test_a_job_files_literal_env_is_a_plain_value_and_names_from_the_environment_a_secret(tmp_path, target):
+    """`EPOCHS: 10` in the job file is not a secret (it is in a file already): written as a value;
+    `WANDB_API_KEY:` (from the environment) and --env NAME=VALUE stay the Secret's, their values
+    in no file (issue 47)."""
+    project = _project(tmp_path)
+    launcher = {"mpijob": "mpirun", "ecs": "ray"}.get(target, "torchrun")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--launcher", launcher, "--max-restarts", "0",
+             "--env", "WANDB_API_KEY", "--env", "HF_TOKEN=hf-s3cret", env={"WANDB_API_KEY": "k-s3cret"})
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in r.stdout + r.stderr
+    kind = "ecs-ray" if target == "ecs" else target
+    doc = mf.load(kind, r.stdout)
+    assert mf.problems(kind, doc) == []
+    text = json.dumps(doc)
+    if target == "ecs":
+        assert '{"name": "EPOCHS", "value": "10"}' in text and '"valueFrom": "' in text
+        assert '{"name": "WANDB_API_KEY", "valueFrom"' in text and '{"name": "HF_TOKEN", "valueFrom"' in text
+    else:
+        assert '{"name": "EPOCHS", "value": "10"}' in text
+        for name in ("WANDB_API_KEY", "HF_TOKEN"):
+            assert f'"key": "{name}"' in text, name
+        assert '"key": "EPOCHS"' not in text
+    assert "EPOCHS" not in r.stderr.split("not in the file")[0] and "HF_TOKEN, WANDB_API_KEY: not in the file" in r.stderr
+
+
 def _recording(moto_server: str, action: str) -> None:
     urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/recorder/{action}", method="POST"),
                            timeout=30).close()

@@ -36,8 +36,9 @@ def jobset(spec: ManifestSpec, kind: describe.Describer) -> dict[str, Any]:
     argv = torchrun_argv(spec.workers, f"$({RANK_ENV})", spec.slots, master_address(spec), contract.MASTER_PORT,
                          list(spec.command))
     env = [{"name": RANK_ENV, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
-    env += [{"name": k, "value": v} for k, v in describe.literal(torchrun_env(describe.host_iface(spec)), spec).items()]
-    env += describe.secret_env(spec, kind)
+    env += [{"name": k, "value": v} for k, v in describe.literal(torchrun_env(describe.host_iface(spec)), spec).items()
+            if k not in spec.plain_env]
+    env += describe.secret_env(spec, kind)  # the job file's literal values, then the names from the Secret
     pod = describe.host_pod(spec, [describe.node_container(spec, name="node", args=argv, env=env)])
     job = describe.job_template(pod, nodes=spec.workers)
     if spec.timeout_s is not None:
