@@ -986,11 +986,15 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "env_secret_arn": "ECS: Secrets Manager ARN of the JSON object holding the --env values",
     "output": "write to this file instead of stdout",
     "force": "with --output: replace the file there even where dtrain did not write it",
+    "timeout": "trainjob, jobset: the job's time limit in seconds (activeDeadlineSeconds), as launch --timeout",
+    "max_restarts": "trainjob, jobset: restart the whole job this many times (JobSet failurePolicy.maxRestarts), "
+                    "as launch --max-restarts",
 })
 def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False):
+             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False, timeout=None,
+             max_restarts=None):
     """Job description for Kubeflow Trainer v2 (TrainJob), JobSet, MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
@@ -1022,7 +1026,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn)
+            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn,
+            **mf.limits(for_, timeout=timeout, max_restarts=max_restarts))  # trainjob, jobset
         text = mf.render(spec)
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)

@@ -697,3 +697,38 @@ def test_launch_target_writes_no_env_value_either(tmp_path, target):
     assert r.returncode == 0, r.stderr
     assert SECRET_VALUE not in out.read_text() + r.stdout + r.stderr
     assert "[launch] env HF_TOKEN: not in the file" in r.stderr
+
+
+# ---------------------------------------------------------------- --timeout / --max-restarts (docs/other-tools.md)
+
+
+def _manifest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    from dtrain import ROOT
+
+    return subprocess.run([sys.executable, "-m", "dtrain", "manifest", "--image", "reg/x:1", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"})
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "jobset"])
+def test_manifest_timeout_and_max_restarts_as_launch_maps_them(tmp_path, kind):
+    """`dtrain manifest --timeout 3600 --max-restarts 0`: activeDeadlineSeconds and JobSet's
+    failurePolicy.maxRestarts (0 given: written), as `dtrain launch --target KIND` writes them."""
+    r = _manifest(tmp_path, "--for", kind, "--timeout", "3600", "--max-restarts", "0", "--", "t.py")
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(r.stdout))
+    text = json.dumps(docs)
+    assert '"activeDeadlineSeconds": 3600' in text and '"failurePolicy": {"maxRestarts": 0}' in text
+    assert m.problems(kind, docs[0] if kind == "jobset" else docs) == []
+    assert m.limits(kind, timeout="90.5", max_restarts=None) == {"timeout_s": 91}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--for", "mpijob", "--timeout", "60"], "error: --timeout: --for mpijob has no equivalent in its document; "
+                                             "--for trainjob or jobset take it"),
+    (["--for", "ecs", "--max-restarts", "1", "--timeout", "5"], "error: --timeout and --max-restarts: --for ecs"),
+    (["--for", "jobset", "--timeout", "0"], "error: --timeout '0': expected a number > 0"),
+    (["--for", "trainjob", "--max-restarts", "-1"], "error: --max-restarts '-1'"),
+])
+def test_manifest_limits_refused_in_one_line(tmp_path, args, says):
+    r = _manifest(tmp_path, *args, "--", "t.py")
+    assert r.returncode == 2 and r.stderr.startswith(says) and len(r.stderr.splitlines()) == 1, r.stderr
