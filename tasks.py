@@ -966,7 +966,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "image": "image reference (built here, pushed with dtrain push)",
     "workers": "workers / replicas / instances (default 2)",
     "gpus_per_worker": "GPUs per worker (0: CPU; default: --instance-type's, else 0)",
-    "name": "job name (default dtrain-job)",
+    "name": "job name (default: the image's repository and a short hash of the command, e.g. pytorch-ddp-1a2b3c)",
     "launcher": "mpirun or torchrun where the tool allows both; ray with --for ecs (Ray head and "
                 "worker services, seed 001)",
     "ray_head_address": "ECS + ray: DNS name or IP the workers join the head at "
@@ -990,7 +990,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "max_restarts": "trainjob, jobset: restart the whole job this many times (JobSet failurePolicy.maxRestarts), "
                     "as launch --max-restarts",
 })
-def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
+def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name=None, launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
              output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False, timeout=None,
@@ -1006,7 +1006,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
         _image_flag(image)
         if for_ is not None:
             _choice_flag("--for", for_, mf.TARGETS)
-        values.name("--name", name)
+        given_name = name is not None
+        name = values.name("--name", name) if given_name else mf.default_name(image, _remainder())
         values.env_pairs("--env", env)
         if launcher is not None:
             _choice_flag("--launcher", launcher, _launcher_names(manifests=True))
@@ -1032,3 +1033,5 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)
         print(mf.write(text, output, force), end="")
+        if not given_name:  # once written: the name dtrain chose
+            print(f"[manifest] name {name}: from the image and the command (--name NAME to choose)", file=sys.stderr)

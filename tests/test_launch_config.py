@@ -187,7 +187,8 @@ def test_the_job_file_as_a_valid_description(tmp_path, target):
     r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--output", str(out))
     assert r.returncode == 0 and out.read_text() == mf.render(mf.spec_from_args(
         target, IMAGE, ["python", "train.py", "--epochs", "1"], workers=3,
-        env=["EPOCHS=1", "WANDB_MODE=offline"], launcher=launcher))
+        env=["EPOCHS=1", "WANDB_MODE=offline"], launcher=launcher, name="job",  # the job file's name
+        plain_env=("EPOCHS", "WANDB_MODE")))  # the file's literal values
 
 
 def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):

@@ -167,7 +167,8 @@ def test_the_dumped_file_writes_the_same_description(tmp_path, target):
     project = _project(tmp_path)
     launcher = {"mpijob": "mpirun", "pytorchjob": "torchrun", "ecs": "ray"}[target]
     env = {"WANDB_API_KEY": "k"}
-    common = ["--launcher", launcher, "--max-restarts", "0", "--env", "WANDB_API_KEY"]
+    common = ["--launcher", launcher, "--max-restarts", "0", "--env", "WANDB_API_KEY", "--name", "rt"]  # (no name:
+    # each file's own, job and dumped)
     r = _cli(project, "launch", "-f", "job.yaml", *common, "--dump", env=env)
     assert r.returncode == 0, r.stderr
     (project / "dumped.yaml").write_text(r.stdout)

@@ -68,7 +68,7 @@ def test_the_documented_job_file_written_valid_with_the_types_pod_shape(tmp_path
     # the TrainJob: 4 nodes (the hosts), the type's 8 GPUs as processes, the time limit, env from the Secret
     spec = job["spec"]
     assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                  "name": "dtrain-job-runtime"}
+                                  "name": "job-runtime"}
     assert spec["activeDeadlineSeconds"] == 7200
     assert spec["trainer"]["numNodes"] == 4 and spec["trainer"]["numProcPerNode"] == 8
     assert spec["trainer"]["image"] == IMAGE
@@ -76,7 +76,7 @@ def test_the_documented_job_file_written_valid_with_the_types_pod_shape(tmp_path
                                                     "$(PET_MASTER_PORT)", ["train.py", "--epochs", "10"])
     assert spec["trainer"]["env"] == [  # the file's literal: a value; a name from the environment: the Secret's
         {"name": "EPOCHS", "value": "10"},
-        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-job-env", "key": "WANDB_API_KEY"}}}]
+        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "job-env", "key": "WANDB_API_KEY"}}}]
     # the runtime: the pod shape a TrainJob cannot set
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 4, "torch": {}}
     assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": 2}  # the file's max_restarts

@@ -71,6 +71,7 @@ class LaunchConfig(JobFile):
     _where: dict = PrivateAttr(default_factory=dict)  # {field: "FILE:LINE"}: those the job file gave
     _base: Optional[Path] = PrivateAttr(None)  # the job file's directory (None: none read)
     _literal_env: frozenset = PrivateAttr(frozenset())  # env names whose values are the job file's literals
+    _source: Optional[str] = PrivateAttr(None)  # the job file's name (a description's default job name)
 
     @model_validator(mode="before")
     @classmethod
@@ -281,6 +282,7 @@ def build(flags: Mapping[str, Any], path: str | Path | None = None,
     cfg._given = frozenset(given)
     cfg._where = where
     cfg._base = Path(path).parent.resolve() if path else None
+    cfg._source = Path(path).name if path else None
     cfg._literal_env = frozenset(k for k, v in literal.items() if (cfg.env or {}).get(k) == v)
     return cfg
 

@@ -14,9 +14,11 @@ builders `dtrain launch` uses, so flags cannot drift between the two.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -224,6 +226,22 @@ class Describer(ABC):
 
 
 # ---------------------------------------------------------------- checks shared by every kind
+
+
+def default_name(image: str, command: Sequence[str], source: str | None = None) -> str:
+    """The job's name where none is given (pure): the job file's name (`train-gpt.yaml`:
+    train-gpt), else the image's repository and a short hash of the command
+    (`reg/dtrain/pytorch-ddp:TAG -- python train.py`: pytorch-ddp-1a2b3c), as a DNS-1123 label
+    check() takes (lower-case letters, digits and -, at most 40): two jobs no longer share
+    `dtrain-job` (their Secrets, runtimes and pods)."""
+    def label(text: str, most: int) -> str:
+        return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:most].strip("-")
+
+    if source and label(Path(source).stem, 40):
+        return label(Path(source).stem, 40)
+    repo = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    digest = hashlib.sha256("\0".join(command).encode()).hexdigest()[:6]
+    return f"{label(repo, 33) or 'job'}-{digest}"
 
 
 def check_label(flag: str, key: str, value: str) -> None:

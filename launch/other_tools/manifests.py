@@ -22,7 +22,7 @@ from dtrain.launch.other_tools import describe
 from dtrain.launch.other_tools.describe import (  # noqa: F401 (the names `dtrain manifest` and its tests use)
     ENV_SECRET_NAME, GENERATED, INSTANCE_TYPE_LABEL, OUTPUT, PLACEHOLDER_ENV_SECRET, PLACEHOLDER_EXECUTION_ROLE,
     PLACEHOLDER_KEY_SECRET, PLACEHOLDER_ROLE, PLACEHOLDER_S3, POD_IFACE, SCHEMAS, CommandRefused, Describer,
-    ManifestError, ManifestSpec, check_label, check_output, write)
+    ManifestError, ManifestSpec, check_label, check_output, default_name, write)
 from dtrain.launch.targets.mpijob import mpijob_mpirun_argv  # noqa: F401
 from dtrain.launch.targets.sagemaker import sagemaker_job  # noqa: F401
 

@@ -74,10 +74,11 @@ class Description(Target, Describer):
         if cfg["name"] is not None:
             values.name("--name", cfg["name"])
         env_items = [f"{k}={v}" for k, v in env(cfg).items()]
+        name = cfg["name"] or describe.default_name(cfg["image"], list(cfg["command"] or ()), cfg._source)
         describe.check_output(output, force)
         try:
             spec = describe.spec_from_args(
-                self, cfg["image"], list(cfg["command"] or ()), workers=count or 2, name=cfg["name"] or "dtrain-job",
+                self, cfg["image"], list(cfg["command"] or ()), workers=count or 2, name=name,
                 env=env_items, launcher=launcher, instance_type=cfg["instance_type"],
                 slots_per_worker=slots(cfg), **self.mapped(cfg),  # hosts: h:8 -> 8 ranks per worker
                 plain_env=self.plain_env(cfg))
@@ -90,4 +91,7 @@ class Description(Target, Describer):
         for line in self.notes(spec, via="launch"):  # what it filled in, named (no values)
             err(line)
         print(describe.write(text, output, force), end="")
+        if not cfg["name"]:  # once written: the name dtrain chose, and how to choose another
+            err(f"[launch] name {name}: from {'the job file ' + cfg._source if cfg._source else 'the image and the command'}"
+                f" (--name NAME to choose)")
         return 0
