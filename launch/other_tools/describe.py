@@ -600,6 +600,29 @@ def host_pod(spec: ManifestSpec, containers: list[dict[str, Any]], *, selector: 
     return pod
 
 
+def node_pod(spec: ManifestSpec, *, args: list[str], env: list[dict[str, Any]], gpus: bool = True,
+             sshd: bool = False, selector: bool = True) -> dict[str, Any]:
+    """The pod template of one node of a host-network job (TrainJob's runtime, JobSet): its one
+    container `node` (node_container: the GPUs, EFA, huge pages, IPC_LOCK, /dev/shm, mounts) in
+    host_pod's pod."""
+    return host_pod(spec, [node_container(spec, name="node", args=args, env=env, gpus=gpus, sshd=sshd)],
+                    selector=selector)
+
+
+def metadata(spec: ManifestSpec) -> dict[str, Any]:
+    """A job document's metadata: its name, the job label, the namespace where given."""
+    meta: dict[str, Any] = {"name": spec.name, "labels": {contract.LABEL_JOB: spec.name}}
+    if spec.namespace:
+        meta["namespace"] = spec.namespace
+    return meta
+
+
+def efa_header(spec: ManifestSpec) -> list[str]:
+    """The header line saying what each node pod asks for on an EFA type ([] without EFA)."""
+    return [f"{spec.ec2_type}: each node pod asks for its {spec.efa} EFA interface(s) ({EFA_RESOURCE}), "
+            f"{spec.gpus_per_worker} GPU(s), 2 MiB huge pages and IPC_LOCK."] if spec.efa else []
+
+
 def job_template(pod: dict[str, Any], *, nodes: int | None = None, labels: dict[str, str] | None = None
                  ) -> dict[str, Any]:
     """A batch/v1 Job template of one pod per node (nodes: Indexed, that many; None: the
