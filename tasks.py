@@ -178,6 +178,7 @@ def test(c, k=None, unit=False, serial=False):
 # ---------------------------------------------------------------- running jobs
 
 from dtrain.launch.jobs import jobfile as _jobfile  # noqa: E402  the launch flags' help: the job file's model
+from dtrain.launch.jobs import config as _config  # noqa: E402  the switches' opposites
 
 LAUNCH_HELP = _jobfile.help_texts()
 NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_tag", "region", "slots", "ssh_user",
@@ -186,8 +187,8 @@ NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_ta
 LAUNCH_TASK_ONLY_HELP = {
     "f": "a job file (YAML, the flags below by name: docs/launch.md#a-job-file); flags given here override it",
     "file": "the same as -f",
-    "dump": "print the job file these flags (and -f) mean, and exit (--target mpijob|pytorchjob|ecs|trainjob|jobset: "
-            "the job description)",
+    "dump": "print the job file these flags (and -f) mean, and exit, whatever the --target (a description: "
+            "--output, or stdout without --dump)",
     "output": "--target mpijob|pytorchjob|ecs|trainjob|jobset: write the description to this file instead of stdout",
     "force": "with --output: replace the file there even where dtrain did not write it",
 }
@@ -212,30 +213,36 @@ def _launch_signature(body):
 
     fields = [k for k in _jobfile.JobFile.model_fields if k != "command"]
     params = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False if k in _FLAG_BOOLS else None)
-              for k in ["c", *LAUNCH_TASK_ONLY_HELP, *fields]]
+              for k in ["c", *LAUNCH_TASK_ONLY_HELP, *fields, *_SWITCH_OFF]]
     params[0] = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     body.__signature__ = inspect.Signature(params)
     return body
 
 
-_FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in str(f.annotation)} | {"dump", "force"}
+# each switch's opposite (--no-check-network over a file's `check_network: true`: launch/jobs/config.py)
+_SWITCH_OFF = {_config.opposite(k): f"turns off {_config.flag(k)} (over a job file's `{k}: true`)" for k in _config.SWITCHES}
+_FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in str(f.annotation)} | {"dump", "force",
+                                                                                                         *_SWITCH_OFF}
 _FLAG_LISTS = [k for k, f in _jobfile.JobFile.model_fields.items()
                if ("list" in str(f.annotation) or "dict" in str(f.annotation)) and k != "command"]  # env: K=V items
 
 
-@task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP})
+@task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP, **_SWITCH_OFF})
 @_launch_signature
 def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
     """Start host-network containers on every node and run the job: dtrain launch ... -- CMD ... (or -f job.yaml)"""
     with user_errors():
-        from dtrain.launch import jobtarget, targets
+        from dtrain.launch import jobtarget
         from dtrain.launch.jobs import config
 
         if f and file and f != file:
             raise config.LaunchError(f"-f {f} and --file {file}: give one job file")
         _force_flag(force, output)
-        cfg = config.build({**flags, "command": _remainder() or None}, f or file)
-        if dump and not targets.get(cfg.target).writes:  # a target that writes: its description is the dump
+        cfg = config.build(config.switches({**flags, "command": _remainder() or None}), f or file)
+        if dump:  # the job file, on every target (the description: without --dump)
+            if output is not None:
+                raise config.LaunchError(f"--output {output}: where a description goes; --dump prints the job "
+                                         "file on stdout (> FILE to save it)")
             print(config.dump(cfg), end="")
             return
         sys.exit(jobtarget.run(cfg, output=output, force=force))
@@ -955,7 +962,7 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "image": "image reference (built here, pushed with dtrain push)",
     "workers": "workers / replicas / instances (default 2)",
     "gpus_per_worker": "GPUs per worker (0: CPU; default: --instance-type's, else 0)",
-    "name": "job name (default dtrain-job)",
+    "name": "job name (default: the image's repository and a short hash of the command, e.g. pytorch-ddp-1a2b3c)",
     "launcher": "mpirun or torchrun where the tool allows both; ray with --for ecs (Ray head and "
                 "worker services, seed 001)",
     "ray_head_address": "ECS + ray: DNS name or IP the workers join the head at "
@@ -975,11 +982,15 @@ def sagemaker(c, action, instances="1", instance_type="ml.m5.2xlarge", image=Non
     "env_secret_arn": "ECS: Secrets Manager ARN of the JSON object holding the --env values",
     "output": "write to this file instead of stdout",
     "force": "with --output: replace the file there even where dtrain did not write it",
+    "timeout": "trainjob, jobset: the job's time limit in seconds (activeDeadlineSeconds), as launch --timeout",
+    "max_restarts": "trainjob, jobset: restart the whole job this many times (JobSet failurePolicy.maxRestarts), "
+                    "as launch --max-restarts",
 })
-def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="dtrain-job", launcher=None,
+def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name=None, launcher=None,
              env=None, node_selector=None, namespace=None, slots_per_worker=None, role_arn=None,
              output_s3=None, instance_type=None, execution_role_arn=None, ssh_key_secret_arn=None,
-             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False):
+             output=None, ray_head_address=None, ecs_cluster=None, env_secret_arn=None, force=False, timeout=None,
+             max_restarts=None):
     """Job description for Kubeflow Trainer v2 (TrainJob), JobSet, MPIJob/PyTorchJob, ECS or SageMaker, schema-validated.
 
     dtrain manifest --for mpijob --image REF -- CMD"""
@@ -991,7 +1002,8 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
         _image_flag(image)
         if for_ is not None:
             _choice_flag("--for", for_, mf.TARGETS)
-        values.name("--name", name)
+        given_name = name is not None
+        name = values.name("--name", name) if given_name else mf.default_name(image, _remainder())
         values.env_pairs("--env", env)
         if launcher is not None:
             _choice_flag("--launcher", launcher, _launcher_names(manifests=True))
@@ -1011,8 +1023,11 @@ def manifest(c, for_=None, image=None, workers="2", gpus_per_worker=None, name="
             slots_per_worker=slots_per_worker, role_arn=role_arn, output_s3=output_s3,
             instance_type=instance_type, execution_role_arn=execution_role_arn,
             ssh_key_secret_arn=ssh_key_secret_arn, ray_head_address=ray_head_address,
-            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn)
+            ecs_cluster=ecs_cluster, env_secret_arn=env_secret_arn,
+            **mf.limits(for_, timeout=timeout, max_restarts=max_restarts))  # trainjob, jobset
         text = mf.render(spec)
         for line in mf.placeholders(spec):
             print(line, file=sys.stderr)
         print(mf.write(text, output, force), end="")
+        if not given_name:  # once written: the name dtrain chose
+            print(f"[manifest] name {name}: from the image and the command (--name NAME to choose)", file=sys.stderr)

@@ -10,3 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout: templates/, docke
 
 if (ROOT / "images" / "spec.py").is_file() and (ROOT / "launch" / "node").is_dir():
     __path__.append(str(ROOT))  # noqa: F821 (a package's own __path__): dtrain.images is ROOT/images
+elif (Path(__file__).resolve().parent / "checkout" / "tasks.py").is_file():
+    # installed from a wheel (pip install DIR, not -e): the checkout's files are dtrain/checkout/
+    ROOT = Path(__file__).resolve().parent / "checkout"

@@ -31,9 +31,9 @@ def check_fields(cfg: Any) -> list[str]:
     target = targets.get(cfg.target)
     keys = [k for k in target.refused if cfg.set(k)]
     line = lambda k: int(cfg.where[k].rsplit(":", 1)[1]) if k in cfg.where else 1 << 30  # noqa: E731  file order
-    refused = [cfg.named(k) for k in sorted(keys, key=line)]
-    if refused:
-        raise LaunchError(target.refusal(refused))
+    keys = sorted(keys, key=line)
+    if keys:
+        raise LaunchError(target.refusal([cfg.named(k) for k in keys], keys))
     return [flag(k) for k in target.ignored if cfg.set(k)]
 
 

@@ -73,7 +73,7 @@ CASES = {
     "workdir-limit": ((*LAUNCH, "--workdir", ".", "--workdir-limit", "lots", "--", "true"),
                       ("--workdir-limit 'lots'", "500m")),
     "max-restarts": ((*LAUNCH, "--max-restarts", "-1", "--", "true"), ("--max-restarts '-1'", "whole number")),
-    "min-nodes": ((*LAUNCH, "--min-nodes", "0", "--", "true"), ("--min-nodes '0'", "whole number")),
+    "min-nodes": ((*LAUNCH, "--min-nodes", "-1", "--", "true"), ("--min-nodes '-1'", "whole number")),
     "min-nodes-above": ((*LAUNCH, "--min-nodes", "3", "--", "true"), ("--min-nodes 3", "1 node(s) given")),
     "spares": ((*LAUNCH, "--spares", "-1", "--", "true"), ("--spares '-1'", "whole number")),
     "spares-all": ((*LAUNCH, "--spares", "1", "--", "true"), ("--spares 1", "must be fewer than the 1 node(s) given")),

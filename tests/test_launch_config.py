@@ -18,7 +18,7 @@ import pytest
 from dtrain import contract
 from dtrain.launch import jobtarget
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import jobfile
+from dtrain.launch.jobs import config, jobfile
 from dtrain.launch.jobs.job import JobSpec
 from dtrain.launch.other_tools import manifests as mf
 
@@ -45,7 +45,9 @@ def test_launch_flags_are_the_models_fields_with_its_help_and_defaults():
     params = inspect.signature(body).parameters
     task_only = {"f", "file", "dump", "output", "force"}
     fields = set(jobfile.JobFile.model_fields) - {"command"}  # command: what follows `--`
-    assert set(params) - {"c"} == fields | task_only
+    off = {config.opposite(k) for k in config.SWITCHES}  # --no-check-network: a file's `true` turned off
+    assert off and set(params) - {"c"} == fields | task_only | off
+    assert all(params[k].default is False for k in off)
     assert set(tasks.LAUNCH_TASK_ONLY_HELP) == task_only
     assert tasks.LAUNCH_HELP == jobfile.help_texts()
     shown = "".join(_cli(ROOT, "launch", "--help").stdout.split())  # Invoke wraps the lines
@@ -88,7 +90,7 @@ def test_launch_spec_is_built_once_from_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("master_port", "70000"), ("spares", "-1"), ("max_restarts", "5" * 300),
-                                        ("hang_timeout", "0"), ("timeout", "-1"), ("slots", "0"), ("min_nodes", "0"),
+                                        ("hang_timeout", "0"), ("timeout", "-1"), ("slots", "0"), ("min_nodes", "-1"),
                                         ("shm_size", "lots"), ("name", "a b")])
 def test_a_bad_value_from_the_file_and_from_the_flag_say_the_same(tmp_path, key, value):
     (tmp_path / "job.yaml").write_text(f"image: reg/x:1\nhosts: h1:1\ncommand: python t.py\n{key}: {value}\n")
@@ -169,7 +171,7 @@ def test_the_job_file_as_a_valid_description(tmp_path, target):
     launcher = {"mpijob": None, "pytorchjob": "torchrun", "ecs": "ray"}[target]  # what the tool runs
     (project / "job.yaml").write_text((project / "job.yaml").read_text().replace(
         "launcher: torchrun\n", f"launcher: {launcher}\n" if launcher else ""))
-    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--dump")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target)
     assert r.returncode == 0, r.stderr
     kind = "ecs-ray" if target == "ecs" else target  # ECS with a command: Ray's head and worker services
     doc = mf.load(kind, r.stdout)
@@ -185,7 +187,8 @@ def test_the_job_file_as_a_valid_description(tmp_path, target):
     r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--output", str(out))
     assert r.returncode == 0 and out.read_text() == mf.render(mf.spec_from_args(
         target, IMAGE, ["python", "train.py", "--epochs", "1"], workers=3,
-        env=["EPOCHS=1", "WANDB_MODE=offline"], launcher=launcher))
+        env=["EPOCHS=1", "WANDB_MODE=offline"], launcher=launcher, name="job",  # the job file's name
+        plain_env=("EPOCHS", "WANDB_MODE")))  # the file's literal values
 
 
 def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
@@ -205,9 +208,10 @@ def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
     ("ecs", ["--spares", "1"], "--spares: not for --target ecs"),
     ("mpijob", ["--max-restarts", "2"], "--max-restarts: not for --target mpijob"),
     ("sagemaker", ["--hang-timeout", "60"], "--hang-timeout: not for --target sagemaker"),
-    ("pytorchjob", ["--role", ROLE], "--role: not for --target pytorchjob"),
+    ("pytorchjob", ["--role", ROLE], "--role is SageMaker's only (--target sagemaker); --target pytorchjob has no "
+                                     "equivalent"),
     ("sagemaker", ["--role", ROLE], "--instance-type is required with --target sagemaker"),
-    ("nodes", ["--role", ROLE], "--role is for --target sagemaker"),
+    ("nodes", ["--role", ROLE], "--role is SageMaker's only (--target sagemaker); --target nodes has no equivalent"),
     ("kubernetes", [], "--target 'kubernetes'"),
 ])
 def test_fields_a_target_cannot_take_are_one_line(tmp_path, target, args, message):
@@ -222,26 +226,29 @@ def test_kubeflow_targets_take_the_instance_type_and_its_efa(tmp_path, target):
     """`launch -f job.yaml --target mpijob|pytorchjob --instance-type p4d.24xlarge`: the same file's
     job with each worker pod asking for the type's 4 EFA interfaces (manifests.py)."""
     r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", target, "--instance-type", "p4d.24xlarge",
-             "--launcher", "torchrun" if target == "pytorchjob" else "mpirun", "--dump",
+             "--launcher", "torchrun" if target == "pytorchjob" else "mpirun",
              env={"AWS_EC2_METADATA_DISABLED": "true"})
     assert r.returncode == 0, r.stderr
     assert "vpc.amazonaws.com/efa: 4" in r.stdout and "IPC_LOCK" in r.stdout
 
 
 @pytest.mark.parametrize("target", ["mpijob", "ecs"])
-def test_dump_with_output_writes_the_file_and_says_so(tmp_path, target):
-    """docs/other-tools.md: `--dump ... --output FILE to write it`."""
+def test_output_writes_the_description_and_says_so(tmp_path, target):
+    """docs/other-tools.md: `--output FILE to write it`; --dump is the job file, on stdout only."""
     project = _project(tmp_path)
     extra = ["--launcher", "ray"] if target == "ecs" else ["--launcher", "mpirun"]
-    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "o.out")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--output", "o.out")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "wrote o.out\n" and (project / "o.out").read_text().strip()
+    assert r.stdout == "wrote o.out\n" and IMAGE in (project / "o.out").read_text()
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, *extra, "--dump", "--output", "p.out")
+    assert r.returncode == 2 and r.stderr.startswith("error: --output p.out: ") and "--dump" in r.stderr, r.stderr
+    assert not (project / "p.out").exists()
 
 
 def test_launch_instance_type_gives_the_types_gpus(tmp_path):
     """--instance-type p5.48xlarge: 8 slots per worker, -np 3x8, 8 GPUs beside the 32 EFA."""
     r = _cli(_project(tmp_path), "launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun",
-             "--instance-type", "p5.48xlarge", "--dump")
+             "--instance-type", "p5.48xlarge")
     assert r.returncode == 0, r.stderr
     doc = mf.load("mpijob", r.stdout)
     assert doc["spec"]["slotsPerWorker"] == 8
@@ -255,12 +262,12 @@ def test_launch_instance_type_gives_the_types_gpus(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "p9.bogus"],
      "error: --instance-type 'p9.bogus': not an EC2 instance type"),
-    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "p4d.24xlarg",
-      "--dump"], "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "p4d.24xlarg"],
+     "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
     (["manifest", "--for", "mpijob", "--image", IMAGE, "--instance-type", "p4d.24xlarg", "--", "python", "t.py"],
      "error: --instance-type 'p4d.24xlarg': not an EC2 instance type; did you mean p4d.24xlarge"),
-    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "ml.g5.12xlarge",
-      "--dump"], "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml. "
+    (["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--instance-type", "ml.g5.12xlarge"],
+     "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml. "
                  "(drop it: g5.12xlarge)"),
     (["launch", "-f", "job.yaml", "--target", "ecs", "--launcher", "ray", "--instance-type", "ml.g5.12xlarge"],
      "error: --instance-type 'ml.g5.12xlarge': a SageMaker type; the nodes' EC2 type has no ml."),

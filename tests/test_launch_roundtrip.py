@@ -114,6 +114,51 @@ def test_a_flag_given_cancels_the_files_value(tmp_path):
         "max_restarts").endswith("job.yaml:9: max_restarts")
 
 
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "ecs", "trainjob", "jobset"])
+def test_dump_is_the_job_file_on_every_target(tmp_path, target):
+    """--dump with a target that writes a description prints the job file (the lossless YAML),
+    not the description (that is stdout or --output without --dump)."""
+    project = _project(tmp_path)
+    env = {"WANDB_API_KEY": "k"}
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--env", "WANDB_API_KEY", "--dump", env=env)
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(r.stdout)
+    assert data["target"] == target and data["env"] == {"EPOCHS": "10", "WANDB_API_KEY": None}
+    assert "GENERATED" not in r.stdout and "apiVersion" not in r.stdout and "k" not in data["env"].values()
+
+
+def test_a_false_switch_or_a_zero_given_cancels_the_files_value(tmp_path):
+    """--no-check-network over `check_network: true`, --min-nodes 0 over `min_nodes: 2`, --spares 0
+    over `spares: 1`: the command line wins, even with false or zero (config.switches, merge)."""
+    project = _project(tmp_path, "check_network: true\nmin_nodes: 2\nspares: 1\ndetach: true\n")
+    environ = {"WANDB_API_KEY": "k"}
+    flags = config.switches({"no_check_network": True, "min_nodes": "0", "spares": "0", "no_detach": True,
+                             "env": ["WANDB_API_KEY"]})
+    cfg = config.build(flags, project / "job.yaml", environ=environ)
+    assert cfg.check_network is False and cfg.min_nodes == 0 and cfg.spares == 0 and cfg.detach is False
+    assert not any(cfg.set(k) for k in ("check_network", "min_nodes", "spares", "detach"))
+    assert config.job_spec(cfg).min_nodes is None and config.job_spec(cfg).check_network is False
+    (project / "again.yaml").write_text(config.dump(cfg))  # the dump keeps them: the same launch
+    _same(config.build({"env": ["WANDB_API_KEY"]}, project / "again.yaml", environ=environ), cfg)
+    # not given: the file's value stands
+    kept = config.build(config.switches({"env": ["WANDB_API_KEY"]}), project / "job.yaml", environ=environ)
+    assert kept.check_network is True and kept.min_nodes == 2 and kept.detach is True
+    with pytest.raises(config.LaunchError, match="--check-network and --no-check-network: give one"):
+        config.switches({"check_network": True, "no_check_network": True})
+
+
+def test_no_switch_flags_let_a_target_take_the_file(tmp_path):
+    """The real CLI: a file's check_network/min_nodes that mpijob refuses, turned off by flags."""
+    project = _project(tmp_path, "check_network: true\nmin_nodes: 2\n")
+    env = {"WANDB_API_KEY": "k"}
+    base = ["launch", "-f", "job.yaml", "--target", "mpijob", "--launcher", "mpirun", "--max-restarts", "0",
+            "--env", "WANDB_API_KEY"]
+    r = _cli(project, *base, env=env)
+    assert r.returncode == 2 and "check_network" in r.stderr and "min_nodes" in r.stderr, r.stderr
+    r = _cli(project, *base, "--no-check-network", "--min-nodes", "0", env=env)
+    assert r.returncode == 0 and "kind: MPIJob" in r.stdout, r.stderr
+
+
 # ---------------------------------------------------------------- every target reads the same launch
 
 
@@ -122,7 +167,8 @@ def test_the_dumped_file_writes_the_same_description(tmp_path, target):
     project = _project(tmp_path)
     launcher = {"mpijob": "mpirun", "pytorchjob": "torchrun", "ecs": "ray"}[target]
     env = {"WANDB_API_KEY": "k"}
-    common = ["--launcher", launcher, "--max-restarts", "0", "--env", "WANDB_API_KEY"]
+    common = ["--launcher", launcher, "--max-restarts", "0", "--env", "WANDB_API_KEY", "--name", "rt"]  # (no name:
+    # each file's own, job and dumped)
     r = _cli(project, "launch", "-f", "job.yaml", *common, "--dump", env=env)
     assert r.returncode == 0, r.stderr
     (project / "dumped.yaml").write_text(r.stdout)
@@ -139,6 +185,32 @@ def test_the_dumped_file_writes_the_same_description(tmp_path, target):
         container = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
         assert "--nproc_per_node=8" in " ".join(container["args"] + container.get("command", [])) or \
             doc["spec"].get("nprocPerNode") == "8", container
+
+
+@pytest.mark.parametrize("target", ["mpijob", "pytorchjob", "trainjob", "jobset", "ecs"])
+def test_a_job_files_literal_env_is_a_plain_value_and_names_from_the_environment_a_secret(tmp_path, target):
+    """`EPOCHS: 10` in the job file is not a secret (it is in a file already): written as a value;
+    `WANDB_API_KEY:` (from the environment) and --env NAME=VALUE stay the Secret's, their values
+    in no file (issue 47)."""
+    project = _project(tmp_path)
+    launcher = {"mpijob": "mpirun", "ecs": "ray"}.get(target, "torchrun")
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--launcher", launcher, "--max-restarts", "0",
+             "--env", "WANDB_API_KEY", "--env", "HF_TOKEN=hf-s3cret", env={"WANDB_API_KEY": "k-s3cret"})
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in r.stdout + r.stderr
+    kind = "ecs-ray" if target == "ecs" else target
+    doc = mf.load(kind, r.stdout)
+    assert mf.problems(kind, doc) == []
+    text = json.dumps(doc)
+    if target == "ecs":
+        assert '{"name": "EPOCHS", "value": "10"}' in text and '"valueFrom": "' in text
+        assert '{"name": "WANDB_API_KEY", "valueFrom"' in text and '{"name": "HF_TOKEN", "valueFrom"' in text
+    else:
+        assert '{"name": "EPOCHS", "value": "10"}' in text
+        for name in ("WANDB_API_KEY", "HF_TOKEN"):
+            assert f'"key": "{name}"' in text, name
+        assert '"key": "EPOCHS"' not in text
+    assert "EPOCHS" not in r.stderr.split("not in the file")[0] and "HF_TOKEN, WANDB_API_KEY: not in the file" in r.stderr
 
 
 def _recording(moto_server: str, action: str) -> None:
@@ -230,17 +302,17 @@ def test_the_documented_job_file_is_refused_in_one_message_naming_every_field(tm
 @pytest.mark.parametrize("target", ["sagemaker", "mpijob", "pytorchjob", "ecs"])
 def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_target(tmp_path, target, moto_server):
     """The file's node-only fields cancelled on the command line by their defaults (`--spares 0`,
-    `--max-restarts 0`) or left out of a copy (min_nodes, mount, check_network: no default to
-    give), its shape given (`--count 4`): one run each, no cluster read (none is up)."""
+    `--max-restarts 0`, `--min-nodes 0`, `--no-check-network`) or left out of a copy (mount: a
+    list), its shape given (`--count 4`): one run each, no cluster read (none is up)."""
     _docs_job(tmp_path)
     (tmp_path / "train.py").write_text("print(1)\n")
-    cancel = ["--spares", "0", "--count", "4"]
+    cancel = ["--spares", "0", "--count", "4", "--min-nodes", "0", "--no-check-network"]
     off = [] if target == "sagemaker" else ["--max-restarts", "0"]
     extra = {"sagemaker": ["--instance-type", "ml.m5.xlarge", "--role", ROLE, "--detach", "--name", "docs-1"],
              "ecs": ["--launcher", "ray"], "mpijob": ["--launcher", "mpirun"], "pytorchjob": []}[target]
-    # the file's mount, check_network and checkpoint_dir (off the nodes) are dropped from a copy
+    # the file's mount and checkpoint_dir (off the nodes) are dropped from a copy
     text = (tmp_path / "job.yaml").read_text()
-    keep = [line for line in text.splitlines() if not line.startswith(("mount:", "check_network:", "min_nodes:"))
+    keep = [line for line in text.splitlines() if not line.startswith("mount:")
             and (target == "sagemaker" or not line.startswith("checkpoint_dir:"))]
     (tmp_path / "job.yaml").write_text("\n".join(keep) + "\n")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
@@ -250,6 +322,23 @@ def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_tar
     if target != "sagemaker":
         kind = "ecs-ray" if target == "ecs" else target
         assert mf.problems(kind, mf.load(kind, r.stdout)) == []
+
+
+@pytest.mark.parametrize("target", ["mpijob", "trainjob", "ecs", "nodes"])
+def test_sagemakers_own_fields_are_named_as_sagemakers_in_one_message(tmp_path, target):
+    """on_demand, max_wait, volume_size, input on another target: `FILE:LINE: key ... SageMaker's
+    only; --target T has no equivalent`, every one in one line, beside the nodes-only ones."""
+    project = _project(tmp_path, "spares: 1\non_demand: true\nvolume_size: 200\ninput: [train=data]\n")
+    lines = {k: i for i, line in enumerate((project / "job.yaml").read_text().splitlines(), start=1)
+             for k in [line.split(":", 1)[0]]}
+    r = _cli(project, "launch", "-f", "job.yaml", "--target", target, "--env", "WANDB_API_KEY", "--max-restarts", "0",
+             env={"WANDB_API_KEY": "k"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    own = "job.yaml:{}: on_demand, job.yaml:{}: volume_size and job.yaml:{}: input".format(
+        lines["on_demand"], lines["volume_size"], lines["input"])
+    assert f"{own} are SageMaker's only (--target sagemaker); --target {target} has no equivalent" in r.stderr, r.stderr
+    if target != "nodes":  # spares: the nodes' own, said so in the same line
+        assert f"job.yaml:{lines['spares']}: spares: not for --target {target} (it runs on the nodes" in r.stderr
 
 
 def test_every_target_says_what_it_does_with_every_field():

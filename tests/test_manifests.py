@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -269,7 +270,9 @@ def test_the_cli_writes_no_env_value_and_says_how_to_make_the_secret(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert SECRET_VALUE not in out.read_text() + r.stdout + r.stderr
-    assert "kubectl create secret generic dtrain-job-env --from-env-file=FILE" in r.stderr
+    name = m.default_name(HVD, ["train.py"])  # no --name: the image's repository and the command's hash
+    assert f"kubectl create secret generic {name}-env --from-env-file=FILE" in r.stderr
+    assert f"[manifest] name {name}: from the image and the command (--name NAME to choose)" in r.stderr
 
 
 @pytest.mark.parametrize("namespace", ["ml\n  labels: {x: y}", "ml: x", "ML", "-ml", "ml-", "a" * 64, "",
@@ -596,7 +599,9 @@ def test_launch_target_ecs_names_its_placeholders_and_maps_the_efa_devices(tmp_p
     lines: list[str] = []
     cfg = config.build({"target": "ecs", "image": HVD, "hosts": "10.0.0.1,10.0.0.2", "instance_type": "p4d.24xlarge"})
     code = jobtarget.run(cfg, output=str(tmp_path / "td.json"), err=lines.append)
-    assert code == 0 and lines == m.placeholders(spec("ecs"), via="launch")
+    name = m.default_name(HVD, [])  # no --name: the image's repository and the command's hash, said last
+    assert code == 0 and lines == m.placeholders(spec("ecs", name=name), via="launch") + [
+        f"[launch] name {name}: from the image and the command (--name NAME to choose)"]
     # `launch` has no --execution-role-arn: the line names what does, for the command that printed it
     assert lines[0] == ("[launch] executionRoleArn: a placeholder, replace it (or write the description with "
                         "dtrain manifest --for ecs ... --execution-role-arn ARN)")
@@ -697,3 +702,53 @@ def test_launch_target_writes_no_env_value_either(tmp_path, target):
     assert r.returncode == 0, r.stderr
     assert SECRET_VALUE not in out.read_text() + r.stdout + r.stderr
     assert "[launch] env HF_TOKEN: not in the file" in r.stderr
+
+
+# ---------------------------------------------------------------- --timeout / --max-restarts (docs/other-tools.md)
+
+
+def _manifest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    from dtrain import ROOT
+
+    return subprocess.run([sys.executable, "-m", "dtrain", "manifest", "--image", "reg/x:1", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"})
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "jobset"])
+def test_manifest_timeout_and_max_restarts_as_launch_maps_them(tmp_path, kind):
+    """`dtrain manifest --timeout 3600 --max-restarts 0`: activeDeadlineSeconds and JobSet's
+    failurePolicy.maxRestarts (0 given: written), as `dtrain launch --target KIND` writes them."""
+    r = _manifest(tmp_path, "--for", kind, "--timeout", "3600", "--max-restarts", "0", "--", "t.py")
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(r.stdout))
+    text = json.dumps(docs)
+    assert '"activeDeadlineSeconds": 3600' in text and '"failurePolicy": {"maxRestarts": 0}' in text
+    assert m.problems(kind, docs[0] if kind == "jobset" else docs) == []
+    assert m.limits(kind, timeout="90.5", max_restarts=None) == {"timeout_s": 91}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--for", "mpijob", "--timeout", "60"], "error: --timeout: --for mpijob has no equivalent in its document; "
+                                             "--for trainjob or jobset take it"),
+    (["--for", "ecs", "--max-restarts", "1", "--timeout", "5"], "error: --timeout and --max-restarts: --for ecs"),
+    (["--for", "jobset", "--timeout", "0"], "error: --timeout '0': expected a number > 0"),
+    (["--for", "trainjob", "--max-restarts", "-1"], "error: --max-restarts '-1'"),
+])
+def test_manifest_limits_refused_in_one_line(tmp_path, args, says):
+    r = _manifest(tmp_path, *args, "--", "t.py")
+    assert r.returncode == 2 and r.stderr.startswith(says) and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_the_default_name_is_the_jobs_own():
+    """No --name: not `dtrain-job` for every job (their Secrets, runtimes, pods would collide), but
+    the job file's name, else the image's repository and a short hash of the command: a DNS-1123
+    label of at most 40 that check() takes."""
+    a = m.default_name("reg.example/dtrain/pytorch-ddp:2.13@sha256:" + "0" * 64, ["python", "train.py"])
+    b = m.default_name("reg.example/dtrain/pytorch-ddp:2.13", ["python", "eval.py"])
+    assert a.startswith("pytorch-ddp-") and b.startswith("pytorch-ddp-") and a != b
+    assert m.default_name("x/y:1", ["python", "train.py"]) == m.default_name("z/y:2", ["python", "train.py"])
+    assert m.default_name("r/y:1", [], "Train_GPT.v2.yaml") == "train-gpt-v2"
+    long = m.default_name("r/" + "A_" * 60 + ":1", ["t"])
+    assert len(long) <= 40 and re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", long)
+    for name in (a, b, long, m.default_name("r/y:1", [], "job.yaml")):
+        m.render(m.spec_from_args("jobset", "reg/x:1", ["t.py"], name=name))  # check() takes it

@@ -152,8 +152,8 @@ OUTPUT_COMMANDS = {
     "manifest-trainjob": ("manifest", "--for", "trainjob", "--image", IMAGE, "--output", "{out}", "--", "x.py"),
     "launch-jobset": ("launch", "--target", "jobset", "--image", IMAGE, "--hosts", "10.0.0.1,10.0.0.2",
                       "--output", "{out}", "--", "python", "x.py"),
-    "launch-dump": ("launch", "--target", "pytorchjob", "--image", IMAGE, "--hosts", "10.0.0.1,10.0.0.2",
-                    "--dump", "--output", "{out}", "--", "python", "x.py"),
+    "launch-pytorchjob": ("launch", "--target", "pytorchjob", "--image", IMAGE, "--hosts", "10.0.0.1,10.0.0.2",
+                          "--output", "{out}", "--", "python", "x.py"),
     "report": ("report", "--output", "{out}"),
     "report-default": ("report",),  # JOB-report.html in the working directory
 }

@@ -61,10 +61,10 @@ def test_the_documented_job_file_written_valid_with_the_types_pod_shape(tmp_path
     assert pod["hostNetwork"] is True and pod["restartPolicy"] == "Never"
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance_type}
     (c,) = pod["containers"]
-    assert c["args"] == torchrun_argv(3, "$(NODE_RANK)", 8, "dtrain-job-node-0-0.dtrain-job", contract.MASTER_PORT,
+    assert c["args"] == torchrun_argv(3, "$(NODE_RANK)", 8, "job-node-0-0.job", contract.MASTER_PORT,
                                       ["train.py", "--epochs", "10"])
     assert c["env"][0] == {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": js.COMPLETION_INDEX}}}
-    assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-job-env",
+    assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "job-env",
                                                                     "key": "WANDB_API_KEY"}}} in c["env"]
     shape = {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
     assert c["resources"] == {"limits": shape, "requests": {**shape, "memory": "4096Mi"}}

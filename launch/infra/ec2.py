@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dtrain import ROOT, contract, records, values
+from dtrain import contract, records, values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import regions
 from dtrain.launch.infra.instance_types import efa_cards, efa_supported, gpu_count, gpus_of, is_nitro
@@ -41,8 +41,8 @@ AMI_ALIASES = {"gpu": (DLAMI_PARAMETER, DLAMI_USER), "cpu": (CPU_AMI_PARAMETER, 
 LARGEST_IMAGE_GB = 20
 ROOT_ROOM_GB = 100
 SSH_USER_TAG = contract.SSH_USER_TAG  # on every instance: `launch --ec2-tag` reads the user from it
-FIRST_BOOT = ROOT / "launch" / "node" / "first-boot.sh"  # every node's user data
-IDLE_DOWN = ROOT / "launch" / "node" / "idle_down.py"  # --idle-down: in the user data, installed by first-boot.sh
+FIRST_BOOT = contract.NODE_SCRIPTS / "first-boot.sh"  # every node's user data
+IDLE_DOWN = contract.NODE_SCRIPTS / "idle_down.py"  # --idle-down: in the user data, installed by first-boot.sh
 IDLE_DOWN_MAX_MINUTES = 7 * 24 * 60
 CLUSTER_TAG = "dtrain:cluster"  # on the stack and every instance: `dtrain launch --ec2-tag dtrain:cluster=C`
 DATASET_TAG = ("dtrain:role", "dataset")  # on `volume create`'s volumes (root volumes have CLUSTER_TAG too)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain import ROOT
+from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra.ec2 import CLUSTER_TAG, DATASET_TAG, Cluster, aws_error_text, dataset_volumes
 from dtrain.launch.infra.instance_types import MULTI_ATTACH_MAX
@@ -27,7 +27,7 @@ from dtrain.launch.infra.regions import region_arg
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
-NODE_DIR = ROOT / "launch" / "node"
+NODE_DIR = contract.NODE_SCRIPTS
 DEVICE_NAMES = tuple(f"/dev/sd{c}" for c in "fghijklmnop")  # AWS's recommended names for data volumes
 MOUNT_TAG = "dtrain:mount"  # the volume's mount path: a cluster of the same name mounts it there again
 IO2_SIZE_GB = (4, 16384)

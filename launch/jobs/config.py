@@ -39,6 +39,30 @@ def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+# the switches (on_demand, detach, check_network, ...): each has its opposite flag, so a command
+# line can turn off what a job file turns on (`--no-check-network` over `check_network: true`);
+# no_spot_watch's opposite is --spot-watch
+SWITCHES = tuple(k for k, f in JobFile.model_fields.items() if "bool" in str(f.annotation))
+
+
+def opposite(key: str) -> str:
+    """The field name of a switch's opposite flag: check_network -> no_check_network, no_spot_watch -> spot_watch."""
+    return key.removeprefix("no_") if key.startswith("no_") else f"no_{key}"
+
+
+def switches(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Invoke's values of the launch flags as build() takes them (pure): a switch not given is
+    None (the job file's value stands), --X is True, its opposite --no-X False (over the file's);
+    both given: LaunchError naming the two."""
+    out = dict(flags)
+    for k in SWITCHES:
+        on, off = bool(out.get(k)), bool(out.pop(opposite(k), False))
+        if on and off:
+            raise LaunchError(f"{flag(k)} and {flag(opposite(k))}: give one")
+        out[k] = True if on else False if off else None
+    return out
+
+
 class LaunchConfig(JobFile):
     """A launch: JobFile's fields with the launch's defaults, every value checked. Not given
     fields hold their default (None: none); `given` says which fields the flags or the file set."""
@@ -47,6 +71,7 @@ class LaunchConfig(JobFile):
     _where: dict = PrivateAttr(default_factory=dict)  # {field: "FILE:LINE"}: those the job file gave
     _base: Optional[Path] = PrivateAttr(None)  # the job file's directory (None: none read)
     _literal_env: frozenset = PrivateAttr(frozenset())  # env names whose values are the job file's literals
+    _source: Optional[str] = PrivateAttr(None)  # the job file's name (a description's default job name)
 
     @model_validator(mode="before")
     @classmethod
@@ -233,9 +258,10 @@ def _error(e: ValidationError) -> Exception:
 
 def build(flags: Mapping[str, Any], path: str | Path | None = None,
           environ: Mapping[str, str] | None = None) -> LaunchConfig:
-    """The launch that the command line's `flags` ({field: value}, None or False: not given; env
-    as --env items) and the job file at `path` mean: the file's values, then the flags' (a flag
-    given, even `--max-restarts 0`, replaces the file's value); every value checked, the first
+    """The launch that the command line's `flags` ({field: value}, None: not given; env as --env
+    items; switches() turns Invoke's into these) and the job file at `path` mean: the file's
+    values, then the flags' (a flag given, even `--max-restarts 0`, `--min-nodes 0` or
+    `--no-check-network` (False), replaces the file's value); every value checked, the first
     problem one LaunchError (or BadValue) naming the flag or the file's line."""
     from dtrain.launch.jobs import trust
 
@@ -256,6 +282,7 @@ def build(flags: Mapping[str, Any], path: str | Path | None = None,
     cfg._given = frozenset(given)
     cfg._where = where
     cfg._base = Path(path).parent.resolve() if path else None
+    cfg._source = Path(path).name if path else None
     cfg._literal_env = frozenset(k for k, v in literal.items() if (cfg.env or {}).get(k) == v)
     return cfg
 
@@ -274,7 +301,7 @@ def job_spec(cfg: LaunchConfig, *, ssh_opts: tuple[str, ...] = (), imds: str = "
                    mounts=tuple(container.parse_mount(m) for m in cfg.mount or []), shm_size=cfg.shm_size,
                    master_port=cfg.master_port, rdzv=cfg.rdzv, pull=cfg.pull, job_timeout=cfg.timeout,
                    ssh_opts=tuple(ssh_opts), workdir=cfg.workdir, workdir_limit=parse_size(cfg.workdir_limit),
-                   detach=bool(cfg.detach), max_restarts=cfg.max_restarts, min_nodes=cfg.min_nodes,
+                   detach=bool(cfg.detach), max_restarts=cfg.max_restarts, min_nodes=cfg.min_nodes or None,
                    spares=cfg.spares or 0, checkpoint_dir=cfg.checkpoint_dir, hang_timeout=cfg.hang_timeout,
                    progress_pattern=cfg.progress_pattern or "", imds="" if cfg.no_spot_watch else imds,
                    check_network=bool(cfg.check_network), straggler_check=cfg.straggler_check,
@@ -312,7 +339,7 @@ def dump(cfg: LaunchConfig) -> str:
         if key not in cfg.given:
             continue
         v = getattr(cfg, key)
-        if v is None or v is False or (isinstance(v, (list, tuple, dict)) and not v):  # 0 stays: given
+        if v is None or (isinstance(v, (list, tuple, dict)) and not v):  # 0 and false stay: given
             continue
         if key == "ssh_config":
             left_out.append((flag(key), v))

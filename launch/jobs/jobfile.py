@@ -145,7 +145,7 @@ def _flag(key: str) -> str:
 # The numbers of a launch: (whole?, lo, hi). values.count (whole) or values.number (> lo) checks
 # them, from a flag (tasks.launch_spec) and from a job file (JobFile) alike.
 NUMBERS = {"slots": (True, 1, MAX_SLOTS), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
-           "min_nodes": (True, 1, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
+           "min_nodes": (True, 0, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
            "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600), "count": (True, 1, 10000),
            "max_wait": (False, 0, None), "volume_size": (True, 1, 16384)}
 
@@ -237,7 +237,7 @@ class JobFile(BaseModel):
         "restart the job after a failed rank or a lost node, this many times (default 0; with --spares, one per "
         "spare)"))
     min_nodes: Optional[int] = Field(None, description=(
-        "with no spare left, restart on the nodes left while at least this many remain (default: all of them)"))
+        "with no spare left, restart on the nodes left while at least this many remain (default, and 0: all of them)"))
     spares: Optional[int] = Field(None, description=(
         "keep the last K nodes given ready (image, container, sshd) with no rank; a lost node, or one given a "
         "spot notice, is swapped for one and the job restarts at full size"))
@@ -511,10 +511,11 @@ NODE_KEYS = ("cluster", "hostfile", "hosts", "ec2_tag")
 
 
 def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
-    """The file's flags, then the command line's (given ones only: not None, not empty). env
+    """The file's flags, then the command line's (given ones only: not None, not empty; False and 0
+    are given: `--no-check-network`, `--min-nodes 0` over the file's). env
     adds up: the file's pairs, then --env's (a name given twice: the command line's value). Nodes
     named on the command line (--hosts, --hostfile, ...) replace the file's, whichever key."""
-    given = {k: v for k, v in flags.items() if v not in (None, [], (), False)}
+    given = {k: v for k, v in flags.items() if v is not None and v != [] and v != ()}  # False, 0: given
     if from_file.get("env") and given.get("env"):
         given["env"] = [*from_file["env"], *given["env"]]
     if any(k in given for k in NODE_KEYS):

@@ -14,9 +14,11 @@ builders `dtrain launch` uses, so flags cannot drift between the two.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -92,6 +94,10 @@ class ManifestSpec:
     ray_head_address: str = "ray-head.dtrain.internal"
     ecs_cluster: str = "dtrain"  # ECS: the cluster the Ray services run in
     env: dict[str, str] = field(default_factory=dict)
+    # names of env whose values are written as they are: a job file's literal values (`EPOCHS: 10`,
+    # not secrets: they are in a file already); every other name (--env, names from the
+    # environment, an env_file's) is read from the kind's secret, never written (issue 47)
+    plain_env: tuple[str, ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)  # Kubernetes
     namespace: str | None = None  # Kubernetes
     shm_size_mib: int = 16384  # ECS /dev/shm; Kubernetes: a memory-backed emptyDir
@@ -114,6 +120,16 @@ class ManifestSpec:
     max_restarts: int | None = None
     mounts: tuple[str, ...] = ()
     iface: str | None = None
+
+    @property
+    def secret_names(self) -> list[str]:
+        """The env names read from the kind's secret (sorted)."""
+        return sorted(k for k in self.env if k not in self.plain_env)
+
+    @property
+    def plain_values(self) -> dict[str, str]:
+        """The env written as values: the job file's literals."""
+        return {k: self.env[k] for k in sorted(self.env) if k in self.plain_env}
 
     @property
     def slots(self) -> int:
@@ -196,9 +212,9 @@ class Describer(ABC):
     def env_secret_notes(self, spec: ManifestSpec, via: str = "manifest") -> list[str]:
         """One line naming the env the description reads from a secret and how to make that
         secret from a file (no value on a command line); [] without --env."""
-        if not spec.env:
+        if not spec.secret_names:
             return []
-        names = ", ".join(sorted(spec.env))
+        names = ", ".join(spec.secret_names)
         ns = f" --namespace {spec.namespace}" if spec.namespace else ""
         return [f"[{via}] env {names}: not in the file; each comes from the key of that name in the Secret "
                 f"{self.env_secret(spec)}: create it from a file of NAME=VALUE lines (kubectl create secret generic "
@@ -210,6 +226,22 @@ class Describer(ABC):
 
 
 # ---------------------------------------------------------------- checks shared by every kind
+
+
+def default_name(image: str, command: Sequence[str], source: str | None = None) -> str:
+    """The job's name where none is given (pure): the job file's name (`train-gpt.yaml`:
+    train-gpt), else the image's repository and a short hash of the command
+    (`reg/dtrain/pytorch-ddp:TAG -- python train.py`: pytorch-ddp-1a2b3c), as a DNS-1123 label
+    check() takes (lower-case letters, digits and -, at most 40): two jobs no longer share
+    `dtrain-job` (their Secrets, runtimes and pods)."""
+    def label(text: str, most: int) -> str:
+        return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:most].strip("-")
+
+    if source and label(Path(source).stem, 40):
+        return label(Path(source).stem, 40)
+    repo = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    digest = hashlib.sha256("\0".join(command).encode()).hexdigest()[:6]
+    return f"{label(repo, 33) or 'job'}-{digest}"
 
 
 def check_label(flag: str, key: str, value: str) -> None:
@@ -309,8 +341,9 @@ def worker_selector(spec: ManifestSpec) -> dict[str, str]:
 
 
 def literal(builtin: dict[str, str], spec: ManifestSpec) -> dict[str, str]:
-    """dtrain's own env of a pod (the NIC, NCCL's), less what the user's env gives (from the secret)."""
-    return {k: v for k, v in builtin.items() if k not in spec.env}
+    """dtrain's own env of a pod (the NIC, NCCL's), less what the user's env gives, then the user's
+    plain values (a job file's literals); the other names come from the secret."""
+    return {**{k: v for k, v in builtin.items() if k not in spec.env}, **spec.plain_values}
 
 
 def context(spec: ManifestSpec, kind: Describer) -> dict[str, Any]:
@@ -321,7 +354,7 @@ def context(spec: ManifestSpec, kind: Describer) -> dict[str, Any]:
             "shm_size": f"{spec.shm_size_mib}Mi", "node_selector": worker_selector(spec),
             "namespace": spec.namespace,
             # the user's env: by name from a secret (env_secret_notes), never its values
-            "secret_env": sorted(spec.env), "env_secret": kind.env_secret(spec)}
+            "secret_env": spec.secret_names, "plain_env": spec.plain_values, "env_secret": kind.env_secret(spec)}
 
 
 def jinja() -> jinja2.Environment:
@@ -348,7 +381,7 @@ def placeholders(spec: ManifestSpec, kind: Describer, via: str = "manifest") -> 
     return [f"[{via}] {doc_field}: a placeholder, replace it ({how.format(flag=flag, target=spec.target)})"
             for field_name, placeholder, doc_field, flag in kind.placeholder_fields.get(name, ())
             if getattr(spec, field_name) == placeholder
-            and (name == own and field_name != "env_secret_arn" or spec.env)] + kind.env_secret_notes(spec, via)
+            and (name == own and field_name != "env_secret_arn" or spec.secret_names)] + kind.env_secret_notes(spec, via)
 
 
 def validate(kind: Describer, variant: str, doc: Any) -> None:
@@ -516,9 +549,11 @@ def host_iface(spec: ManifestSpec) -> str:
 
 
 def secret_env(spec: ManifestSpec, kind: Describer) -> list[dict[str, Any]]:
-    """The user's env, each NAME from the key NAME of the kind's Secret (never a value)."""
-    return [{"name": k, "valueFrom": {"secretKeyRef": {"name": kind.env_secret(spec), "key": k}}}
-            for k in sorted(spec.env)]
+    """The user's env: a job file's literal values as they are, each other NAME from the key NAME
+    of the kind's Secret (never a value)."""
+    return [{"name": k, "value": v} for k, v in spec.plain_values.items()] + [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": kind.env_secret(spec), "key": k}}}
+        for k in spec.secret_names]
 
 
 def node_container(spec: ManifestSpec, *, name: str, args: list[str], env: list[dict[str, Any]],
@@ -563,6 +598,29 @@ def host_pod(spec: ManifestSpec, containers: list[dict[str, Any]], *, selector: 
         {"name": f"mount-{i}", "hostPath": {"path": m.src, "type": "Directory"}}
         for i, m in enumerate(docker.parse_mount(m) for m in spec.mounts)]
     return pod
+
+
+def node_pod(spec: ManifestSpec, *, args: list[str], env: list[dict[str, Any]], gpus: bool = True,
+             sshd: bool = False, selector: bool = True) -> dict[str, Any]:
+    """The pod template of one node of a host-network job (TrainJob's runtime, JobSet): its one
+    container `node` (node_container: the GPUs, EFA, huge pages, IPC_LOCK, /dev/shm, mounts) in
+    host_pod's pod."""
+    return host_pod(spec, [node_container(spec, name="node", args=args, env=env, gpus=gpus, sshd=sshd)],
+                    selector=selector)
+
+
+def metadata(spec: ManifestSpec) -> dict[str, Any]:
+    """A job document's metadata: its name, the job label, the namespace where given."""
+    meta: dict[str, Any] = {"name": spec.name, "labels": {contract.LABEL_JOB: spec.name}}
+    if spec.namespace:
+        meta["namespace"] = spec.namespace
+    return meta
+
+
+def efa_header(spec: ManifestSpec) -> list[str]:
+    """The header line saying what each node pod asks for on an EFA type ([] without EFA)."""
+    return [f"{spec.ec2_type}: each node pod asks for its {spec.efa} EFA interface(s) ({EFA_RESOURCE}), "
+            f"{spec.gpus_per_worker} GPU(s), 2 MiB huge pages and IPC_LOCK."] if spec.efa else []
 
 
 def job_template(pod: dict[str, Any], *, nodes: int | None = None, labels: dict[str, str] | None = None

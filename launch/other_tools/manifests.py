@@ -22,7 +22,7 @@ from dtrain.launch.other_tools import describe
 from dtrain.launch.other_tools.describe import (  # noqa: F401 (the names `dtrain manifest` and its tests use)
     ENV_SECRET_NAME, GENERATED, INSTANCE_TYPE_LABEL, OUTPUT, PLACEHOLDER_ENV_SECRET, PLACEHOLDER_EXECUTION_ROLE,
     PLACEHOLDER_KEY_SECRET, PLACEHOLDER_ROLE, PLACEHOLDER_S3, POD_IFACE, SCHEMAS, CommandRefused, Describer,
-    ManifestError, ManifestSpec, check_label, check_output, write)
+    ManifestError, ManifestSpec, check_label, check_output, default_name, write)
 from dtrain.launch.targets.mpijob import mpijob_mpirun_argv  # noqa: F401
 from dtrain.launch.targets.sagemaker import sagemaker_job  # noqa: F401
 
@@ -90,6 +90,32 @@ def load_target(path: Path) -> str:
 def spec_from_args(target: str, image: str | None, command: list[str], **kw: Any) -> ManifestSpec:
     """ManifestSpec from `dtrain manifest` flags (describe.spec_from_args, for the kind called target)."""
     return describe.spec_from_args(kind(target), image, command, **kw)
+
+
+# `dtrain manifest --timeout/--max-restarts`: the launch's fields (launch/jobs/config.py
+# LaunchConfig, jobfile.NUMBERS' bounds), as a kind that maps them writes them (Description.maps)
+LIMITS = ("timeout", "max_restarts")
+
+
+def limits(target: str, **given: Any) -> dict[str, Any]:
+    """ManifestSpec's fields for `dtrain manifest --timeout S --max-restarts N` (given: those
+    flags, None: not given), each read by the launch's own parser and bounds, mapped as `dtrain
+    launch --target` maps them (TrainJob, JobSet: activeDeadlineSeconds, failurePolicy.maxRestarts);
+    a kind that has no equivalent refuses them in one line naming the kinds that take them."""
+    from dtrain.launch.jobs.jobfile import number
+
+    values = {k: number(k, v) for k, v in given.items() if k in LIMITS and v is not None}
+    if not values:
+        return {}
+    k = kind(target)
+    maps = getattr(k, "maps", ())
+    refused = [key for key in values if key not in maps]
+    if refused:
+        takes = [n for n, d in kinds().items() if all(key in getattr(d, "maps", ()) for key in refused)]
+        them = " and ".join("--" + key.replace("_", "-") for key in refused)
+        raise LaunchError(f"{them}: --for {k.name} has no equivalent in its document; --for {' or '.join(takes)} "
+                          f"take{'s' if len(takes) == 1 else ''} {'it' if len(refused) == 1 else 'them'}")
+    return k.mapped(values) if values else {}
 
 
 def default_gpus(target: str, instance_type: str | None, node_selector: dict[str, str]) -> int:

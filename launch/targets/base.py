@@ -36,6 +36,11 @@ IGNORED = ("ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "mas
 SAGEMAKER_ONLY = ("role", "on_demand", "max_wait", "volume_size", "input")
 
 
+def _listed(names: list[str]) -> str:
+    """a; a and b; a, b and c."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 @dataclass(frozen=True)
 class NodeArgs:
     """The launch fields that name the nodes (one source: a provider's `flags`) and shape them."""
@@ -114,13 +119,23 @@ class Target(ABC):
 
         return tuple(k for k in JobFile.model_fields if k not in cls.refused and k not in cls.ignored)
 
-    def refusal(self, names: list[str]) -> str:
+    def refusal(self, names: list[str], keys: list[str] | None = None) -> str:
         """The one message for every field it cannot honour (names: as the launch names them, a
-        flag or `FILE:LINE: key`)."""
-        them = "it" if len(names) == 1 else "them"
-        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        return (f"{listed}: not for --target {self.name} (it runs on the nodes dtrain launches: --target nodes); "
-                f"take {them} out for {self.name}")
+        flag or `FILE:LINE: key`; keys: their fields, in the same order): SageMaker's own fields
+        said to be SageMaker's, the nodes' run-time ones said to need the nodes, in one line."""
+        keys = keys if keys is not None else [n.rsplit(" ", 1)[-1].lstrip("-").replace("-", "_") for n in names]
+        sagemaker = [n for n, k in zip(names, keys) if k in SAGEMAKER_ONLY]
+        nodes = [n for n, k in zip(names, keys) if k not in SAGEMAKER_ONLY]
+        parts = []
+        if nodes:
+            parts.append(f"{_listed(nodes)}: not for --target {self.name} (it runs on the nodes dtrain launches: "
+                         f"--target nodes)")
+        if sagemaker:
+            parts.append(f"{_listed(sagemaker)} {'is' if len(sagemaker) == 1 else 'are'} SageMaker's only "
+                         f"(--target sagemaker); --target {self.name} has no equivalent{self.sagemaker_hint}")
+        return "; ".join(parts) + f"; take {'it' if len(names) == 1 else 'them'} out for {self.name}"
+
+    sagemaker_hint: ClassVar[str] = ""  # after "has no equivalent" (nodes: where its nodes come from)
 
     @abstractmethod
     def run(self, cfg: Any, given: Mapping[str, Any], count: int | None, *, output: str | None,

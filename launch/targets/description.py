@@ -53,6 +53,13 @@ class Description(Target, Describer):
             out["iface"] = values.name("--iface", cfg["iface"], 15)  # as a launch on nodes checks it
         return out
 
+    @staticmethod
+    def plain_env(cfg: Any) -> tuple[str, ...]:
+        """The env names whose values the description writes: the job file's literal values
+        (`EPOCHS: 10`); a name from the environment (`NAME:`, --env NAME), --env NAME=VALUE and an
+        env_file's stay in the kind's secret (never written in a file meant to be committed)."""
+        return tuple(sorted(getattr(cfg, "_literal_env", ())))
+
     def run(self, cfg: Mapping[str, Any], given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
         from dtrain.launch.jobs.jobfile import COMMAND_TEXT  # the file's `command:` named as such (located)
@@ -67,12 +74,14 @@ class Description(Target, Describer):
         if cfg["name"] is not None:
             values.name("--name", cfg["name"])
         env_items = [f"{k}={v}" for k, v in env(cfg).items()]
+        name = cfg["name"] or describe.default_name(cfg["image"], list(cfg["command"] or ()), cfg._source)
         describe.check_output(output, force)
         try:
             spec = describe.spec_from_args(
-                self, cfg["image"], list(cfg["command"] or ()), workers=count or 2, name=cfg["name"] or "dtrain-job",
+                self, cfg["image"], list(cfg["command"] or ()), workers=count or 2, name=name,
                 env=env_items, launcher=launcher, instance_type=cfg["instance_type"],
-                slots_per_worker=slots(cfg), **self.mapped(cfg))  # hosts: h:8 -> 8 ranks per worker
+                slots_per_worker=slots(cfg), **self.mapped(cfg),  # hosts: h:8 -> 8 ranks per worker
+                plain_env=self.plain_env(cfg))
             text = describe.render(spec, self)
         except describe.CommandRefused as e:  # the command may be the job file's: named as `command` (jobfile.located)
             raise LaunchError(f"{COMMAND_TEXT}: {e.why.replace('--for ', '--target ')}; give no command") from None
@@ -82,4 +91,7 @@ class Description(Target, Describer):
         for line in self.notes(spec, via="launch"):  # what it filled in, named (no values)
             err(line)
         print(describe.write(text, output, force), end="")
+        if not cfg["name"]:  # once written: the name dtrain chose, and how to choose another
+            err(f"[launch] name {name}: from {'the job file ' + cfg._source if cfg._source else 'the image and the command'}"
+                f" (--name NAME to choose)")
         return 0

@@ -91,9 +91,9 @@ class Ecs(Description):
         return spec.env_secret_arn
 
     def env_secret_notes(self, spec: ManifestSpec, via: str = "manifest") -> list[str]:
-        if not spec.env:
+        if not spec.secret_names:
             return []
-        names = ", ".join(sorted(spec.env))
+        names = ", ".join(spec.secret_names)
         flag = ("give its ARN with --env-secret-arn" if via == "manifest" else
                 "give its ARN with dtrain manifest --for ecs ... --env-secret-arn ARN")
         return [f"[{via}] env {names}: not in the file; each comes from the JSON key of that name in the Secrets "

@@ -30,7 +30,8 @@ class MpiJob(Description, Crd):
 
     def text(self, spec: ManifestSpec) -> str:
         ctx: dict[str, Any] = describe.context(spec, self) | {
-            "mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT, "launcher_env": {},
+            "mpirun": mpijob_mpirun_argv(spec), "ssh_mount": SSH_MOUNT,
+            "launcher_env": spec.plain_values,  # mpirun -x NAME: the job file's literals, as the Secret's names
             "env": describe.literal(training_env(POD_IFACE), spec)}
         return describe.jinja().get_template("mpijob.j2").render(ctx)
 

@@ -16,9 +16,7 @@ class Nodes(Target):
     refused = SAGEMAKER_ONLY  # SageMaker's own
     ignored = ("instance_type",)  # the nodes are what they are (their type: the provider's, the probe's)
 
-    def refusal(self, names: list[str]) -> str:
-        return (f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} for --target sagemaker (the nodes are "
-                "given by --hosts, --hostfile, --cluster, --ec2-tag)")
+    sagemaker_hint = " (the nodes are given by --hosts, --hostfile, --cluster, --ec2-tag)"
 
     def run(self, cfg: Any, given: Mapping[str, Any], count: int | None, *, output: str | None,
             session: Any, note: Callable[[], None], err: Callable[[str], None] = print, force: bool = False) -> int:
