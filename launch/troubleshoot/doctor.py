@@ -241,12 +241,18 @@ def lazy_verdict(docker_info: str) -> tuple[Status, str]:
 def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype: str,
                       devices: int) -> tuple[Status, str]:
     """The `efa` check with `--image`: a GPU image without the EFA stage (label dtrain.efa=no: the
-    variants built from PyPI's CUDA wheels) on an EFA instance type is a WARN naming the family's
-    EFA variant for the type (NCCL finds no aws-ofi-nccl and runs over TCP sockets); a FAIL stays."""
+    variants built from PyPI's CUDA wheels) on a type with several EFA interfaces (p4d, p5: the
+    type's expectation, instance_types.efa_count, or the devices the node has) is a WARN naming the
+    family's EFA variant for the type (NCCL finds no aws-ofi-nccl and runs over TCP sockets). On a
+    single-EFA type (g4dn/g5/g6, p3dn) the wheel variant is the documented choice: the node's
+    verdict stands, with a note. A FAIL stays."""
     if verdict[0] == "FAIL" or labels.get(contract.LABEL_KIND) != "gpu" or labels.get(contract.LABEL_EFA) != "no":
         return verdict
-    if not (efa_count(itype) or devices):
-        return verdict
+    want = efa_count(itype) or 0
+    if max(want, devices) < 2:  # no EFA, or one interface (g4dn/g5/g6, p3dn): the wheel variant's place
+        return verdict if not (want or devices) else (
+            verdict[0], verdict[1] + "; the image has no EFA stage (dtrain.efa=no): NCCL runs over TCP on this "
+            "single-EFA node, as docs/images.md#which-variant advises for it")
     from dtrain.images.spec import SpecError, efa_variant
 
     family = labels.get("dtrain.family", "")
@@ -257,7 +263,8 @@ def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype
     where = f"{itype} has EFA" if efa_count(itype) else f"{devices} EFA device(s) here"
     return "WARN", (f"{where}, but the image has no EFA stage (dtrain.efa=no; CUDA from "
                     f"{labels.get(contract.LABEL_CUDA_FROM, '?')}): NCCL runs over TCP sockets; use "
-                    + (use or f"a {family or 'dtrain'} variant with EFA") + " (docs/images.md#which-variant)")
+                    + (use or f"a {family or 'dtrain'} variant with EFA") + " (docs/images.md#which-variant)"
+                    + (f"; and {verdict[1]}" if verdict[0] == "WARN" else ""))
 
 
 def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[Status, str]:
