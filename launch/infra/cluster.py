@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dtrain.containerd import containerd_config
 from dtrain.launch.infra import netns as nx
@@ -377,6 +377,50 @@ def check_lazy_root(root: str | Path) -> None:
         raise ClusterError(f"--lazy-root {root}: {', '.join(missing[:3])} missing: unpack Debian 13's "
                            f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x), or leave out --lazy-root and "
                            f"${LAZY_ROOT_ENV}: `dtrain cluster up --lazy` then fetches them to {engine.LAZY_ROOT}")
+
+
+LAZY_OFF = "lazy:       off, the nodes pull images in full"  # the head of lazy_mode's line
+
+
+def lazy_mode(action: str, lazy: bool, no_lazy: bool, lazy_root: str | None, recreate: bool = False,
+              say: Callable[[str], None] = print, env: dict[str, str] | None = None,
+              recorded: Callable[[], dict | None] | None = None,
+              fetch: Callable[[], Path] | None = None) -> Lazy | None:
+    """`dtrain cluster`'s lazy flags (issue 52: lazy by default where it helps): `--lazy`
+    insists (what is missing is an error), `--no-lazy` is the classic cluster, neither makes
+    the nodes lazy where the host can (the binaries under --lazy-root / $DTRAIN_LAZY_ROOT, or
+    engine.LAZY_ROOT, fetched there once), else the classic cluster and one line saying why.
+    A classic cluster already up stays so without --recreate (said in that line)."""
+    from dtrain import engine
+
+    if lazy and no_lazy:
+        raise ClusterError("--lazy and --no-lazy: pass one")
+    if action != "up":
+        if lazy or no_lazy or lazy_root:
+            flag = "--lazy-root" if lazy_root else "--no-lazy" if no_lazy else "--lazy"
+            raise ClusterError(f"{flag} is for `cluster up`, not `cluster {action}`")
+        return None
+    if no_lazy:
+        if lazy_root:
+            raise ClusterError("--lazy-root is for lazy nodes: drop --no-lazy")
+        return None
+    root = lazy_root or (os.environ if env is None else env).get(LAZY_ROOT_ENV)
+    if root:  # named: what it misses is an error
+        check_lazy_root(root)
+        return Lazy(root)
+    if not lazy and not recreate:
+        state = (recorded or _load_state)() or {}
+        if state.get("info") and not state["info"].get("lazy"):
+            say(f"{LAZY_OFF}: the cluster that is up is classic; `dtrain cluster up --recreate` makes it lazy "
+                "(--no-lazy to say so)")
+            return None
+    try:
+        return Lazy(str((fetch or engine.ensure_lazy_binaries)()))
+    except engine.EngineError as e:
+        if lazy:
+            raise ClusterError(f"--lazy: {e}") from None
+        say(f"{LAZY_OFF}: {e} (--lazy insists, --no-lazy says so)")
+        return None
 
 
 def lazy_bin(root: Path, d: Path) -> Path:

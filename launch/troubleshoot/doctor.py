@@ -228,14 +228,15 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
 
 def lazy_verdict(docker_info: str) -> tuple[Status, str]:
     """Whether the node loads images lazily: its storage driver (docker_info's 4th field) is
-    the SOCI snapshotter (Docker on the containerd image store; `dtrain cluster up --lazy`).
+    the SOCI snapshotter (Docker on the containerd image store; `dtrain cluster up` by default).
     Either way a PASS: a node that cannot pulls in full, as always."""
     fields = docker_info.split("|")
     driver = fields[3] if len(fields) >= 4 else ""
     if driver == "soci":
         return "PASS", (f"can lazy-load: storage driver soci (Docker {fields[0]} on the containerd image store); "
-                        "images pushed with `dtrain push --soci` start before they are all there")
-    return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off)"
+                        "images `dtrain push` indexed start before they are all there")
+    return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off: a node made "
+                  "with --no-lazy, or whose apt had no soci-snapshotter)"
 
 
 def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype: str,
