@@ -2,7 +2,7 @@
 default where it can be (issue 52: `from_flags`; `--soci` insists, `--no-soci` skips).
 
 Nodes whose Docker runs on the containerd image store with the SOCI snapshotter
-(`dtrain cluster up --lazy`, docs/launch.md "Lazy loading") then start the image before it is
+(`dtrain cluster up`, lazy by default; docs/launch.md "Lazy loading") then start the image before it is
 all there. What the index needs, found by bench/bench_lazy.py (docs/benchmarks.md "Lazy
 loading (SOCI)"):
 - the image's layers as the registry holds them (gzip): they are fetched back into a containerd
@@ -87,7 +87,7 @@ def find_tools(bin_dir: str | None, socket_path: str | None,
 def setup(bin_dir: str | None, socket_path: str | None, euid: int | None = None,
           fetch: Callable[[], Path] | None = None) -> Setup:
     """--soci's flags checked before anything runs. Without --soci-bin, $DTRAIN_SOCI_BIN or the
-    tools on PATH, the Debian 13 packages `dtrain cluster up --lazy` uses are taken from where
+    tools on PATH, the Debian 13 packages `dtrain cluster up` uses are taken from where
     it unpacks them, fetched there first if missing (fetch: engine.ensure_lazy_binaries)."""
     if socket_path is not None and not Path(socket_path).is_socket():
         raise SociError(f"--containerd-socket {socket_path}: not a socket (is containerd running there?)")
@@ -195,7 +195,7 @@ def tls_state(registry: str, timeout: float = 5.0) -> str:
 def require_tls(registry: str, state: str) -> None:
     if state == "plain":
         raise SociError(f"--soci: registry {registry} speaks plain HTTP, and soci 0.4.1 fetches its index over "
-                        "HTTPS only: give the registry TLS (`dtrain cluster up --lazy` does for the cluster's)")
+                        "HTTPS only: give the registry TLS (`dtrain cluster up` does for the cluster's)")
 
 
 def in_own_soci_lib(lib: Path | None, argv: Sequence[str]) -> list[str]:

@@ -13,7 +13,7 @@ Layout (node i = 1..N)::
             dockerd socket /var/lib/dtrain-cluster/node<i>/docker.sock,
             sshd on 10.213.0.(10+i):22 (root, cluster identity key only)
 
-Lazy mode (``up(..., lazy=Lazy(root))``, ``dtrain cluster up --lazy``; issue 26): every node
+Lazy mode (``up(..., lazy=Lazy(root))``, ``dtrain cluster up``, lazy by default: ``lazy_mode``; issues 26, 52): every node
 runs launch/node/lazy-node.sh instead (soci-snapshotter-grpc, containerd with it as a proxy
 snapshotter, dockerd 26 on the containerd image store with storage driver ``soci``: Debian 13's
 binaries unpacked under ``root``), and the registry speaks TLS with a self-signed certificate
@@ -346,7 +346,7 @@ def lazy_containerd_config(d: Path) -> str:
 def soci_config(background_fetch: bool = True) -> str:
     """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off, and
     two retries (20 and 40 ms) for its own HTTP client instead of 8 (30 ms doubling: 7.7-8.6 s).
-    launch/node/first-boot.sh writes the same on `nodes up --lazy` nodes (tests/test_nodes.py).
+    launch/node/first-boot.sh writes the same on lazy `nodes up` nodes (tests/test_nodes.py).
 
     That client fetches an image's index and zTOCs, and for a layer it has no zTOC for (an image
     pushed without `--soci`) soci 0.4.1 first tries to fetch and unpack the layer itself, with
@@ -376,7 +376,7 @@ def check_lazy_root(root: str | Path) -> None:
     if missing:
         raise ClusterError(f"--lazy-root {root}: {', '.join(missing[:3])} missing: unpack Debian 13's "
                            f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x), or leave out --lazy-root and "
-                           f"${LAZY_ROOT_ENV}: `dtrain cluster up --lazy` then fetches them to {engine.LAZY_ROOT}")
+                           f"${LAZY_ROOT_ENV}: `dtrain cluster up` then fetches them to {engine.LAZY_ROOT}")
 
 
 LAZY_OFF = "lazy:       off, the nodes pull images in full"  # the head of lazy_mode's line

@@ -235,8 +235,8 @@ def lazy_verdict(docker_info: str) -> tuple[Status, str]:
     if driver == "soci":
         return "PASS", (f"can lazy-load: storage driver soci (Docker {fields[0]} on the containerd image store); "
                         "images `dtrain push` indexed start before they are all there")
-    return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off: a node made "
-                  "with --no-lazy, or whose apt had no soci-snapshotter)"
+    return "PASS", (f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off: a node "
+                    "made with --no-lazy, or whose apt had no soci-snapshotter)")
 
 
 def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype: str,
