@@ -107,13 +107,14 @@ def build(c, image=None, tag=None, all=False, base_image=None, builder_image=Non
     "immutable": "ECR: immutable tags", "lifecycle_policy": "ECR lifecycle policy JSON file",
     "user": "registry user", "password": "'-': the registry password from stdin (default $DTRAIN_REGISTRY_PASSWORD); a value is refused",
     "catalog": "catalog path (default build/catalog.json)",
-    "soci": "also build each image's SOCI index and push it beside it (lazy loading; the registry needs TLS)",
-    "soci_bin": "--soci: directory with soci, ctr, containerd (default $DTRAIN_SOCI_BIN, then PATH)",
-    "containerd_socket": "--soci: the machine's containerd socket (default: a private containerd, as root)",
+    "soci": "insist on each image's SOCI index beside it (lazy loading): by default it is made where it can be "
+            "(root, soci, a registry with TLS), else one line says why",
+    "no_soci": "push no SOCI index", "soci_bin": "directory with soci, ctr, containerd (default $DTRAIN_SOCI_BIN, then PATH)",
+    "containerd_socket": "the machine's containerd socket for the SOCI index (default: a private containerd, as root)",
 })
 def push(c, ecr=False, registry=None, image=None, account=None, region=None, profile=None,
          repo_prefix="dtrain", immutable=False, lifecycle_policy=None, user=None, password=None,
-         catalog=None, soci=False, soci_bin=None, containerd_socket=None):
+         catalog=None, soci=False, no_soci=False, soci_bin=None, containerd_socket=None):
     """Push built images to ECR or a registry, verify the digest by pulling it back, record it in the catalog."""
     from pathlib import Path
 
@@ -137,13 +138,9 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
         password = p.password_from_flag(password)  # never a value in argv: '-' (stdin) or the env
         if ecr == bool(registry):
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
-        if not soci and (soci_bin or containerd_socket):
-            raise values.BadValue(f"{'--soci-bin' if soci_bin else '--containerd-socket'} is for --soci: add --soci")
-        lazy = None
-        if soci:
-            from dtrain.images import soci as s
+        from dtrain.images import soci as s
 
-            lazy = s.setup(soci_bin, containerd_socket)
+        lazy = s.from_flags(soci, no_soci, soci_bin, containerd_socket, registry)  # issue 52: by default
         images, notes = p.select_images(image)
         for n in notes:
             print(n)
@@ -447,8 +444,8 @@ def _aws(profile, region):
     "key_name": "EC2 key pair for ssh", "ssh_key": "its private key file here (written into the hostfile)",
     "ssh_cidr": "who may ssh in (default: this machine's security group inside the VPC, else its public address /32)",
     "efs": "an EFS file system (kept by `nodes down`; mounted at boot at /efs, $EFS_MOUNT)",
-    "lazy": "nodes load images lazily (SOCI snapshotter from the node's apt, Docker on the containerd store); "
-            "images pushed with `dtrain push --soci`",
+    "lazy": "nodes load images lazily (SOCI snapshotter from the node's apt, Docker on the containerd store; the "
+            "default, --no-lazy: classic); images `dtrain push` indexed",
     "address": "hostfile addresses: auto (default: private from inside the nodes' VPC, else public), private or public",
     "efa_interfaces": "EFA interfaces per node (default: every one the type has, e.g. 4 on p4d.24xlarge)",
     "ssh_opt": NODE_HELP["ssh_opt"] + "; kept for `--cluster NAME`, e.g. ProxyJump=bastion",
@@ -472,7 +469,7 @@ def _aws(profile, region):
                  "(data kept; the role may delete that stack and nothing else)",
 })
 def nodes(c, action, name=None, count=None, min_count=None, instance_type=None, spot=False, subnet=None,
-          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=False, address="auto", ssh_opt=None,
+          new_vpc=False, key_name=None, ssh_key=None, ssh_cidr=None, efs=False, lazy=True, address="auto", ssh_opt=None,
           region=None, profile=None, timeout="900", efa_interfaces=None, keep_on_failure=False, ssh_user=None,
           ami="auto", root_size=None, s3_bucket=None, s3_write=False, instance_profile=None, delete_data=False,
           all_regions=False, yes=False, confirm_above=None, hours=None, idle_down=None):
@@ -636,12 +633,13 @@ def _cluster_record(cluster, profile):
             "shared": "with up: HOST_DIR:PATH mounts this machine's HOST_DIR at PATH (an existing directory "
                       "here) on every node, one directory for all, as EFS or NFS (repeatable); a job's "
                       "--mount PATH then shares it, e.g. Ray Train's storage",
-            "lazy": "with up: nodes load images lazily (SOCI snapshotter, Docker 26 on the containerd store); "
-                    "the registry gets TLS",
-            "lazy_root": "with --lazy: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
+            "lazy": "with up: insist on lazy nodes (SOCI snapshotter, Docker 26 on the containerd store; the registry "
+                    "gets TLS): the default where the host can, else one line says why",
+            "no_lazy": "with up: classic nodes (full pulls), plain-HTTP registry",
+            "lazy_root": "with up: where Debian 13's soci-snapshotter, containerd, docker.io are unpacked "
                          "(default $DTRAIN_LAZY_ROOT, then /var/tmp/dtrain-lazy/root)"})
 def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy=False, lazy_root=None,
-            shared=None):
+            shared=None, no_lazy=False):
     """Local simulated cluster (root, Linux): dtrain cluster up --nodes 3 | down | status."""
     from dtrain.launch import targets
     from dtrain.launch.infra import cluster as cl
@@ -652,22 +650,7 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
         from dtrain import values
 
         every, per_node = values.link_rates("--link-rate", link_rate, count)
-        if lazy_root and not lazy:
-            raise values.BadValue("--lazy-root is for --lazy: add --lazy")
-        mode = None
-        if lazy:
-            import os
-
-            from dtrain import engine
-
-            if action != "up":
-                raise values.BadValue(f"--lazy is for `cluster up`, not `cluster {action}`")
-            root = lazy_root or os.environ.get(cl.LAZY_ROOT_ENV)
-            if root:
-                cl.check_lazy_root(root)
-            else:  # the default: Debian 13's packages fetched and unpacked there once
-                root = str(engine.ensure_lazy_binaries())
-            mode = cl.Lazy(root)
+        mode = cl.lazy_mode(action, lazy, no_lazy, lazy_root, recreate)  # issue 52: lazy by default
         if action == "up":
             names = {}
             for kv in nic or []:
@@ -682,8 +665,8 @@ def cluster(c, action, nodes="2", recreate=False, nic=None, link_rate=None, lazy
             for path, src in info.shared:
                 print(f"shared:     {src} at {path} on every node (a job shares it with --mount {path})")
             if info.lazy:
-                print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS: "
-                      f"SSL_CERT_FILE={info.registry_ca} dtrain push --registry {info.registry} --soci")
+                print(f"lazy:       nodes load SOCI-indexed images lazily; the registry speaks TLS "
+                      f"({info.registry_ca}): dtrain push --registry {info.registry} adds the index")
             print(f"launch with: dtrain launch --hostfile {info.hostfile} --ssh-config {info.ssh_config} "
                   f"--image {info.registry}/dtrain/FAMILY:TAG -- CMD")
         elif action == "down":

@@ -1,5 +1,5 @@
 """A containerd of its own (stdlib only: the simulated cluster's module imports it under the
-system python3): `dtrain push --soci`'s private one, and each simulated node's
+system python3): `dtrain push`'s private one for the SOCI index, and each simulated node's
 (launch/infra/cluster.py)."""
 
 from __future__ import annotations

@@ -47,14 +47,15 @@ def top_level_modules(dist: md.Distribution) -> list[str]:
 
 def foreign_companions(companions: dict[str, str], flavour: str) -> dict[str, str]:
     """{name: installed version} for companions installed without the image's torch flavour
-    (PyPI's build, pulled in as some requirement's dependency)."""
+    (PyPI's build beside a +cpu torch, pulled in as some requirement's dependency; or a +cpu
+    build beside PyPI's CUDA torch, flavour "")."""
     out = {}
     for name in companions:
         try:
             version = md.version(name)
         except md.PackageNotFoundError:
             continue
-        if not version.endswith("+" + flavour):
+        if version.partition("+")[2] != flavour:  # flavour "": PyPI's CUDA torch (a wheel GPU variant)
             out[name] = version
     return out
 

@@ -29,6 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion
 
+from dtrain import contract
 from dtrain.images.build import secret_copies
 from dtrain.images.build import (LOG_DIR, BuildError, BuildOptions, _Progress, _run_streaming, local_ref,
                                  require_engine, torch_wheel_present)
@@ -40,6 +41,7 @@ CONFIG = "dtrain.yaml"
 REQUIREMENTS = "requirements.txt"
 SKIP = {".git", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"}  # not part of the tag hash
 CHECK_SCRIPT = Path(__file__).resolve().parent / "check_requirements.py"
+GPU_CHECK_SCRIPT = contract.NODE_SCRIPTS / "gpu_build_check.py"  # the wheel variants' own check
 SUPPORT_DIR = "/tmp/dtrain-support"  # where the project Dockerfile mounts the support image
 CHECK_PREFIX = "dtrain-check:"
 
@@ -235,6 +237,28 @@ def companion_table(img: Image) -> dict[str, str | None]:
     return {name: row.get(name) for name in sorted({n for r in table.values() for n in r})}
 
 
+def local_label(img: Image) -> str:
+    """The local version label of the image's torch as installed: '' for a wheel GPU variant
+    (PyPI's default torch, 2.13.0, is the CUDA build and has none), else 'cpu' or 'cu128'."""
+    return "" if img.wheels else torch_flavour(img)
+
+
+def with_label(version: str, label: str) -> str:
+    return f"{version}+{label}" if label else version
+
+
+def companion_check_args(img: Image) -> list[str]:
+    """launch/node/gpu_build_check.py's argv in a project image built from a wheel GPU variant:
+    the variant's own checks (its CUDA build, cuDNN, NCCL, ldd) again, since a requirement can
+    move an nvidia-* wheel, plus each torch companion's version and import when one is installed
+    (`--companion=torchvision:0.28`); [] for any other base."""
+    if not img.wheels:
+        return []
+    from dtrain.images.render import gpu_check_args
+
+    return gpu_check_args(img) + [f"--companion={n}:{m}" for n, m in companion_table(img).items() if m]
+
+
 def _allows_minor(req: Requirement, want: str) -> bool:
     return any(req.specifier.contains(f"{want}.{patch}", prereleases=True) for patch in range(10))
 
@@ -265,7 +289,7 @@ def companions(reqs: list[Req], img: Image) -> tuple[list[Req], list[str]]:
 
 def companion_wheels(comps: list[Req], img: Image, wheels: list[str]) -> tuple[list[str], list[str]]:
     """(wheel file names that serve the companions, one line per companion the wheelhouse lacks)."""
-    table, flavour, py = companion_table(img), torch_flavour(img), img.variant.python.replace(".", "")
+    table, flavour, py = companion_table(img), local_label(img), img.variant.python.replace(".", "")
     chosen, missing = [], []
     for r in comps:
         want = table[r.name]
@@ -275,7 +299,7 @@ def companion_wheels(comps: list[Req], img: Image, wheels: list[str]) -> tuple[l
                 name, version, _, tags = parse_wheel_filename(w)
             except (InvalidWheelFilename, InvalidVersion):
                 continue
-            if (name == r.name and version.local == flavour and f"{version.major}.{version.minor}" == want
+            if (name == r.name and (version.local or "") == flavour and f"{version.major}.{version.minor}" == want
                     and r.req.specifier.contains(version, prereleases=True)
                     and any(t.interpreter in (f"cp{py}", "py3") for t in tags)):
                 found.append(w)
@@ -288,13 +312,14 @@ def companion_wheels(comps: list[Req], img: Image, wheels: list[str]) -> tuple[l
 
 def check_plan(reqs: list[Req], img: Image) -> dict:
     """What check_requirements.py reads: the requirements and the fix for each kind of failure."""
-    torch, flavour = img.framework_version, torch_flavour(img)
+    torch, flavour = img.framework_version, local_label(img)
     comps = {}
     for name, want in companion_table(img).items():
-        comps[name] = (f"{name} must be the build for torch {torch}+{flavour}: list {name} in "
-                       f"requirements.txt and put a {name} {want}.*+{flavour} wheel in --wheelhouse DIR "
-                       "beside the torch wheel (without --wheelhouse it comes from the family's PyTorch "
-                       "index)" if want else
+        comps[name] = (f"{name} must be the build for torch {with_label(torch, flavour)}: list {name} in "
+                       f"requirements.txt and put a {name} {with_label(want + '.*', flavour)} wheel in "
+                       "--wheelhouse DIR beside the torch wheel (without --wheelhouse it comes from "
+                       + ("PyPI, as the image's torch did)" if img.wheels else "the family's PyTorch index)")
+                       if want else
                        f"no {name} release is built for torch {torch}: drop the requirement that needs it")
     py = img.variant.python
     fw = f"{img.framework} {img.framework_version}"
@@ -315,20 +340,23 @@ def support(text: str, img: Image, source: str, wheelhouse: Path | None,
     index = None
     if comps and wheels is not None and torch_wheel_present(wheels, img.framework_version):
         chosen, missing = companion_wheels(comps, img, wheels)
-        table, flavour, torch = companion_table(img), torch_flavour(img), img.framework_version
+        table, flavour, torch = companion_table(img), local_label(img), img.framework_version
+        where = "PyPI has" if img.wheels else f"the PyTorch index for {flavour} builds has"
         for r in comps:
             if r.name in missing:
                 problems.append(
-                    f"{r.where}: {r.spec}: the image's torch {torch}+{flavour} comes from --wheelhouse "
-                    f"{wheelhouse}, which has no {r.name} {table[r.name]}.*+{flavour} wheel for Python "
-                    f"{img.variant.python}: put that wheel there (the PyTorch index for {flavour} builds has "
-                    f"it), or drop {r.name}; PyPI's {r.name} is built for another torch and fails to import")
+                    f"{r.where}: {r.spec}: the image's torch {with_label(torch, flavour)} comes from --wheelhouse "
+                    f"{wheelhouse}, which has no {r.name} {with_label(table[r.name] + '.*', flavour)} wheel for "
+                    f"Python {img.variant.python}: put that wheel there ({where} it), or drop {r.name}"
+                    + ("" if img.wheels else f"; PyPI's {r.name} is built for another torch and fails to import"))
     elif comps:
         index = torch_index(img)
     table = companion_table(img)
     files = (("check_requirements.py", CHECK_SCRIPT.read_bytes()),
              ("check.json", (json.dumps(check_plan(reqs, img), indent=1) + "\n").encode()),
              ("companions.txt", "".join(r.spec + "\n" for r in comps).encode()))
+    if img.wheels:  # the wheel variant's own in-image check, run again after the requirements
+        files += (("gpu_build_check.py", GPU_CHECK_SCRIPT.read_bytes()),)
     return Support(files, tuple(wheelhouse / w for w in chosen) if wheelhouse else (), index,
                    tuple(f"{r.name}=={table[r.name]}.*" for r in comps),
                    tuple(r.name for r in comps)), problems
@@ -447,6 +475,7 @@ def dockerfile(p: ProjectPlan) -> str:
         name=p.name, base=p.base_ref, requirements=sup is not None,
         requirements_sha256=p.requirements_sha256, constraints=constraints(p.base) + list(sup.companion_pins if sup else ()),
         support=p.support_ref, support_dir=SUPPORT_DIR, companion_wheels=bool(sup and sup.wheels),
+        gpu_check=companion_check_args(p.base),
         companion_index=sup.companion_index if sup else None, index_failure=index_failure)
 
 

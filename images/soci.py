@@ -1,7 +1,8 @@
-"""`dtrain push --soci`: a SOCI index built for each pushed image and pushed beside it (issue 26).
+"""`dtrain push`: a SOCI index built for each pushed image and pushed beside it (issue 26), by
+default where it can be (issue 52: `from_flags`; `--soci` insists, `--no-soci` skips).
 
 Nodes whose Docker runs on the containerd image store with the SOCI snapshotter
-(`dtrain cluster up --lazy`, docs/launch.md "Lazy loading") then start the image before it is
+(`dtrain cluster up`, lazy by default; docs/launch.md "Lazy loading") then start the image before it is
 all there. What the index needs, found by bench/bench_lazy.py (docs/benchmarks.md "Lazy
 loading (SOCI)"):
 - the image's layers as the registry holds them (gzip): they are fetched back into a containerd
@@ -86,7 +87,7 @@ def find_tools(bin_dir: str | None, socket_path: str | None,
 def setup(bin_dir: str | None, socket_path: str | None, euid: int | None = None,
           fetch: Callable[[], Path] | None = None) -> Setup:
     """--soci's flags checked before anything runs. Without --soci-bin, $DTRAIN_SOCI_BIN or the
-    tools on PATH, the Debian 13 packages `dtrain cluster up --lazy` uses are taken from where
+    tools on PATH, the Debian 13 packages `dtrain cluster up` uses are taken from where
     it unpacks them, fetched there first if missing (fetch: engine.ensure_lazy_binaries)."""
     if socket_path is not None and not Path(socket_path).is_socket():
         raise SociError(f"--containerd-socket {socket_path}: not a socket (is containerd running there?)")
@@ -102,6 +103,75 @@ def setup(bin_dir: str | None, socket_path: str | None, euid: int | None = None,
 
             chosen = str((fetch or engine.ensure_lazy_binaries)())
     return Setup(find_tools(chosen, socket_path), socket_path)
+
+
+OFF = "push: no SOCI index, the nodes will pull these images in full"  # the head of default_setup's line
+
+
+def from_flags(soci: bool, no_soci: bool, bin_dir: str | None, socket_path: str | None,
+               registry: str | None, say: Callable[[str], None] = print) -> Setup | None:
+    """`dtrain push`'s SOCI flags: `--soci` insists (any reason it cannot is an error),
+    `--no-soci` skips the index, neither makes it where it can be made (default_setup)."""
+    if soci and no_soci:
+        raise SociError("--soci and --no-soci: pass one")
+    if no_soci and (bin_dir or socket_path):
+        raise SociError(f"{'--soci-bin' if bin_dir else '--containerd-socket'} is for the SOCI index: drop --no-soci")
+    if no_soci:
+        return None
+    trust_cluster_ca(registry, say)
+    return setup(bin_dir, socket_path) if soci else default_setup(bin_dir, socket_path, registry, say)
+
+
+def trust_cluster_ca(registry: str | None, say: Callable[[str], None], env: dict[str, str] | None = None,
+                     cluster: tuple[str, Path] | None = None) -> None:
+    """The simulated cluster's registry (`dtrain cluster up`, lazy: TLS with a self-signed
+    certificate): soci trusts its bundle where $SSL_CERT_FILE names none. cluster: (its
+    registry, its bundle), default launch/infra/cluster.py's."""
+    if cluster is None:
+        from dtrain.launch.infra import cluster as cl
+
+        cluster = (cl.REGISTRY, cl.STATE_DIR / "registry" / "ca-bundle.pem")
+    env = os.environ if env is None else env
+    address, bundle = cluster
+    if registry == address and "SSL_CERT_FILE" not in env and bundle.is_file():
+        env["SSL_CERT_FILE"] = str(bundle)
+        say(f"push: the simulated cluster's registry: SSL_CERT_FILE={bundle} for soci")
+
+
+def default_setup(bin_dir: str | None, socket_path: str | None, registry: str | None,
+                  say: Callable[[str], None] = print, euid: int | None = None,
+                  lazy_root: Path | None = None, state: Callable[[str], str] | None = None) -> Setup | None:
+    """`dtrain push` without --soci/--no-soci (issue 52, lazy by default where it helps): the
+    Setup where the index can be made (root or --containerd-socket; the tools from --soci-bin,
+    $DTRAIN_SOCI_BIN, PATH or the packages `cluster up` unpacked, never fetched here; a
+    registry with TLS, or ECR), else None and one line saying why. A flag that names something
+    absent is still an error."""
+    if socket_path is not None and not Path(socket_path).is_socket():
+        raise SociError(f"--containerd-socket {socket_path}: not a socket (is containerd running there?)")
+    if socket_path is None and (os.geteuid() if euid is None else euid) != 0:
+        say(f"{OFF}: the index needs a containerd, and a private one needs root (run as root, pass "
+            "--containerd-socket PATH, or --no-soci to say so)")
+        return None
+    if registry is not None and (state or tls_state)(registry) == "plain":
+        say(f"{OFF}: registry {registry} speaks plain HTTP, and soci 0.4.1 fetches indexes over HTTPS only "
+            "(`dtrain cluster up` gives the cluster's registry TLS unless --no-lazy; --no-soci to say so)")
+        return None
+    chosen = bin_dir or os.environ.get(BIN_ENV) or None
+    if chosen is not None:
+        return Setup(find_tools(chosen, socket_path), socket_path)  # named: its absence is an error
+    try:
+        return Setup(find_tools(None, socket_path), socket_path)
+    except SociError:
+        pass
+    from dtrain import engine
+
+    root = lazy_root or engine.LAZY_ROOT
+    try:
+        return Setup(find_tools(str(root), socket_path), socket_path)
+    except SociError:
+        say(f"{OFF}: no soci/ctr/containerd on PATH nor in {root} ({INSTALL_HINT}; `dtrain cluster up` or "
+            "`dtrain push --soci` fetches Debian 13's there; --no-soci to say so)")
+        return None
 
 
 def tls_state(registry: str, timeout: float = 5.0) -> str:
@@ -125,7 +195,7 @@ def tls_state(registry: str, timeout: float = 5.0) -> str:
 def require_tls(registry: str, state: str) -> None:
     if state == "plain":
         raise SociError(f"--soci: registry {registry} speaks plain HTTP, and soci 0.4.1 fetches its index over "
-                        "HTTPS only: give the registry TLS (`dtrain cluster up --lazy` does for the cluster's)")
+                        "HTTPS only: give the registry TLS (`dtrain cluster up` does for the cluster's)")
 
 
 def in_own_soci_lib(lib: Path | None, argv: Sequence[str]) -> list[str]:

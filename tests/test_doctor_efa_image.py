@@ -55,3 +55,31 @@ def test_labels_say_the_recipe():
     assert labels_of("ray-train", wheels=True)["dtrain.cuda-from"] == "wheels"
     efa = labels_of("ray-train", wheels=False)
     assert efa["dtrain.cuda-from"] == "nvidia/cuda" and efa["dtrain.efa"] == "yes"
+
+
+def test_wheel_image_on_a_single_efa_type_is_not_a_warn():
+    """g5/g6/g4dn types take one EFA interface: the wheel variant is the documented choice there,
+    so the node's own verdict stands (with a note), while a multi-EFA type still WARNs."""
+    labels = labels_of("pytorch-ddp", wheels=True)
+    for itype in ("g5.48xlarge", "g6.48xlarge", "g5.12xlarge", "g4dn.12xlarge", "p3dn.24xlarge"):
+        status, detail = verdict(labels, itype, 1)
+        assert status == "PASS", (itype, detail)
+        assert detail.startswith("1 EFA device(s) (" + itype + " has 1)") and "no EFA stage" in detail, detail
+    # A single-EFA node that lacks its interface is still the node's FAIL, not hidden by the image.
+    assert verdict(labels, "g5.48xlarge", 0)[0] == "FAIL"
+
+
+def test_wheel_image_warns_where_the_node_has_fewer_efa_than_the_type_expects_or_several():
+    labels = labels_of("pytorch-ddp", wheels=True)
+    # p4d with only one of its 4 interfaces: the node's WARN (fewer than the type's expectation).
+    assert efa_verdict("p4d.24xlarge", 1)[0] == "WARN"
+    status, detail = verdict(labels, "p4d.24xlarge", 1)
+    assert status == "WARN" and "no EFA stage" in detail and "1 of the 4 EFA devices p4d.24xlarge has" in detail, detail
+    # The EFA image there: only the node's WARN.
+    status, detail = verdict(labels_of("pytorch-ddp", wheels=False), "p4d.24xlarge", 1)
+    assert status == "WARN" and detail.startswith("1 of the 4 EFA devices"), detail
+    # g6e.48xlarge: 4 EFA interfaces, all there: the image's WARN.
+    status, detail = verdict(labels, "g6e.48xlarge", 4)
+    assert status == "WARN" and "no EFA stage" in detail, detail
+    # An EFA image on a single-EFA type: a plain PASS, no note.
+    assert verdict(labels_of("pytorch-ddp", wheels=False), "g5.48xlarge", 1) == ("PASS", "1 EFA device(s) (g5.48xlarge has 1)")

@@ -4,6 +4,7 @@ The real build, import and push run in tests/test_push.py (Docker)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -341,3 +342,78 @@ def test_project_build_ends_with_an_import_check(cpu_images, ca_bundle, tmp_path
     assert err.startswith(f"error: {tv}/requirements.txt:1: torchvision: the image's torch 2.13.0+cpu comes "
                           f"from --wheelhouse {wheels}, which has no torchvision 0.28.*+cpu wheel"), err
     assert "[build]" not in r.stdout  # refused before any docker build
+
+
+# ---------------------------------------------------------------- a project from a wheel GPU variant (issue 50)
+
+WHEEL_GPU = "pytorch-ddp:2.13.0-cu130-cudnn9-py311-debian12"
+
+
+def test_project_from_a_wheel_variant_runs_the_variants_check_and_torchvisions(tmp_path):
+    """The wheel variant's own in-image check (launch/node/gpu_build_check.py: CUDA build, cuDNN,
+    NCCL, ldd) runs again in the project image, with torchvision's version and import."""
+    img = base(WHEEL_GPU)
+    assert img.wheels
+    (tmp_path / "requirements.txt").write_text("six\ntorchvision\n")
+    p = pj.plan(tmp_path, WHEEL_GPU, IMAGES)
+    files = dict(p.support.files)
+    assert files["gpu_build_check.py"] == (ROOT / "launch" / "node" / "gpu_build_check.py").read_bytes()
+    # torchvision comes from PyPI beside PyPI's torch: no PyTorch index, no separate install.
+    assert p.support.companion_index in ("", None) and p.support.companion_pins == ("torchvision==0.28.*",)
+    text = pj.dockerfile(p)
+    check = next(ln for ln in text.splitlines() if "gpu_build_check.py" in ln and "python" in ln)
+    assert check == (" && python /tmp/dtrain-support/gpu_build_check.py torch --cuda=13.0 --cudnn="
+                     f"{img.variant.cudnn} --nccl={img.variant.nccl} --companion=torchvision:0.28"), check
+    # It runs after the requirements' import check, in the same step.
+    lines = text.splitlines()
+    assert "check_requirements.py" in lines[lines.index(check) - 1]
+    # The check plan: PyPI's torch has no local label, so torchvision's build has none either.
+    plan = json.loads(files["check.json"])
+    assert plan["flavour"] == ""
+    assert "torchvision 0.28.* wheel in --wheelhouse" in plan["companions"]["torchvision"]
+    assert "from PyPI" in plan["companions"]["torchvision"]
+
+
+def test_project_from_a_cpu_or_nvidia_variant_has_no_gpu_check(tmp_path):
+    (tmp_path / "requirements.txt").write_text("torchvision\n")
+    for spec in (DDP, "pytorch-ddp:2.11.0-cu128-cudnn9-py310-ubuntu22.04"):
+        p = pj.plan(tmp_path, spec, IMAGES)
+        assert "gpu_build_check.py" not in dict(p.support.files) and pj.companion_check_args(p.base) == []
+        assert "gpu_build_check" not in pj.dockerfile(p)
+
+
+def test_wheelhouse_companion_for_a_wheel_variant_is_pypis_build(tmp_path):
+    img = base(WHEEL_GPU)
+    comps, _ = pj.companions(pj.applicable("torchvision\n", img), img)
+    wheels = ["torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", TV_CPU,
+              "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    assert pj.companion_wheels(comps, img, wheels) == (["torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl"], [])
+    assert pj.companion_wheels(comps, img, wheels[:2]) == ([], ["torchvision"])
+
+
+def test_wheel_project_dockerfile_passes_hadolint(tmp_path):
+    (tmp_path / "requirements.txt").write_text("torchvision\n")
+    path = tmp_path / "Dockerfile"
+    path.write_text(pj.dockerfile(pj.plan(tmp_path, WHEEL_GPU, IMAGES)))
+    r = subprocess.run(["hadolint", "--config", str(ROOT / ".hadolint.yaml"), str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_check_script_flags_a_cpu_torchvision_beside_pypis_torch(tmp_path):
+    """check_requirements.py with flavour "" (a wheel GPU base): a +cpu torchvision is foreign."""
+    spec = __import__("importlib.util").util.spec_from_file_location("cr", ROOT / "images" / "check_requirements.py")
+    cr = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(cr)
+    site = tmp_path / "site"
+    _fake_dist(site, "torchvision", {"torchvision/__init__.py": ""})
+    info = site / "torchvision-1.0.dist-info"
+    sys.path.insert(0, str(site))
+    try:
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0+cpu\n")
+        assert cr.foreign_companions({"torchvision": "F"}, "") == {"torchvision": "0.28.0+cpu"}
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n")
+        assert cr.foreign_companions({"torchvision": "F"}, "") == {}
+        assert cr.foreign_companions({"torchvision": "F"}, "cpu") == {"torchvision": "0.28.0"}
+    finally:
+        sys.path.remove(str(site))

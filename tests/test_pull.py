@@ -564,3 +564,22 @@ def test_lazy_events_and_lines():
     assert pl.summary([lazy, full, classic], "img", 9).startswith("img: pulled on 3 (1 lazily), already on 0")
     assert pl.summary([classic], "img", 9).startswith("img: pulled on 1, already on 0")
     assert pl.summary([lazy], "img", 9).endswith("slowest node-1: mounted lazily in 3.0 s")
+
+
+def test_summary_says_why_a_pull_was_not_lazy():
+    """Issue 52: lazy by default where it helps; where not, the summary says why in its line."""
+    nodes = {}
+    for host, lines in (("node-1", ["pulling", "storage soci", "progress 100 100 100", "lazy 0"]),
+                        ("node-2", ["pulling", "storage overlay2", "progress 100 100 100"]),
+                        ("node-3", ["pulling", "storage soci", "lazy 7"])):
+        p = nodes[host] = pl.NodeProgress(host)
+        for i, line in enumerate([*lines, "pulled sha256:" + "a" * 64]):
+            p.apply(pl.parse_line(line), float(i))
+    indexless = pl.summary([nodes["node-1"]], "img", 9)
+    assert indexless.endswith("; in full, not lazily: no SOCI index for this image (`dtrain push` makes one where "
+                              "it can)"), indexless
+    classic = pl.summary([nodes["node-2"]], "img", 9)
+    assert classic.endswith("; in full, not lazily: no SOCI snapshotter on the nodes (storage driver overlay2; "
+                            "`dtrain cluster up` / `dtrain nodes up` give it unless --no-lazy)"), classic
+    assert "not lazily" not in pl.summary([nodes["node-3"]], "img", 9)
+    assert pl.why_not_lazy([pl.NodeProgress("x")]) == ""  # no driver reported (an older node): nothing guessed

@@ -125,8 +125,13 @@ def test_cli_checks_soci_flags_before_anything(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: --soci: no `soci`") and "soci-snapshotter" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # Without --soci the index is made by default: a --soci-bin that lacks the tools is still an error.
     r = _dtrain("push", "--registry", "127.0.0.1:1", "--soci-bin", str(tmp_path))
-    assert r.returncode == 2 and "--soci-bin is for --soci: add --soci" in r.stderr
+    assert r.returncode == 2 and "no `soci`" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = _dtrain("push", "--registry", "127.0.0.1:1", "--no-soci", "--soci-bin", str(tmp_path))
+    assert r.returncode == 2 and "--soci-bin is for the SOCI index: drop --no-soci" in r.stderr, r.stderr
+    r = _dtrain("push", "--registry", "127.0.0.1:1", "--no-soci", "--soci")
+    assert r.returncode == 2 and "--soci and --no-soci: pass one" in r.stderr, r.stderr
 
 
 # ================================================================ a real push with TLS
@@ -260,3 +265,73 @@ def test_without_a_bin_dir_the_tools_come_from_the_fetched_packages(tmp_path, mo
     lazy = S.setup(None, None, euid=0, fetch=fetch)
     assert asked == [1] and lazy.tools.soci == str(engine.LAZY_ROOT / "usr/bin/soci")
     assert lazy.tools.containerd == str(engine.LAZY_ROOT / "usr/bin/containerd")
+
+
+# ================================================================ the index by default (issue 52)
+
+
+def _say():
+    lines: list[str] = []
+    return lines, lines.append
+
+
+def test_default_makes_the_index_where_it_can(tmp_path, monkeypatch):
+    for name in ("soci", "ctr", "containerd"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    lines, say = _say()
+    got = S.default_setup(str(tmp_path), None, "r:5000", say, euid=0, state=lambda r: "tls")
+    assert got == S.Setup(S.Tools(str(tmp_path / "soci"), str(tmp_path / "ctr"), str(tmp_path / "containerd")))
+    assert lines == []
+    # ECR (registry None): no TLS probe at all
+    assert S.default_setup(str(tmp_path), None, None, say, euid=0, state=lambda r: 1 / 0) is not None
+    # the packages `cluster up` unpacked, found where nothing else names the tools
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    for name in ("soci", "ctr", "containerd"):
+        (root / "usr" / "bin" / name).write_text("#!/bin/sh\n")
+        (root / "usr" / "bin" / name).chmod(0o755)
+    monkeypatch.delenv(S.BIN_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    got = S.default_setup(None, None, "r:5000", say, euid=0, lazy_root=root, state=lambda r: "tls")
+    assert got is not None and got.tools.soci == str(root / "usr" / "bin" / "soci")
+    got = S.default_setup(None, None, "r:5000", say, euid=0, lazy_root=tmp_path / "none", state=lambda r: "tls")
+    assert got is None and len(lines) == 1
+    assert lines[0].startswith(f"{S.OFF}: no soci/ctr/containerd on PATH nor in {tmp_path / 'none'}")
+
+
+def test_default_says_why_not_in_one_line(tmp_path):
+    lines, say = _say()
+    assert S.default_setup(None, None, "10.213.0.1:5000", say, euid=0, state=lambda r: "plain") is None
+    assert lines == [f"{S.OFF}: registry 10.213.0.1:5000 speaks plain HTTP, and soci 0.4.1 fetches indexes over "
+                     "HTTPS only (`dtrain cluster up` gives the cluster's registry TLS unless --no-lazy; --no-soci "
+                     "to say so)"]
+    lines.clear()
+    assert S.default_setup(None, None, "r:5000", say, euid=1000, state=lambda r: "tls") is None
+    assert len(lines) == 1 and "a private one needs root" in lines[0]
+    # --no-soci: nothing said, nothing probed
+    lines.clear()
+    assert S.from_flags(False, True, None, None, "r:5000", say) is None and lines == []
+    # a flag that names something absent is an error, default or not
+    with pytest.raises(S.SociError, match="not a socket"):
+        S.default_setup(None, str(tmp_path / "no.sock"), None, say, euid=0)
+    with pytest.raises(S.SociError, match="no `soci`"):
+        S.default_setup(str(tmp_path), None, None, say, euid=0)
+
+
+def test_cluster_registry_bundle_is_trusted_for_soci(tmp_path):
+    bundle = tmp_path / "ca-bundle.pem"
+    bundle.write_text("pem\n")
+    cluster = ("10.213.0.1:5000", bundle)
+    lines, say = _say()
+    env: dict[str, str] = {}
+    S.trust_cluster_ca("elsewhere:5000", say, env, cluster)
+    assert env == {} and lines == []
+    S.trust_cluster_ca("10.213.0.1:5000", say, env, cluster)
+    assert env == {"SSL_CERT_FILE": str(bundle)} and len(lines) == 1
+    env = {"SSL_CERT_FILE": "/mine.pem"}
+    S.trust_cluster_ca("10.213.0.1:5000", say, env, cluster)
+    assert env == {"SSL_CERT_FILE": "/mine.pem"}
+    env = {}
+    S.trust_cluster_ca("10.213.0.1:5000", say, env, ("10.213.0.1:5000", tmp_path / "absent.pem"))  # classic cluster
+    assert env == {}

@@ -13,7 +13,7 @@ Layout (node i = 1..N)::
             dockerd socket /var/lib/dtrain-cluster/node<i>/docker.sock,
             sshd on 10.213.0.(10+i):22 (root, cluster identity key only)
 
-Lazy mode (``up(..., lazy=Lazy(root))``, ``dtrain cluster up --lazy``; issue 26): every node
+Lazy mode (``up(..., lazy=Lazy(root))``, ``dtrain cluster up``, lazy by default: ``lazy_mode``; issues 26, 52): every node
 runs launch/node/lazy-node.sh instead (soci-snapshotter-grpc, containerd with it as a proxy
 snapshotter, dockerd 26 on the containerd image store with storage driver ``soci``: Debian 13's
 binaries unpacked under ``root``), and the registry speaks TLS with a self-signed certificate
@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dtrain.containerd import containerd_config
 from dtrain.launch.infra import netns as nx
@@ -346,7 +346,7 @@ def lazy_containerd_config(d: Path) -> str:
 def soci_config(background_fetch: bool = True) -> str:
     """soci-snapshotter-grpc's config: its defaults, the background fetcher on or off, and
     two retries (20 and 40 ms) for its own HTTP client instead of 8 (30 ms doubling: 7.7-8.6 s).
-    launch/node/first-boot.sh writes the same on `nodes up --lazy` nodes (tests/test_nodes.py).
+    launch/node/first-boot.sh writes the same on lazy `nodes up` nodes (tests/test_nodes.py).
 
     That client fetches an image's index and zTOCs, and for a layer it has no zTOC for (an image
     pushed without `--soci`) soci 0.4.1 first tries to fetch and unpack the layer itself, with
@@ -376,7 +376,51 @@ def check_lazy_root(root: str | Path) -> None:
     if missing:
         raise ClusterError(f"--lazy-root {root}: {', '.join(missing[:3])} missing: unpack Debian 13's "
                            f"{', '.join(engine.LAZY_PACKAGES)} there (dpkg -x), or leave out --lazy-root and "
-                           f"${LAZY_ROOT_ENV}: `dtrain cluster up --lazy` then fetches them to {engine.LAZY_ROOT}")
+                           f"${LAZY_ROOT_ENV}: `dtrain cluster up` then fetches them to {engine.LAZY_ROOT}")
+
+
+LAZY_OFF = "lazy:       off, the nodes pull images in full"  # the head of lazy_mode's line
+
+
+def lazy_mode(action: str, lazy: bool, no_lazy: bool, lazy_root: str | None, recreate: bool = False,
+              say: Callable[[str], None] = print, env: dict[str, str] | None = None,
+              recorded: Callable[[], dict | None] | None = None,
+              fetch: Callable[[], Path] | None = None) -> Lazy | None:
+    """`dtrain cluster`'s lazy flags (issue 52: lazy by default where it helps): `--lazy`
+    insists (what is missing is an error), `--no-lazy` is the classic cluster, neither makes
+    the nodes lazy where the host can (the binaries under --lazy-root / $DTRAIN_LAZY_ROOT, or
+    engine.LAZY_ROOT, fetched there once), else the classic cluster and one line saying why.
+    A classic cluster already up stays so without --recreate (said in that line)."""
+    from dtrain import engine
+
+    if lazy and no_lazy:
+        raise ClusterError("--lazy and --no-lazy: pass one")
+    if action != "up":
+        if lazy or no_lazy or lazy_root:
+            flag = "--lazy-root" if lazy_root else "--no-lazy" if no_lazy else "--lazy"
+            raise ClusterError(f"{flag} is for `cluster up`, not `cluster {action}`")
+        return None
+    if no_lazy:
+        if lazy_root:
+            raise ClusterError("--lazy-root is for lazy nodes: drop --no-lazy")
+        return None
+    root = lazy_root or (os.environ if env is None else env).get(LAZY_ROOT_ENV)
+    if root:  # named: what it misses is an error
+        check_lazy_root(root)
+        return Lazy(root)
+    if not lazy and not recreate:
+        state = (recorded or _load_state)() or {}
+        if state.get("info") and not state["info"].get("lazy"):
+            say(f"{LAZY_OFF}: the cluster that is up is classic; `dtrain cluster up --recreate` makes it lazy "
+                "(--no-lazy to say so)")
+            return None
+    try:
+        return Lazy(str((fetch or engine.ensure_lazy_binaries)()))
+    except engine.EngineError as e:
+        if lazy:
+            raise ClusterError(f"--lazy: {e}") from None
+        say(f"{LAZY_OFF}: {e} (--lazy insists, --no-lazy says so)")
+        return None
 
 
 def lazy_bin(root: Path, d: Path) -> Path:

@@ -301,10 +301,23 @@ def format_node(p: NodeProgress, now: float) -> str:
         return f"{p.host}  pulled lazily (SOCI): {p.lazy_layers} layer(s) mounted, read on first use  {s}"
     pct = f"  unpacked {100 * p.unpacked // p.total}%" if p.total else ""
     if p.state == "pulled" and p.driver == "soci":  # a lazy-loading node that found no index
-        pct += "  (full pull on a lazy-loading node: no SOCI index for this image; `dtrain push --soci`)"
+        pct += "  (full pull on a lazy-loading node: no SOCI index for this image; `dtrain push` makes one)"
     head = "pulled " if p.state == "pulled" else "pulling"
     total = _mib(p.total) if p.total else "?"
     return f"{p.host}  {head} {_mib(p.downloaded)} / {total}  {_mib(p.rate(now))}/s{pct}  {s}"
+
+
+def why_not_lazy(full: Sequence[NodeProgress]) -> str:
+    """Why nodes pulled in full (issue 52: lazy is the default where it helps): a lazy-loading
+    node (storage driver soci) found no SOCI index; a node with another driver has no snapshotter."""
+    indexless = [p.host for p in full if p.driver == "soci"]
+    classic = [p for p in full if p.driver and p.driver != "soci"]
+    if indexless:
+        return "; in full, not lazily: no SOCI index for this image (`dtrain push` makes one where it can)"
+    if classic:
+        return (f"; in full, not lazily: no SOCI snapshotter on the nodes (storage driver {classic[0].driver}; "
+                "`dtrain cluster up` / `dtrain nodes up` give it unless --no-lazy)")
+    return ""
 
 
 def summary(progress: Sequence[NodeProgress], image: str, now: float) -> str:
@@ -322,7 +335,7 @@ def summary(progress: Sequence[NodeProgress], image: str, now: float) -> str:
     if full:
         slow = max(full, key=lambda p: p.seconds(now))
         text += (f"; slowest {slow.host}: {_mib(slow.total)} in {slow.seconds(now):.1f} s "
-                 f"({_mib(slow.rate(now))}/s)")
+                 f"({_mib(slow.rate(now))}/s)") + why_not_lazy(full)
     elif lazy:  # layers mounted, not downloaded: no size nor rate to speak of
         slow = max(lazy, key=lambda p: p.seconds(now))
         text += f"; slowest {slow.host}: mounted lazily in {slow.seconds(now):.1f} s"

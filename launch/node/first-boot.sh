@@ -8,7 +8,7 @@
 # 2. With `nodes up --efs`, the stack puts DTRAIN_EFS_ID and DTRAIN_EFS_REGION (AWS ids, not
 #    user text) above this script: the cluster's EFS is mounted at /efs now and at every boot
 #    (an fstab line, nofail), and EFS_MOUNT=/efs goes to /etc/environment (seed 002).
-# 3. With `nodes up --lazy`, DTRAIN_LAZY=1 above this script: lazy loading with SOCI (issue 26,
+# 3. With `nodes up` (lazy by default; not with --no-lazy), DTRAIN_LAZY=1 above this script: lazy loading with SOCI (issue 26,
 #    docs/launch.md "Lazy loading"). soci-snapshotter from the node's own apt sources (Debian 13,
 #    Ubuntu 24.04 have the package), run by a unit of its own before containerd; containerd gets
 #    it as the proxy snapshotter `soci`; Docker moves to the containerd image store with storage
@@ -66,7 +66,7 @@ mount_efs() {
 }
 
 SOCI_UNIT='[Unit]
-Description=SOCI snapshotter (lazy image loading; dtrain nodes up --lazy)
+Description=SOCI snapshotter (lazy image loading; dtrain nodes up)
 Before=containerd.service
 
 [Service]
@@ -102,10 +102,12 @@ configure_lazy() {
   local conf=${DTRAIN_CONTAINERD_CONF:-/etc/containerd/config.toml} daemon=${DTRAIN_DAEMON_JSON:-/etc/docker/daemon.json}
   local units=${DTRAIN_UNIT_DIR:-/etc/systemd/system}
   if ! command -v soci-snapshotter-grpc >/dev/null; then
-    command -v apt-get >/dev/null || return 0
+    local off="dtrain first boot: lazy loading off, full pulls (nodes up --no-lazy says so)"
+    command -v apt-get >/dev/null || { echo "$off: no apt-get on this AMI to install soci-snapshotter" >&2; return 0; }
     export DEBIAN_FRONTEND=noninteractive
     get() { apt-get -q -o DPkg::Lock::Timeout=300 "$@"; }
-    get install -y soci-snapshotter || { get update && get install -y soci-snapshotter; } || return 0
+    get install -y soci-snapshotter || { get update && get install -y soci-snapshotter; } \
+      || { echo "$off: this node's apt sources have no soci-snapshotter package (Debian 13 and Ubuntu 25.04 do)" >&2; return 0; }
   fi
   local soci_conf=${DTRAIN_SOCI_CONF:-/etc/soci-snapshotter-grpc/config.toml}
   mkdir -p "${conf%/*}" "${daemon%/*}" "$units" "${soci_conf%/*}"

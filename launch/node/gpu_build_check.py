@@ -2,10 +2,15 @@
 """Check a GPU image whose CUDA comes from the framework's PyPI wheels, without a GPU (issue 50).
 
 Usage: gpu_build_check.py torch|tensorflow --cuda=MAJOR.MINOR --cudnn=X.Y.Z[.B] --nccl=X.Y.Z [--horovod]
+                          [--companion=NAME:MINOR ...]
 
 - the framework is its CUDA build, built with the pinned CUDA major.minor, cuDNN and NCCL
   (torch.version.cuda, torch.backends.cudnn.version(), torch.cuda.nccl.version(); TensorFlow's
   build info), and Horovod (--horovod) has its NCCL ops (nccl_built());
+- each torch companion (--companion=torchvision:0.28, in a project image built from a wheel
+  variant: images/project.py), when installed, is the minor built for this torch, has torch's
+  local version label (none for PyPI's CUDA torch), and imports (a torchvision built for another
+  torch fails with "operator torchvision::nms does not exist");
 - every shared library of the framework's (and Horovod's), and what they link from the nvidia-*
   wheels, resolves (`ldd`: no
   "not found"), except the driver's own libraries, which the NVIDIA container toolkit mounts
@@ -28,23 +33,28 @@ import sysconfig
 DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so")
 
 
-def _parse(argv: list[str]) -> tuple[str, dict[str, str], bool]:
-    usage = f"usage: {os.path.basename(argv[0])} torch|tensorflow --cuda=X.Y --cudnn=V --nccl=V [--horovod]"
+def _parse(argv: list[str]) -> tuple[str, dict[str, str], bool, dict[str, str]]:
+    usage = (f"usage: {os.path.basename(argv[0])} torch|tensorflow --cuda=X.Y --cudnn=V --nccl=V [--horovod] "
+             "[--companion=NAME:MINOR ...]")
     if len(argv) < 2 or argv[1] not in ("torch", "tensorflow"):
         raise SystemExit(usage)
     pins: dict[str, str] = {}
+    companions: dict[str, str] = {}
     horovod = False
     for arg in argv[2:]:
         key, eq, value = arg.partition("=")
         if arg == "--horovod":
             horovod = True
+        elif eq and key == "--companion" and value.count(":") == 1 and all(value.split(":")):
+            name, want = value.split(":")
+            companions[name] = want
         elif eq and key in ("--cuda", "--cudnn", "--nccl") and value:
             pins[key[2:]] = value
         else:
             raise SystemExit(usage)
-    if set(pins) != {"cuda", "cudnn", "nccl"}:
+    if set(pins) != {"cuda", "cudnn", "nccl"} or (companions and argv[1] != "torch"):
         raise SystemExit(usage)
-    return argv[1], pins, horovod
+    return argv[1], pins, horovod, companions
 
 
 def _vt(version: str, n: int) -> tuple[int, ...]:
@@ -97,17 +107,53 @@ def tensorflow_problems(pins: dict[str, str]) -> list[str]:
     return out
 
 
+def companion_problem(name: str, want: str, version: str, torch_version: str) -> str | None:
+    """One companion's version against the image's torch: the minor built for it (compat.yaml
+    torch_companions) and torch's local label ('2.13.0': none, '2.13.0+cpu': cpu); None when it fits."""
+    label, mine = torch_version.partition("+")[2], version.partition("+")[2]
+    if ".".join(version.partition("+")[0].split(".")[:2]) != want:
+        return f"{name} {version} is not {want}.*, the {name} built for torch {torch_version}"
+    if mine != label:
+        return (f"{name} {version} is the {mine or 'PyPI'} build, the image's torch {torch_version} the "
+                f"{label or 'PyPI'} one")
+    return None
+
+
+def companions_problems(companions: dict[str, str]) -> list[str]:
+    import importlib.metadata as md
+
+    import torch
+
+    out = []
+    for name, want in companions.items():
+        try:
+            version = md.version(name)
+        except md.PackageNotFoundError:
+            print(f"{name}: not installed")
+            continue
+        problem = companion_problem(name, want, version, torch.__version__)
+        if problem is None:
+            try:
+                module = importlib.import_module(name)
+                print(f"{name} {getattr(module, '__version__', version)}: matches torch {torch.__version__}")
+            except BaseException as e:  # noqa: BLE001 - any failure to import is the finding
+                problem = f"import {name} fails: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        if problem:
+            out.append(problem)
+    return out
+
+
 def horovod_problems(framework: str) -> list[str]:
     hvd = importlib.import_module("horovod.torch" if framework == "torch" else "horovod.tensorflow")
     print(f"horovod: nccl_built={hvd.nccl_built()} mpi_built={hvd.mpi_built()}")
     return [] if hvd.nccl_built() else ["Horovod was built without NCCL ops (HOROVOD_GPU_OPERATIONS=NCCL)"]
 
 
-def shared_libraries(framework: str) -> list[str]:
+def shared_libraries(framework: str, more: tuple[str, ...] = ()) -> list[str]:
     """The framework's (and Horovod's) shared objects, extension modules included: what the
     framework loads; ldd follows them into the nvidia-* wheels (their RUNPATH)."""
     site = sysconfig.get_paths()["purelib"]
-    roots = [os.path.join(site, d) for d in (framework, "horovod") if os.path.isdir(os.path.join(site, d))]
+    roots = [os.path.join(site, d) for d in (framework, "horovod", *more) if os.path.isdir(os.path.join(site, d))]
     found = []
     for root in roots:
         for folder, _, files in os.walk(root):
@@ -125,8 +171,8 @@ def unresolved(ldd_output: str) -> list[str]:
     return out
 
 
-def ldd_problems(framework: str) -> list[str]:
-    libs = shared_libraries(framework)
+def ldd_problems(framework: str, more: tuple[str, ...] = ()) -> list[str]:
+    libs = shared_libraries(framework, more)
     out = []
     for lib in libs:
         r = subprocess.run(["ldd", lib], capture_output=True, text=True)
@@ -140,11 +186,12 @@ def ldd_problems(framework: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    framework, pins, horovod = _parse(argv)
+    framework, pins, horovod, companions = _parse(argv)
     problems = torch_problems(pins) if framework == "torch" else tensorflow_problems(pins)
     if horovod:
         problems += horovod_problems(framework)
-    problems += ldd_problems(framework)
+    problems += companions_problems(companions)
+    problems += ldd_problems(framework, tuple(companions))
     for p in problems:
         print(f"error: GPU image check: {p}", file=sys.stderr)
     if not problems:

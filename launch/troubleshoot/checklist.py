@@ -32,7 +32,7 @@ DOCTOR_CHECKS: dict[str, str] = {
               "not on the node: dockerd then decompresses layers with Go's gzip, and a cold pull "
               "takes 1.4-1.5x as long, docs/benchmarks.md)",
     "lazy-load": "whether the node loads images lazily: Docker's storage driver is the SOCI snapshotter "
-                 "(`soci`, Docker on the containerd image store: `dtrain cluster up --lazy`); else it pulls "
+                 "(`soci`, Docker on the containerd image store: `dtrain cluster up`, `nodes up` by default); else it pulls "
                  "in full, as a node always did",
     "nvidia-runtime": "where the node has NVIDIA GPUs, Docker has the nvidia runtime (`--gpus all` works)",
     "gpu-driver": "the host driver is at least the image CUDA's min_driver (images/compat.yaml)",
@@ -1395,12 +1395,12 @@ ENTRIES: tuple[Entry, ...] = (
                 "retry twice, not 8 times: about 1.3x a classic node's pull+run, measured.)",
         messages=(
             "node-1  pulled 330 MiB / 330 MiB  40 MiB/s  unpacked 100%  (full pull on a lazy-loading node: "
-            "no SOCI index for this image; `dtrain push --soci`)  8.3 s",
+            "no SOCI index for this image; `dtrain push` makes one)  8.3 s",
         ),
         signatures=_re(r"full pull on a lazy-loading node"),
         cause="The node's SOCI snapshotter found no index it could read for the image's digest, so "
-              "containerd pulled and unpacked every layer. The image was pushed without `--soci`, or "
-              "pushed again after it was indexed (a new digest); or the registry has no TLS (soci "
+              "containerd pulled and unpacked every layer. The image was pushed with `--no-soci` (or where `dtrain push` "
+              "said it could not make the index: not root, no soci, a plain-HTTP registry), or pushed again after it was indexed (a new digest); or the registry has no TLS (soci "
               "0.4.1 fetches the index over HTTPS only); or its certificate is not one the snapshotter "
               "trusts (a self-signed one needs `SSL_CERT_FILE` in soci-snapshotter-grpc's environment). "
               "Without an index soci 0.4.1 then tries to fetch each layer itself, and with Docker's "
@@ -1408,8 +1408,8 @@ ENTRIES: tuple[Entry, ...] = (
               "distribution 2.8 answers with a 500: `giving up after 3 attempt(s)` in its log on "
               "dtrain's nodes (`[http] MaxRetries = 2`), `giving up after 9 attempt(s)` (~8 s a layer) "
               "with soci's defaults.",
-        fix="Push with `dtrain push --soci` to a registry with TLS (ECR; the simulated cluster's in "
-            "`dtrain cluster up --lazy`, with `SSL_CERT_FILE` pointing at its bundle). The launch "
+        fix="Push with `dtrain push` (the index by default; `--soci` insists) to a registry with TLS (ECR; the "
+            "simulated cluster's in `dtrain cluster up`, lazy by default: push finds its bundle). The launch "
             "itself goes on either way: a node that finds no index pulls in full.",
         confirm="`dtrain doctor` check `lazy-load`; the registry's referrers fallback tag of the "
                 "image's digest (`sha256-HEX`) holds the index; the snapshotter's log (on the simulated "

@@ -228,25 +228,32 @@ def evaluate(nodes: Sequence[Node], host: dict[str, dict[str, str]], ssh_errors:
 
 def lazy_verdict(docker_info: str) -> tuple[Status, str]:
     """Whether the node loads images lazily: its storage driver (docker_info's 4th field) is
-    the SOCI snapshotter (Docker on the containerd image store; `dtrain cluster up --lazy`).
+    the SOCI snapshotter (Docker on the containerd image store; `dtrain cluster up` by default).
     Either way a PASS: a node that cannot pulls in full, as always."""
     fields = docker_info.split("|")
     driver = fields[3] if len(fields) >= 4 else ""
     if driver == "soci":
         return "PASS", (f"can lazy-load: storage driver soci (Docker {fields[0]} on the containerd image store); "
-                        "images pushed with `dtrain push --soci` start before they are all there")
-    return "PASS", f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off)"
+                        "images `dtrain push` indexed start before they are all there")
+    return "PASS", (f"full pulls: storage driver {driver or 'unknown'}, no SOCI snapshotter (lazy loading off: a node "
+                    "made with --no-lazy, or whose apt had no soci-snapshotter)")
 
 
 def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype: str,
                       devices: int) -> tuple[Status, str]:
     """The `efa` check with `--image`: a GPU image without the EFA stage (label dtrain.efa=no: the
-    variants built from PyPI's CUDA wheels) on an EFA instance type is a WARN naming the family's
-    EFA variant for the type (NCCL finds no aws-ofi-nccl and runs over TCP sockets); a FAIL stays."""
+    variants built from PyPI's CUDA wheels) on a type with several EFA interfaces (p4d, p5: the
+    type's expectation, instance_types.efa_count, or the devices the node has) is a WARN naming the
+    family's EFA variant for the type (NCCL finds no aws-ofi-nccl and runs over TCP sockets). On a
+    single-EFA type (g4dn/g5/g6, p3dn) the wheel variant is the documented choice: the node's
+    verdict stands, with a note. A FAIL stays."""
     if verdict[0] == "FAIL" or labels.get(contract.LABEL_KIND) != "gpu" or labels.get(contract.LABEL_EFA) != "no":
         return verdict
-    if not (efa_count(itype) or devices):
-        return verdict
+    want = efa_count(itype) or 0
+    if max(want, devices) < 2:  # no EFA, or one interface (g4dn/g5/g6, p3dn): the wheel variant's place
+        return verdict if not (want or devices) else (
+            verdict[0], verdict[1] + "; the image has no EFA stage (dtrain.efa=no): NCCL runs over TCP on this "
+            "single-EFA node, as docs/images.md#which-variant advises for it")
     from dtrain.images.spec import SpecError, efa_variant
 
     family = labels.get("dtrain.family", "")
@@ -257,7 +264,8 @@ def efa_image_verdict(verdict: tuple[Status, str], labels: dict[str, str], itype
     where = f"{itype} has EFA" if efa_count(itype) else f"{devices} EFA device(s) here"
     return "WARN", (f"{where}, but the image has no EFA stage (dtrain.efa=no; CUDA from "
                     f"{labels.get(contract.LABEL_CUDA_FROM, '?')}): NCCL runs over TCP sockets; use "
-                    + (use or f"a {family or 'dtrain'} variant with EFA") + " (docs/images.md#which-variant)")
+                    + (use or f"a {family or 'dtrain'} variant with EFA") + " (docs/images.md#which-variant)"
+                    + (f"; and {verdict[1]}" if verdict[0] == "WARN" else ""))
 
 
 def efa_verdict(itype: str, devices: int, fi_efa: str | None = None) -> tuple[Status, str]:

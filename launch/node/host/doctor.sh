@@ -4,7 +4,7 @@
 doctor() {
   local info root id
   echo "t=$(date +%s.%N)"
-  # the storage driver last: `soci` where the node loads images lazily (dtrain cluster up --lazy)
+  # the storage driver last: `soci` where the node loads images lazily (dtrain cluster up, lazy by default)
   if info=$(timeout 10 docker info --format '{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}|{{.Driver}}' 2>&1); then
     echo "docker=ok"; echo "docker_info=$info"
   else
