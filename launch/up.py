@@ -77,7 +77,7 @@ def kept_lines(cluster: Any, idle_down: int | None) -> list[str]:
     from dtrain.launch.infra import pricing
 
     usd, why = pricing.cluster_price_per_hour(cluster)
-    price = f"${usd:,.2f}/h ({why})" if usd is not None else why
+    price = f"${usd:,.2f}/h ({why})" if usd is not None else f"a price not known here ({why})"
     down = down_command(cluster.name, cluster.region)
     idle = (f"; they delete their own stack after {idle_down} min without a dtrain job" if idle_down else "")
     return [f"[up] kept: cluster {cluster.name} ({len(cluster.instances)} x {cluster.instance_type}, "
@@ -171,6 +171,6 @@ def follow(name: str, say: Callable[[str], None] = print, session: Any = None) -
     from dtrain.launch import launching
     from dtrain.launch.remote.hosts import parse_hostfile
 
-    ec2.write_worker_list(parse_hostfile(hostfile), cluster, launching.ssh_options(cluster=name))
     said = "; ".join(line.removeprefix("[nodes] ") for line in changes)
     say(f"[launch] cluster {name} follows its Auto Scaling group: {said}; now {len(cluster.instances)} nodes")
+    ec2.write_worker_list(parse_hostfile(hostfile), cluster, launching.ssh_options(cluster=name))
