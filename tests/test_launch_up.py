@@ -87,6 +87,8 @@ def test_idle_down_bound_is_the_nodes():
     ({"keep": True}, "--keep is for the nodes a launch brings up: give --up TYPE:COUNT too"),
     ({"spot": True}, "--spot is for the nodes a launch brings up"),
     ({"up": "c5.xlarge:2", "hosts": "h1,h2"}, "--up brings its own nodes: give --up or --hosts, not both"),
+    ({"up": "c5.xlarge:2", "count": "2"}, "--count 2: --up TYPE:COUNT says how many nodes"),
+    ({"up": "c5.xlarge:2", "detach": True}, "--detach returns while the job runs, and --up takes the nodes down"),
     ({"up": "c5.xlarge:2", "confirm_above": "-1"}, "--confirm-above '-1': expected a number >= 0"),
     ({"up": "c5.xlarge:2", "idle_down": "0"}, "--idle-down '0': expected a whole number from 1 to 10080"),
 ])

@@ -182,6 +182,11 @@ class LaunchConfig(JobFile):
             other = next((k for k in jobfile.NODE_KEYS if k != "up" and getattr(self, k)), None)
             if other:
                 raise LaunchError(f"--up brings its own nodes: give --up or {flag(other)}, not both")
+            if self.count is not None:
+                raise LaunchError(f"--count {self.count}: --up TYPE:COUNT says how many nodes (and --spares K more)")
+            if self.detach and not (self.keep or self.idle_down):
+                raise LaunchError("--detach returns while the job runs, and --up takes the nodes down when the launch "
+                                  "returns: add --keep or --idle-down MINUTES")
         else:
             needs = next((k for k in jobfile.UP_KEYS if getattr(self, k) not in (None, False)), None)
             if needs:
