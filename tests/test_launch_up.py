@@ -284,7 +284,7 @@ def test_ctrl_c_while_the_nodes_are_awaited_deletes_the_stack(laptop):
 @pytest.mark.cluster
 def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path, moto_server, cluster,
                                                                       remote_images):
-    """From a project directory with job.yaml (`up: 2 x c5.xlarge`): the price, the stack (moto hands
+    """From a project directory with job.yaml (`up: 1 x c5.xlarge`): the price, the stack (moto hands
     the instances the simulated nodes' addresses: tests/test_nodes_cli.py's world), the job run there
     and streamed, the stack deleted. Then a failing job: deleted too. Then --keep: kept, with its
     price per hour and the command that takes it down, which does."""
@@ -310,16 +310,18 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
     project = tmp_path / "project"
     project.mkdir()
     (project / "job.yaml").write_text(
-        f"image: {remote_images['pytorch-ddp']}\ncommand: [python, -c, \"print('hello from the job')\"]\n"
-        f"up: 2 x c5.xlarge\nsubnet: {subnet}\nami: {NODE_AMI}\nssh_user: root\n"
+        f"image: {remote_images['pytorch-ddp']}\nlauncher: torchrun\n"
+        "command: [python, -c, \"import os; print('hello from rank', os.environ['RANK'])\"]\n"
+        # one node a launch: moto numbers the subnet's addresses on (.11, .12, .13: node-1, -2, -3)
+        f"up: 1 x c5.xlarge\nsubnet: {subnet}\nami: {NODE_AMI}\nssh_user: root\n"
         f"ssh_opt: [UserKnownHostsFile=/dev/null]\nup_timeout: 120\n")
     key = ["--ssh-key", cluster.identity_file]
     try:
         r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "one", timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "[price] 2 x c5.xlarge on-demand: $" in r.stdout and "[price] total: $" in r.stdout, r.stdout
-        assert "[nodes] stack dtrain-one creating: 2 x c5.xlarge" in r.stdout
-        assert "hello from the job" in r.stdout + r.stderr
+        assert "[price] 1 x c5.xlarge on-demand: $" in r.stdout and "[price] total: $" in r.stdout, r.stdout
+        assert "[nodes] stack dtrain-one creating: 1 x c5.xlarge" in r.stdout
+        assert "hello from rank 0" in r.stdout + r.stderr, r.stdout + r.stderr
         assert "[up] the job ended: deleting stack dtrain-one" in r.stdout and "deleted stack dtrain-one" in r.stdout
         assert live_stacks(cfn) == []
 
@@ -330,7 +332,7 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
         r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "three", "--keep", timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         assert live_stacks(cfn) == ["dtrain-three"]
-        assert "[up] kept: cluster three (2 x c5.xlarge, us-east-1) bills $" in r.stdout, r.stdout
+        assert "[up] kept: cluster three (1 x c5.xlarge, us-east-1) bills $" in r.stdout, r.stdout
         assert "[up] take it down: dtrain nodes down --name three --region us-east-1" in r.stdout
         r = dtrain(project, env, "nodes", "down", "--name", "three", "--region", REGION)
         assert r.returncode == 0 and live_stacks(cfn) == [], r.stdout + r.stderr
