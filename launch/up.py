@@ -22,27 +22,16 @@ import re
 import time
 from typing import Any, Callable
 
-from dtrain import values
 from dtrain.launch.errors import LaunchError
 
 WAIT_DEFAULT = 900  # seconds for capacity, and again for ssh + docker (as `nodes up --timeout`)
-_TYPE_COUNT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*:\s*([0-9]+)\s*")
-_COUNT_X_TYPE = re.compile(r"\s*([0-9]+)\s*[xX*]\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*")
 
 
 def shape(text: str) -> tuple[str, int]:
-    """(instance type, count) of --up: TYPE:COUNT or COUNT x TYPE (pure); BadValue naming --up."""
-    m = _TYPE_COUNT.fullmatch(text)
-    if m:
-        itype, count = m.group(1), m.group(2)
-    else:
-        m = _COUNT_X_TYPE.fullmatch(text)
-        if not m:
-            raise values.BadValue(f"--up {values.shown(text)}: expected TYPE:COUNT (e.g. p4d.24xlarge:4) or "
-                                  "COUNT x TYPE (e.g. 4 x p4d.24xlarge)")
-        count, itype = m.group(1), m.group(2)
-    values.instance_type("--up", itype)
-    return itype, values.count(f"--up {itype}:", count, 1, 10000)
+    """(instance type, count) of --up (jobfile.up_shape: the field's own parser)."""
+    from dtrain.launch.jobs.jobfile import up_shape
+
+    return up_shape(text)
 
 
 def cluster_name(job_name: str | None, now: float | None = None) -> str:

@@ -148,10 +148,8 @@ class LaunchConfig(JobFile):
     @field_validator("up")
     @classmethod
     def _up(cls, v: Optional[str]) -> Optional[str]:
-        from dtrain.launch import up
-
         if v is not None:
-            up.shape(v)  # TYPE:COUNT or COUNT x TYPE, else BadValue naming --up
+            jobfile.up_shape(v)  # TYPE:COUNT or COUNT x TYPE, else BadValue naming --up
         return v
 
     @field_validator("confirm_above", mode="before")

@@ -157,6 +157,25 @@ UP_KEYS = ("up", "spot", "subnet", "ami", "key_name", "root_size", "up_timeout",
 COMMAND_LINE_ONLY = ("yes", "confirm_above")
 
 
+_TYPE_COUNT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*:\s*([0-9]+)\s*")
+_COUNT_X_TYPE = re.compile(r"\s*([0-9]+)\s*[xX*]\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*")
+
+
+def up_shape(text: str) -> tuple[str, int]:
+    """(instance type, count) of --up: TYPE:COUNT or COUNT x TYPE (pure); BadValue naming --up."""
+    m = _TYPE_COUNT.fullmatch(text)
+    if m:
+        itype, count = m.group(1), m.group(2)
+    else:
+        m = _COUNT_X_TYPE.fullmatch(text)
+        if not m:
+            raise values.BadValue(f"--up {values.shown(text)}: expected TYPE:COUNT (e.g. p4d.24xlarge:4) or "
+                                  "COUNT x TYPE (e.g. 4 x p4d.24xlarge)")
+        count, itype = m.group(1), m.group(2)
+    values.instance_type("--up", itype)
+    return itype, values.count(f"--up {itype}:", count, 1, 10000)
+
+
 class BadNumber(ValueError):
     """A number of the file refused by its flag's parser: `KEY 'VALUE': expected ...` (parse)."""
 
