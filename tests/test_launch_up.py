@@ -10,7 +10,6 @@ cluster test at the end: moto hands the instances the simulated cluster's addres
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -314,8 +313,9 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
         "command: [python, -c, \"import os; print('hello from rank', os.environ['RANK'])\"]\n"
         # one node a launch: moto numbers the subnet's addresses on (.11, .12, .13: node-1, -2, -3)
         f"up: 1 x c5.xlarge\nsubnet: {subnet}\nami: {NODE_AMI}\nssh_user: root\n"
-        f"ssh_opt: [UserKnownHostsFile=/dev/null]\nup_timeout: 120\n")
-    key = ["--ssh-key", cluster.identity_file]
+        "no_spot_watch: true\nup_timeout: 120\n")  # the metadata stand-in is this machine's, not the nodes'
+    # the user's own: a job file's ssh options make its hosts ones to confirm (trust.check_hosts)
+    key = ["--ssh-key", cluster.identity_file, "--ssh-opt", "UserKnownHostsFile=/dev/null"]
     try:
         r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "one", timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -325,7 +325,8 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
         assert "[up] the job ended: deleting stack dtrain-one" in r.stdout and "deleted stack dtrain-one" in r.stdout
         assert live_stacks(cfn) == []
 
-        r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "two", "--", "false", timeout=600)
+        r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "two", "--", "python", "-c", "raise SystemExit(3)",
+                   timeout=600)
         assert r.returncode != 0 and "[up] the job failed (exit code " in r.stdout, r.stdout + r.stderr
         assert live_stacks(cfn) == []
 
