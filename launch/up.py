@@ -149,8 +149,12 @@ def follow(name: str, say: Callable[[str], None] = print, session: Any = None) -
     try:
         cluster, hostfile, changed = ec2.follow_group(session or session_for(record.region), name,
                                                       say=changes.append)
-    except LaunchError:
-        raise  # no node running: the launch cannot go on
+    except LaunchError as e:
+        if "no node of the cluster is running" in str(e):
+            raise  # the group has none: the launch cannot go on
+        say(f"[launch] cluster {name}: hostfile not checked against its Auto Scaling group ({e}); launching on "
+            "the recorded nodes")
+        return
     except Exception as e:  # noqa: BLE001 - any AWS failure: the recorded nodes, and why
         say(f"[launch] cluster {name}: hostfile not checked against its Auto Scaling group "
             f"({' '.join(str(e).split())[:160]}); launching on the recorded nodes")

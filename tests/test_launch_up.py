@@ -10,6 +10,7 @@ cluster test at the end: moto hands the instances the simulated cluster's addres
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -169,6 +170,26 @@ def test_launch_cluster_follows_the_group_in_one_line(aws):
                     f"({new['InstanceId']}, {new['Placement']['AvailabilityZone']}) joined: the group's "
                     "replacement; now 2 nodes"]
     assert ec2.load_cluster("c1").instances[-1].id == new["InstanceId"]
+
+
+def test_aws_not_answering_is_said_and_the_recorded_nodes_are_used(aws, monkeypatch):
+    ec2.up(aws, spec(count=1), address="public", poll=0.05, timeout=5, say=quiet)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "")  # a session without credentials: botocore's NoCredentialsError
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    said: list[str] = []
+    up.follow("c1", say=said.append)
+    assert len(said) == 1 and "Unable to locate credentials" in said[0], said
+    assert said[0].startswith("[launch] cluster c1: hostfile not checked against its Auto Scaling group (") and \
+        said[0].endswith("launching on the recorded nodes")
+    # the group has no node at all: the launch stops, in one line
+    aws.client("autoscaling").update_auto_scaling_group(AutoScalingGroupName=ec2.nodes_group(aws, "c1"),
+                                                        MinSize=0, MaxSize=0, DesiredCapacity=0)
+    for i in running(aws):
+        aws.client("ec2").terminate_instances(InstanceIds=[i["InstanceId"]])
+    with pytest.raises(LaunchError, match=r"^--name c1: no node of the cluster is running"):
+        up.follow("c1", say=quiet, session=aws)
 
 
 def test_a_cluster_without_a_record_is_not_followed(tmp_path, monkeypatch):
