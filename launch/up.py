@@ -84,14 +84,11 @@ def session_for(region: str | None) -> Any:
     return session
 
 
-def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print,
-        launch: Callable[[Any], int] | None = None) -> int:
-    """The launch `cfg` (a LaunchConfig with `up`) on nodes it brings up: the job's exit code.
-    launch: runs the job on the cluster (default launching.run_on_nodes)."""
+def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print) -> int:
+    """The launch `cfg` (a LaunchConfig with `up`) on nodes it brings up: the job's exit code."""
     from dtrain.launch import launching
     from dtrain.launch.infra import ec2, fleet, pricing
 
-    launch = launch or launching.run_on_nodes
     session = session or session_for(cfg.region)
     name = cluster_name(cfg.name)
     spec = nodes_spec(cfg, name)
@@ -118,7 +115,7 @@ def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print,
         ec2.write_worker_list(parse_hostfile(hostfile), cluster, ssh_opts)
         say(f"[up] {len(cluster.instances)} x {cluster.instance_type} up ({res.address} addresses); the job runs on "
             f"cluster {name}")
-        code = launch(cfg.model_copy(update={"up": None, "cluster": name}))
+        code = launching.run_on_nodes(cfg.model_copy(update={"up": None, "cluster": name}))  # as --cluster NAME
         return code
     finally:
         if keep:
