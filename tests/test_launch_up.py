@@ -329,9 +329,10 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
     cfn = session.client("cloudformation", endpoint_url=url)
     project = tmp_path / "project"
     project.mkdir()
+    (project / "train.py").write_text("import os\nprint('hello from rank', os.environ['RANK'], flush=True)\n")
+    (project / "fail.py").write_text("raise SystemExit(3)\n")
     (project / "job.yaml").write_text(
-        f"image: {remote_images['pytorch-ddp']}\nlauncher: torchrun\n"
-        "command: [python, -c, \"import os; print('hello from rank', os.environ['RANK'])\"]\n"
+        f"image: {remote_images['pytorch-ddp']}\nlauncher: torchrun\nworkdir: .\ncommand: [python, train.py]\n"
         # one node a launch: moto numbers the subnet's addresses on (.11, .12, .13: node-1, -2, -3)
         f"up: 1 x c5.xlarge\nsubnet: {subnet}\nami: {NODE_AMI}\nssh_user: root\n"
         "no_spot_watch: true\nup_timeout: 120\n")  # the metadata stand-in is this machine's, not the nodes'
@@ -346,8 +347,7 @@ def test_one_command_runs_the_job_on_nodes_it_brings_up_and_takes_down(tmp_path,
         assert "[up] the job ended: deleting stack dtrain-one" in r.stdout and "deleted stack dtrain-one" in r.stdout
         assert live_stacks(cfn) == []
 
-        r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "two", "--", "python", "-c", "raise SystemExit(3)",
-                   timeout=600)
+        r = dtrain(project, env, "launch", "-f", "job.yaml", *key, "--name", "two", "--", "python", "fail.py", timeout=600)
         assert r.returncode != 0 and "[up] the job failed (exit code " in r.stdout, r.stdout + r.stderr
         assert live_stacks(cfn) == []
 
