@@ -53,10 +53,15 @@ def node_list(hostfile: str | None = None, hosts: str | None = None, ec2_tag: st
 
 def run_on_nodes(cfg: Any) -> int:
     """The launch `cfg` on its nodes: the job's exit code (a failure diagnosed on stderr)."""
+    from dtrain.launch import up
     from dtrain.launch.jobs import config, jobfile, trust
     from dtrain.launch.jobs.job import Job
 
+    if cfg.up:  # nodes the launch brings up itself, and takes down after
+        return up.run(cfg)
     with jobfile.located(cfg.where):
+        if cfg.cluster:  # an EC2 cluster: its hostfile follows its Auto Scaling group first
+            up.follow(cfg.cluster)
         nodes = node_list(cfg.hostfile, cfg.hosts, cfg.ec2_tag, cfg.region, cfg.slots, cfg.ssh_user, cfg.ssh_key,
                           cfg.cluster)
         if cfg.count is not None and cfg.count != len(nodes):

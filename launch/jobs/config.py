@@ -170,6 +170,19 @@ class LaunchConfig(JobFile):
         parse_inputs(v or [])  # `dtrain sagemaker run --input`'s own rules (names, S3 URIs, one per channel)
         return v
 
+    @field_validator("up")
+    @classmethod
+    def _up(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            jobfile.up_shape(v)  # TYPE:COUNT or COUNT x TYPE, else BadValue naming --up
+        return v
+
+    @field_validator("confirm_above", mode="before")
+    @classmethod
+    def _above(cls, v: Any) -> Any:
+        return None if v is None else values.number("--confirm-above", v if isinstance(v, str) else f"{v:g}", 0,
+                                                    or_equal=True)
+
     # ---- the rules between fields
 
     @model_validator(mode="after")
@@ -188,6 +201,19 @@ class LaunchConfig(JobFile):
         if self.max_wait is not None and self.timeout is not None and self.max_wait < self.timeout:
             raise LaunchError(f"--max-wait {self.max_wait:g}: must be at least --timeout {self.timeout:g} (the wait "
                               "includes the run)")
+        if self.up:
+            other = next((k for k in jobfile.NODE_KEYS if k != "up" and getattr(self, k)), None)
+            if other:
+                raise LaunchError(f"--up brings its own nodes: give --up or {flag(other)}, not both")
+            if self.count is not None:
+                raise LaunchError(f"--count {self.count}: --up TYPE:COUNT says how many nodes (and --spares K more)")
+            if self.detach and not (self.keep or self.idle_down):
+                raise LaunchError("--detach returns while the job runs, and --up takes the nodes down when the launch "
+                                  "returns: add --keep or --idle-down MINUTES")
+        else:
+            needs = next((k for k in jobfile.UP_KEYS if getattr(self, k) not in (None, False)), None)
+            if needs:
+                raise LaunchError(f"{flag(needs)} is for the nodes a launch brings up: give --up TYPE:COUNT too")
         return self
 
     # ---- what the targets read
@@ -341,8 +367,9 @@ def dump(cfg: LaunchConfig) -> str:
         v = getattr(cfg, key)
         if v is None or (isinstance(v, (list, tuple, dict)) and not v):  # 0 and false stay: given
             continue
-        if key == "ssh_config":
-            left_out.append((flag(key), v))
+        if key == "ssh_config" or key in jobfile.COMMAND_LINE_ONLY:  # never a shared file's
+            if v is not True:
+                left_out.append((flag(key), v if isinstance(v, str) else f"{v:g}"))
             continue
         if key in jobfile.PATH_KEYS:
             rel = _relative(v, base)

@@ -147,7 +147,33 @@ def _flag(key: str) -> str:
 NUMBERS = {"slots": (True, 1, MAX_SLOTS), "master_port": (True, 1, 65535), "max_restarts": (True, 0, 1000),
            "min_nodes": (True, 0, None), "spares": (True, 0, 1000), "timeout": (False, 0, None),
            "hang_timeout": (False, 0, 86400), "straggler_check": (False, 0, 3600), "count": (True, 1, 10000),
-           "max_wait": (False, 0, None), "volume_size": (True, 1, 16384)}
+           "max_wait": (False, 0, None), "volume_size": (True, 1, 16384), "root_size": (True, 8, 16384),
+           "idle_down": (True, 1, 7 * 24 * 60), "up_timeout": (False, 0, 86400)}  # idle_down: ec2.IDLE_DOWN_MAX_MINUTES (tests/test_launch_up.py)
+
+# The fields of a launch that brings its own nodes (launch/up.py): `up` names them, the rest need it.
+UP_KEYS = ("up", "spot", "subnet", "ami", "key_name", "root_size", "up_timeout", "keep", "idle_down", "yes",
+           "confirm_above")
+# The price's confirmation is the user's, never a shared file's (a job file run by others).
+COMMAND_LINE_ONLY = ("yes", "confirm_above")
+
+
+_TYPE_COUNT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*:\s*([0-9]+)\s*")
+_COUNT_X_TYPE = re.compile(r"\s*([0-9]+)\s*[xX*]\s*([A-Za-z0-9][A-Za-z0-9.-]*)\s*")
+
+
+def up_shape(text: str) -> tuple[str, int]:
+    """(instance type, count) of --up: TYPE:COUNT or COUNT x TYPE (pure); BadValue naming --up."""
+    m = _TYPE_COUNT.fullmatch(text)
+    if m:
+        itype, count = m.group(1), m.group(2)
+    else:
+        m = _COUNT_X_TYPE.fullmatch(text)
+        if not m:
+            raise values.BadValue(f"--up {values.shown(text)}: expected TYPE:COUNT (e.g. p4d.24xlarge:4) or "
+                                  "COUNT x TYPE (e.g. 4 x p4d.24xlarge)")
+        count, itype = m.group(1), m.group(2)
+    values.instance_type("--up", itype)
+    return itype, values.count(f"--up {itype}:", count, 1, 10000)
 
 
 class BadNumber(ValueError):
@@ -199,13 +225,39 @@ class JobFile(BaseModel):
     hostfile: Optional[str] = Field(None, description="lines `HOST slots=N [port=22] [user=U] [identity=KEY]`")
     hosts: Optional[str] = Field(None, description="h1:4,h2:4")
     ec2_tag: Optional[str] = Field(None, description="Key=Value: running instances with this tag (private IPs; slots = GPUs)")
-    region: Optional[str] = Field(None, description="AWS region for --ec2-tag (and --target sagemaker)")
+    region: Optional[str] = Field(None, description="AWS region for --ec2-tag and --up (and --target sagemaker)")
     slots: Optional[int] = Field(None, description=(
         "processes per node, on every target (default: each host's slots, e.g. --hosts h1:8; for --ec2-tag and "
         "the targets off the nodes the GPUs of the instance type, else 1)"))
     count: Optional[int] = Field(None, description=(
         "how many nodes (SageMaker instances, workers, replicas) where the launch names no nodes; with nodes "
         "named, their number must be this"))
+    # nodes the launch brings up itself, one CloudFormation stack as `dtrain nodes up` makes, and takes down after
+    up: Optional[str] = Field(None, description=(
+        "bring the nodes up for this launch and take them down after it: TYPE:COUNT (e.g. p4d.24xlarge:4, or "
+        "'4 x p4d.24xlarge'); with --spares K, K more; the price per hour (and for --timeout) is shown first and "
+        "asked above --confirm-above; on success, failure or Ctrl-C the stack is deleted unless --keep"))
+    spot: Optional[bool] = Field(None, description="with --up: spot instances")
+    subnet: Optional[str] = Field(None, description=(
+        "with --up: the nodes' subnet (default: the default VPC's, in a zone that offers the type)"))
+    ami: Optional[str] = Field(None, description=(
+        "with --up: gpu (Deep Learning AMI), cpu, ami-ID or an SSM parameter path (default: gpu on GPU types, "
+        "else cpu)"))
+    key_name: Optional[str] = Field(None, description="with --up: the EC2 key pair for ssh (its private key: --ssh-key)")
+    root_size: Optional[int] = Field(None, description="with --up: root disk GiB (default: the AMI's + room for images)")
+    up_timeout: Optional[float] = Field(None, description=(
+        "with --up: seconds to wait for capacity, and again for ssh + docker on every node (default 900)"))
+    keep: Optional[bool] = Field(None, description=(
+        "with --up: keep the nodes after the job (their price per hour and the command that takes them down "
+        "are said); `dtrain launch --cluster NAME` runs the next job there"))
+    idle_down: Optional[int] = Field(None, description=(
+        "with --up: keep the nodes, and they delete their own stack once no dtrain job has run for this many "
+        "minutes"))
+    yes: Optional[bool] = Field(None, description=(
+        "with --up: go on without asking, whatever the price per hour (command line only)"))
+    confirm_above: Optional[float] = Field(None, description=(
+        "with --up: ask before renting above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
+        "without a terminal, refuse unless --yes (command line only)"))
     ssh_user: Optional[str] = Field(None, description="ssh user on the nodes (default: from the hostfile or ~/.ssh/config)")
     ssh_key: Optional[str] = Field(None, description="ssh identity for the nodes")
     ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
@@ -443,6 +495,11 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None, allowed: It
     doc = compose_load(text)[0]
     if job.ssh_opt or job.ssh_config is not None:
         check_file_ssh(job, doc, str(path))
+    for key in COMMAND_LINE_ONLY:
+        if getattr(job, key) is not None:
+            raise LaunchError(f"{path}:{line_of(doc, (key,)) or 1}: {key}: the price's confirmation is yours, and a job "
+                              f"file is run by others: take it out of the file and pass {_flag(key)} on the command "
+                              "line")
     out = {k: v for k, v in job.model_dump().items() if v is not None}
     for key, v in out.items():  # numbers as the command line gives them: the flags' own checks apply
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -507,7 +564,7 @@ def located(where: Mapping[str, str]) -> Iterator[None]:
 
 
 # The keys that name the nodes: one source. The command line's replaces the file's, whichever.
-NODE_KEYS = ("cluster", "hostfile", "hosts", "ec2_tag")
+NODE_KEYS = ("cluster", "hostfile", "hosts", "ec2_tag", "up")
 
 
 def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
@@ -518,8 +575,9 @@ def merge(from_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     given = {k: v for k, v in flags.items() if v is not None and v != [] and v != ()}  # False, 0: given
     if from_file.get("env") and given.get("env"):
         given["env"] = [*from_file["env"], *given["env"]]
-    if any(k in given for k in NODE_KEYS):
-        from_file = {k: v for k, v in from_file.items() if k not in NODE_KEYS}
+    if any(k in given for k in NODE_KEYS):  # other nodes on the command line: the file's --up shape goes too
+        drop = set(NODE_KEYS) | (set() if "up" in given else set(UP_KEYS))
+        from_file = {k: v for k, v in from_file.items() if k not in drop}
     return {**from_file, **given}
 
 
@@ -573,7 +631,12 @@ def dump(given: dict[str, Any], literal: Mapping[str, str] | None = None) -> str
         elif key == "command":
             v = list(v)
         data[key] = v
-    for key in ("slots", "master_port", "max_restarts", "min_nodes", "spares"):
+    for key in COMMAND_LINE_ONLY:  # the user's, not a shared file's
+        if key in data:
+            v = data.pop(key)
+            if v is not True:
+                left_out.append((_flag(key), str(v)))
+    for key in ("slots", "master_port", "max_restarts", "min_nodes", "spares", "root_size", "idle_down"):
         if key in data:
             data[key] = int(data[key])
     for key in ("timeout", "hang_timeout", "straggler_check"):

@@ -28,7 +28,9 @@ from dtrain.launch.remote.hosts import Node
 # Fields the job relies on that a target off the nodes cannot honour: refused, every one named in
 # one message (Target.refusal).
 REFUSED = ("max_restarts", "min_nodes", "spares", "hang_timeout", "progress_pattern", "check_network", "mount",
-           "checkpoint_dir", "straggler_check", "replace_stragglers", "nccl_check")
+           "checkpoint_dir", "straggler_check", "replace_stragglers", "nccl_check",
+           # the nodes a launch brings up itself (launch/up.py): only --target nodes
+           "up", "spot", "subnet", "ami", "key_name", "root_size", "up_timeout", "keep", "idle_down", "yes", "confirm_above")
 # Fields about the nodes themselves: a target off the nodes has its own; a line on stderr says so.
 IGNORED = ("ssh_user", "ssh_key", "ssh_opt", "ssh_config", "pull", "iface", "master_port", "rdzv",
            "shm_size", "workdir_limit", "no_spot_watch")
