@@ -42,7 +42,9 @@ def flag(key: str) -> str:
 # the switches (on_demand, detach, check_network, ...): each has its opposite flag, so a command
 # line can turn off what a job file turns on (`--no-check-network` over `check_network: true`);
 # no_spot_watch's opposite is --spot-watch
-SWITCHES = tuple(k for k, f in JobFile.model_fields.items() if "bool" in str(f.annotation))
+# (not the command line's own: a job file never gives `yes`, so there is nothing to turn off)
+SWITCHES = tuple(k for k, f in JobFile.model_fields.items()
+                 if "bool" in str(f.annotation) and k not in jobfile.COMMAND_LINE_ONLY)
 
 
 def opposite(key: str) -> str:
