@@ -10,8 +10,8 @@ from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import job, runplan
-from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
-                        rank_nodes, per_node_argv)
+from dtrain.launch.jobs.job import facts_from_probe, job_argv, parse_probe, prefix_line, rank_nodes, per_node_argv
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 
 IPJSON = json.dumps([
     {"ifname": "lo", "mtu": 65536, "addr_info": [{"family": "inet", "local": "127.0.0.1"}]},
@@ -310,12 +310,12 @@ def test_a_shown_line_is_one_write_with_its_newline(monkeypatch):
             return super().write(s)
 
     monkeypatch.setattr(sys, "stdout", Screen())
-    j = job.Job(JobSpec(image="img", command=("true",), name="t-emit"), [Node("10.0.0.1", 1)], say=print)
-    j._emit("[node-1 r0] tick 5001")
+    j = job.Job(JobSpec(image="img", command=("true",), name="t-emit"), [Node("10.0.0.1", 1)], say=print).sink
+    j.emit("[node-1 r0] tick 5001")
     assert writes == ["[node-1 r0] tick 5001\n"]
-    with j._batched():  # the lines of one read of the job's output: one write, each line ended
-        j._emit("[node-1 r0] tick 5002")
-        j._emit("[node-2 r1] tick 5002")
+    with j.batched():  # the lines of one read of the job's output: one write, each line ended
+        j.emit("[node-1 r0] tick 5002")
+        j.emit("[node-2 r1] tick 5002")
         assert writes == ["[node-1 r0] tick 5001\n"]
     assert writes[1:] == ["[node-1 r0] tick 5002\n[node-2 r1] tick 5002\n"]
 

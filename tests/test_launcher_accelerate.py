@@ -11,7 +11,8 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
 from dtrain.launch.jobs import runplan, supervision
 from dtrain.launch.jobs.launchers import base
-from dtrain.launch.jobs.job import JobSpec, NodeFacts, per_node_argv
+from dtrain.launch.jobs.job import per_node_argv
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers.accelerate import accelerate_argv
 from dtrain.launch.remote.hosts import Node
 

@@ -493,7 +493,8 @@ def test_the_launch_gives_the_ranks_nccls_debug_file_only_where_it_checks():
     CPU nodes, --nccl-check off and a job that sets NCCL_DEBUG itself get neither."""
     from dtrain.launch import targets
     from dtrain.launch.jobs import config
-    from dtrain.launch.jobs.job import Job, NodeFacts, Started
+    from dtrain.launch.jobs.job import Job
+    from dtrain.launch.jobs.spec import NodeFacts, Started
     from dtrain.launch.remote.hosts import Node
 
     def plan(gpus: int, **cfg):

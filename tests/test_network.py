@@ -15,7 +15,8 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import nic
 from dtrain.launch.jobs.launchers.mpirun import mpirun_argv, mpirun_mixed_argv
 from dtrain.launch.remote.hosts import Node, parse_hostfile
-from dtrain.launch.jobs.job import Job, JobSpec, job_argv, job_log, NodeFacts
+from dtrain.launch.jobs.job import Job, job_argv, job_log
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.troubleshoot import checklist, network
 
 OURS = """\

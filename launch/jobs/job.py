@@ -18,7 +18,6 @@ in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import posixpath
@@ -35,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from dtrain import contract
 from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
@@ -46,7 +45,8 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision
 from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.jobs.jobfile import launch_default
+from dtrain.launch.jobs.sink import Sink
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts, Pulled, Started
 from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
@@ -58,83 +58,10 @@ from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (pre
 from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
 from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
 
-Launcher = str  # a name in the launchers' registry (launch/jobs/launchers/)
 FIRST_ROUND_S = 120  # the longest a node may take to answer the first round (its lock, the job's directory)
 READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
                       r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    image: str
-    command: tuple[str, ...]
-    launcher: Launcher = launch_default("launcher")  # the launch's defaults, declared once (jobfile.JobFile)
-    name: str = ""
-    env: dict[str, str] = field(default_factory=dict)  # --env K=V, for every rank (values by file)
-    forward: tuple[str, ...] = ()  # names forwarded from the launching container's env
-    iface: str | None = None  # override the detected NIC
-    mounts: tuple[container.Mount, ...] = ()
-    shm_size: str | None = None  # None: --ipc host
-    master_port: int = contract.MASTER_PORT
-    rdzv: str = launch_default("rdzv")  # one of jobfile.RDZV
-    pull: str = launch_default("pull")  # one of jobfile.PULL, as docker's --pull
-    ready_timeout: float = 60
-    job_timeout: float | None = None
-    ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes
-    extra_mca: tuple[tuple[str, str], ...] = ()
-    workdir: str | None = None  # sent to every node, mounted at /workdir (launch.jobs.workdir)
-    workdir_limit: int = wdir.DEFAULT_LIMIT
-    detach: bool = False  # return once the job runs; its supervision stays on the nodes
-    max_restarts: int | None = None  # restarts after a failed rank or a lost node (None: one per spare)
-    min_nodes: int | None = None  # fewest nodes to restart on (None: every node)
-    spares: int = 0  # the last `spares` nodes given are kept ready, no rank, swapped in for a lost one
-    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
-    hang_timeout: float | None = None  # no rank's progress for this long: stacks dumped, the attempt ends
-    progress_pattern: str = ""  # a rank's line matching this regex is progress ("": any line)
-    straggler_check: float | None = None  # every rank's stack sampled this often: the rank the others wait for named
-    replace_stragglers: bool = False  # ... and swapped for a spare at a checkpoint (with spares)
-    imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
-    heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
-    spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
-    check_network: bool = False  # the network gate between the containers before the job (netgate)
-    nccl_check: str | None = None  # --nccl-check: warn, fail, off (None: by the nodes, nccl_net.mode)
-    efa_types: tuple[tuple[str, int], ...] = ()  # (instance type, EFA interfaces) of the types with EFA
-
-    @property
-    def restarts(self) -> int:
-        """--max-restarts, or one restart per spare where it is not given."""
-        return self.spares if self.max_restarts is None else self.max_restarts
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the probe found on one node."""
-
-    node: Node
-    address: str  # the node's own address of the SSH connection: what peers use
-    hostname: str
-    iface: str
-    gpus: int
-    efa: tuple[str, ...]
-    port_holder: str  # "" when the sshd port is free
-    memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
-    driver: str = ""  # NVIDIA driver version, "" without GPUs
-    port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when the port is taken
-    network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
-    iface_address: str = ""  # with --iface: that NIC's IPv4 address ("": address is on the job's NIC)
-
-
-@dataclass(frozen=True)
-class Started:
-    """What start_on_nodes returns: every node's container runs, the checks across nodes passed."""
-
-    facts: list[NodeFacts]
-    image_id: str
-    ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
-    subnet: str | None = None  # where NIC names differ: Open MPI's subnet (nic.tcp_include)
-    timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
-    standby: str = ""  # the host whose container waits for the supervisor (launch/node/standby.sh)
 
 
 class Relay:
@@ -172,15 +99,6 @@ class Prepared:
     sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
     absent: bool = False  # the registry said it has no such image (--pull always; HTTP 404)
     keys: Keys | None = None  # the job's keys, made while the nodes answered (None: the start step makes them)
-
-
-@dataclass(frozen=True)
-class Pulled:
-    """What the pull step leaves to the start step: its pull policy (`missing` once the image
-    was pulled here first: a node whose pull failed but holds an image of that name uses it)."""
-
-    policy: str
-    timeline: timeline.Timeline = ()  # each node's pull (0 s where it held the image)
 
 
 class StartFailed(LaunchError):
@@ -644,55 +562,9 @@ class Job:
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
         self._closing = False
-        self._out_lock = threading.Lock()
-        self._pending: list[str] | None = None  # lines of an output batch (_batched)
-        self._log = None
-        self._times = None  # output.times: when each write to output.log came (_log_write)
+        self.sink = Sink()  # the job's output: the screen, output.log (opened by run)
         self.detached = False
         self._timed_out = False
-
-    def _emit(self, line: str) -> None:
-        """A line of the job's output, to the screen and the job's log; within _batched, kept
-        (in order) until the batch ends."""
-        with self._out_lock:
-            if self._pending is not None:
-                self._pending.append(line)
-            else:
-                self._write(line + "\n")
-
-    def _write(self, text: str) -> None:  # the output lock held
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        self._log_write(text)
-
-    def _log_write(self, text: str) -> None:  # the output lock held
-        """Lines to output.log, and when they came to output.times (`EPOCH COUNT` a write: the
-        report's step times, launch/analysis/report.py)."""
-        if self._log:
-            self._log.write(text)
-            self._log.flush()
-        if self._times:
-            self._times.write(f"{time.time():.3f} {text.count(chr(10))}\n")
-            self._times.flush()
-
-    @contextlib.contextmanager
-    def _batched(self) -> Iterator[None]:
-        """The lines emitted meanwhile go out together: one write and one flush each for the
-        screen and the log (a flush per line cost the launcher 2/3 of its time on chatty jobs)."""
-        with self._out_lock:
-            self._pending = []
-        try:
-            yield
-        finally:
-            with self._out_lock:
-                lines, self._pending = self._pending, None
-                if lines:
-                    self._write("".join(line + "\n" for line in lines))
-
-    def _log_only(self, line: str) -> None:
-        """A line for the job's output.log and not the screen (one the caller shows itself)."""
-        with self._out_lock:
-            self._log_write(line + "\n")
 
     def _keys(self) -> Keys:
         """The job's keys, being made (Keys); where they go in teardown."""
@@ -1009,7 +881,7 @@ class Job:
             threading.Thread(target=_beat, args=(proc.stdin,), name="dtrain-beat", daemon=True).start()
         try:
             for lines in output.read_lines(proc.stdout.buffer.read1):  # what each read brought, at once
-                with self._batched():
+                with self.sink.batched():
                     for line in lines:
                         if SSH_SAID.match(line):
                             last = line.strip()
@@ -1018,13 +890,13 @@ class Job:
                             continue
                         seen, slow = len(render.quarantined), len(render.stragglers)
                         for shown in render.feed(line):
-                            self._emit(shown)
+                            self.sink.emit(shown)
                         if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
                             store.record(self.spec.name, quarantined=dict(render.quarantined))
                         if len(render.stragglers) != slow:  # ... and which are stragglers
                             store.record(self.spec.name, stragglers=dict(render.stragglers))
             for shown in render.flush():
-                self._emit(shown)
+                self.sink.emit(shown)
             show_timeline()  # where not every node made a first step (or detached: none yet)
             proc.wait()
         finally:
@@ -1075,7 +947,7 @@ class Job:
             if not shown.is_set():
                 shown.set()
                 for line in timeline.log_lines(rec.entries(), hosts):
-                    self._emit(line)
+                    self.sink.emit(line)
                 store.record(self.spec.name, timeline=timeline.to_json(rec.entries()))
 
         def on_phase(entry: timeline.Entry) -> None:
@@ -1141,8 +1013,7 @@ class Job:
                          progress_pattern=self.spec.progress_pattern,
                          **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None,
                          timeline=[])  # dtrain report: a new launch's record, phases as they come
-        self._log = store.open_private(self.dir / "output.log")
-        self._times = store.open_private(self.dir / "output.times")
+        self.sink.open(self.dir)
         for warning in ([unshared] if unshared else []) + self.launcher.notes(self.spec, len(self.nodes)):
             self.say(f"[launch] warning: {warning}")
         code = 1
@@ -1186,7 +1057,7 @@ class Job:
         except LaunchError as e:
             # the CLI exits with USER_ERROR_EXIT for it (tasks.py user_errors): the record says the same
             store.record(self.spec.name, state="failed to launch", exit_code=contract.USER_ERROR_EXIT)
-            self._log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
+            self.sink.log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
             raise
         finally:
             if not self.detached:
@@ -1195,9 +1066,7 @@ class Job:
                 self.ssh.close()
                 if self.keys:
                     self.keys.remove()
-            for f in (self._log, self._times):
-                if f:
-                    f.close()
+            self.sink.close()
             restore()
             store.record(self.spec.name, ended=time.time(), timeline=timeline.to_json(rec.entries()))
             store.release_launch_lock(self._lock)
@@ -1262,7 +1131,7 @@ class OwnRun:
 
     def stream(self, fact: NodeFacts, argv: Sequence[str]) -> int:
         result = self.job.ssh.run([fact.node], lambda n: list(argv), timeout=self.spec.job_timeout, retries=0,
-                                  on_line=lambda n, line: self.job._emit(f"[{fact.hostname}] {line.rstrip()}"))[0]
+                                  on_line=lambda n, line: self.job.sink.emit(f"[{fact.hostname}] {line.rstrip()}"))[0]
         return _exit_code(result)
 
     def closing(self) -> bool:
