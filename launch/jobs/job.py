@@ -395,13 +395,17 @@ class Keys:
 
 
 class Job:
-    """One launch: `run()` drives the stages, each taking what the earlier ones returned:
+    """One launch: `run()` drives the stages (Stage, STAGES below), each taking what the earlier
+    ones returned (State):
 
         prepare(workdir) -> Prepared       the job's directory, the image held where, the login
         pull(prepared) -> Pulled           the image onto the nodes that lack it
         up(prepared, pulled) -> Started    a container on every node, their facts
-        run_supervised(started, prepared, ompi) -> exit code   (or the launcher's own run: Ray)
-        teardown()                         whatever the stages left on a node
+        gate(started) -> quarantined       --check-network: the nodes a slow link takes out
+        preflight(started) -> ompi         the launcher's own tool in the first container
+        run(started, ...) -> Outcome       Session.run (launch/jobs/session.py), or the launcher's
+                                           own run (Ray)
+        teardown (end)                     whatever the stages left on a node
 
     It returns the job's exit code and always tears down. What it keeps is only what teardown
     needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
@@ -563,7 +567,7 @@ class Job:
                                                    hold_stdin=True, timeout=3600, on_line=relay)
         keys = self._keys()  # ssh-keygen while the nodes answer: off the launch's path
         if self.launcher.supervised:
-            supervision.supervisor_texts()  # and the supervisor's files read (run_supervised sends them)
+            supervision.supervisor_texts()  # and the supervisor's files read (Session.run sends them)
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
             while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
