@@ -37,7 +37,9 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec, job_log  # noqa: E402
+from dtrain.launch.jobs.job import Job  # noqa: E402
+from dtrain.launch.jobs.store import job_log  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 FRAMEWORK = {"horovod-tensorflow": "tensorflow", "horovod-pytorch": "torch", "pytorch-ddp": "torch"}

@@ -32,7 +32,8 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
+from dtrain.launch.jobs.job import Job  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 from bench_recovery import _wait_for  # noqa: E402 (the same wait: a line in the job's log)

@@ -61,7 +61,8 @@ from dtrain.images.spec import load_all  # noqa: E402
 from dtrain import engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import Node, kex_opts, parse_hostfile  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
+from dtrain.launch.jobs.job import Job  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.launch.analysis import timeline  # noqa: E402
 from dtrain.launch.jobs.store import job_log, load_job  # noqa: E402
 from dtrain.launch.remote.transport import close_masters  # noqa: E402

@@ -39,7 +39,8 @@ from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.remote.hosts import Node, parse_hostfile  # noqa: E402
 from dtrain.launch.jobs import container, store  # noqa: E402
 from dtrain.launch.jobs.launchers.mpirun import mpi_defaults, mpirun_argv  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec, container_name  # noqa: E402
+from dtrain.launch.jobs.job import Job, container_name  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.launch.jobs.output import MpiOutput  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402

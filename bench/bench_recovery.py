@@ -41,7 +41,8 @@ from dtrain import contract, engine  # noqa: E402
 from dtrain.launch.infra import cluster  # noqa: E402
 from dtrain.launch.jobs.container import Mount  # noqa: E402
 from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
-from dtrain.launch.jobs.job import Job, JobSpec  # noqa: E402
+from dtrain.launch.jobs.job import Job  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.launch.jobs.store import job_log  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 

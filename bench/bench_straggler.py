@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dtrain.launch.jobs import runplan, supervision  # noqa: E402
-from dtrain.launch.jobs.job import JobSpec  # noqa: E402
+from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
 from dtrain.launch.jobs.launchers import launch_command  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 

@@ -449,7 +449,7 @@ def test_ray_job_and_wait():
 
 
 def test_ray_node_argvs_head_first_workers_join_it():
-    from dtrain.launch.jobs.job import JobSpec, NodeFacts
+    from dtrain.launch.jobs.spec import JobSpec, NodeFacts
     from dtrain.launch.jobs.launchers import LAUNCHERS
 
     facts = [NodeFacts(Node(f"node-{i}"), f"10.213.0.{10 + i}", f"node-{i}", "ens5", 0, (), "")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dtrain.launch.jobs.job import job_log
+from dtrain.launch.jobs.store import job_log
 from test_launch import EX
 from test_wholerun import _job, _wait_clean
 

@@ -9,9 +9,11 @@ import pytest
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs import job, runplan
-from dtrain.launch.jobs.job import (JobSpec, NodeFacts, facts_from_probe, job_argv, parse_probe, prefix_line,
-                        rank_nodes, per_node_argv)
+from dtrain.launch.jobs import commands, job, runplan
+from dtrain.launch.jobs.job import facts_from_probe, parse_probe
+from dtrain.launch.jobs.commands import job_argv, per_node_argv
+from dtrain.launch.jobs.output import prefix_line, rank_nodes
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 
 IPJSON = json.dumps([
     {"ifname": "lo", "mtu": 65536, "addr_info": [{"family": "inet", "local": "127.0.0.1"}]},
@@ -215,7 +217,8 @@ def test_run_argv_starts_the_command_in_cwd_when_given():
 def test_signals_end_a_launch_with_128_plus_the_signal():
     import signal
 
-    from dtrain.launch.jobs.job import Signalled, interrupt_code
+    from dtrain.launch.jobs.job import interrupt_code
+    from dtrain.interrupts import Signalled
 
     assert interrupt_code(KeyboardInterrupt()) == (130, "interrupted")
     assert interrupt_code(Signalled(signal.SIGTERM)) == (143, "SIGTERM received")
@@ -263,12 +266,12 @@ def test_the_first_nodes_container_waits_for_the_supervisor_only_with_the_jobs_d
     from dtrain.launch.jobs import node_programs, supervision
 
     spec = JobSpec(image="reg/x:1", command=("true",), name="t")
-    waits = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t", standby=True)
-    plain = job.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t")
+    waits = commands.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t", standby=True)
+    plain = commands.up_args(spec, ["", ""], "ssh-ed25519 AAAA", "/home/u/.dtrain/nodes/n1/jobs/t")
     standby = node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR])
     assert waits[-len(standby) - 1:] == ["reg/x:1", *standby] and plain[-1] == "reg/x:1"
     assert waits[:-len(standby)] == plain
-    assert job.container_spec(spec, "", standby=True).command == ()
+    assert commands.container_spec(spec, "", standby=True).command == ()
     assert f"type=bind,src=/home/u/.dtrain/nodes/n1/jobs/t,dst={supervision.CONTAINER_JOB_DIR}" in waits
 
 
@@ -310,12 +313,12 @@ def test_a_shown_line_is_one_write_with_its_newline(monkeypatch):
             return super().write(s)
 
     monkeypatch.setattr(sys, "stdout", Screen())
-    j = job.Job(JobSpec(image="img", command=("true",), name="t-emit"), [Node("10.0.0.1", 1)], say=print)
-    j._emit("[node-1 r0] tick 5001")
+    j = job.Job(JobSpec(image="img", command=("true",), name="t-emit"), [Node("10.0.0.1", 1)], say=print).sink
+    j.emit("[node-1 r0] tick 5001")
     assert writes == ["[node-1 r0] tick 5001\n"]
-    with j._batched():  # the lines of one read of the job's output: one write, each line ended
-        j._emit("[node-1 r0] tick 5002")
-        j._emit("[node-2 r1] tick 5002")
+    with j.batched():  # the lines of one read of the job's output: one write, each line ended
+        j.emit("[node-1 r0] tick 5002")
+        j.emit("[node-2 r1] tick 5002")
         assert writes == ["[node-1 r0] tick 5001\n"]
     assert writes[1:] == ["[node-1 r0] tick 5002\n[node-2 r1] tick 5002\n"]
 

@@ -16,7 +16,10 @@ import pytest
 from dtrain.launch.troubleshoot.diagnose import diagnose
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote.hosts import Node, parse_hostfile
-from dtrain.launch.jobs.job import Job, JobSpec, container_name, job_argv, job_log
+from dtrain.launch.jobs.job import Job, container_name
+from dtrain.launch.jobs.commands import job_argv
+from dtrain.launch.jobs.store import job_log
+from dtrain.launch.jobs.spec import JobSpec
 
 pytestmark = pytest.mark.cluster
 

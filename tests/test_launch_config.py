@@ -19,7 +19,7 @@ from dtrain import contract
 from dtrain.launch import jobtarget
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import config, jobfile
-from dtrain.launch.jobs.job import JobSpec
+from dtrain.launch.jobs.spec import JobSpec
 from dtrain.launch.other_tools import manifests as mf
 
 ROOT = Path(__file__).resolve().parent.parent

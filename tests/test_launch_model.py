@@ -127,3 +127,35 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
     assert any(getattr(c.func, "id", "") == "JobSpec" for c in calls)
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert fn.args.args[0].arg == "pull" and fn.args.defaults[0].value == DEFAULTS["pull"]
+
+
+# ---------------------------------------------------------------- no class over 300 lines (issue 48)
+
+MAX_CLASS_LINES = 300
+
+
+def _long_classes(tree: ast.AST, limit: int = MAX_CLASS_LINES) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of each class, nested ones too, longer than `limit` lines."""
+    return [(n.name, n.lineno, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_class_is_over_300_lines():
+    """Every class of the package (dtrain/, images/, launch/ with its node programs, tasks.py;
+    not tests/ nor bench/) is at most 300 lines: a longer one is split into pieces of their own
+    (as Job's stages, session and output; the supervisor's restart policy and checks)."""
+    sources = sorted(p for d in ("dtrain", "images", "launch") for p in (ROOT / d).rglob("*.py")) + [ROOT / "tasks.py"]
+    assert ROOT / "launch" / "node" / "supervise.py" in sources and ROOT / "launch" / "jobs" / "job.py" in sources
+    long = [f"{p.relative_to(ROOT)}:{line}: class {name} is {n} lines (at most {MAX_CLASS_LINES})"
+            for p in sources for name, line, n in _long_classes(ast.parse(p.read_text(), str(p)))]
+    assert not long, "\n".join(long)
+
+
+def test_the_class_length_scan_sees_a_long_class():
+    """The scan is not blind: a class of 301 lines (nested in a function too) is named, one of
+    300 is not."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(299))
+    assert _long_classes(ast.parse(f"class A:\n{body}    y = 0\n")) == [("A", 1, 301)]
+    assert _long_classes(ast.parse(f"class B:\n{body}")) == []
+    nested = "def f():\n" + "".join("    " + line + "\n" for line in f"class C:\n{body}    y = 0".splitlines())
+    assert _long_classes(ast.parse(nested)) == [("C", 2, 301)]

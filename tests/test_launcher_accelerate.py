@@ -11,7 +11,8 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
 from dtrain.launch.jobs import runplan, supervision
 from dtrain.launch.jobs.launchers import base
-from dtrain.launch.jobs.job import JobSpec, NodeFacts, per_node_argv
+from dtrain.launch.jobs.commands import per_node_argv
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers.accelerate import accelerate_argv
 from dtrain.launch.remote.hosts import Node
 
@@ -131,7 +132,8 @@ def test_accelerate_trains_across_3_nodes_from_a_project_image(cluster, remote_i
     from dtrain.images import project as pj
     from dtrain.images.build import BuildOptions
     from dtrain.images.push import push_and_verify
-    from dtrain.launch.jobs.job import Job, job_log
+    from dtrain.launch.jobs.job import Job
+    from dtrain.launch.jobs.store import job_log
     from dtrain.launch.remote.hosts import parse_hostfile
 
     proj = tmp_path / "acc-demo"

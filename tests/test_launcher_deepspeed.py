@@ -14,7 +14,8 @@ import pytest
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers, runplan, supervision
-from dtrain.launch.jobs.job import JobSpec, NodeFacts, job_argv
+from dtrain.launch.jobs.commands import job_argv
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.launchers.deepspeed import HOSTFILE, RANK_ENV
 from dtrain.launch.remote.hosts import Node

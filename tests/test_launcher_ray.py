@@ -13,7 +13,8 @@ import pytest
 from dtrain import contract
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.jobs.container import Mount
-from dtrain.launch.jobs.job import JobSpec, NodeFacts, container_name, run_argv
+from dtrain.launch.jobs.job import container_name, run_argv
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS
 from dtrain.launch.remote.hosts import Node
 

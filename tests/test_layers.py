@@ -207,7 +207,7 @@ def test_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
     modules = _modules()
     assert "dtrain.launch.jobs.job" in modules and "dtrain.images.spec" in modules
-    assert "dtrain.launch.jobs.runplan" in _graph()["dtrain.launch.jobs.job"]
+    assert "dtrain.launch.jobs.runplan" in _graph()["dtrain.launch.jobs.session"]
 
 
 def test_supervisor_gets_the_modules_it_imports(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import store
-from dtrain.launch.jobs.job import Job, job_log
+from dtrain.launch.jobs.job import Job
+from dtrain.launch.jobs.store import job_log
 from test_launch import containers_left, nodes_of, on_node, spec
 from test_wholerun import _link, _node_files, _ticks, _wait_clean, _when_in_log
 

@@ -1,6 +1,6 @@
 """--nccl-check end to end on the simulated cluster (issue 51). Its nodes have no GPU, so NCCL
 never runs there and the launch turns the check off (nccl_net.mode); here it is forced on
-(job.nccl_mode), and each rank is a stand-in that writes the debug file NCCL would, at the path
+(session.nccl_mode), and each rank is a stand-in that writes the debug file NCCL would, at the path
 NCCL_DEBUG_FILE gives it: the variables reach every rank through mpirun, launch/node/nccl_net.sh
 runs in every container (the first's locally, the others' over the supervisor's ssh), and a
 wrong network ends the job within seconds with the line naming the node, NCCL's choice, what
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.launch.jobs import job as job_module
+from dtrain.launch.jobs import session
 from test_wholerun import _job, _wait_clean
 
 pytestmark = pytest.mark.cluster
@@ -38,7 +38,7 @@ def _dmi() -> str:
 
 
 def test_a_wrong_nccl_network_ends_the_job_in_seconds_naming_the_node(cluster, remote_images, monkeypatch):
-    monkeypatch.setattr(job_module, "nccl_mode", lambda spec, facts: ("fail", ""))
+    monkeypatch.setattr(session, "nccl_mode", lambda spec, facts: ("fail", ""))
     name = "t-nccl-check"
     t0 = time.monotonic()
     code, out, _ = _job(cluster, remote_images["pytorch-ddp"], ["python3", "-c", RANK], name, n=2,

@@ -392,7 +392,7 @@ def test_the_supervisor_ends_the_job_within_seconds_of_a_wrong_network(tmp_path,
     sup.state["restarts"] = 0
     try:
         t0 = time.monotonic()
-        sup.check_nccl(nodes)
+        sv.check_nccl(sup, nodes)
         end = sup.watch(nodes, ())
         took = time.monotonic() - t0
     finally:
@@ -429,7 +429,7 @@ def test_warn_and_a_right_network_let_the_job_run(tmp_path, monkeypatch):
         ranks = [_rank(d, lines, 0.2, {}) for d in dirs.values()]
         sup.state["restarts"] = 0
         try:
-            sup.check_nccl(sup.plan.nodes)
+            sv.check_nccl(sup, sup.plan.nodes)
         finally:
             for p in ranks:
                 p.kill()
@@ -492,19 +492,20 @@ def test_a_bad_nccl_check_is_one_line_from_the_flag_and_the_file(tmp_path):
 
 
 def test_the_launch_gives_the_ranks_nccls_debug_file_only_where_it_checks():
-    """Job.plan: GPU nodes get the check (auto) and NCCL's variables in every rank's environment;
+    """session.supervisor_plan: GPU nodes get the check (auto) and NCCL's variables in every rank's environment;
     CPU nodes, --nccl-check off and a job that sets NCCL_DEBUG itself get neither."""
     from dtrain.launch import targets
     from dtrain.launch.jobs import config
-    from dtrain.launch.jobs.job import Job, NodeFacts, Started
+    from dtrain.launch.jobs import launchers, session
+    from dtrain.launch.jobs.spec import NodeFacts, Started
     from dtrain.launch.remote.hosts import Node
 
     def plan(gpus: int, **cfg):
         spec = config.job_spec(config.build({"image": "reg/x:1", "command": ["python", "t.py"], **cfg}),
                                efa_types=targets.efa_types())  # what the nodes target gives
         facts = [NodeFacts(Node(f"10.0.0.{i}", 8), f"10.0.0.{i}", f"node-{i}", "ens5", gpus, (), "") for i in (1, 2)]
-        job = Job(spec, [f.node for f in facts])
-        return job.plan(Started(facts, "sha256:x", 4), {"10.0.0.1": "/d"}, 4)
+        return session.supervisor_plan(spec, launchers.get(spec.launcher), Started(facts, "sha256:x", 4),
+                                       {"10.0.0.1": "/d"}, 4)
 
     p = plan(8)
     assert p.nccl_check == "auto" and dict(p.efa_types)["p4d.24xlarge"] == 4 and dict(p.efa_types)["p5.48xlarge"] == 32

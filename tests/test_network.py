@@ -15,7 +15,10 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import nic
 from dtrain.launch.jobs.launchers.mpirun import mpirun_argv, mpirun_mixed_argv
 from dtrain.launch.remote.hosts import Node, parse_hostfile
-from dtrain.launch.jobs.job import Job, JobSpec, job_argv, job_log, NodeFacts
+from dtrain.launch.jobs.job import Job
+from dtrain.launch.jobs.commands import job_argv
+from dtrain.launch.jobs.store import job_log
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.troubleshoot import checklist, network
 
 OURS = """\

@@ -764,7 +764,7 @@ def test_supervise_writes_its_files_then_runs_the_argv(tmp_path):
     """attach: supervise.py, the plan and the builders from stdin, then exec ARGV with the rest
     of stdin (its end stops a foreground job); detach: ARGV returns at once, the first events
     are printed."""
-    from dtrain.launch.jobs.job import counted_text
+    from dtrain.launch.jobs.commands import counted_text
 
     d = tmp_path / "job"
     d.mkdir()
@@ -908,7 +908,7 @@ def test_write_private_runs_from_its_file(tmp_path):
 
 
 def test_a_detached_supervisor_runs_from_detach_sh_without_the_sessions_streams(tmp_path):
-    from dtrain.launch.jobs.job import supervisor_argv
+    from dtrain.launch.jobs.commands import supervisor_argv
 
     assert supervisor_argv("/job", False) == ["python3", "/job/supervise.py", "/job/plan.json"]
     argv = supervisor_argv("/job", True)

@@ -18,7 +18,7 @@ import pytest
 from dtrain import ROOT, contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import jobfile, progress, runplan, supervision
-from dtrain.launch.jobs.job import JobSpec
+from dtrain.launch.jobs.spec import JobSpec
 from dtrain.launch.jobs.launchers import launch_command
 
 # timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)

@@ -16,7 +16,8 @@ from dtrain.images import push as P
 from dtrain.images.spec import load_all
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.jobs.container import Mount
-from dtrain.launch.jobs.job import Job, job_log
+from dtrain.launch.jobs.job import Job
+from dtrain.launch.jobs.store import job_log
 from test_launch import containers_left, nodes_of, spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]  # a shape of its own: after the 3-node tests

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.launch.jobs import job as jobmod
+from dtrain.launch.jobs.sink import Sink
 from dtrain.launch.jobs import netgate
 from dtrain.launch.analysis import report
-from dtrain.launch.jobs.job import JobSpec
 from dtrain.launch.analysis.timeline import Entry, to_json
-from dtrain.launch.remote.hosts import Node
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_764_150_000.0
@@ -66,19 +64,18 @@ def test_stamp_gives_each_line_the_time_of_the_write_that_brought_it():
 
 
 def test_the_launchers_log_writes_come_with_their_times(tmp_path, monkeypatch):
-    """job.py's output.times: one `EPOCH COUNT` row per write to output.log, a batch one row."""
+    """sink.py's output.times (the launcher's job output): one `EPOCH COUNT` row per write to output.log, a batch one row."""
     import io
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    j = jobmod.Job(JobSpec(image="img", command=("true",), name="t-times"), [Node("10.0.0.1", 1)], say=print)
-    j._log, j._times = open(tmp_path / "output.log", "w"), open(tmp_path / "output.times", "w")
-    j._emit("[launch] job started on 1 node(s): node-1")
-    with j._batched():
-        j._emit("[node-1 r0] step 1")
-        j._emit("[node-1 r0] step 2")
-    j._log_only("error: the end")
-    j._log.close()
-    j._times.close()
+    j = Sink()
+    j.open(tmp_path)
+    j.emit("[launch] job started on 1 node(s): node-1")
+    with j.batched():
+        j.emit("[node-1 r0] step 1")
+        j.emit("[node-1 r0] step 2")
+    j.log_only("error: the end")
+    j.close()
     rows = (tmp_path / "output.times").read_text().splitlines()
     assert [r.split()[1] for r in rows] == ["1", "2", "1"]
     lines = report.stamp((tmp_path / "output.log").read_text(), (tmp_path / "output.times").read_text(),

@@ -295,7 +295,7 @@ def test_a_node_slowed_mid_run_is_named_straggler_in_the_log_and_status(cluster,
     once it is named, or after SLOW_FOR s (the run then ends at full speed); no other rank is
     named."""
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.job import job_log
+    from dtrain.launch.jobs.store import job_log
     from test_wholerun import _job, _wait_clean
 
     name = "t-straggler"
@@ -341,7 +341,7 @@ def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remo
     to checkpoint now (rank 0 saves the step reached), the spare takes node-2's place, node-2 is
     quarantined as a straggler, and the run goes on at full size from that step to its end."""
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.job import job_log
+    from dtrain.launch.jobs.store import job_log
     from test_wholerun import _job, _wait_clean
 
     name = "t-straggler-spare"

@@ -18,7 +18,7 @@ import pytest
 from dtrain import ROOT
 from dtrain.launch.jobs import launchers, runplan, supervision
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.jobs.job import JobSpec, NodeFacts
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers import LAUNCHERS, launch_command, plan_nodes
 from dtrain.launch.jobs.supervision import EVENT
 

@@ -15,7 +15,8 @@ import pytest
 from dtrain import contract
 from dtrain.launch.jobs import node_programs, store
 from dtrain.launch.analysis import timeline
-from dtrain.launch.jobs.job import Job, JobSpec
+from dtrain.launch.jobs.job import Job
+from dtrain.launch.jobs.spec import JobSpec
 from dtrain.launch.remote.hosts import parse_hostfile
 from dtrain.launch.jobs.supervision import Render
 from dtrain.launch.analysis.timeline import Entry

@@ -184,7 +184,9 @@ def loop_device(tmp_path):
 @pytest.mark.cluster
 def test_rehearsal_one_device_read_only_on_3_nodes(cluster, remote_images, loop_device, tmp_path):
     from dtrain.launch.jobs import container
-    from dtrain.launch.jobs.job import Job, JobSpec, job_log
+    from dtrain.launch.jobs.job import Job
+    from dtrain.launch.jobs.store import job_log
+    from dtrain.launch.jobs.spec import JobSpec
 
     nodes = parse_hostfile(cluster.hostfile)[:3]
     opts = ("-F", cluster.ssh_config)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dtrain.launch.jobs.container import Mount
-from dtrain.launch.jobs.job import Job, job_log
+from dtrain.launch.jobs.job import Job
+from dtrain.launch.jobs.store import job_log
 from imds import Imds
 from test_launch import EX, ROOT, containers_left, nodes_of, on_node, spec
 

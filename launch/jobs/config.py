@@ -31,7 +31,7 @@ from dtrain.launch.jobs import jobfile
 from dtrain.launch.jobs.jobfile import BadNumber, JobFile
 
 if TYPE_CHECKING:
-    from dtrain.launch.jobs.job import JobSpec
+    from dtrain.launch.jobs.spec import JobSpec
 
 
 def flag(key: str) -> str:
@@ -321,7 +321,7 @@ def job_spec(cfg: LaunchConfig, *, ssh_opts: tuple[str, ...] = (), imds: str = "
     spot notice's endpoint) and efa_types come from the nodes' provider (launch/targets);
     tuning: what no flag sets (ready_timeout, extra_mca)."""
     from dtrain.launch.jobs import container
-    from dtrain.launch.jobs.job import JobSpec
+    from dtrain.launch.jobs.spec import JobSpec
     from dtrain.launch.jobs.workdir import parse_size
 
     return JobSpec(image=cfg.image or "", command=tuple(cfg.command or ()), launcher=cfg.launcher,

@@ -18,15 +18,10 @@ in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import posixpath
-import re
-import shlex
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,107 +29,34 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence
 
 from dtrain import contract
-from dtrain.interrupts import Signalled, interrupt_code, sigterm_as_interrupt  # noqa: F401 (the job's public names)
+from dtrain.interrupts import interrupt_code, sigterm_as_interrupt
 from dtrain.contract import container_name, node_key_dir
 from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, nccl_net, netgate, nic, node_programs, output, runplan, store, supervision
+from dtrain.launch.jobs import commands, netgate, nic, node_programs, store, supervision
 from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs import workdir as wdir
-from dtrain.launch.jobs.jobfile import launch_default
-from dtrain.launch.remote.fanout import (SSH_FAILURE, Fanout, NodeResult, host_lines, is_connection_error,
+from dtrain.launch.jobs.commands import go_text, ready_error, run_argv, split_spares, up_args
+from dtrain.launch.jobs.session import LinkLost, Outcome, Session
+from dtrain.launch.jobs.sink import Sink
+from dtrain.launch.jobs.spec import JobSpec, NodeFacts, Pulled, Started
+from dtrain.launch.remote.fanout import (Fanout, NodeResult, host_lines, is_connection_error,
                                          raise_on_failure)
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs import launchers
-from dtrain.launch.jobs.launchers import env_file, launch_command, plan_nodes
+from dtrain.launch.jobs.launchers import env_file
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.pull import RegistryAnswer, ask_registry, parse_ref, pull_on_nodes
-from dtrain.launch.jobs.output import prefix_line, rank_nodes  # noqa: F401 (prefix_line: the job's public names)
-from dtrain.launch.jobs.store import job_log, jobs_dir  # noqa: F401 (the job's public names)
-from dtrain.launch.remote.transport import SshTransport, close_masters  # noqa: F401
+from dtrain.launch.remote.transport import SshTransport
 
-Launcher = str  # a name in the launchers' registry (launch/jobs/launchers/)
 FIRST_ROUND_S = 120  # the longest a node may take to answer the first round (its lock, the job's directory)
-READY_FAILED = contract.READY_FAILED  # the readiness check's exit code (launch/node/run.sh --ready-code)
-SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
-                      r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    image: str
-    command: tuple[str, ...]
-    launcher: Launcher = launch_default("launcher")  # the launch's defaults, declared once (jobfile.JobFile)
-    name: str = ""
-    env: dict[str, str] = field(default_factory=dict)  # --env K=V, for every rank (values by file)
-    forward: tuple[str, ...] = ()  # names forwarded from the launching container's env
-    iface: str | None = None  # override the detected NIC
-    mounts: tuple[container.Mount, ...] = ()
-    shm_size: str | None = None  # None: --ipc host
-    master_port: int = contract.MASTER_PORT
-    rdzv: str = launch_default("rdzv")  # one of jobfile.RDZV
-    pull: str = launch_default("pull")  # one of jobfile.PULL, as docker's --pull
-    ready_timeout: float = 60
-    job_timeout: float | None = None
-    ssh_opts: tuple[str, ...] = ()  # extra ssh -o options to reach the nodes
-    extra_mca: tuple[tuple[str, str], ...] = ()
-    workdir: str | None = None  # sent to every node, mounted at /workdir (launch.jobs.workdir)
-    workdir_limit: int = wdir.DEFAULT_LIMIT
-    detach: bool = False  # return once the job runs; its supervision stays on the nodes
-    max_restarts: int | None = None  # restarts after a failed rank or a lost node (None: one per spare)
-    min_nodes: int | None = None  # fewest nodes to restart on (None: every node)
-    spares: int = 0  # the last `spares` nodes given are kept ready, no rank, swapped in for a lost one
-    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR for every rank (a path in the containers)
-    hang_timeout: float | None = None  # no rank's progress for this long: stacks dumped, the attempt ends
-    progress_pattern: str = ""  # a rank's line matching this regex is progress ("": any line)
-    straggler_check: float | None = None  # every rank's stack sampled this often: the rank the others wait for named
-    replace_stragglers: bool = False  # ... and swapped for a spare at a checkpoint (with spares)
-    imds: str = ""  # each node watches this instance metadata endpoint for spot notices ("" off)
-    heartbeat_timeout: int = 90  # a node stops its part of the job after this long without one
-    spot_grace: int = 90  # after a spot notice, how long the node waits for the supervisor to take it out
-    check_network: bool = False  # the network gate between the containers before the job (netgate)
-    nccl_check: str | None = None  # --nccl-check: warn, fail, off (None: by the nodes, nccl_net.mode)
-    efa_types: tuple[tuple[str, int], ...] = ()  # (instance type, EFA interfaces) of the types with EFA
-
-    @property
-    def restarts(self) -> int:
-        """--max-restarts, or one restart per spare where it is not given."""
-        return self.spares if self.max_restarts is None else self.max_restarts
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the probe found on one node."""
-
-    node: Node
-    address: str  # the node's own address of the SSH connection: what peers use
-    hostname: str
-    iface: str
-    gpus: int
-    efa: tuple[str, ...]
-    port_holder: str  # "" when the sshd port is free
-    memlock: int = -1  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 = unlimited
-    driver: str = ""  # NVIDIA driver version, "" without GPUs
-    port_jobs: tuple[str, ...] = ()  # dtrain jobs running on the node when the port is taken
-    network: str = ""  # the subnet of address, e.g. 10.0.0.0/16 ("" where unknown)
-    iface_address: str = ""  # with --iface: that NIC's IPv4 address ("": address is on the job's NIC)
-
-
-@dataclass(frozen=True)
-class Started:
-    """What start_on_nodes returns: every node's container runs, the checks across nodes passed."""
-
-    facts: list[NodeFacts]
-    image_id: str
-    ompi: int | None  # Open MPI major of the image (its label), None when unlabelled
-    subnet: str | None = None  # where NIC names differ: Open MPI's subnet (nic.tcp_include)
-    timeline: timeline.Timeline = ()  # each node's `container` phase (its sshd's comes later: on_phase)
-    standby: str = ""  # the host whose container waits for the supervisor (launch/node/standby.sh)
+READY_FAILED = commands.READY_FAILED
 
 
 class Relay:
@@ -172,15 +94,6 @@ class Prepared:
     sessions: Sessions | None = None  # the nodes' sessions, open for the start step (None: it opens its own)
     absent: bool = False  # the registry said it has no such image (--pull always; HTTP 404)
     keys: Keys | None = None  # the job's keys, made while the nodes answered (None: the start step makes them)
-
-
-@dataclass(frozen=True)
-class Pulled:
-    """What the pull step leaves to the start step: its pull policy (`missing` once the image
-    was pulled here first: a node whose pull failed but holds an image of that name uses it)."""
-
-    policy: str
-    timeline: timeline.Timeline = ()  # each node's pull (0 s where it held the image)
 
 
 class StartFailed(LaunchError):
@@ -230,24 +143,6 @@ def facts_from_probe(node: Node, text: str, iface: str | None) -> NodeFacts:
                      int(lock) if lock.isdigit() else -1, p.get("driver", ""),
                      tuple(p.get("port_jobs", "").split()), network,
                      nic.interface_address(ipjson, chosen) if iface else "")
-
-
-T = TypeVar("T")
-
-
-def split_spares(nodes: Sequence[T], k: int) -> tuple[list[T], list[T]]:
-    """(the nodes that run ranks, the spares): the spares are the last k nodes given."""
-    if not 0 <= k <= len(nodes):
-        raise ValueError(f"split_spares: {k} spare(s) of {len(nodes)} node(s)")
-    cut = len(nodes) - k
-    return list(nodes[:cut]), list(nodes[cut:])
-
-
-def supervisor_argv(job_dir: str, detach: bool) -> list[str]:
-    """The supervisor's command in the first container (after run.sh); detach: in the
-    background (setsid), its output to its files only (launch/node/detach.sh)."""
-    sup = ["python3", f"{job_dir}/supervise.py", f"{job_dir}/plan.json"]
-    return ["setsid", "-f", *node_programs.program_argv("detach.sh", sup)] if detach else sup
 
 
 def check_spares(spec: JobSpec, given: int) -> None:
@@ -317,108 +212,6 @@ def check_driver(facts: Sequence[NodeFacts], need: dict[str, str]) -> None:
     if old:
         raise LaunchError("the image's CUDA needs a newer NVIDIA driver (docs/troubleshooting.md#cuda-driver):\n  "
                           + "\n  ".join(old))
-
-
-def container_spec(spec: JobSpec, node_dir: str = "", standby: bool = False) -> container.ContainerSpec:
-    """The job's container, without the node's own flags (the node adds them: start.sh).
-    The user's --env values are not in it: they go in the job's env file. node_dir: the
-    job's directory on the nodes (supervisor, heartbeat, log; the workdir), mounted. standby:
-    the first node's, which waits for the supervisor (launch/node/standby.sh) instead of a
-    `docker exec` of it later (needs node_dir: its FIFOs are there)."""
-    mounts = spec.mounts
-    command: tuple[str, ...] = ()
-    if node_dir:
-        mounts += (container.Mount(node_dir, supervision.CONTAINER_JOB_DIR),)
-        if spec.workdir:
-            mounts += (container.Mount(f"{node_dir}/workdir", contract.WORKDIR),)
-        if standby:
-            command = tuple(node_programs.container_argv("standby.sh", [supervision.CONTAINER_JOB_DIR]))
-    return container.ContainerSpec(job=spec.name, image=spec.image, mounts=mounts, command=command,
-                                  shm_size=spec.shm_size, key_dir=node_key_dir(spec.name))
-
-
-def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
-    """The node's watchdog for the job (launch/node/watch.sh, put in node_dir by prepare)."""
-    return [f"{node_dir}/watch.sh", container_name(spec.name), spec.image, node_dir, node_key_dir(spec.name),
-            spec.imds, str(spec.spot_grace), str(spec.heartbeat_timeout), "detach" if spec.detach else "attach"]
-
-
-def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "",
-            standby: bool = False) -> list[str]:
-    """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
-    with node_dir, the container mounts the job's directory and the node's watchdog starts.
-    standby: the container waits for the job's supervisor (container_spec)."""
-    head, rest = container.docker_run_parts(container_spec(spec, node_dir, standby))
-    watch = watch_argv(spec, node_dir) if node_dir else []
-    return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
-            node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
-            str(len(head)), *head, *rest]
-
-
-def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:
-    """up_args as the node program's argv (a session of its own)."""
-    return node_programs.host_argv("up", *up_args(spec, registry_args, public_key, node_dir))
-
-
-def go_text(args: Sequence[str]) -> str:
-    """What a first-round session (host/prepare.sh prepare_up) reads to go on with up: `go N`,
-    then the N arguments, each ending in a NUL."""
-    return f"go {len(args)}\n" + "".join(a + "\0" for a in args)
-
-
-def counted_text(parts: Sequence[str]) -> str:
-    """What host/supervise.sh reads: a line of each part's length in bytes, then the parts."""
-    return " ".join(str(len(p.encode())) for p in parts) + "\n" + "".join(parts)
-
-
-def run_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
-             fill_hosts: bool, exec_env: dict[str, str] | None = None, cwd: str | None = None,
-             ready_skip: str = "", ready_beside: bool = False) -> list[str]:
-    """`docker exec` of run_script_argv in the job's container on a node. cwd: where the command
-    starts (`docker exec -w`); None: the image's WORKDIR."""
-    env = [a for k, v in (exec_env or {}).items() for a in ("-e", f"{k}={v}")]
-    where = ["-w", cwd] if cwd else []
-    return ["docker", "exec", *env, *where, container_name(spec.name),
-            *run_script_argv(spec, facts, command, ready=ready, fill_hosts=fill_hosts, ready_skip=ready_skip,
-                             ready_beside=ready_beside)]
-
-
-def run_script_argv(spec: JobSpec, facts: Sequence[NodeFacts], command: Sequence[str], *, ready: bool,
-                    fill_hosts: bool, ready_skip: str = "", ready_beside: bool = False) -> list[str]:
-    """command through launch/node/run.sh, as argv in the container (after `docker exec NAME`;
-    the first node's standby runs it as it is): the job's env values exported from its file,
-    the nodes in /etc/hosts (fill_hosts: this container's; ready: every container's, by ssh to
-    each node's sshd first, but ready_skip's, the address of the node it runs on where the
-    command reaches no sshd there; ready_beside: the command starts beside that check and waits
-    for its end itself: the supervisor)."""
-    opts = ["--env", f"{contract.JOB_KEY_MOUNT}/{contract.ENV_FILE}"]
-    for f in facts:
-        opts += ["--host", f.address, f.hostname]
-    if fill_hosts:
-        opts += ["--fill-hosts"]
-    if ready:
-        opts += ["--ready", str(int(spec.ready_timeout)), "--ready-code", str(READY_FAILED), "--ready-says",
-                 contract.READY_SAYS, "--phase-says", contract.SUPERVISOR_EVENT,
-                 "--port", str(contract.SSH_PORT)] + (["--ready-skip", ready_skip] if ready_skip else [])
-        opts += ["--ready-beside"] if ready_beside else []
-        for word in container.ready_ssh():
-            opts += ["--ssh", word]
-        opts += ["--connect", contract.node_script("ssh-connect.pl")]  # each master made with Nagle off
-    return node_programs.container_argv("run.sh", [*opts, "--", *command])
-
-
-def job_argv(spec: JobSpec, facts: Sequence[NodeFacts], iface: str, ompi: int = 4,
-             subnet: str | None = None) -> list[str]:
-    """mpirun / horovodrun argv run in the first node's container. subnet: where nodes name
-    their NICs differently (nic.tcp_include), mpirun by subnet, each rank on its node's NIC."""
-    return launchers.get(spec.launcher).argv(spec, facts, 0, iface, ompi, subnet=subnet)
-
-
-def per_node_argv(spec: JobSpec, facts: Sequence[NodeFacts], rank: int, iface: str) -> list[str]:
-    """A per-node launcher's command (torchrun) on node `rank`: `docker exec` of it in that
-    node's container (/etc/hosts filled)."""
-    return run_argv(spec, facts, launchers.get(spec.launcher).argv(spec, facts, rank, iface), ready=False,
-                    fill_hosts=True)
 
 
 # ---------------------------------------------------------------- the start on nodes
@@ -505,12 +298,6 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
         f"{sum(f.gpus for f in result.facts)} GPU(s), image {result.image_id[:19]}; containers "
         f"{container_name(spec.name)} running with the job key ({time.monotonic() - began:.1f} s)")
     return result, fan
-
-
-def nccl_mode(spec: JobSpec, facts: Sequence[NodeFacts]) -> tuple[str, str]:
-    """--nccl-check for these nodes (nccl_net.mode): (auto|warn|fail|off, why it is off or "")."""
-    return nccl_net.mode(spec.nccl_check, any(f.gpus for f in facts), (*spec.env, *spec.forward),
-                         len(facts) - spec.spares)
 
 
 def memlock_warning(facts: Sequence[NodeFacts]) -> str:
@@ -608,13 +395,17 @@ class Keys:
 
 
 class Job:
-    """One launch: `run()` drives the stages, each taking what the earlier ones returned:
+    """One launch: `run()` drives the stages (Stage, STAGES below), each taking what the earlier
+    ones returned (State):
 
         prepare(workdir) -> Prepared       the job's directory, the image held where, the login
         pull(prepared) -> Pulled           the image onto the nodes that lack it
         up(prepared, pulled) -> Started    a container on every node, their facts
-        run_supervised(started, prepared, ompi) -> exit code   (or the launcher's own run: Ray)
-        teardown()                         whatever the stages left on a node
+        gate(started) -> quarantined       --check-network: the nodes a slow link takes out
+        preflight(started) -> ompi         the launcher's own tool in the first container
+        run(started, ...) -> Outcome       Session.run (launch/jobs/session.py), or the launcher's
+                                           own run (Ray)
+        teardown (end)                     whatever the stages left on a node
 
     It returns the job's exit code and always tears down. What it keeps is only what teardown
     needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
@@ -644,55 +435,7 @@ class Job:
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
         self._closing = False
-        self._out_lock = threading.Lock()
-        self._pending: list[str] | None = None  # lines of an output batch (_batched)
-        self._log = None
-        self._times = None  # output.times: when each write to output.log came (_log_write)
-        self.detached = False
-        self._timed_out = False
-
-    def _emit(self, line: str) -> None:
-        """A line of the job's output, to the screen and the job's log; within _batched, kept
-        (in order) until the batch ends."""
-        with self._out_lock:
-            if self._pending is not None:
-                self._pending.append(line)
-            else:
-                self._write(line + "\n")
-
-    def _write(self, text: str) -> None:  # the output lock held
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        self._log_write(text)
-
-    def _log_write(self, text: str) -> None:  # the output lock held
-        """Lines to output.log, and when they came to output.times (`EPOCH COUNT` a write: the
-        report's step times, launch/analysis/report.py)."""
-        if self._log:
-            self._log.write(text)
-            self._log.flush()
-        if self._times:
-            self._times.write(f"{time.time():.3f} {text.count(chr(10))}\n")
-            self._times.flush()
-
-    @contextlib.contextmanager
-    def _batched(self) -> Iterator[None]:
-        """The lines emitted meanwhile go out together: one write and one flush each for the
-        screen and the log (a flush per line cost the launcher 2/3 of its time on chatty jobs)."""
-        with self._out_lock:
-            self._pending = []
-        try:
-            yield
-        finally:
-            with self._out_lock:
-                lines, self._pending = self._pending, None
-                if lines:
-                    self._write("".join(line + "\n" for line in lines))
-
-    def _log_only(self, line: str) -> None:
-        """A line for the job's output.log and not the screen (one the caller shows itself)."""
-        with self._out_lock:
-            self._log_write(line + "\n")
+        self.sink = Sink()  # the job's output: the screen, output.log (opened by run)
 
     def _keys(self) -> Keys:
         """The job's keys, being made (Keys); where they go in teardown."""
@@ -726,7 +469,7 @@ class Job:
         self._watch = threading.Thread(target=self._watch_up, name="dtrain-up", daemon=True)
         self._watch.start()
         if started.subnet is not None:
-            self._write_node_env(started.facts)
+            write_node_env(self, started.facts)
         return started
 
     def gate_nodes(self, started: Started) -> netgate.GateResult:
@@ -754,16 +497,6 @@ class Job:
         raise_on_failure(self.ssh.run(nodes, lambda n: store.remove_argv(self.spec.name), timeout=60),
                          "removing the containers of the nodes the network gate named")
 
-    def _write_node_env(self, facts: Sequence[NodeFacts]) -> None:
-        """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
-        directory (mounted in its container; read by nic.NODE_ENV_WRAPPER). Data on stdin."""
-        path = f"{node_key_dir(self.spec.name)}/{nic.NODE_ENV_FILE}"
-        by_host = {f.node.host: f for f in facts}
-        results = self.ssh.run(self.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
-                               stdin=lambda n: nic.node_env_text(by_host[n.host].iface, skip=list(self.spec.env)),
-                               timeout=60)
-        raise_on_failure(results, "writing each node's NIC")
-
     def _watch_up(self) -> None:
         """The nodes' sessions after their container started: each ends when its sshd listens.
         One that fails instead (the container exited, sshd never listened) ends the job."""
@@ -789,7 +522,7 @@ class Job:
         r = self.ssh.run([facts[0].node], lambda n: run_argv(self.spec, facts, list(argv), ready=True, fill_hosts=False),
                          timeout=self.spec.ready_timeout + 30)[0]
         if not r.ok and r.returncode in (READY_FAILED, None):  # the readiness check, or no answer
-            raise LaunchError(_ready_error(r.stdout + r.stderr, r.error))
+            raise LaunchError(ready_error(r.stdout + r.stderr, r.error))
         if not r.ok:
             said = [ln.strip() for ln in (r.stderr + r.stdout).splitlines()
                     if ln.strip() and not ln.startswith(contract.READY_SAYS)]
@@ -799,44 +532,6 @@ class Job:
         self.say(f"[launch] sshd reachable on every node; {found.said} ({time.monotonic() - t0:.1f} s)")
         return found.ompi
 
-    def pull(self, prepared: Prepared, t0: float = 0.0) -> Pulled:
-        """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
-        and rate while it pulls, then one summary line naming the slowest node; nothing pulled,
-        and no session opened, where prepare found the image held (the registry's digest, for
-        --pull always). The start step then pulls only where a node has no image of that name
-        (a failed pull here, a local image there: it is used, with the warning below; no image:
-        the start step's error names the node). t0: the launch's start (its timeline)."""
-        t = time.time()
-        if self.spec.pull == "never":
-            return Pulled(self.spec.pull, pull_timeline({}, self.nodes, t, t0))
-        if prepared.absent:  # a misspelt name or tag: no node would get it; one line, not one per node
-            self.say(f"[launch] warning: {absent_line(self.spec.image)}")
-            return Pulled("missing", pull_timeline({}, self.nodes, t, t0))
-        tty = self.say is print and sys.stdout.isatty()
-        out = sys.stdout if tty else _SayLines(self.say, "[launch] pull ")
-        progress = []
-        try:
-            progress = pull_on_nodes(self.nodes, self.spec.image, self.spec.pull, ssh=self.ssh, out=out, tty=tty,
-                                     login=prepared.login, digest=prepared.digest,
-                                     show_present=False,  # "": not asked again
-                                     held=prepared.held, clock=time.time)
-        except LaunchError as e:
-            self.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
-        return Pulled("missing", pull_timeline({p.host: p.ended for p in progress if p.state == "pulled"},
-                                               self.nodes, t, t0))
-
-    def _registry(self) -> tuple[Login | None, RegistryAnswer]:
-        """What the registry says once for every step: its login and (--pull always) the
-        image's digest, or that it has no such image; (None, unknown) for --pull never."""
-        if self.spec.pull == "never":
-            return None, RegistryAnswer(None)
-        login = login_for(self.spec.image)
-        answer = RegistryAnswer(None)
-        if self.spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
-            answer = ask_registry(self.spec.image, user=login.user if login.registry else None,
-                                  password=login.password if login.registry else None, timeout=3)
-        return login, answer
-
     def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
         another launch holds it refuses, changing nothing), the job's directory on every node
@@ -845,7 +540,7 @@ class Job:
         The same round asks each node whether it holds the image already (pull()).
         t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
         watch = contract.node_script("watch.sh")
-        login, answer = self._registry()
+        login, answer = registry(self.spec)
         digest = answer.digest or ""
         # what each node is asked about the image (host/prepare.sh): IMAGE POLICY DIGEST
         question = () if login is None else (self.spec.image, self.spec.pull, digest)
@@ -872,7 +567,7 @@ class Job:
                                                    hold_stdin=True, timeout=3600, on_line=relay)
         keys = self._keys()  # ssh-keygen while the nodes answer: off the launch's path
         if self.launcher.supervised:
-            supervision.supervisor_texts()  # and the supervisor's files read (run_supervised sends them)
+            supervision.supervisor_texts()  # and the supervisor's files read (Session.run sends them)
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
             while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
@@ -914,178 +609,10 @@ class Job:
         raise_on_failure(results, "preparing the job's directory")
         raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
-    def plan(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
-             quarantined: dict[str, str] | None = None) -> runplan.RunPlan:
-        """What the supervisor runs (plan.json): the launcher command apart from its nodes, the
-        nodes (the last `--spares` of them ready, with no rank) and the restart policy; it builds
-        each attempt's command from them (launchers.attempt_argv), the first one as the launch
-        shows it. A per-node command (torchrun) runs in its container through
-        launch/node/run.sh: the job's --env values from its file. quarantined: nodes taken out
-        before the start ({host: why}; a spare takes each one's place). node_dirs: host -> the
-        job's directory there (the plan names the first node's)."""
-        spec = self.spec
-        ranks, spares = (plan_nodes(f) for f in split_spares(started.facts, spec.spares))
-        if quarantined:
-            ranks, spares, _ = runplan.swap_out(ranks, spares, quarantined)
-        policy = supervision.Policy(spec.restarts, spec.min_nodes or len(ranks), hang_timeout=spec.hang_timeout,
-                                    progress_pattern=spec.progress_pattern, straggler_check=spec.straggler_check,
-                                    replace_stragglers=spec.replace_stragglers)
-        live = [f for f in started.facts if f.hostname not in (quarantined or {})]
-        prefix = run_script_argv(spec, live, [], ready=False, fill_hosts=True) if self.launcher.per_node else []
-        first = next(f.node.host for f in started.facts if f.hostname == ranks[0].hostname)
-        node_dir = node_dirs.get(first, "")
-        run = launch_command(spec, ompi, started.subnet)
-        check, _ = nccl_mode(spec, started.facts)
-        if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
-            run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
-        plan = supervision.plan(run, ranks, spares=spares,
-                                quarantined=quarantined, ssh=container.supervisor_ssh(),
-                                policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)
-        return replace(plan, nccl_check=check, efa_types=spec.efa_types) if check != "off" else plan
-
-    def run_supervised(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
-                       quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> int:
-        """The job under its supervisor in the first container (launch/node/supervise.py, started
-        by launch/node/host/supervise.sh): attached, its output streams here until it ends;
-        detached (--detach), this returns once the job runs, and the nodes supervise it alone.
-        quarantined: nodes the network gate left out (spares take their places). rec: the
-        launch's timeline so far; the readiness check's and the supervisor's phases join it (each
-        node's first step, a restart's phases), and the log shows it as a table once every node
-        made its first step (or the output ends before)."""
-        plan = self.plan(started, node_dirs, ompi, quarantined)
-        if why := nccl_mode(self.spec, started.facts)[1]:
-            self.say(f"[launch] NCCL network check off: {why}")
-        facts = [f for f in started.facts if f.hostname not in (quarantined or {})]  # the gate's left out
-        first = next(f for f in facts if f.hostname == plan.nodes[0].hostname)  # a spare, where the gate took node 1
-        rec = rec or timeline.Recorder(time.time())
-        store.record(self.spec.name, state="running", ranks=runplan.rank_map(plan.nodes), first=first.node.host,
-                     node_names=node_names(facts))
-        # the first attempt's command, rank_output.py's name in it, not its text
-        shown = runplan.shown_argv(launchers.attempt_argv(plan.run, plan.nodes)[0], plan.run.rank_output)
-        spares = f", spares {', '.join(n.hostname for n in plan.spares)}" if plan.spares else ""
-        self.say(f"[launch] {self.launcher.name} on {first.hostname}, supervised there"
-                 + (f" (up to {plan.max_restarts} restart(s) on at least {plan.min_nodes} node(s){spares})"
-                    if plan.max_restarts else spares) + f": {shlex.join(shown)}")
-        job_dir = supervision.CONTAINER_JOB_DIR
-        sup = supervisor_argv(job_dir, self.spec.detach)
-        # ready: the supervisor reaches every container's sshd (mpirun's daemons; torchrun on
-        # each node; its health probes), so their sshd answers first, whatever the launcher; its
-        # own node's only where the launcher goes there by ssh too (mpirun does not: no handshake).
-        # attached: python starts beside the check (detached, the node's program waits for the
-        # supervisor's first event, which a failed check would never give: the check first)
-        inner = run_script_argv(self.spec, facts, sup, ready=True, fill_hosts=True,
-                                ready_skip="" if self.launcher.ssh_here else first.address,
-                                ready_beside=not self.spec.detach)
-        if started.standby == first.node.host:  # its container waits for run.sh's argv (standby.sh)
-            mode = "standby"
-        else:  # attached, docker exec -i: stdin's end stops the job
-            mode = "detach" if self.spec.detach else "attach"
-            inner = ["docker", "exec", *([] if self.spec.detach else ["-i"]), container_name(self.spec.name), *inner]
-        argv = self.ssh.argv(first.node, node_programs.host_argv("supervise", node_dirs[first.node.host], mode, *inner))
-        program, builders = supervision.supervisor_texts()
-        payload = counted_text((program, json.dumps(plan.to_json()), builders))
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
-        assert proc.stdin and proc.stdout
-        proc.stdin.write(payload)
-        proc.stdin.flush()
-        if self.spec.detach:
-            proc.stdin.close()
-        timer = None
-        if self.spec.job_timeout:
-            def expire() -> None:
-                self._timed_out = True
-                self.say(f"[launch] job timed out after {self.spec.job_timeout:g} s")
-                self.teardown()
-            timer = threading.Timer(self.spec.job_timeout, expire)
-            timer.daemon = True
-            timer.start()
-        on_phase, show_timeline = self._timeline_sink(rec, facts, [n.hostname for n in plan.nodes])
-        render = supervision.Render(self.launcher.name, first.hostname, t0=rec.t0, names=node_names(facts),
-                                    on_phase=on_phase, quarantined=dict(quarantined or {}))
-        ready_lines: list[str] = []
-        last = ""  # ssh's own last word, where the link to the first node is lost
-        if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
-            threading.Thread(target=_beat, args=(proc.stdin,), name="dtrain-beat", daemon=True).start()
-        try:
-            for lines in output.read_lines(proc.stdout.buffer.read1):  # what each read brought, at once
-                with self._batched():
-                    for line in lines:
-                        if SSH_SAID.match(line):
-                            last = line.strip()
-                        if line.startswith(contract.READY_SAYS):
-                            ready_lines.append(line)
-                            continue
-                        seen, slow = len(render.quarantined), len(render.stragglers)
-                        for shown in render.feed(line):
-                            self._emit(shown)
-                        if len(render.quarantined) != seen:  # `dtrain status` says which nodes are out, and why
-                            store.record(self.spec.name, quarantined=dict(render.quarantined))
-                        if len(render.stragglers) != slow:  # ... and which are stragglers
-                            store.record(self.spec.name, stragglers=dict(render.stragglers))
-            for shown in render.flush():
-                self._emit(shown)
-            show_timeline()  # where not every node made a first step (or detached: none yet)
-            proc.wait()
-        finally:
-            if timer:
-                timer.cancel()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            if not self.spec.detach:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass  # a beat left unsent to a session that ended
-        if self._timed_out:
-            return 124
-        final = render.final
-        if proc.returncode == READY_FAILED and ready_lines and final is None:
-            raise LaunchError(_ready_error("\n".join(ready_lines), None))
-        if final is None and proc.returncode == SSH_FAILURE and not self._closing:
-            self.started = [n for n in self.started if n != first.node]  # teardown does not wait on it
-            raise LaunchError(lost_link_error(first, last, self.spec))
-        if self.spec.detach:
-            if final is not None or proc.returncode != 0:
-                return render.exit_code or proc.returncode or 1
-            self.detached = True
-            n = self.spec.name
-            self.say(f"[launch] job {n} detached: it runs on the nodes, supervised from {first.hostname}.\n"
-                     f"  follow: dtrain logs --job {n} --follow\n  state:  dtrain status\n"
-                     f"  stop:   dtrain stop --job {n}")
-            return 0
-        if final is None:
-            return proc.returncode or 1
-        store.record(self.spec.name, final=final)
-        return render.exit_code or 0
-
-    def _timeline_sink(self, rec: timeline.Recorder, facts: Sequence[NodeFacts],
-                       ranked: Sequence[str]) -> tuple[Callable[[timeline.Entry], None], Callable[[], None]]:
-        """(on_phase, show): on_phase adds an entry to rec; once every node of `ranked`
-        (hostnames: the nodes that run a rank) made its first step, the timeline goes into the
-        log as a table (show does it now, where it has not yet); a restart's phases go into the
-        job's record as they come."""
-        names = node_names(facts)
-        hosts = [f.node.host for f in facts]
-        ranked = [names.get(h, h) for h in ranked]
-        shown = threading.Event()
-
-        def show() -> None:
-            if not shown.is_set():
-                shown.set()
-                for line in timeline.log_lines(rec.entries(), hosts):
-                    self._emit(line)
-                store.record(self.spec.name, timeline=timeline.to_json(rec.entries()))
-
-        def on_phase(entry: timeline.Entry) -> None:
-            rec.add([entry])
-            if entry.restart:
-                store.record(self.spec.name, timeline=timeline.to_json(rec.entries()))
-            elif timeline.complete(rec.entries(), ranked):
-                show()
-
-        return on_phase, show
+    def session(self) -> Session:
+        """The attached-supervisor session of this job (launch/jobs/session.py)."""
+        return Session(self.spec, self.launcher, self.ssh, self.say, self.sink, stop=self.teardown,
+                       closing=lambda: self._closing)
 
     def teardown(self) -> None:
         """Remove the job's containers and keys everywhere (from any thread; once)."""
@@ -1104,34 +631,11 @@ class Job:
                 self.keys.remove()  # the job's private keys go with the job
             self.ssh.close()
 
-    def _job(self, started: Started, node_dirs: Mapping[str, str], ompi: int, quarantined: dict[str, str] | None = None,
-             rec: timeline.Recorder | None = None) -> int:
-        """The job: Ray's steps, or the launcher's command under its supervisor; but where a
-        node's sshd never came up (_watch_up ended the job), that is the error."""
-        try:
-            if not self.launcher.supervised:  # its own protocol (Ray: its cluster, the command its driver)
-                code = self.launcher.run(OwnRun(self, started.facts))
-            else:
-                code = self.run_supervised(started, node_dirs, ompi, quarantined, rec)
-        except LaunchError:
-            if failure := self.up_failure(self.spec.ready_timeout + 30):
-                raise failure from None
-            raise
-        if failure := self.up_failure(self.spec.ready_timeout + 30):
-            raise failure
-        return code
-
     def run(self) -> int:
-        wd = wdir.scan(Path(self.spec.workdir), self.spec.workdir_limit) if self.spec.workdir else None
-        check_spares(self.spec, len(self.nodes))
-        unshared = check_checkpoint_dir(self.spec)
-        if not self.launcher.supervised and (self.spec.detach or self.spec.restarts or self.spec.spares
-                                             or self.spec.hang_timeout or self.spec.straggler_check):
-            raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
-                              f"{launchers.choices(launchers.names(supervised=True))}, not {self.launcher.name}"
-                              + (f" ({self.launcher.output.why_not})" if self.launcher.output.why_not else ""))
-        if self.confirm:
-            self.confirm()
+        """The stages one after another (Stage, STAGES: each takes what the earlier ones
+        returned, State); the job's exit code. Ctrl-C, SIGTERM and a failure at any stage end
+        in the teardown stage, as the job's end does; a detached job's containers stay."""
+        wd, unshared = checks(self)
         # The launcher's lock of the name before anything of the job changes (here or on a node).
         self._lock = store.take_launch_lock(self.spec.name)
         rec = timeline.Recorder(time.time())  # the launch's timeline: every stage adds its phases
@@ -1141,43 +645,15 @@ class Job:
                          progress_pattern=self.spec.progress_pattern,
                          **store.launcher_fields(), started=rec.t0, state="starting", exit_code=None,
                          timeline=[])  # dtrain report: a new launch's record, phases as they come
-        self._log = store.open_private(self.dir / "output.log")
-        self._times = store.open_private(self.dir / "output.times")
+        self.sink.open(self.dir)
         for warning in ([unshared] if unshared else []) + self.launcher.notes(self.spec, len(self.nodes)):
             self.say(f"[launch] warning: {warning}")
-        code = 1
-        t0 = time.monotonic()
+        state = State(Stage.PREPARE, Given(wd, rec, time.monotonic()))
         restore = sigterm_as_interrupt()
         try:
-            prepared = self.prepare(wd, rec.t0)
-            rec.add(prepared.timeline)
-            store.record(self.spec.name, node_dirs=prepared.node_dirs)
-            pulled = self.pull(prepared, rec.t0)
-            rec.add(pulled.timeline)
-            started = self.up(prepared, pulled, rec)
-            rec.add(started.timeline)
-            quarantined: dict[str, str] = {}
-            if self.spec.check_network:
-                began = time.time()
-                gate = self.gate_nodes(started)
-                store.record(self.spec.name, gate=gate.to_json())  # dtrain report: per node and pair
-                rec.add(timeline.rounds("network-gate", {f.node.host: (began, time.time()) for f in started.facts},
-                                        rec.t0))
-                if gate.culprits:  # the one place a launch learns of a slow node: spares take their place
-                    if failure := self.up_failure(0):
-                        raise failure  # a node whose container exited: that, not a slow link
-                    quarantined = gate_out(started.facts, self.spec.spares, gate)
-                    self._take_out(started.facts, quarantined)
-            ompi = started.ompi or 4
-            if check := self.launcher.preflight(started.ompi):  # the launcher's own tool (mpirun: its version)
-                ompi = self.preflight([f for f in started.facts if f.hostname not in quarantined], check) or ompi
-            self.say(f"[launch] launch took {time.monotonic() - t0:.1f} s; job output follows")
-            code = self._job(started, prepared.node_dirs, ompi, quarantined, rec)
-            if self.detached:
-                store.record(self.spec.name, state="detached")
-                return 0
-            store.record(self.spec.name, state="succeeded" if code == 0 else "failed", exit_code=code)
-            return code
+            while state.stage is not Stage.TEARDOWN:
+                state = STAGES[state.stage](self, state)
+            return result(self.spec.name, state.outcome)
         except KeyboardInterrupt as e:
             code, what = interrupt_code(e)
             store.record(self.spec.name, state="interrupted", exit_code=code)
@@ -1186,22 +662,213 @@ class Job:
         except LaunchError as e:
             # the CLI exits with USER_ERROR_EXIT for it (tasks.py user_errors): the record says the same
             store.record(self.spec.name, state="failed to launch", exit_code=contract.USER_ERROR_EXIT)
-            self._log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
+            self.sink.log_only(f"error: {e}")  # the CLI prints it; the log keeps it for diagnose and logs
             raise
         finally:
-            if not self.detached:
-                self.teardown()
-            else:  # the nodes supervise it now: only this machine's copy of the key goes
-                self.ssh.close()
-                if self.keys:
-                    self.keys.remove()
-            for f in (self._log, self._times):
-                if f:
-                    f.close()
+            self.end(detached=state.outcome is not None and state.outcome.detached)
             restore()
             store.record(self.spec.name, ended=time.time(), timeline=timeline.to_json(rec.entries()))
-            store.release_launch_lock(self._lock)
-            self._lock = None
+
+    def end(self, detached: bool) -> None:
+        """The teardown stage: every container and key (teardown); detached, only this machine's
+        copy of the key (the nodes supervise the job now). Then the log and the launch's lock."""
+        if not detached:
+            self.teardown()
+        else:
+            self.ssh.close()
+            if self.keys:
+                self.keys.remove()
+        self.sink.close()
+        store.release_launch_lock(self._lock)
+        self._lock = None
+
+
+# ---------------------------------------------------------------- the stages (Job.run)
+
+
+def checks(job: Job) -> tuple[wdir.Workdir | None, str | None]:
+    """Before anything is sent: the workdir read, the spares and flags checked, the user's
+    confirmation (trust.check_hosts); (the workdir, the unshared checkpoint dir's warning)."""
+    wd = wdir.scan(Path(job.spec.workdir), job.spec.workdir_limit) if job.spec.workdir else None
+    check_spares(job.spec, len(job.nodes))
+    unshared = check_checkpoint_dir(job.spec)
+    if not job.launcher.supervised and (job.spec.detach or job.spec.restarts or job.spec.spares
+                                         or job.spec.hang_timeout or job.spec.straggler_check):
+        raise LaunchError("--detach, --max-restarts, --spares, --hang-timeout and --straggler-check are for "
+                          f"{launchers.choices(launchers.names(supervised=True))}, not {job.launcher.name}"
+                          + (f" ({job.launcher.output.why_not})" if job.launcher.output.why_not else ""))
+    if job.confirm:
+        job.confirm()
+    return wd, unshared
+
+
+def registry(spec: JobSpec) -> tuple[Login | None, RegistryAnswer]:
+    """What the registry says once for every step: its login and (--pull always) the
+    image's digest, or that it has no such image; (None, unknown) for --pull never."""
+    if spec.pull == "never":
+        return None, RegistryAnswer(None)
+    login = login_for(spec.image)
+    answer = RegistryAnswer(None)
+    if spec.pull == "always":  # a registry this machine cannot reach costs at most 2 x 3 s
+        answer = ask_registry(spec.image, user=login.user if login.registry else None,
+                              password=login.password if login.registry else None, timeout=3)
+    return login, answer
+
+
+def pull(job: Job, prepared: Prepared, t0: float = 0.0) -> Pulled:
+    """The image onto every node before the containers (launch/jobs/pull.py): per node, bytes
+    and rate while it pulls, then one summary line naming the slowest node; nothing pulled,
+    and no session opened, where prepare found the image held (the registry's digest, for
+    --pull always). The start step then pulls only where a node has no image of that name
+    (a failed pull here, a local image there: it is used, with the warning below; no image:
+    the start step's error names the node). t0: the launch's start (its timeline)."""
+    t = time.time()
+    if job.spec.pull == "never":
+        return Pulled(job.spec.pull, pull_timeline({}, job.nodes, t, t0))
+    if prepared.absent:  # a misspelt name or tag: no node would get it; one line, not one per node
+        job.say(f"[launch] warning: {absent_line(job.spec.image)}")
+        return Pulled("missing", pull_timeline({}, job.nodes, t, t0))
+    tty = job.say is print and sys.stdout.isatty()
+    out = sys.stdout if tty else _SayLines(job.say, "[launch] pull ")
+    progress = []
+    try:
+        progress = pull_on_nodes(job.nodes, job.spec.image, job.spec.pull, ssh=job.ssh, out=out, tty=tty,
+                                 login=prepared.login, digest=prepared.digest,
+                                 show_present=False,  # "": not asked again
+                                 held=prepared.held, clock=time.time)
+    except LaunchError as e:
+        job.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
+    return Pulled("missing", pull_timeline({p.host: p.ended for p in progress if p.state == "pulled"},
+                                           job.nodes, t, t0))
+
+
+def write_node_env(job: Job, facts: Sequence[NodeFacts]) -> None:
+    """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
+    directory (mounted in its container; read by nic.NODE_ENV_WRAPPER). Data on stdin."""
+    path = f"{node_key_dir(job.spec.name)}/{nic.NODE_ENV_FILE}"
+    by_host = {f.node.host: f for f in facts}
+    results = job.ssh.run(job.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
+                           stdin=lambda n: nic.node_env_text(by_host[n.host].iface, skip=list(job.spec.env)),
+                           timeout=60)
+    raise_on_failure(results, "writing each node's NIC")
+
+
+class Stage(Enum):
+    PREPARE = "prepare"
+    PULL = "pull"
+    UP = "up"
+    GATE = "gate"
+    PREFLIGHT = "preflight"
+    RUN = "run"
+    TEARDOWN = "teardown"
+
+
+@dataclass(frozen=True)
+class Given:
+    """What every stage may read: the workdir read (None without --workdir), the launch's
+    timeline (each stage adds its phases), and when the launch began (time.monotonic)."""
+
+    wd: wdir.Workdir | None
+    rec: timeline.Recorder
+    t0: float
+
+
+@dataclass(frozen=True)
+class State:
+    """Where the launch is: the stage to run next and what the stages before returned."""
+
+    stage: Stage
+    given: Given
+    prepared: Prepared = Prepared()
+    pulled: Pulled | None = None
+    started: Started | None = None
+    quarantined: Mapping[str, str] = field(default_factory=dict)  # the network gate's left out: {host: why}
+    ompi: int = 4
+    outcome: Outcome | None = None  # the job's end (the run stage)
+
+
+def prepare_stage(job: Job, s: State) -> State:
+    prepared = job.prepare(s.given.wd, s.given.rec.t0)
+    s.given.rec.add(prepared.timeline)
+    store.record(job.spec.name, node_dirs=prepared.node_dirs)
+    return replace(s, stage=Stage.PULL, prepared=prepared)
+
+
+def pull_stage(job: Job, s: State) -> State:
+    pulled = pull(job, s.prepared, s.given.rec.t0)
+    s.given.rec.add(pulled.timeline)
+    return replace(s, stage=Stage.UP, pulled=pulled)
+
+
+def up_stage(job: Job, s: State) -> State:
+    started = job.up(s.prepared, s.pulled, s.given.rec)
+    s.given.rec.add(started.timeline)
+    return replace(s, stage=Stage.GATE, started=started)
+
+
+def gate_stage(job: Job, s: State) -> State:
+    """--check-network: the gate between the containers; the nodes it names are taken out
+    before the job, spares in their places (the one place a launch learns of a slow node)."""
+    assert s.started is not None
+    if not job.spec.check_network:
+        return replace(s, stage=Stage.PREFLIGHT)
+    began = time.time()
+    gate = job.gate_nodes(s.started)
+    store.record(job.spec.name, gate=gate.to_json())  # dtrain report: per node and pair
+    s.given.rec.add(timeline.rounds("network-gate", {f.node.host: (began, time.time()) for f in s.started.facts},
+                                    s.given.rec.t0))
+    if not gate.culprits:
+        return replace(s, stage=Stage.PREFLIGHT)
+    if failure := job.up_failure(0):
+        raise failure  # a node whose container exited: that, not a slow link
+    quarantined = gate_out(s.started.facts, job.spec.spares, gate)
+    job._take_out(s.started.facts, quarantined)
+    return replace(s, stage=Stage.PREFLIGHT, quarantined=quarantined)
+
+
+def preflight_stage(job: Job, s: State) -> State:
+    """The launcher's own tool checked (mpirun: its version, Open MPI's major for its flags)."""
+    assert s.started is not None
+    ompi = s.started.ompi or 4
+    if check := job.launcher.preflight(s.started.ompi):
+        ompi = job.preflight([f for f in s.started.facts if f.hostname not in s.quarantined], check) or ompi
+    job.say(f"[launch] launch took {time.monotonic() - s.given.t0:.1f} s; job output follows")
+    return replace(s, stage=Stage.RUN, ompi=ompi)
+
+
+def run_stage(job: Job, s: State) -> State:
+    """The job: Ray's steps, or the launcher's command under its supervisor (session.py); but
+    where a node's sshd never came up (Job._watch_up ended the job), that is the error."""
+    assert s.started is not None
+    try:
+        if not job.launcher.supervised:  # its own protocol (Ray: its cluster, the command its driver)
+            outcome = Outcome(job.launcher.run(OwnRun(job, s.started.facts)))
+        else:
+            outcome = job.session().run(s.started, s.prepared.node_dirs, s.ompi, dict(s.quarantined), s.given.rec)
+    except LaunchError as e:
+        if isinstance(e, LinkLost):  # the first node is gone: teardown does not wait on it
+            job.started = [n for n in job.started if n != e.node]
+        if failure := job.up_failure(job.spec.ready_timeout + 30):
+            raise failure from None
+        raise
+    if failure := job.up_failure(job.spec.ready_timeout + 30):
+        raise failure
+    return replace(s, stage=Stage.TEARDOWN, outcome=outcome)
+
+
+STAGES: dict[Stage, Callable[[Job, State], State]] = {
+    Stage.PREPARE: prepare_stage, Stage.PULL: pull_stage, Stage.UP: up_stage, Stage.GATE: gate_stage,
+    Stage.PREFLIGHT: preflight_stage, Stage.RUN: run_stage}  # Stage.TEARDOWN: Job.end, always
+
+
+def result(name: str, outcome: Outcome | None) -> int:
+    """The job's exit code from how it ended, as its record says it."""
+    assert outcome is not None
+    if outcome.detached:
+        store.record(name, state="detached")
+        return 0
+    store.record(name, state="succeeded" if outcome.code == 0 else "failed", exit_code=outcome.code)
+    return outcome.code
 
 
 class _SayLines:
@@ -1222,19 +889,6 @@ class _SayLines:
 
     def isatty(self) -> bool:
         return False
-
-
-def _beat(stdin) -> None:
-    """An attached job's supervisor hears from its launcher: a line on its stdin every
-    supervision.LAUNCHER_BEAT_S seconds until the pipe closes (the supervisor ends the job after
-    supervision.LAUNCHER_SILENCE_S without one: a link lost the node's sshd never notices)."""
-    while True:
-        time.sleep(supervision.LAUNCHER_BEAT_S)
-        try:
-            stdin.write("\n")
-            stdin.flush()
-        except (OSError, ValueError):
-            return
 
 
 class OwnRun:
@@ -1262,35 +916,11 @@ class OwnRun:
 
     def stream(self, fact: NodeFacts, argv: Sequence[str]) -> int:
         result = self.job.ssh.run([fact.node], lambda n: list(argv), timeout=self.spec.job_timeout, retries=0,
-                                  on_line=lambda n, line: self.job._emit(f"[{fact.hostname}] {line.rstrip()}"))[0]
+                                  on_line=lambda n, line: self.job.sink.emit(f"[{fact.hostname}] {line.rstrip()}"))[0]
         return _exit_code(result)
 
     def closing(self) -> bool:
         return self.job._closing
-
-
-def node_names(facts: Sequence[NodeFacts]) -> dict[str, str]:
-    """A node's hostname and address -> its host, as the launch names it (the timeline's rows)."""
-    return {**{f.address: f.node.host for f in facts}, **{f.hostname: f.node.host for f in facts}}
-
-
-def lost_link_error(first: NodeFacts, last: str, spec: JobSpec) -> str:
-    """The ssh session to the job's first node (its supervisor's output) ended on its own: the
-    link or the node is gone. What happens to the job there, and to what it left."""
-    said = f" ({last})" if last else ""
-    if spec.detach:
-        return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, while "
-                f"starting job {spec.name}{said}; it may still run there: dtrain status, dtrain stop --job {spec.name}")
-    return (f"lost the connection to {first.node.host} ({first.hostname}), the job's first node, where its "
-            f"supervisor runs{said}: the supervisor stops the job once it sees the launcher gone, and each "
-            f"node's watchdog removes the job's container and files there within {spec.heartbeat_timeout} s "
-            f"of its last heartbeat")
-
-
-def _ready_error(output: str, error: str | None) -> str:
-    lines = [ln.removeprefix(contract.READY_SAYS) for ln in output.splitlines() if ln.startswith(contract.READY_SAYS)]
-    return f"containers started, but not every node's sshd answers on {contract.SSH_PORT}:\n  " + "\n  ".join(
-        lines or [error or "no answer"])
 
 
 def _exit_code(r: NodeResult) -> int:

@@ -41,7 +41,7 @@ from dtrain.launch.jobs import events
 from dtrain.launch.remote.transport import SshTransport
 
 if TYPE_CHECKING:
-    from dtrain.launch.jobs.job import NodeFacts
+    from dtrain.launch.jobs.spec import NodeFacts
 
 EXPECTATIONS = Path(__file__).with_name("network_expectations.yaml")
 PEER_FRACTION = 0.5  # slow: below half the median of the other nodes

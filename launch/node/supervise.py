@@ -455,7 +455,7 @@ class Supervisor:
         self.slow = {}
         if self.plan.straggler_check:
             self.sampling = threading.Event()
-            threading.Thread(target=self.sample_stragglers, args=(nodes, attempt, self.sampling), daemon=True).start()
+            threading.Thread(target=sample_stragglers, args=(self, nodes, attempt, self.sampling), daemon=True).start()
         self.hang = progress.watch(run.launcher, self.plan.hang_timeout, self.plan.progress_pattern,
                                    runplan.rank_map(nodes), time.monotonic())
         if not run.per_node:  # mpirun, horovodrun: one command here starts every rank
@@ -504,7 +504,7 @@ class Supervisor:
             if self.nccl_fatal is not None:
                 return AttemptEnd(1, {}, spare_out, fatal=self.nccl_fatal[0])
             if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
-                return AttemptEnd(1, {}, spare_out, hung=self.on_hang(nodes, stall))
+                return AttemptEnd(1, {}, spare_out, hung=on_hang(self, nodes, stall))
             time.sleep(0.1)
 
     def checkpoint_now(self, nodes: Sequence[runplan.PlanNode]) -> float:
@@ -526,135 +526,6 @@ class Supervisor:
             self.emit(f"[supervisor] no checkpoint confirmed within {self.plan.checkpoint_grace:g} s "
                       f"(rank 0 removes {flag} once saved): restarting from the last one")
         return time.monotonic() - t0
-
-    def on_hang(self, nodes: Sequence[runplan.PlanNode], stall: progress.Stall) -> str:
-        """Every process's Python stack of the attempt on every node (launch/node/stacks.sh in
-        each container, all at once), the `hang` event naming the culprits from those stacks
-        (launch/analysis/stacks.py: the ranks not waiting in a collective; by progress where every
-        rank waits), then the stacks, node by node; the reason the attempt ends."""
-        from dtrain.launch.analysis import stacks
-
-        ranks = runplan.rank_map(nodes)
-        fields = progress.event_fields(stall, ranks)
-        script = contract.node_script("stacks.sh")
-        args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(self.state["restarts"]))]
-        dumps: dict[str, list[str]] = {}
-
-        def one(n: runplan.PlanNode) -> None:
-            argv = [*args, n.hostname]
-            if n is not self.me:
-                argv = self.remote(n, shlex.join(argv), mux=False)
-            try:
-                r = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace", timeout=30)
-                lines = r.stdout.splitlines()
-                if r.returncode != 0:
-                    lines.append(f"[{n.hostname}] no stacks: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            except subprocess.TimeoutExpired:
-                lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
-            dumps[n.hostname] = lines
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
-        fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
-        self.event("hang", **fields)
-        for line in lines:
-            self.emit(contract.STACK_LINE + line)
-        named = stacks.culprit_text(fields, brief=True)
-        if not named:
-            who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
-            named = f"{stacks.fallback_text(fields)}: {who}"
-        return f"hang: no rank made progress for {stall.silent_for} s; {named}"
-
-    def sample_stragglers(self, nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
-        """--straggler-check: every `straggler_check` s, every rank's stack on every node at once
-        (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
-        (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
-        `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
-        from dtrain.launch.analysis import straggler
-
-        interval = float(self.plan.straggler_check or 0)
-        history = straggler.History()
-        named: set[int] = set()
-        script = contract.node_script("stacks.sh")
-        args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
-        wait = interval
-        while not done.wait(wait):
-            t0 = time.monotonic()
-            dumps: dict[str, list[str]] = {}
-
-            def one(n: runplan.PlanNode) -> None:
-                argv = [*args, n.hostname, "sample"]
-                argv = argv if n is self.me else self.remote(n, shlex.join(argv))
-                try:
-                    dumps[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
-                                                       errors="replace", timeout=max(10, 3 * interval)).stdout.splitlines()
-                except subprocess.TimeoutExpired:
-                    dumps[n.hostname] = []
-
-            threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if done.is_set():
-                return
-            lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
-            history.add(straggler.ranks_waiting(lines))
-            where = straggler.ranks_of_dump(lines)
-            # one round every interval on average, start to start, at a random phase: a fixed period
-            # close to the step time would sample the same part of every step (aliasing)
-            wait = max(0.05, interval * random.uniform(0.5, 1.5) - (time.monotonic() - t0))
-            for s in history.verdict():
-                if s.rank in named:
-                    continue
-                named.add(s.rank)
-                fields = straggler.event_fields(s, where.get(s.rank, "?"), interval)
-                self.state.setdefault("stragglers", {})[fields["node"]] = straggler.summary(fields)
-                self.save_state()
-                self.emit(EVENT + json.dumps({"event": "straggler", "attempt": attempt, **fields}))
-                if self.plan.replace_stragglers and fields["node"] != self.me.hostname:  # it runs this
-                    self.slow.setdefault(fields["node"], "straggler: " + straggler.summary(fields))
-
-    def check_nccl(self, nodes: Sequence[runplan.PlanNode]) -> None:
-        """--nccl-check, on the first attempt: every container's NCCL debug files (one per rank,
-        the plan's nccl_check gave the ranks NCCL_DEBUG_FILE) read by launch/node/nccl_net.sh
-        once a rank said which network it uses (at most nccl_net.WAIT_S after the start), judged
-        against what each node has (nccl_net.judge_node); one `nccl-net` event, and in
-        state.json. A mismatch where it fails (nccl_net.fails: `fail`, or `auto` on a node that
-        should use EFA) ends the job, naming the node, NCCL's choice, what was expected and the fix."""
-        from dtrain.launch.jobs import nccl_net
-
-        script = contract.node_script("nccl_net.sh")
-        args = ["bash", "-s", "--", JOB_DIR, str(nccl_net.WAIT_S), *nccl_net.RANK_VARS]
-        said: dict[str, str] = {}
-
-        def one(n: runplan.PlanNode) -> None:
-            argv = args if n is self.me else self.remote(n, shlex.join(args))
-            try:
-                said[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace",
-                                                  timeout=nccl_net.WAIT_S + 30).stdout
-            except (subprocess.TimeoutExpired, OSError):
-                said[n.hostname] = ""
-
-        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if self.state.get("restarts") != 0 or self.stopping.is_set():
-            return  # the first attempt ended meanwhile: its check says nothing of the next
-        fields, bad = nccl_net.event_fields(self.plan.nccl_check, {n.hostname: said.get(n.hostname, "") for n in nodes},
-                                            dict(self.plan.efa_types))
-        self.state["nccl"] = nccl_net.summary(fields)
-        self.save_state()
-        self.emit(EVENT + json.dumps({"event": "nccl-net", **fields}))
-        self.emit_all([contract.STACK_LINE + w for w in nccl_net.warnings(said)])  # shown as they are
-        if bad:
-            self.nccl_fatal = (nccl_net.failure(fields, bad), bad)
 
     def stop_attempt(self, grace: float = 10, lost: Collection[str] = ()) -> None:
         """End the attempt's processes: TERM, then KILL after grace seconds; then read their last
@@ -716,74 +587,22 @@ class Supervisor:
             if attempt == 0:  # the heartbeat sessions once the job runs (HEARTBEAT_AFTER)
                 threading.Thread(target=self.watch_later, args=((*nodes, *spares),), daemon=True).start()
                 if self.plan.nccl_check not in ("", "off"):
-                    threading.Thread(target=self.check_nccl, args=(nodes,), daemon=True).start()
+                    threading.Thread(target=check_nccl, args=(self, nodes), daemon=True).start()
             else:
                 self.watch_all((*nodes, *spares))  # where the first attempt ended before they opened
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
             end = self.watch(nodes, spares)
             if end.code != 0:
                 self.watch_all((*nodes, *spares))  # which nodes are still there? asks them
-            code, out = end.code, dict(end.out)
             spares = tuple(s for s in spares if s.hostname not in end.spare_out)
             t_end = time.monotonic()
-            if out:  # said at once: the detection, before the attempt's teardown
-                for h in out:
-                    self.phase(attempt + 1, "detection", self.health.silent_for(h, t_end), node=h)
-                self.event("lost", nodes=out)
-            said = set(out)
-            leaving = [n for n in nodes if out.get(n.hostname, "").startswith(CHECKPOINT_FIRST)]
-            if leaving and not self.stopping.is_set():
-                self.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
-            # A lost node stalls every collective: no rank can save anything more, and mpirun
-            # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
-            self.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung or end.fatal else 10,
-                              lost=[h for h, why in out.items() if not why.startswith(CHECKPOINT_FIRST)])
-            if self.stopping.is_set():
-                self.event("failed", exit_code=code, reason="stopped: the launcher went away")
+            code, out, step, why = judge(self, nodes, spares, end, attempt, t_end)
+            if step != "restart":
                 break
-            if self.write_error:  # a full disk here: no restart writes more
-                self.event("failed", exit_code=1, reason=self.write_error, at_fault=[self.me.hostname])
-                code = 1
-                break
-            if end.fatal and self.nccl_fatal is not None:  # a restart would pick the same network
-                self.event("failed", exit_code=1, reason=end.fatal, at_fault=self.nccl_fatal[1])
-                code = 1
-                break
-            if code != 0 and not out:  # a rank failed: which nodes are still there? (a node gone
-                # silent just now is judged within suspect_after + connect_timeout: wait that long)
-                deadline = time.monotonic() + max(self.plan.settle, self.plan.suspect_after + self.plan.connect_timeout + 0.5)
-                while not out and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    out = self.health.lost(nodes)
-            if self.me.hostname in out and not out[self.me.hostname].startswith(CHECKPOINT_FIRST):
-                out.pop(self.me.hostname)  # this node answers: it is running this
-            if set(out) - said:
-                self.event("lost", nodes={h: why for h, why in out.items() if h not in said})
-            step, why = next_step(nodes, spares, out, attempt, code, self.plan.min_nodes, self.plan.max_restarts,
-                                  cause=end.hung)
-            if step == "succeeded":
-                self.event("succeeded", exit_code=0)
-                code = 0
-                break
-            if step == "failed":
-                self.event("failed", exit_code=code or 1, reason=why, at_fault=sorted(out))
-                code = code or 1
-                break
-            t_swap = time.monotonic()
-            nodes, spares, took = runplan.swap_out(nodes, spares, out)
-            for h, why_out in out.items():
-                self.quarantine(h, why_out)
-            for h, spare in took.items():
-                self.event("spare-in", node=spare, replaces=h)
-            self.kill_leftovers(nodes, attempt)
-            self.phase(attempt + 1, "teardown", time.monotonic() - t_end)
-            if took:
-                self.phase(attempt + 1, "spare-in", time.monotonic() - t_swap, node=",".join(took.values()))
+            nodes, spares = restart(self, nodes, spares, out, attempt, why, t_end)
             attempt += 1
-            self.event("restart", attempt=attempt, reason=why, dropped=sorted(set(out) - set(took)),
-                       replaced={h: s for h, s in took.items()}, ended_in=round(time.monotonic() - t_end, 1))
         self.health.close()
-        self.teardown([*nodes, *spares])
+        teardown(self, [*nodes, *spares])
         return code
 
     def watch_later(self, nodes: Sequence[runplan.PlanNode]) -> None:
@@ -805,24 +624,232 @@ class Supervisor:
         if self.first_line.wait(600) and self.state.get("restarts") == attempt:
             self.phase(attempt, "resumed", time.monotonic() - t_start)
 
-    def teardown(self, alive: Sequence[runplan.PlanNode]) -> None:
-        """Stop every other container still reachable (each node's watchdog then removes it and
-        the node's job files), then this one."""
-        if self.plan.keep_containers:
-            return
-        procs = [subprocess.Popen(self.remote(n, "kill 1", mux=False), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for n in alive if n is not self.me]
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+
+# ---------------------------------------------------------------- the restart policy
+
+
+def judge(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],
+          end: AttemptEnd, attempt: int, t_end: float) -> tuple[int, dict[str, str], str, str]:
+    """The ended attempt stopped (a leaving node's checkpoint first) and judged: (the job's exit
+    code, the nodes out with why, the step: "restart", or "ended" once its final event is said,
+    why). spares: those left after the attempt."""
+    code, out = end.code, dict(end.out)
+    if out:  # said at once: the detection, before the attempt's teardown
+        for h in out:
+            sup.phase(attempt + 1, "detection", sup.health.silent_for(h, t_end), node=h)
+        sup.event("lost", nodes=out)
+    said = set(out)
+    leaving = [n for n in nodes if out.get(n.hostname, "").startswith(CHECKPOINT_FIRST)]
+    if leaving and not sup.stopping.is_set():
+        sup.checkpoint_now([n for n in nodes if n.hostname not in out or n in leaving])
+    # A lost node stalls every collective: no rank can save anything more, and mpirun
+    # waits for the lost node's daemon. Its ranks get LOST_GRACE, not the usual 10 s.
+    sup.stop_attempt(grace=LOST_GRACE if out and not leaving else 1 if end.hung or end.fatal else 10,
+                     lost=[h for h, why in out.items() if not why.startswith(CHECKPOINT_FIRST)])
+    if sup.stopping.is_set():
+        sup.event("failed", exit_code=code, reason="stopped: the launcher went away")
+        return code, out, "ended", ""
+    if sup.write_error:  # a full disk here: no restart writes more
+        sup.event("failed", exit_code=1, reason=sup.write_error, at_fault=[sup.me.hostname])
+        return 1, out, "ended", ""
+    if end.fatal and sup.nccl_fatal is not None:  # a restart would pick the same network
+        sup.event("failed", exit_code=1, reason=end.fatal, at_fault=sup.nccl_fatal[1])
+        return 1, out, "ended", ""
+    if code != 0 and not out:  # a rank failed: which nodes are still there? (a node gone
+        # silent just now is judged within suspect_after + connect_timeout: wait that long)
+        deadline = time.monotonic() + max(sup.plan.settle, sup.plan.suspect_after + sup.plan.connect_timeout + 0.5)
+        while not out and time.monotonic() < deadline:
+            time.sleep(0.1)
+            out = sup.health.lost(nodes)
+    if sup.me.hostname in out and not out[sup.me.hostname].startswith(CHECKPOINT_FIRST):
+        out.pop(sup.me.hostname)  # this node answers: it is running this
+    if set(out) - said:
+        sup.event("lost", nodes={h: why for h, why in out.items() if h not in said})
+    step, why = next_step(nodes, spares, out, attempt, code, sup.plan.min_nodes, sup.plan.max_restarts,
+                          cause=end.hung)
+    if step == "succeeded":
+        sup.event("succeeded", exit_code=0)
+        return 0, out, "ended", why
+    if step == "failed":
+        sup.event("failed", exit_code=code or 1, reason=why, at_fault=sorted(out))
+        return code or 1, out, "ended", why
+    return code, out, "restart", why
+
+
+def restart(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],
+            out: dict[str, str], attempt: int, why: str,
+            t_end: float) -> tuple[Sequence[runplan.PlanNode], Sequence[runplan.PlanNode]]:
+    """The nodes out swapped for spares (runplan.swap_out) or dropped, and quarantined; the
+    ended attempt's leftover ranks killed; the `restart` event. Returns (nodes, spares) of the next."""
+    t_swap = time.monotonic()
+    nodes, spares, took = runplan.swap_out(nodes, spares, out)
+    for h, why_out in out.items():
+        sup.quarantine(h, why_out)
+    for h, spare in took.items():
+        sup.event("spare-in", node=spare, replaces=h)
+    sup.kill_leftovers(nodes, attempt)
+    sup.phase(attempt + 1, "teardown", time.monotonic() - t_end)
+    if took:
+        sup.phase(attempt + 1, "spare-in", time.monotonic() - t_swap, node=",".join(took.values()))
+    sup.event("restart", attempt=attempt + 1, reason=why, dropped=sorted(set(out) - set(took)),
+              replaced={h: s for h, s in took.items()}, ended_in=round(time.monotonic() - t_end, 1))
+    return nodes, spares
+
+
+def teardown(sup: "Supervisor", alive: Sequence[runplan.PlanNode]) -> None:
+    """Stop every other container still reachable (each node's watchdog then removes it and
+    the node's job files), then this one."""
+    if sup.plan.keep_containers:
+        return
+    procs = [subprocess.Popen(sup.remote(n, "kill 1", mux=False), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for n in alive if n is not sup.me]
+    for p in procs:
         try:
-            self.log.flush()
-        except OSError:
-            pass  # a full disk: write_error said so
-        os.kill(1, signal.SIGTERM)
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    try:
+        sup.log.flush()
+    except OSError:
+        pass  # a full disk: write_error said so
+    os.kill(1, signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- the hang and straggler checks
+
+
+
+def on_hang(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], stall: progress.Stall) -> str:
+    """Every process's Python stack of the attempt on every node (launch/node/stacks.sh in
+    each container, all at once), the `hang` event naming the culprits from those stacks
+    (launch/analysis/stacks.py: the ranks not waiting in a collective; by progress where every
+    rank waits), then the stacks, node by node; the reason the attempt ends."""
+    from dtrain.launch.analysis import stacks
+
+    ranks = runplan.rank_map(nodes)
+    fields = progress.event_fields(stall, ranks)
+    script = contract.node_script("stacks.sh")
+    args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(sup.state["restarts"]))]
+    dumps: dict[str, list[str]] = {}
+
+    def one(n: runplan.PlanNode) -> None:
+        argv = [*args, n.hostname]
+        if n is not sup.me:
+            argv = sup.remote(n, shlex.join(argv), mux=False)
+        try:
+            r = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace", timeout=30)
+            lines = r.stdout.splitlines()
+            if r.returncode != 0:
+                lines.append(f"[{n.hostname}] no stacks: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        except subprocess.TimeoutExpired:
+            lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
+        dumps[n.hostname] = lines
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
+    fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
+    sup.event("hang", **fields)
+    for line in lines:
+        sup.emit(contract.STACK_LINE + line)
+    named = stacks.culprit_text(fields, brief=True)
+    if not named:
+        who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
+        named = f"{stacks.fallback_text(fields)}: {who}"
+    return f"hang: no rank made progress for {stall.silent_for} s; {named}"
+
+
+def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
+    """--straggler-check: every `straggler_check` s, every rank's stack on every node at once
+    (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
+    (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
+    `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
+    from dtrain.launch.analysis import straggler
+
+    interval = float(sup.plan.straggler_check or 0)
+    history = straggler.History()
+    named: set[int] = set()
+    script = contract.node_script("stacks.sh")
+    args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
+    wait = interval
+    while not done.wait(wait):
+        t0 = time.monotonic()
+        dumps: dict[str, list[str]] = {}
+
+        def one(n: runplan.PlanNode) -> None:
+            argv = [*args, n.hostname, "sample"]
+            argv = argv if n is sup.me else sup.remote(n, shlex.join(argv))
+            try:
+                dumps[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
+                                                   errors="replace", timeout=max(10, 3 * interval)).stdout.splitlines()
+            except subprocess.TimeoutExpired:
+                dumps[n.hostname] = []
+
+        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if done.is_set():
+            return
+        lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
+        history.add(straggler.ranks_waiting(lines))
+        where = straggler.ranks_of_dump(lines)
+        # one round every interval on average, start to start, at a random phase: a fixed period
+        # close to the step time would sample the same part of every step (aliasing)
+        wait = max(0.05, interval * random.uniform(0.5, 1.5) - (time.monotonic() - t0))
+        for s in history.verdict():
+            if s.rank in named:
+                continue
+            named.add(s.rank)
+            fields = straggler.event_fields(s, where.get(s.rank, "?"), interval)
+            sup.state.setdefault("stragglers", {})[fields["node"]] = straggler.summary(fields)
+            sup.save_state()
+            sup.emit(EVENT + json.dumps({"event": "straggler", "attempt": attempt, **fields}))
+            if sup.plan.replace_stragglers and fields["node"] != sup.me.hostname:  # it runs this
+                sup.slow.setdefault(fields["node"], "straggler: " + straggler.summary(fields))
+
+
+def check_nccl(sup: "Supervisor", nodes: Sequence[runplan.PlanNode]) -> None:
+    """--nccl-check, on the first attempt: every container's NCCL debug files (one per rank,
+    the plan's nccl_check gave the ranks NCCL_DEBUG_FILE) read by launch/node/nccl_net.sh
+    once a rank said which network it uses (at most nccl_net.WAIT_S after the start), judged
+    against what each node has (nccl_net.judge_node); one `nccl-net` event, and in
+    state.json. A mismatch where it fails (nccl_net.fails: `fail`, or `auto` on a node that
+    should use EFA) ends the job, naming the node, NCCL's choice, what was expected and the fix."""
+    from dtrain.launch.jobs import nccl_net
+
+    script = contract.node_script("nccl_net.sh")
+    args = ["bash", "-s", "--", JOB_DIR, str(nccl_net.WAIT_S), *nccl_net.RANK_VARS]
+    said: dict[str, str] = {}
+
+    def one(n: runplan.PlanNode) -> None:
+        argv = args if n is sup.me else sup.remote(n, shlex.join(args))
+        try:
+            said[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True, errors="replace",
+                                              timeout=nccl_net.WAIT_S + 30).stdout
+        except (subprocess.TimeoutExpired, OSError):
+            said[n.hostname] = ""
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if sup.state.get("restarts") != 0 or sup.stopping.is_set():
+        return  # the first attempt ended meanwhile: its check says nothing of the next
+    fields, bad = nccl_net.event_fields(sup.plan.nccl_check, {n.hostname: said.get(n.hostname, "") for n in nodes},
+                                        dict(sup.plan.efa_types))
+    sup.state["nccl"] = nccl_net.summary(fields)
+    sup.save_state()
+    sup.emit(EVENT + json.dumps({"event": "nccl-net", **fields}))
+    sup.emit_all([contract.STACK_LINE + w for w in nccl_net.warnings(said)])  # shown as they are
+    if bad:
+        sup.nccl_fatal = (nccl_net.failure(fields, bad), bad)
 
 
 def _watch_stdin(sup: Supervisor, silence: float | None) -> None:

@@ -207,7 +207,8 @@ def run_sweep(spec, nodes: list[Node], *, gpu: bool = False, instance_type: str 
               say: Callable[[str], None] = print) -> Result:
     """Run spec (a JobSpec whose command is sweep_command(...)) as a job, parse its output, judge.
     NCCL_DEBUG=INFO is added for GPU sweeps (the verdict reads the provider and transport)."""
-    from dtrain.launch.jobs.job import Job, job_log
+    from dtrain.launch.jobs.job import Job
+    from dtrain.launch.jobs.store import job_log
 
     if gpu and "NCCL_DEBUG" not in spec.env:
         spec = replace(spec, env={**spec.env, "NCCL_DEBUG": "INFO"})

@@ -21,7 +21,7 @@ from dtrain.launch.jobs.launchers.ray import Ray
 from dtrain.launch.jobs.launchers.torchrun import Torchrun
 
 if TYPE_CHECKING:
-    from dtrain.launch.jobs.job import JobSpec
+    from dtrain.launch.jobs.spec import JobSpec
 
 __all__ = ["LAUNCHERS", "Attempt", "Launcher", "attempt", "attempt_argv", "choices", "env_file", "get", "launch_command", "names",
            "plan_nodes"]

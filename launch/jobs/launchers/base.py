@@ -60,7 +60,7 @@ from dtrain.launch.jobs import runplan
 from dtrain.launch.remote.hosts import Node
 
 if TYPE_CHECKING:
-    from dtrain.launch.jobs.job import JobSpec, NodeFacts
+    from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 
 # --- what a launcher declares ------------------------------------------------------------
 

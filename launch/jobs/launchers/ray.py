@@ -30,7 +30,7 @@ RESULTS = "ray_results"  # the directory Ray Train's default storage_path names,
 NO_PRINT_PATCH = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
 if TYPE_CHECKING:
-    from dtrain.launch.jobs.job import JobSpec, NodeFacts
+    from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 
 
 # --- the argv of `ray start`, the wait and the driver ---------------------------------
