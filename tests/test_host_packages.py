@@ -44,7 +44,7 @@ DEBIAN = {
     "mpirun": ("openmpi-bin",), "mpicc": ("openmpi-bin", "libopenmpi-dev", "gcc"),
     "docker-registry": ("docker-registry",), "htpasswd": ("apache2-utils",),
     "ip": ("iproute2",), "iptables": ("iptables",), "iptables-legacy": ("iptables",),
-    "openssl": ("openssl",), "ps": ("procps",), "shellcheck": ("shellcheck",),
+    "openssl": ("openssl",), "ps": ("procps",), "pgrep": ("procps",), "shellcheck": ("shellcheck",),
     "losetup": ("mount",), "git": ("git",), "tc": ("iproute2",), "unpigz": ("pigz",), "rsync": ("rsync",),
     "zstd": ("zstd",), "gzip": ("gzip",), "sync": ("coreutils",), "sleep": ("coreutils",), "cp": ("coreutils",),
     "pigz": ("pigz",),
