@@ -109,16 +109,19 @@ OFF = "push: no SOCI index, the nodes will pull these images in full"  # the hea
 
 
 def from_flags(soci: bool, no_soci: bool, bin_dir: str | None, socket_path: str | None,
-               registry: str | None, say: Callable[[str], None] = print) -> Setup | None:
+               registry: str | None, say: Callable[[str], None] = print,
+               cluster: tuple[str, Path] | None = None) -> Setup | None:
     """`dtrain push`'s SOCI flags: `--soci` insists (any reason it cannot is an error),
-    `--no-soci` skips the index, neither makes it where it can be made (default_setup)."""
+    `--no-soci` skips the index, neither makes it where it can be made (default_setup).
+    cluster: the simulated cluster's (registry, CA bundle), from the push task (images/ knows
+    nothing of launch/)."""
     if soci and no_soci:
         raise SociError("--soci and --no-soci: pass one")
     if no_soci and (bin_dir or socket_path):
         raise SociError(f"{'--soci-bin' if bin_dir else '--containerd-socket'} is for the SOCI index: drop --no-soci")
     if no_soci:
         return None
-    trust_cluster_ca(registry, say)
+    trust_cluster_ca(registry, say, cluster=cluster)
     return setup(bin_dir, socket_path) if soci else default_setup(bin_dir, socket_path, registry, say)
 
 
@@ -126,11 +129,9 @@ def trust_cluster_ca(registry: str | None, say: Callable[[str], None], env: dict
                      cluster: tuple[str, Path] | None = None) -> None:
     """The simulated cluster's registry (`dtrain cluster up`, lazy: TLS with a self-signed
     certificate): soci trusts its bundle where $SSL_CERT_FILE names none. cluster: (its
-    registry, its bundle), default launch/infra/cluster.py's."""
+    registry, its bundle), as launch/infra/cluster.py has them; None: nothing to trust."""
     if cluster is None:
-        from dtrain.launch.infra import cluster as cl
-
-        cluster = (cl.REGISTRY, cl.STATE_DIR / "registry" / "ca-bundle.pem")
+        return
     env = os.environ if env is None else env
     address, bundle = cluster
     if registry == address and "SSL_CERT_FILE" not in env and bundle.is_file():

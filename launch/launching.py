@@ -58,7 +58,7 @@ def run_on_nodes(cfg: Any) -> int:
     from dtrain.launch.jobs.job import Job
 
     if cfg.up:  # nodes the launch brings up itself, and takes down after
-        return up.run(cfg)
+        return up.run(cfg, on_cluster=run_on_nodes)
     with jobfile.located(cfg.where):
         if cfg.cluster:  # an EC2 cluster: its hostfile follows its Auto Scaling group first
             up.follow(cfg.cluster)

@@ -84,9 +84,10 @@ def session_for(region: str | None) -> Any:
     return session
 
 
-def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print) -> int:
-    """The launch `cfg` (a LaunchConfig with `up`) on nodes it brings up: the job's exit code."""
-    from dtrain.launch import launching
+def run(cfg: Any, on_cluster: Callable[[Any], int], session: Any = None, say: Callable[[str], None] = print) -> int:
+    """The launch `cfg` (a LaunchConfig with `up`) on nodes it brings up: the job's exit code.
+    on_cluster(cfg): the launch on a cluster's nodes (launching.run_on_nodes, passed in: this
+    module is below launching.py)."""
     from dtrain.launch.infra import ec2, fleet, pricing
 
     session = session or session_for(cfg.region)
@@ -98,7 +99,7 @@ def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print) -> in
     hours = cfg.timeout / 3600 if cfg.timeout else None
     gate = pricing.nodes_up_gate(session, instance_type=spec.instance_type, count=spec.count, spot=spec.spot,
                                  above=above, yes=bool(cfg.yes), hours=hours, say=say)
-    ssh_opts = launching.ssh_options(cfg.ssh_opt)  # recorded with the cluster, as `nodes up --ssh-opt`
+    ssh_opts = tuple(x for o in (cfg.ssh_opt or []) for x in ("-o", o))  # recorded with the cluster, as `nodes up --ssh-opt`
     # a refused price, or any error before the stack is asked for: nothing is created
     res = ec2.start(session, spec, say=say, address="auto", here=ec2.vantage, confirm=gate)
     hint = (f"the security group lets ssh in from {res.ssh_rule} only; check that this machine's ssh "
@@ -115,7 +116,7 @@ def run(cfg: Any, session: Any = None, say: Callable[[str], None] = print) -> in
         ec2.write_worker_list(parse_hostfile(hostfile), cluster, ssh_opts)
         say(f"[up] {len(cluster.instances)} x {cluster.instance_type} up ({res.address} addresses); the job runs on "
             f"cluster {name}")
-        code = launching.run_on_nodes(cfg.model_copy(update={"up": None, "cluster": name}))  # as --cluster NAME
+        code = on_cluster(cfg.model_copy(update={"up": None, "cluster": name}))  # as --cluster NAME
         return code
     finally:
         if keep:
@@ -158,9 +159,9 @@ def follow(name: str, say: Callable[[str], None] = print, session: Any = None) -
         return
     if not changed:
         return
-    from dtrain.launch import launching
+    from dtrain.launch import targets
     from dtrain.launch.remote.hosts import parse_hostfile
 
     said = "; ".join(line.removeprefix("[nodes] ") for line in changes)
     say(f"[launch] cluster {name} follows its Auto Scaling group: {said}; now {len(cluster.instances)} nodes")
-    ec2.write_worker_list(parse_hostfile(hostfile), cluster, launching.ssh_options(cluster=name))
+    ec2.write_worker_list(parse_hostfile(hostfile), cluster, tuple(targets.ssh_opts(targets.NodeArgs(cluster=name))))

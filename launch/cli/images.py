@@ -140,7 +140,10 @@ def push(c, ecr=False, registry=None, image=None, account=None, region=None, pro
             raise p.PushError("pass exactly one of --ecr or --registry HOST[:PORT]")
         from dtrain.images import soci as s
 
-        lazy = s.from_flags(soci, no_soci, soci_bin, containerd_socket, registry)  # issue 52: by default
+        from dtrain.launch.infra import cluster as cl
+
+        lazy = s.from_flags(soci, no_soci, soci_bin, containerd_socket, registry,  # issue 52: by default
+                            cluster=(cl.REGISTRY, cl.STATE_DIR / "registry" / "ca-bundle.pem"))
         images, notes = p.select_images(image)
         for n in notes:
             print(n)
