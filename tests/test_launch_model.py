@@ -30,7 +30,7 @@ NODE_SIDE_DEFAULTS = {("launch/jobs/runplan.py", "rdzv"), ("launch/jobs/launcher
                       ("launch/jobs/launchers/accelerate.py", "rdzv")}
 # Tasks whose flag of the same name means something else: exec's --timeout (a command's seconds),
 # nodes up's --count (instances to start) and --timeout (seconds to wait for them).
-OTHER_MEANING = {("tasks.py", "exec_"), ("tasks.py", "nodes")}
+OTHER_MEANING = {("launch/cli/jobs.py", "exec_"), ("launch/cli/nodes.py", "nodes")}
 DEFAULTS = {k: jobfile.launch_default(k) for k in JobFile.model_fields if jobfile.launch_default(k) is not None}
 BOUND_FLAGS = {"--" + k.replace("_", "-") for k in jobfile.NUMBERS}
 
@@ -159,3 +159,9 @@ def test_the_class_length_scan_sees_a_long_class():
     assert _long_classes(ast.parse(f"class B:\n{body}")) == []
     nested = "def f():\n" + "".join("    " + line + "\n" for line in f"class C:\n{body}    y = 0".splitlines())
     assert _long_classes(ast.parse(nested)) == [("C", 2, 301)]
+
+
+def test_tasks_py_names_the_tasks_and_stays_under_500_lines():
+    """tasks.py is what Invoke reads: each task is declared beside its body in launch/cli/ (issue 48)."""
+    lines = (ROOT / "tasks.py").read_text().splitlines()
+    assert len(lines) < 500, f"tasks.py has {len(lines)} lines: declare a new task in launch/cli/"
