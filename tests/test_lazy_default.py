@@ -117,7 +117,12 @@ def test_fresh_cluster_push_launch_without_a_lazy_flag_starts_lazily(_cluster_se
     """Issue 52's "done when": `dtrain cluster up` + `dtrain push` + `dtrain launch`, no --lazy,
     no --soci, no SSL_CERT_FILE: the nodes mount the image lazily."""
     env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", cl.LAZY_ROOT_ENV, "DTRAIN_SOCI_BIN")}
-    r = dtrain("cluster", "up", "--nodes", "2", "--recreate", env=env)
+    # From nothing, as a user's first `cluster up`: a recreate keeps what the nodes before held
+    # (the registry's images, a lazy node's snapshots), so a pull would find the layers it needs
+    # already there (0 KiB, no new lazy mount) and say nothing of lazy loading.
+    r = dtrain("cluster", "down", env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = dtrain("cluster", "up", "--nodes", "2", env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "lazy:       nodes load SOCI-indexed images lazily" in r.stdout, r.stdout
     info = cl.status().info
