@@ -1,17 +1,19 @@
 """`dtrain test`: dtrain's own tests, in at most 45 minutes on a 2-core machine (CI has 90).
 
-The suite has two parts that want different things from the machine. The cluster part (tests
-marked `docker` or `cluster`) drives one simulated cluster: much of its time is spent waiting
-(timeouts that must pass, nodes that must answer, a hang that must be seen), so a core is often
-idle. The unit part (everything else, 2,300 tests) is short CPU bursts in processes of its own.
-So the unit part runs beside the cluster part, in a second pytest process at a lower priority
-(`nice`): it takes the cycles the cluster part leaves, and the cluster part's timing is what it
-was alone. Unit tests whose own timing a busy machine would upset (a heartbeat every second, a
-supervisor that must notice within a bound) are marked `serial` and run in the cluster part.
+The suite has parts that want different things from the machine. The cluster tests (marked
+`docker` or `cluster`) drive a simulated cluster: much of their time is spent waiting (timeouts
+that must pass, nodes that must answer, a hang that must be seen), so a core is often idle. So they
+run in two parts at once, each on a simulated cluster of its own: the modules marked
+`second_cluster` (they name no address or path of the first cluster) on a second one
+(DTRAIN_SIM_SLOT=1: its own bridge, subnet, namespaces, registry; launch/infra/cluster.py), the
+rest on the first. The unit part (everything else, 2,300 tests: short CPU bursts) runs beside
+both, in a third pytest process at a lower priority (`nice`), taking the cycles the cluster parts
+leave. Unit tests whose own timing a busy machine would upset (a heartbeat every second, a
+supervisor that must notice within a bound) are marked `serial` and run in the first cluster part.
 
-`parts()` says what runs (pure); `run()` runs it: the cluster part in the foreground (its output
-live), the unit part's output kept in a file and shown after, each with its slowest tests
-(`--durations`). The exit status is the first part's failure, else 0. Ctrl-C stops both.
+`parts()` says what runs (pure); `run()` runs it: the first cluster part in the foreground (its
+output live), the others' output kept in files and shown after, each with its slowest tests
+(`--durations`). The exit status is the first part's failure, else 0. Ctrl-C stops every part.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 # (a -m replaces pyproject's `-m 'not gpu_build'`: each says it again)
-CLUSTER = "(docker or cluster or serial) and not gpu_build"  # the foreground part: one simulated cluster, in order
+CLUSTER = "(docker or cluster or serial) and not second_cluster and not gpu_build"  # the foreground: the first cluster
+SECOND = "(docker or cluster) and second_cluster and not gpu_build"  # beside it, on a second simulated cluster
+SECOND_SLOT = "1"  # DTRAIN_SIM_SLOT of the second cluster (launch/infra/cluster.py)
 UNIT = "not docker and not cluster and not gpu_build"
 BESIDE = "not docker and not cluster and not serial and not gpu_build"  # the unit part beside the cluster part
 EVERYTHING = "not gpu_build"
@@ -41,6 +45,7 @@ class Part:
     name: str
     argv: tuple[str, ...]
     beside: bool  # runs in the background, its output shown after the foreground part
+    env: tuple[tuple[str, str], ...] = ()  # set for this part (the second cluster's slot)
 
 
 def pytest_argv(marks: str, k: str | None, python: str = sys.executable) -> list[str]:
@@ -49,13 +54,16 @@ def pytest_argv(marks: str, k: str | None, python: str = sys.executable) -> list
 
 
 def parts(k: str | None, unit: bool, serial: bool, python: str = sys.executable) -> list[Part]:
-    """unit: the unit tests alone. serial: everything in one process, one test after another (as
-    before; slower). Else the cluster part in the foreground and the unit part beside it."""
+    """unit: the unit tests alone. serial: everything in one process, one test after another, on one
+    simulated cluster (slower). Else the first cluster part in the foreground, the second cluster
+    part and the unit part beside it."""
     if unit:
         return [Part("unit", tuple(pytest_argv(UNIT, k, python)), beside=False)]
     if serial:
         return [Part("all", tuple(pytest_argv(EVERYTHING, k, python)), beside=False)]
     return [Part("unit", ("nice", "-n", str(NICE), *pytest_argv(BESIDE, k, python)), beside=True),
+            Part("second cluster", tuple(pytest_argv(SECOND, k, python)), beside=True,
+                 env=(("DTRAIN_SIM_SLOT", SECOND_SLOT),)),
             Part("cluster", tuple(pytest_argv(CLUSTER, k, python)), beside=False)]
 
 
@@ -78,18 +86,20 @@ def run(k: str | None, unit: bool, serial: bool, cwd: Path, say: Callable[[str],
     codes: list[int] = []
     try:
         for part in (p for p in plan if p.beside):
-            log = scratch / f"{part.name}.log"
-            # its own --basetemp: the two sessions' tmp_path trees never meet
-            argv = [*part.argv, f"--basetemp={scratch / part.name}"]
+            slug = part.name.replace(" ", "-")
+            log = scratch / f"{slug}.log"
+            # its own --basetemp: the sessions' tmp_path trees never meet
+            argv = [*part.argv, f"--basetemp={scratch / slug}"]
             with open(log, "wb") as out:
-                proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **dict(part.env)},
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             beside.append((part, proc, log, time.monotonic()))
-            say(f"[test] the {part.name} tests run beside, at a lower priority; their output follows "
+            how = " at a lower priority" if part.argv[0] == "nice" else f" ({' '.join(f'{k}={v}' for k, v in part.env)})"
+            say(f"[test] the {part.name} tests run beside{how}; their output follows "
                 f"the {' and '.join(p.name for p in plan if not p.beside)} tests' ({log})")
         for part in (p for p in plan if not p.beside):
             began = time.monotonic()
-            codes.append(subprocess.call(list(part.argv), cwd=cwd))
+            codes.append(subprocess.call(list(part.argv), cwd=cwd, env={**os.environ, **dict(part.env)}))
             if beside:
                 say(f"[test] the {part.name} tests took {_minutes(time.monotonic() - began)}")
         for part, proc, log, began in beside:

@@ -108,8 +108,8 @@ def test_mpirun_reaches_each_other_node_over_one_master_and_leaves_none(cluster,
     code, out = run(cluster, remote_images["pytorch-ddp"], ["bash", "-c", script], "t-masters")
     assert code == 0, out
     assert re.search(r"^\[node-1 r0\] masters 2$", out, re.M), out
-    for i in (1, 2, 3):  # the nodes share this machine's processes: an ssh master of the job's would show
-        assert on_node(cluster, i, "pgrep -af 'dtrain-[m]ux-' || true").stdout == ""
+    for i in (1, 2, 3):  # in the node's network namespace (its containers'; another simulated cluster's are not)
+        assert on_node(cluster, i, "pgrep --ns $$ --nslist net -af 'dtrain-[m]ux-' || true").stdout == ""
     assert containers_left(cluster, "t-masters") == []
 
 
@@ -296,7 +296,7 @@ def test_sshd_unreachable_after_start_removes_started_containers(cluster, remote
         on_node(cluster, 3, f"iptables -D {rule}")
     assert containers_left(cluster, "t-blocked") == []
     for i in (1, 2, 3):  # the check's masters to node-2 went with the first container
-        assert on_node(cluster, i, "pgrep -af 'dtrain-[m]ux-' || true").stdout == ""
+        assert on_node(cluster, i, "pgrep --ns $$ --nslist net -af 'dtrain-[m]ux-' || true").stdout == ""
 
 
 def test_node_whose_sshd_never_listens_ends_the_running_job(cluster, remote_images):

@@ -16,6 +16,8 @@ from dtrain.launch.jobs.spec import JobSpec, NodeFacts
 from dtrain.launch.jobs.launchers.accelerate import accelerate_argv
 from dtrain.launch.remote.hosts import Node
 
+pytestmark = pytest.mark.second_cluster  # on a second simulated cluster in `dtrain test` (dtrain/suite.py)
+
 CHECKPOINT = f"{contract.CHECKPOINT_NOW_VAR}={contract.CHECKPOINT_NOW}"
 
 

@@ -20,6 +20,8 @@ from dtrain.launch.jobs.launchers import base
 from dtrain.launch.jobs.launchers.deepspeed import HOSTFILE, RANK_ENV
 from dtrain.launch.remote.hosts import Node
 
+pytestmark = pytest.mark.second_cluster  # on a second simulated cluster in `dtrain test` (dtrain/suite.py)
+
 
 def facts(n: int = 3, slots: int = 2, gpus: int = 0) -> list[NodeFacts]:
     return [NodeFacts(Node(f"h{i}", slots), f"10.0.0.{i}", f"node-{i}", "ens5", gpus, (), "")

@@ -29,7 +29,7 @@ from dtrain.launch.remote.hosts import parse_hostfile
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "logs"
 
-pytestmark = pytest.mark.own_cluster  # a shape of its own: after the 3-node tests
+pytestmark = [pytest.mark.own_cluster, pytest.mark.second_cluster]  # a shape of its own: after the 3-node tests
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ from dtrain import engine
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.remote.hosts import parse_hostfile
 
+pytestmark = pytest.mark.second_cluster  # on a second simulated cluster in `dtrain test` (dtrain/suite.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -20,7 +20,7 @@ from dtrain.launch.jobs.job import Job
 from dtrain.launch.jobs.store import job_log
 from test_launch import containers_left, nodes_of, spec
 
-pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]  # a shape of its own: after the 3-node tests
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster, pytest.mark.second_cluster]  # a shape of its own: after the 3-node tests
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ import pytest
 
 from dtrain.launch.sagemaker import engine as sagemaker
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 EX = Path(__file__).resolve().parent.parent / "launch/node/examples"
 HOSTS = ("algo-1", "algo-2")

@@ -13,7 +13,7 @@ from dtrain import contract
 from dtrain.launch.jobs.container import Mount
 from test_launch import containers_left, on_node, run
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 FAMILY = {"mpirun": "pytorch-ddp", "horovodrun": "horovod-pytorch", "torchrun": "pytorch-ddp", "ray": "ray-train"}
 WHERE = ("import os, socket\n"

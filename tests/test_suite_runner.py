@@ -4,6 +4,7 @@ test in exactly one part, the exit status, and Ctrl-C stopping both."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,19 +28,23 @@ def _collected(marks: str) -> set[str]:
 
 
 def test_each_test_runs_in_exactly_one_part_and_gpu_builds_in_none():
-    beside, cluster, everything = _collected(suite.BESIDE), _collected(suite.CLUSTER), _collected(suite.EVERYTHING)
-    assert beside and cluster and not beside & cluster
-    assert beside | cluster == everything
+    beside, cluster, second = _collected(suite.BESIDE), _collected(suite.CLUSTER), _collected(suite.SECOND)
+    everything = _collected(suite.EVERYTHING)
+    assert beside and cluster and second and not beside & cluster and not beside & second and not cluster & second
+    assert beside | cluster | second == everything
+    assert {t for t in second if "test_demo.py" in t}  # a second_cluster module: on the second cluster
     assert not any("test_gpu_wheels" in t and "gpu_build" in t for t in everything)
     serial = {t for t in cluster if "test_fanout.py" in t}
     assert serial and not {t for t in beside if "test_fanout.py" in t}  # a serial module: the foreground only
 
 
 def test_the_parts_and_the_exit_status():
-    unit, cluster = suite.parts(None, unit=False, serial=False, python="py")
+    unit, second, cluster = suite.parts(None, unit=False, serial=False, python="py")
     assert unit.beside and unit.argv[:3] == ("nice", "-n", str(suite.NICE)) and "-k" not in unit.argv
-    assert not cluster.beside and cluster.argv[:3] == ("py", "-m", "pytest")
-    assert "--durations=25" in unit.argv and "--durations=25" in cluster.argv
+    assert not cluster.beside and cluster.argv[:3] == ("py", "-m", "pytest") and not cluster.env
+    assert second.beside and second.argv[:3] == ("py", "-m", "pytest") and suite.SECOND in second.argv
+    assert dict(second.env) == {"DTRAIN_SIM_SLOT": suite.SECOND_SLOT} != "0"
+    assert all("--durations=25" in p.argv for p in (unit, second, cluster))
     (only,) = suite.parts("x", unit=True, serial=False, python="py")
     assert only.argv[-2:] == ("-k", "x") and suite.UNIT in only.argv
     (everything,) = suite.parts(None, unit=False, serial=True, python="py")
@@ -77,3 +82,22 @@ def test_ctrl_c_stops_both_parts_and_leaves_no_pytest_behind(tmp_path):
     left = subprocess.run(["pgrep", "-f", f"--basetemp={scratch}/"], capture_output=True, text=True).stdout.split()
     assert not left, f"the unit part still runs: {left}\n{out}"
     assert not Path(scratch).exists()  # its log and tmp_path trees removed
+
+
+# what ties a test module to the first simulated cluster: its addresses, names, paths
+FIRST_CLUSTER = re.compile(r"10\.213\.0\.|\bdt[vn]\d|\bdt[vn]\{|[\"']dt[vn][\"']|\bdtbr0\b|/var/lib/dtrain-cluster|STATE_DIR|:5000\b")
+
+
+def second_cluster_modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "tests").glob("test_*.py")
+                  if re.search(r"^pytestmark = .*\bpytest\.mark\.second_cluster\b", p.read_text(), re.M))
+
+
+def test_a_module_on_the_second_cluster_names_nothing_of_the_first():
+    mods = second_cluster_modules()
+    assert len(mods) >= 5, mods
+    tied = {p.name: m.group(0) for p in mods if (m := FIRST_CLUSTER.search(p.read_text()))}
+    assert tied == {}, f"{tied}: these modules name the first simulated cluster; take them off second_cluster " \
+                       "or ask the cluster (cluster.nodes, cl.STATE_DIR read at run time is fine only in the first)"
+    assert FIRST_CLUSTER.search('subprocess.run(["ip", "link", "set", f"dtv{node.index}", "down"])')  # the check bites
+    assert FIRST_CLUSTER.search('assert info.registry == "10.213.0.1:5000"')

@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from dtrain.containerd import containerd_config
 from dtrain.launch.infra import netns as nx
@@ -50,20 +50,49 @@ from dtrain.launch.remote.transport import close_masters
 LAZY_NODE = Path(__file__).resolve().parent.parent / "node" / "lazy-node.sh"
 LAZY_ROOT_ENV = "DTRAIN_LAZY_ROOT"  # where Debian 13's lazy-loading binaries are unpacked (dpkg -x)
 
+class ClusterError(RuntimeError):
+    """Raised for any user-facing cluster failure (message says what to do)."""
+
+
 # --------------------------------------------------------------------------
 # fixed layout
 
-STATE_DIR = Path("/var/lib/dtrain-cluster")
-LOCK_FILE = Path("/run/dtrain-cluster.lock")
-BRIDGE = "dtbr0"
-SUBNET_PREFIX = "10.213.0."
+# A second simulated cluster beside the first (DTRAIN_SIM_SLOT=1..9): its own state directory,
+# lock, bridge, subnet (10.213.SLOT.0/24), namespaces and veths, so two can run at once on one
+# machine (`dtrain test` runs its cluster tests on two). Slot 0 (unset) is the layout above.
+SLOT_ENV = "DTRAIN_SIM_SLOT"
+
+
+def slot(env: Mapping[str, str] = os.environ) -> int:
+    """The simulated cluster this process works on: $DTRAIN_SIM_SLOT, 0 when unset (pure)."""
+    raw = env.get(SLOT_ENV, "").strip()
+    if raw in ("", "0"):
+        return 0
+    if not (raw.isdigit() and 1 <= int(raw) <= 9):
+        raise ClusterError(f"${SLOT_ENV}={raw!r}: expected a number from 0 to 9 (which simulated cluster)")
+    return int(raw)
+
+
+def _layout(n: int) -> tuple[Path, Path, str, str, str, str]:
+    """(state dir, lock file, bridge, subnet prefix, netns prefix, veth prefix) of slot n (pure)."""
+    tail = "" if n == 0 else f"-{n}"
+    return (Path(f"/var/lib/dtrain-cluster{tail}"), Path(f"/run/dtrain-cluster{tail}.lock"), f"dtbr{n}",
+            f"10.213.{n}.", "dtn" if n == 0 else f"dt{n}n", "dtv" if n == 0 else f"dt{n}v")
+
+
+def _slot_at_import() -> int:
+    try:
+        return slot()
+    except ClusterError:
+        return 0  # refused by `up` and `down` (_check_platform), in one line, before anything is touched
+
+
+STATE_DIR, LOCK_FILE, BRIDGE, SUBNET_PREFIX, NETNS_PREFIX, VETH_PREFIX = _layout(_slot_at_import())
 PREFIXLEN = 24
 BRIDGE_ADDR = SUBNET_PREFIX + "1"
 REGISTRY_PORT = 5000
 REGISTRY = f"{BRIDGE_ADDR}:{REGISTRY_PORT}"
 NODE_IFNAME = "ens5"
-NETNS_PREFIX = "dtn"
-VETH_PREFIX = "dtv"
 MAX_NODES = 64
 DOCKER_BIN = "/usr/bin/docker"  # the Debian CLI (matches dockerd 20.10; has buildx plugin path)
 
@@ -74,10 +103,6 @@ SSHD = "/usr/sbin/sshd"
 # PATH in node ssh sessions: the Debian docker CLI (/usr/bin) before /usr/local/bin,
 # whose newer docker CLI has no buildx and does not match dockerd 20.10.
 _NODE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
-
-
-class ClusterError(RuntimeError):
-    """Raised for any user-facing cluster failure (message says what to do)."""
 
 
 # --------------------------------------------------------------------------
@@ -241,6 +266,7 @@ def _log(quiet: bool, msg: str) -> None:
 
 
 def _check_platform() -> None:
+    slot()  # a bad $DTRAIN_SIM_SLOT: said before anything is touched
     if not sys.platform.startswith("linux"):
         raise ClusterError("the local cluster needs Linux (network namespaces, veth, bridges)")
     if os.geteuid() != 0:
@@ -989,7 +1015,7 @@ def _down(quiet: bool, wait: bool = False, keep_registry: bool = False) -> bool:
     namespaces = [ns for ns in namespaces if _ours_netns(ns) and nx.netns_exists(ns)]
 
     def ours(pid: int) -> bool:
-        return nx.pid_alive(pid) and str(STATE_DIR) in nx.pid_cmdline(pid)
+        return nx.pid_alive(pid) and f"{STATE_DIR}/" in nx.pid_cmdline(pid)  # not another slot's
 
     # 0. the ssh masters a launch keeps to each node for the next one (transport.MUX_PERSIST_S):
     # their sessions would outlive sshd in the node's netns, and a cluster made again at the
@@ -1039,7 +1065,7 @@ def _down(quiet: bool, wait: bool = False, keep_registry: bool = False) -> bool:
         if link[len(VETH_PREFIX):].rstrip("p").isdigit():
             nx.del_link(link)
     nx.del_link(BRIDGE)
-    nx.ipt_remove_tagged()
+    nx.ipt_remove_tagged(BRIDGE)
     # 6. files
     return _remove_state_dir(quiet, wait, keep_registry)
 

@@ -216,15 +216,16 @@ def ipt_ensure(chain: str, rule: Sequence[str], table: str = "filter") -> None:
         sh(["iptables", "-w", "-t", table, "-I", chain, "1", *spec])
 
 
-def ipt_remove_tagged(table: str = "filter") -> int:
-    """Delete every rule carrying our comment; return how many were removed."""
+def ipt_remove_tagged(bridge: str, table: str = "filter") -> int:
+    """Delete every rule carrying our comment on this bridge (another simulated cluster's rules
+    stay); return how many were removed."""
     cp = sh(["iptables", "-w", "-t", table, "-S"], check=False)
     if cp.returncode != 0:
         return 0
     n = 0
     for line in cp.stdout.splitlines():
-        if line.startswith("-A ") and IPT_COMMENT in line:
-            args = shlex.split(line)
+        args = shlex.split(line)
+        if line.startswith("-A ") and IPT_COMMENT in args and "-i" in args and args[args.index("-i") + 1] == bridge:
             args[0] = "-D"
             if sh(["iptables", "-w", "-t", table, *args], check=False).returncode == 0:
                 n += 1
