@@ -206,7 +206,7 @@ def test_ecs_runs_a_command_only_as_a_ray_driver(tmp_path):
 
 @pytest.mark.parametrize("target, args, message", [
     ("ecs", ["--spares", "1"], "--spares: not for --target ecs"),
-    ("mpijob", ["--max-restarts", "2"], "--max-restarts: not for --target mpijob"),
+    ("mpijob", ["--launcher", "mpirun", "--spares", "2"], "--spares: not for --target mpijob"),
     ("sagemaker", ["--hang-timeout", "60"], "--hang-timeout: not for --target sagemaker"),
     ("pytorchjob", ["--role", ROLE], "--role is SageMaker's only (--target sagemaker); --target pytorchjob has no "
                                      "equivalent"),

@@ -292,8 +292,9 @@ def test_the_documented_job_file_is_refused_in_one_message_naming_every_field(tm
     r = _cli(tmp_path, "launch", "-f", "job.yaml", "--target", target, "--env", "WANDB_API_KEY",
              env={"WANDB_API_KEY": "k", **AWS})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    refused = ["spares", "min_nodes", "check_network", "mount"] + (
-        [] if target == "sagemaker" else ["max_restarts", "checkpoint_dir"])  # timeout: none in the file
+    refused = ["spares", "min_nodes", "check_network", "mount"] + (  # timeout: none in the file
+        [] if target == "sagemaker" else ["checkpoint_dir"]) + (  # max_restarts: RetryStrategy, runPolicy's backoffLimit
+        ["max_restarts"] if target == "ecs" else [])
     for key in refused:
         assert f"job.yaml:{lines[key]}: {key}" in r.stderr, (key, r.stderr)
     assert f"not for --target {target}" in r.stderr and "cluster" not in r.stderr  # no cluster was read
@@ -307,7 +308,7 @@ def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_tar
     _docs_job(tmp_path)
     (tmp_path / "train.py").write_text("print(1)\n")
     cancel = ["--spares", "0", "--count", "4", "--min-nodes", "0", "--no-check-network"]
-    off = [] if target == "sagemaker" else ["--max-restarts", "0"]
+    off = ["--max-restarts", "0"] if target == "ecs" else []  # sagemaker, mpijob, pytorchjob map the file's 2
     extra = {"sagemaker": ["--instance-type", "ml.m5.xlarge", "--role", ROLE, "--detach", "--name", "docs-1"],
              "ecs": ["--launcher", "ray"], "mpijob": ["--launcher", "mpirun"], "pytorchjob": []}[target]
     # the file's mount and checkpoint_dir (off the nodes) are dropped from a copy
@@ -322,6 +323,8 @@ def test_the_documented_job_file_without_the_nodes_only_fields_goes_to_every_tar
     if target != "sagemaker":
         kind = "ecs-ray" if target == "ecs" else target
         assert mf.problems(kind, mf.load(kind, r.stdout)) == []
+        if target in ("mpijob", "pytorchjob"):  # the file's max_restarts: 2, as the operator's retries
+            assert yaml.safe_load(r.stdout)["spec"]["runPolicy"]["backoffLimit"] == 2
 
 
 @pytest.mark.parametrize("target", ["mpijob", "trainjob", "ecs", "nodes"])

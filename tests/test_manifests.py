@@ -714,22 +714,30 @@ def _manifest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"})
 
 
-@pytest.mark.parametrize("kind", ["trainjob", "jobset"])
+@pytest.mark.parametrize("kind", ["trainjob", "jobset", "mpijob", "pytorchjob"])
 def test_manifest_timeout_and_max_restarts_as_launch_maps_them(tmp_path, kind):
     """`dtrain manifest --timeout 3600 --max-restarts 0`: activeDeadlineSeconds and JobSet's
-    failurePolicy.maxRestarts (0 given: written), as `dtrain launch --target KIND` writes them."""
+    failurePolicy.maxRestarts (0 given: written), as `dtrain launch --target KIND` writes them;
+    MPIJob and PyTorchJob: their runPolicy's activeDeadlineSeconds and backoffLimit."""
     r = _manifest(tmp_path, "--for", kind, "--timeout", "3600", "--max-restarts", "0", "--", "t.py")
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(r.stdout))
     text = json.dumps(docs)
+    if kind in ("mpijob", "pytorchjob"):
+        (doc,) = docs
+        assert doc["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "activeDeadlineSeconds": 3600, "backoffLimit": 0}
+        assert m.problems(kind, doc) == []
+        plain = yaml.safe_load(_manifest(tmp_path, "--for", kind, "--", "t.py").stdout)
+        assert plain["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}  # not given: the operator's defaults
+        return
     assert '"activeDeadlineSeconds": 3600' in text and '"failurePolicy": {"maxRestarts": 0}' in text
     assert m.problems(kind, docs[0] if kind == "jobset" else docs) == []
     assert m.limits(kind, timeout="90.5", max_restarts=None) == {"timeout_s": 91}
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--for", "mpijob", "--timeout", "60"], "error: --timeout: --for mpijob has no equivalent in its document; "
-                                             "--for trainjob or jobset take it"),
+    (["--for", "ecs", "--timeout", "60"], "error: --timeout: --for ecs has no equivalent in its document; "
+                                          "--for mpijob or pytorchjob or trainjob or jobset take it"),
     (["--for", "ecs", "--max-restarts", "1", "--timeout", "5"], "error: --timeout and --max-restarts: --for ecs"),
     (["--for", "jobset", "--timeout", "0"], "error: --timeout '0': expected a number > 0"),
     (["--for", "trainjob", "--max-restarts", "-1"], "error: --max-restarts '-1'"),

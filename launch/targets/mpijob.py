@@ -26,6 +26,7 @@ class MpiJob(Description, Crd):
     launchers = {"per_node": False, "starts_cluster": False}
     runs = "one mpirun in the Launcher pod"
     schema_file = "crd-mpijob-v2beta1.json"
+    maps = ("timeout", "max_restarts")  # runPolicy: activeDeadlineSeconds, backoffLimit
     what = {"mpijob": "MPIJob (mpi-operator v0.8.0 CRD)"}
 
     def text(self, spec: ManifestSpec) -> str:

@@ -26,6 +26,7 @@ class PyTorchJob(Description, Crd):
     runs = "one command per replica"
     default_launcher = "torchrun"
     schema_file = "crd-pytorchjob-v1.json"
+    maps = ("timeout", "max_restarts")  # runPolicy: activeDeadlineSeconds, backoffLimit
     what = {"pytorchjob": "PyTorchJob (training-operator v1.9.4 CRD)"}
 
     def text(self, spec: ManifestSpec) -> str:
