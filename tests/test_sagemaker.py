@@ -219,7 +219,7 @@ def test_run_uploads_creates_streams_logs_and_downloads(aws, tmp_path):
     s3.upload_file(str(archive), "my-bucket", f"dtrain/{name}/output/model.tar.gz")
 
     printed: list[str] = []
-    opts = sm.RunOptions(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/horovod-pytorch:t", role_arn=ROLE,
+    opts = sm.run_options(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/dtrain/horovod-pytorch:t", role_arn=ROLE,
                          command=("python", "main.py"), instances=2, instance_type="ml.g5.12xlarge", name=name,
                          inputs={"train": "s3://my-bucket/data/train"}, spot=True, output_s3="s3://my-bucket/dtrain",
                          workdir=tmp_path / "work", download=tmp_path / "out")
@@ -244,7 +244,7 @@ def _key_in_s3(s3, key: str) -> bool:
 def test_run_no_wait_waits_for_the_start_and_deletes_the_key(aws, tmp_path):
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="my-bucket")
-    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
+    opts = sm.run_options(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
                          name="dtrain-nowait", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), wait=False)
     printed: list[str] = []
     assert sm.run(opts, session=aws, out=printed.append, poll_s=0) == ("dtrain-nowait", 0)
@@ -287,7 +287,7 @@ def test_run_deletes_the_key_once_the_job_has_started_and_hands_it_to_a_spot_res
              ("InProgress", "Training"), ("InProgress", "Interrupted"), ("InProgress", "Restarting"),
              ("InProgress", "Downloading"), ("InProgress", "Training"), ("Completed", "Completed")]
     session = _Progressing(aws, steps, key)
-    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2, spot=True,
+    opts = sm.run_options(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2, spot=True,
                          name="dtrain-spot", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path), download=None)
     assert sm.run(opts, session=session, out=lambda _: None, poll_s=0) == ("dtrain-spot", 0)
     assert session.seen == [("Starting", True), ("Downloading", True), ("Training", True), ("Training", False),
@@ -316,7 +316,7 @@ def test_run_deletes_the_key_on_an_error(aws, tmp_path):
         if "created training job" in line:
             seen.append(_key_in_s3(s3, "x/dtrain-err/dtrain/id_ed25519"))
             raise KeyboardInterrupt
-    opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
+    opts = sm.run_options(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=2,
                          name="dtrain-err", output_s3="s3://my-bucket/x", workdir=_workdir(tmp_path))
     with pytest.raises(KeyboardInterrupt):
         sm.run(opts, session=aws, out=out, poll_s=0)
@@ -347,7 +347,7 @@ def test_a_bad_download_directory_is_refused_before_anything_is_uploaded(aws, tm
     s3.create_bucket(Bucket="my-bucket")
     wd = _workdir(tmp_path)
     for bad in (wd / "main.py", wd / "main.py" / "x"):
-        opts = sm.RunOptions(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=1,
+        opts = sm.run_options(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), instances=1,
                              name="dtrain-dl", output_s3="s3://my-bucket/x", workdir=wd, download=bad)
         with pytest.raises(LaunchError, match=rf"^--download {bad}: .*main.py is not a directory"):
             sm.run(opts, session=aws, out=lambda m: None, poll_s=0)

@@ -125,7 +125,7 @@ def test_run_uploads_data_chains_a_job_keeps_state_and_the_log(aws, tmp_path):
     (data / "val/0.tar").write_bytes(b"v" * 10)
     base = dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), output_s3="s3://my-bucket/dtrain",
                 workdir=work, download=tmp_path / "out")
-    sm.run(sm.RunOptions(**base, name="prep", wait=False), session=aws, out=lambda _: None)
+    sm.run(sm.run_options(**base, name="prep", wait=False), session=aws, out=lambda _: None)
     name = "train-1"
     logs.create_log_group(logGroupName=sm.LOG_GROUP)
     logs.create_log_stream(logGroupName=sm.LOG_GROUP, logStreamName=f"{name}/algo-1-1700000000")
@@ -133,7 +133,7 @@ def test_run_uploads_data_chains_a_job_keeps_state_and_the_log(aws, tmp_path):
                         logEvents=[{"timestamp": int(time.time() * 1000), "message": "Acc@1 46.340"}])
     s3.put_object(Bucket="my-bucket", Key=f"dtrain/{name}/output/model.tar.gz", Body=b"model")  # SageMaker's part
     printed: list[str] = []
-    opts = sm.RunOptions(**base, name=name, instances=3, inputs={"data": str(data)}, from_jobs={"previous": "prep"},
+    opts = sm.run_options(**base, name=name, instances=3, inputs={"data": str(data)}, from_jobs={"previous": "prep"},
                          volume_gb=280, max_runtime_s=3600, metrics=[{"Name": "top1", "Regex": r"Acc@1 (\S+)"}])
     assert sm.run(opts, session=aws, out=printed.append, poll_s=0) == (name, 0)
 
@@ -161,12 +161,12 @@ def test_run_refuses_before_uploading(aws, tmp_path):
     base = dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), output_s3="s3://my-bucket/dtrain",
                 workdir=work, wait=False)
     with pytest.raises(LaunchError, match="'ml.p3.2xlarg' is not a SageMaker training instance type"):
-        sm.run(sm.RunOptions(**base, name="typo", instance_type="ml.p3.2xlarg"), session=aws, out=lambda _: None)
+        sm.run(sm.run_options(**base, name="typo", instance_type="ml.p3.2xlarg"), session=aws, out=lambda _: None)
     with pytest.raises(LaunchError, match="--from-job previous=nosuchjob: cannot describe the job"):
-        sm.run(sm.RunOptions(**base, name="chain", from_jobs={"previous": "nosuchjob"}), session=aws, out=lambda _: None)
+        sm.run(sm.run_options(**base, name="chain", from_jobs={"previous": "nosuchjob"}), session=aws, out=lambda _: None)
     (tmp_path / "empty").mkdir()
     with pytest.raises(LaunchError, match="the directory has no files"):
-        sm.run(sm.RunOptions(**base, name="empty", inputs={"d": str(tmp_path / "empty")}), session=aws,
+        sm.run(sm.run_options(**base, name="empty", inputs={"d": str(tmp_path / "empty")}), session=aws,
                out=lambda _: None)
     assert "Contents" not in s3.list_objects_v2(Bucket="my-bucket")
 
@@ -178,8 +178,8 @@ def test_run_on_demand_with_a_named_task_and_state_dir(aws, tmp_path):
     (work / "main.py").write_text("x\n")
     base = dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), output_s3="s3://my-bucket/dtrain",
                 workdir=work, wait=False, spot=False)
-    sm.run(sm.RunOptions(**base, name="od-1", task="imagenet-1-node"), session=aws, out=lambda _: None)
-    sm.run(sm.RunOptions(**base, name="od-2", state_s3="s3://my-bucket/keep/"), session=aws, out=lambda _: None)
+    sm.run(sm.run_options(**base, name="od-1", task="imagenet-1-node"), session=aws, out=lambda _: None)
+    sm.run(sm.run_options(**base, name="od-2", state_s3="s3://my-bucket/keep/"), session=aws, out=lambda _: None)
     describe = aws.client("sagemaker").describe_training_job
     first, second = describe(TrainingJobName="od-1"), describe(TrainingJobName="od-2")
     assert not first.get("EnableManagedSpotTraining") and "MaxWaitTimeInSeconds" not in first["StoppingCondition"]

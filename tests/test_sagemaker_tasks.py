@@ -37,7 +37,7 @@ def _work(tmp_path: Path, name: str = "imagenet") -> Path:
 def _opts(work: Path, tmp_path: Path, **kw) -> sm.RunOptions:
     base = dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), output_s3=f"s3://{BUCKET}/dtrain",
                 workdir=work, download=None, spot=False, task_state=True)
-    return sm.RunOptions(**{**base, **kw})
+    return sm.run_options(**{**base, **kw})
 
 
 def _jobs(aws) -> list[str]:

@@ -99,7 +99,7 @@ class _NoAWS:
 
 
 def _opts(tmp_path: Path, **kw) -> sm.RunOptions:
-    return sm.RunOptions(**{**dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), name="job-38",
+    return sm.run_options(**{**dict(image=IMAGE, role_arn=ROLE, command=("python", "main.py"), name="job-38",
                                    output_s3="s3://proj-bucket/dtrain", workdir=_project(tmp_path), wait=False), **kw})
 
 

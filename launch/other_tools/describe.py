@@ -30,6 +30,7 @@ from dtrain import ROOT, contract, outfile
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import instance_types
 from dtrain.launch.jobs import container, launchers
+from dtrain.launch.sagemaker.engine import RUN_DEFAULTS as SAGEMAKER_DEFAULTS
 
 TEMPLATES = ROOT / "templates" / "manifests"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -111,8 +112,8 @@ class ManifestSpec:
     # interfaces every worker gets (Kubernetes: also the workers' nodeSelector); Kubernetes
     # without it: the node_selector's node.kubernetes.io/instance-type, if any
     instance_type: str | None = None
-    volume_gb: int = 100  # SageMaker
-    max_runtime_s: int = 86400  # SageMaker
+    volume_gb: int = SAGEMAKER_DEFAULTS["volume_gb"]
+    max_runtime_s: int = SAGEMAKER_DEFAULTS["max_runtime_s"]
     # the launch's fields a kind may map (TrainJob, JobSet): the job's time limit
     # (activeDeadlineSeconds), whole-job restarts (failurePolicy.maxRestarts), host paths
     # (--mount: hostPath volumes), the host NIC of a host-network pod (--iface)

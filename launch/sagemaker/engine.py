@@ -54,6 +54,18 @@ _DURATION_RE = re.compile(r"(\d+)([dhms])")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
+# SageMaker's defaults, each declared once: `dtrain sagemaker run`'s flags and `dtrain launch
+# --target sagemaker` (launch/targets/sagemaker.py) both build their RunOptions with run_options()
+RUN_DEFAULTS: dict[str, Any] = {
+    "instances": 1, "instance_type": "ml.m5.2xlarge", "name": None, "launcher": None, "slots": None,
+    "inputs": {}, "env": {}, "spot": True, "output_s3": None, "workdir": Path("."), "download": Path("output"),
+    "wait": True, "volume_gb": launch_default("volume_size"), "max_runtime_s": 86400, "max_wait_s": None,
+    "retries": 0, "task": None, "state_s3": None, "from_jobs": {}, "metrics": (), "project": DEFAULT_PROJECT,
+    "force": False, "input_tasks": {}, "dependencies": {}, "tags": {}, "create_role": False, "task_state": False,
+}
+DEFAULT_MAX_RUN = "24h"  # --max-run's default, as written (RUN_DEFAULTS' max_runtime_s)
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """Everything a CreateTrainingJob request of a dtrain image is made of."""
@@ -64,7 +76,7 @@ class TrainingJob:
     command: tuple[str, ...]
     output_s3: str  # S3OutputPath; the job's model.tar.gz lands under it
     instances: int = 1
-    instance_type: str = "ml.m5.2xlarge"
+    instance_type: str = RUN_DEFAULTS["instance_type"]
     launcher: str = launch_default("launcher")  # mpirun (Horovod images) or torchrun (pytorch-ddp)
     slots: int | None = None  # ranks per instance; None: its GPUs, or 1
     key_s3: str | None = None  # S3 prefix holding id_ed25519 (channel `dtrain`); needed when instances > 1
@@ -74,8 +86,8 @@ class TrainingJob:
     env: Mapping[str, str] = field(default_factory=dict)
     spot: bool = False
     checkpoint_s3: str | None = None  # the state directory: S3 <-> /opt/ml/checkpoints (needed with spot)
-    volume_gb: int = 100
-    max_runtime_s: int = 86400
+    volume_gb: int = RUN_DEFAULTS["volume_gb"]
+    max_runtime_s: int = RUN_DEFAULTS["max_runtime_s"]
     max_wait_s: int | None = None  # spot: default 2 x max_runtime_s
     retries: int = 0  # RetryStrategy.MaximumRetryAttempts (launch's max_restarts); 0: none
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -780,37 +792,51 @@ def ensure_role(iam, role: Mapping[str, Any] | None, buckets: Sequence[str], out
 
 @dataclass(frozen=True)
 class RunOptions:
+    """One SageMaker run, every field given: made only by run_options() (its defaults: RUN_DEFAULTS)."""
+
     image: str
     role_arn: str  # "": dtrain's role (ROLE_NAME), made with create_role
     command: tuple[str, ...]
-    instances: int = 1
-    instance_type: str = "ml.m5.2xlarge"
-    name: str | None = None  # default: TASK-YYYYmmdd-HHMMSS
-    launcher: str | None = None  # default by image family
-    slots: int | None = None
-    inputs: Mapping[str, str] = field(default_factory=dict)  # channel -> s3:// uri or local directory
-    env: Mapping[str, str] = field(default_factory=dict)
-    spot: bool = True  # --on-demand: False
-    output_s3: str | None = None  # default s3://sagemaker-REGION-ACCOUNT/PROJECT
-    workdir: Path = Path(".")
-    download: Path | None = Path("output")  # None: do not download (nor keep the log)
-    wait: bool = True
-    volume_gb: int = 100
-    max_runtime_s: int = 86400
-    max_wait_s: int | None = None  # spot: default 2 x max_runtime_s
-    retries: int = 0  # RetryStrategy (launch --max-restarts)
-    task: str | None = None  # default: the workdir's directory name
-    state_s3: str | None = None  # default OUTPUT/state/TASK/
-    from_jobs: Mapping[str, str] = field(default_factory=dict)  # channel -> earlier job name
-    metrics: Sequence[Mapping[str, str]] = ()
-    project: str = DEFAULT_PROJECT
-    force: bool = False  # run even when the task's last job Completed this same run
-    input_tasks: Mapping[str, str] = field(default_factory=dict)  # channel -> task (of the project)
-    dependencies: Mapping[str, Path] = field(default_factory=dict)  # name -> local directory
-    tags: Mapping[str, str] = field(default_factory=dict)
-    create_role: bool = False  # make dtrain's role when role_arn is "" and the account has none
-    task_state: bool = False  # skip/follow by the task's last job (`dtrain sagemaker run`; launch --target
+    instances: int
+    instance_type: str
+    name: str | None  # None: TASK-YYYYmmdd-HHMMSS
+    launcher: str | None  # None: by image family
+    slots: int | None
+    inputs: Mapping[str, str]  # channel -> s3:// uri or local directory
+    env: Mapping[str, str]
+    spot: bool  # --on-demand: False
+    output_s3: str | None  # None: s3://sagemaker-REGION-ACCOUNT/PROJECT
+    workdir: Path
+    download: Path | None  # None: do not download (nor keep the log)
+    wait: bool
+    volume_gb: int
+    max_runtime_s: int
+    max_wait_s: int | None  # spot: None is 2 x max_runtime_s
+    retries: int  # RetryStrategy (launch --max-restarts)
+    task: str | None  # None: the workdir's directory name
+    state_s3: str | None  # None: OUTPUT/state/TASK/
+    from_jobs: Mapping[str, str]  # channel -> earlier job name
+    metrics: Sequence[Mapping[str, str]]
+    project: str
+    force: bool  # run even when the task's last job Completed this same run
+    input_tasks: Mapping[str, str]  # channel -> task (of the project)
+    dependencies: Mapping[str, Path]  # name -> local directory
+    tags: Mapping[str, str]
+    create_role: bool  # make dtrain's role when role_arn is "" and the account has none
+    task_state: bool  # skip/follow by the task's last job (`dtrain sagemaker run`; launch --target
     # sagemaker has no --force, so it keeps making a new job every time)
+
+
+def run_options(*, image: str, role_arn: str, command: Sequence[str], **given: Any) -> RunOptions:
+    """The run's options: what was given, the rest RUN_DEFAULTS'; a None given where the default is
+    not None is "not given" (`download=None` is its own value: no download). The one place a
+    RunOptions is made (tests/test_sagemaker_options.py)."""
+    unknown = sorted(set(given) - set(RUN_DEFAULTS))
+    if unknown:
+        raise TypeError(f"run_options: unknown field(s) {', '.join(unknown)}")
+    fields = {k: dict(v) if isinstance(v, dict) else v for k, v in RUN_DEFAULTS.items()}
+    fields |= {k: v for k, v in given.items() if v is not None or RUN_DEFAULTS[k] is None or k == "download"}
+    return RunOptions(image=image, role_arn=role_arn, command=tuple(command), **fields)
 
 
 _STAND_IN = "s3://sagemaker-us-east-1-000000000000/x/output/"

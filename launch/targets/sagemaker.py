@@ -25,7 +25,7 @@ from dtrain.launch.other_tools.describe import PLACEHOLDER_ROLE, PLACEHOLDER_S3,
 from dtrain.launch.targets.base import IGNORED, REFUSED, Target
 from dtrain.launch.targets.common import slots
 
-SAGEMAKER_INSTANCE = {0: "ml.m5.2xlarge", 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
+SAGEMAKER_INSTANCE = {0: sm_engine.RUN_DEFAULTS["instance_type"], 1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.p4d.24xlarge"}
 
 
 def sagemaker_job(spec: ManifestSpec) -> sm_engine.TrainingJob:
@@ -101,12 +101,12 @@ class SageMaker(Target, Describer):
         env = cfg.env_values()
         if cfg.checkpoint_dir is not None:  # where the job's own checkpoints persist on SageMaker
             env["DTRAIN_CHECKPOINT_DIR"] = sm.STATE_LOCAL
-        runtime = {"max_runtime_s": max(1, math.ceil(cfg.timeout))} if cfg.timeout is not None else {}
-        opts = sm.RunOptions(image=cfg.image, role_arn=cfg.role or "", command=tuple(cfg.command or ()),
-                             instances=count or 1, instance_type=kind, name=cfg.name, launcher=launcher,
-                             slots=slots(cfg), env=env, workdir=workdir, wait=not cfg.detach, spot=not cfg.on_demand,
-                             volume_gb=cfg.volume_size, inputs=cfg.inputs(), retries=cfg.max_restarts or 0,
-                             max_wait_s=math.ceil(cfg.max_wait) if cfg.max_wait is not None else None, **runtime)
+        opts = sm.run_options(image=cfg.image, role_arn=cfg.role or "", command=cfg.command or (),
+                              instances=count, instance_type=kind, name=cfg.name, launcher=launcher,
+                              slots=slots(cfg), env=env, workdir=workdir, wait=not cfg.detach, spot=not cfg.on_demand,
+                              volume_gb=cfg.volume_size, inputs=cfg.inputs(), retries=cfg.max_restarts,
+                              max_runtime_s=max(1, math.ceil(cfg.timeout)) if cfg.timeout is not None else None,
+                              max_wait_s=math.ceil(cfg.max_wait) if cfg.max_wait is not None else None)
         session = session or boto3.session.Session(region_name=cfg.region)
         note()
         job, code = sm.run(opts, session=session)
