@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 # (a -m replaces pyproject's `-m 'not gpu_build'`: each says it again)
 CLUSTER = "(docker or cluster or serial) and not second_cluster and not gpu_build"  # the foreground: the first cluster
-SECOND = "(docker or cluster) and second_cluster and not gpu_build"  # beside it, on a second simulated cluster
+SECOND = "(docker or cluster or serial) and second_cluster and not gpu_build"  # beside it, on a second simulated cluster
 SECOND_SLOT = "1"  # DTRAIN_SIM_SLOT of the second cluster (launch/infra/cluster.py)
 UNIT = "not docker and not cluster and not gpu_build"
 BESIDE = "not docker and not cluster and not serial and not gpu_build"  # the unit part beside the cluster part

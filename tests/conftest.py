@@ -123,19 +123,22 @@ def cluster(_cluster_session, engine):
 
 @pytest.fixture
 def nic_down(cluster):
-    """nic_down(i): a context in which simulated node i's NIC (its veth on the host, dtv<index>)
-    is down, giving its address: how a test makes a node unreachable (never an address where no
-    node is). Up again after, whatever happened inside."""
+    """nic_down(i): a context in which simulated node i's NIC (its veth on the host, dtv<index>;
+    another slot's prefix on a second cluster) is down, giving its address: how a test makes a node
+    unreachable (never an address where no node is). Up again after, whatever happened inside."""
     import contextlib
+
+    from dtrain.launch.infra import cluster as cl
 
     @contextlib.contextmanager
     def down(i: int):
         node = cluster.nodes[i - 1]
-        subprocess.run(["ip", "link", "set", f"dtv{node.index}", "down"], check=True)
+        veth = f"{cl.VETH_PREFIX}{node.index}"
+        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
         try:
             yield node.address
         finally:
-            subprocess.run(["ip", "link", "set", f"dtv{node.index}", "up"], check=True)
+            subprocess.run(["ip", "link", "set", veth, "up"], check=True)
 
     return down
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.second_cluster]
 
 DOCKER = "/usr/bin/docker"
 

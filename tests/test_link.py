@@ -19,7 +19,7 @@ from dtrain.launch.jobs.store import job_log
 from test_launch import containers_left, nodes_of, on_node, spec
 from test_wholerun import _link, _node_files, _ticks, _wait_clean, _when_in_log
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 KEEPALIVE_S = contract.SSH_KEEPALIVE_INTERVAL_S * contract.SSH_KEEPALIVE_COUNT
 
