@@ -35,7 +35,13 @@ it never loads, as CUDA images grow by architectures and libraries a job does no
 
     python bench/bench_lazy_launch.py [--nodes 1,2,4] [--repeat 3] [--link-rate 1gbit]
                                       [--gpu-sizes 4,10] [--gpu-repeat 3] [--gpu-link-rate 1gbit]
-                                      [--no-cpu] [--no-index [--old-soci-config]]
+                                      [--gpu-image FAMILY:TAG] [--no-cpu] [--no-index [--old-soci-config]]
+
+--gpu-image FAMILY:TAG adds a real GPU image built here (issue 50: CUDA from PyPI's wheels on the
+Debian base), pushed with its SOCI index: 1 node at --gpu-link-rate, medians of --gpu-repeat; its
+first step (REAL_GPU_STEP) imports torch, builds a model and an optimizer, asks
+torch.cuda.is_available() (False without a GPU) and takes one step where it answers. The share of
+the image the first step reads is its lazy bytes/node over the compressed size.
 
 --no-index adds pytorch-ddp's layers under a manifest without a SOCI index (1 node, unlimited):
 a lazy node pulls it in full; --old-soci-config runs the lazy nodes with soci's default HTTP
@@ -79,6 +85,13 @@ CUDA_SHAPED = ROOT / "launch" / "node" / "examples" / "cuda_shaped.py"  # runs i
 FAMILY = "pytorch-ddp"
 CPU_STEP = ["python", "-c", "import time, torch; print('step0', time.time())"]
 GPU_STEP = ["python", "/opt/cuda-shaped/cuda_shaped.py", "load", "/opt/cuda-shaped"]
+# --gpu-image: what a training script touches before CUDA is asked (torch.cuda.is_available() is
+# False without a GPU), then one step on the CPU
+REAL_GPU_STEP = ["python", "-c", "import time, torch; m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), "
+                 "torch.nn.Linear(512, 10)); o = torch.optim.SGD(m.parameters(), lr=0.1); "
+                 "dev = 'cuda' if torch.cuda.is_available() else 'cpu'; m.to(dev); "
+                 "torch.nn.functional.cross_entropy(m(torch.randn(64, 512, device=dev)), "
+                 "torch.randint(0, 10, (64,), device=dev)).backward(); o.step(); print('step0', time.time())"]
 STEP = re.compile(r"\bstep0 (\d+\.\d+)")
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -332,23 +345,30 @@ def image_sizes(reg: Registry, ref: str) -> int:
     return sum(x["size"] for x in reg.manifest(repo, tag)["layers"])
 
 
-def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, str, dict[float, str], dict[str, int]]:
+def push(info, root: Path, image: str, say) -> str:
+    """`dtrain push --soci` of a local FAMILY:TAG into the cluster's registry; its reference there."""
+    env = {**os.environ, "SSL_CERT_FILE": info.registry_ca}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dtrain", "push", "--registry", info.registry, "--image", image,
+                        "--soci", "--soci-bin", str(root), "--catalog", str(Path(tempfile.mkdtemp()) / "catalog.json")],
+                       capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if r.returncode != 0:
+        raise SystemExit(f"dtrain push --soci {image}: {r.stdout[-1500:]}{r.stderr[-1500:]}")
+    ref = f"{info.registry}/dtrain/{image}"
+    say(f"pushed {ref} with its SOCI index ({time.monotonic() - t0:.0f} s)")
+    return ref
+
+
+def prepare(root: Path, gpu_sizes: list[float], say, gpu_image: str | None = None
+            ) -> tuple[str, str, dict[float, str], dict[str, int], str | None]:
     """Push pytorch-ddp with its SOCI index (and the GPU-shaped images, indexed; and its layers
-    again without one), save the registry's files; (cpu ref, no-index ref, {GB: ref},
-    {ref: compressed bytes})."""
+    again without one; and --gpu-image, a real GPU image, with its index), save the registry's
+    files; (cpu ref, no-index ref, {GB: ref}, {ref: compressed bytes}, real GPU ref or None)."""
     info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))
     engine.allow_insecure_registry(info.registry)
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
-    env = {**os.environ, "SSL_CERT_FILE": info.registry_ca}
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dtrain", "push", "--registry", info.registry, "--image",
-                        f"{FAMILY}:{img.tag}", "--soci", "--soci-bin", str(root),
-                        "--catalog", str(Path(tempfile.mkdtemp()) / "catalog.json")],
-                       capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
-    if r.returncode != 0:
-        raise SystemExit(f"dtrain push --soci: {r.stdout[-1500:]}{r.stderr[-1500:]}")
-    cpu = f"{info.registry}/dtrain/{FAMILY}:{img.tag}"
-    say(f"pushed {cpu} with its SOCI index ({time.monotonic() - t0:.0f} s)")
+    cpu = push(info, root, f"{FAMILY}:{img.tag}", say)
+    real = push(info, root, gpu_image, say) if gpu_image else None
     reg = Registry(info)
     gpu: dict[float, str] = {}
     os.environ["SSL_CERT_FILE"] = info.registry_ca  # soci and ctr read it
@@ -361,10 +381,10 @@ def prepare(root: Path, gpu_sizes: list[float], say) -> tuple[str, str, dict[flo
         say(f"{ref}: {image_sizes(reg, ref) / 2**30:.2f} GiB compressed ({time.monotonic() - t0:.0f} s)")
     noindex = without_index(reg, cpu)
     say(f"{noindex}: the same layers, no SOCI index")
-    sizes = {ref: image_sizes(reg, ref) for ref in [cpu, noindex, *gpu.values()]}
+    sizes = {ref: image_sizes(reg, ref) for ref in [cpu, noindex, *gpu.values(), *([real] if real else [])]}
     shutil.rmtree(SAVED, ignore_errors=True)
     subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
-    return cpu, noindex, gpu, sizes
+    return cpu, noindex, gpu, sizes, real
 
 
 # --- --variants: soci settings side by side (lazy side only, 1 node) ----------------------------
@@ -485,6 +505,9 @@ def main() -> None:
     ap.add_argument("--gpu-sizes", default="", help="GB of CUDA-shaped libraries, e.g. 4,10")
     ap.add_argument("--gpu-repeat", type=int, default=3)
     ap.add_argument("--gpu-link-rate", default="1gbit")
+    ap.add_argument("--gpu-image", help="a real GPU image built here, FAMILY:TAG (e.g. pytorch-ddp:2.13.0-cu130-cudnn9-"
+                    "py311-debian12, CUDA from PyPI's wheels): 1 node at --gpu-link-rate, --gpu-repeat rounds; "
+                    "its first step imports torch, builds a model and optimizer, asks for CUDA and steps on the CPU")
     ap.add_argument("--gpu-touch", type=float, help="GB: the first step loads only the libraries in the "
                     "first GB of them (sizes above it only: an image that grew by libraries the step never loads)")
     ap.add_argument("--no-index", action="store_true",
@@ -504,7 +527,7 @@ def main() -> None:
               "by hand pull+run", "by hand: bytes/node", "floor (bytes/link)", "lazy / by hand",
               "samples, s (lazy; by hand)")
     try:
-        cpu, noindex, gpu, sizes = prepare(root, gpu_sizes, say)
+        cpu, noindex, gpu, sizes, real = prepare(root, gpu_sizes, say, args.gpu_image)
         if args.variants:
             info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))  # prepare's, still up
             os.environ["SSL_CERT_FILE"] = info.registry_ca
@@ -517,6 +540,9 @@ def main() -> None:
         if args.no_index:
             rows += grid(root, noindex, sizes[noindex], CPU_STEP, [1], [None], args.repeat,
                          f"{FAMILY}, no index" + (" (soci's default retries)" if args.old_soci_config else ""))
+        if real:
+            rows += grid(root, real, sizes[real], REAL_GPU_STEP, [1], [args.gpu_link_rate], args.gpu_repeat,
+                         args.gpu_image)
         for gb, ref in gpu.items():
             if args.gpu_touch is None or args.gpu_touch < gb:
                 step = GPU_STEP + ([str(int(args.gpu_touch * 1e9))] if args.gpu_touch else [])

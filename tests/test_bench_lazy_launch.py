@@ -65,3 +65,13 @@ def test_a_first_step_that_loads_part_of_the_libraries(tmp_path):
     assert C["libraries"](str(tmp_path)) == ["lib0_0.so", "lib0_1.so", "lib0_2.so"]
     assert C["libraries"](str(tmp_path), 2500) == ["lib0_0.so", "lib0_1.so"]
     assert C["libraries"](str(tmp_path), 999) == []
+
+
+def test_the_real_gpu_images_first_step_asks_for_cuda_and_prints_its_time():
+    """--gpu-image's first step: a program (compiles), asks torch.cuda.is_available() before any
+    CUDA use, and prints the `step0 TIME` the bench reads."""
+    argv = B["REAL_GPU_STEP"]
+    assert argv[:2] == ["python", "-c"]
+    compile(argv[2], "REAL_GPU_STEP", "exec")
+    assert argv[2].index("torch.cuda.is_available()") < argv[2].index("backward()")
+    assert "print('step0', time.time())" in argv[2]
