@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from dtrain.launch import targets
@@ -29,14 +30,14 @@ def ssh_options(ssh_opt: Any = None, ssh_config: str | None = None, cluster: str
         x for o in (ssh_opt or []) for x in ("-o", o))
 
 
-def node_list(hostfile: str | None = None, hosts: str | None = None, ec2_tag: str | None = None,
-              region: str | None = None, slots: Any = None, ssh_user: str | None = None, ssh_key: str | None = None,
-              cluster: str | None = None) -> list:
-    """The nodes the flags name, from their provider (--cluster and --ec2-tag EC2, --hostfile and
-    --hosts plain ssh hosts), each flag checked by its parser."""
+def node_list(node: Mapping[str, Any]) -> list:
+    """The nodes the node flags name (jobfile.node_fields(); absent or None: not given), from their
+    provider (--cluster and --ec2-tag EC2, --hostfile and --hosts plain ssh hosts), each flag
+    checked by its parser."""
     from dtrain import values
     from dtrain.launch.jobs.jobfile import number
 
+    region, slots, ssh_user, ssh_key = (node.get(k) for k in ("region", "slots", "ssh_user", "ssh_key"))
     if ssh_user is not None:
         values.user("--ssh-user", ssh_user)
     if region is not None:
@@ -45,8 +46,7 @@ def node_list(hostfile: str | None = None, hosts: str | None = None, ec2_tag: st
         values.ssh_key("--ssh-key", ssh_key)
     if slots is not None:
         slots = number("slots", slots)  # the launch's bound (jobfile.NUMBERS)
-    args = targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster, region=region,
-                            slots=slots)
+    args = targets.node_args({**node, "slots": slots})  # the providers' own fields: the model's (jobfile.py)
     return targets.nodes(args, ssh_user=ssh_user, ssh_key=ssh_key)
 
 
@@ -62,8 +62,7 @@ def run_on_nodes(cfg: Any) -> int:
     with jobfile.located(cfg.where):
         if cfg.cluster:  # an EC2 cluster: its hostfile follows its Auto Scaling group first
             up.follow(cfg.cluster)
-        nodes = node_list(cfg.hostfile, cfg.hosts, cfg.ec2_tag, cfg.region, cfg.slots, cfg.ssh_user, cfg.ssh_key,
-                          cfg.cluster)
+        nodes = node_list({k: getattr(cfg, k) for k in jobfile.node_fields()})
         if cfg.count is not None and cfg.count != len(nodes):
             raise LaunchError(f"--count {cfg.count}: the launch names {len(nodes)} node(s)")
         if cfg.slots is not None:  # processes per node, over each host's own
@@ -75,7 +74,8 @@ def run_on_nodes(cfg: Any) -> int:
         spec = config.job_spec(cfg, ssh_opts=ssh_options(cfg.ssh_opt, cfg.ssh_config, cfg.cluster), imds=imds,
                                efa_types=targets.efa_types())
         # hosts the job file chose: known or confirmed before anything is sent
-        job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, cfg.where, spec.ssh_opts))
+        job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, cfg.where, spec.ssh_opts,
+                                                                 keys=jobfile.route_keys()))
         code = job.run()
     if code != 0:
         report_failure(job.spec.name, code)

@@ -435,12 +435,12 @@ def test_check_hosts_asks_only_where_the_file_chose(tmp_path):
     cfg.write_text(f"Host *\n  UserKnownHostsFile {tmp_path / 'kh'}\n  GlobalKnownHostsFile /dev/null\n")
     nodes, opts = [Node("new.example")], ["-F", str(cfg)]
     asked = []
-    trust.check_hosts(nodes, {"image": "j.yaml:1"}, opts, ask=lambda q: asked.append(q) or False)  # flags chose
+    trust.check_hosts(nodes, {"image": "j.yaml:1"}, opts, keys=jobfile.route_keys(), ask=lambda q: asked.append(q) or False)  # flags chose
     assert asked == []
-    trust.check_hosts(nodes, {"hosts": "j.yaml:2"}, opts, ask=lambda q: asked.append(q) or True)  # confirmed
+    trust.check_hosts(nodes, {"hosts": "j.yaml:2"}, opts, keys=jobfile.route_keys(), ask=lambda q: asked.append(q) or True)  # confirmed
     assert len(asked) == 1 and asked[0].endswith("Connect to them? [y/N] ")
     with pytest.raises(LaunchError, match=r"^j\.yaml:3: ssh_opt: .*never connected.*: new\.example; nothing was sent"):
-        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:3"}, opts, ask=lambda q: False)
+        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:3"}, opts, keys=jobfile.route_keys(), ask=lambda q: False)
 
 
 def test_a_jump_host_the_file_names_must_be_known_too(tmp_path):
@@ -453,15 +453,15 @@ def test_a_jump_host_the_file_names_must_be_known_too(tmp_path):
     cfg = tmp_path / "cfg"
     cfg.write_text(f"Host *\n  UserKnownHostsFile {kh}\n  GlobalKnownHostsFile /dev/null\n")
     nodes, opts = [Node("node.example")], ["-F", str(cfg)]
-    trust.check_hosts(nodes, {"hosts": "j.yaml:2"}, opts, ask=None)  # the node is known, no jump: passes
+    trust.check_hosts(nodes, {"hosts": "j.yaml:2"}, opts, keys=jobfile.route_keys(), ask=None)  # the node is known, no jump: passes
     with pytest.raises(LaunchError, match=r"^j\.yaml:4: ssh_opt: .*: evil\.example \(jump host\); nothing was sent"):
-        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=u@evil.example:22"], ask=None)
+        trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=u@evil.example:22"], keys=jobfile.route_keys(), ask=None)
     with pytest.raises(LaunchError, match=r": evil\.example \(jump host\)"):  # the second hop of a chain
         trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=bastion.example:2200,evil.example"],
-                          ask=None)
+                          keys=jobfile.route_keys(), ask=None)
     with pytest.raises(LaunchError, match=r": evil\.example \(jump host\)"):  # a hostfile's jump=
-        trust.check_hosts([Node("node.example", jump="evil.example")], {"hostfile": "j.yaml:1"}, opts, ask=None)
-    trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=bastion.example:2200"], ask=None)
+        trust.check_hosts([Node("node.example", jump="evil.example")], {"hostfile": "j.yaml:1"}, opts, keys=jobfile.route_keys(), ask=None)
+    trust.check_hosts(nodes, {"ssh_opt": "j.yaml:4"}, [*opts, "-o", "ProxyJump=bastion.example:2200"], keys=jobfile.route_keys(), ask=None)
 
 
 # ---------------------------------------------------------------- --dump of a job file

@@ -380,7 +380,7 @@ def test_launch_cluster_uses_the_clusters_hostfile(moto_server, tmp_path, monkey
     monkeypatch.setenv("DTRAIN_HOME", str(tmp_path / "home"))
     key = tmp_path / "id"  # --ssh-key must be a file here
     key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
-    nodes = tasks._nodes(None, None, None, None, None, None, str(key), cluster="c9")
+    nodes = tasks._nodes({"ssh_key": str(key), "cluster": "c9"})
     assert [(n.host, n.slots, n.user, n.identity) for n in nodes] == \
         [("10.0.0.5", 2, "ubuntu", str(key)), ("10.0.0.6", 2, "ubuntu", str(key))]
     r = invoke(env, "launch", "--cluster", "c9", "--hostfile", str(d / "hostfile"), "--image", "img", "--", "true")

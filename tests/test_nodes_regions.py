@@ -159,7 +159,7 @@ def test_a_kept_stack_in_another_region_is_listed_and_its_hint_removes_it(aws, m
 
     with pytest.raises(LaunchError, match=r"stack dtrain-west is CREATE_COMPLETE in region us-west-2 .*remove it "
                                           r"with `dtrain nodes down --name west --region us-west-2`"):
-        tasks._nodes(None, None, None, None, None, None, None, cluster="west")
+        tasks._nodes({"cluster": "west"})
 
     pos, kw = argv_kw(hint)
     out, code = nodes(*pos, **kw)

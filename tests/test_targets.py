@@ -214,6 +214,6 @@ def test_a_nodes_up_cluster_gives_its_nodes_and_recorded_ssh_options(tmp_path, m
     assert targets.ssh_opts(NodeArgs(cluster="c2")) == ("-o", "ProxyJump=bastion")
     assert targets.ssh_opts(NodeArgs(hosts="h1")) == ()
     assert tasks._ssh_opts(["ProxyJump=other"], None, "c2") == ("-o", "ProxyJump=bastion", "-o", "ProxyJump=other")
-    assert tasks._nodes(None, None, None, None, None, "alice", None, cluster="c2") == [Node("10.0.0.7", 4, user="ubuntu")]
+    assert tasks._nodes({"ssh_user": "alice", "cluster": "c2"}) == [Node("10.0.0.7", 4, user="ubuntu")]
     with pytest.raises(LaunchError, match=r"^give --cluster or one of --hostfile, --hosts, --ec2-tag, not both$"):
-        tasks._nodes(None, "h1", None, None, None, None, None, cluster="c2")
+        tasks._nodes({"hosts": "h1", "cluster": "c2"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from dtrain.launch.cli_support import task, user_errors, _int_flag, _float_flag, _choice_flag, _launcher_names, _image_flag, _env_flags  # noqa: F401
-from dtrain.launch.cli.jobs import NODE_HELP, _nodes, _ssh_opts
+from dtrain.launch.cli.jobs import NODE_HELP, NODE_LISTS, _node_signature, _node_ssh_opts, _nodes
 
 
 NETWORK_HELP = {
@@ -70,7 +70,7 @@ def _gate(image, iface, instance_type, nodes, ssh_opts) -> int:
     return 1 if r.culprits else 0
 
 
-@task(iterable=["ssh_opt", "env"], help={
+@task(iterable=[*NODE_LISTS, "env"], help={
     **NODE_HELP,
     "image": "image to check with (digest on every node, and the in-container checks)",
     "iface": "network interface to check (default: the NIC of each node's address)",
@@ -82,10 +82,10 @@ def _gate(image, iface, instance_type, nodes, ssh_opts) -> int:
              "link is well below its peers'): PASS/WARN/FAIL per node",
     **{k: v for k, v in NETWORK_HELP.items() if k not in ("image", "iface")},
 })
-def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
-           ssh_key=None, ssh_opt=None, ssh_config=None, image=None, iface=None, shm_size=None,
-           min_free_gb="10", job=None, bandwidth=False, gpu=False, launcher=None, max_bytes="1073741824",
-           iters="5", instance_type=None, env=None, tcp_streams="1", quick=False):
+@_node_signature
+def doctor(c, image=None, iface=None, shm_size=None, min_free_gb="10", job=None, bandwidth=False, gpu=False,
+           launcher=None, max_bytes="1073741824", iters="5", instance_type=None, env=None, tcp_streams="1", quick=False,
+           **node):
     """Check every node in parallel against the troubleshooting checklist; non-zero exit on any FAIL."""
     from dtrain.launch.troubleshoot import doctor as dr
 
@@ -103,31 +103,30 @@ def doctor(c, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None
             raise values.BadValue("--quick goes with --bandwidth: dtrain doctor --bandwidth --quick --image REF")
         if instance_type is not None:
             values.instance_type("--instance-type", instance_type)
-        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
+        nodes, ssh_opts = _nodes(node), _node_ssh_opts(node)
         if bandwidth and quick:
-            sys.exit(_gate(image, iface, instance_type, nodes, _ssh_opts(ssh_opt, ssh_config, cluster)))
+            sys.exit(_gate(image, iface, instance_type, nodes, ssh_opts))
         if bandwidth:
             r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
-                           nodes, _ssh_opts(ssh_opt, ssh_config, cluster))
+                           nodes, ssh_opts)
             sys.exit(1 if r.verdict.status == "FAIL" else 0)
         rows = dr.run(nodes, dr.Options(image=image, iface=iface, shm_size=shm_size,
                                         min_free_gb=free,
-                                        ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), job=job or ""))
+                                        ssh_opts=ssh_opts, job=job or ""))
         print(dr.format_table(rows))
         sys.exit(1 if any(r.status == "FAIL" for r in rows) else 0)
 
 
-@task(iterable=["env", "ssh_opt"], help={**NODE_HELP, **NETWORK_HELP})
-def bench_network(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None,
-                  ssh_user=None, ssh_key=None, ssh_opt=None, ssh_config=None, gpu=False, launcher=None,
-                  max_bytes="1073741824", iters="5", instance_type=None, env=None, iface=None, tcp_streams="1"):
+@task(iterable=["env", *NODE_LISTS], help={**NODE_HELP, **NETWORK_HELP})
+@_node_signature
+def bench_network(c, image=None, gpu=False, launcher=None, max_bytes="1073741824", iters="5", instance_type=None,
+                  env=None, iface=None, tcp_streams="1", **node):
     """Allreduce bus bandwidth sweep across the nodes in the job's image, beside raw TCP; PASS/WARN/FAIL."""
     with user_errors():
         _image_flag(image)
         _bandwidth_flags(launcher, max_bytes, iters, env, tcp_streams, iface)
         r = _bandwidth(image, gpu, launcher, max_bytes, iters, instance_type, env, iface, tcp_streams,
-                       _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster),
-                       _ssh_opts(ssh_opt, ssh_config, cluster))
+                       _nodes(node), _node_ssh_opts(node))
         sys.exit(1 if r.verdict.status == "FAIL" else 0)
 
 

@@ -19,8 +19,10 @@ from dtrain.launch.jobs import config as _config  # noqa: E402  the switches' op
 LAUNCH_HELP = _jobfile.help_texts()
 
 
-NODE_HELP = {k: LAUNCH_HELP[k] for k in ("cluster", "hostfile", "hosts", "ec2_tag", "region", "slots", "ssh_user",
-                                         "ssh_key", "ssh_opt", "ssh_config")}
+# the flags that name the nodes and reach them: the model's (jobfile.node_fields), each task that
+# works on nodes takes them all (_node_signature)
+NODE_FLAGS = _jobfile.node_fields()
+NODE_HELP = {k: LAUNCH_HELP[k] for k in NODE_FLAGS}
 
 
 # `dtrain launch` flags that are not fields of a launch (JobFile): which file, what to do with it.
@@ -34,16 +36,33 @@ LAUNCH_TASK_ONLY_HELP = {
 }
 
 
-def _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster=None):
+def _nodes(node):
+    """The nodes the node flags name ({flag: value}; absent or None: not given)."""
     from dtrain.launch.launching import node_list
 
-    return node_list(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
+    return node_list(node)
+
+
+def _node_signature(body):
+    """A task that works on nodes takes every node flag (NODE_FLAGS, default None) after its own
+    (Invoke reads the signature); the body gets them as **node."""
+    import inspect
+
+    own = [p for p in inspect.signature(body).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    node = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for k in NODE_FLAGS]
+    body.__signature__ = inspect.Signature([*own, *node])
+    return body
 
 
 def _ssh_opts(ssh_opt, ssh_config=None, cluster=None):
     from dtrain.launch.launching import ssh_options
 
     return ssh_options(ssh_opt, ssh_config, cluster)
+
+
+def _node_ssh_opts(node):
+    """The ssh options of the nodes the node flags name."""
+    return _ssh_opts(node.get("ssh_opt"), node.get("ssh_config"), node.get("cluster"))
 
 
 def _launch_signature(body):
@@ -70,6 +89,8 @@ _FLAG_BOOLS = {k for k, f in _jobfile.JobFile.model_fields.items() if "bool" in 
 _FLAG_LISTS = [k for k, f in _jobfile.JobFile.model_fields.items()
                if ("list" in str(f.annotation) or "dict" in str(f.annotation)) and k != "command"]  # env: K=V items
 
+NODE_LISTS = [k for k in NODE_FLAGS if k in _FLAG_LISTS]  # the repeatable node flags (ssh_opt)
+
 
 @task(iterable=_FLAG_LISTS, help={**LAUNCH_HELP, **LAUNCH_TASK_ONLY_HELP, **_SWITCH_OFF})
 @_launch_signature
@@ -92,14 +113,14 @@ def launch(c, f=None, file=None, dump=False, output=None, force=False, **flags):
         sys.exit(jobtarget.run(cfg, output=output, force=force))
 
 
-@task(iterable=["ssh_opt"], help={
+@task(iterable=NODE_LISTS, help={
     **NODE_HELP,
     "image": "image reference to bring onto every node",
     "pull": "always (default: unless the node holds the registry's digest; one manifest request) "
             "or missing (only where no image of that name is)",
 })
-def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, region=None, slots=None, ssh_user=None,
-         ssh_key=None, ssh_opt=None, ssh_config=None, pull=None):
+@_node_signature
+def pull(c, image=None, pull=None, **node):
     """Pre-stage an image on nodes ahead of a launch, with per-node progress: dtrain pull --hosts h1,h2 --image REF"""
     from dtrain.launch.errors import LaunchError
     from dtrain.launch import targets
@@ -110,10 +131,10 @@ def pull(c, image=None, cluster=None, hostfile=None, hosts=None, ec2_tag=None, r
             raise LaunchError("--image is required (e.g. --image 10.213.0.1:5000/dtrain/pytorch-ddp:TAG)")
         _image_flag(image)
         pull = _choice_flag("--pull", pull or _jobfile.launch_default("pull"), pl.POLICIES)
-        nodes = _nodes(hostfile, hosts, ec2_tag, region, slots, ssh_user, ssh_key, cluster)
-        provider = targets.choose(targets.NodeArgs(hostfile=hostfile, hosts=hosts, ec2_tag=ec2_tag, cluster=cluster))
+        nodes = _nodes(node)
+        provider = targets.choose(targets.node_args(node))
         login = provider.login(image)  # ECR: a token from boto3, to each node on stdin
-        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_ssh_opts(ssh_opt, ssh_config, cluster), out=sys.stdout, login=login)
+        pl.pull_on_nodes(nodes, image, pull, ssh_opts=_node_ssh_opts(node), out=sys.stdout, login=login)
 
 
 def _force_flag(force, output) -> None:

@@ -186,7 +186,7 @@ def volume(c, action, cluster=None, size=None, from_snapshot=None, iops="3000", 
                               snapshot=from_snapshot, iops=_int_flag("--iops", iops, 100, 256000), mount_path=path,
                               efs=efs, fill_from=fill_from)
         info = _cluster_record(cluster, profile)
-        nodes = _nodes(None, None, None, None, None, None, None, cluster)
+        nodes = _nodes({"cluster": cluster})
         made = vol.create(_aws(profile, info.region), info, nodes, spec, ssh_opts=ssh_opts)
         mode = "read-write" if efs else "read-only"
         print(f"{made} mounted {mode} on {len(nodes)} nodes at {path}; "

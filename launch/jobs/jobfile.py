@@ -221,14 +221,18 @@ class JobFile(BaseModel):
         "(repeatable; a DIR is uploaded)"))
     # where the nodes come from (one of cluster, hostfile, hosts, ec2_tag) and how to reach them
     cluster: Optional[str] = Field(None, description=(
-        "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)"))
-    hostfile: Optional[str] = Field(None, description="lines `HOST slots=N [port=22] [user=U] [identity=KEY]`")
-    hosts: Optional[str] = Field(None, description="h1:4,h2:4")
-    ec2_tag: Optional[str] = Field(None, description="Key=Value: running instances with this tag (private IPs; slots = GPUs)")
-    region: Optional[str] = Field(None, description="AWS region for --ec2-tag and --up (and --target sagemaker)")
+        "a cluster made by `dtrain nodes up --name C`: its hostfile (~/.dtrain/clusters/C/hostfile)"),
+        json_schema_extra={"nodes": "ec2", "shown": "--cluster NAME"})
+    hostfile: Optional[str] = Field(None, description="lines `HOST slots=N [port=22] [user=U] [identity=KEY]`",
+                                    json_schema_extra={"nodes": "ssh", "shown": "--hostfile FILE"})
+    hosts: Optional[str] = Field(None, description="h1:4,h2:4", json_schema_extra={"nodes": "ssh", "shown": "--hosts h1:4,h2:4"})
+    ec2_tag: Optional[str] = Field(None, description="Key=Value: running instances with this tag (private IPs; slots = GPUs)",
+                                   json_schema_extra={"nodes": "ec2", "shown": "--ec2-tag Key=Value"})
+    region: Optional[str] = Field(None, description="AWS region for --ec2-tag and --up (and --target sagemaker)",
+                                  json_schema_extra={"nodes": "any"})
     slots: Optional[int] = Field(None, description=(
         "processes per node, on every target (default: each host's slots, e.g. --hosts h1:8; for --ec2-tag and "
-        "the targets off the nodes the GPUs of the instance type, else 1)"))
+        "the targets off the nodes the GPUs of the instance type, else 1)"), json_schema_extra={"nodes": "any"})
     count: Optional[int] = Field(None, description=(
         "how many nodes (SageMaker instances, workers, replicas) where the launch names no nodes; with nodes "
         "named, their number must be this"))
@@ -258,10 +262,13 @@ class JobFile(BaseModel):
     confirm_above: Optional[float] = Field(None, description=(
         "with --up: ask before renting above this many USD per hour (default $DTRAIN_CONFIRM_ABOVE, else 10); "
         "without a terminal, refuse unless --yes (command line only)"))
-    ssh_user: Optional[str] = Field(None, description="ssh user on the nodes (default: from the hostfile or ~/.ssh/config)")
-    ssh_key: Optional[str] = Field(None, description="ssh identity for the nodes")
-    ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)")
-    ssh_config: Optional[str] = Field(None, description="ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's")
+    ssh_user: Optional[str] = Field(None, description="ssh user on the nodes (default: from the hostfile or ~/.ssh/config)",
+                                    json_schema_extra={"nodes": "any"})
+    ssh_key: Optional[str] = Field(None, description="ssh identity for the nodes", json_schema_extra={"nodes": "any"})
+    ssh_opt: Optional[list[str]] = Field(None, description="extra ssh -o option to reach the nodes (repeatable)",
+                                         json_schema_extra={"nodes": "any"})
+    ssh_config: Optional[str] = Field(None, description="ssh config file for reaching the nodes (ssh -F), e.g. the local cluster's",
+                                      json_schema_extra={"nodes": "any"})
     # the job
     env: Optional[dict[str, Optional[str]]] = Field(None, description=(
         "K=V for every rank (repeatable); K alone takes K's value from your environment (a secret: its value "
@@ -388,6 +395,40 @@ def defaults() -> dict[str, Any]:
 def launch_default(key: str) -> Any:
     """The value of field `key` where neither a flag nor the job file gives it (typed; None: none)."""
     return (JobFile.model_fields[key].json_schema_extra or {}).get("launch_default")
+
+
+def _extra(key: str) -> dict[str, Any]:
+    return JobFile.model_fields[key].json_schema_extra or {}  # type: ignore[return-value]
+
+
+def node_fields() -> tuple[str, ...]:
+    """The launch fields that name the nodes of `--target nodes` or reach them (json_schema_extra's
+    `nodes`), in the model's order: every task that works on nodes takes them as flags (launch/cli/),
+    none listed by hand (tests/test_node_flags.py)."""
+    return tuple(k for k in JobFile.model_fields if "nodes" in _extra(k))
+
+
+def selecting(provider: str) -> tuple[str, ...]:
+    """The fields that choose a node provider (launch/targets/): `nodes: PROVIDER` ("any": every
+    provider's nodes take it)."""
+    return tuple(k for k in node_fields() if _extra(k)["nodes"] == provider)
+
+
+def choosing() -> tuple[str, ...]:
+    """The fields that choose where the nodes come from (a provider's own: not `nodes: any`)."""
+    return tuple(k for k in node_fields() if _extra(k)["nodes"] != "any")
+
+
+def route_keys() -> tuple[str, ...]:
+    """The keys of a job file that choose where the job goes: the nodes (choosing()), and the ssh
+    options that route to them (a ProxyJump or a Port can put another host behind a name):
+    trust.check_hosts asks about the hosts these chose."""
+    return (*choosing(), "ssh_opt")
+
+
+def shown(key: str) -> str:
+    """How an error shows a field that chooses nodes: `--hosts h1:4,h2:4`."""
+    return _extra(key).get("shown") or "--" + key.replace("_", "-")
 
 
 def help_texts() -> dict[str, str]:

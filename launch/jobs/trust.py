@@ -22,9 +22,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.remote import known_hosts
 from dtrain.launch.remote.hosts import Node
 
-# The keys of a job file that choose where the job goes: the nodes, and the ssh options that
-# route to them (a ProxyJump or a Port can put another host behind a name).
-HOST_KEYS = ("hostfile", "hosts", "ec2_tag", "cluster", "ssh_opt")
+
 SHOWN_HOSTS = 5  # an error names this many hosts, then counts the rest
 
 
@@ -102,14 +100,14 @@ def interactive() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
-def check_hosts(nodes: Sequence[Node], by_file: Mapping[str, str], ssh_opts: Sequence[str], *,
+def check_hosts(nodes: Sequence[Node], by_file: Mapping[str, str], ssh_opts: Sequence[str], *, keys: Sequence[str],
                 ask: Callable[[str], bool] | None = None) -> None:
-    """Where the job file chose the nodes or the ssh route to them (HOST_KEYS in by_file: {key:
+    """Where the job file chose the nodes or the ssh route to them (keys: jobfile.route_keys(), in by_file: {key:
     "FILE:LINE"}), each host must be in the user's known_hosts (known_hosts.unknown_route, as ssh would
     look it up with ssh_opts), and so must every jump host on the way to them, or be confirmed: ask (default: y/N at a terminal); without one,
     LaunchError naming the hosts and what to do. Before the first ssh: nothing is sent to a host
     this refuses, the registry login included. Hosts the command line chose are not asked about."""
-    keys = [k for k in HOST_KEYS if k in by_file]
+    keys = [k for k in keys if k in by_file]
     if not keys or not nodes:
         return
     new = known_hosts.unknown_route(nodes, ssh_opts)

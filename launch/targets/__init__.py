@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dtrain import values
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.jobfile import node_fields, shown
 from dtrain.launch.other_tools.describe import Describer
 from dtrain.launch.remote.hosts import Node, apply_ssh_defaults
 from dtrain.launch.targets import (ec2, ecs, jobset, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh,
@@ -14,7 +15,7 @@ from dtrain.launch.targets import (ec2, ecs, jobset, local, mpijob, nodes as on_
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
 
 __all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "describers", "get",
-           "named", "names", "nodes", "provider", "spot_notice", "ssh_opts"]
+           "named", "names", "node_args", "nodes", "provider", "spot_notice", "ssh_opts"]
 
 # --target values; the first is the default.
 TARGETS: dict[str, Target] = {t.name: t for t in (
@@ -34,8 +35,10 @@ PROVIDERS: dict[str, NodeProvider] = {p.name: p for p in (
     ec2.PROVIDER,
 )}
 
-# The flags that name the nodes, as the errors list them: --cluster stands alone.
-_NAMED_BY = (("hostfile", "--hostfile FILE"), ("hosts", "--hosts h1:4,h2:4"), ("ec2_tag", "--ec2-tag Key=Value"))
+# The flags that name the nodes, as the errors list them (the providers' own, from the model): --cluster
+# stands alone.
+_NAMED_BY = tuple((k, shown(k)) for k in node_fields() if k in {f for p in PROVIDERS.values() for f in p.flags}
+                  and k != "cluster")
 
 
 def names(**having: bool) -> tuple[str, ...]:
@@ -64,6 +67,13 @@ def provider(name: str) -> NodeProvider:
 
 def _by_flag(key: str) -> NodeProvider:
     return next(p for p in PROVIDERS.values() if key in p.flags)
+
+
+def node_args(node: dict) -> NodeArgs:
+    """NodeArgs of the node flags ({flag: value}; absent: None): the fields NodeArgs has."""
+    import dataclasses
+
+    return NodeArgs(**{f.name: node.get(f.name) for f in dataclasses.fields(NodeArgs)})
 
 
 def named(args: NodeArgs) -> bool:

@@ -68,7 +68,8 @@ class NodeProvider(ABC):
     """Where the nodes come from."""
 
     name: ClassVar[str]
-    # The launch fields (JobFile keys) that select this provider; () where no flag names it.
+    # The launch fields (JobFile keys) that select this provider, from the model (jobfile.selecting:
+    # each such field says `nodes: PROVIDER`); () where no flag names it.
     flags: ClassVar[tuple[str, ...]] = ()
     # The metadata endpoint each node polls for a spot interruption notice ("": its nodes hear none).
     spot_notice: ClassVar[str] = ""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dtrain.launch.errors import LaunchError
+from dtrain.launch.jobs.jobfile import choosing
 
 
 def flag(key: str) -> str:
@@ -46,5 +47,5 @@ def slots(cfg: Any) -> int | None:
 
 
 def node_key(cfg: Any) -> str:
-    return next((k for k in ("hosts", "hostfile", "cluster", "ec2_tag") if cfg.get(k)), "slots")
+    return next((k for k in choosing() if cfg.get(k)), "slots")  # the field that named the nodes
 

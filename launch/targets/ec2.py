@@ -17,6 +17,7 @@ from dtrain.launch.infra.instance_types import efa_count, gpu_count
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.supervision import EC2_IMDS
 from dtrain.launch.remote.hosts import Node
+from dtrain.launch.jobs.jobfile import selecting
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
 from dtrain.launch.targets.ssh import hostfile_nodes
 
@@ -151,7 +152,7 @@ def cluster_nodes(name: str) -> list[Node]:
 
 class Ec2(NodeProvider):
     name = "ec2"
-    flags = ("cluster", "ec2_tag")
+    flags = selecting("ec2")  # the launch fields that choose it: the model's (jobfile.py)
     spot_notice = EC2_IMDS  # each node's supervisor polls it (launch/node/watch.sh)
 
     def discover(self, args: NodeArgs) -> list[Node]:

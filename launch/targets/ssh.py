@@ -9,6 +9,7 @@ from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.remote.hosts import Node, parse_hostfile, parse_hosts_arg
+from dtrain.launch.jobs.jobfile import selecting
 from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
 
 
@@ -29,7 +30,7 @@ def hostfile_nodes(hostfile: str) -> list[Node]:
 
 class SshHosts(NodeProvider):
     name = "ssh"
-    flags = ("hostfile", "hosts")
+    flags = selecting("ssh")  # the launch fields that choose it: the model's (jobfile.py)
 
     def discover(self, args: NodeArgs) -> list[Node]:
         return hostfile_nodes(args.hostfile) if args.hostfile else parse_hosts_arg(args.hosts or "")
