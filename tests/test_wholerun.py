@@ -67,7 +67,10 @@ def _when_in_log(name: str, pattern: str, action, timeout: float = 240) -> threa
 
 
 def _link(cluster, i: int, state: str) -> None:
-    subprocess.run(["ip", "link", "set", f"dtv{cluster.nodes[i - 1].index}", state], check=True)
+    """Node i's NIC (its veth on the host: this slot's prefix, launch/infra/cluster.py) up or down."""
+    from dtrain.launch.infra import cluster as cl
+
+    subprocess.run(["ip", "link", "set", f"{cl.VETH_PREFIX}{cluster.nodes[i - 1].index}", state], check=True)
 
 
 def test_workdir_reaches_every_node_and_a_relaunch_sends_only_the_change(cluster, remote_images, tmp_path):
