@@ -4,9 +4,9 @@ The suite has parts that want different things from the machine. The cluster tes
 `docker` or `cluster`) drive a simulated cluster: much of their time is spent waiting (timeouts
 that must pass, nodes that must answer, a hang that must be seen), so a core is often idle. So they
 run in two parts at once, each on a simulated cluster of its own: the modules marked
-`second_cluster` (they name no address or path of the first cluster) on a second one
-(DTRAIN_SIM_SLOT=1: its own bridge, subnet, namespaces, registry; launch/infra/cluster.py), the
-rest on the first. The unit part (everything else, 2,300 tests: short CPU bursts) runs beside
+`second_cluster` (they name no address or path of the first cluster, nor do the helpers they
+import) on a second one (DTRAIN_SIM_SLOT=1: its own bridge, subnet, namespaces, registry;
+launch/infra/cluster.py) at `nice 2`, the rest, the timing-bound ones among them, on the first. The unit part (everything else, 2,300 tests: short CPU bursts) runs beside
 both, in a third pytest process at a lower priority (`nice`), taking the cycles the cluster parts
 leave. Unit tests whose own timing a busy machine would upset (a heartbeat every second, a
 supervisor that must notice within a bound) are marked `serial` and run in the first cluster part.
@@ -36,7 +36,8 @@ SECOND_SLOT = "1"  # DTRAIN_SIM_SLOT of the second cluster (launch/infra/cluster
 UNIT = "not docker and not cluster and not gpu_build"
 BESIDE = "not docker and not cluster and not serial and not gpu_build"  # the unit part beside the cluster part
 EVERYTHING = "not gpu_build"
-NICE = 5  # the unit part's priority below the cluster part's (the cluster part's timing comes first)
+NICE = 5  # the unit part's priority below the cluster parts' (the cluster parts' timing comes first)
+SECOND_NICE = 2  # the second cluster part's, a little below the first's: the timing-bound (`serial`) tests run there
 NO_TESTS = 5  # pytest's exit status when a -k expression leaves a part with nothing to run
 
 
@@ -62,7 +63,7 @@ def parts(k: str | None, unit: bool, serial: bool, python: str = sys.executable)
     if serial:
         return [Part("all", tuple(pytest_argv(EVERYTHING, k, python)), beside=False)]
     return [Part("unit", ("nice", "-n", str(NICE), *pytest_argv(BESIDE, k, python)), beside=True),
-            Part("second cluster", tuple(pytest_argv(SECOND, k, python)), beside=True,
+            Part("second cluster", ("nice", "-n", str(SECOND_NICE), *pytest_argv(SECOND, k, python)), beside=True,
                  env=(("DTRAIN_SIM_SLOT", SECOND_SLOT),)),
             Part("cluster", tuple(pytest_argv(CLUSTER, k, python)), beside=False)]
 
@@ -94,7 +95,8 @@ def run(k: str | None, unit: bool, serial: bool, cwd: Path, say: Callable[[str],
                 proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **dict(part.env)},
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             beside.append((part, proc, log, time.monotonic()))
-            how = " at a lower priority" if part.argv[0] == "nice" else f" ({' '.join(f'{k}={v}' for k, v in part.env)})"
+            how = (f" (nice {part.argv[2]}" + "".join(f", {k}={v}" for k, v in part.env) + ")") if part.argv[0] == "nice" \
+                else "".join(f" ({k}={v})" for k, v in part.env)
             say(f"[test] the {part.name} tests run beside{how}; their output follows "
                 f"the {' and '.join(p.name for p in plan if not p.beside)} tests' ({log})")
         for part in (p for p in plan if not p.beside):

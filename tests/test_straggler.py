@@ -20,7 +20,7 @@ from dtrain.launch.analysis import straggler
 from dtrain.launch.analysis.straggler import History, ranks_waiting, stragglers
 
 # timing bounds (a heartbeat, a supervisor's reaction): run with the cluster tests, not beside them (dtrain/suite.py)
-pytestmark = [pytest.mark.serial, pytest.mark.second_cluster]
+pytestmark = pytest.mark.serial
 
 W = straggler.WINDOW
 ROOT = Path(__file__).resolve().parent.parent

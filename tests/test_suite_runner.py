@@ -42,7 +42,8 @@ def test_the_parts_and_the_exit_status():
     unit, second, cluster = suite.parts(None, unit=False, serial=False, python="py")
     assert unit.beside and unit.argv[:3] == ("nice", "-n", str(suite.NICE)) and "-k" not in unit.argv
     assert not cluster.beside and cluster.argv[:3] == ("py", "-m", "pytest") and not cluster.env
-    assert second.beside and second.argv[:3] == ("py", "-m", "pytest") and suite.SECOND in second.argv
+    assert second.beside and second.argv[:6] == ("nice", "-n", str(suite.SECOND_NICE), "py", "-m", "pytest")
+    assert suite.SECOND in second.argv and 0 < suite.SECOND_NICE < suite.NICE
     assert dict(second.env) == {"DTRAIN_SIM_SLOT": suite.SECOND_SLOT} != "0"
     assert all("--durations=25" in p.argv for p in (unit, second, cluster))
     (only,) = suite.parts("x", unit=True, serial=False, python="py")
