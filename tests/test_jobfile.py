@@ -15,6 +15,8 @@ import pytest
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import jobfile, launchers
 
+pytestmark = pytest.mark.second_cluster  # on a second simulated cluster in `dtrain test` (dtrain/suite.py)
+
 DTRAIN = [sys.executable, "-m", "dtrain"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from test_launch import EX, containers_left, run
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def test_horovodrun_allreduce_on_2_nodes(cluster, remote_images):

@@ -18,6 +18,8 @@ from dtrain.images import project as pj
 from dtrain.images.build import BuildError
 from dtrain.images.spec import load_all
 
+pytestmark = pytest.mark.second_cluster  # on a second simulated cluster in `dtrain test` (dtrain/suite.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = load_all()
 
