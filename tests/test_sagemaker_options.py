@@ -1,6 +1,6 @@
 """SageMaker's run options are one value of the launch model (issue 48): `dtrain sagemaker run`
 and `dtrain launch --target sagemaker` both make them with engine.run_options(), whose defaults
-(RUN_DEFAULTS) are declared once; RunOptions has none of its own."""
+(RUN_DEFAULTS, launch/sagemaker/defaults.py) are declared once; RunOptions has none of its own."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def _line_of(text: str) -> int:
 def test_sagemakers_defaults_are_written_once(literal):
     assert re.search(literal, '"max_runtime_s": 86400,') or "86400" not in literal  # the check bites
     """The default instance type, run-time limit and its spelling: in RUN_DEFAULTS (and
-    DEFAULT_MAX_RUN) only; the flags' help, TrainingJob and ManifestSpec read them from there."""
+    DEFAULT_MAX_RUN, defaults.py) only; the flags' help, TrainingJob and ManifestSpec read them from there."""
     where = [f"{p.relative_to(ROOT)}:{i}" for p in PRODUCT for i, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(literal, line)]
-    assert len(where) == 1 and where[0].startswith("launch/sagemaker/engine.py:"), where
+    assert len(where) == 1 and where[0].startswith("launch/sagemaker/defaults.py:"), where
 
 
 def test_what_was_not_given_is_the_default_and_none_download_is_no_download():

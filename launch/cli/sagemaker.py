@@ -8,7 +8,7 @@ import sys
 
 from dtrain.launch.cli_support import task, user_errors, _int_flag, _choice_flag, _launcher_names, _image_flag  # noqa: F401
 from dtrain.launch.cli.jobs import _jobfile, _remainder
-from dtrain.launch.sagemaker.engine import DEFAULT_MAX_RUN, RUN_DEFAULTS
+from dtrain.launch.sagemaker.defaults import DEFAULT_MAX_RUN, RUN_DEFAULTS
 
 
 @task(iterable=["input", "env", "metric", "from_job", "input_task", "dependencies", "tag"], help={

@@ -30,7 +30,7 @@ from dtrain import ROOT, contract, outfile
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import instance_types
 from dtrain.launch.jobs import container, launchers
-from dtrain.launch.sagemaker.engine import RUN_DEFAULTS as SAGEMAKER_DEFAULTS
+from dtrain.launch.sagemaker.defaults import RUN_DEFAULTS as SAGEMAKER_DEFAULTS
 
 TEMPLATES = ROOT / "templates" / "manifests"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"

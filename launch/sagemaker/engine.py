@@ -30,11 +30,11 @@ from dtrain import contract
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs import launchers
 from dtrain.launch.jobs.jobfile import launch_default
+from dtrain.launch.sagemaker.defaults import DEFAULT_MAX_RUN, DEFAULT_PROJECT, RUN_DEFAULTS  # noqa: F401
 
 KEY_CHANNEL = "dtrain"  # launch/node/sagemaker_train.py and entrypoint.sh read the key from it
 CODE_CHANNEL = "code"  # the uploaded workdir; the command runs there
 DEPS_CHANNEL = "deps"  # --dependencies DIR: DIR's name under it; the channel goes on PYTHONPATH
-DEFAULT_PROJECT = "dtrain"  # --project: a task is (project, task); the default output's prefix
 ROLE_NAME = "dtrain-sagemaker"  # --create-role makes it; without --role it is looked up
 TASK_TAG, PROJECT_TAG, DIGEST_TAG = "dtrain:task", "dtrain:project", "dtrain:digest"
 MAX_TAGS = 50  # CreateTrainingJob's limit, dtrain's own four included
@@ -54,16 +54,6 @@ _DURATION_RE = re.compile(r"(\d+)([dhms])")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
-# SageMaker's defaults, each declared once: `dtrain sagemaker run`'s flags and `dtrain launch
-# --target sagemaker` (launch/targets/sagemaker.py) both build their RunOptions with run_options()
-RUN_DEFAULTS: dict[str, Any] = {
-    "instances": 1, "instance_type": "ml.m5.2xlarge", "name": None, "launcher": None, "slots": None,
-    "inputs": {}, "env": {}, "spot": True, "output_s3": None, "workdir": Path("."), "download": Path("output"),
-    "wait": True, "volume_gb": launch_default("volume_size"), "max_runtime_s": 86400, "max_wait_s": None,
-    "retries": 0, "task": None, "state_s3": None, "from_jobs": {}, "metrics": (), "project": DEFAULT_PROJECT,
-    "force": False, "input_tasks": {}, "dependencies": {}, "tags": {}, "create_role": False, "task_state": False,
-}
-DEFAULT_MAX_RUN = "24h"  # --max-run's default, as written (RUN_DEFAULTS' max_runtime_s)
 
 
 @dataclass(frozen=True)
