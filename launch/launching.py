@@ -74,8 +74,11 @@ def run_on_nodes(cfg: Any) -> int:
         spec = config.job_spec(cfg, ssh_opts=ssh_options(cfg.ssh_opt, cfg.ssh_config, cfg.cluster), imds=imds,
                                efa_types=targets.efa_types())
         # hosts the job file chose: known or confirmed before anything is sent
+        # --spares on nodes that can change while the job runs (an EC2 cluster's group): a node
+        # that comes joins as a spare (launch/jobs/joining.py)
+        joining = targets.joining(args, ssh_user=cfg.ssh_user, ssh_key=cfg.ssh_key) if spec.spares else None
         job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, cfg.where, spec.ssh_opts,
-                                                                 keys=jobfile.route_keys()))
+                                                                 keys=jobfile.route_keys()), joining=joining)
         code = job.run()
     if code != 0:
         report_failure(job.spec.name, code)

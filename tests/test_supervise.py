@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -375,3 +376,47 @@ def test_the_gates_culprits_are_left_out_while_healthy_spares_can_take_their_pla
     nodes, left, took = runplan.swap_out(ranks, spares, {"node-1": "slow link"})
     assert [n.hostname for n in nodes] == ["node-4", "node-2", "node-3"] and left == () and took == {"node-1": "node-4"}
     assert launchers.attempt_argv(run, nodes)[0][launchers.attempt_argv(run, nodes)[0].index("-H") + 1].startswith("10.0.0.4:1")
+
+
+def test_a_spare_offered_while_the_job_runs_joins_and_takes_a_lost_nodes_place(tmp_path):
+    """An attached job on node-1 and node-2, no spare: the launcher offers node-3 on the
+    supervisor's stdin (a node the Auto Scaling group brought back, made ready: issue 49). It
+    joins (`spare-joined`; the hosts files learn it, node-1's here); one with a hostname the run
+    has, and a line that is no node, are refused in a line each. Then node-2 goes silent: node-3
+    takes its place and the job ends at full size."""
+    nodes = [runplan.PlanNode(f"127.0.0.{i}", f"node-{i}", 1, "lo") for i in (1, 2, 3)]
+    state = tmp_path / "state.json"
+    job = ('echo "attempt $DTRAIN_RESTART"; [ "$DTRAIN_RESTART" = 1 ] && exit 0; '
+           f'until grep -q node-3 {state}; do sleep 0.1; done; touch {tmp_path}/down-127.0.0.2; sleep 60')
+    plan = replace(_plan(["sh", "-c", job, "sh"], attached=True, launcher_silence=30), nodes=tuple(nodes[:2]),
+                   ssh=(_fake_ssh(tmp_path),), min_nodes=2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    bad = runplan.SPARE_LINE + json.dumps({"address": "127.0.0.9 x", "hostname": "node-9", "slots": 1, "iface": "lo"})
+    with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          env={**_supervisor_env(tmp_path), "DTRAIN_HOSTS_FILE": str(hosts)}) as p:
+        time.sleep(0.5)
+        p.stdin.write("\n" + bad + "\n" + runplan.spare_line(replace(nodes[2], address="127.0.0.8", hostname="node-2"))
+                      + runplan.spare_line(nodes[2]))
+        p.stdin.flush()
+        killer = threading.Timer(60, p.kill)
+        killer.start()
+        out = p.stdout.read()  # stdin stays open, silent (its end would stop the job)
+        killer.cancel()
+        p.wait(10)
+    assert p.returncode == 0, out
+    events = [json.loads(ln[len(EVENT):]) for ln in out.splitlines() if ln.startswith(EVENT)]
+    assert [e["event"] for e in events if e["event"] != "phase"] == [
+        "running", "spare-joined", "lost", "spare-in", "restart", "running", "succeeded"], out
+    joined = next(e for e in events if e["event"] == "spare-joined")
+    assert joined == {"event": "spare-joined", "node": "node-3", "address": "127.0.0.3", "slots": 1, "gpus": 0}
+    assert "[supervisor] a spare the launcher offered is not one: address: not an IP address" in out
+    assert "[supervisor] node-2 not taken as a spare: a node of this job has that hostname" in out
+    rerun = [e for e in events if e["event"] == "running"][1]
+    assert rerun["nodes"] == ["node-1", "node-3"], rerun
+    assert next(e for e in events if e["event"] == "restart")["replaced"] == {"node-2": "node-3"}
+    assert hosts.read_text() == "127.0.0.1 localhost\n127.0.0.3 node-3\n"  # node-1's: the new spare named
+    assert supervision.describe(joined) == ("[launch] spare node-3 (127.0.0.3) joined: it takes the place of a "
+                                            "node lost from now on")

@@ -1359,6 +1359,17 @@ def follow_group(session: Any, name: str, say: Callable[[str], None] = print) ->
     return updated, save_cluster(updated, address), True
 
 
+def follow_cluster(session: Any, name: str, say: Callable[[str], None] = print) -> tuple[Cluster, bool]:
+    """follow_group, then the nodes' worker list written again where anything changed (launch
+    --cluster before the job; a running job's spares: launch/jobs/joining.py). AWS errors raise."""
+    from dtrain.launch.remote.hosts import parse_hostfile
+
+    cluster, hostfile, changed = follow_group(session, name, say=say)
+    if changed:
+        write_worker_list(parse_hostfile(hostfile), cluster, tuple(cluster.ssh_opts))  # its recorded options
+    return cluster, changed
+
+
 def cluster_problem(c: Cluster, name: str) -> str | None:
     """What is wrong in a cluster record the schema let through (pure): a name not the
     directory's, a value past its range or not one line, an address that is not one."""

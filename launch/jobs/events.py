@@ -142,6 +142,7 @@ KINDS: dict[str, dict[str, tuple[Check, Any]]] = {
     "restart": {"attempt": (COUNT, O), "reason": (TEXT, O), "dropped": (NAMES, O), "replaced": (mapping(NAME, NAME), O),
                 "ended_in": (SECONDS, O)},
     "spare-in": {"node": (NAME, REQUIRED), "replaces": (NAME, REQUIRED)},
+    "spare-joined": {"node": (NAME, REQUIRED), "address": (NAME, O), "slots": (COUNT, O), "gpus": (COUNT, O)},
     "quarantined": {"node": (NAME, REQUIRED), "reason": (TEXT, O), "spare": (flag, O)},
     "checkpoint-now": {"nodes": (NAMES, O)},
     contract.PHASE_EVENT: {"phase": (NAME, REQUIRED), "node": (TEXT, O),  # a spare-in's: spares, comma-separated

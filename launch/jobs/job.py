@@ -39,11 +39,11 @@ from dtrain.contract import container_name, node_key_dir
 from dtrain.terminal import clean
 from dtrain.images.spec import vtuple
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import commands, netgate, nic, node_programs, store, supervision
+from dtrain.launch.jobs import commands, joining, netgate, nic, node_programs, runplan, store, supervision
 from dtrain.launch.analysis import timeline
 from dtrain.launch.jobs import workdir as wdir
 from dtrain.launch.jobs.commands import go_text, ready_error, run_argv, split_spares, up_args
-from dtrain.launch.jobs.session import LinkLost, Outcome, Session
+from dtrain.launch.jobs.session import Joiner, LinkLost, Outcome, Session
 from dtrain.launch.jobs.sink import Sink
 from dtrain.launch.jobs.spec import JobSpec, NodeFacts, Pulled, Started
 from dtrain.launch.remote.fanout import (Fanout, NodeResult, host_lines, is_connection_error,
@@ -186,6 +186,17 @@ def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) 
     if need > have:
         raise LaunchError(gate.failure() + (f"; {have} healthy spare(s) for {need} node(s)" if spares else ""))
     return out
+
+
+def join_problem(fact: NodeFacts, image_id: str, started: Started) -> str:
+    """What keeps a node that came while the job runs from being its spare ("" nothing): not the
+    job's image, a hostname a node of the job has (Open MPI and torchrun tell nodes apart by it)."""
+    if image_id != started.image_id:
+        return (f"it holds image {image_id[:19]} for the job's {started.image_id[:19]}: the tag moved since the "
+                "start (push a new tag, or pull by digest)")
+    if fact.hostname in {f.hostname for f in started.facts}:
+        return f"its hostname {fact.hostname} is a node's of the job"
+    return ""
 
 
 def port_jobs_hint(taken: Sequence[NodeFacts]) -> str:
@@ -411,7 +422,7 @@ class Job:
     needs (the transport, the nodes that may hold a container, the key, the nodes' sessions)."""
 
     def __init__(self, spec: JobSpec, nodes: list[Node], say: Callable[[str], None] = print,
-                 confirm: Callable[[], None] | None = None):
+                 confirm: Callable[[], None] | None = None, joining: Callable[[], list[Node]] | None = None):
         if not nodes:
             raise LaunchError("no nodes: give --hostfile, --hosts or --ec2-tag")
         if not spec.command:
@@ -422,6 +433,9 @@ class Job:
         self.nodes = nodes
         self.say: Callable[[str], None] = lambda text: say(clean(text, lines=True))  # it names nodes' hostnames
         self.confirm = confirm  # after the launch's own checks, before anything is sent (trust.check_hosts)
+        # the nodes' provider's nodes now (an EC2 cluster: its Auto Scaling group's), asked while an
+        # attached job with --spares runs: a node new to the job joins as a spare (join, joining.py)
+        self.joining = joining
         self.dir = store.job_dir(name)
         # this launch on the nodes' locks of the name (host/prepare.sh): who, and a token of its own
         self.owner = f"{socket.gethostname()} pid {os.getpid()} launch {secrets.token_hex(4)}"
@@ -435,6 +449,7 @@ class Job:
         self._up_failure: LaunchError | None = None
         self._teardown_lock = threading.Lock()
         self._closing = False
+        self._joins: list[Fanout] = []  # the sessions of nodes joining as spares (join)
         self.sink = Sink()  # the job's output: the screen, output.log (opened by run)
 
     def _keys(self) -> Keys:
@@ -471,6 +486,38 @@ class Job:
         if started.subnet is not None:
             write_node_env(self, started.facts)
         return started
+
+    def join(self, node: Node, started: Started, wd: wdir.Workdir | None) -> runplan.PlanNode:
+        """A node come while the job runs (its Auto Scaling group's replacement) made a warm spare
+        of it: its lock of the name, the job's directory and workdir (prepare), the image where
+        it has none, the container with the job's keys (start_on_nodes), its sshd answering; it
+        must hold the job's image (the same ID) and have a hostname of its own. Its PlanNode, for
+        the supervisor (runplan.spare_line). LaunchError naming the node where it cannot be one;
+        whatever it left there goes with the job (teardown)."""
+        if self._closing:
+            raise LaunchError("the job is ending")
+        prepared = self.prepare(wd, joining=[node])
+        assert prepared.sessions is not None and self.keys is not None
+        private, public, host_key = self.keys.result()
+        try:
+            new, fan = start_on_nodes(self.ssh, replace(self.spec, pull="missing"), [node], public,
+                                      private + host_key + env_file(self.spec.env), lambda line: None,
+                                      prepared.node_dirs, prepared.login, sessions=prepared.sessions)
+        except StartFailed as e:
+            raise LaunchError(str(e)) from None
+        f = new.facts[0]
+        problem = "the job is ending" if self._closing else join_problem(f, new.image_id, started)
+        ready = threading.Thread(target=fan.results, daemon=True)  # each session ends once its sshd listens
+        ready.start()
+        ready.join(self.spec.ready_timeout + 30)
+        if not problem and (ready.is_alive() or not all(r.ok for r in fan.results())):
+            problem = f"its container's sshd did not come up within {self.spec.ready_timeout + 30:g} s"
+        if problem:
+            fan.cancel()
+            raise_on_failure(self.ssh.run([node], lambda n: store.remove_argv(self.spec.name), timeout=60),
+                             f"removing the container on {node.host}")
+            raise LaunchError(problem)
+        return runplan.PlanNode(f.address, f.hostname, node.slots, f.iface, f.gpus)
 
     def gate_nodes(self, started: Started) -> netgate.GateResult:
         """The network gate (--check-network) between the started containers, on the job's NIC:
@@ -532,13 +579,16 @@ class Job:
         self.say(f"[launch] sshd reachable on every node; {found.said} ({time.monotonic() - t0:.1f} s)")
         return found.ompi
 
-    def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0) -> Prepared:
+    def prepare(self, wd: wdir.Workdir | None, t0: float = 0.0, joining: Sequence[Node] = ()) -> Prepared:
         """Before the containers: each node's lock of the name (host/prepare.sh: a node where
         another launch holds it refuses, changing nothing), the job's directory on every node
         (each node's own, ~/.dtrain/nodes/HOST/jobs/<job>: dtrain/contract.py; made anew, with
         the node watchdog's program), then the workdir, sent to every node at once.
         The same round asks each node whether it holds the image already (pull()).
-        t0: the launch's start (its timeline: each node's first round, as this launcher saw it)."""
+        t0: the launch's start (its timeline: each node's first round, as this launcher saw it).
+        joining: instead of the job's nodes, these, come while the job runs (join): their
+        sessions are the Prepared's alone, the job's keys the ones made at the start."""
+        nodes = list(joining) or self.nodes
         watch = contract.node_script("watch.sh")
         login, answer = registry(self.spec)
         digest = answer.digest or ""
@@ -547,7 +597,7 @@ class Job:
         # First on each node its lock of the name (refused: exit 3, nothing changed there). The
         # session stays open: the start step goes on in it (host/prepare.sh prepare_up).
         argv = node_programs.host_argv("prepare_up", store.check_name(self.spec.name), self.owner, *question)
-        said: dict[str, list[str]] = {n.host: [] for n in self.nodes}
+        said: dict[str, list[str]] = {n.host: [] for n in nodes}
         done: dict[str, float] = {}
         news = threading.Condition()
 
@@ -561,27 +611,34 @@ class Job:
 
         relay = Relay(first_round)
         t = time.time()
-        self.started = list(self.nodes)  # until the sessions say otherwise
+        if joining:
+            self.started += [n for n in nodes if n not in self.started]  # until the sessions say otherwise
+        else:
+            self.started = list(nodes)
         # their time limit: the pull step's (1800 s) while they wait, then the start step's
-        self._sessions = sessions = self.ssh.start(self.nodes, lambda n: argv, stdin=lambda n: watch + "\0",
-                                                   hold_stdin=True, timeout=3600, on_line=relay)
-        keys = self._keys()  # ssh-keygen while the nodes answer: off the launch's path
+        sessions = self.ssh.start(nodes, lambda n: argv, stdin=lambda n: watch + "\0",
+                                  hold_stdin=True, timeout=3600, on_line=relay)
+        if not joining:
+            self._sessions = sessions
+        else:
+            self._joins.append(sessions)  # teardown ends them (a join under way when the job ends)
+        keys = self.keys if joining and self.keys else self._keys()  # ssh-keygen while the nodes answer
         if self.launcher.supervised:
             supervision.supervisor_texts()  # and the supervisor's files read (Session.run sends them)
         deadline = time.monotonic() + FIRST_ROUND_S
         with news:  # until every node prepared, or a session ended before it did
-            while (len(done) < len(self.nodes) and not set(sessions.ended()) - set(done)
+            while (len(done) < len(nodes) and not set(sessions.ended()) - set(done)
                    and time.monotonic() < deadline):
                 news.wait(0.05)
-        if len(done) < len(self.nodes):  # the others end now, before their start step
-            for n in self.nodes:
+        if len(done) < len(nodes):  # the others end now, before their start step
+            for n in nodes:
                 sessions.send(n.host, "", close=True)
             if not set(sessions.ended()) - set(done):  # no node failed: some did not answer in time
                 sessions.cancel()
-                silent = [n.host for n in self.nodes if n.host not in done]
+                silent = [n.host for n in nodes if n.host not in done]
                 raise LaunchError(f"preparing the job's directory: no answer within {FIRST_ROUND_S} s from "
                                   f"{', '.join(silent)}")
-            self._first_round_failed(sessions.results())
+            self._first_round_failed(sessions.results(), nodes)
         took = timeline.rounds("first-round", {h: (t, done[h]) for h in done}, t0)
         with news:
             # the directory: the last absolute path a node printed (not an ssh warning on stderr)
@@ -591,16 +648,17 @@ class Job:
         if missing := [h for h, d in dirs.items() if not d]:
             raise LaunchError(f"preparing the job's directory: no directory from {', '.join(missing)}")
         if wd is not None:
-            wdir.sync(wd, self.nodes, self.spec.name, self.ssh, self.say, dirs=dirs)
+            wdir.sync(wd, nodes, self.spec.name, self.ssh, self.say, dirs=dirs)
         return Prepared(dirs, held, login, digest, tuple(took), Sessions(sessions, relay),
                         absent=answer.absent, keys=keys)
 
-    def _first_round_failed(self, results: Sequence[NodeResult]) -> None:
-        """The first round's results where a node did not prepare: the LaunchError naming it.
-        teardown then removes only where this launch may hold the node's lock: never where
-        another launch of the same name holds it (exit 3), nor where ssh never connected."""
-        self.started = [n for n, r in zip(self.nodes, results)
-                        if r.ok or (r.returncode != 3 and not is_connection_error(r.returncode, r.stderr))]
+    def _first_round_failed(self, results: Sequence[NodeResult], nodes: Sequence[Node]) -> None:
+        """The first round's results (of nodes) where a node did not prepare: the LaunchError
+        naming it. teardown then removes only where this launch may hold the node's lock: never
+        where another launch of the same name holds it (exit 3), nor where ssh never connected."""
+        untouched = {n.host for n, r in zip(nodes, results)
+                     if not r.ok and (r.returncode == 3 or is_connection_error(r.returncode, r.stderr))}
+        self.started = [n for n in self.started if n.host not in untouched]
         locked = [r for r in results if r.returncode == 3]
         if locked:
             raise LaunchError(f"job {self.spec.name}: refused, another launch of that name holds it:\n" + "\n".join(
@@ -609,10 +667,11 @@ class Job:
         raise_on_failure(results, "preparing the job's directory")
         raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
-    def session(self) -> Session:
-        """The attached-supervisor session of this job (launch/jobs/session.py)."""
+    def session(self, joiner: Joiner | None = None) -> Session:
+        """The attached-supervisor session of this job (launch/jobs/session.py); joiner: what
+        makes nodes that come while it runs its spares (joiner_of)."""
         return Session(self.spec, self.launcher, self.ssh, self.say, self.sink, stop=self.teardown,
-                       closing=lambda: self._closing)
+                       closing=lambda: self._closing, joiner=joiner)
 
     def teardown(self) -> None:
         """Remove the job's containers and keys everywhere (from any thread; once)."""
@@ -620,6 +679,9 @@ class Job:
             self._closing = True
             if self._sessions is not None and not self._sessions.done():
                 self._sessions.cancel()  # launch sessions still waiting for a node's sshd
+            for fan in self._joins:  # a node joining as a spare: its steps end here
+                if not fan.done():
+                    fan.cancel()
             if self.started:
                 name = container_name(self.spec.name)
                 results = self.ssh.run(self.started, lambda n: store.remove_argv(self.spec.name), timeout=60)
@@ -844,7 +906,8 @@ def run_stage(job: Job, s: State) -> State:
         if not job.launcher.supervised:  # its own protocol (Ray: its cluster, the command its driver)
             outcome = Outcome(job.launcher.run(OwnRun(job, s.started.facts)))
         else:
-            outcome = job.session().run(s.started, s.prepared.node_dirs, s.ompi, dict(s.quarantined), s.given.rec)
+            outcome = job.session(joiner_of(job, s.started, s.given.wd)).run(
+                s.started, s.prepared.node_dirs, s.ompi, dict(s.quarantined), s.given.rec)
     except LaunchError as e:
         if isinstance(e, LinkLost):  # the first node is gone: teardown does not wait on it
             job.started = [n for n in job.started if n != e.node]
@@ -854,6 +917,16 @@ def run_stage(job: Job, s: State) -> State:
     if failure := job.up_failure(job.spec.ready_timeout + 30):
         raise failure
     return replace(s, stage=Stage.TEARDOWN, outcome=outcome)
+
+
+def joiner_of(job: Job, started: Started, wd: wdir.Workdir | None) -> Joiner | None:
+    """An attached job with --spares on nodes that can change (Job.joining): each node that
+    comes while it runs made a spare (Job.join) and offered to the supervisor (joining.follow)."""
+    source = job.joining
+    if source is None or not job.spec.spares or job.spec.detach:
+        return None
+    known = {n.host for n in job.nodes}
+    return lambda offer, stop: joining.follow(source, known, lambda n: job.join(n, started, wd), offer, job.say, stop)
 
 
 STAGES: dict[Stage, Callable[[Job, State], State]] = {

@@ -5,8 +5,11 @@ every attempt's command with launchers.attempt_argv. Plain values, no I/O; no --
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import ipaddress
+import json
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dtrain import contract
@@ -110,6 +113,72 @@ def swap_out(nodes: Sequence[PlanNode], spares: Sequence[PlanNode], out: Mapping
             kept.append(spare)
             took[n.hostname] = spare.hostname
     return tuple(kept), tuple(left), took
+
+
+# A spare that came while the job runs (a node its Auto Scaling group brought back, made ready by
+# the attached launcher: launch/jobs/joining.py): one line on the supervisor's stdin, this word
+# then the node as JSON (PlanNode's fields). The supervisor reads every other line as a beat.
+SPARE_LINE = "spare "
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,62})")  # a Linux hostname: 64 characters at most
+_IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # a Linux interface name (IFNAMSIZ - 1)
+
+
+def plan_node(data: Any) -> PlanNode:
+    """A PlanNode from its JSON object, every field checked (a line from outside this process):
+    ValueError naming the field."""
+    if not isinstance(data, dict) or set(data) - set(PlanNode.__dataclass_fields__):
+        raise ValueError(f"not a node: expected an object of {', '.join(PlanNode.__dataclass_fields__)}")
+    address, hostname, iface = (data.get(k) for k in ("address", "hostname", "iface"))
+    slots, gpus = data.get("slots"), data.get("gpus", 0)
+    try:
+        ipaddress.ip_address(address if isinstance(address, str) else "")
+    except ValueError:
+        raise ValueError("address: not an IP address") from None
+    if not isinstance(hostname, str) or not _HOSTNAME.fullmatch(hostname):
+        raise ValueError("hostname: not a hostname")
+    if not isinstance(iface, str) or not _IFACE.fullmatch(iface):
+        raise ValueError("iface: not an interface name")
+    for key, v, low in (("slots", slots, 1), ("gpus", gpus, 0)):
+        if type(v) is not int or not low <= v <= 4096:
+            raise ValueError(f"{key}: not a whole number from {low} to 4096")
+    return PlanNode(address, hostname, slots, iface, gpus)
+
+
+def spare_line(node: PlanNode) -> str:
+    """The supervisor's stdin line that offers node as a spare (SPARE_LINE)."""
+    return SPARE_LINE + json.dumps(asdict(node), separators=(",", ":")) + "\n"
+
+
+def parse_spare_line(line: str) -> PlanNode:
+    """SPARE_LINE's node; ValueError naming what is wrong."""
+    if not line.startswith(SPARE_LINE):
+        raise ValueError(f"not a {SPARE_LINE.strip()!r} line")
+    try:
+        data = json.loads(line[len(SPARE_LINE):])
+    except ValueError:
+        raise ValueError("not JSON after the word") from None
+    return plan_node(data)
+
+
+def merge_spares(nodes: Sequence[PlanNode], spares: Sequence[PlanNode], out: Collection[str],
+                 offered: Sequence[PlanNode]) -> tuple[tuple[PlanNode, ...], dict[str, str]]:
+    """spares with each offered node the run does not know appended, in order; out: hostnames
+    taken out of the run (quarantined: never used again). Returns (spares, {hostname: why} of
+    those refused: a hostname or address of a node the run has or had)."""
+    merged = list(spares)
+    refused: dict[str, str] = {}
+    for n in offered:
+        hostnames = {m.hostname for m in (*nodes, *merged)}
+        addresses = {m.address for m in (*nodes, *merged)}
+        if n.hostname in out:
+            refused[n.hostname] = "taken out of this job before"
+        elif n.hostname in hostnames:
+            refused[n.hostname] = "a node of this job has that hostname"
+        elif n.address in addresses:
+            refused[n.hostname] = f"a node of this job has its address {n.address}"
+        else:
+            merged.append(n)
+    return tuple(merged), refused
 
 
 @dataclass(frozen=True)

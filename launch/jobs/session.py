@@ -33,6 +33,10 @@ from dtrain.launch.remote.fanout import SSH_FAILURE
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.remote.transport import SshTransport
 
+# What makes nodes that come while an attached job runs its spares (launch/jobs/job.py joiner_of):
+# called in a thread with offer (a PlanNode to the supervisor) and the event set when the job ends.
+Joiner = Callable[[Callable[[runplan.PlanNode], None], threading.Event], None]
+
 SSH_SAID = re.compile(r"^(Timeout, server .* not responding|Connection to .* closed|ssh: |client_loop: |"
                       r"Shared connection to |packet_write_wait: )")  # ssh's own lines about its link
 
@@ -89,9 +93,10 @@ class Session:
     from a timer); closing: whether the launch is being torn down already."""
 
     def __init__(self, spec: JobSpec, launcher: Launcher, ssh: SshTransport, say: Callable[[str], None], sink: Sink,
-                 stop: Callable[[], None], closing: Callable[[], bool]) -> None:
+                 stop: Callable[[], None], closing: Callable[[], bool], joiner: Joiner | None = None) -> None:
         self.spec, self.launcher, self.ssh, self.say, self.sink = spec, launcher, ssh, say, sink
         self.stop, self.closing = stop, closing
+        self.joiner = joiner  # attached: run in a thread while the job runs, offering spares (joining.py)
 
     def run(self, started: Started, node_dirs: Mapping[str, str], ompi: int,
             quarantined: dict[str, str] | None = None, rec: timeline.Recorder | None = None) -> Outcome:
@@ -156,8 +161,14 @@ class Session:
                                     on_phase=on_phase, quarantined=dict(quarantined or {}))
         ready_lines: list[str] = []
         last = ""  # ssh's own last word, where the link to the first node is lost
+        to_supervisor = _Lines(proc.stdin)  # the beats and the spares offered: whole lines, one writer at a time
+        no_more = threading.Event()  # the job ended: no spare is offered any more
         if not self.spec.detach:  # the supervisor stops the job when these stop (a lost link)
-            threading.Thread(target=_beat, args=(proc.stdin,), name="dtrain-beat", daemon=True).start()
+            threading.Thread(target=_beat, args=(to_supervisor,), name="dtrain-beat", daemon=True).start()
+            if self.joiner is not None:
+                joiner = self.joiner
+                threading.Thread(target=lambda: joiner(lambda n: to_supervisor.write(runplan.spare_line(n)), no_more),
+                                 name="dtrain-join", daemon=True).start()
         try:
             for lines in output.read_lines(proc.stdout.buffer.read1):  # what each read brought, at once
                 with self.sink.batched():
@@ -179,6 +190,7 @@ class Session:
             show_timeline()  # where not every node made a first step (or detached: none yet)
             proc.wait()
         finally:
+            no_more.set()
             if timer:
                 timer.cancel()
             if proc.poll() is None:
@@ -237,16 +249,31 @@ class Session:
         return on_phase, show
 
 
-def _beat(stdin) -> None:
+class _Lines:
+    """The supervisor's stdin, written a whole line at a time from any thread."""
+
+    def __init__(self, stdin) -> None:
+        self.stdin = stdin
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> bool:
+        """False once the pipe is closed (the job ended)."""
+        with self.lock:
+            try:
+                self.stdin.write(text)
+                self.stdin.flush()
+                return True
+            except (OSError, ValueError):
+                return False
+
+
+def _beat(to_supervisor: _Lines) -> None:
     """An attached job's supervisor hears from its launcher: a line on its stdin every
     supervision.LAUNCHER_BEAT_S seconds until the pipe closes (the supervisor ends the job after
     supervision.LAUNCHER_SILENCE_S without one: a link lost the node's sshd never notices)."""
     while True:
         time.sleep(supervision.LAUNCHER_BEAT_S)
-        try:
-            stdin.write("\n")
-            stdin.flush()
-        except (OSError, ValueError):
+        if not to_supervisor.write("\n"):
             return
 
 

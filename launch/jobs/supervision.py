@@ -121,6 +121,9 @@ def describe(ev: dict) -> str:
         return f"[launch] spare {ev.get('node')} in for {ev.get('replaces')} (quarantined: not used again by this job)"
     if name == "quarantined":
         return f"[launch] spare {ev.get('node')} out: {ev.get('reason')} (quarantined)"
+    if name == "spare-joined":
+        at = f" ({ev['address']})" if ev.get("address") else ""
+        return f"[launch] spare {ev.get('node')}{at} joined: it takes the place of a node lost from now on"
     if name == "checkpoint-now":
         return (f"[launch] spot notice: the job is asked to checkpoint now ({contract.CHECKPOINT_NOW_VAR}) "
                 f"on {', '.join(ev.get('nodes', []))}")

@@ -25,7 +25,9 @@ checkpoint now, then a spare in its place, the node quarantined as a straggler).
 When a rank exits non-zero, or a node is lost or leaving, the attempt stops and the next one
 starts: a lost or leaving node is swapped for a warm spare in its place (runplan.swap_out:
 same world size; the node is quarantined, not used again by this job), or, with no spare
-left, dropped while at least `min_nodes` remain; `max_restarts` bounds the attempts. At the
+left, dropped while at least `min_nodes` remain; `max_restarts` bounds the attempts. An
+attached job's launcher may offer a spare while the job runs (a line on stdin, runplan.SPARE_LINE:
+a node its Auto Scaling group brought back, made ready): it joins the spares. At the
 end every node's container is stopped (its watchdog removes it and the node's job files).
 
 The plan is written by the launcher (runplan.RunPlan, launch/jobs/supervision.py): the job's
@@ -38,7 +40,7 @@ command line.
 
 Output: the attempt's own lines (torchrun's with `[hostname] ` before them), and this program's
 events as lines `dtrain-supervisor {json}` (running, lost, checkpoint-now, quarantined,
-spare-in, hang, straggler, nccl-net, restart, phase, succeeded, failed; a hang's stacks as `dtrain-stack ` lines), on stdout and appended to output.log beside the
+spare-in, spare-joined, hang, straggler, nccl-net, restart, phase, succeeded, failed; a hang's stacks as `dtrain-stack ` lines), on stdout and appended to output.log beside the
 plan; the state (nodes, spares, quarantined, the last event) is kept in state.json. Where
 output.log or state.json cannot be written (a full disk), the job ends with an error naming
 the node and the file, its output still drained. An attached job ends too when its launcher
@@ -97,6 +99,8 @@ WORKDIR = contract.WORKDIR
 # collective is stalled, so nothing more can be saved (a checkpoint is written whole or not at all:
 # a temporary file, then a rename), and the ranks left over are killed next on every node.
 LOST_GRACE = 0.3
+# This container's hosts file, where a spare that joins is named (DTRAIN_HOSTS_FILE: another, for tests)
+HOSTS = os.environ.get("DTRAIN_HOSTS_FILE", "/etc/hosts")
 # Why a node is taken out, for which the job is asked to checkpoint first (CHECKPOINT_NOW): it still
 # runs its ranks (a spot notice: `leaving`; --replace-stragglers: `straggler`)
 CHECKPOINT_FIRST = ("leaving", "straggler")
@@ -110,6 +114,11 @@ KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ"
 
 
 # ---------------------------------------------------------------- pure
+
+
+def hosts_lines(nodes: Sequence[runplan.PlanNode]) -> str:
+    """/etc/hosts lines naming nodes (a container's, where a spare joins the run)."""
+    return "".join(f"{n.address} {n.hostname}\n" for n in nodes)
 
 
 def start_dir(here: str, workdir: str = WORKDIR) -> str:
@@ -331,6 +340,7 @@ class AttemptEnd(NamedTuple):
     spare_out: dict[str, str]
     hung: str = ""
     fatal: str = ""  # why the job ends without a restart (a wrong NCCL network: check_nccl)
+    joined: tuple[runplan.PlanNode, ...] = ()  # spares that joined meanwhile (Supervisor.join_offered)
 
 
 class Supervisor:
@@ -352,6 +362,8 @@ class Supervisor:
         self.cwd = start_dir(os.getcwd())
         self.health = Health(self)
         self.watching = threading.Lock()  # held once the heartbeat sessions are opened (watch_all)
+        self.offered: list[runplan.PlanNode] = []  # spares the launcher offered (stdin), not yet taken
+        self.joined: list[runplan.PlanNode] = []  # every spare that joined while the job ran
         self.state: dict = {"job": plan.run.job, "launcher": plan.run.launcher, "restarts": 0,
                             "nodes": [n.hostname for n in plan.nodes], "spares": [n.hostname for n in plan.spares],
                             "quarantined": dict(plan.quarantined), "started": time.time()}
@@ -422,11 +434,30 @@ class Supervisor:
         # before the plan's own options: ssh keeps the first value it is given for an option
         return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 
-    def on_nodes(self, nodes: Sequence[runplan.PlanNode], line: str, timeout: float = 15) -> None:
-        """A fixed shell line in each node's container (this one's too), all at once."""
+    def add_hosts(self, nodes: Sequence[runplan.PlanNode], text: str) -> None:
+        """text appended to the /etc/hosts of each node's container (HOSTS in this one)."""
+        if self.me in nodes:
+            try:
+                with open(HOSTS, "a") as f:
+                    f.write(text)
+            except OSError as e:
+                self.emit(f"[supervisor] cannot add to {HOSTS} on {self.me.hostname}: {e.strerror or e}")
+        self.on_nodes([n for n in nodes if n is not self.me], "cat >> /etc/hosts", stdin=text)
+
+    def on_nodes(self, nodes: Sequence[runplan.PlanNode], line: str, timeout: float = 15, stdin: str = "") -> None:
+        """A fixed shell line in each node's container (this one's too), all at once; stdin: its
+        input there (data never goes into the line)."""
         procs = [subprocess.Popen(["sh", "-c", line] if n is self.me else self.remote(n, line, mux=False),
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for n in nodes]
+        for p in procs:
+            if p.stdin is not None:
+                try:
+                    p.stdin.write(stdin.encode())
+                    p.stdin.close()
+                except OSError:
+                    pass  # its session ended: the wait below reaps it
         deadline = time.monotonic() + timeout
         for p in procs:
             try:
@@ -482,30 +513,73 @@ class Supervisor:
         return proc
 
     def watch(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode]) -> AttemptEnd:
-        """Until the attempt ends: how it ended (AttemptEnd). A lost spare only leaves the spares."""
+        """Until the attempt ends: how it ended (AttemptEnd). A lost spare only leaves the spares;
+        a spare the launcher offers meanwhile joins them (AttemptEnd.joined)."""
         spare_out: dict[str, str] = {}
+        joined: list[runplan.PlanNode] = []
         while True:
-            codes = [p.poll() for p in self.procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed or all(c == 0 for c in codes):
-                return AttemptEnd(failed[0] if failed else 0, {}, spare_out)
-            if self.stopping.is_set():
-                return AttemptEnd(143, {}, spare_out)
-            if self.write_error:
-                return AttemptEnd(1, {}, spare_out)
-            for h, why in self.health.lost([s for s in spares if s.hostname not in spare_out]).items():
-                spare_out[h] = why
-                self.quarantine(h, why, spare=True)
-            out = self.health.lost(nodes)
-            if out:
-                return AttemptEnd(1, out, spare_out)
-            if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
-                return AttemptEnd(1, dict(self.slow), spare_out)
-            if self.nccl_fatal is not None:
-                return AttemptEnd(1, {}, spare_out, fatal=self.nccl_fatal[0])
-            if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
-                return AttemptEnd(1, {}, spare_out, hung=on_hang(self, nodes, stall))
+            end = self.attempt_end(nodes, (*spares, *joined), spare_out)
+            if end is not None:
+                return end._replace(joined=tuple(joined))
+            joined += self.join_offered(nodes, (*spares, *joined))
             time.sleep(0.1)
+
+    def attempt_end(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],
+                    spare_out: dict[str, str]) -> AttemptEnd | None:
+        """One look at the attempt: how it ended, or None while it runs (spare_out: the spares
+        lost so far, with why; those lost now are added and quarantined)."""
+        codes = [p.poll() for p in self.procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed or all(c == 0 for c in codes):
+            return AttemptEnd(failed[0] if failed else 0, {}, spare_out)
+        if self.stopping.is_set():
+            return AttemptEnd(143, {}, spare_out)
+        if self.write_error:
+            return AttemptEnd(1, {}, spare_out)
+        for h, why in self.health.lost([s for s in spares if s.hostname not in spare_out]).items():
+            spare_out[h] = why
+            self.quarantine(h, why, spare=True)
+        out = self.health.lost(nodes)
+        if out:
+            return AttemptEnd(1, out, spare_out)
+        if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
+            return AttemptEnd(1, dict(self.slow), spare_out)
+        if self.nccl_fatal is not None:
+            return AttemptEnd(1, {}, spare_out, fatal=self.nccl_fatal[0])
+        if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
+            return AttemptEnd(1, {}, spare_out, hung=on_hang(self, nodes, stall))
+        return None
+
+    def offer(self, node: runplan.PlanNode) -> None:
+        """A spare from the launcher (its stdin line, runplan.SPARE_LINE): taken by the watch."""
+        with self.lock:
+            self.offered.append(node)
+
+    def join_offered(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode]
+                     ) -> list[runplan.PlanNode]:
+        """The spares offered since the last look that the run does not know (runplan.merge_spares):
+        each one's container learns the run's hostnames and theirs learn its (/etc/hosts: torchrun's
+        rendezvous names node 1 by hostname), its heartbeat session opens, the `spare-joined`
+        event says it. One refused is said in a line. Returns the joined ones."""
+        with self.lock:
+            offered, self.offered = self.offered, []
+        if not offered:
+            return []
+        merged, refused = runplan.merge_spares(nodes, spares, self.state["quarantined"], offered)
+        for h, why in refused.items():
+            self.emit(f"[supervisor] {h} not taken as a spare: {why}")
+        new = list(merged[len(spares):])
+        for n in new:
+            have = (*nodes, *spares)
+            self.add_hosts([m for m in have], hosts_lines([n]))
+            self.add_hosts([n], hosts_lines(have))
+            self.joined.append(n)
+            self.state["spares"] = [*self.state["spares"], n.hostname]
+            self.event("spare-joined", node=n.hostname, address=n.address, slots=n.slots, gpus=n.gpus)
+            if not (self.health.closed.is_set() or self.stopping.is_set()):
+                self.health.watch(n)
+            spares = (*spares, n)
+        return new
 
     def checkpoint_now(self, nodes: Sequence[runplan.PlanNode]) -> float:
         """A spot notice: ask the job to save a checkpoint (contract.CHECKPOINT_NOW in every
@@ -567,7 +641,7 @@ class Supervisor:
         if spare:
             self.state["spares"] = [h for h in self.state["spares"] if h != hostname]
             self.event("quarantined", node=hostname, reason=why, spare=True)
-        node = next((n for n in (*self.plan.nodes, *self.plan.spares) if n.hostname == hostname), None)
+        node = next((n for n in (*self.plan.nodes, *self.plan.spares, *self.joined) if n.hostname == hostname), None)
         if node is not None and node is not self.me:  # unreachable now: the ssh gives up after its timeout
             subprocess.Popen(self.remote(node, "kill 1", mux=False), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -592,6 +666,7 @@ class Supervisor:
                 self.watch_all((*nodes, *spares))  # where the first attempt ended before they opened
                 threading.Thread(target=self._resumed, args=(t_start, attempt), daemon=True).start()
             end = self.watch(nodes, spares)
+            spares = (*spares, *end.joined)
             if end.code != 0:
                 self.watch_all((*nodes, *spares))  # which nodes are still there? asks them
             spares = tuple(s for s in spares if s.hostname not in end.spare_out)
@@ -855,11 +930,20 @@ def check_nccl(sup: "Supervisor", nodes: Sequence[runplan.PlanNode]) -> None:
 def _watch_stdin(sup: Supervisor, silence: float | None) -> None:
     """Foreground: the launcher holds our stdin open and writes a line every few seconds; EOF
     (kill -9), or nothing for `silence` seconds (a lost link this node's sshd never notices),
-    means it went away: the job stops, as a foreground job does when its terminal closes."""
+    means it went away: the job stops, as a foreground job does when its terminal closes. A
+    line that offers a spare (runplan.SPARE_LINE) goes to the watch (Supervisor.offer)."""
     fd = sys.stdin.fileno()
+    pending = b""
     try:
-        while select.select([fd], [], [], silence)[0] and os.read(fd, 4096):
-            pass
+        while select.select([fd], [], [], silence)[0] and (chunk := os.read(fd, 4096)):
+            *lines, pending = (pending + chunk).split(b"\n")
+            pending = pending[-65536:]  # a line that long is no offer: the rest of it is dropped
+            for line in lines:
+                if line.startswith(runplan.SPARE_LINE.encode()):
+                    try:
+                        sup.offer(runplan.parse_spare_line(line.decode("utf-8", "replace")))
+                    except ValueError as e:
+                        sup.emit(f"[supervisor] a spare the launcher offered is not one: {e}")
     except (OSError, ValueError):
         pass
     sup.stopping.set()

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.jobfile import node_fields, shown
@@ -110,6 +112,17 @@ def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
     """The ssh options the provider of the nodes args name recorded for them."""
     chosen = _named(args)
     return chosen.ssh_opts(args) if chosen else ()
+
+
+def joining(args: NodeArgs, *, ssh_user: str | None = None, ssh_key: str | None = None
+            ) -> Callable[[], list[Node]] | None:
+    """The nodes args name as they are now, asked while a job runs (their provider's joining,
+    with the ssh defaults nodes() gives); None where they cannot change."""
+    chosen = _named(args)
+    source = chosen.joining(args) if chosen else None
+    if source is None:
+        return None
+    return lambda: apply_ssh_defaults(source(), user=ssh_user, identity=ssh_key)
 
 
 def efa_types() -> tuple[tuple[str, int], ...]:

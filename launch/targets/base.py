@@ -94,6 +94,11 @@ class NodeProvider(ABC):
         """Take the nodes up() brought up down."""
         raise LaunchError(f"{self.name}: dtrain does not take these nodes down")
 
+    def joining(self, args: NodeArgs) -> Callable[[], list[Node]] | None:
+        """Where its nodes can change while a job runs (a group that replaces a node): a function
+        that says the nodes args name now (raising where it cannot ask); None where they cannot."""
+        return None
+
     @abstractmethod
     def login(self, image: str) -> Login:
         """How the nodes log in to the image's registry before pulling (Login(): none)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from typing import Any
 
 from dtrain import contract
@@ -168,6 +169,21 @@ class Ec2(NodeProvider):
         if args.cluster and os.path.lexists(stack.cluster_dir(args.cluster) / "cluster.json"):  # damaged: said
             return tuple(stack.load_cluster(args.cluster).ssh_opts)
         return ()
+
+    def joining(self, args: NodeArgs) -> Callable[[], list[Node]] | None:
+        """A cluster of `nodes up` (its record): its hostfile after following its Auto Scaling
+        group (stack.follow_cluster: a node the group brought back, with its address)."""
+        if not args.cluster or not (stack.cluster_dir(args.cluster) / "cluster.json").exists():
+            return None
+        name = args.cluster
+
+        def now() -> list[Node]:
+            import boto3
+
+            stack.follow_cluster(boto3.Session(region_name=stack.load_cluster(name).region), name, say=lambda _: None)
+            return cluster_nodes(name)
+
+        return now
 
     def up(self, spec: stack.NodesSpec, **options: Any) -> tuple[stack.Cluster, Any]:
         """A cluster's stack (launch/infra/ec2.py `up`): options are its session and the rest."""
