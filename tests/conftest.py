@@ -121,6 +121,39 @@ def cluster(_cluster_session, engine):
     return info
 
 
+@pytest.fixture(scope="session")
+def _shared_home_dir(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("shared-home")
+    home.chmod(0o700)
+    return home
+
+
+@pytest.fixture
+def shared_home_cluster(_cluster_session, engine, cpu_images, _shared_home_dir):
+    """(cluster, the host directory that is every node's home, the pytorch-ddp CPU image's ref in
+    its registry): 4 simulated nodes whose /root is one host directory (cluster.up(shared=...)),
+    made once for every own_cluster module of that shape (tests/test_shared_home.py,
+    tests/test_spare_join_cluster.py: the second finds it up, the image on every node)."""
+    import os
+
+    from dtrain.images import push as P
+    from dtrain.images.spec import load_all
+    from dtrain.launch.infra import cluster as cl
+
+    # the home of the nodes' ssh user (root), as its sessions get it
+    info = cl.up(4, recreate=True, quiet=True, shared={os.path.expanduser("~root"): str(_shared_home_dir)})
+    engine.allow_insecure_registry(info.registry)
+    if info.registry not in _shared_home_pushed:  # once a session (a recreate keeps the registry's images)
+        imgs = [i for i in load_all() if not i.gpu and i.family == "pytorch-ddp"]
+        root = Path(__file__).resolve().parent.parent
+        _shared_home_pushed[info.registry] = P.push_registry(
+            imgs, info.registry, catalog_path=root / "build" / "test-catalog-shared-home.json")[0].remote
+    return info, _shared_home_dir, _shared_home_pushed[info.registry]
+
+
+_shared_home_pushed: dict[str, str] = {}  # registry -> the pytorch-ddp CPU image's ref there
+
+
 @pytest.fixture
 def nic_down(cluster):
     """nic_down(i): a context in which simulated node i's NIC (its veth on the host, dtv<index>;

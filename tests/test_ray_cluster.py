@@ -192,3 +192,17 @@ def test_rays_own_torch_linear_example_unedited_on_3_nodes(ray_shared):
     runs = set(shared.glob("ray_results/*")) - before
     assert runs and any(r.glob("checkpoint_*") for r in runs), sorted(p.name for p in shared.rglob("*"))[:20]
     assert containers_left(info, "t-ray-shipped") == []
+
+
+def test_a_ray_job_outlives_the_nodes_heartbeat_timeout(ray_shared):
+    """No supervisor beats for Ray (its own protocol): the launch refreshes every node's heartbeat
+    file itself, or each node's watchdog takes the job for gone after --heartbeat-timeout and
+    stops its container (the driver then ends with 137: a Ray job longer than 90 s never
+    finished). A driver that runs 3 x the timeout ends with its own exit code."""
+    info, _, image = ray_shared
+    job = Job(spec(info, image, ["python", "-c", "import time; time.sleep(15); print('driver done', flush=True)"],
+                   "t-ray-beat", launcher="ray", heartbeat_timeout=5), nodes_of(info, 2), say=lambda m: None)
+    code = job.run()
+    out = job_log("t-ray-beat").read_text()
+    assert code == 0 and "driver done" in out, out[-3000:]
+    assert containers_left(info, "t-ray-beat") == []

@@ -9,7 +9,6 @@ the shared 3-node cluster, which the `cluster` fixture makes again where a test 
 from __future__ import annotations
 
 import io
-import os
 import re
 import threading
 import time
@@ -17,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.images import push as P
-from dtrain.images.spec import load_all
-from dtrain.launch.infra import cluster as cl
 from dtrain.launch.jobs import store
 from dtrain.launch.jobs.job import Job
 from dtrain.launch.jobs.store import job_log
@@ -32,17 +28,10 @@ NODES = 4
 HOSTS = [f"node-{i}" for i in range(1, NODES + 1)]
 
 
-@pytest.fixture(scope="module")
-def shared_home(_cluster_session, engine, cpu_images, tmp_path_factory):
+@pytest.fixture
+def shared_home(shared_home_cluster):
     """(cluster, the host directory that is every node's home, the image's ref in its registry)."""
-    home = tmp_path_factory.mktemp("shared-home")
-    home.chmod(0o700)
-    # the home of the nodes' ssh user (root), as its sessions get it
-    info = cl.up(NODES, recreate=True, quiet=True, shared={os.path.expanduser("~root"): str(home)})
-    engine.allow_insecure_registry(info.registry)
-    imgs = [i for i in load_all() if not i.gpu and i.family == "pytorch-ddp"]
-    ref = P.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog-shared-home.json")[0].remote
-    return info, home, ref
+    return shared_home_cluster
 
 
 def _node_dirs(home: Path, name: str) -> list[Path]:

@@ -5,7 +5,8 @@ replacement gets the next one, node-4). While the job runs, the spare's instance
 group (terminated, replaced) and its NIC goes down: the spare is out, the launch follows the
 group, makes node-4 ready (the job's directory, image and container) and offers it; the
 supervisor takes it (`spare-joined`). Then node-2 is lost: node-4 takes its place and the job
-ends at full size; the stack is deleted after. A shape of its own (4 nodes, own_cluster)."""
+ends at full size; the stack is deleted after. A shape of its own (own_cluster): the 4 nodes of
+tests/test_shared_home.py (their home one directory: each node's job directory is its own)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from dtrain.images import push as P
-from dtrain.images.spec import load_all
 from dtrain.launch.infra import cluster as cl
 
 from test_launch import containers_left
@@ -30,7 +29,6 @@ from test_nodes import moto_server  # noqa: F401 - fixture
 pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster, pytest.mark.second_cluster]
 
 ROOT = Path(__file__).resolve().parent.parent
-NODES = 4
 
 TRAIN = """import os, socket, time
 attempt = os.environ.get("DTRAIN_RESTART", "0")
@@ -40,13 +38,11 @@ if attempt == "0":
 """
 
 
-@pytest.fixture(scope="module")
-def four_nodes(_cluster_session, engine, cpu_images):
-    """(cluster, the pytorch-ddp CPU image's ref in its registry)."""
-    info = cl.up(NODES, recreate=True, quiet=True)
-    engine.allow_insecure_registry(info.registry)
-    imgs = [i for i in load_all() if not i.gpu and i.family == "pytorch-ddp"]
-    ref = P.push_registry(imgs, info.registry, catalog_path=ROOT / "build" / "test-catalog-spare-join.json")[0].remote
+@pytest.fixture
+def four_nodes(shared_home_cluster):
+    """(cluster, the pytorch-ddp CPU image's ref in its registry): the 4 nodes that share a home
+    (tests/test_shared_home.py's, made once: the image is on every node already)."""
+    info, _, ref = shared_home_cluster
     yield info, ref
     for node in info.nodes:  # whatever happened inside, every NIC up again
         subprocess.run(["ip", "link", "set", f"{cl.VETH_PREFIX}{node.index}", "up"], check=False)

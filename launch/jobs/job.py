@@ -18,6 +18,7 @@ in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import secrets
@@ -31,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from dtrain import contract
 from dtrain.interrupts import interrupt_code, sigterm_as_interrupt
@@ -904,7 +905,8 @@ def run_stage(job: Job, s: State) -> State:
     assert s.started is not None
     try:
         if not job.launcher.supervised:  # its own protocol (Ray: its cluster, the command its driver)
-            outcome = Outcome(job.launcher.run(OwnRun(job, s.started.facts)))
+            with beating(job, s.prepared.node_dirs):
+                outcome = Outcome(job.launcher.run(OwnRun(job, s.started.facts)))
         else:
             outcome = job.session(joiner_of(job, s.started, s.given.wd)).run(
                 s.started, s.prepared.node_dirs, s.ompi, dict(s.quarantined), s.given.rec)
@@ -994,6 +996,35 @@ class OwnRun:
 
     def closing(self) -> bool:
         return self.job._closing
+
+
+def heartbeat_argv(node_dir: str) -> list[str]:
+    """Refresh the job's heartbeat file on a node (what its watchdog, launch/node/watch.sh, waits for)."""
+    return ["touch", "--", f"{node_dir}/heartbeat"]
+
+
+@contextlib.contextmanager
+def beating(job: Job, node_dirs: Mapping[str, str]) -> Iterator[None]:
+    """While a launcher of its own protocol runs (Ray: no supervisor beats), the launch refreshes
+    every node's heartbeat file itself, six times per --heartbeat-timeout: without it each node's
+    watchdog takes the job for gone after that timeout and stops its container (the launch's
+    kill -9 stops these too, and the nodes' parts end, as a supervisor's silence ends them)."""
+    nodes = [n for n in job.nodes if node_dirs.get(n.host)]
+    every = max(0.5, job.spec.heartbeat_timeout / 6)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            job.ssh.run(nodes, lambda n: heartbeat_argv(node_dirs[n.host]), timeout=max(10.0, every), retries=0)
+            done.wait(every)
+
+    thread = threading.Thread(target=beat, name="dtrain-heartbeat", daemon=True)
+    if nodes:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _exit_code(r: NodeResult) -> int:
