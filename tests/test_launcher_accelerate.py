@@ -119,6 +119,12 @@ for step in range(3):
 print("gathered", acc.gather(torch.tensor([acc.process_index + 1.0])).tolist(), flush=True)
 acc.wait_for_everyone()
 acc.end_training()  # destroys the process group: without it Gloo's threads may abort the exit
+# and no interpreter finalization: DDP keeps its gloo group alive past that, and a worker thread
+# still releasing the last collective aborts torch 2.13's exit ("terminate called without an
+# active exception", pytorch/pytorch#190489; launch/node/examples/ddp_grads.py does the same)
+import os, sys  # noqa: E401,E402
+sys.stdout.flush()
+os._exit(0)
 '''
 
 
