@@ -165,14 +165,8 @@ def test_registry_login_per_provider():
             targets.provider(name).login(ecr)
 
 
-def test_expectations_and_ssh_users():
+def test_ssh_users():
     ec2 = targets.provider("ec2")
-    p4d = ec2.expectations("p4d.24xlarge")
-    assert (p4d.gpus, p4d.efa, p4d.network.busbw, p4d.network.efa) == (8, 4, 57.2, True)
-    assert ec2.expectations("g5.xlarge") == targets.Expectations(gpus=1, efa=0)
-    assert ec2.expectations("m7i.large").gpus is None
-    assert targets.provider("local").expectations(None) == targets.Expectations(gpus=0, efa=0)
-    assert targets.provider("ssh").expectations("p5.48xlarge").gpus is None
     assert targets.provider("local").ssh_user() == "root"
     assert targets.provider("ssh").ssh_user() is None and ec2.ssh_user() is None
 

@@ -14,9 +14,9 @@ from dtrain.launch.other_tools.describe import Describer
 from dtrain.launch.remote.hosts import Node, apply_ssh_defaults
 from dtrain.launch.targets import (ec2, ecs, jobset, local, mpijob, nodes as on_nodes, pytorchjob, sagemaker, ssh,
                                    trainjob)
-from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider, Target
+from dtrain.launch.targets.base import NodeArgs, NodeProvider, Target
 
-__all__ = ["Expectations", "NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "describers", "get",
+__all__ = ["NodeArgs", "NodeProvider", "PROVIDERS", "TARGETS", "Target", "choose", "describers", "get",
            "named", "names", "node_args", "nodes", "provider", "spot_notice", "ssh_opts"]
 
 # --target values; the first is the default.

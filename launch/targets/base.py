@@ -55,15 +55,6 @@ class NodeArgs:
     slots: int | None = None
 
 
-@dataclass(frozen=True)
-class Expectations:
-    """What an instance type has, as far as the provider knows without asking a node."""
-
-    gpus: int | None  # GPUs per node (None: the provider cannot tell)
-    efa: int  # EFA interfaces per node (0: none)
-    network: Any = None  # its line of launch/jobs/network_expectations.yaml (netgate.Expectation), if any
-
-
 class NodeProvider(ABC):
     """Where the nodes come from."""
 
@@ -102,10 +93,6 @@ class NodeProvider(ABC):
     @abstractmethod
     def login(self, image: str) -> Login:
         """How the nodes log in to the image's registry before pulling (Login(): none)."""
-
-    @abstractmethod
-    def expectations(self, instance_type: str | None) -> Expectations:
-        """What a node of this instance type has."""
 
 
 class Target(ABC):

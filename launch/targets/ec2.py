@@ -14,12 +14,12 @@ from dtrain import contract
 from dtrain import values
 from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import ec2 as stack
-from dtrain.launch.infra.instance_types import efa_count, gpu_count
+from dtrain.launch.infra.instance_types import gpu_count
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.jobs.supervision import EC2_IMDS
 from dtrain.launch.remote.hosts import Node
 from dtrain.launch.jobs.jobfile import selecting
-from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
+from dtrain.launch.targets.base import NodeArgs, NodeProvider
 from dtrain.launch.targets.ssh import hostfile_nodes
 
 
@@ -196,14 +196,6 @@ class Ec2(NodeProvider):
 
     def login(self, image: str) -> Login:
         return login_for(image)  # ECR: a token from boto3, to each node on stdin
-
-    def expectations(self, instance_type: str | None) -> Expectations:
-        if not instance_type:
-            return Expectations(gpus=None, efa=0)
-        from dtrain.launch.jobs import netgate
-
-        return Expectations(gpus=gpu_count(instance_type), efa=efa_count(instance_type) or 0,
-                            network=netgate.expectation_for(instance_type, netgate.load_expectations()))
 
 
 PROVIDER = Ec2()

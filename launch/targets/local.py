@@ -11,7 +11,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.jobs.login import Login
 from dtrain.launch.remote.hosts import Node
-from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
+from dtrain.launch.targets.base import NodeArgs, NodeProvider
 from dtrain.launch.targets.ssh import hostfile_nodes
 
 
@@ -36,9 +36,6 @@ class Local(NodeProvider):
 
     def login(self, image: str) -> Login:
         return Login()  # the cluster's registry is plain and open to its nodes
-
-    def expectations(self, instance_type: str | None) -> Expectations:
-        return Expectations(gpus=0, efa=0)  # CPU namespaces on one machine
 
 
 PROVIDER = Local()

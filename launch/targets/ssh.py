@@ -10,7 +10,7 @@ from dtrain.launch.errors import LaunchError
 from dtrain.launch.jobs.login import Login, login_for
 from dtrain.launch.remote.hosts import Node, parse_hostfile, parse_hosts_arg
 from dtrain.launch.jobs.jobfile import selecting
-from dtrain.launch.targets.base import Expectations, NodeArgs, NodeProvider
+from dtrain.launch.targets.base import NodeArgs, NodeProvider
 
 
 def hostfile_nodes(hostfile: str) -> list[Node]:
@@ -40,9 +40,6 @@ class SshHosts(NodeProvider):
 
     def login(self, image: str) -> Login:
         return login_for(image)  # an ECR image: a token from boto3; any other registry: none
-
-    def expectations(self, instance_type: str | None) -> Expectations:
-        return Expectations(gpus=None, efa=0)  # any machine: the nodes' facts tell
 
 
 PROVIDER = SshHosts()
