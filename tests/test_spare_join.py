@@ -105,3 +105,25 @@ def test_follow_joins_each_new_node_says_why_one_cannot_and_a_provider_failure_o
                     "[launch] warning: 10.0.0.5 is not a spare of this job: it holds image sha256:aaa for the job's "
                     "sha256:bbb"]
     assert known == {"10.0.0.1", "10.0.0.4", "10.0.0.5"}
+
+
+def test_a_join_that_breaks_is_one_line_and_one_ended_by_the_jobs_end_says_nothing():
+    import threading
+
+    from dtrain.launch.jobs.joining import follow
+    from dtrain.launch.remote.hosts import Node
+
+    stop = threading.Event()
+    said, offered = [], []
+
+    def join(n):
+        if n.host == "10.0.0.7":
+            stop.set()  # the job ended meanwhile: its teardown broke this join
+        raise RuntimeError("cannot schedule new futures\nafter shutdown")
+
+    follow(lambda: [Node("10.0.0.6"), Node("10.0.0.7"), Node("10.0.0.8")], set(), join, offered.append, said.append,
+           stop, every=0.01)
+    assert offered == [] and said == [
+        "[launch] 10.0.0.6 came to the cluster: making it a spare of this job",
+        "[launch] warning: 10.0.0.6 is not a spare of this job: RuntimeError: cannot schedule new futures after shutdown",
+        "[launch] 10.0.0.7 came to the cluster: making it a spare of this job"]

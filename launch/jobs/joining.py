@@ -63,8 +63,11 @@ def follow(source: Callable[[], list[Node]], known: set[str], join: Callable[[No
             say(f"[launch] {node.host} came to the cluster: making it a spare of this job")
             try:
                 spare = join(node)
-            except LaunchError as e:
-                say(f"[launch] warning: {node.host} is not a spare of this job: {e}")
+            except Exception as e:  # noqa: BLE001 - the job goes on without it; the job's end ends a join under way
+                if stop.is_set():
+                    return
+                why = str(e) if isinstance(e, LaunchError) else f"{type(e).__name__}: {' '.join(str(e).split())}"
+                say(f"[launch] warning: {node.host} is not a spare of this job: {why}")
                 continue
             if not stop.is_set():
                 offer(spare)
