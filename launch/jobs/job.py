@@ -1009,18 +1009,17 @@ def beating(job: Job, node_dirs: Mapping[str, str]) -> Iterator[None]:
     every node's heartbeat file itself, six times per --heartbeat-timeout: without it each node's
     watchdog takes the job for gone after that timeout and stops its container (the launch's
     kill -9 stops these too, and the nodes' parts end, as a supervisor's silence ends them)."""
-    nodes = [n for n in job.nodes if node_dirs.get(n.host)]
     every = max(0.5, job.spec.heartbeat_timeout / 6)
     done = threading.Event()
 
-    def beat() -> None:
+    def beat(node: Node) -> None:  # each node on its own: one that does not answer holds up no other
         while not done.is_set():
-            job.ssh.run(nodes, lambda n: heartbeat_argv(node_dirs[n.host]), timeout=max(10.0, every), retries=0)
+            job.ssh.run([node], lambda n: heartbeat_argv(node_dirs[n.host]), timeout=max(10.0, every), retries=0)
             done.wait(every)
 
-    thread = threading.Thread(target=beat, name="dtrain-heartbeat", daemon=True)
-    if nodes:
-        thread.start()
+    for n in job.nodes:
+        if node_dirs.get(n.host):
+            threading.Thread(target=beat, args=(n,), name=f"dtrain-heartbeat-{n.host}", daemon=True).start()
     try:
         yield
     finally:
