@@ -19,6 +19,7 @@ in ~/.dtrain/jobs/<name>/output.log for `dtrain logs` and `dtrain diagnose`.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import posixpath
 import secrets
@@ -191,12 +192,23 @@ def gate_out(facts: Sequence[NodeFacts], spares: int, gate: netgate.GateResult) 
 
 def join_problem(fact: NodeFacts, image_id: str, started: Started) -> str:
     """What keeps a node that came while the job runs from being its spare ("" nothing): not the
-    job's image, a hostname a node of the job has (Open MPI and torchrun tell nodes apart by it)."""
+    job's image; a hostname a node of the job has (Open MPI and torchrun tell nodes apart by it);
+    GPUs or slots no node of the job has (a spare takes a node's place at the same world size);
+    another NIC name where the job's are one (the launcher's flags name it), or an address
+    outside the job's subnet where they differ."""
     if image_id != started.image_id:
         return (f"it holds image {image_id[:19]} for the job's {started.image_id[:19]}: the tag moved since the "
                 "start (push a new tag, or pull by digest)")
     if fact.hostname in {f.hostname for f in started.facts}:
         return f"its hostname {fact.hostname} is a node's of the job"
+    if fact.gpus not in {f.gpus for f in started.facts}:
+        return f"it has {fact.gpus} GPU(s), the job's nodes {sorted({f.gpus for f in started.facts})}"
+    if fact.node.slots not in {f.node.slots for f in started.facts}:
+        return f"it has {fact.node.slots} slot(s), the job's nodes {sorted({f.node.slots for f in started.facts})}"
+    if started.subnet is None and fact.iface != started.facts[0].iface:
+        return f"its NIC is {fact.iface}, the job's nodes' {started.facts[0].iface}"
+    if started.subnet is not None and ipaddress.ip_address(fact.address) not in ipaddress.ip_network(started.subnet):
+        return f"its address {fact.address} is outside the job's subnet {started.subnet}"
     return ""
 
 
@@ -492,33 +504,55 @@ class Job:
         """A node come while the job runs (its Auto Scaling group's replacement) made a warm spare
         of it: its lock of the name, the job's directory and workdir (prepare), the image where
         it has none, the container with the job's keys (start_on_nodes), its sshd answering; it
-        must hold the job's image (the same ID) and have a hostname of its own. Its PlanNode, for
-        the supervisor (runplan.spare_line). LaunchError naming the node where it cannot be one;
-        whatever it left there goes with the job (teardown)."""
-        if self._closing:
-            raise LaunchError("the job is ending")
+        must hold the job's image (the same ID), its GPUs, slots and NIC (or subnet) as the job's
+        nodes have them, and a hostname of its own. Its PlanNode, for the supervisor
+        (runplan.spare_line). joining.NotYet where it is still starting (its sshd, its first boot,
+        its engine: host/booted.sh); LaunchError naming what keeps it out otherwise, its
+        container removed; whatever is left there goes with the job (teardown)."""
+        self._booted(node)
         prepared = self.prepare(wd, joining=[node])
         assert prepared.sessions is not None and self.keys is not None
         private, public, host_key = self.keys.result()
         try:
-            new, fan = start_on_nodes(self.ssh, replace(self.spec, pull="missing"), [node], public,
-                                      private + host_key + env_file(self.spec.env), lambda line: None,
-                                      prepared.node_dirs, prepared.login, sessions=prepared.sessions)
-        except StartFailed as e:
-            raise LaunchError(str(e)) from None
-        f = new.facts[0]
-        problem = "the job is ending" if self._closing else join_problem(f, new.image_id, started)
-        ready = threading.Thread(target=fan.results, daemon=True)  # each session ends once its sshd listens
-        ready.start()
-        ready.join(self.spec.ready_timeout + 30)
-        if not problem and (ready.is_alive() or not all(r.ok for r in fan.results())):
-            problem = f"its container's sshd did not come up within {self.spec.ready_timeout + 30:g} s"
-        if problem:
-            fan.cancel()
-            raise_on_failure(self.ssh.run([node], lambda n: store.remove_argv(self.spec.name), timeout=60),
-                             f"removing the container on {node.host}")
-            raise LaunchError(problem)
+            try:
+                new, fan = start_on_nodes(self.ssh, replace(self.spec, pull="missing"), [node], public,
+                                          private + host_key + env_file(self.spec.env), lambda line: None,
+                                          prepared.node_dirs, prepared.login, sessions=prepared.sessions)
+            except StartFailed as e:
+                raise LaunchError(str(e)) from None
+            f = new.facts[0]
+            if problem := "the job is ending" if self._closing else join_problem(f, new.image_id, started):
+                raise LaunchError(problem)
+            ready = threading.Thread(target=fan.results, daemon=True)  # each session ends once its sshd listens
+            ready.start()
+            ready.join(self.spec.ready_timeout + 30)
+            if ready.is_alive() or not all(r.ok for r in fan.results()):
+                raise LaunchError(f"its container's sshd did not come up within {self.spec.ready_timeout + 30:g} s")
+            if started.subnet is not None:  # NIC names differ: its own into its node.env, as the others'
+                write_node_env(self, [f], [node])
+        except BaseException:
+            prepared.sessions.fanout.cancel()
+            if not self._closing:  # the job's teardown removes it otherwise
+                self.ssh.run([node], lambda n: store.remove_argv(self.spec.name), timeout=60)
+            raise
         return runplan.PlanNode(f.address, f.hostname, node.slots, f.iface, f.gpus)
+
+    def _booted(self, node: Node) -> None:
+        """joining.NotYet where node is still starting (host/booted.sh); LaunchError where ssh
+        refuses it for good (its key, its user)."""
+        if self._closing:
+            raise LaunchError("the job is ending")
+        r = self.ssh.run([node], lambda n: node_programs.host_argv("booted"), timeout=60, retries=0)[0]
+        if not r.ok:
+            why = " ".join((r.error or r.stderr.strip() or f"exit {r.returncode}").split())[:200]
+            if is_connection_error(r.returncode, r.stderr) or r.returncode is None:
+                raise joining.NotYet(f"ssh does not reach it yet ({why})")
+            raise LaunchError(f"ssh: {why}")
+        said = (r.stdout.split() or ["?"])[-1]
+        if said == "booting":
+            raise joining.NotYet("its first boot (cloud-init) is still running")
+        if said != "ready":
+            raise joining.NotYet("its docker engine does not answer yet")
 
     def gate_nodes(self, started: Started) -> netgate.GateResult:
         """The network gate (--check-network) between the started containers, on the job's NIC:
@@ -613,7 +647,10 @@ class Job:
         relay = Relay(first_round)
         t = time.time()
         if joining:
-            self.started += [n for n in nodes if n not in self.started]  # until the sessions say otherwise
+            with self._teardown_lock:  # the job's end and this join: one of them first, whole
+                if self._closing:
+                    raise LaunchError("the job is ending")
+                self.started += [n for n in nodes if n not in self.started]  # until the sessions say otherwise
         else:
             self.started = list(nodes)
         # their time limit: the pull step's (1800 s) while they wait, then the start step's
@@ -622,7 +659,11 @@ class Job:
         if not joining:
             self._sessions = sessions
         else:
-            self._joins.append(sessions)  # teardown ends them (a join under way when the job ends)
+            with self._teardown_lock:
+                self._joins.append(sessions)  # teardown ends them (a join under way when the job ends)
+                if self._closing:  # it ran meanwhile: these sessions were not its to end
+                    sessions.cancel()
+                    raise LaunchError("the job is ending")
         keys = self.keys if joining and self.keys else self._keys()  # ssh-keygen while the nodes answer
         if self.launcher.supervised:
             supervision.supervisor_texts()  # and the supervisor's files read (Session.run sends them)
@@ -805,12 +846,14 @@ def pull(job: Job, prepared: Prepared, t0: float = 0.0) -> Pulled:
                                            job.nodes, t, t0))
 
 
-def write_node_env(job: Job, facts: Sequence[NodeFacts]) -> None:
+def write_node_env(job: Job, facts: Sequence[NodeFacts], nodes: Sequence[Node] | None = None) -> None:
     """Where NICs differ: each node's NCCL/Gloo interface into node.env in the job's key
-    directory (mounted in its container; read by nic.NODE_ENV_WRAPPER). Data on stdin."""
+    directory (mounted in its container; read by nic.NODE_ENV_WRAPPER). Data on stdin.
+    nodes: those to write (the job's by default)."""
     path = f"{node_key_dir(job.spec.name)}/{nic.NODE_ENV_FILE}"
     by_host = {f.node.host: f for f in facts}
-    results = job.ssh.run(job.nodes, lambda n: node_programs.program_argv("write-private.sh", [path]),
+    results = job.ssh.run(job.nodes if nodes is None else nodes,
+                          lambda n: node_programs.program_argv("write-private.sh", [path]),
                            stdin=lambda n: nic.node_env_text(by_host[n.host].iface, skip=list(job.spec.env)),
                            timeout=60)
     raise_on_failure(results, "writing each node's NIC")

@@ -19,6 +19,12 @@ from dtrain.launch.remote.hosts import Node
 # How often the nodes' provider is asked (an AWS API call each: DescribeAutoScalingGroups and
 # DescribeInstances); DTRAIN_JOIN_POLL_S: another period (tests).
 POLL_S = 30.0
+TRIES = 20  # polls at which a node that came and is not ready yet (NotYet: still booting) is tried
+
+
+class NotYet(LaunchError):
+    """A node that came is not ready yet (its sshd, its first boot, its engine): tried again at
+    the next poll, up to TRIES times."""
 
 
 def poll_s() -> float:
@@ -43,10 +49,15 @@ def follow(source: Callable[[], list[Node]], known: set[str], join: Callable[[No
            offer: Callable[[runplan.PlanNode], None], say: Callable[[str], None], stop: threading.Event,
            every: float | None = None) -> None:
     """Until stop: every `every` seconds the provider's nodes (source); each one new to the job
-    (known: its hosts, the ones seen here added) is made a spare (join) and offered (offer).
-    A provider that does not answer is said once per distinct reason; the job goes on."""
+    (known: its hosts, the ones done with here added) is made a spare (join) and offered (offer).
+    One not ready yet (NotYet) is tried again at the next polls, TRIES in all; a known host that
+    the provider stopped naming and names again is a new node at that address (a replacement
+    given the Elastic IP the old one left). A provider that does not answer is said once per
+    distinct reason; the job goes on."""
     every = poll_s() if every is None else every
     said: set[str] = set()
+    tries: dict[str, int] = {}
+    gone: set[str] = set()  # known hosts the provider stopped naming
     while not stop.wait(every):
         try:
             found = source()
@@ -56,18 +67,35 @@ def follow(source: Callable[[], list[Node]], known: set[str], join: Callable[[No
                 said.add(why)
                 say(f"[launch] warning: new nodes for spares not asked ({why}); asked again in {every:g} s")
             continue
+        named = {n.host for n in found}
+        back = gone & named  # named again: another node at that address, new to the job
+        known.difference_update(back)
+        gone = (gone - back) | {h for h in known if h not in named}
         for node in new_nodes(found, known):
-            known.add(node.host)
             if stop.is_set():
                 return
-            say(f"[launch] {node.host} came to the cluster: making it a spare of this job")
+            h = node.host
+            tries[h] = tries.get(h, 0) + 1
+            if tries[h] == 1:
+                say(f"[launch] {h} came to the cluster: making it a spare of this job")
             try:
                 spare = join(node)
+            except NotYet as e:
+                if tries[h] < TRIES:
+                    if tries[h] == 1:
+                        say(f"[launch] {h}: {e}; tried again every {every:g} s")
+                    continue
+                known.add(h)
+                say(f"[launch] warning: {h} is not a spare of this job: {e} after {TRIES} tries")
+                continue
             except Exception as e:  # noqa: BLE001 - the job goes on without it; the job's end ends a join under way
                 if stop.is_set():
                     return
+                known.add(h)
                 why = str(e) if isinstance(e, LaunchError) else f"{type(e).__name__}: {' '.join(str(e).split())}"
-                say(f"[launch] warning: {node.host} is not a spare of this job: {why}")
+                say(f"[launch] warning: {h} is not a spare of this job: {why}")
                 continue
+            known.add(h)
+            tries.pop(h, None)
             if not stop.is_set():
                 offer(spare)

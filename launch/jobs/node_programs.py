@@ -17,7 +17,7 @@ from dtrain import contract
 
 # launch/node/host/: one function per file, main.sh last (it calls the step).
 HOST_FILES = ("phase.sh", "probe.sh", "login.sh", "image.sh", "start.sh", "up.sh", "remove.sh", "doctor.sh", "holds.sh",
-              "prepare.sh", "supervise.sh", "main.sh")
+              "booted.sh", "prepare.sh", "supervise.sh", "main.sh")
 
 
 @functools.cache
@@ -26,7 +26,7 @@ def host_program() -> str:
 
 
 def host_argv(step: str, *args: str) -> list[str]:
-    """argv for a node's shell: run STEP (up, pull, probe, remove, doctor, prepare, supervise) of launch/node/host/."""
+    """argv for a node's shell: run STEP (up, pull, probe, remove, doctor, prepare, supervise, booted, ...) of launch/node/host/."""
     return ["bash", "-c", host_program(), "dtrain-node",
             contract.LABEL_JOB, contract.LABEL_MIN_DRIVER, contract.LABEL_OPENMPI_MAJOR, contract.SUPERVISOR_EVENT,
             step, *args]

@@ -121,6 +121,7 @@ def swap_out(nodes: Sequence[PlanNode], spares: Sequence[PlanNode], out: Mapping
 SPARE_LINE = "spare "
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,62})")  # a Linux hostname: 64 characters at most
 _IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # a Linux interface name (IFNAMSIZ - 1)
+_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")  # IPv4 or IPv6, no scope (ipaddress takes `%` and anything after)
 
 
 def plan_node(data: Any) -> PlanNode:
@@ -131,7 +132,9 @@ def plan_node(data: Any) -> PlanNode:
     address, hostname, iface = (data.get(k) for k in ("address", "hostname", "iface"))
     slots, gpus = data.get("slots"), data.get("gpus", 0)
     try:
-        ipaddress.ip_address(address if isinstance(address, str) else "")
+        if not isinstance(address, str) or not _ADDRESS.fullmatch(address):
+            raise ValueError
+        ipaddress.ip_address(address)
     except ValueError:
         raise ValueError("address: not an IP address") from None
     if not isinstance(hostname, str) or not _HOSTNAME.fullmatch(hostname):

@@ -521,7 +521,8 @@ class Supervisor:
             end = self.attempt_end(nodes, (*spares, *joined), spare_out)
             if end is not None:
                 return end._replace(joined=tuple(joined))
-            joined += self.join_offered(nodes, (*spares, *joined))
+            # the spares still there: a lost one's address is not asked (its hosts file)
+            joined += self.join_offered(nodes, [s for s in (*spares, *joined) if s.hostname not in spare_out])
             time.sleep(0.1)
 
     def attempt_end(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],

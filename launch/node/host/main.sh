@@ -8,7 +8,7 @@ main() {
   local step=$5
   shift 5
   case $step in
-    up|pull|probe|remove|doctor|prepare|prepare_up|supervise|job_file|keep_workdir) "$step" "$@" ;;
+    up|pull|probe|remove|doctor|prepare|prepare_up|supervise|job_file|keep_workdir|booted) "$step" "$@" ;;
     *) echo "dtrain node program: unknown step $step" >&2; exit 2 ;;
   esac
 }
