@@ -465,6 +465,11 @@ class Job:
         self._joins: list[Fanout] = []  # the sessions of nodes joining as spares (join)
         self.sink = Sink()  # the job's output: the screen, output.log (opened by run)
 
+    @property
+    def closing(self) -> bool:
+        """The job is ending (its teardown began): nothing more starts on a node."""
+        return self._closing
+
     def _keys(self) -> Keys:
         """The job's keys, being made (Keys); where they go in teardown."""
         store.ensure_job_dir(self.spec.name)
@@ -500,60 +505,6 @@ class Job:
             write_node_env(self, started.facts)
         return started
 
-    def join(self, node: Node, started: Started, wd: wdir.Workdir | None) -> runplan.PlanNode:
-        """A node come while the job runs (its Auto Scaling group's replacement) made a warm spare
-        of it: its lock of the name, the job's directory and workdir (prepare), the image where
-        it has none, the container with the job's keys (start_on_nodes), its sshd answering; it
-        must hold the job's image (the same ID), its GPUs, slots and NIC (or subnet) as the job's
-        nodes have them, and a hostname of its own. Its PlanNode, for the supervisor
-        (runplan.spare_line). joining.NotYet where it is still starting (its sshd, its first boot,
-        its engine: host/booted.sh); LaunchError naming what keeps it out otherwise, its
-        container removed; whatever is left there goes with the job (teardown)."""
-        self._booted(node)
-        prepared = self.prepare(wd, joining=[node])
-        assert prepared.sessions is not None and self.keys is not None
-        private, public, host_key = self.keys.result()
-        try:
-            try:
-                new, fan = start_on_nodes(self.ssh, replace(self.spec, pull="missing"), [node], public,
-                                          private + host_key + env_file(self.spec.env), lambda line: None,
-                                          prepared.node_dirs, prepared.login, sessions=prepared.sessions)
-            except StartFailed as e:
-                raise LaunchError(str(e)) from None
-            f = new.facts[0]
-            if problem := "the job is ending" if self._closing else join_problem(f, new.image_id, started):
-                raise LaunchError(problem)
-            ready = threading.Thread(target=fan.results, daemon=True)  # each session ends once its sshd listens
-            ready.start()
-            ready.join(self.spec.ready_timeout + 30)
-            if ready.is_alive() or not all(r.ok for r in fan.results()):
-                raise LaunchError(f"its container's sshd did not come up within {self.spec.ready_timeout + 30:g} s")
-            if started.subnet is not None:  # NIC names differ: its own into its node.env, as the others'
-                write_node_env(self, [f], [node])
-        except BaseException:
-            prepared.sessions.fanout.cancel()
-            if not self._closing:  # the job's teardown removes it otherwise
-                self.ssh.run([node], lambda n: store.remove_argv(self.spec.name), timeout=60)
-            raise
-        return runplan.PlanNode(f.address, f.hostname, node.slots, f.iface, f.gpus)
-
-    def _booted(self, node: Node) -> None:
-        """joining.NotYet where node is still starting (host/booted.sh); LaunchError where ssh
-        refuses it for good (its key, its user)."""
-        if self._closing:
-            raise LaunchError("the job is ending")
-        r = self.ssh.run([node], lambda n: node_programs.host_argv("booted"), timeout=60, retries=0)[0]
-        if not r.ok:
-            why = " ".join((r.error or r.stderr.strip() or f"exit {r.returncode}").split())[:200]
-            if is_connection_error(r.returncode, r.stderr) or r.returncode is None:
-                raise joining.NotYet(f"ssh does not reach it yet ({why})")
-            raise LaunchError(f"ssh: {why}")
-        said = (r.stdout.split() or ["?"])[-1]
-        if said == "booting":
-            raise joining.NotYet("its first boot (cloud-init) is still running")
-        if said != "ready":
-            raise joining.NotYet("its docker engine does not answer yet")
-
     def gate_nodes(self, started: Started) -> netgate.GateResult:
         """The network gate (--check-network) between the started containers, on the job's NIC:
         a few seconds of TCP streams in two ring rounds (launch/jobs/netgate.py); says one line
@@ -562,22 +513,6 @@ class Job:
         result = netgate.run_gate(self.ssh, started.facts, container_name(self.spec.name))
         self.say(f"[launch] {result.summary()}")
         return result
-
-    def _take_out(self, facts: Sequence[NodeFacts], out: dict[str, str]) -> None:
-        """Nodes the gate named, before the job: their containers go, spares take their places
-        (once every node's start session has ended: a container removed before its sshd was seen
-        would end the job)."""
-        if failure := self.up_failure(self.spec.ready_timeout + 30):
-            raise failure
-        if self._watch is not None and self._watch.is_alive():
-            raise LaunchError(f"not every node's sshd came up within {self.spec.ready_timeout + 30:g} s")
-        store.record(self.spec.name, quarantined=dict(out))
-        nodes = [f.node for f in facts if f.hostname in out]
-        for f in facts:
-            if f.hostname in out:
-                self.say(f"[launch] {f.hostname} taken out before the start: {out[f.hostname]}")
-        raise_on_failure(self.ssh.run(nodes, lambda n: store.remove_argv(self.spec.name), timeout=60),
-                         "removing the containers of the nodes the network gate named")
 
     def _watch_up(self) -> None:
         """The nodes' sessions after their container started: each ends when its sshd listens.
@@ -680,7 +615,7 @@ class Job:
                 silent = [n.host for n in nodes if n.host not in done]
                 raise LaunchError(f"preparing the job's directory: no answer within {FIRST_ROUND_S} s from "
                                   f"{', '.join(silent)}")
-            self._first_round_failed(sessions.results(), nodes)
+            first_round_failed(self, sessions.results(), nodes)
         took = timeline.rounds("first-round", {h: (t, done[h]) for h in done}, t0)
         with news:
             # the directory: the last absolute path a node printed (not an ssh warning on stderr)
@@ -693,21 +628,6 @@ class Job:
             wdir.sync(wd, nodes, self.spec.name, self.ssh, self.say, dirs=dirs)
         return Prepared(dirs, held, login, digest, tuple(took), Sessions(sessions, relay),
                         absent=answer.absent, keys=keys)
-
-    def _first_round_failed(self, results: Sequence[NodeResult], nodes: Sequence[Node]) -> None:
-        """The first round's results (of nodes) where a node did not prepare: the LaunchError
-        naming it. teardown then removes only where this launch may hold the node's lock: never
-        where another launch of the same name holds it (exit 3), nor where ssh never connected."""
-        untouched = {n.host for n, r in zip(nodes, results)
-                     if not r.ok and (r.returncode == 3 or is_connection_error(r.returncode, r.stderr))}
-        self.started = [n for n in self.started if n.host not in untouched]
-        locked = [r for r in results if r.returncode == 3]
-        if locked:
-            raise LaunchError(f"job {self.spec.name}: refused, another launch of that name holds it:\n" + "\n".join(
-                f"  {r.host}: {(r.stderr.strip().splitlines() or ['its lock of the name is taken'])[-1]}"
-                for r in locked))
-        raise_on_failure(results, "preparing the job's directory")
-        raise LaunchError("preparing the job's directory: a node ended its session without an answer")
 
     def session(self, joiner: Joiner | None = None) -> Session:
         """The attached-supervisor session of this job (launch/jobs/session.py); joiner: what
@@ -785,6 +705,39 @@ class Job:
         self.sink.close()
         store.release_launch_lock(self._lock)
         self._lock = None
+
+
+def first_round_failed(job: Job, results: Sequence[NodeResult], nodes: Sequence[Node]) -> None:
+    """The first round's results (of nodes) where a node did not prepare: the LaunchError
+    naming it. teardown then removes only where this launch may hold the node's lock: never
+    where another launch of the same name holds it (exit 3), nor where ssh never connected."""
+    untouched = {n.host for n, r in zip(nodes, results)
+                 if not r.ok and (r.returncode == 3 or is_connection_error(r.returncode, r.stderr))}
+    job.started = [n for n in job.started if n.host not in untouched]
+    locked = [r for r in results if r.returncode == 3]
+    if locked:
+        raise LaunchError(f"job {job.spec.name}: refused, another launch of that name holds it:\n" + "\n".join(
+            f"  {r.host}: {(r.stderr.strip().splitlines() or ['its lock of the name is taken'])[-1]}"
+            for r in locked))
+    raise_on_failure(results, "preparing the job's directory")
+    raise LaunchError("preparing the job's directory: a node ended its session without an answer")
+
+
+def take_out(job: Job, facts: Sequence[NodeFacts], out: dict[str, str]) -> None:
+    """Nodes the gate named, before the job: their containers go, spares take their places
+    (once every node's start session has ended: a container removed before its sshd was seen
+    would end the job)."""
+    if failure := job.up_failure(job.spec.ready_timeout + 30):
+        raise failure
+    if job._watch is not None and job._watch.is_alive():
+        raise LaunchError(f"not every node's sshd came up within {job.spec.ready_timeout + 30:g} s")
+    store.record(job.spec.name, quarantined=dict(out))
+    nodes = [f.node for f in facts if f.hostname in out]
+    for f in facts:
+        if f.hostname in out:
+            job.say(f"[launch] {f.hostname} taken out before the start: {out[f.hostname]}")
+    raise_on_failure(job.ssh.run(nodes, lambda n: store.remove_argv(job.spec.name), timeout=60),
+                     "removing the containers of the nodes the network gate named")
 
 
 # ---------------------------------------------------------------- the stages (Job.run)
@@ -928,7 +881,7 @@ def gate_stage(job: Job, s: State) -> State:
     if failure := job.up_failure(0):
         raise failure  # a node whose container exited: that, not a slow link
     quarantined = gate_out(s.started.facts, job.spec.spares, gate)
-    job._take_out(s.started.facts, quarantined)
+    take_out(job, s.started.facts, quarantined)
     return replace(s, stage=Stage.PREFLIGHT, quarantined=quarantined)
 
 
@@ -964,6 +917,62 @@ def run_stage(job: Job, s: State) -> State:
     return replace(s, stage=Stage.TEARDOWN, outcome=outcome)
 
 
+def join(job: Job, node: Node, started: Started, wd: wdir.Workdir | None) -> runplan.PlanNode:
+    """A node come while the job runs (its Auto Scaling group's replacement) made a warm spare
+    of it: its lock of the name, the job's directory and workdir (prepare), the image where
+    it has none, the container with the job's keys (start_on_nodes), its sshd answering; it
+    must hold the job's image (the same ID), its GPUs, slots and NIC (or subnet) as the job's
+    nodes have them, and a hostname of its own. Its PlanNode, for the supervisor
+    (runplan.spare_line). joining.NotYet where it is still starting (its sshd, its first boot,
+    its engine: host/booted.sh); LaunchError naming what keeps it out otherwise, its
+    container removed; whatever is left there goes with the job (teardown)."""
+    booted(job, node)
+    prepared = job.prepare(wd, joining=[node])
+    assert prepared.sessions is not None and job.keys is not None
+    private, public, host_key = job.keys.result()
+    try:
+        try:
+            new, fan = start_on_nodes(job.ssh, replace(job.spec, pull="missing"), [node], public,
+                                      private + host_key + env_file(job.spec.env), lambda line: None,
+                                      prepared.node_dirs, prepared.login, sessions=prepared.sessions)
+        except StartFailed as e:
+            raise LaunchError(str(e)) from None
+        f = new.facts[0]
+        if problem := "the job is ending" if job.closing else join_problem(f, new.image_id, started):
+            raise LaunchError(problem)
+        ready = threading.Thread(target=fan.results, daemon=True)  # each session ends once its sshd listens
+        ready.start()
+        ready.join(job.spec.ready_timeout + 30)
+        if ready.is_alive() or not all(r.ok for r in fan.results()):
+            raise LaunchError(f"its container's sshd did not come up within {job.spec.ready_timeout + 30:g} s")
+        if started.subnet is not None:  # NIC names differ: its own into its node.env, as the others'
+            write_node_env(job, [f], [node])
+    except BaseException:
+        prepared.sessions.fanout.cancel()
+        if not job.closing:  # the job's teardown removes it otherwise
+            job.ssh.run([node], lambda n: store.remove_argv(job.spec.name), timeout=60)
+        raise
+    return runplan.PlanNode(f.address, f.hostname, node.slots, f.iface, f.gpus)
+
+
+def booted(job: Job, node: Node) -> None:
+    """joining.NotYet where node is still starting (host/booted.sh); LaunchError where ssh
+    refuses it for good (its key, its user)."""
+    if job.closing:
+        raise LaunchError("the job is ending")
+    r = job.ssh.run([node], lambda n: node_programs.host_argv("booted"), timeout=60, retries=0)[0]
+    if not r.ok:
+        why = " ".join((r.error or r.stderr.strip() or f"exit {r.returncode}").split())[:200]
+        if is_connection_error(r.returncode, r.stderr) or r.returncode is None:
+            raise joining.NotYet(f"ssh does not reach it yet ({why})")
+        raise LaunchError(f"ssh: {why}")
+    said = (r.stdout.split() or ["?"])[-1]
+    if said == "booting":
+        raise joining.NotYet("its first boot (cloud-init) is still running")
+    if said != "ready":
+        raise joining.NotYet("its docker engine does not answer yet")
+
+
 def joiner_of(job: Job, started: Started, wd: wdir.Workdir | None) -> Joiner | None:
     """An attached job with --spares on nodes that can change (Job.joining): each node that
     comes while it runs made a spare (Job.join) and offered to the supervisor (joining.follow)."""
@@ -971,7 +980,7 @@ def joiner_of(job: Job, started: Started, wd: wdir.Workdir | None) -> Joiner | N
     if source is None or not job.spec.spares or job.spec.detach:
         return None
     known = {n.host for n in job.nodes}
-    return lambda offer, stop: joining.follow(source, known, lambda n: job.join(n, started, wd), offer, job.say, stop)
+    return lambda offer, stop: joining.follow(source, known, lambda n: join(job, n, started, wd), offer, job.say, stop)
 
 
 STAGES: dict[Stage, Callable[[Job, State], State]] = {

@@ -340,7 +340,7 @@ class AttemptEnd(NamedTuple):
     spare_out: dict[str, str]
     hung: str = ""
     fatal: str = ""  # why the job ends without a restart (a wrong NCCL network: check_nccl)
-    joined: tuple[runplan.PlanNode, ...] = ()  # spares that joined meanwhile (Supervisor.join_offered)
+    joined: tuple[runplan.PlanNode, ...] = ()  # spares that joined meanwhile (join_offered)
 
 
 class Supervisor:
@@ -434,16 +434,6 @@ class Supervisor:
         # before the plan's own options: ssh keeps the first value it is given for an option
         return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 
-    def add_hosts(self, nodes: Sequence[runplan.PlanNode], text: str) -> None:
-        """text appended to the /etc/hosts of each node's container (HOSTS in this one)."""
-        if self.me in nodes:
-            try:
-                with open(HOSTS, "a") as f:
-                    f.write(text)
-            except OSError as e:
-                self.emit(f"[supervisor] cannot add to {HOSTS} on {self.me.hostname}: {e.strerror or e}")
-        self.on_nodes([n for n in nodes if n is not self.me], "cat >> /etc/hosts", stdin=text)
-
     def on_nodes(self, nodes: Sequence[runplan.PlanNode], line: str, timeout: float = 15, stdin: str = "") -> None:
         """A fixed shell line in each node's container (this one's too), all at once; stdin: its
         input there (data never goes into the line)."""
@@ -518,69 +508,17 @@ class Supervisor:
         spare_out: dict[str, str] = {}
         joined: list[runplan.PlanNode] = []
         while True:
-            end = self.attempt_end(nodes, (*spares, *joined), spare_out)
+            end = attempt_end(self, nodes, (*spares, *joined), spare_out)
             if end is not None:
                 return end._replace(joined=tuple(joined))
             # the spares still there: a lost one's address is not asked (its hosts file)
-            joined += self.join_offered(nodes, [s for s in (*spares, *joined) if s.hostname not in spare_out])
+            joined += join_offered(self, nodes, [s for s in (*spares, *joined) if s.hostname not in spare_out])
             time.sleep(0.1)
-
-    def attempt_end(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],
-                    spare_out: dict[str, str]) -> AttemptEnd | None:
-        """One look at the attempt: how it ended, or None while it runs (spare_out: the spares
-        lost so far, with why; those lost now are added and quarantined)."""
-        codes = [p.poll() for p in self.procs]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed or all(c == 0 for c in codes):
-            return AttemptEnd(failed[0] if failed else 0, {}, spare_out)
-        if self.stopping.is_set():
-            return AttemptEnd(143, {}, spare_out)
-        if self.write_error:
-            return AttemptEnd(1, {}, spare_out)
-        for h, why in self.health.lost([s for s in spares if s.hostname not in spare_out]).items():
-            spare_out[h] = why
-            self.quarantine(h, why, spare=True)
-        out = self.health.lost(nodes)
-        if out:
-            return AttemptEnd(1, out, spare_out)
-        if self.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
-            return AttemptEnd(1, dict(self.slow), spare_out)
-        if self.nccl_fatal is not None:
-            return AttemptEnd(1, {}, spare_out, fatal=self.nccl_fatal[0])
-        if self.hang is not None and (stall := self.hang.stalled(time.monotonic())):
-            return AttemptEnd(1, {}, spare_out, hung=on_hang(self, nodes, stall))
-        return None
 
     def offer(self, node: runplan.PlanNode) -> None:
         """A spare from the launcher (its stdin line, runplan.SPARE_LINE): taken by the watch."""
         with self.lock:
             self.offered.append(node)
-
-    def join_offered(self, nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode]
-                     ) -> list[runplan.PlanNode]:
-        """The spares offered since the last look that the run does not know (runplan.merge_spares):
-        each one's container learns the run's hostnames and theirs learn its (/etc/hosts: torchrun's
-        rendezvous names node 1 by hostname), its heartbeat session opens, the `spare-joined`
-        event says it. One refused is said in a line. Returns the joined ones."""
-        with self.lock:
-            offered, self.offered = self.offered, []
-        if not offered:
-            return []
-        merged, refused = runplan.merge_spares(nodes, spares, self.state["quarantined"], offered)
-        for h, why in refused.items():
-            self.emit(f"[supervisor] {h} not taken as a spare: {why}")
-        new = list(merged[len(spares):])
-        for n in new:
-            have = (*nodes, *spares)
-            self.add_hosts([m for m in have], hosts_lines([n]))
-            self.add_hosts([n], hosts_lines(have))
-            self.joined.append(n)
-            self.state["spares"] = [*self.state["spares"], n.hostname]
-            self.event("spare-joined", node=n.hostname, address=n.address, slots=n.slots, gpus=n.gpus)
-            if not (self.health.closed.is_set() or self.stopping.is_set()):
-                self.health.watch(n)
-            spares = (*spares, n)
-        return new
 
     def checkpoint_now(self, nodes: Sequence[runplan.PlanNode]) -> float:
         """A spot notice: ask the job to save a checkpoint (contract.CHECKPOINT_NOW in every
@@ -699,6 +637,74 @@ class Supervisor:
         """The restarted attempt's first line: the job runs again."""
         if self.first_line.wait(600) and self.state.get("restarts") == attempt:
             self.phase(attempt, "resumed", time.monotonic() - t_start)
+
+
+# ---------------------------------------------------------------- an attempt's watch
+
+
+def attempt_end(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode],
+                spare_out: dict[str, str]) -> AttemptEnd | None:
+    """One look at the attempt: how it ended, or None while it runs (spare_out: the spares
+    lost so far, with why; those lost now are added and quarantined)."""
+    codes = [p.poll() for p in sup.procs]
+    failed = [c for c in codes if c not in (None, 0)]
+    if failed or all(c == 0 for c in codes):
+        return AttemptEnd(failed[0] if failed else 0, {}, spare_out)
+    if sup.stopping.is_set():
+        return AttemptEnd(143, {}, spare_out)
+    if sup.write_error:
+        return AttemptEnd(1, {}, spare_out)
+    for h, why in sup.health.lost([s for s in spares if s.hostname not in spare_out]).items():
+        spare_out[h] = why
+        sup.quarantine(h, why, spare=True)
+    out = sup.health.lost(nodes)
+    if out:
+        return AttemptEnd(1, out, spare_out)
+    if sup.slow and len(spares) > len(spare_out):  # --replace-stragglers, a spare left
+        return AttemptEnd(1, dict(sup.slow), spare_out)
+    if sup.nccl_fatal is not None:
+        return AttemptEnd(1, {}, spare_out, fatal=sup.nccl_fatal[0])
+    if sup.hang is not None and (stall := sup.hang.stalled(time.monotonic())):
+        return AttemptEnd(1, {}, spare_out, hung=on_hang(sup, nodes, stall))
+    return None
+
+
+def join_offered(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], spares: Sequence[runplan.PlanNode]
+                 ) -> list[runplan.PlanNode]:
+    """The spares offered since the last look that the run does not know (runplan.merge_spares):
+    each one's container learns the run's hostnames and theirs learn its (/etc/hosts: torchrun's
+    rendezvous names node 1 by hostname), its heartbeat session opens, the `spare-joined`
+    event says it. One refused is said in a line. Returns the joined ones."""
+    with sup.lock:
+        offered, sup.offered = sup.offered, []
+    if not offered:
+        return []
+    merged, refused = runplan.merge_spares(nodes, spares, sup.state["quarantined"], offered)
+    for h, why in refused.items():
+        sup.emit(f"[supervisor] {h} not taken as a spare: {why}")
+    new = list(merged[len(spares):])
+    for n in new:
+        have = (*nodes, *spares)
+        add_hosts(sup, [m for m in have], hosts_lines([n]))
+        add_hosts(sup, [n], hosts_lines(have))
+        sup.joined.append(n)
+        sup.state["spares"] = [*sup.state["spares"], n.hostname]
+        sup.event("spare-joined", node=n.hostname, address=n.address, slots=n.slots, gpus=n.gpus)
+        if not (sup.health.closed.is_set() or sup.stopping.is_set()):
+            sup.health.watch(n)
+        spares = (*spares, n)
+    return new
+
+
+def add_hosts(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], text: str) -> None:
+    """text appended to the /etc/hosts of each node's container (HOSTS in this one)."""
+    if sup.me in nodes:
+        try:
+            with open(HOSTS, "a") as f:
+                f.write(text)
+        except OSError as e:
+            sup.emit(f"[supervisor] cannot add to {HOSTS} on {sup.me.hostname}: {e.strerror or e}")
+    sup.on_nodes([n for n in nodes if n is not sup.me], "cat >> /etc/hosts", stdin=text)
 
 
 # ---------------------------------------------------------------- the restart policy
