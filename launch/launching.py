@@ -76,10 +76,8 @@ def run_on_nodes(cfg: Any) -> int:
         # hosts the job file chose: known or confirmed before anything is sent
         # --spares on nodes that can change while the job runs (an EC2 cluster's group): a node
         # that comes joins as a spare (launch/jobs/joining.py)
-        source = targets.joining(args, ssh_user=cfg.ssh_user, ssh_key=cfg.ssh_key) if spec.spares else None
-        slots = cfg.slots
-        joining = source if source is None or slots is None else (  # --slots over each host's own, as above
-            lambda: [dataclasses.replace(n, slots=slots) for n in source()])
+        joining = targets.joining(args, ssh_user=cfg.ssh_user, ssh_key=cfg.ssh_key, slots=cfg.slots) \
+            if spec.spares else None
         job = Job(spec, nodes, confirm=lambda: trust.check_hosts(nodes, cfg.where, spec.ssh_opts,
                                                                  keys=jobfile.route_keys()), joining=joining)
         code = job.run()

@@ -211,3 +211,16 @@ def test_a_nodes_up_cluster_gives_its_nodes_and_recorded_ssh_options(tmp_path, m
     assert tasks._nodes({"ssh_user": "alice", "cluster": "c2"}) == [Node("10.0.0.7", 4, user="ubuntu")]
     with pytest.raises(LaunchError, match=r"^give --cluster or one of --hostfile, --hosts, --ec2-tag, not both$"):
         tasks._nodes({"hosts": "h1", "cluster": "c2"})
+
+
+def test_joining_gives_the_launchs_ssh_defaults_and_slots(tmp_path, monkeypatch):
+    """targets.joining: nodes that come while a job runs get what the job's nodes got (the ssh
+    user and key, --slots over each host's own); none where the provider's nodes cannot change."""
+    from dtrain.launch.remote.hosts import Node
+
+    assert targets.joining(targets.NodeArgs(hostfile=str(tmp_path / "h"))) is None
+    monkeypatch.setattr(targets.provider("ec2"), "joining", lambda args: lambda: [Node("10.0.0.4", 8)])
+    args = targets.NodeArgs(cluster="c1")
+    [n] = targets.joining(args, ssh_user="ubuntu", ssh_key="/k", slots=2)()
+    assert (n.host, n.slots, n.user, n.identity) == ("10.0.0.4", 2, "ubuntu", "/k")
+    assert targets.joining(args)()[0].slots == 8

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from dtrain import values
@@ -114,15 +115,21 @@ def ssh_opts(args: NodeArgs) -> tuple[str, ...]:
     return chosen.ssh_opts(args) if chosen else ()
 
 
-def joining(args: NodeArgs, *, ssh_user: str | None = None, ssh_key: str | None = None
+def joining(args: NodeArgs, *, ssh_user: str | None = None, ssh_key: str | None = None, slots: int | None = None
             ) -> Callable[[], list[Node]] | None:
     """The nodes args name as they are now, asked while a job runs (their provider's joining,
-    with the ssh defaults nodes() gives); None where they cannot change."""
+    with the ssh defaults nodes() gives and the launch's --slots over each host's own, as the
+    job's nodes have them); None where they cannot change."""
     chosen = _named(args)
     source = chosen.joining(args) if chosen else None
     if source is None:
         return None
-    return lambda: apply_ssh_defaults(source(), user=ssh_user, identity=ssh_key)
+
+    def now() -> list[Node]:
+        found = apply_ssh_defaults(source(), user=ssh_user, identity=ssh_key)
+        return found if slots is None else [dataclasses.replace(n, slots=slots) for n in found]
+
+    return now
 
 
 def efa_types() -> tuple[tuple[str, int], ...]:
