@@ -177,6 +177,13 @@ step_loop()
 """
 
 
+def _stepped(path, step):
+    try:
+        return int(path.read_text() or -1) >= step
+    except (OSError, ValueError):
+        return False
+
+
 def test_a_stopped_rank_is_named_its_stack_dumped_and_the_attempt_ends(tmp_path):
     """A real supervise.py (mpirun stands in: it starts two rank processes that print tagged
     lines as mpirun --tag-output does); rank 1 gets SIGSTOP: within the timeout + 5 s the log
@@ -193,11 +200,13 @@ def test_a_stopped_rank_is_named_its_stack_dumped_and_the_attempt_ends(tmp_path)
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_supervisor_env(tmp_path), cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "r1.pid").exists() or not (tmp_path / "r1.pid").read_text().strip():
-            assert time.monotonic() < deadline
+        # both ranks past their imports and in their step loop (a busy machine takes seconds to
+        # start Python: a rank stopped, or sampled, while importing has no step_loop frame)
+        deadline = time.monotonic() + 60
+        pid_file = tmp_path / "r1.pid"
+        while not (all(_stepped(tmp_path / f"step{r}", 2) for r in (0, 1)) and pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the ranks never reached step 2"
             time.sleep(0.1)
-        time.sleep(1)
         pid = int((tmp_path / "r1.pid").read_text())
         os.kill(pid, signal.SIGSTOP)
         t_stop = time.monotonic()

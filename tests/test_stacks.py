@@ -214,14 +214,17 @@ def test_stacks_sh_and_a_real_py_spy_give_the_verdict(tmp_path):
     with SIGSTOP, one spinning in its own loop; py-spy reads both, the verdict names both (no
     collective here)."""
     script = contract.node_script("stacks.sh")
-    spin = "def busy():\n    x = 0\n    while True:\n        x += 1\nbusy()\n"
+    spin = "import sys\ndef busy():\n    open(sys.argv[1], 'w').close()\n    x = 0\n    while True:\n        x += 1\nbusy()\n"
     (tmp_path / "spin.py").write_text(spin)
     env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "7"}
     # torchrun's workers have RANK, horovodrun's own (gloo) HOROVOD_RANK
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "spin.py")], env={**env, var: str(r)})
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "spin.py"), str(tmp_path / f"in{r}")], env={**env, var: str(r)})
              for r, var in enumerate(("RANK", "HOROVOD_RANK"))]
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 60  # both in busy(), past Python's start (seconds on a busy machine)
+        while not all((tmp_path / f"in{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the processes never reached busy()"
+            time.sleep(0.05)
         os.kill(procs[1].pid, signal.SIGSTOP)
         r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "7", "here"], input=script,
                            capture_output=True, text=True, timeout=60,
