@@ -23,10 +23,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from dtrain.images import push as P
 from dtrain.images.push import LocalImage, PushError, Target
+
+# its registries are its own, on 127.0.0.1: on the second simulated cluster's side in `dtrain test`
+pytestmark = pytest.mark.second_cluster
 
 DOCKER = "/usr/bin/docker"
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +44,8 @@ MOTO_TOKEN = base64.b64encode(f"AWS:{MOTO_PASSWORD}".encode()).decode()
 
 
 def test_remote_ref():
-    assert P.remote_ref("127.0.0.1:5000", "dtrain", "pytorch-ddp", "2.13.0-cpu-py311-debian12") \
-        == "127.0.0.1:5000/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
+    assert P.remote_ref("127.0.0.1:5050", "dtrain", "pytorch-ddp", "2.13.0-cpu-py311-debian12") \
+        == "127.0.0.1:5050/dtrain/pytorch-ddp:2.13.0-cpu-py311-debian12"
     assert P.remote_ref("https://reg.example.com/", "", "horovod-pytorch", "t") \
         == "reg.example.com/horovod-pytorch:t"
     assert P.remote_ref("r.io", "team/ml/", "pytorch-ddp", "t") == "r.io/team/ml/pytorch-ddp:t"
@@ -60,9 +64,9 @@ def test_images_not_built_are_named_on_one_line_with_their_build_command():
 
 
 def test_split_and_loopback():
-    assert P.split_ref("127.0.0.1:5000/dtrain/pytorch-ddp:t") == ("127.0.0.1:5000", "dtrain/pytorch-ddp", "t")
+    assert P.split_ref("127.0.0.1:5050/dtrain/pytorch-ddp:t") == ("127.0.0.1:5050", "dtrain/pytorch-ddp", "t")
     assert P.repository_of("h:1/a/b:t") == "h:1/a/b"
-    assert P.is_loopback("127.0.0.1:5000") and P.is_loopback("localhost") and P.is_loopback("[::1]:5000")
+    assert P.is_loopback("127.0.0.1:5050") and P.is_loopback("localhost") and P.is_loopback("[::1]:5050")
     assert not P.is_loopback("123456789012.dkr.ecr.us-east-1.amazonaws.com")
 
 
@@ -93,12 +97,12 @@ def test_push_shows_a_line_per_layer_done_and_a_summary():
 def test_catalog_entry_and_versions():
     labels = {"dtrain.version.python": "3.11", "dtrain.version.pytorch": "2.13.0",
               "dtrain.family": "pytorch-ddp", "org.opencontainers.image.version": "x"}
-    e = P.catalog_entry(LocalImage("pytorch-ddp", "t1"), "r:5000/dtrain/pytorch-ddp:t1",
+    e = P.catalog_entry(LocalImage("pytorch-ddp", "t1"), "r:5050/dtrain/pytorch-ddp:t1",
                         "sha256:" + "1" * 64, "sha256:" + "2" * 64, labels, "2026-01-01T00:00:00Z")
     assert e == {
-        "ref": "r:5000/dtrain/pytorch-ddp:t1",
-        "pinned": "r:5000/dtrain/pytorch-ddp@sha256:" + "1" * 64,
-        "registry": "r:5000", "repository": "dtrain/pytorch-ddp", "image": "dtrain/pytorch-ddp",
+        "ref": "r:5050/dtrain/pytorch-ddp:t1",
+        "pinned": "r:5050/dtrain/pytorch-ddp@sha256:" + "1" * 64,
+        "registry": "r:5050", "repository": "dtrain/pytorch-ddp", "image": "dtrain/pytorch-ddp",
         "family": "pytorch-ddp", "tag": "t1", "digest": "sha256:" + "1" * 64,
         "image_id": "sha256:" + "2" * 64, "versions": {"python": "3.11", "pytorch": "2.13.0"},
         "pushed_at": "2026-01-01T00:00:00Z",
@@ -142,7 +146,7 @@ def test_record_refuses_a_corrupt_catalog(tmp_path):
 @pytest.mark.parametrize("output,want", [
     ('Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused', "unreachable"),
     ('dial tcp: lookup x.dkr.ecr.us-east-1.amazonaws.com on 10.0.0.2:53: no such host', "unreachable"),
-    ('Get "https://r:5000/v2/": dial tcp 10.1.1.1:5000: i/o timeout', "unreachable"),
+    ('Get "https://r:5050/v2/": dial tcp 10.1.1.1:5050: i/o timeout', "unreachable"),
     ("login attempt to http://r/v2/ failed with status: 401 Unauthorized", "rejected the credentials"),
     ("639d6d91b35f: Preparing\nno basic auth credentials", "rejected the credentials"),
     ("unauthorized: authentication required", "rejected the credentials"),
@@ -150,11 +154,11 @@ def test_record_refuses_a_corrupt_catalog(tmp_path):
      "on resource: arn:aws:ecr:us-east-1:1:repository/dtrain/pytorch-ddp", "denied ecr:InitiateLayerUpload"),
     ("tag invalid: The image tag 't' already exists in the 'dtrain/x' repository and cannot be "
      "overwritten because the repository is immutable.", "immutable"),
-    ('Get "https://r:5000/v2/": http: server gave HTTP response to HTTPS client', "plain HTTP"),
+    ('Get "https://r:5050/v2/": http: server gave HTTP response to HTTPS client', "plain HTTP"),
 ])
 def test_docker_error_message(output, want):
-    msg = P.docker_error_message(output, "r:5000", "push")
-    assert want in msg and "r:5000" in msg
+    msg = P.docker_error_message(output, "r:5050", "push")
+    assert want in msg and "r:5050" in msg
 
 
 def test_401_inside_a_layer_id_is_not_an_auth_error():
@@ -184,7 +188,7 @@ def test_aws_error_message_access_denied():
 
 
 def test_secrets_are_redacted_and_kept_out_of_repr():
-    t = Target("r:5000", "u", "hunter2-very-secret")
+    t = Target("r:5050", "u", "hunter2-very-secret")
     assert "hunter2" not in repr(t)
     assert P.redact("x hunter2-very-secret y") == "x *** y"
 
@@ -463,9 +467,9 @@ def test_a_remote_tag_the_user_made_stays(test_image, registry, docker_config, t
 
 
 def test_refs_made_by_push():
-    remote, d = "r:5000/dtrain/x:1", "sha256:" + "a" * 64
-    assert P.refs_made_by_push(remote, False, [], d) == [remote, f"r:5000/dtrain/x@{d}"]
-    assert P.refs_made_by_push(remote, True, [f"r:5000/dtrain/x@{d}"], d) == []
+    remote, d = "r:5050/dtrain/x:1", "sha256:" + "a" * 64
+    assert P.refs_made_by_push(remote, False, [], d) == [remote, f"r:5050/dtrain/x@{d}"]
+    assert P.refs_made_by_push(remote, True, [f"r:5050/dtrain/x@{d}"], d) == []
     assert P.refs_made_by_push(remote, False, [], None) == [remote]  # failed before a digest
 
 
