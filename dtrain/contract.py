@@ -33,6 +33,11 @@ LABEL_CUDA_FROM = "dtrain.cuda-from"  # where an image's CUDA comes from: cpu, n
 LABEL_EFA = "dtrain.efa"  # yes: the image has the EFA stage (EFA installer, aws-ofi-nccl, nccl-tests); no: it has not
 
 NODE_DIR = "/opt/dtrain/node"  # launch/node/ inside every image
+# What the family's first step reads from the image (launch/node/first_reads.py, run at build
+# time); on a node that pulled the image lazily, launch/node/prefetch.py reads it ahead of the job
+# and says what it did in PREFETCH_DONE (issue 52).
+FIRST_READS = "/opt/dtrain/first-reads.json"
+PREFETCH_DONE = "/tmp/dtrain-prefetch.json"
 EXAMPLES = f"{NODE_DIR}/examples"  # launch/node/examples/: the demo's and the checks' programs
 ENTRYPOINT = f"{NODE_DIR}/entrypoint.sh"  # no args: sshd -D on SSH_PORT; args: sshd, then exec them
 JOB_KEY_MOUNT = "/run/dtrain-job"  # the job's key pair in the container; the entrypoint installs it
@@ -104,7 +109,7 @@ def node_script(name: str) -> str:
 
 def jinja() -> dict[str, object]:
     """The contract as the templates see it: `contract.ssh_port`, `contract.entrypoint`, ..."""
-    return {"ssh_port": SSH_PORT, "entrypoint": ENTRYPOINT, "node_dir": NODE_DIR,
+    return {"ssh_port": SSH_PORT, "entrypoint": ENTRYPOINT, "node_dir": NODE_DIR, "first_reads": FIRST_READS,
             "job_key_mount": JOB_KEY_MOUNT, "label_job": LABEL_JOB,
             "label_min_driver": LABEL_MIN_DRIVER, "label_openmpi_major": LABEL_OPENMPI_MAJOR}
 

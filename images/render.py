@@ -189,6 +189,16 @@ def gpu_check_args(img: Image) -> list[str]:
     return args
 
 
+def first_step_modules(img: Image) -> list[str]:
+    """What a training script of the family imports first: launch/node/first_reads.py records what
+    importing them (and, with torch, one small step) reads from the image, for a lazy node's prefetch."""
+    v = img.variant
+    if img.framework == "tensorflow":
+        return ["tensorflow"] + (["horovod.tensorflow"] if v.horovod else [])
+    return ["torch", "torch.distributed"] + (["horovod.torch"] if v.horovod else []) \
+        + (["ray", "ray.train.torch"] if v.ray else [])
+
+
 def context(img: Image) -> dict[str, Any]:
     """Everything the templates need, derived from one validated Image."""
     v = img.variant
@@ -197,6 +207,7 @@ def context(img: Image) -> dict[str, Any]:
         "v": v,
         "contract": contract.jinja(),
         "train_sources": train_sources(),
+        "first_step_modules": first_step_modules(img),
         "gpu": img.gpu,
         "tag": img.tag,
         "repo": image_repo(img),

@@ -428,7 +428,7 @@ def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
             'ss() { case "$*" in *"sport = :2022"*) [ -e "$SEEN" ] && echo LISTEN; : > "$SEEN" ;; esac; }\n'
             'nvidia-smi() { return 1; }\n')
     r = host('up "$@"', "2022", "", "", "img:1", "never", "5",
-             str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake,
+             str(tmp_path / "kd"), "ssh-ed25519 AAA", "dtrain-j", "0", "0", str(len(head)), *head, *rest, fake=fake,
              stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "SEEN": str(tmp_path / "seen")})
     assert r.returncode == 0, r.stderr
     assert "started=1" in r.stdout and "run=1" in r.stdout
@@ -437,7 +437,7 @@ def test_up_waits_for_sshd_on_the_contract_port(tmp_path):
 def _up_with(tmp_path, fake: str, calls: Path) -> subprocess.CompletedProcess:
     head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
     return host('up "$@"', "2022", "", "", "img:1", "never", "5", str(tmp_path / "kd"), "ssh-ed25519 AAA",
-                "dtrain-j", "0", str(len(head)), *head, *rest, fake=fake + 'nvidia-smi() { return 1; }\n',
+                "dtrain-j", "0", "0", str(len(head)), *head, *rest, fake=fake + 'nvidia-smi() { return 1; }\n',
                 stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "CALLS": str(calls)})
 
 
@@ -452,6 +452,25 @@ def test_up_removes_a_container_of_the_job_that_holds_the_port_before_the_probe(
     r = _up_with(tmp_path, fake, calls)
     assert r.returncode == 0 and "run=1" in r.stdout and "port=" not in r.stdout, r.stdout + r.stderr
     assert calls.read_text().splitlines()[:3] == ["image inspect -f", "rm -f dtrain-j", "run -d --name"]
+
+
+def test_up_starts_the_prefetch_in_the_container_only_where_asked(tmp_path):
+    """up's AHEAD words (commands.prefetch_argv: a node that pulled the image lazily) run in the
+    job's container once it runs, detached (`docker exec -d NAME ARGV`); with none, no exec."""
+    from dtrain.launch.jobs.commands import prefetch_argv
+
+    head, rest = docker_run_parts(ContainerSpec(job="j", image="img:1", key_dir=str(tmp_path / "kd")))
+    fake = ('docker() { echo "$*" >> "$CALLS"; case "$1 $2" in "image inspect") echo "' + IMG_ID + ' - 4 []" ;; esac; }\n'
+            'ss() { case "$*" in *"sport = :2022"*) [ -e "$CALLS.seen" ] && echo LISTEN; : > "$CALLS.seen" ;; esac; }\n'
+            'nvidia-smi() { return 1; }\n')
+    for ahead in (prefetch_argv(), []):
+        calls = tmp_path / f"calls{len(ahead)}"
+        r = host('up "$@"; wait', "2022", "", "", "img:1", "never", "5", str(tmp_path / "kd"), "ssh-ed25519 AAA",
+                 "dtrain-j", "0", str(len(ahead)), *ahead, str(len(head)), *head, *rest, fake=fake,
+                 stdin="-----END OPENSSH PRIVATE KEY-----\n", env={**os.environ, "CALLS": str(calls)})
+        assert r.returncode == 0 and "run=1" in r.stdout, r.stdout + r.stderr
+        execs = [c for c in calls.read_text().splitlines() if c.startswith("exec")]
+        assert execs == ([" ".join(["exec", "-d", "dtrain-j", *ahead])] if ahead else []), calls.read_text()
 
 
 def test_probe_alone_names_what_holds_the_port_and_removes_nothing(tmp_path):
@@ -562,7 +581,7 @@ def test_the_start_step_reads_the_first_rounds_inspect_where_the_node_held_the_i
             "ss() { :; }; probe() { :; }; gate() { :; }; start() { echo \"start $*\"; }")
     env = {**os.environ, "HOME": str(tmp_path), "CALLS": str(calls), "HELD": "1" if held else "",
            "LINE": f"{IMG_ID} - 4 []"}
-    args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "1", "docker"]
+    args = ["2022", "", "", "r/x:1", "missing", "60", "/dev/shm/k", "pub", "dtrain-j", "0", "0", "1", "docker"]
     r = host('prepare_up "$@"', "j", "me 1 t", "r/x:1", "missing", "", fake=fake,
              env=env, stdin="w\0" + go_text(args) + "KEY\n")
     assert r.returncode == 0, r.stderr

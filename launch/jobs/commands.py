@@ -60,15 +60,23 @@ def watch_argv(spec: JobSpec, node_dir: str) -> list[str]:
 
 
 def up_args(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "",
-            standby: bool = False) -> list[str]:
+            standby: bool = False, prefetch: bool = False) -> list[str]:
     """The arguments of the node step that does a whole launch on one node (launch/node/host/up.sh);
     with node_dir, the container mounts the job's directory and the node's watchdog starts.
-    standby: the container waits for the job's supervisor (container_spec)."""
+    standby: the container waits for the job's supervisor (container_spec). prefetch: the node
+    pulled the image lazily in this launch: once the container runs, prefetch_argv in it."""
     head, rest = container.docker_run_parts(container_spec(spec, node_dir, standby))
     watch = watch_argv(spec, node_dir) if node_dir else []
+    ahead = prefetch_argv() if prefetch else []
     return [str(contract.SSH_PORT), *registry_args, spec.image, spec.pull, str(int(spec.ready_timeout)),
             node_key_dir(spec.name), public_key, container_name(spec.name), str(len(watch)), *watch,
-            str(len(head)), *head, *rest]
+            str(len(ahead)), *ahead, str(len(head)), *head, *rest]
+
+
+def prefetch_argv() -> list[str]:
+    """What reads the first step's ranges ahead of it in a container of an image pulled lazily
+    (launch/node/prefetch.py; the list first_reads.py wrote into the image at build time)."""
+    return ["python3", f"{contract.NODE_DIR}/prefetch.py", contract.FIRST_READS, contract.PREFETCH_DONE]
 
 
 def up_argv(spec: JobSpec, registry_args: Sequence[str], public_key: str, node_dir: str = "") -> list[str]:

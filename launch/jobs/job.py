@@ -245,7 +245,8 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
                    secrets: str, say: Callable[[str], None], node_dirs: Mapping[str, str] | None = None,
                    login: Login | None = None, *, t0: float | None = None,
                    on_phase: Callable[[timeline.Entry], None] | None = None,
-                   sessions: Sessions | None = None, standby: str = "") -> tuple[Started, Fanout]:
+                   sessions: Sessions | None = None, standby: str = "",
+                   prefetch: frozenset[str] = frozenset()) -> tuple[Started, Fanout]:
     """One ssh session per node (up.sh): replace a stale container of this job, read the node's
     facts, pull the image, write the job key and env file, start the container with the node's
     own GPU/EFA/memlock flags. A node with the port taken or an old GPU driver starts nothing.
@@ -260,14 +261,15 @@ def start_on_nodes(ssh: SshTransport, spec: JobSpec, nodes: Sequence[Node], publ
     `container`; on_phase gets the later ones (`sshd`) as they come. sessions: the first
     round's, open (Job.prepare): the step goes on in them instead of sessions of its own.
     node_dirs: host -> the job's directory there (Prepared.node_dirs), mounted in its container.
-    standby: the host whose container waits for the job's supervisor (container_spec); "" none."""
+    standby: the host whose container waits for the job's supervisor (container_spec); "" none.
+    prefetch: the hosts where the first step's reads are prefetched (they pulled the image lazily)."""
     began = time.monotonic()
     t0 = time.time() if t0 is None else t0
     login = login_for(spec.image) if login is None else login
     dirs = node_dirs or {}
     standby = standby if dirs.get(standby) and standby in {n.host for n in nodes} else ""
-    args = {n.host: up_args(spec, login.args, public_key, dirs.get(n.host, ""), standby=n.host == standby)
-            for n in nodes}
+    args = {n.host: up_args(spec, login.args, public_key, dirs.get(n.host, ""), standby=n.host == standby,
+                            prefetch=n.host in prefetch) for n in nodes}
     lines: dict[str, list[str]] = {n.host: [] for n in nodes}
     running: set[str] = set()
     phases: list[timeline.Entry] = []
@@ -495,7 +497,8 @@ class Job:
                                                      prepared.node_dirs, prepared.login,
                                                      t0=rec.t0 if rec else None,
                                                      on_phase=(lambda e: rec.add([e])) if rec else None,
-                                                     sessions=prepared.sessions, standby=standby)
+                                                     sessions=prepared.sessions, standby=standby,
+                                                     prefetch=pulled.lazy if pulled else frozenset())
         except StartFailed as e:
             self.started = e.started
             raise
@@ -796,7 +799,8 @@ def pull(job: Job, prepared: Prepared, t0: float = 0.0) -> Pulled:
     except LaunchError as e:
         job.say(f"[launch] warning: {e}\n  (a node that holds an image of that name uses it)")
     return Pulled("missing", pull_timeline({p.host: p.ended for p in progress if p.state == "pulled"},
-                                           job.nodes, t, t0))
+                                           job.nodes, t, t0),
+                  lazy=frozenset(p.host for p in progress if p.state == "pulled" and p.lazy))
 
 
 def write_node_env(job: Job, facts: Sequence[NodeFacts], nodes: Sequence[Node] | None = None) -> None:

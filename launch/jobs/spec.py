@@ -97,3 +97,4 @@ class Pulled:
 
     policy: str
     timeline: timeline.Timeline = ()  # each node's pull (0 s where it held the image)
+    lazy: frozenset[str] = frozenset()  # the hosts that pulled it lazily (SOCI): the start prefetches there

@@ -39,7 +39,7 @@ node_flags() {
 # until the container's sshd
 # listens on PORT. Fails with the container's last log lines if it exits, or after TIMEOUT s.
 # Phase lines for the timeline (phase.sh): `container` (since up's $t_up), then `sshd`.
-watch=()
+watch=() ahead=()
 start() {
   local kd=$1 pub=$2 timeout=$3 port=$4 name=$5 nhead=$6 i=0 err run
   shift 6
@@ -62,6 +62,8 @@ start() {
   fi
   # The job's watchdog (up's $watch): detached from this session, it outlives the launcher.
   if [ "${#watch[@]}" -gt 0 ]; then setsid nohup bash "${watch[@]}" </dev/null >/dev/null 2>&1 & fi
+  # The lazy start's prefetch (up's $ahead), in the container beside the job's start.
+  if [ "${#ahead[@]}" -gt 0 ]; then docker exec -d "$name" "${ahead[@]}" </dev/null >/dev/null 2>&1 & fi
   phase container "${t_up:-$t}"; t_run=$t
   echo run=1  # the launcher may go on now; this session still reports sshd (or a crash)
   # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.

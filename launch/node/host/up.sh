@@ -1,7 +1,9 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # globals shared by these files; tests check them together too
-# up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NWATCH WATCH... NHEAD ARGV...:
+# up PORT REGISTRY USER IMAGE PULL TIMEOUT KEYDIR PUBLIC_KEY NAME NWATCH WATCH... NAHEAD AHEAD... NHEAD ARGV...:
 # the whole launch on one node, in one ssh session. WATCH: NWATCH words, the node watchdog's
-# argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). stdin: the registry password line (where REGISTRY is set),
+# argv (launch/node/watch.sh), started once the container runs (none where NWATCH is 0). AHEAD:
+# NAHEAD words run in the container once it runs, detached (the lazy start's prefetch,
+# launch/node/prefetch.py; none where NAHEAD is 0). stdin: the registry password line (where REGISTRY is set),
 # the job's private key, its containers' host key, its env file (read_secrets). Prints the
 # probe's facts and `image=...`; then, unless the node declines (gate), `started=1` and starts the container (start), and the timeline's
 # phase lines (phase.sh): `container` from here to the container running, then `sshd`.
@@ -10,6 +12,8 @@ up() {
   shift 9
   now; t_up=$t  # the timeline's `container` phase: from here to the container running (start)
   watch=("${@:2:$1}")
+  shift $(($1 + 1))
+  ahead=("${@:2:$1}")
   shift $(($1 + 1))
   login "$registry" "$user"
   read_secrets
