@@ -33,7 +33,7 @@ unpacked on this machine's disk), at --gpu-link-rate, medians of --gpu-repeat. -
 the first step loads only the libraries in the first GB of them (the image grew by libraries
 it never loads, as CUDA images grow by architectures and libraries a job does not use).
 
-    python bench/bench_lazy_launch.py [--nodes 1,2,4] [--repeat 3] [--link-rate 1gbit]
+    python bench/bench_lazy_launch.py [--nodes 1,2,4] [--repeat 3] [--link-rate 1gbit] [--prefetch]
                                       [--gpu-sizes 4,10] [--gpu-repeat 3] [--gpu-link-rate 1gbit]
                                       [--gpu-image FAMILY:TAG] [--no-cpu] [--no-index [--old-soci-config]]
 
@@ -42,6 +42,11 @@ Debian base), pushed with its SOCI index: 1 node at --gpu-link-rate, medians of 
 first step (REAL_GPU_STEP) imports torch, builds a model and an optimizer, asks
 torch.cuda.is_available() (False without a GPU) and takes one step where it answers. The share of
 the image the first step reads is its lazy bytes/node over the compressed size.
+
+--prefetch (issue 52) runs instead, per node count and link: lazy with the prefetch of what the
+first step reads (the image's list, launch/node/prefetch.py), lazy without it (the same image with
+the list whited out in one more layer, indexed) and by hand, interleaved; the floor is the first
+step's own bytes (the no-prefetch side's bytes/node) at the link rate.
 
 --no-index adds pytorch-ddp's layers under a manifest without a SOCI index (1 node, unlimited):
 a lazy node pulls it in full; --old-soci-config runs the lazy nodes with soci's default HTTP
@@ -92,6 +97,12 @@ REAL_GPU_STEP = ["python", "-c", "import time, torch; m = torch.nn.Sequential(to
                  "dev = 'cuda' if torch.cuda.is_available() else 'cpu'; m.to(dev); "
                  "torch.nn.functional.cross_entropy(m(torch.randn(64, 512, device=dev)), "
                  "torch.randint(0, 10, (64,), device=dev)).backward(); o.step(); print('step0', time.time())"]
+# the lazy sides of --prefetch: the same first step, then (after `step0`, outside the time) what the
+# prefetch did, where the image has the list (contract.FIRST_READS, PREFETCH_DONE)
+PREFETCH_STEP = ["python", "-c", CPU_STEP[2] + "; import os, json; t = time.time()\n"
+                 "while os.path.exists('/opt/dtrain/first-reads.json') and not os.path.exists('/tmp/dtrain-prefetch.json') "
+                 "and time.time() - t < 60: time.sleep(0.1)\n"
+                 "os.path.exists('/tmp/dtrain-prefetch.json') and print('prefetch', open('/tmp/dtrain-prefetch.json').read())"]
 STEP = re.compile(r"\bstep0 (\d+\.\d+)")
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -133,8 +144,9 @@ def rx_bytes(index: int) -> int:
     return int(Path(f"/sys/class/net/{cluster.VETH_PREFIX}{index}/statistics/tx_bytes").read_text())
 
 
-def lazy_launch(info, ref: str, n: int, step: list[str], name: str) -> tuple[float, int, str]:
-    """`dtrain launch` as the user runs it: (seconds to the last first step, bytes/node, its pull lines)."""
+def lazy_launch(info, ref: str, n: int, step: list[str], name: str, keep_output: bool = False) -> tuple[float, int, str]:
+    """`dtrain launch` as the user runs it: (seconds to the last first step, bytes/node, its pull
+    lines; keep_output: its whole output instead)."""
     before = [rx_bytes(i) for i in range(1, n + 1)]
     env = {**os.environ, "SSL_CERT_FILE": info.registry_ca}
     t0 = time.time()
@@ -148,7 +160,7 @@ def lazy_launch(info, ref: str, n: int, step: list[str], name: str) -> tuple[flo
                          + out[-3000:])
     nbytes = statistics.mean(rx_bytes(i) - b for i, b in zip(range(1, n + 1), before))
     pulls = "; ".join(ln.strip() for ln in out.splitlines() if "pulled" in ln or "full pull" in ln)
-    return max(steps) - t0, int(nbytes), pulls
+    return max(steps) - t0, int(nbytes), out if keep_output else pulls
 
 
 def by_hand(info, ref: str, n: int, step: list[str]) -> tuple[float, int]:
@@ -340,6 +352,46 @@ def without_index(reg: Registry, ref: str, suffix: str = "noindex") -> str:
     return f"{cluster.REGISTRY}/{out_repo}:{tag}"
 
 
+def without_list(reg: Registry, ref: str, root: Path, say) -> str:
+    """ref plus one layer that removes the first step's list (contract.FIRST_READS: an overlay
+    whiteout), indexed: the same image as a lazy node sees it, where the launch has nothing to
+    prefetch (as for an image built before the list existed)."""
+    from dtrain import contract
+
+    repo, _, tag = ref.split("/", 1)[1].rpartition(":")
+    out_repo = f"{repo}-nolist"
+    m = reg.manifest(repo, tag)
+    cfg = json.loads(reg.blob_bytes(repo, m["config"]["digest"]))
+    reg.mount(repo, out_repo, [ly["digest"] for ly in m["layers"]])
+    folder, _, name = contract.FIRST_READS.lstrip("/").rpartition("/")
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as td:
+        f, diff_id = gzip_layer(lambda tf: add_file(tf, f"{folder}/.wh.{name}", 0, io.BytesIO(b"")),
+                                Path(td) / "whiteout.gz")
+        digest, size = reg.blob(out_repo, f)
+    cfg["rootfs"]["diff_ids"].append(diff_id)
+    cfg.setdefault("history", []).append({"created_by": "bench_lazy_launch: no first-reads list"})
+    cdigest, csize = reg.blob(out_repo, json.dumps(cfg).encode())
+    m["config"] = {**m["config"], "digest": cdigest, "size": csize}
+    m["layers"] = m["layers"] + [{"mediaType": LAYER_GZIP, "digest": digest, "size": size}]
+    reg.put_manifest(out_repo, tag, m)
+    out = f"{cluster.REGISTRY}/{out_repo}:{tag}"
+    soci.build_indexes(soci.setup(str(root), None), [out], out=say)
+    return out
+
+
+def prefetch_result(text: str) -> str:
+    """What the prefetch said in a job's output (the step prints contract.PREFETCH_DONE's JSON
+    after its `step0` line, PREFETCH_STEP): "files, MiB in s" per node, or "" where none ran."""
+    out = []
+    for m in re.finditer(r"prefetch (\{.*?\})", text):
+        try:
+            d = json.loads(m.group(1))
+            out.append(f"{d['files']} files, {d['bytes'] / 2**20:.0f} MiB in {d['seconds']:.1f} s")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return "; ".join(out)
+
+
 def image_sizes(reg: Registry, ref: str) -> int:
     repo, _, tag = ref.split("/", 1)[1].rpartition(":")
     return sum(x["size"] for x in reg.manifest(repo, tag)["layers"])
@@ -456,6 +508,46 @@ def variants(root: Path, reg: Registry, cpu: str, names: list[str], repeat: int,
 
 # --- main --------------------------------------------------------------------------------------
 
+def prefetch_grid(root: Path, ref: str, nolist: str, size: int, counts: list[int], rates: list[str | None],
+                  repeat: int, label: str) -> list[tuple[str, ...]]:
+    """--prefetch: per link rate and node count, lazy with the prefetch (the image's list), lazy
+    without (the same image, the list whited out) and by hand, interleaved, the order turned
+    each round; medians of repeat. The floor here is the first step's own bytes (what a lazy
+    node carried without the prefetch) at the link rate."""
+    rows = [("image", "link", "nodes", "lazy + prefetch", "bytes/node", "lazy, no prefetch", "bytes/node",
+             "by hand pull+run", "step's bytes at the link", "prefetch / by hand", "no prefetch / by hand",
+             "what the prefetch did (last sample)", "samples, s (prefetch; none; by hand)")]
+    for rate in rates:
+        bits = nx.parse_rate(rate) if rate else None
+        for n in counts:
+            runs: dict[str, list[tuple[float, int]]] = {"pf": [], "none": [], "hand": []}
+            said = ""
+            for i in range(repeat):
+                sides = ["pf", "none", "hand"]
+                for side in sides[i % 3:] + sides[:i % 3]:
+                    tag = f"{re.sub('[^a-z0-9]+', '-', label)}-{rate or 'u'}-{n}-{i}"
+                    if side == "hand":
+                        t, b = by_hand(fresh(n, None, rate), ref, n, CPU_STEP)
+                    else:
+                        info = fresh(n, root, rate)
+                        t, b, out = lazy_launch(info, ref if side == "pf" else nolist, n, PREFETCH_STEP,
+                                                f"pf-{side}-{tag}", keep_output=True)
+                        if side == "pf":
+                            said = prefetch_result(out) or "nothing said"
+                    runs[side].append((t, b))
+                    print(f"  {label} {rate or 'unlimited'} {n} node(s) #{i}: {side} {t:.1f} s, {b / 2**20:.0f} MiB/node"
+                          + (f" [{said}]" if side == "pf" else ""), file=sys.stderr, flush=True)
+            med = {k: (statistics.median(t for t, _ in v), statistics.median(b for _, b in v)) for k, v in runs.items()}
+            fl = floor_s(med["none"][1], bits)
+            rows.append((label, rate or "unlimited", str(n), f"{med['pf'][0]:.1f} s", f"{med['pf'][1] / 2**20:,.0f} MiB",
+                         f"{med['none'][0]:.1f} s", f"{med['none'][1] / 2**20:,.0f} MiB", f"{med['hand'][0]:.1f} s",
+                         f"{fl:.1f} s" if fl else "-", f"{med['pf'][0] / med['hand'][0]:.2f}x",
+                         f"{med['none'][0] / med['hand'][0]:.2f}x", said,
+                         "; ".join(", ".join(f"{t:.1f}" for t, _ in runs[k]) for k in ("pf", "none", "hand"))))
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def grid(root: Path, ref: str, size: int, step: list[str], counts: list[int], rates: list[str | None],
          repeat: int, label: str) -> list[tuple[str, ...]]:
     rows = []
@@ -514,6 +606,9 @@ def main() -> None:
                     help="also the image pushed without an index (1 node, unlimited): a lazy node's full pull")
     ap.add_argument("--old-soci-config", action="store_true",
                     help="lazy nodes with soci's default HTTP retries (before issue 42's fix), for the no-index row")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="instead: lazy with the prefetch, lazy without it (the list whited out) and by hand, "
+                    "pytorch-ddp at --nodes, unlimited and at --link-rate")
     ap.add_argument("--variants", help=f"soci settings side by side instead, lazy side only, 1 node: {','.join(VARIANTS)}")
     args = ap.parse_args()
     if args.old_soci_config:
@@ -532,6 +627,15 @@ def main() -> None:
             info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))  # prepare's, still up
             os.environ["SSL_CERT_FILE"] = info.registry_ca
             print(markdown(variants(root, Registry(info), cpu, args.variants.split(","), args.repeat, say)))
+            return
+        if args.prefetch:
+            info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))  # prepare's, still up
+            os.environ["SSL_CERT_FILE"] = info.registry_ca
+            nolist = without_list(Registry(info), cpu, root, say)
+            shutil.rmtree(SAVED)
+            subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
+            print(markdown(prefetch_grid(root, cpu, nolist, sizes[cpu], [int(x) for x in args.nodes.split(",")],
+                                         [None, args.link_rate], args.repeat, FAMILY)))
             return
         rows = [header]
         if not args.no_cpu:

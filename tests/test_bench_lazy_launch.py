@@ -75,3 +75,14 @@ def test_the_real_gpu_images_first_step_asks_for_cuda_and_prints_its_time():
     compile(argv[2], "REAL_GPU_STEP", "exec")
     assert argv[2].index("torch.cuda.is_available()") < argv[2].index("backward()")
     assert "print('step0', time.time())" in argv[2]
+
+
+def test_prefetch_result_reads_what_each_node_said_and_the_lazy_step_waits_only_where_there_is_a_list():
+    out = ('[node-1 r0] step0 1.5\n[node-1 r0] prefetch {"files": 1860, "bytes": 157286400, "seconds": 2.5, "skipped": 0}\n'
+           '[node-2 r1] prefetch {"files": 3, "bytes": "x"}\n[node-2 r1] prefetch {broken\n')
+    assert B["prefetch_result"](out) == "1860 files, 150 MiB in 2.5 s"
+    assert B["prefetch_result"]("step0 1.0\n") == ""
+    step = B["PREFETCH_STEP"][2]
+    from dtrain import contract
+
+    assert contract.FIRST_READS in step and contract.PREFETCH_DONE in step and step.startswith(B["CPU_STEP"][2])

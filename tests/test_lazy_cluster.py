@@ -12,7 +12,9 @@ self-signed certificate. A shape of its own (own_cluster): it runs after the tes
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain import engine
+from dtrain import contract, engine
 from dtrain.images import push as P
 from dtrain.launch.infra import cluster as cl
 from dtrain.launch.jobs.pull import pull_on_nodes
@@ -66,16 +68,23 @@ def test_lazy_nodes_push_soci_doctor_and_launch(lazy_cluster, cpu_images, tmp_pa
     lazy_rows = [ln for ln in r.stdout.splitlines() if "lazy-load" in ln]
     assert len(lazy_rows) == 2 and all("can lazy-load: storage driver soci" in ln for ln in lazy_rows), r.stdout
 
-    # launch: each node says it pulled lazily, and the job runs
+    # launch: each node says it pulled lazily, and the job runs; in each container the prefetch
+    # (issue 52) read what the image's list names, before or beside the job's own import
+    wait = (f"import json, os, time; t = time.time()\nwhile not os.path.exists({contract.PREFETCH_DONE!r}) and "
+            f"time.time() - t < 120: time.sleep(0.1)\nprint('prefetched', open({contract.PREFETCH_DONE!r}).read())\n"
+            "import torch; print('lazy-ok', torch.__version__)")
     r = dtrain("launch", "--hostfile", info.hostfile, "--ssh-config", info.ssh_config, "--image", ref,
-               "--name", "t-lazy", "--", "python", "-c", "import torch; print('lazy-ok', torch.__version__)",
-               env=cert, timeout=400)
+               "--name", "t-lazy", "--", "python", "-c", wait, env=cert, timeout=400)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     for node in parse_hostfile(info.hostfile):
         assert f"{node.host}  pulled lazily (SOCI): " in out, out[-3000:]
     assert "mounted lazily in" in out
     assert "(2 lazily)" in out and out.count("lazy-ok") >= 2
+    done = [json.loads(m) for m in re.findall(r"prefetched (\{.*\})", out)]
+    assert len(done) >= 2, out[-3000:]
+    # pytorch-ddp's list: ~1,900 files, ~150 MiB (libtorch's pages the most); every one a file
+    assert all(d["files"] > 1000 and d["bytes"] > 100 * 2**20 and d["skipped"] == 0 for d in done), done
 
 
 @pytest.mark.cluster
