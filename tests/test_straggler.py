@@ -190,14 +190,14 @@ def run_pair(tmp_path, works: tuple[float, float], check: float, until) -> tuple
     import os
 
     from test_progress import _run_plan
-    from test_supervise import _supervisor_env
+    from test_supervise import _supervisor_env, own_pids
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     (tmp_path / "ranks.py").write_text(RANKS)
     both = " ".join(f"OMPI_COMM_WORLD_RANK={r} {sys.executable} ranks.py {r} {works[r]} &" for r in (0, 1))
     plan = _run_plan(["sh", "-c", both + " wait", "sh"], slots=2, straggler_check=check)
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+    proc = subprocess.Popen(own_pids([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")]),
                             stdout=subprocess.DEVNULL, env=_supervisor_env(tmp_path), cwd=tmp_path)
     t0 = time.monotonic()
     try:

@@ -195,6 +195,13 @@ def test_render_gives_torchrun_lines_global_ranks():
     assert r.exit_code == 1
 
 
+def own_pids(argv: list[str]) -> list[str]:
+    """argv in a PID namespace of its own, /proc its own too, as the supervisor runs in a job's
+    container: on this machine it would otherwise see (stacks.sh, the attempt's ranks by their
+    DTRAIN_RESTART) and kill (KILL_ATTEMPT) the ranks of the cluster tests that run beside it."""
+    return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *argv]
+
+
 def _supervisor_env(tmp_path) -> dict:
     """PATH with an `mpirun` that runs the user's command (the words from `sh` on) itself."""
     bin_dir = tmp_path / "bin"
@@ -206,7 +213,7 @@ def _supervisor_env(tmp_path) -> dict:
 
 def _run_supervisor(tmp_path, plan: runplan.RunPlan, **kw) -> subprocess.CompletedProcess:
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
-    return subprocess.run([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+    return subprocess.run(own_pids([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")]),
                           capture_output=True, text=True, env=_supervisor_env(tmp_path), **kw)
 
 
@@ -240,7 +247,7 @@ def test_an_attached_job_stops_when_its_launcher_goes_silent(tmp_path):
     plan = _plan(["sh", "-c", "sleep 120", "sh"], attached=True, launcher_silence=2)
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     t0 = time.monotonic()
-    with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+    with subprocess.Popen(own_pids([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")]),
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_supervisor_env(tmp_path)) as p:
         for _ in range(4):  # a launcher that beats keeps the job
             time.sleep(1)
@@ -280,7 +287,7 @@ def test_on_a_node_the_supervisor_imports_the_launchers_builders_sent_beside_it(
     shutil.copy(ROOT / "launch" / "node" / "supervise.py", tmp_path / "supervise.py")
     (tmp_path / "builders.json").write_text(json.dumps(supervision.builder_files()))
     (tmp_path / "plan.json").write_text(json.dumps(_plan(["sh", "-c", "echo rank says hi", "sh"]).to_json()))
-    r = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "supervise.py"), str(tmp_path / "plan.json")],
+    r = subprocess.run(own_pids([sys.executable, "-I", "-S", str(tmp_path / "supervise.py"), str(tmp_path / "plan.json")]),
                        capture_output=True, text=True, env=_supervisor_env(tmp_path), timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "rank says hi" in r.stdout and '"event": "succeeded"' in r.stdout, r.stdout
@@ -394,7 +401,7 @@ def test_a_spare_offered_while_the_job_runs_joins_and_takes_a_lost_nodes_place(t
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n")
     bad = runplan.SPARE_LINE + json.dumps({"address": "127.0.0.9 x", "hostname": "node-9", "slots": 1, "iface": "lo"})
-    with subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+    with subprocess.Popen(own_pids([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")]),
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                           env={**_supervisor_env(tmp_path), "DTRAIN_HOSTS_FILE": str(hosts)}) as p:
         time.sleep(0.5)
