@@ -58,6 +58,18 @@ def test_first_reads_records_the_libraries_pages_and_the_modules_files(tmp_path)
     assert all(os.path.isfile(p) for p in files)
 
 
+def test_first_reads_that_cannot_record_writes_no_list_and_does_not_fail_the_build(tmp_path):
+    """Anything but a failed import (here: a step that raises) is one line and exit 0, no list: a
+    lazy node then prefetches nothing."""
+    (tmp_path / "boom.py").write_text("raise RuntimeError('no pagemap here')\n")
+    r = subprocess.run([sys.executable, str(NODE / "first_reads.py"), str(tmp_path / "x.json"), "boom"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0 and not (tmp_path / "x.json").exists(), r.stderr
+    assert r.stderr.strip() == ("first_reads.py: nothing recorded (RuntimeError: no pagemap here); "
+                                "lazy nodes will not prefetch")
+
+
 def test_first_reads_names_the_module_that_does_not_import(tmp_path):
     r = subprocess.run([sys.executable, str(NODE / "first_reads.py"), str(tmp_path / "x.json"), "no_such_module_x"],
                        capture_output=True, text=True, timeout=60)
@@ -68,26 +80,29 @@ def test_first_reads_names_the_module_that_does_not_import(tmp_path):
 def test_prefetch_reads_what_the_list_names_and_skips_what_is_not_a_file(tmp_path):
     """Every range read once, in chunks of at most a span, largest file first; a whole file
     where no range is given; a range past the end cut at it; a relative path, a directory, a
-    FIFO (reading it would block), a missing file and junk entries skipped."""
+    FIFO (reading it would block), a missing file, a link to /proc, /proc itself, the job's
+    directory, a length of Infinity and junk entries skipped."""
     big = tmp_path / "big.so"
     big.write_bytes(os.urandom(9 << 20))
     small = tmp_path / "mod.pyc"
     small.write_bytes(b"x" * 1000)
     os.mkfifo(tmp_path / "fifo")
-    listing = {"version": 1, "files": [
+    (tmp_path / "kernel").symlink_to("/proc/self/status")  # a link out of the image's files: where it leads counts
+    listing = json.loads(json.dumps({"version": 1, "files": [
         [str(small), []],
         [str(big), [[0, 4096], [1 << 20, 8 << 20], [(9 << 20) - 10, 4096]]],  # the last one cut at the end
         ["relative/path.so", []], [str(tmp_path), []], [str(tmp_path / "fifo"), []], [str(tmp_path / "gone"), []],
-        "junk", [str(small)], [str(small), "no"],
-    ]}
+        "junk", [str(small)], [str(small), "no"], [str(tmp_path / "kernel"), []], ["/proc/self/environ", []],
+        [str(small), [[0, float("inf")]]], ["/dtrain-job/output.log", []],
+    ]}))
     reads, skipped = pf.work(listing)
-    assert skipped == 7
+    assert skipped == 11
     assert reads[0][0] == str(big) and reads[-1] == (str(small), 0, 1000)
     assert max(n for _, _, n in reads) <= pf.CHUNK
     assert sorted((o, n) for p, o, n in reads if p == str(big)) == \
         [(0, 4096), (1 << 20, 4 << 20), (5 << 20, 4 << 20), ((9 << 20) - 10, 10)]
     done = pf.prefetch(listing, threads=4)
-    assert done["files"] == 2 and done["skipped"] == 7
+    assert done["files"] == 2 and done["skipped"] == 11
     assert done["bytes"] == 4096 + (8 << 20) + 10 + 1000
 
 

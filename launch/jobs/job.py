@@ -498,7 +498,9 @@ class Job:
                                                      t0=rec.t0 if rec else None,
                                                      on_phase=(lambda e: rec.add([e])) if rec else None,
                                                      sessions=prepared.sessions, standby=standby,
-                                                     prefetch=pulled.lazy if pulled else frozenset())
+                                                     # not while --check-network measures the links it would share
+                                                     prefetch=pulled.lazy if pulled and not self.spec.check_network
+                                                     else frozenset())
         except StartFailed as e:
             self.started = e.started
             raise

@@ -17,7 +17,9 @@ From the kernel's view of this process, not from a list kept by hand:
 - every file it opened to read (Python's audit hook `open`: the .py/.pyc files of every import,
   data files), whole ([] for its ranges).
 Only regular files under / that are not /proc, /sys, /dev, /tmp or /run: what the image holds.
-Exit 0 with one line on stderr (files, MiB); exit 1 naming the module that failed to import.
+Exit 0 with one line on stderr (files, MiB); exit 1 naming the module that failed to import (the
+smoke step imports them too); any other failure (a /proc the builder hides) writes no list, says
+so in one line and exits 0: a lazy node then prefetches nothing.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def touched_pages(maps: str, pagemap, page: int) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for line in maps.splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
-            continue
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].startswith(NOT_IMAGE):
+            continue  # not a file of the image (/dev/zero, /dev/shm, a memfd): its pages are not read
         path = parts[5]
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         offset = int(parts[2], 16)
@@ -121,6 +123,9 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         print(f"first_reads.py: cannot import {e.name or modules}: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - the list is an optimisation: no list, not a failed build
+        print(f"first_reads.py: nothing recorded ({type(e).__name__}: {e}); lazy nodes will not prefetch", file=sys.stderr)
+        return 0
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump(listing, f, separators=(",", ":"))

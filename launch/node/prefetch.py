@@ -11,8 +11,9 @@ CHUNK bytes, largest files first: the snapshotter fetches the spans under them f
 in parallel, where the first step would have asked for them one after another. Nothing is written
 but one JSON line of what it did, to OUT (contract.PREFETCH_DONE; written whole, by a rename):
     {"files": N, "bytes": B, "seconds": S, "skipped": K}
-A path that is not an absolute regular file, or a range past its end, is skipped (the list comes
-from the image: it is read, never trusted to name anything but files to read). No list: exit 0,
+A path that is not an absolute regular file (where its links lead), one under /proc, /sys, /dev,
+/run or the job's directory, or a range past its end, is skipped (the list comes from the
+image: it is read, never trusted to name anything but the image's files to read). No list: exit 0,
 nothing done.
 """
 
@@ -25,6 +26,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 4 << 20  # soci's default span: one fetch each
+# never read, whatever the list says: not the image's files (the job's directory and keys are
+# mounted in the container; /proc, /sys and /dev are the kernel's)
+NOT_IMAGE = ("/proc/", "/sys/", "/dev/", "/run/", "/dtrain-job/")
 READ = 1 << 20
 THREADS = 16
 
@@ -40,11 +44,12 @@ def work(listing: object) -> tuple[list[tuple[str, int, int]], int]:
             path, spans = entry
             if not (isinstance(path, str) and path.startswith("/") and isinstance(spans, list)):
                 raise ValueError(path)
-            size = os.stat(path).st_size if os.path.isfile(path) else -1
-            if size < 0:
+            path = os.path.realpath(path)  # where a link leads is what is checked and read
+            if path.startswith(NOT_IMAGE) or not os.path.isfile(path):
                 raise ValueError(path)
+            size = os.stat(path).st_size
             spans = [(0, size)] if not spans else [(int(o), int(n)) for o, n in spans]
-        except (TypeError, ValueError, OSError):
+        except (TypeError, ValueError, OSError, OverflowError):
             skipped += 1
             continue
         reads = [(path, o + k, min(CHUNK, end - k))
@@ -58,7 +63,7 @@ def work(listing: object) -> tuple[list[tuple[str, int, int]], int]:
 def read_range(path: str, offset: int, length: int) -> int:
     done = 0
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a file put in its place: not followed, never waited on
     except OSError:
         return 0
     try:
