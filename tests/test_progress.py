@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -160,7 +159,7 @@ def test_job_file_keys(tmp_path):
 
 
 RANK = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 rank = int(sys.argv[1])
 mine, theirs = Path(f"step{rank}"), Path(f"step{1 - rank}")
@@ -170,6 +169,8 @@ def barrier(step):  # each rank waits for the other: a collective, as files
         time.sleep(0.02)
 def step_loop():
     for step in range(1000):
+        if rank == 1 and os.path.exists("stop-r1"):  # the test says when: SIGSTOP, here, in step_loop
+            os.kill(os.getpid(), signal.SIGSTOP)
         print(f"[1,{rank}]<stdout>:step {step}", flush=True)
         barrier(step)
         time.sleep(0.1)
@@ -188,15 +189,17 @@ def test_a_stopped_rank_is_named_its_stack_dumped_and_the_attempt_ends(tmp_path)
     """A real supervise.py (mpirun stands in: it starts two rank processes that print tagged
     lines as mpirun --tag-output does); rank 1 gets SIGSTOP: within the timeout + 5 s the log
     holds its Python stack (a frame of its file) and the hang event names it stopped, from
-    its stack (a real py-spy), and with no restart left the job fails naming it."""
-    from test_supervise import _supervisor_env
+    its stack (a real py-spy), and with no restart left the job fails naming it. The supervisor
+    and the ranks in a PID namespace of their own, as in a container (own_pids): rank 1 stops
+    itself when told (its pid there is not this machine's)."""
+    from test_supervise import _supervisor_env, own_pids
 
     (tmp_path / "rank.py").write_text(RANK)
     both = (f"OMPI_COMM_WORLD_RANK=0 {sys.executable} rank.py 0 & echo $! > r0.pid; "
             f"OMPI_COMM_WORLD_RANK=1 {sys.executable} rank.py 1 & echo $! > r1.pid; wait")
     plan = _run_plan(["sh", "-c", both, "sh"], slots=2, hang_timeout=3)
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+    proc = subprocess.Popen(own_pids([sys.executable, str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_supervisor_env(tmp_path), cwd=tmp_path)
     try:
@@ -207,18 +210,14 @@ def test_a_stopped_rank_is_named_its_stack_dumped_and_the_attempt_ends(tmp_path)
         while not (all(_stepped(tmp_path / f"step{r}", 2) for r in (0, 1)) and pid_file.exists() and pid_file.read_text().strip()):
             assert time.monotonic() < deadline, "the ranks never reached step 2"
             time.sleep(0.1)
-        pid = int((tmp_path / "r1.pid").read_text())
-        os.kill(pid, signal.SIGSTOP)
+        pid = int((tmp_path / "r1.pid").read_text())  # in the namespace, as stacks.sh there sees it
+        (tmp_path / "stop-r1").touch()
         t_stop = time.monotonic()
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-        for f in ("r0.pid", "r1.pid"):  # here no container ends with the job (keep_containers)
-            try:
-                os.kill(int((tmp_path / f).read_text()), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+            proc.kill()  # unshare --kill-child: the namespace's processes go with it
+    # the ranks ended with the supervisor, the namespace's first process (no container here)
     log = (tmp_path / "output.log").read_text()
     events = [json.loads(ln[len(supervision.EVENT):]) for ln in log.splitlines() if ln.startswith(supervision.EVENT)]
     assert [e["event"] for e in events] == ["running", "hang", "failed"], log[-3000:]
