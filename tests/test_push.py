@@ -433,7 +433,7 @@ def test_push_leaves_no_credential_in_any_docker_config(test_image, registry, do
     shim.write_text(SHIM)
     shim.chmod(0o755)
     monkeypatch.setattr(P, "DOCKER", str(shim))
-    before = set(Path("/dev/shm").glob("dtrain-push-docker-*"))
+    before = set(Path("/dev/shm").glob(f"dtrain-push-docker-{os.getpid()}-*"))
     [res] = P.push_registry([test_image], registry, user=USER, password=PASSWORD, prefix="own-config",
                             catalog_path=tmp_path / "c.json")
     assert res.digest.startswith("sha256:")  # the registry asks for the login: it was used
@@ -444,7 +444,7 @@ def test_push_leaves_no_credential_in_any_docker_config(test_image, registry, do
     assert d.startswith("/dev/shm/dtrain-push-docker-") and not Path(d).exists()
     assert {mode for cfg, mode, _ in calls if cfg == d} == {"700"}, calls
     assert [cmd for cfg, _, cmd in calls if cfg == d][0] == "login"
-    assert set(Path("/dev/shm").glob("dtrain-push-docker-*")) == before
+    assert set(Path("/dev/shm").glob(f"dtrain-push-docker-{os.getpid()}-*")) == before
     basic = base64.b64encode(f"{USER}:{PASSWORD}".encode())
     for f in [*docker_config.rglob("*"), *home.rglob("*")]:
         assert not f.is_file() or (basic not in f.read_bytes() and PASSWORD.encode() not in f.read_bytes()), f
@@ -500,14 +500,14 @@ def test_not_built_names_the_build_command(engine, registry, docker_config, tmp_
 @pytest.mark.docker
 def test_wrong_password_is_an_auth_error(test_image, registry, docker_config, tmp_path, capfd):
     catalog = tmp_path / "catalog.json"
-    own_before = set(Path("/dev/shm").glob("dtrain-push-docker-*"))
+    own_before = set(Path("/dev/shm").glob(f"dtrain-push-docker-{os.getpid()}-*"))
     with pytest.raises(PushError) as e:
         P.push_registry([test_image], registry, user=USER, password="wrong-password-42",
                         catalog_path=catalog)
     assert "rejected the credentials" in str(e.value) and registry in str(e.value)
     assert "wrong-password-42" not in str(e.value) + "".join(capfd.readouterr())
     assert not catalog.exists()
-    assert set(Path("/dev/shm").glob("dtrain-push-docker-*")) == own_before  # the login's config: gone
+    assert set(Path("/dev/shm").glob(f"dtrain-push-docker-{os.getpid()}-*")) == own_before  # the login's config: gone
     assert _engine_refs(f"{registry}/") == []
 
 

@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -182,8 +183,12 @@ def test_push_soci_puts_the_index_beside_the_image(test_image, tls_registry, doc
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))  # ctr's and soci's (Go) trust
     monkeypatch.setenv(P.PASSWORD_ENV, PASSWORD)
     lazy = S.setup(str(engine.ensure_lazy_binaries()), None)
-    before = set(Path("/tmp").glob("dtrain-soci-*"))
-    [res] = P.push_registry([test_image], registry, user=USER, catalog_path=tmp_path / "c.json", soci=lazy)
+    # the private containerd's temp dir under a dir of this test's own: another test's soci push
+    # (the other cluster part's, beside this one) is not this one's leftover (short: a socket path)
+    own_tmp = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(own_tmp))
+        [res] = P.push_registry([test_image], registry, user=USER, catalog_path=tmp_path / "c.json", soci=lazy)
     out, err = capfd.readouterr()
     assert f"SOCI index pushed beside {res.remote}" in out and PASSWORD not in out + err
     # found as the snapshotter finds it: the referrers fallback tag of the image's digest
@@ -199,8 +204,9 @@ def test_push_soci_puts_the_index_beside_the_image(test_image, tls_registry, doc
     assert sorted(z["annotations"]["com.amazon.soci.image-layer-digest"] for z in soci_index["layers"]) == \
         sorted(layer["digest"] for layer in image["layers"])
     # the private containerd and its temp dir are gone
-    assert set(Path("/tmp").glob("dtrain-soci-*")) == before
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and "dtrain-soci-" in _cmdline(p)]
+    assert list(own_tmp.glob("dtrain-soci-*")) == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and f"{own_tmp}/dtrain-soci-" in _cmdline(p)]
+    shutil.rmtree(own_tmp)
 
 
 def _cmdline(pid: str) -> str:
