@@ -1260,8 +1260,9 @@ ENTRIES: tuple[Entry, ...] = (
             "busy CPUs (docs/benchmarks.md).",
         confirm="`launch/node/examples/ddp_train.py` (PyTorch's DDP pattern, unedited) with one "
                 "node's container slowed (`docker update --cpus 0.1`) under `--straggler-check 1` "
-                "names that node, and an even run names nobody (`tests/test_straggler.py`, 3 "
-                "nodes). A hang's dump reads Python frames only (it must come within seconds).",
+                "names that node, and an even run names nobody (the 3 simulated nodes, by hand "
+                "with the DDP test of issue 51: not yet in the suite). A hang's dump reads "
+                "Python frames only (it must come within seconds).",
         source=("https://github.com/benfred/py-spy#can-py-spy-profile-native-extensions",
                 "https://pytorch.org/docs/stable/notes/ddp.html",
                 "https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/reducer.cpp"),
