@@ -71,9 +71,12 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, re
     watcher.join(5)
     assert "stopped" in seen, (seen, out)
     # the verdict from the stacks (launch/analysis/stacks.py), not from how many lines each rank printed
+    # torchrun's ranks record their collectives (launch/jobs/flightrec.py), but torch 2.13 writes no
+    # dump for gloo: the line says so
+    fr = "; flight recorder: no flight-recorder dump from any rank [^;]*" if launcher == "torchrun" else ""
     assert re.search(r"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
-                     r"stopped: r1 on node-2 \(state T\); r0 waits in a collective; every rank's Python stack follows$",
-                     out, re.M), out
+                     r"stopped: r1 on node-2 \(state T\); r0 waits in a collective" + fr +
+                     "; every rank's Python stack follows$", out, re.M), out
     # every rank's stack: the stopped one (state T) in its sleep, the other blocked in the allreduce
     assert re.search(r"^\[node-2 r1\] stack of pid \d+, state T: .*python.* .*hang_train\.py", out, re.M), out
     assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
@@ -81,7 +84,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_restarts(cluster, re
     assert "dtrain-rank-output" not in out, "the rank's output tagger (rank_output.py) is no rank: no stack of it"
     assert seen["stack"] - seen["stopped"] <= TIMEOUT + 5, seen
     assert re.search(r"^\[launch\] restart 1: hang: no rank made progress for [\d.]+ s; stopped: r1 \(node-2, state T\); "
-                     r"same nodes", out, re.M), out
+                     + fr.lstrip("; ") + ("; " if fr else "") + r"same nodes", out, re.M), out
     assert re.search(r"^\[node-2 r1\] rank 1: done \(8 steps\)", out, re.M) and "[launch] job succeeded" in out, out
     assert code == 0
     _wait_clean(cluster, name)
@@ -99,4 +102,22 @@ def test_without_a_restart_the_job_fails_naming_the_hang(cluster, remote_images)
     assert re.search(r"^\[launch\] job failed \(exit 1\): hang: no rank made progress for 1\d\.\d s; "
                      r"stopped: r1 \(node-2, state T\); no restart left \(--max-restarts 0\)", out, re.M), out
     assert re.search(r"^\[node-2 r1\]\s+load_batch \(hang_train\.py:\d+\)", out, re.M), out
+    _wait_clean(cluster, name)
+
+
+def test_a_rank_that_skips_a_collective_is_named_and_the_flight_recorder_says_why_not_it(cluster, remote_images):
+    """torchrun, 2 nodes, gloo: rank 1 skips step 5's allreduce (skip_collective.py). The hang
+    line names it from the stacks (outside any collective, in `evaluate`); its flight recorder
+    (TORCH_FR_BUFFER_SIZE, launch/jobs/flightrec.py) recorded the collectives, but torch 2.13
+    writes no dump for gloo, and the line says why it cannot name it from there."""
+    name = "t-hang-skip"
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/skip_collective.py", "--steps", "20", "--skip-at", "5"], name, n=2,
+                        launcher="torchrun", hang_timeout=TIMEOUT, progress_pattern="^step ")
+    assert code != 0, out
+    assert re.search(r"^\[launch\] hang: no rank made progress for 1\d\.\d s \(--hang-timeout\); "
+                     r"outside any collective: r1 on node-2 \(in evaluate \(skip_collective\.py:\d+\), state S\); "
+                     r"r0 waits in a collective; flight recorder: no flight-recorder dump from any rank "
+                     r"\(torch writes one for NCCL only, [^;]*\); every rank's Python stack follows$", out, re.M), out
+    assert re.search(r"^\[node-2 r1\]\s+evaluate \(skip_collective\.py:\d+\)", out, re.M), out
     _wait_clean(cluster, name)

@@ -52,6 +52,8 @@ NODE_ALLOWED = {
     "examples/ddp_grads.py": ("torch",),
     "examples/hang_train.py": ("torch",),
     "examples/straggler_train.py": ("torch",),
+    "examples/ddp_train.py": ("torch",),
+    "examples/skip_collective.py": ("torch",),
     "examples/hvd_tf_synthetic.py": ("tensorflow", "horovod", "numpy"),
     "examples/lazy_train.py": ("torch", "tensorflow"),
     "examples/cuda_shaped.py": ("torch",),  # bench_lazy_launch's GPU-shaped image

@@ -367,6 +367,8 @@ def test_a_real_run_with_a_hang_and_a_restart_is_reported_and_renders(cluster, r
     assert 0.5 < statistics.median(resumed) < 5, resumed  # --step-seconds 1: the lines timed as they came
     assert sorted(g.node for g in run.gate) == sorted(hosts) and all(g.gbps > 0 for g in run.gate)
     assert run.hangs and any("stack of pid" in line for line in run.hangs[0].dump)
+    # torchrun: the flight recorder's part of the hang line (gloo: why it names nobody), beside the stacks'
+    assert "; flight recorder: no flight-recorder dump from any rank (" in run.hangs[0].line, run.hangs[0].line
     page = tmp_path / "run.html"
     report.write(run, page)
     dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())

@@ -59,8 +59,27 @@ COLLECTIVE_FRAMES: tuple[tuple[re.Pattern, re.Pattern], ...] = tuple(
         (r"(^|/)deepspeed/comm/", r"."),
         (r"(^|/)tensorflow/python/ops/collective_ops\.py$", r"."),
     ))
+# launch/node/stacks.sh's pre-filter for --straggler-check's native reads (a grep -E over py-spy's
+# Python-only lines, given as its argument): a rank with a frame of these files (COLLECTIVE_FRAMES's
+# that match any function) waits visibly in Python, and is not read natively (seconds each).
+SEEN_IN_PYTHON = (r"\((.*/)?(torch/distributed/distributed_c10d|torch/distributed/_functional_collectives"
+                  r"|horovod/[a-z_]+/mpi_ops|deepspeed/comm/[a-z_]+|tensorflow/python/ops/collective_ops)\.py:[0-9]+\)$")
 # py-spy --native frames of the communication libraries themselves
 NATIVE_COLLECTIVE = re.compile(r"\bnccl[A-Z]\w*|\bgloo::|\bc10d::|\bhorovod::common::|\bP?MPI_[A-Z]\w*|\bompi_coll_")
+# py-spy --native: a thread blocked in a collective's own native code. The innermost frame that is
+# not the C library's or the C++ runtime's (a condition variable, a futex, an unnamed address) is
+# one of these waits: DDP's gradient allreduce at the end of backward (c10d::Reducer::
+# finalize_backward: gloo and NCCL), a c10d Work's wait or synchronize (an explicit collective,
+# a compiled step's), gloo's transport waits, Horovod's background loop, MPI's blocking calls.
+# Launching a collective (c10d::ProcessGroupGloo::allreduce signalling its worker) is no wait.
+NATIVE_WAIT = re.compile(r"c10d::Reducer::finalize_backward|c10d::\S*Work\S*::(wait|synchronize)\w*"
+                         r"|c10d::\S*::(barrier|waitForFutureOrTimeout|monitoredBarrier)\b"
+                         r"|gloo::\S*::(wait|recv|send)\w*|horovod::common::|\bP?MPI_(Wait|Recv|Barrier|Allreduce"
+                         r"|Bcast|Allgather|Alltoall|Reduce)\w*|\bompi_(coll|request)_")
+# A CUDA wait on the host (the rank's own kernels or a collective's): a collective's only where a
+# c10d frame is further out on the same stack (a bare `loss.item()` waits for the rank's own work too).
+CUDA_WAIT = re.compile(r"\bcu(da)?(Stream|Event|Device|Ctx)Synchronize\b")
+_SYSTEM_LIB = re.compile(r"^(libc\.so|libpthread|libstdc\+\+|libgcc_s|ld-linux|libc-)")
 # DDP's gradient allreduce waits at the end of backward, in the autograd engine: a rank whose
 # innermost frame is the engine's entry waits there (gloo; with NCCL backward does not wait).
 BACKWARD_FRAMES = ((re.compile(r"(^|/)torch/autograd/graph\.py$"), re.compile(r"^_engine_run_backward$")),
@@ -140,8 +159,25 @@ def collective_frame(thread: Thread) -> Frame | None:
     for fr in thread.frames:
         if _matches(fr, COLLECTIVE_FRAMES) or NATIVE_COLLECTIVE.search(fr.func):
             return fr
+    if (fr := native_wait(thread)) is not None:  # a CUDA wait under a c10d frame
+        return fr
     if thread.frames and _matches(thread.frames[0], BACKWARD_FRAMES):
         return thread.frames[0]
+    return None
+
+
+def native_wait(thread: Thread) -> Frame | None:
+    """The native frame by which `thread` blocks in a collective (NATIVE_WAIT, CUDA_WAIT), or
+    None: py-spy --native's innermost frame past the C library and C++ runtime's own."""
+    frames = thread.frames
+    for i, fr in enumerate(frames):
+        if fr.func.startswith("0x") or _SYSTEM_LIB.match(fr.file):
+            continue
+        if NATIVE_WAIT.search(fr.func):
+            return fr
+        if CUDA_WAIT.search(fr.func) and any("c10d::" in f.func for f in frames[i + 1:]):
+            return fr
+        return None
     return None
 
 
@@ -189,7 +225,9 @@ def place(proc: Proc) -> Place:
     """Where one process is (module docstring)."""
     state = proc.state
     main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
-    inner = str(main.frames[0]) if main is not None and main.frames else ""
+    # the innermost Python frame (with py-spy --native, C frames come first: a libc sleep says little)
+    inner = str(next((f for f in main.frames if _file_of(f).endswith(".py")), main.frames[0])) \
+        if main is not None and main.frames else ""
     if state == "T":
         return Place(STOPPED, inner, state)
     if state == "D":

@@ -3,7 +3,9 @@
 In synchronous training every rank's step lasts as long as the slowest rank's: the others wait
 for it inside the step's collective. The supervisor (launch/node/supervise.py) samples every
 rank's Python stack every SECONDS (launch/node/stacks.sh, as a hang's dump does), `ranks_waiting`
-reads one round of dumps into {rank: waiting in a collective?}, `History` keeps the last rounds
+reads one round of dumps into {rank: waiting in a collective?} (a collective's Python frame, or,
+with stacks.sh's `py-spy dump --native`, its native wait: stacks.native_wait, which is how DDP's
+gradient allreduce inside `backward` and a compiled step's collectives are seen), `History` keeps the last rounds
 per rank, and `stragglers` is the verdict:
 
     over the last WINDOW samples of every rank, a rank is a straggler when the median of the
@@ -56,12 +58,30 @@ def ranks_waiting(lines: Iterable[str]) -> dict[int, bool]:
     """One round of launch/node/stacks.sh's output (any nodes, read by stacks.parse, as a hang's
     dump is) -> {rank: waiting in a collective}. A rank with several processes (a data loader's
     workers share its RANK) waits when one does; a launcher's process (no rank in its label) is
-    none. Not stacks.place's rule: backward as the innermost frame is a rank computing here."""
+    none. Not stacks.place's rule: backward as the innermost Python frame is a rank computing
+    here, unless its native frames show DDP's allreduce wait (stacks.native_wait)."""
     out: dict[int, bool] = {}
     for p in stacks.parse(lines):
         if p.rank is not None:
             frames = [(f.func, f.file) for t in p.threads for f in t.frames]
-            out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames)
+            native = p.state not in ("T", "D", "t") and any(stacks.native_wait(t) for t in p.threads)
+            out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames) or native
+    return out
+
+
+NATIVE_UNREAD = "   (native frames not read: "  # stacks.sh's note under a process's header
+
+
+def native_unread(lines: Iterable[str], told: set[str]) -> list[str]:
+    """The notes of one round where py-spy could not read a process's native frames (its
+    collective waits under C++ frames are then not seen), each process label once: `told`
+    holds the labels said before and is added to."""
+    out = []
+    for ln in lines:
+        label, sep, _ = ln.partition(NATIVE_UNREAD)
+        if sep and label not in told:
+            told.add(label)
+            out.append(ln)
     return out
 
 

@@ -150,7 +150,7 @@ KINDS: dict[str, dict[str, tuple[Check, Any]]] = {
                            "end": (EPOCH, O)},
     "hang": {"silent_for": (SECONDS, O), "ranks": (RANKS, O), "nodes": (NAMES, O), "ago": (mapping(NAME, SECONDS), O),
              "steps": (mapping(NAME, COUNT), O), "culprits": (list_of(CULPRIT), O), "waiting": (RANKS, O),
-             "unread": (RANKS, O)},
+             "unread": (RANKS, O), "flight_recorder": (TEXT, O)},  # torchrun: launch/jobs/flightrec.py
     "straggler": {"attempt": (COUNT, O), "rank": (COUNT, REQUIRED), "node": (NAME, REQUIRED),
                   "waiting": (COUNT, REQUIRED), "others": (number(0, MAX_COUNT), REQUIRED), "samples": (COUNT, REQUIRED),
                   "interval": (number(1e-6, MAX_SECONDS), REQUIRED)},

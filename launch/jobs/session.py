@@ -22,7 +22,7 @@ from dtrain import contract
 from dtrain.contract import container_name
 from dtrain.launch.analysis import timeline
 from dtrain.launch.errors import LaunchError
-from dtrain.launch.jobs import container, launchers, nccl_net, node_programs, output, runplan, store, supervision
+from dtrain.launch.jobs import container, flightrec, launchers, nccl_net, node_programs, output, runplan, store, supervision
 from dtrain.launch.jobs.commands import (READY_FAILED, counted_text, nccl_mode, node_names, ready_error,
                                         run_script_argv, split_spares, supervisor_argv)
 from dtrain.launch.jobs.launchers import launch_command, plan_nodes
@@ -82,6 +82,8 @@ def supervisor_plan(spec: JobSpec, launcher: Launcher, started: Started, node_di
     check, _ = nccl_mode(spec, started.facts)
     if check != "off":  # every rank's NCCL writes its INIT/NET lines to a file of the node's job dir
         run = replace(run, extra_env=run.extra_env + nccl_net.debug_env(supervision.CONTAINER_JOB_DIR))
+    if launcher.flight_recorder and not set(spec.env) & set(flightrec.USER_VARS):  # the hang's flight recorder
+        run = replace(run, extra_env=run.extra_env + flightrec.env(supervision.CONTAINER_JOB_DIR))
     plan = supervision.plan(run, ranks, spares=spares,
                             quarantined=quarantined, ssh=container.supervisor_ssh(),
                             policy=policy, attached=not spec.detach, node_prefix=prefix, node_dir=node_dir)

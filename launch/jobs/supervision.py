@@ -75,7 +75,7 @@ def plan(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode], *, ssh: 
 # attempt's command is this launcher's, whatever dtrain the image holds.
 # launch/node/ programs the supervisor runs in the containers (contract.node_script reads them
 # there from beside the builders), so an image older than this launcher runs this one's.
-SUPERVISOR_NODE_PROGRAMS = ("stacks.sh", "nccl_net.sh")
+SUPERVISOR_NODE_PROGRAMS = ("stacks.sh", "nccl_net.sh", "fr_dumps.sh")
 
 
 def builder_files() -> dict[str, str]:
@@ -151,13 +151,14 @@ def hang_line(ev: dict) -> str:
     head = f"hang: no rank made progress for {ev.get('silent_for')} s (--hang-timeout); "
     tail = "; every rank's Python stack follows"
     named = stacks.culprit_text(ev)
+    fr = f"; {ev['flight_recorder']}" if ev.get("flight_recorder") else ""  # torchrun: launch/jobs/flightrec.py
     if named:
-        return head + named + tail
+        return head + named + fr + tail
     nodes, ago, steps = ev.get("nodes", []), ev.get("ago", {}), ev.get("steps", {})
     who = ", ".join(f"r{r} on {n} (last progress {ago.get(str(r), '?')} s ago, {steps.get(str(r), 0)} line(s))"
                     for r, n in zip(ev.get("ranks", []), nodes))
     said = stacks.fallback_text(ev) if "culprits" in ev else "behind"
-    return head + f"{said}: {who or 'none told apart'}" + tail
+    return head + f"{said}: {who or 'none told apart'}" + fr + tail
 
 
 @dataclass

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The Python stack of every process of one attempt in this container (a hang: --hang-timeout).
-#   stacks.sh VAR ATTEMPT NODE [sample]
+#   stacks.sh VAR ATTEMPT NODE [sample [SEEN]]
 # The attempt's processes are those whose environment has VAR=ATTEMPT (DTRAIN_RESTART: what the
 # supervisor gives each attempt, launch/node/supervise.py KILL_ATTEMPT finds them the same way);
 # each Python one among them (but launch/node/rank_output.py, which tags a rank's lines) is
@@ -11,10 +11,20 @@
 # Without py-spy (an image older than it): SIGABRT, then SIGCONT, to each such process: one that
 # enabled faulthandler (PYTHONFAULTHANDLER=1 in its --env) writes its stack to its own stderr,
 # which reaches the job's log through the launcher; the attempt is ending anyway.
-# `sample` (--straggler-check's periodic sampling: the attempt goes on): no signal, ever, and the
-# rank is not paused for the read (py-spy --nonblocking).
+# `sample` (--straggler-check's periodic sampling: the attempt goes on): no signal, ever, and
+# native frames too where they matter (`py-spy dump --native`: a rank blocked in gloo's or
+# NCCL's c10d work, such as DDP's gradient allreduce inside backward, shows only there;
+# launch/analysis/stacks.py native_wait). py-spy reads native frames only with the process
+# paused, and loads libtorch's symbols while it is (about 2.4 s, docs/benchmarks.md): each
+# process is read Python-only first (--nonblocking: not paused) and natively only where its main
+# thread is idle (blocked: a collective's wait, I/O, a sleep), so a computing rank is never
+# paused; a launcher's agent (no rank) is never read natively. Where the native read fails, the Python-only read stands (said under the header).
+# A hang's dump (no `sample`) reads Python frames only: it must come within seconds (the hang
+# line waits for it), and a native read of every rank would take seconds each.
+# The processes are read all at once.
 set -u
-var=$1 attempt=$2 node=$3 sample=${4:-}
+var=$1 attempt=$2 node=$3 sample=${4:-} seen=${5:-}
+NATIVE_S=8  # s a native read may take (about 2.4 s on an idle core: docs/benchmarks.md)
 spy=$(command -v py-spy || true)
 [ -n "$spy" ] || spy=/usr/local/bin/py-spy  # where the images put it (templates/Dockerfile.j2)
 [ -x "$spy" ] || spy=""
@@ -23,6 +33,38 @@ env_of() {  # env_of PID NAME: the value of NAME in the process's starting envir
   tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=//p" | head -n 1
 }
 
+dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, each after LABEL
+  local pid=$1 state=$2 label=$3 rank=$4 out main native why rc limit=20 mode=()
+  [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
+  # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
+  # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
+  [ -z "$sample" ] || { mode=(--nonblocking); limit=5; }
+  out=$(timeout "$limit" "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)
+  # the main thread's line (py-spy names it where it can read the name, else it is listed first)
+  main=$(printf '%s\n' "$out" | grep -m 1 '^Thread .*"MainThread"' || printf '%s\n' "$out" | grep -m 1 '^Thread ')
+  # natively: a rank (not a launcher's agent) whose main thread is blocked; on a node under a CPU
+  # quota (the straggler's own) a read takes ten times as long: NATIVE_S at most
+  # and not where its Python frames show the wait already (SEEN: launch/analysis/stacks.py SEEN_IN_PYTHON)
+  if [ -n "$sample" ] && [ -n "$rank" ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
+      && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; }; then
+    native=$(timeout "$NATIVE_S" "$spy" dump --native --pid "$pid" 2>&1)
+    rc=$?
+    why=$(printf '%s\n' "$native" | grep -m 1 -i 'error' | cut -c 1-200)
+    # under load py-spy can print the whole stack and then not exit within the bound: the stack
+    # it printed stands (innermost frames first)
+    if [ -z "$why" ] && printf '%s\n' "$native" | grep -q '^Thread '; then
+      out=$native
+    else  # said once per process: a collective's wait under C++ frames is not seen (docs/troubleshooting.md)
+      [ "$rc" != 124 ] || why=${why:-no answer within $NATIVE_S s}
+      echo "$label   (native frames not read: ${why:-py-spy --native failed, exit $rc})"
+    fi
+  fi
+  # py-spy's header (Process, Python version) and blank lines are left out
+  printf '%s\n' "$out" | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' -e '/^ *$/d' -e "s/^/$label   /"
+}
+
+tmp=$(mktemp -d) || exit 0
+trap 'rm -rf "$tmp"' EXIT
 found=0
 # one grep over every process's environment (a grep per process costs seconds on a busy host)
 while IFS= read -r env; do
@@ -40,22 +82,18 @@ while IFS= read -r env; do
   state=$(sed 's/^.*) \(.\).*$/\1/' "$p/stat" 2>/dev/null)
   cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
   found=$((found + 1))
-  echo "$label stack of pid $pid, state $state: ${cmd% }"
+  echo "$label stack of pid $pid, state $state: ${cmd% }" > "$tmp/$found"
   if [ -n "$spy" ]; then
-    # A running process is paused for the read (a consistent stack); a stopped one is read as
-    # it is. py-spy's header (Process, Python version) and blank lines are left out.
-    mode=()
-    [ "$state" != T ] || mode=(--nonblocking)
-    [ -z "$sample" ] || mode=(--nonblocking)  # sampling: the rank runs on (a read may be inconsistent)
-    timeout 20 "$spy" dump "${mode[@]}" --pid "$pid" 2>&1 | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' \
-      -e '/^ *$/d' -e "s/^/$label   /"
+    dump_one "$pid" "$state" "$label" "$rank" >> "$tmp/$found" &
   elif [ -n "$sample" ]; then
-    echo "$label   (no py-spy in this image: not sampled)"
+    echo "$label   (no py-spy in this image: not sampled)" >> "$tmp/$found"
   else
-    echo "$label   (no py-spy in this image: SIGABRT to pid $pid; its stack follows in its own output where faulthandler is on)"
+    echo "$label   (no py-spy in this image: SIGABRT to pid $pid; its stack follows in its own output where faulthandler is on)" >> "$tmp/$found"
     kill -ABRT "$pid" 2>/dev/null
     kill -CONT "$pid" 2>/dev/null
   fi
 done < <(grep -lzx "$var=$attempt" /proc/[0-9]*/environ 2>/dev/null)
+wait
+for i in $(seq 1 "$found"); do cat "$tmp/$i"; done
 [ "$found" -gt 0 ] || echo "[$node] no Python process of attempt $attempt here"
 exit 0

@@ -62,7 +62,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Collection, NamedTuple, Sequence
+from typing import Callable, Collection, NamedTuple, Sequence
 
 
 def _builders(here: Path) -> None:
@@ -743,6 +743,10 @@ def judge(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], spares: Sequence
         while not out and time.monotonic() < deadline:
             time.sleep(0.1)
             out = sup.health.lost(nodes)
+    if code != 0 and not out and not end.hung and launchers.get(sup.plan.run.launcher).flight_recorder:
+        # a rank failed: a collective's timeout wrote each rank's flight recorder (NCCL)
+        if fr := flight_recorder(sup, nodes, runplan.rank_map(nodes), only_found=True):
+            sup.emit(f"[supervisor] {fr}")
     if sup.me.hostname in out and not out[sup.me.hostname].startswith(CHECKPOINT_FIRST):
         out.pop(sup.me.hostname)  # this node answers: it is running this
     if set(out) - said:
@@ -828,6 +832,9 @@ def on_hang(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], stall: progres
             lines = [f"[{n.hostname}] no stacks: the dump did not end within 30 s"]
         dumps[n.hostname] = lines
 
+    # torchrun: its ranks' flight recorder (launch/jobs/flightrec.py), gathered beside the stacks
+    fr = in_background(lambda: flight_recorder(sup, nodes, ranks)) \
+        if launchers.get(sup.plan.run.launcher).flight_recorder else None
     threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
     for t in threads:
         t.start()
@@ -835,6 +842,8 @@ def on_hang(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], stall: progres
         t.join()
     lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
     fields.update(stacks.event_fields(stacks.of_dump(lines, len(ranks)), ranks))
+    if fr is not None:  # never holds the hang line more than FR_AFTER_STACKS s past the stacks
+        fields["flight_recorder"] = fr(FR_AFTER_STACKS) or flightrec_late()
     sup.event("hang", **fields)
     for line in lines:
         sup.emit(contract.STACK_LINE + line)
@@ -842,7 +851,65 @@ def on_hang(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], stall: progres
     if not named:
         who = ", ".join(f"r{r} ({h})" for r, h in zip(fields["ranks"], fields["nodes"])) or "none told apart"
         named = f"{stacks.fallback_text(fields)}: {who}"
-    return f"hang: no rank made progress for {stall.silent_for} s; {named}"
+    said = f"; {fields['flight_recorder']}" if fields.get("flight_recorder") else ""
+    return f"hang: no rank made progress for {stall.silent_for} s; {named}{said}"
+
+
+# s a node's round of --straggler-check may take: stacks.sh's reads, a Python-only one (5 s at most)
+# then, for a blocked rank, a native one (NATIVE_S: 8 s), and the ssh command's own time
+SAMPLE_WAIT = 20
+FR_AFTER_STACKS = 3.0  # s a hang line waits for the flight recorder's dumps once the stacks are read
+FR_ASK_WAIT = 3  # s fr_dumps.sh waits for the dumps it asked a rank's debug pipe for
+
+
+def in_background(fn: Callable[[], str]) -> Callable[[float], str | None]:
+    """fn started in a thread of its own now; the function returned waits for its result at
+    most the seconds it is given (None then: fn goes on alone, its result dropped)."""
+    box: list[str] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+
+    def result(wait: float) -> str | None:
+        t.join(wait)
+        return box[0] if box else None
+    return result
+
+
+def flightrec_late() -> str:
+    from dtrain.launch.jobs import flightrec
+
+    return flightrec.late(FR_AFTER_STACKS)
+
+
+def flight_recorder(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], ranks: Sequence[str],
+                    only_found: bool = False) -> str:
+    """Every container's flight-recorder dumps (launch/node/fr_dumps.sh: NCCL's asked for
+    through their debug pipes, FR_ASK_WAIT s at most), read into which ranks did not enter the
+    collective the others wait in (launch/jobs/flightrec.py), as the hang line says it;
+    only_found: "" where no rank left a dump (a rank's failure: most are no collective's timeout)."""
+    from dtrain.launch.jobs import flightrec
+
+    script = contract.node_script("fr_dumps.sh")
+    argv0 = ["bash", "-s", "--", f"{JOB_DIR}/{flightrec.PREFIX}", str(FR_ASK_WAIT)]
+    out: dict[str, list[str]] = {}
+
+    def one(n: runplan.PlanNode) -> None:
+        argv = argv0 if n is sup.me else sup.remote(n, shlex.join(argv0))
+        try:
+            out[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
+                                             errors="replace", timeout=FR_ASK_WAIT + 10).stdout.splitlines()
+        except (subprocess.TimeoutExpired, OSError):
+            out[n.hostname] = []
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
+    if only_found and not dumps:
+        return ""
+    return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
 
 
 def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:
@@ -850,11 +917,12 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
     (launch/node/stacks.sh over the multiplexed ssh), read into {rank: waiting in a collective}
     (straggler.ranks_waiting); each rank the verdict names (straggler.stragglers) is a
     `straggler` event, once per attempt, and in state.json's `stragglers` (dtrain status)."""
-    from dtrain.launch.analysis import straggler
+    from dtrain.launch.analysis import stacks, straggler
 
     interval = float(sup.plan.straggler_check or 0)
     history = straggler.History()
     named: set[int] = set()
+    told: set[str] = set()  # the processes whose native frames could not be read, said once
     script = contract.node_script("stacks.sh")
     args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
     wait = interval
@@ -863,11 +931,11 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
         dumps: dict[str, list[str]] = {}
 
         def one(n: runplan.PlanNode) -> None:
-            argv = [*args, n.hostname, "sample"]
+            argv = [*args, n.hostname, "sample", stacks.SEEN_IN_PYTHON]  # no native read where Python shows the wait
             argv = argv if n is sup.me else sup.remote(n, shlex.join(argv))
             try:
                 dumps[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
-                                                   errors="replace", timeout=max(10, 3 * interval)).stdout.splitlines()
+                                                   errors="replace", timeout=max(SAMPLE_WAIT, 3 * interval)).stdout.splitlines()
             except subprocess.TimeoutExpired:
                 dumps[n.hostname] = []
 
@@ -880,6 +948,8 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
             return
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
         history.add(straggler.ranks_waiting(lines))
+        for line in straggler.native_unread(lines, told):  # once per process: its C++ waits are not seen
+            sup.emit(contract.STACK_LINE + line)
         where = straggler.ranks_of_dump(lines)
         # one round every interval on average, start to start, at a random phase: a fixed period
         # close to the step time would sample the same part of every step (aliasing)

@@ -1230,6 +1230,80 @@ ENTRIES: tuple[Entry, ...] = (
         related=("hang", "slow-link"),
     ),
     Entry(
+        id="straggler-native",
+        title="`--straggler-check` names nobody under DDP or a compiled step",
+        symptom="Steps slow down on every rank and `--straggler-check` names no straggler, or a "
+                "hang's dump shows every rank in `backward` (`_engine_run_backward`) or in "
+                "compiled code, none of them `waiting in a collective`; where py-spy could not "
+                "read a rank's native frames while sampling, the log says so once per process.",
+        messages=("[node-2 r1]   (native frames not read: Error: Failed to suspend process)",),
+        signatures=_re(r"\(native frames not read: (?P<why>[^)]*)\)"),
+        cause="DDP allreduces the gradients inside `loss.backward()`, from C++ (c10d's "
+              "Reducer), and a compiled step (torch.compile, a TensorFlow function) calls its "
+              "collectives from C++ too: the Python stack of a rank waiting for the others is "
+              "the same as that of a rank computing. The supervisor reads native frames too "
+              "(`py-spy dump --native`, where a rank's main thread is idle): a rank blocked in "
+              "`c10d::Reducer::finalize_backward`, a c10d Work's `wait`, gloo's transport, "
+              "Horovod's background loop or MPI waits in a collective. Native frames are lost "
+              "where py-spy cannot unwind them: an image without py-spy 0.4 (it then reads "
+              "Python only), a container without CAP_SYS_PTRACE, a stripped library. With NCCL "
+              "a rank also waits on the host for the GPU (`loss.item()`, "
+              "`cudaStreamSynchronize`), which is a collective's wait only under a c10d frame: "
+              "a bare one may be the rank's own kernels, and is not counted.",
+        fix="Use the images' py-spy (0.4.0) and run the containers as dtrain does "
+            "(CAP_SYS_PTRACE). `py-spy dump --native --pid P` in the container (`docker exec`) "
+            "shows what the sampler sees: a waiting rank's innermost named frame is "
+            "`c10d::Reducer::finalize_backward` or `...Work...::wait`. Where the ranks wait on "
+            "the GPU (NCCL), compare their steps' times instead (`--progress-pattern '^step '`, "
+            "one line per step), or time the step's phases on each rank. A native read pauses "
+            "the rank about 2 s (libtorch's symbols): keep `--straggler-check` at 2 s or more on "
+            "busy CPUs (docs/benchmarks.md).",
+        confirm="`launch/node/examples/ddp_train.py` (PyTorch's DDP pattern, unedited) with one "
+                "node's container slowed (`docker update --cpus 0.1`) under `--straggler-check 1` "
+                "names that node, and an even run names nobody (the 3 simulated nodes, by hand "
+                "with the DDP test of issue 51: not yet in the suite). A hang's dump reads "
+                "Python frames only (it must come within seconds).",
+        source=("https://github.com/benfred/py-spy#can-py-spy-profile-native-extensions",
+                "https://pytorch.org/docs/stable/notes/ddp.html",
+                "https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/reducer.cpp"),
+        doctor_checks=(),
+        related=("straggler", "hang"),
+    ),
+    Entry(
+        id="collective-skipped",
+        title="a rank did not enter the collective the others wait in (flight recorder)",
+        symptom="A torchrun job hangs or fails on a collective's timeout, and the hang line (or a "
+                "`[supervisor]` line after a failed attempt) gives the flight recorder's verdict.",
+        messages=(
+            "flight recorder: r1 (node-2) (entered up to #3) did not enter gloo:all_reduce #4 of "
+            "process group 0 that r0 waits in",
+        ),
+        signatures=_re(r"flight recorder: r(?P<rank>\d+) \((?P<node>[^)]+)\) \(entered up to #\d+\) did not enter"),
+        cause="Every process group numbers its collectives; dtrain turns on PyTorch's flight "
+              "recorder for torchrun's ranks (TORCH_FR_BUFFER_SIZE=2000, a dump on an NCCL "
+              "timeout or asked through the rank's debug pipe, into the node's job directory: "
+              "`flightrec_rank_R`). The rank named entered fewer collectives of that group than "
+              "the others: rank-dependent control flow (an evaluation, a checkpoint or a log "
+              "step on some ranks only, a different number of batches per rank) or an exception "
+              "caught and skipped on that rank. With gloo torch 2.13 records the collectives but "
+              "writes no dump (the line then says `no flight-recorder dump from any rank`): the "
+              "stacks' verdict in the same line stands alone.",
+        fix="Read the named rank's stack in the dump that follows (its innermost frame is where "
+            "it went instead) and make every rank call the same collectives in the same order: "
+            "move the rank-only work outside the collective sequence, or let every rank join "
+            "(`dist.barrier()` after rank 0's checkpoint). For gloo, call "
+            "`torch._C._distributed_c10d._dump_fr_trace` in the job on a timeout's exception "
+            "to get the records. Set any of TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, "
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE with `--env` and dtrain leaves the recorder to you.",
+        confirm="`launch/node/examples/skip_collective.py` (rank 1 skips step 5's allreduce) under "
+                "`--hang-timeout 10` names r1 from the stacks; its records, dumped in the rank, "
+                "name it by sequence number (`tests/data/flight_recorder`).",
+        source=("https://pytorch.org/docs/stable/torch_nccl_environment_variables.html",
+                "https://pytorch.org/tutorials/prototype/flight_recorder_tutorial.html"),
+        doctor_checks=(),
+        related=("hang", "straggler-native"),
+    ),
+    Entry(
         id="gpu-oom",
         title="a rank ran out of GPU memory",
         symptom="A rank raises an out-of-memory error, usually at the first step or the "

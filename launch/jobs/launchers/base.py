@@ -27,6 +27,8 @@ Nothing here is a boolean with a second meaning: each declaration says one thing
                   as its driver (Ray); on ECS its own task definitions (template ecs-NAME)
     sagemaker     `dtrain sagemaker run` takes it: sagemaker_argv is SageMaker's `train` command
     manifests     `dtrain manifest --launcher` takes it
+    flight_recorder  the ranks are PyTorch processes whose flight recorder dtrain turns on and reads
+                  on a hang or a failed attempt (launch/jobs/flightrec.py)
 
     attempt(run, nodes) -> Attempt  one attempt's command (a supervised launcher): argvs (one
                   for the first node, or one per node where EVERY_NODE), env (the launcher
@@ -213,6 +215,7 @@ class Launcher:
     starts_cluster = False
     sagemaker = False
     manifests = False
+    flight_recorder = False
 
     # derived, for the registry's names(**having) and the node programs' plan (runplan.per_node)
     @property

@@ -70,6 +70,7 @@ class Torchrun(Launcher):
     output = NODE_LINES  # `--tee 3`: `[defaultN]:` before each local rank's line
     sagemaker = True
     manifests = True
+    flight_recorder = True
 
     def attempt(self, run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode]) -> Attempt:
         if not nodes:

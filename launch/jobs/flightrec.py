@@ -1,0 +1,174 @@
+"""PyTorch's flight recorder: which rank the others wait for in a collective, by sequence numbers.
+
+torchrun's ranks get `env(job_dir)` (launch/jobs/session.py supervisor_plan): TORCH_FR_BUFFER_SIZE
+makes every process group keep its last collectives, each with its `collective_seq_id`; TORCH_NCCL_DUMP_ON_TIMEOUT writes a rank's records to
+TORCH_FR_DUMP_TEMP_FILE + RANK (`<job dir>/flightrec_rank_R`: every node's container has its own
+job directory) when NCCL's watchdog sees a collective time out, or when a line is written to its
+debug pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE: `<job dir>/flightrec_rank_R.pipe`; the hang check
+does, launch/node/fr_dumps.sh). A rank's dump (`load`: a pickle of
+plain values, or the JSON form) says, per process group, the last collective it entered
+(`pg_status.last_enqueued_collective`). `behind` names the ranks whose last one is older than
+the others': they did not enter the collective the others wait in.
+
+What torch 2.13 (the CPU images' pin) does with gloo, found on 127.0.0.1 with two processes
+(tests/data/flight_recorder/README.md): gloo's collectives are recorded (`gloo:all_reduce`,
+sequence numbers as NCCL's), but no dump is written on a gloo timeout, and a dump can only be
+asked for from inside the rank (`torch._C._distributed_c10d._dump_fr_trace`), so with gloo the
+supervisor finds no dump and says why (`NO_DUMP_GLOO`).
+
+Pure and standard library only (the supervisor imports it on the node).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from dataclasses import dataclass
+from typing import Mapping
+
+PREFIX = "flightrec_rank_"  # in the job directory; torch appends the rank
+BUFFER = 2000  # collectives kept per process
+USER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+NO_DUMP_GLOO = ("no flight-recorder dump from any rank (torch writes one for NCCL only, on a timeout or when asked, "
+                "with gloo its records stay inside the ranks)")
+MAX_DUMP = 64 << 20  # bytes read of one dump at most
+
+
+def late(seconds: float) -> str:
+    """The hang line's flight-recorder part where the dumps did not come in time: the hang line
+    never waits for them longer than `seconds` past the stacks (launch/node/supervise.py)."""
+    return f"flight recorder: no dumps gathered within {seconds:g} s of the stacks"
+
+
+def env(job_dir: str) -> tuple[tuple[str, str], ...]:
+    """The ranks' env: record, and dump on a timeout (or asked through the pipe) into
+    <job_dir>/flightrec_rank_R."""
+    path = f"{job_dir}/{PREFIX}"
+    # not its older name TORCH_NCCL_TRACE_BUFFER_SIZE: torch 2.13 warns on every rank where it is set
+    return (("TORCH_FR_BUFFER_SIZE", str(BUFFER)),
+            ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_FR_DUMP_TEMP_FILE", path),
+            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", path), ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", path))
+
+
+def read_lines(lines) -> dict[int, dict]:
+    """fr_dumps.sh's lines (`fr RANK BASE64`; others skipped) -> {rank: dump} (those that load)."""
+    import base64
+    import binascii
+
+    out: dict[int, dict] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "fr" and parts[1].isdigit():
+            try:
+                dump = load(base64.b64decode(parts[2], validate=True))
+            except (binascii.Error, ValueError):
+                continue
+            if dump is not None:
+                out[int(parts[1])] = dump
+    return out
+
+
+class _Plain(pickle.Unpickler):
+    """Only plain values (dict, list, tuple, str, numbers, None): a dump comes from a node and
+    is untrusted, and unpickling a class could run code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"{module}.{name} is not a plain value")
+
+
+def load(data: bytes) -> dict | None:
+    """A dump's records (torch's pickle, or its JSON form), or None where it is neither."""
+    if not data or len(data) > MAX_DUMP:
+        return None
+    try:
+        out = json.loads(data) if data.lstrip()[:1] == b"{" else _Plain(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - a cut or foreign file is no dump
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def last_entered(dump: Mapping) -> dict[str, int]:
+    """{process group id: the sequence number of the last collective this rank entered}, from
+    pg_status (its last_enqueued_collective), else from the entries (the largest
+    collective_seq_id per pg_id)."""
+    out: dict[str, int] = {}
+    status = dump.get("pg_status")
+    if isinstance(status, Mapping):
+        for pg, st in status.items():
+            try:
+                out[str(pg)] = int(st.get("last_enqueued_collective"))
+            except (AttributeError, TypeError, ValueError):
+                continue
+    if not out:
+        for e in dump.get("entries") or ():
+            if isinstance(e, Mapping) and not e.get("is_p2p"):
+                try:
+                    pg, seq = str(e.get("pg_id")), int(e.get("collective_seq_id"))
+                except (TypeError, ValueError):
+                    continue
+                out[pg] = max(out.get(pg, seq), seq)
+    return out
+
+
+def _op(dump: Mapping, pg: str, seq: int) -> str:
+    for e in dump.get("entries") or ():
+        if isinstance(e, Mapping) and str(e.get("pg_id")) == pg and e.get("collective_seq_id") == seq:
+            return str(e.get("profiling_name") or "?")
+    return "?"
+
+
+@dataclass(frozen=True)
+class Behind:
+    """In process group `pg`, `ranks` entered up to `entered` only; the others (`waiting`)
+    entered collective number `seq`, `op` (torch's name: `gloo:all_reduce`, `nccl:all_reduce`)."""
+
+    pg: str
+    ranks: tuple[int, ...]
+    entered: tuple[int, ...]  # each named rank's last sequence number
+    seq: int
+    op: str
+    waiting: tuple[int, ...]
+
+
+def behind(dumps: Mapping[int, Mapping]) -> list[Behind]:
+    """Per process group, the ranks whose last collective is older than the newest any rank
+    entered: the ones the others wait for. A group all of whose ranks agree names nobody; a
+    rank without a record of the group is not judged (its dump lacks it)."""
+    seen: dict[str, dict[int, int]] = {}
+    for rank, d in dumps.items():
+        for pg, seq in last_entered(d).items():
+            seen.setdefault(pg, {})[rank] = seq
+    out = []
+    for pg in sorted(seen, key=lambda p: (len(p), p)):
+        by_rank = seen[pg]
+        top = max(by_rank.values())
+        late = sorted(r for r, s in by_rank.items() if s < top)
+        if not late:
+            continue
+        ahead = sorted(r for r, s in by_rank.items() if s == top)
+        out.append(Behind(pg, tuple(late), tuple(by_rank[r] for r in late), top, _op(dumps[ahead[0]], pg, top),
+                          tuple(ahead)))
+    return out
+
+
+def text(found: list[Behind], ranks_dumped: int, world: int, ranks: list[str] | None = None) -> str:
+    """The hang line's flight-recorder part: `flight recorder: r1 (node-2) did not enter
+    gloo:all_reduce #4 of process group 0 (entered up to #3) that r0 waits in`; or why it names
+    nobody."""
+    def who(r: int) -> str:
+        return f"r{r} ({ranks[r]})" if ranks and 0 <= r < len(ranks) else f"r{r}"
+
+    if not ranks_dumped:
+        return f"flight recorder: {NO_DUMP_GLOO}"
+    if not found:
+        return f"flight recorder: {ranks_dumped}/{world} ranks' dumps agree on the last collective"
+    parts = []
+    for b in found:
+        late = ", ".join(f"{who(r)} (entered up to #{s})" for r, s in zip(b.ranks, b.entered))
+        waiting = ", ".join(f"r{r}" for r in b.waiting[:8]) + (" ..." if len(b.waiting) > 8 else "")
+        parts.append(f"{late} did not enter {b.op} #{b.seq} of process group {b.pg} that {waiting} "
+                     f"{'waits' if len(b.waiting) == 1 else 'wait'} in")
+    more = f" ({ranks_dumped}/{world} ranks dumped)" if ranks_dumped < world else ""
+    return "flight recorder: " + "; ".join(parts) + more

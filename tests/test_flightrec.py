@@ -1,0 +1,140 @@
+"""The flight recorder's dumps read (launch/jobs/flightrec.py): which rank did not enter the
+collective the others wait in. The dumps are real (tests/data/flight_recorder/README.md: torch
+2.13.0+cpu, gloo, two processes on 127.0.0.1, rank 1 skipping an all_reduce)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from dtrain.launch.jobs import flightrec
+
+DATA = Path(__file__).resolve().parent / "data" / "flight_recorder"
+
+
+def _dumps(ext: str) -> dict[int, dict]:
+    return {r: flightrec.load((DATA / f"rank{r}.{ext}").read_bytes()) for r in (0, 1)}
+
+
+def test_the_rank_that_skipped_a_collective_is_named_from_real_dumps():
+    for ext in ("pickle", "json"):
+        dumps = _dumps(ext)
+        assert [flightrec.last_entered(d) for d in dumps.values()] == [{"0": 4}, {"0": 3}], ext
+        (b,) = flightrec.behind(dumps)
+        assert (b.pg, b.ranks, b.entered, b.seq, b.op, b.waiting) == ("0", (1,), (3,), 4, "gloo:all_reduce", (0,))
+        assert flightrec.text([b], 2, 2, ["node-1", "node-2"]) == (
+            "flight recorder: r1 (node-2) (entered up to #3) did not enter gloo:all_reduce #4 of process "
+            "group 0 that r0 waits in")
+
+
+def test_agreeing_dumps_name_nobody_and_no_dump_says_why():
+    d = _dumps("pickle")
+    assert flightrec.behind({0: d[1], 1: d[1]}) == []
+    assert flightrec.text([], 2, 2) == "flight recorder: 2/2 ranks' dumps agree on the last collective"
+    assert flightrec.text([], 0, 4) == f"flight recorder: {flightrec.NO_DUMP_GLOO}"
+    # from the entries where pg_status is missing (an older dump)
+    no_status = {k: v for k, v in d[0].items() if k != "pg_status"}
+    assert flightrec.last_entered(no_status) == {"0": 4}
+
+
+def test_a_dump_is_untrusted_no_class_is_unpickled():
+    class Boom:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    assert flightrec.load(pickle.dumps({"entries": [Boom()]})) is None
+    assert flightrec.load(b"") is None and flightrec.load(b"not a dump") is None
+    assert flightrec.load(b"[1, 2]") is None and flightrec.load(b"\x80\x04K\x01.") is None  # not a dict
+
+
+def test_torchrun_ranks_record_and_dump_into_the_job_dir():
+    env = dict(flightrec.env("/dtrain-job"))
+    assert env["TORCH_FR_BUFFER_SIZE"] == str(flightrec.BUFFER)
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env  # deprecated: torch 2.13 warns on every rank
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/dtrain-job/flightrec_rank_" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
+def test_fr_dumps_sh_sends_each_rank_s_dump_once_and_asks_through_the_pipe(tmp_path):
+    """launch/node/fr_dumps.sh over a job dir: rank 0's dump already there (a timeout wrote it),
+    rank 1's written only once its debug pipe gets a line (as NCCL's watchdog does: a fifo a
+    reader here stands in for); both come back, name r1, and are read once."""
+    import os
+    import subprocess
+    import threading
+
+    from dtrain import contract
+
+    prefix = str(tmp_path / flightrec.PREFIX)
+    (tmp_path / f"{flightrec.PREFIX}0").write_bytes((DATA / "rank0.pickle").read_bytes())
+    os.mkfifo(f"{prefix}1.pipe")
+
+    def watchdog():
+        with open(f"{prefix}1.pipe") as pipe:
+            pipe.readline()
+        (tmp_path / f"{flightrec.PREFIX}1").write_bytes((DATA / "rank1.pickle").read_bytes())
+
+    t = threading.Thread(target=watchdog, daemon=True)
+    t.start()
+    run = ["bash", "-s", "--", prefix, "5"]
+    r = subprocess.run(run, input=contract.node_script("fr_dumps.sh"), capture_output=True, text=True, timeout=30)
+    t.join(5)
+    dumps = flightrec.read_lines(r.stdout.splitlines())
+    assert sorted(dumps) == [0, 1], r.stdout[:300] + r.stderr
+    assert [b.ranks for b in flightrec.behind(dumps)] == [(1,)]
+    again = subprocess.run(run, input=contract.node_script("fr_dumps.sh"), capture_output=True, text=True, timeout=30)
+    assert again.stdout.strip() == "fr-none"  # read once: a later hang reads its own
+    assert flightrec.read_lines(["fr 1 !!notbase64", "fr x AAAA", "other"]) == {}
+
+
+def test_the_hang_line_carries_the_flight_recorder_s_verdict():
+    from dtrain.launch.jobs import supervision
+
+    ev = {"silent_for": 10.4, "ranks": [1], "nodes": ["node-2"], "culprits": [], "waiting": [0, 1], "unread": [],
+          "flight_recorder": flightrec.text(flightrec.behind(_dumps("pickle")), 2, 2, ["node-1", "node-2"])}
+    assert supervision.hang_line(ev) == (
+        "hang: no rank made progress for 10.4 s (--hang-timeout); every rank waits in a collective (stacks); by "
+        "progress, behind: r1 on node-2 (last progress ? s ago, 0 line(s)); flight recorder: r1 (node-2) (entered "
+        "up to #3) did not enter gloo:all_reduce #4 of process group 0 that r0 waits in; every rank's Python stack "
+        "follows")
+
+
+def test_the_launch_gives_torchrun_s_ranks_the_recorder_unless_the_job_sets_it():
+    """session.supervisor_plan: torchrun's ranks get flightrec.env (each node's job directory);
+    mpirun's do not (no hang check reads them there); a job that sets TORCH_FR_BUFFER_SIZE keeps its own."""
+    from dtrain.launch.jobs import config, launchers, session
+    from dtrain.launch.jobs.spec import NodeFacts, Started
+    from dtrain.launch.remote.hosts import Node
+
+    def plan(**cfg):
+        spec = config.job_spec(config.build({"image": "reg/x:1", "command": ["python", "t.py"], **cfg}))
+        facts = [NodeFacts(Node(f"10.0.0.{i}", 8), f"10.0.0.{i}", f"node-{i}", "ens5", 0, (), "") for i in (1, 2)]
+        return session.supervisor_plan(spec, launchers.get(spec.launcher), Started(facts, "sha256:x", 4),
+                                       {"10.0.0.1": "/d"}, 4)
+
+    env = dict(plan(launcher="torchrun").run.extra_env)
+    assert {k: env[k] for k in dict(flightrec.env("/dtrain-job"))} == dict(flightrec.env("/dtrain-job"))
+    assert "TORCH_FR_BUFFER_SIZE" not in dict(plan(launcher="mpirun").run.extra_env)
+    own = dict(plan(launcher="torchrun", env=["TORCH_FR_BUFFER_SIZE=10"]).run.extra_env)
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in own
+
+
+def test_late_dumps_are_said_not_waited_for():
+    assert flightrec.late(3.0) == "flight recorder: no dumps gathered within 3 s of the stacks"
+
+
+def test_the_hang_line_waits_for_the_dumps_a_bounded_time():
+    """supervise.in_background (how on_hang gathers the dumps beside the stacks): a gathering
+    that has not ended is given up after the bound, never waited for; one that ended is read."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("supervise", Path(__file__).resolve().parent.parent
+                                                  / "launch" / "node" / "supervise.py")
+    sup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sup)
+    slow = sup.in_background(lambda: time.sleep(30) or "late")
+    t0 = time.monotonic()
+    assert slow(0.5) is None and time.monotonic() - t0 < 5
+    quick = sup.in_background(lambda: "flight recorder: 2/2 ranks' dumps agree on the last collective")
+    assert quick(10).startswith("flight recorder: 2/2")
+    assert sup.flightrec_late() == flightrec.late(sup.FR_AFTER_STACKS) and sup.FR_AFTER_STACKS <= 5

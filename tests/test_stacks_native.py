@@ -1,0 +1,227 @@
+"""Native frames (py-spy dump --native) of a rank blocked in a collective's C++ code: DDP's
+gradient allreduce inside `backward` is seen only there (launch/analysis/stacks.py native_wait,
+launch/analysis/straggler.py ranks_waiting). The dumps are real: tests/data/native_stacks/README.md
+says how each was made (torch 2.13.0+cpu, gloo, py-spy 0.4.0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtrain.launch.analysis import stacks, straggler
+
+DATA = Path(__file__).resolve().parent / "data" / "native_stacks"
+
+
+def _as_stacks_sh(name: str, label: str = "[node-1 r0]", state: str = "S") -> list[str]:
+    """A raw py-spy dump as launch/node/stacks.sh writes it (its header, py-spy's lines labelled)."""
+    body = [ln for ln in (DATA / name).read_text().splitlines()
+            if ln.strip() and not ln.startswith(("Process ", "Python v"))]
+    return [f"{label} stack of pid 1, state {state}: python ddp_train.py"] + [f"{label}   {ln}" for ln in body]
+
+
+def _main(name: str) -> stacks.Thread:
+    (proc,) = stacks.parse(_as_stacks_sh(name))
+    return proc.threads[0]
+
+
+def test_ddp_s_allreduce_wait_in_backward_is_a_native_wait():
+    fr = stacks.native_wait(_main("ddp_waiting_native.txt"))
+    assert fr is not None and fr.func == "c10d::Reducer::finalize_backward", fr
+
+
+def test_launching_an_allreduce_or_computing_is_no_wait():
+    assert stacks.native_wait(_main("ddp_launching_allreduce_native.txt")) is None  # ProcessGroupGloo::allreduce
+    assert stacks.native_wait(_main("ddp_forward_native.txt")) is None  # mkl's sgemm
+    assert stacks.native_wait(_main("ddp_waiting_python.txt")) is None  # no native frame at all
+
+
+def test_python_only_the_waiting_rank_reads_as_not_waiting_natively_it_waits():
+    """The blind spot the native frames close: the same wait, Python-only, is `_engine_run_backward`."""
+    py = _as_stacks_sh("ddp_waiting_python.txt")
+    assert straggler.ranks_waiting(py) == {0: False}
+    both = _as_stacks_sh("ddp_waiting_native.txt") + _as_stacks_sh("ddp_forward_native.txt", "[node-2 r1]")
+    assert straggler.ranks_waiting(both) == {0: True, 1: False}
+    stopped = _as_stacks_sh("ddp_waiting_native.txt", state="T")  # a stopped rank waits for nobody
+    assert straggler.ranks_waiting(stopped) == {0: False}
+
+
+def test_a_round_of_stacks_sh_sampling_a_slowed_pair():
+    """stacks.sh's own lines (sample mode) over two DDP ranks, rank 1 throttled: rank 0 waits."""
+    lines = (DATA / "stacks_sh_sample_round.txt").read_text().splitlines()
+    assert straggler.ranks_waiting(lines) == {0: True, 1: False}
+    assert straggler.ranks_of_dump(lines) == {0: "node-1", 1: "node-1"}
+
+
+def test_cuda_and_other_native_waits():
+    def thread(*funcs: str) -> stacks.Thread:
+        return stacks.Thread("MainThread", "idle", tuple(stacks.Frame(f, "lib.so") for f in funcs))
+
+    libc = stacks.Frame("pthread_cond_wait", "libc.so.6")
+    t = stacks.Thread("MainThread", "idle", (stacks.Frame("0x7f00", "libc.so.6"), libc,
+                                             stacks.Frame("c10d::ProcessGroupGloo::AsyncWork::wait", "libtorch_cpu.so")))
+    assert stacks.native_wait(t).func == "c10d::ProcessGroupGloo::AsyncWork::wait"
+    assert stacks.native_wait(thread("c10d::ProcessGroupNCCL::WorkNCCL::synchronizeInternal"))
+    assert stacks.native_wait(thread("gloo::transport::tcp::UnboundBuffer::waitRecv"))
+    assert stacks.native_wait(thread("horovod::common::(anonymous namespace)::BackgroundThreadLoop"))
+    # a CUDA wait is a collective's only under a c10d frame; a bare one (loss.item()) is the rank's own work
+    assert stacks.native_wait(thread("cudaStreamSynchronize", "c10d::ProcessGroupNCCL::WorkNCCL::wait"))
+    assert stacks.native_wait(thread("cudaStreamSynchronize", "at::native::_local_scalar_dense_cpu")) is None
+    # the hang verdict counts it as a collective too
+    assert stacks.collective_frame(thread("cudaStreamSynchronize", "c10d::Reducer::finalize_backward"))
+
+
+def test_a_culprit_is_said_by_its_innermost_python_frame_not_a_c_one():
+    lines = ["[node-2 r1] stack of pid 9, state S: python skip_collective.py",
+             '[node-2 r1]   Thread 9 (idle): "MainThread"',
+             "[node-2 r1]       clock_nanosleep (libc.so.6)",
+             "[node-2 r1]       evaluate (skip_collective.py:23)",
+             "[node-2 r1]       main (skip_collective.py:37)"]
+    assert stacks.place(stacks.parse(lines)[0]) == stacks.Place(stacks.OUTSIDE, "evaluate (skip_collective.py:23)", "S")
+
+
+# ---------------------------------------------------------------- stacks.sh's native reads, real processes
+
+
+def _stacks_sh(tmp_path, *mode: str, path_first: str = "", sleeper: str = "sleep.py") -> tuple[list[str], str]:
+    """stacks.sh over two real processes of an attempt: rank 0 asleep (idle: blocked in the
+    kernel; its script `sleeper` under tmp_path, sleep.py's nap by default), rank 1 spinning (active), and a sleeping
+    process without a rank. Its lines and stderr."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    (tmp_path / "spin.py").write_text("def busy():\n    x = 0\n    while True:\n        x += 1\nbusy()\n")
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "9"}
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / f)], env={**env, "RANK": str(r)})
+             for r, f in enumerate((sleeper, "spin.py"))]
+    procs.append(subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")], env=env))  # an agent: no rank
+    try:
+        time.sleep(1)
+        path = ":".join(p for p in (path_first, str(Path(sys.executable).parent), os.environ["PATH"]) if p)
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "9", "here", *mode],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return r.stdout.splitlines(), r.stderr
+
+
+def test_sampling_reads_natively_only_the_idle_rank(tmp_path):
+    """--straggler-check's round: the sleeping rank (idle) is read with --native (a C frame under
+    its Python ones); the spinning rank (active) Python-only (never paused); a sleeping process
+    without a rank (a launcher's agent) Python-only too (a native read costs seconds)."""
+    lines, err = _stacks_sh(tmp_path, "sample")
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert set(procs) == {0, 1, None}, lines
+    assert all(f.file.split(":")[0].endswith(".py") for f in procs[None].threads[0].frames), lines
+    sleeper, spinner = (procs[r].threads[0].frames for r in (0, 1))
+    assert any(f.func == "nap" for f in sleeper) and not sleeper[0].file.endswith(".py"), lines  # native first
+    assert all(f.file.split(":")[0].endswith(".py") for f in spinner), lines  # Python frames only
+    assert stacks.place(procs[0]).where.startswith("nap ("), lines  # said by its Python frame
+
+
+def test_a_native_read_that_fails_is_said_and_the_python_read_stands(tmp_path):
+    """A py-spy whose --native fails (as one without unwinding support, or a process it cannot
+    pause): stacks.sh says so under the idle process's header and keeps its Python-only read;
+    the spinning rank was never read natively (nothing said)."""
+    import sys
+
+    real = Path(sys.executable).parent / "py-spy"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "py-spy").write_text('#!/bin/bash\nfor a in "$@"; do [ "$a" != --native ] || '
+                                 '{ echo "Error: Failed to suspend process" >&2; exit 1; }; done\n'
+                                 f'exec {real} "$@"\n')
+    (fake / "py-spy").chmod(0o755)
+    lines, _ = _stacks_sh(tmp_path, "sample", path_first=str(fake))
+    notes = [ln for ln in lines if "(native frames not read: " in ln]
+    assert notes == ["[here r0]   (native frames not read: Error: Failed to suspend process)"], lines
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert stacks.place(procs[0]).where.startswith("nap ("), lines
+    assert all(f.file.split(":")[0].endswith(".py") for f in procs[0].threads[0].frames), lines
+
+
+def test_a_hang_s_dump_reads_python_frames_only(tmp_path):
+    """A hang's dump (no `sample`) must come within seconds: no process is read natively, not
+    even an idle one (a native read costs seconds each: docs/benchmarks.md)."""
+    lines, _ = _stacks_sh(tmp_path)
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert set(procs) == {0, 1, None}, lines
+    for p in procs.values():
+        assert all(f.file.split(":")[0].endswith(".py") for t in p.threads for f in t.frames), lines
+    v = stacks.of_dump(lines, 2)
+    assert sorted(r for r, _ in v.named) == [0, 1] and dict(v.named)[1].where.startswith("busy ("), lines
+
+
+def test_a_failed_native_read_is_told_once_per_process():
+    """The supervisor shows stacks.sh's note (a sampled round is otherwise not in the log) once
+    per process label: the wait it could not see is said where it is lost."""
+    note = "[node-2 r1]   (native frames not read: Error: Failed to suspend process)"
+    round_ = ["[node-2 r1] stack of pid 9, state S: python ddp_train.py", note,
+              '[node-2 r1]   Thread 9 (idle): "MainThread"', "[node-2 r1]       main (ddp_train.py:49)"]
+    told: set[str] = set()
+    assert straggler.native_unread(round_, told) == [note]
+    assert straggler.native_unread(round_, told) == []
+    other = note.replace("node-2 r1", "node-3 r2")
+    assert straggler.native_unread([note, other], told) == [other]
+
+
+def test_a_native_read_that_prints_and_then_hangs_is_read(tmp_path):
+    """Under load py-spy --native can print the whole stack and then not exit within stacks.sh's
+    bound (NATIVE_S, seen on the simulated cluster): the printed stack stands, so a rank waiting
+    in DDP's allreduce reads as waiting."""
+    import sys
+
+    real = Path(sys.executable).parent / "py-spy"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "py-spy").write_text(
+        '#!/bin/bash\nfor a in "$@"; do [ "$a" != --native ] || { printf \'%s\\n\' '
+        '"Thread 1 (idle): \\"MainThread\\"" "    pthread_cond_wait (libc.so.6)" '
+        '"    c10d::Reducer::finalize_backward (libtorch_cpu.so)" "    main (ddp_train.py:49)"; exec sleep 60; }; done\n'
+        f'exec {real} "$@"\n')
+    (fake / "py-spy").chmod(0o755)
+    lines, _ = _stacks_sh(tmp_path, "sample", path_first=str(fake))
+    assert not [ln for ln in lines if "(native frames not read: " in ln], lines
+    assert straggler.ranks_waiting(lines) == {0: True, 1: False}, lines
+
+
+def test_a_rank_whose_python_frames_show_the_wait_is_not_read_natively(tmp_path):
+    """stacks.sh's pre-filter (SEEN: stacks.SEEN_IN_PYTHON, from the supervisor): an idle rank
+    whose Python stack has a frame of torch.distributed's collectives waits visibly, and is not
+    paused for a native read (an explicit all_reduce each step: tests/test_straggler.py)."""
+    pkg = tmp_path / "site-packages" / "torch" / "distributed"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "distributed_c10d.py").write_text("import time\ndef all_reduce():\n    time.sleep(600)\n")
+    (tmp_path / "c10d_wait.py").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path / 'site-packages')!r})\n"
+                                           "from torch.distributed.distributed_c10d import all_reduce\nall_reduce()\n")
+    lines, _ = _stacks_sh(tmp_path, "sample", stacks.SEEN_IN_PYTHON, sleeper="c10d_wait.py")
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert set(procs) == {0, 1, None}, lines
+    assert all(f.file.split(":")[0].endswith(".py") for f in procs[0].threads[0].frames), lines  # Python only
+    assert straggler.ranks_waiting(lines) == {0: True, 1: False}, lines
+
+
+def test_the_pre_filter_covers_every_collective_file_of_any_function():
+    """SEEN_IN_PYTHON matches py-spy's line of a frame in each file COLLECTIVE_FRAMES takes
+    whatever the function (both forms py-spy writes: under site-packages, in full), and not
+    DDP's backward (where only native frames show the wait)."""
+    import re
+
+    examples = ["torch/distributed/distributed_c10d.py", "torch/distributed/_functional_collectives.py",
+                "horovod/torch/mpi_ops.py", "deepspeed/comm/comm.py", "tensorflow/python/ops/collective_ops.py"]
+    anyfn = [f for f, fn in stacks.COLLECTIVE_FRAMES if fn.pattern == "."]
+    assert all(any(f.search(e) for e in examples) for f in anyfn), [f.pattern for f in anyfn]
+    seen = re.compile(stacks.SEEN_IN_PYTHON)
+    for e in examples:
+        assert seen.search(f"    all_reduce ({e}:3252)") and seen.search(f"    f (/opt/venv/lib/site-packages/{e}:9)"), e
+    assert not seen.search("    _engine_run_backward (torch/autograd/graph.py:979)")
+    assert not seen.search("    all_reduce (torch/distributed/distributed_c10d.py:3252) extra")
