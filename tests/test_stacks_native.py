@@ -6,6 +6,7 @@ says how each was made (torch 2.13.0+cpu, gloo, py-spy 0.4.0)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from dtrain.launch.analysis import stacks, straggler
 
@@ -82,10 +83,12 @@ def test_a_culprit_is_said_by_its_innermost_python_frame_not_a_c_one():
 # ---------------------------------------------------------------- stacks.sh's native reads, real processes
 
 
-def _stacks_sh(tmp_path, *mode: str, path_first: str = "", sleeper: str = "sleep.py") -> tuple[list[str], str]:
+def _stacks_sh(tmp_path, *mode: str, path_first: str = "", sleeper: str = "sleep.py",
+               then: Callable[[list[str]], list[str]] | None = None) -> tuple[list[str], str]:
     """stacks.sh over two real processes of an attempt: rank 0 asleep (idle: blocked in the
     kernel; its script `sleeper` under tmp_path, sleep.py's nap by default), rank 1 spinning (active), and a sleeping
-    process without a rank. Its lines and stderr."""
+    process without a rank. Its lines and stderr; with `then`, those of a second round over the
+    same processes, its arguments after NODE then(the first round's lines)."""
     import os
     import subprocess
     import sys
@@ -105,6 +108,10 @@ def _stacks_sh(tmp_path, *mode: str, path_first: str = "", sleeper: str = "sleep
         r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "9", "here", *mode],
                            input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PATH": path})
+        if then is not None:
+            r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "9", "here", *then(r.stdout.splitlines())],
+                               input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PATH": path})
     finally:
         for p in procs:
             p.kill()
@@ -157,6 +164,46 @@ def test_a_hang_s_dump_reads_python_frames_only(tmp_path):
         assert all(f.file.split(":")[0].endswith(".py") for t in p.threads for f in t.frames), lines
     v = stacks.of_dump(lines, 2)
     assert sorted(r for r, _ in v.named) == [0, 1] and dict(v.named)[1].where.startswith("busy ("), lines
+
+
+def test_a_native_verdict_stands_for_its_process_at_its_place():
+    """A native read pauses a rank for seconds: its verdict is kept by (node, pid, the main
+    thread's innermost Python frame), and a later Python-only read of the same process idle at
+    the same place reads as that verdict; another process, or the same one elsewhere, does not."""
+    native = _as_stacks_sh("ddp_waiting_native.txt")
+    place = ("node-1", 1, "_engine_run_backward (torch/autograd/graph.py:979)")
+    assert straggler.native_verdicts(native) == {place: True}
+    assert straggler.native_verdicts(_as_stacks_sh("ddp_forward_native.txt")) == {}  # computing: not idle
+    assert straggler.native_verdicts(_as_stacks_sh("ddp_waiting_python.txt")) == {}  # not read natively
+    py = _as_stacks_sh("ddp_waiting_python.txt")
+    assert straggler.ranks_waiting(py, {place: True}) == {0: True}
+    assert straggler.ranks_waiting(py, {place: False}) == {0: False}
+    assert straggler.ranks_waiting(py, {(*place[:2], "main (ddp_train.py:49)"): True}) == {0: False}
+    assert straggler.ranks_waiting(py, {("node-2", 1, place[2]): True}) == {0: False}
+    stopped = _as_stacks_sh("ddp_waiting_python.txt", state="T")
+    assert straggler.ranks_waiting(stopped, {place: True}) == {0: False}
+    assert straggler.known_places({place: True, ("node-2", 7, "f (a.py:1)"): False}, "node-1") == \
+        "1 _engine_run_backward (torch/autograd/graph.py:979)"
+
+
+def test_a_process_is_read_natively_once_per_place(tmp_path):
+    """stacks.sh's KNOWN (the supervisor's, from straggler.known_places): the idle rank read
+    natively in the first round is read Python-only in the next, at the same place; its
+    verdict comes from the first (ranks_waiting's `known`)."""
+    known: dict = {}
+
+    def second(first: list[str]) -> list[str]:
+        known.update(straggler.native_verdicts(first))
+        return ["sample", stacks.SEEN_IN_PYTHON, straggler.known_places(known, "here")]
+
+    lines, _ = _stacks_sh(tmp_path, "sample", stacks.SEEN_IN_PYTHON, then=second)
+    [(node, pid, frame)] = known  # the sleeping rank's nap, not a collective
+    assert node == "here" and frame.startswith("nap (") and known[(node, pid, frame)] is False, known
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert set(procs) == {0, 1, None} and procs[0].pid == pid, lines
+    assert all(f.file.split(":")[0].endswith(".py") for f in procs[0].threads[0].frames), lines  # Python only
+    assert straggler.native_place(procs[0]) == (node, pid, frame), lines
+    assert straggler.ranks_waiting(lines, {(node, pid, frame): True}) == {0: True, 1: False}
 
 
 def test_a_failed_native_read_is_told_once_per_process():

@@ -19,6 +19,7 @@ arguments.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -54,18 +55,66 @@ def waits_in_collective(state: str, frames: Iterable[tuple[str, str]]) -> bool:
     return state not in ("T", "D", "t") and any(is_collective_frame(f, p) for f, p in frames)
 
 
-def ranks_waiting(lines: Iterable[str]) -> dict[int, bool]:
+# Where a process blocked when py-spy read its native frames: (node, pid, its main thread's
+# innermost Python frame as py-spy prints it). A native read pauses the process for seconds
+# (docs/benchmarks.md), so its verdict (a collective's wait or not) stands for that process at
+# that place for the rest of the attempt: stacks.sh is given the places known and reads each
+# process natively once per place, not once per round.
+NativePlace = tuple[str, int, str]
+
+
+def _python_frame(frame: stacks.Frame) -> bool:
+    return bool(re.search(r"\.py(:\d+)?$", frame.file))
+
+
+def native_place(proc: stacks.Proc) -> NativePlace | None:
+    """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status), or
+    shows no Python frame."""
+    main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
+    if main is None or main.status != "idle":
+        return None
+    inner = next((f for f in main.frames if _python_frame(f)), None)
+    return None if inner is None else (proc.node, proc.pid, str(inner))
+
+
+def _read_natively(proc: stacks.Proc) -> bool:
+    return any(not _python_frame(f) for t in proc.threads for f in t.frames)
+
+
+def native_verdicts(lines: Iterable[str]) -> dict[NativePlace, bool]:
+    """The processes of one round that stacks.sh read natively: {where each blocks: waiting in a
+    collective's native code (stacks.native_wait)}."""
+    out: dict[NativePlace, bool] = {}
+    for p in stacks.parse(lines):
+        if p.rank is not None and _read_natively(p) and (where := native_place(p)) is not None:
+            out[where] = any(stacks.native_wait(t) for t in p.threads)
+    return out
+
+
+def known_places(known: Mapping[NativePlace, bool], node: str) -> str:
+    """stacks.sh's KNOWN argument for one node: `PID FRAME` per line, the places read natively."""
+    return "\n".join(f"{pid} {frame}" for (n, pid, frame) in sorted(known) if n == node)
+
+
+def ranks_waiting(lines: Iterable[str], known: Mapping[NativePlace, bool] | None = None) -> dict[int, bool]:
     """One round of launch/node/stacks.sh's output (any nodes, read by stacks.parse, as a hang's
     dump is) -> {rank: waiting in a collective}. A rank with several processes (a data loader's
     workers share its RANK) waits when one does; a launcher's process (no rank in its label) is
     none. Not stacks.place's rule: backward as the innermost Python frame is a rank computing
-    here, unless its native frames show DDP's allreduce wait (stacks.native_wait)."""
+    here, unless its native frames show DDP's allreduce wait (stacks.native_wait), read in this
+    round or, at the same place, before (known: native_verdicts of earlier rounds)."""
+    known = known or {}
     out: dict[int, bool] = {}
     for p in stacks.parse(lines):
         if p.rank is not None:
             frames = [(f.func, f.file) for t in p.threads for f in t.frames]
-            native = p.state not in ("T", "D", "t") and any(stacks.native_wait(t) for t in p.threads)
-            out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames) or native
+            running = p.state not in ("T", "D", "t")
+            if _read_natively(p):
+                native = any(stacks.native_wait(t) for t in p.threads)
+            else:
+                where = native_place(p)
+                native = where is not None and known.get(where, False)
+            out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames) or (running and native)
     return out
 
 

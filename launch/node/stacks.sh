@@ -1,6 +1,6 @@
 #!/bin/bash
 # The Python stack of every process of one attempt in this container (a hang: --hang-timeout).
-#   stacks.sh VAR ATTEMPT NODE [sample [SEEN]]
+#   stacks.sh VAR ATTEMPT NODE [sample [SEEN [KNOWN]]]
 # The attempt's processes are those whose environment has VAR=ATTEMPT (DTRAIN_RESTART: what the
 # supervisor gives each attempt, launch/node/supervise.py KILL_ATTEMPT finds them the same way);
 # each Python one among them (but launch/node/rank_output.py, which tags a rank's lines) is
@@ -18,12 +18,14 @@
 # paused, and loads libtorch's symbols while it is (about 2.4 s, docs/benchmarks.md): each
 # process is read Python-only first (--nonblocking: not paused) and natively only where its main
 # thread is idle (blocked: a collective's wait, I/O, a sleep), so a computing rank is never
-# paused; a launcher's agent (no rank) is never read natively. Where the native read fails, the Python-only read stands (said under the header).
+# paused, and once per place it blocks at: KNOWN's lines, `PID FRAME` (the main thread's innermost
+# Python frame), are the places read before (launch/analysis/straggler.py native_verdicts), whose
+# verdict stands; a launcher's agent (no rank) is never read natively. Where the native read fails, the Python-only read stands (said under the header).
 # A hang's dump (no `sample`) reads Python frames only: it must come within seconds (the hang
 # line waits for it), and a native read of every rank would take seconds each.
 # The processes are read all at once.
 set -u
-var=$1 attempt=$2 node=$3 sample=${4:-} seen=${5:-}
+var=$1 attempt=$2 node=$3 sample=${4:-} seen=${5:-} known=${6:-}
 NATIVE_S=8  # s a native read may take (about 2.4 s on an idle core: docs/benchmarks.md)
 spy=$(command -v py-spy || true)
 [ -n "$spy" ] || spy=/usr/local/bin/py-spy  # where the images put it (templates/Dockerfile.j2)
@@ -34,7 +36,7 @@ env_of() {  # env_of PID NAME: the value of NAME in the process's starting envir
 }
 
 dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, each after LABEL
-  local pid=$1 state=$2 label=$3 rank=$4 out main native why rc limit=20 mode=()
+  local pid=$1 state=$2 label=$3 rank=$4 out main inner native why rc limit=20 mode=()
   [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
   # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
   # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
@@ -42,11 +44,14 @@ dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, ea
   out=$(timeout "$limit" "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)
   # the main thread's line (py-spy names it where it can read the name, else it is listed first)
   main=$(printf '%s\n' "$out" | grep -m 1 '^Thread .*"MainThread"' || printf '%s\n' "$out" | grep -m 1 '^Thread ')
+  # its innermost frame (the line after it): with the pid, the place a native read is known for
+  inner=$(printf '%s\n' "$out" | grep -m 1 -A 1 -Fx -- "$main" | sed -n '2s/^ *//p')
   # natively: a rank (not a launcher's agent) whose main thread is blocked; on a node under a CPU
   # quota (the straggler's own) a read takes ten times as long: NATIVE_S at most
   # and not where its Python frames show the wait already (SEEN: launch/analysis/stacks.py SEEN_IN_PYTHON)
   if [ -n "$sample" ] && [ -n "$rank" ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
-      && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; }; then
+      && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; } \
+      && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
     native=$(timeout "$NATIVE_S" "$spy" dump --native --pid "$pid" 2>&1)
     rc=$?
     why=$(printf '%s\n' "$native" | grep -m 1 -i 'error' | cut -c 1-200)

@@ -923,6 +923,7 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
     history = straggler.History()
     named: set[int] = set()
     told: set[str] = set()  # the processes whose native frames could not be read, said once
+    known: dict[straggler.NativePlace, bool] = {}  # native reads' verdicts: each process read once per place
     script = contract.node_script("stacks.sh")
     args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
     wait = interval
@@ -931,7 +932,8 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
         dumps: dict[str, list[str]] = {}
 
         def one(n: runplan.PlanNode) -> None:
-            argv = [*args, n.hostname, "sample", stacks.SEEN_IN_PYTHON]  # no native read where Python shows the wait
+            # no native read where Python shows the wait, nor where one was read before
+            argv = [*args, n.hostname, "sample", stacks.SEEN_IN_PYTHON, straggler.known_places(known, n.hostname)]
             argv = argv if n is sup.me else sup.remote(n, shlex.join(argv))
             try:
                 dumps[n.hostname] = subprocess.run(argv, input=script, capture_output=True, text=True,
@@ -947,7 +949,8 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
         if done.is_set():
             return
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
-        history.add(straggler.ranks_waiting(lines))
+        history.add(straggler.ranks_waiting(lines, known))
+        known.update(straggler.native_verdicts(lines))
         for line in straggler.native_unread(lines, told):  # once per process: its C++ waits are not seen
             sup.emit(contract.STACK_LINE + line)
         where = straggler.ranks_of_dump(lines)
