@@ -105,6 +105,7 @@ def test_without_a_restart_the_job_fails_naming_the_hang(cluster, remote_images)
     _wait_clean(cluster, name)
 
 
+@pytest.mark.second_cluster  # the first part's cluster is the fuller: dtrain/suite.py
 def test_a_rank_that_skips_a_collective_is_named_and_the_flight_recorder_says_why_not_it(cluster, remote_images):
     """torchrun, 2 nodes, gloo: rank 1 skips step 5's allreduce (skip_collective.py). The hang
     line names it from the stacks (outside any collective, in `evaluate`); its flight recorder
