@@ -206,6 +206,36 @@ def test_a_process_is_read_natively_once_per_place(tmp_path):
     assert straggler.ranks_waiting(lines, {(node, pid, frame): True}) == {0: True, 1: False}
 
 
+def test_a_rank_whose_other_threads_run_waits_for_itself_not_a_peer():
+    """Under a CPU quota the slowed rank's gloo threads are throttled too, and its main thread
+    waits in `backward` for them as its peers wait for it (docs/benchmarks.md): stacks.sh says
+    how many of a rank's other threads run, and a native wait counts only where none does."""
+    native = _as_stacks_sh("ddp_waiting_native.txt")
+    busy = [native[0], "[node-1 r0]   (other threads: 2 running of 9)", *native[1:]]
+    idle = [native[0], "[node-1 r0]   (other threads: 0 running of 9)", *native[1:]]
+    assert [p.others_running for p in stacks.parse(busy + idle)] == [2, 0]
+    assert stacks.parse(native)[0].others_running is None  # a hang's dump: not said
+    assert straggler.ranks_waiting(busy) == {0: False} and straggler.ranks_waiting(idle) == {0: True}
+    py = _as_stacks_sh("ddp_waiting_python.txt")
+    place = ("node-1", 1, "_engine_run_backward (torch/autograd/graph.py:979)")
+    assert straggler.ranks_waiting([py[0], "[node-1 r0]   (other threads: 1 running of 9)", *py[1:]],
+                                   {place: True}) == {0: False}
+    # a frame line that only looks like the note is a frame, not the note
+    assert stacks.parse([*native, "[node-1 r0]   (other threads: 1 running of 9)"])[0].others_running is None
+
+
+def test_sampling_says_how_many_of_a_rank_s_other_threads_run(tmp_path):
+    """stacks.sh's sampling note, on real processes: rank 0 asleep with a spinning thread
+    beside it (1 of 1 running), rank 1 spinning alone (0 of 0), the agent (no rank) unsaid."""
+    (tmp_path / "sleep_busy.py").write_text(
+        "import threading, time\ndef spin():\n    while True:\n        pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\ndef nap():\n    time.sleep(600)\nnap()\n")
+    lines, _ = _stacks_sh(tmp_path, "sample", stacks.SEEN_IN_PYTHON, sleeper="sleep_busy.py")
+    procs = {p.rank: p for p in stacks.parse(lines)}
+    assert (procs[0].others_running, procs[1].others_running, procs[None].others_running) == (1, 0, None), lines
+    assert "[here r0]   (other threads: 1 running of 1)" in lines, lines
+
+
 def test_a_failed_native_read_is_told_once_per_process():
     """The supervisor shows stacks.sh's note (a sampled round is otherwise not in the log) once
     per process label: the wait it could not see is said where it is lost."""

@@ -35,6 +35,7 @@ _LABEL = re.compile(r"^\[(?P<node>[^\]\s]+)(?: r(?P<rank>\d{1,9}))?\](?P<rest>.*
 _HEADER = re.compile(r"^ ?stack of pid (?P<pid>\d{1,9}), state (?P<state>\S?): ?(?P<cmd>.*)$")
 _THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<name>.*)")?$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]*)\)$")
+_OTHERS = re.compile(r"^ +\(other threads: (?P<running>\d{1,6}) running of \d{1,6}\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # A frame inside a collective: (file, function), both regexes; the file as py-spy shortens it
@@ -116,6 +117,8 @@ class Proc:
     state: str  # /proc/PID/stat's: R, S, D, T, t, Z ("" where unread)
     cmd: str
     threads: tuple[Thread, ...] = ()
+    # stacks.sh's sampling note: how many of its other threads ran (state R); None where unsaid
+    others_running: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,12 +202,16 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         h = _HEADER.match(rest)
         if h:
             p = {"node": key[0], "rank": None if key[1] is None else int(key[1]), "pid": int(h.group("pid")),
-                 "state": h.group("state"), "cmd": h.group("cmd"), "threads": [], "indent": None}
+                 "state": h.group("state"), "cmd": h.group("cmd"), "threads": [], "indent": None, "others": None}
             procs.append(p)
             open_[key] = p
             continue
         p = open_.get(key)
         if p is None:
+            continue
+        o = _OTHERS.match(rest)
+        if o and not p["threads"]:
+            p["others"] = int(o.group("running"))
             continue
         body = rest.lstrip(" ")
         indent = len(rest) - len(body)
@@ -217,7 +224,7 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         if f and p["threads"] and p["indent"] is not None and p["indent"] < indent <= p["indent"] + 4:
             p["threads"][-1]["frames"].append(Frame(f.group("func"), f.group("file")))
     return [Proc(p["node"], p["rank"], p["pid"], p["state"], p["cmd"],
-                 tuple(Thread(t["name"], t["status"], tuple(t["frames"])) for t in p["threads"]))
+                 tuple(Thread(t["name"], t["status"], tuple(t["frames"])) for t in p["threads"]), p["others"])
             for p in procs]
 
 

@@ -114,6 +114,9 @@ def ranks_waiting(lines: Iterable[str], known: Mapping[NativePlace, bool] | None
             else:
                 where = native_place(p)
                 native = where is not None and known.get(where, False)
+            # blocked in its collective while its other threads run: the collective's own work
+            # (a rank under a CPU quota, its gloo threads throttled too), not a wait for a peer
+            native = native and not p.others_running
             out[p.rank] = out.get(p.rank, False) or waits_in_collective(p.state, frames) or (running and native)
     return out
 

@@ -35,6 +35,11 @@ env_of() {  # env_of PID NAME: the value of NAME in the process's starting envir
   tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=//p" | head -n 1
 }
 
+running_of() {  # running_of PID: "R running of N", the process's threads but its main one
+  awk -v main="$1" '{ s = $0; sub(/^.*\) /, "", s); if ($1 != main) { n++; if (substr(s, 1, 1) == "R") r++ } }
+    END { printf "%d running of %d", r, n }' "/proc/$1/task/"*/stat 2>/dev/null
+}
+
 dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, each after LABEL
   local pid=$1 state=$2 label=$3 rank=$4 out main inner native why rc limit=20 mode=()
   [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
@@ -88,6 +93,10 @@ while IFS= read -r env; do
   cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
   found=$((found + 1))
   echo "$label stack of pid $pid, state $state: ${cmd% }" > "$tmp/$found"
+  # sampling: how many of a rank's other threads run (state R, a quota's throttled ones too): a
+  # rank blocked in its collective while its own threads do the collective's work waits for
+  # itself, not for a peer (launch/analysis/straggler.py ranks_waiting)
+  [ -z "$sample" ] || [ -z "$rank" ] || echo "$label   (other threads: $(running_of "$pid"))" >> "$tmp/$found"
   if [ -n "$spy" ]; then
     dump_one "$pid" "$state" "$label" "$rank" >> "$tmp/$found" &
   elif [ -n "$sample" ]; then
