@@ -335,6 +335,66 @@ def test_a_node_slowed_mid_run_is_named_straggler_in_the_log_and_status(cluster,
     _wait_clean(cluster, name)
 
 
+# ddp_train.py --width 1024 --batch 256 here: about 0.2 s a step, so the even part spans about
+# three windows of --straggler-check 1 (docs/benchmarks.md)
+EVEN_STEPS = 200  # DDP steps every rank trains at full speed before node-3 is slowed
+DDP_STEPS = 300  # in all: the slowed part and the rest at full speed after the quota is lifted
+
+
+@pytest.mark.cluster
+@pytest.mark.second_cluster  # the first part's cluster is the fuller: dtrain/suite.py
+def test_ddp_unedited_an_even_part_names_nobody_then_the_slowed_node_is_named(cluster, remote_images):
+    """Issue 51: PyTorch's DDP pattern unedited (ddp_train.py: no collective in the script; gloo's
+    gradient allreduce waits inside `backward`, seen only in native frames) on the shared
+    cluster's 3 nodes under torchrun, --straggler-check 1. EVEN_STEPS even steps: nobody named;
+    then node-3's container gets 0.1 CPU (its gloo threads too: it waits in `backward` for them,
+    told apart from a wait for a peer by its other threads running): within SLOW_FOR s the log names r2 on node-3, and
+    `dtrain status --job` says so. The quota is lifted once it is named (or after SLOW_FOR s)
+    and the run ends at full speed; no other rank is named."""
+    from dtrain.launch.jobs import store
+    from dtrain.launch.jobs.store import job_log
+    from test_wholerun import _job, _wait_clean
+
+    name = "t-straggler-ddp"
+    seen: dict = {}
+
+    def watch():
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            path = job_log(name)
+            text = path.read_text() if path.exists() else ""
+            if "first" not in seen and re.search(r"^\[node-3 r2\] step 1 rank 2/3 ", text, re.M):
+                seen["first"] = time.monotonic()
+            if "slowed" not in seen and re.search(rf"^\[node-3 r2\] step {EVEN_STEPS} rank 2/3 ", text, re.M):
+                seen["named before"] = "[launch] straggler: " in text
+                r = _docker_update(cluster, 3, name, "0.1")
+                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
+            if "slowed" in seen and ("[launch] straggler: " in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
+                seen["named"] = time.monotonic()
+                seen["lifted"] = _docker_update(cluster, 3, name, None).returncode
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
+                        ["python", f"{EX}/ddp_train.py", "--steps", str(DDP_STEPS), "--width", "1024", "--batch", "256"], name, n=3,
+                        launcher="torchrun", straggler_check=1.0, env={"OMP_NUM_THREADS": "1"})
+    watcher.join(5)
+    assert "slowed" in seen and seen.get("lifted") == 0 and seen["named before"] is False, (seen, out[-3000:])
+    named = re.findall(r"^\[launch\] straggler: (r\d+ on \S+) waited in a collective in (\d+)/12 samples", out, re.M)
+    assert [who for who, _ in named] == ["r2 on node-3"], out[-5000:]
+    assert seen["named"] - seen["slowed"] < SLOW_FOR, seen  # the window (12 rounds), with the rounds' own time
+    assert code == 0 and "[launch] job succeeded" in out, out[-3000:]
+    rows = store.status_rows(name=name)
+    assert "; straggler node-3 (r2, in a collective " in rows[1][1], rows
+    steps = [float(m) for m in re.findall(r"^\[node-1 r0\] step \d+ rank 0/3 loss \S+ step_ms ([\d.]+)$", out, re.M)]
+    print(f"even part: {EVEN_STEPS} steps in {seen['slowed'] - seen['first']:.1f} s (rank 0 step_ms: median "
+          f"{sorted(steps[:EVEN_STEPS])[EVEN_STEPS // 2]:.1f}, longest {max(steps[:EVEN_STEPS]):.1f}); "
+          f"named {seen['named'] - seen['slowed']:.1f} s after the quota")
+    _wait_clean(cluster, name)
+
+
 @pytest.mark.cluster
 def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remote_images):
     """2 nodes and a spare, --replace-stragglers: node-2 slowed mid-run is named, the job is asked
