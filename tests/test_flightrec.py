@@ -86,6 +86,26 @@ def test_fr_dumps_sh_sends_each_rank_s_dump_once_and_asks_through_the_pipe(tmp_p
     assert flightrec.read_lines(["fr 1 !!notbase64", "fr x AAAA", "other"]) == {}
 
 
+def test_dead_ranks_pipes_are_asked_at_once_not_one_after_another(tmp_path):
+    """A failed attempt's ranks are gone but their debug pipes stay, with no reader: each ask
+    blocks its 2 s. Eight of them (a node's ranks) are asked at once: fr_dumps.sh ends in about
+    2 s, not 16 (past the supervisor's wait), and says there is no dump."""
+    import os
+    import subprocess
+    import time
+
+    from dtrain import contract
+
+    prefix = str(tmp_path / flightrec.PREFIX)
+    for r in range(8):
+        os.mkfifo(f"{prefix}{r}.pipe")
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "-s", "--", prefix, "5"], input=contract.node_script("fr_dumps.sh"),
+                       capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == "fr-none" and took < 6, (took, r.stdout, r.stderr)
+
+
 def test_the_hang_line_carries_the_flight_recorder_s_verdict():
     from dtrain.launch.jobs import supervision
 

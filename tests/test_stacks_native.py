@@ -17,7 +17,8 @@ def _as_stacks_sh(name: str, label: str = "[node-1 r0]", state: str = "S") -> li
     """A raw py-spy dump as launch/node/stacks.sh writes it (its header, py-spy's lines labelled)."""
     body = [ln for ln in (DATA / name).read_text().splitlines()
             if ln.strip() and not ln.startswith(("Process ", "Python v"))]
-    return [f"{label} stack of pid 1, state {state}: python ddp_train.py"] + [f"{label}   {ln}" for ln in body]
+    note = [f"{label}   (read natively)"] if name.endswith("_native.txt") else []  # as stacks.sh says it
+    return [f"{label} stack of pid 1, state {state}: python ddp_train.py", *note] + [f"{label}   {ln}" for ln in body]
 
 
 def _main(name: str) -> stacks.Thread:
@@ -176,14 +177,20 @@ def test_a_native_verdict_stands_for_its_process_at_its_place():
     assert straggler.native_verdicts(_as_stacks_sh("ddp_forward_native.txt")) == {}  # computing: not idle
     assert straggler.native_verdicts(_as_stacks_sh("ddp_waiting_python.txt")) == {}  # not read natively
     py = _as_stacks_sh("ddp_waiting_python.txt")
-    assert straggler.ranks_waiting(py, {place: True}) == {0: True}
-    assert straggler.ranks_waiting(py, {place: False}) == {0: False}
-    assert straggler.ranks_waiting(py, {(*place[:2], "main (ddp_train.py:49)"): True}) == {0: False}
-    assert straggler.ranks_waiting(py, {("node-2", 1, place[2]): True}) == {0: False}
+    assert straggler.ranks_waiting(py, {place: (True,)}) == {0: True}
+    assert straggler.ranks_waiting(py, {place: (False,)}) == {0: False}
+    assert straggler.ranks_waiting(py, {place: (False, True, True)}) == {0: True}  # the majority
+    assert straggler.ranks_waiting(py, {place: (True, False)}) == {0: False}  # a tie: the latest
+    assert straggler.ranks_waiting(py, {(*place[:2], "main (ddp_train.py:49)"): (True,)}) == {0: False}
+    assert straggler.ranks_waiting(py, {("node-2", 1, place[2]): (True,)}) == {0: False}
     stopped = _as_stacks_sh("ddp_waiting_python.txt", state="T")
-    assert straggler.ranks_waiting(stopped, {place: True}) == {0: False}
-    assert straggler.known_places({place: True, ("node-2", 7, "f (a.py:1)"): False}, "node-1") == \
+    assert straggler.ranks_waiting(stopped, {place: (True,)}) == {0: False}
+    # stacks.sh reads a place Python-only once NATIVE_AGREE reads agree: one read decides nothing
+    other = ("node-2", 7, "f (a.py:1)")
+    assert straggler.known_places({place: (True,), other: (False, False)}, "node-1") == ""
+    assert straggler.known_places({place: (False, True, True), other: (False, False)}, "node-1") == \
         "1 _engine_run_backward (torch/autograd/graph.py:979)"
+    assert straggler.learn(straggler.learn({}, native), native) == {place: (True, True)}
 
 
 def test_a_process_is_read_natively_once_per_place(tmp_path):
@@ -193,17 +200,17 @@ def test_a_process_is_read_natively_once_per_place(tmp_path):
     known: dict = {}
 
     def second(first: list[str]) -> list[str]:
-        known.update(straggler.native_verdicts(first))
+        known.update(straggler.learn(straggler.learn({}, first), first))  # as two agreeing rounds
         return ["sample", stacks.SEEN_IN_PYTHON, straggler.known_places(known, "here")]
 
     lines, _ = _stacks_sh(tmp_path, "sample", stacks.SEEN_IN_PYTHON, then=second)
     [(node, pid, frame)] = known  # the sleeping rank's nap, not a collective
-    assert node == "here" and frame.startswith("nap (") and known[(node, pid, frame)] is False, known
+    assert node == "here" and frame.startswith("nap (") and known[(node, pid, frame)] == (False, False), known
     procs = {p.rank: p for p in stacks.parse(lines)}
     assert set(procs) == {0, 1, None} and procs[0].pid == pid, lines
     assert all(f.file.split(":")[0].endswith(".py") for f in procs[0].threads[0].frames), lines  # Python only
     assert straggler.native_place(procs[0]) == (node, pid, frame), lines
-    assert straggler.ranks_waiting(lines, {(node, pid, frame): True}) == {0: True, 1: False}
+    assert not procs[0].native and straggler.ranks_waiting(lines, {(node, pid, frame): (True,)}) == {0: True, 1: False}
 
 
 def test_a_rank_whose_other_threads_run_waits_for_itself_not_a_peer():
@@ -219,7 +226,7 @@ def test_a_rank_whose_other_threads_run_waits_for_itself_not_a_peer():
     py = _as_stacks_sh("ddp_waiting_python.txt")
     place = ("node-1", 1, "_engine_run_backward (torch/autograd/graph.py:979)")
     assert straggler.ranks_waiting([py[0], "[node-1 r0]   (other threads: 1 running of 9)", *py[1:]],
-                                   {place: True}) == {0: False}
+                                   {place: (True,)}) == {0: False}
     # a frame line that only looks like the note is a frame, not the note
     assert stacks.parse([*native, "[node-1 r0]   (other threads: 1 running of 9)"])[0].others_running is None
 
@@ -302,3 +309,46 @@ def test_the_pre_filter_covers_every_collective_file_of_any_function():
         assert seen.search(f"    all_reduce ({e}:3252)") and seen.search(f"    f (/opt/venv/lib/site-packages/{e}:9)"), e
     assert not seen.search("    _engine_run_backward (torch/autograd/graph.py:979)")
     assert not seen.search("    all_reduce (torch/distributed/distributed_c10d.py:3252) extra")
+
+
+def test_python_frames_as_py_spy_prints_them():
+    """A `python -m` rank's outermost frames are <frozen runpy>'s: Python frames, not native ones
+    (a place is read natively only where stacks.sh says so: `(read natively)`)."""
+    py = [stacks.Frame("_run_module_as_main", "<frozen runpy>:198"), stacks.Frame("f", "a.py:3"),
+          stacks.Frame("<module>", "<string>:1"), stacks.Frame("g", "torch/x.py")]
+    nat = [stacks.Frame("pthread_cond_wait", "libc.so.6"), stacks.Frame("0x7f00", "libc.so.6"),
+           stacks.Frame("c10d::Reducer::finalize_backward", "libtorch_cpu.so"), stacks.Frame("h", "reducer.cpp:77")]
+    assert all(straggler._python_frame(f) for f in py) and not any(straggler._python_frame(f) for f in nat)
+    lines = ["[n r0] stack of pid 4, state S: python -m train", '[n r0]   Thread 4 (idle): "MainThread"',
+             "[n r0]       _engine_run_backward (torch/autograd/graph.py:979)",
+             "[n r0]       _run_module_as_main (<frozen runpy>:198)"]
+    [p] = stacks.parse(lines)
+    assert not p.native and straggler.native_verdicts(lines) == {}
+    assert straggler.native_place(p) == ("n", 4, "_engine_run_backward (torch/autograd/graph.py:979)")
+
+
+def test_a_rank_value_that_is_no_number_is_no_label(tmp_path):
+    """stacks.sh prefixes py-spy's lines with the label through awk's value, and RANK (the
+    process's own environment) must be a number: `1/e touch X` would have been a sed command."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(600)\n")
+    marker = tmp_path / "pwned"
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "8", "RANK": f"1/;s/x/y/e touch {marker} #"}
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")], env=env)
+    try:
+        time.sleep(1)
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "8", "here"], input=contract.node_script("stacks.sh"),
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not marker.exists(), r.stdout
+    assert r.stdout.startswith(f"[here] stack of pid {proc.pid}, state S"), r.stdout
+    assert all(ln.startswith("[here]") for ln in r.stdout.splitlines()), r.stdout

@@ -35,6 +35,7 @@ _LABEL = re.compile(r"^\[(?P<node>[^\]\s]+)(?: r(?P<rank>\d{1,9}))?\](?P<rest>.*
 _HEADER = re.compile(r"^ ?stack of pid (?P<pid>\d{1,9}), state (?P<state>\S?): ?(?P<cmd>.*)$")
 _THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<name>.*)")?$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]*)\)$")
+_NATIVE = re.compile(r"^ +\(read natively\)$")
 _OTHERS = re.compile(r"^ +\(other threads: (?P<running>\d{1,6}) running of \d{1,6}\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -119,6 +120,7 @@ class Proc:
     threads: tuple[Thread, ...] = ()
     # stacks.sh's sampling note: how many of its other threads ran (state R); None where unsaid
     others_running: int | None = None
+    native: bool = False  # stacks.sh read it with py-spy --native (its note `(read natively)`)
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,8 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         h = _HEADER.match(rest)
         if h:
             p = {"node": key[0], "rank": None if key[1] is None else int(key[1]), "pid": int(h.group("pid")),
-                 "state": h.group("state"), "cmd": h.group("cmd"), "threads": [], "indent": None, "others": None}
+                 "state": h.group("state"), "cmd": h.group("cmd"), "threads": [], "indent": None, "others": None,
+                 "native": False}
             procs.append(p)
             open_[key] = p
             continue
@@ -212,6 +215,9 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         o = _OTHERS.match(rest)
         if o and not p["threads"]:
             p["others"] = int(o.group("running"))
+            continue
+        if _NATIVE.match(rest) and not p["threads"]:
+            p["native"] = True
             continue
         body = rest.lstrip(" ")
         indent = len(rest) - len(body)
@@ -224,7 +230,8 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         if f and p["threads"] and p["indent"] is not None and p["indent"] < indent <= p["indent"] + 4:
             p["threads"][-1]["frames"].append(Frame(f.group("func"), f.group("file")))
     return [Proc(p["node"], p["rank"], p["pid"], p["state"], p["cmd"],
-                 tuple(Thread(t["name"], t["status"], tuple(t["frames"])) for t in p["threads"]), p["others"])
+                 tuple(Thread(t["name"], t["status"], tuple(t["frames"])) for t in p["threads"]), p["others"],
+                 p["native"])
             for p in procs]
 
 

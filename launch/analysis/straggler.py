@@ -57,28 +57,29 @@ def waits_in_collective(state: str, frames: Iterable[tuple[str, str]]) -> bool:
 
 # Where a process blocked when py-spy read its native frames: (node, pid, its main thread's
 # innermost Python frame as py-spy prints it). A native read pauses the process for seconds
-# (docs/benchmarks.md), so its verdict (a collective's wait or not) stands for that process at
-# that place for the rest of the attempt: stacks.sh is given the places known and reads each
-# process natively once per place, not once per round.
+# (docs/benchmarks.md), so the verdicts of a place's native reads (a collective's wait or not)
+# are kept for the attempt, and once NATIVE_AGREE of them agree the place is settled: stacks.sh
+# is given the settled places (known_places) and reads that process there Python-only, its
+# verdict the majority's. At most 2 * NATIVE_AGREE - 1 pauses per process and place, and one
+# unlucky read (a rank idle in `backward` for another reason) does not decide alone.
 NativePlace = tuple[str, int, str]
+NATIVE_AGREE = 2
 
 
 def _python_frame(frame: stacks.Frame) -> bool:
-    return bool(re.search(r"\.py(:\d+)?$", frame.file))
+    """A Python frame as py-spy prints it: a .py file, or <frozen runpy>, <string>, ... with a line."""
+    return bool(re.search(r"(\.py|^<[^<>]*>):\d+$|\.py$", frame.file))
 
 
 def native_place(proc: stacks.Proc) -> NativePlace | None:
-    """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status), or
-    shows no Python frame."""
+    """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status),
+    or shows no frame. Read natively: its innermost Python frame; else its innermost frame, as
+    stacks.sh takes it (the line after the main thread's)."""
     main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
-    if main is None or main.status != "idle":
+    if main is None or main.status != "idle" or not main.frames:
         return None
-    inner = next((f for f in main.frames if _python_frame(f)), None)
+    inner = next((f for f in main.frames if _python_frame(f)), None) if proc.native else main.frames[0]
     return None if inner is None else (proc.node, proc.pid, str(inner))
-
-
-def _read_natively(proc: stacks.Proc) -> bool:
-    return any(not _python_frame(f) for t in proc.threads for f in t.frames)
 
 
 def native_verdicts(lines: Iterable[str]) -> dict[NativePlace, bool]:
@@ -86,34 +87,56 @@ def native_verdicts(lines: Iterable[str]) -> dict[NativePlace, bool]:
     collective's native code (stacks.native_wait)}."""
     out: dict[NativePlace, bool] = {}
     for p in stacks.parse(lines):
-        if p.rank is not None and _read_natively(p) and (where := native_place(p)) is not None:
+        if p.rank is not None and p.native and (where := native_place(p)) is not None:
             out[where] = any(stacks.native_wait(t) for t in p.threads)
     return out
 
 
-def known_places(known: Mapping[NativePlace, bool], node: str) -> str:
-    """stacks.sh's KNOWN argument for one node: `PID FRAME` per line, the places read natively."""
-    return "\n".join(f"{pid} {frame}" for (n, pid, frame) in sorted(known) if n == node)
+Known = Mapping[NativePlace, tuple[bool, ...]]  # each place's native verdicts, in the order read
 
 
-def ranks_waiting(lines: Iterable[str], known: Mapping[NativePlace, bool] | None = None) -> dict[int, bool]:
+def learn(known: Known, lines: Iterable[str]) -> dict[NativePlace, tuple[bool, ...]]:
+    """known with one round's native verdicts added (a new mapping)."""
+    out = dict(known)
+    for where, v in native_verdicts(lines).items():
+        out[where] = (*out.get(where, ()), v)
+    return out
+
+
+def verdict(reads: Sequence[bool]) -> bool:
+    """A place's verdict from its native reads: the majority's; a tie, the latest read's."""
+    yes = sum(reads)
+    return yes * 2 > len(reads) or (yes * 2 == len(reads) and bool(reads) and reads[-1])
+
+
+def settled(reads: Sequence[bool]) -> bool:
+    return max(sum(reads), len(reads) - sum(reads)) >= NATIVE_AGREE
+
+
+def known_places(known: Known, node: str) -> str:
+    """stacks.sh's KNOWN argument for one node: `PID FRAME` per line, its settled places."""
+    return "\n".join(f"{pid} {frame}" for (n, pid, frame), reads in sorted(known.items())
+                     if n == node and settled(reads))
+
+
+def ranks_waiting(lines: Iterable[str], known: Known | None = None) -> dict[int, bool]:
     """One round of launch/node/stacks.sh's output (any nodes, read by stacks.parse, as a hang's
     dump is) -> {rank: waiting in a collective}. A rank with several processes (a data loader's
     workers share its RANK) waits when one does; a launcher's process (no rank in its label) is
     none. Not stacks.place's rule: backward as the innermost Python frame is a rank computing
     here, unless its native frames show DDP's allreduce wait (stacks.native_wait), read in this
-    round or, at the same place, before (known: native_verdicts of earlier rounds)."""
+    round or, at the same place, before (known: `learn`'s, of earlier rounds)."""
     known = known or {}
     out: dict[int, bool] = {}
     for p in stacks.parse(lines):
         if p.rank is not None:
             frames = [(f.func, f.file) for t in p.threads for f in t.frames]
             running = p.state not in ("T", "D", "t")
-            if _read_natively(p):
+            if p.native:
                 native = any(stacks.native_wait(t) for t in p.threads)
             else:
                 where = native_place(p)
-                native = where is not None and known.get(where, False)
+                native = where is not None and where in known and verdict(known[where])
             # blocked in its collective while its other threads run: the collective's own work
             # (a rank under a CPU quota, its gloo threads throttled too), not a wait for a peer
             native = native and not p.others_running

@@ -8,12 +8,16 @@
 # Prints `fr RANK BASE64` per dump (one line, its bytes), `fr-none` where there is none.
 set -u
 prefix=$1 wait=${2:-5}
-asked=0
+asked=0 pids=()
+# every pipe at once: the open blocks until the rank reads, and a dead rank's pipe has no reader
+# (2 s each, one after another, would pass the supervisor's wait with 8 ranks a node)
 for p in "$prefix"*.pipe; do
   [ -p "$p" ] || continue
   # shellcheck disable=SC2016 # "$1" is the inner shell's argument, not expanded here
-  timeout 2 sh -c 'echo 1 > "$1"' sh "$p" 2>/dev/null && asked=$((asked + 1))
+  timeout 2 sh -c 'echo 1 > "$1"' sh "$p" 2>/dev/null &
+  pids+=($!)
 done
+for pid in "${pids[@]}"; do wait "$pid" && asked=$((asked + 1)); done
 deadline=$((SECONDS + wait))
 while [ "$asked" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ]; do
   n=0

@@ -59,18 +59,21 @@ dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, ea
       && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
     native=$(timeout "$NATIVE_S" "$spy" dump --native --pid "$pid" 2>&1)
     rc=$?
-    why=$(printf '%s\n' "$native" | grep -m 1 -i 'error' | cut -c 1-200)
+    # py-spy's own error lines (a frame may say "error" too: c10::Error)
+    why=$(printf '%s\n' "$native" | grep -m 1 '^Error' | cut -c 1-200)
     # under load py-spy can print the whole stack and then not exit within the bound: the stack
     # it printed stands (innermost frames first)
     if [ -z "$why" ] && printf '%s\n' "$native" | grep -q '^Thread '; then
       out=$native
+      echo "$label   (read natively)"  # launch/analysis/stacks.py Proc.native
     else  # said once per process: a collective's wait under C++ frames is not seen (docs/troubleshooting.md)
       [ "$rc" != 124 ] || why=${why:-no answer within $NATIVE_S s}
       echo "$label   (native frames not read: ${why:-py-spy --native failed, exit $rc})"
     fi
   fi
   # py-spy's header (Process, Python version) and blank lines are left out
-  printf '%s\n' "$out" | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' -e '/^ *$/d' -e "s/^/$label   /"
+  # (the label as awk's value, never as sed's script: RANK is the process's own environment)
+  printf '%s\n' "$out" | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' -e '/^ *$/d' | awk -v p="$label   " '{ print p $0 }'
 }
 
 tmp=$(mktemp -d) || exit 0
@@ -87,6 +90,7 @@ while IFS= read -r env; do
   rank=$(env_of "$pid" OMPI_COMM_WORLD_RANK)
   [ -n "$rank" ] || rank=$(env_of "$pid" RANK)
   [ -n "$rank" ] || rank=$(env_of "$pid" HOROVOD_RANK)  # horovodrun's own (gloo) workers
+  [[ $rank =~ ^[0-9]{1,9}$ ]] || rank=""  # the process's own value: a number or none
   label="[$node${rank:+ r$rank}]"
   # state: R running, S sleeping (waiting: a socket, a lock), D disk, T stopped (SIGSTOP)
   state=$(sed 's/^.*) \(.\).*$/\1/' "$p/stat" 2>/dev/null)

@@ -923,7 +923,7 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
     history = straggler.History()
     named: set[int] = set()
     told: set[str] = set()  # the processes whose native frames could not be read, said once
-    known: dict[straggler.NativePlace, bool] = {}  # native reads' verdicts: each process read once per place
+    known: straggler.Known = {}  # native reads' verdicts by place: a settled place is read Python-only
     script = contract.node_script("stacks.sh")
     args = ["bash", "-s", "--", runplan.RESTART_VAR, str(int(attempt))]
     wait = interval
@@ -950,7 +950,7 @@ def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], atte
             return
         lines = [line for n in nodes for line in dumps.get(n.hostname, [])]
         history.add(straggler.ranks_waiting(lines, known))
-        known.update(straggler.native_verdicts(lines))
+        known = straggler.learn(known, lines)
         for line in straggler.native_unread(lines, told):  # once per process: its C++ waits are not seen
             sup.emit(contract.STACK_LINE + line)
         where = straggler.ranks_of_dump(lines)
