@@ -1256,14 +1256,13 @@ ENTRIES: tuple[Entry, ...] = (
             "`c10d::Reducer::finalize_backward` or `...Work...::wait`. Where the ranks wait on "
             "the GPU (NCCL), compare their steps' times instead (`--progress-pattern '^step '`, "
             "one line per step), or time the step's phases on each rank. A native read pauses "
-            "the rank about 2 s (libtorch's symbols), once per process and place it blocks at "
-            "(docs/launch.md).",
+            "the rank about 2 s (libtorch's symbols), two or three times per process and place "
+            "it blocks at (docs/launch.md).",
         confirm="`launch/node/examples/ddp_train.py` (PyTorch's DDP pattern, unedited) with one "
                 "node's container slowed (`docker update --cpus 0.1`) under `--straggler-check 1` "
-                "names that node where a step's compute outweighs its allreduce (`--batch 256`), "
-                "and an even run names nobody (the 3 simulated nodes, by hand: "
-                "docs/benchmarks.md). A hang's dump reads Python frames only (it must come "
-                "within seconds).",
+                "names that node, and an even run names nobody (the 3 simulated nodes: "
+                "`tests/test_straggler.py`). A hang's dump reads Python frames only (it must "
+                "come within seconds).",
         source=("https://github.com/benfred/py-spy#can-py-spy-profile-native-extensions",
                 "https://pytorch.org/docs/stable/notes/ddp.html",
                 "https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/reducer.cpp"),
