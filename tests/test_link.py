@@ -63,9 +63,9 @@ def test_a_launch_to_an_unreachable_host_fails_within_two_connect_timeouts(clust
         _link(cluster, 3, "up")
     # one connect timeout (10 s), one retry, and no second wait on it in teardown: before, 3
     # attempts and teardown's own retries took 64 s. The margin is for the 2 healthy nodes'
-    # rounds on 2 shared cores (31 s seen in a CI run with other work beside it); the attempt
-    # count is asserted below.
-    assert took < 2 * 10 + 20, f"took {took:.0f} s: {e.value}"
+    # rounds on 2 shared cores (31 s seen in a CI run with other work beside it, 36.5 to 40.3 s
+    # in whole runs here with both cluster parts beside it); the attempt count is asserted below.
+    assert took < 2 * 10 + 30, f"took {took:.0f} s: {e.value}"
     assert re.search(rf"preparing the job's directory failed on 1 of 3 hosts:\n  {cluster.nodes[2].address}: "
                      r"ssh could not connect \(2 attempts\)", str(e.value)), e.value
     assert containers_left(cluster, name) == [] and _node_files(cluster, name) == []
