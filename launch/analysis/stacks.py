@@ -235,10 +235,15 @@ def parse(lines: Iterable[str]) -> list[Proc]:
             for p in procs]
 
 
+def main_thread(proc: Proc) -> Thread | None:
+    """The process's main thread: the one py-spy names MainThread, else the first listed."""
+    return next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
+
+
 def place(proc: Proc) -> Place:
     """Where one process is (module docstring)."""
     state = proc.state
-    main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
+    main = main_thread(proc)
     # the innermost Python frame (with py-spy --native, C frames come first: a libc sleep says little)
     inner = str(next((f for f in main.frames if _file_of(f).endswith(".py")), main.frames[0])) \
         if main is not None and main.frames else ""

@@ -75,7 +75,7 @@ def native_place(proc: stacks.Proc) -> NativePlace | None:
     """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status),
     or shows no frame. Read natively: its innermost Python frame; else its innermost frame, as
     stacks.sh takes it (the line after the main thread's)."""
-    main = next((t for t in proc.threads if t.name == "MainThread"), proc.threads[0] if proc.threads else None)
+    main = stacks.main_thread(proc)
     if main is None or main.status != "idle" or not main.frames:
         return None
     inner = next((f for f in main.frames if _python_frame(f)), None) if proc.native else main.frames[0]
