@@ -158,3 +158,128 @@ def test_the_hang_line_waits_for_the_dumps_a_bounded_time():
     quick = sup.in_background(lambda: "flight recorder: 2/2 ranks' dumps agree on the last collective")
     assert quick(10).startswith("flight recorder: 2/2")
     assert sup.flightrec_late() == flightrec.late(sup.FR_AFTER_STACKS) and sup.FR_AFTER_STACKS <= 5
+
+
+def test_a_hostile_dump_names_nobody_it_should_not_and_never_raises():
+    """A dump is whatever a node's file held: numbers that do not fit, records that are not
+    records, `entries` that is no list; read_lines, last_entered, behind and text take each
+    without an exception, skip what is not a record, and keep the line bounded."""
+    import base64
+    import json
+
+    inf = float("inf")
+    hostile = [
+        {"pg_status": {"0": {"last_enqueued_collective": inf}}},
+        {"pg_status": {"0": {"last_enqueued_collective": float("nan")}}},
+        {"pg_status": {"0": {"last_enqueued_collective": 10 ** 30}}, "entries": 5},
+        {"pg_status": {"0": {"last_enqueued_collective": -3}}},
+        {"pg_status": {"0": "x"}, "entries": "abc"},
+        {"pg_status": [1, 2], "entries": [1, None, {"collective_seq_id": inf, "pg_id": "0"}]},
+        {"entries": {"not": "a list"}},
+        {"pg_status": {(1, 2): {"last_enqueued_collective": True}}},
+        {"entries": [{"collective_seq_id": "9" * 5000, "pg_id": "0"}]},
+    ]
+    for d in hostile:
+        assert flightrec.last_entered(d) == {}, d
+        assert flightrec.behind({0: d, 1: d}) == []
+    # json's Infinity loads as a float: skipped, not an OverflowError
+    assert flightrec.last_entered(flightrec.load(b'{"pg_status": {"0": {"last_enqueued_collective": Infinity}}}')) == {}
+    # a whole float and a digit string are numbers; a name is printable and bounded
+    odd = {"entries": [{"collective_seq_id": 4.0, "pg_id": "p\x1b[31m" + "g" * 500, "profiling_name": "x\ny" * 100}]}
+    (pg, seq), = flightrec.last_entered(odd).items()
+    assert seq == 4 and len(pg) <= flightrec.MAX_NAME and pg.isprintable()
+    # a rank's file name that is no plausible rank: skipped, not a ValueError on a 5000-digit int
+    line = "fr " + "9" * 5000 + " " + base64.b64encode(json.dumps({"entries": []}).encode()).decode()
+    assert flightrec.read_lines([line, "fr ² AAAA"]) == {}
+
+
+def test_the_line_stays_bounded_with_many_groups_and_ranks():
+    """1000 ranks of which 900 are behind in 50 process groups: the line names the first groups
+    and ranks, says how many more, and stays under MAX_LINE (past events.MAX_TEXT the hang event
+    would be dropped)."""
+    from dtrain.launch.jobs import events
+
+    dumps = {r: {"pg_status": {str(g): {"last_enqueued_collective": 5 if r < 100 else 4} for g in range(50)}}
+             for r in range(1000)}
+    found = flightrec.behind(dumps)
+    assert len(found) == 50 and all(len(b.ranks) == 900 for b in found)
+    text = flightrec.text(found, 1000, 1000, [f"node-{r // 8}" for r in range(1000)])
+    assert len(text) <= flightrec.MAX_LINE < events.MAX_TEXT
+    assert text.startswith("flight recorder: r100 (node-12) (entered up to #4), r101 (node-12)")
+    assert "and 892 more did not enter ? #5 of process group 0 that r0, r1" in text
+    assert "r7 and 92 more wait in" in text
+    few = flightrec.text(found[:5], 1000, 1000)
+    assert few.endswith("; and 1 more process groups") and len(few) <= flightrec.MAX_LINE
+
+
+def test_a_restart_clears_the_ended_attempt_s_dumps(tmp_path):
+    """supervise.end_attempt_line (kill_leftovers, between attempts): after it, the job dir has
+    no flight-recorder file of the ended attempt (a dump a rank wrote after the last read, one
+    read already, a dead rank's pipe), so the next attempt's hang cannot name a rank from the
+    last attempt's records; the job's other files stay."""
+    import importlib.util
+    import os
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("supervise", Path(__file__).resolve().parent.parent
+                                                  / "launch" / "node" / "supervise.py")
+    sup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sup)
+    for name in ("0", "1.read", "12"):
+        (tmp_path / f"{flightrec.PREFIX}{name}").write_bytes((DATA / "rank0.pickle").read_bytes())
+    os.mkfifo(tmp_path / f"{flightrec.PREFIX}3.pipe")
+    (tmp_path / "output.log").write_text("kept")
+    (tmp_path / "flightrec_notes.txt").write_text("kept")
+    # attempt 987654: no process here has DTRAIN_RESTART=987654, nothing is killed
+    r = subprocess.run(["bash", "-c", sup.end_attempt_line(987654, str(tmp_path))], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flightrec_notes.txt", "output.log"]
+    # the directory is quoted: a job dir with a space works, and no glob of it runs
+    assert f"rm -f '{tmp_path} x/{flightrec.PREFIX}'*" in sup.end_attempt_line(1, f"{tmp_path} x")
+
+
+def test_older_torch_gets_the_buffer_under_the_name_it_reads():
+    """torch before 2.9 reads TORCH_NCCL_TRACE_BUFFER_SIZE only (2.4.1: the GPU EFA images):
+    the buffer goes under that name there; newer, or unknown, TORCH_FR_BUFFER_SIZE."""
+    env = flightrec.env("/dtrain-job")
+    old = dict(flightrec.for_torch(env, "2.4.1+cu124"))
+    assert old["TORCH_NCCL_TRACE_BUFFER_SIZE"] == str(flightrec.BUFFER) and "TORCH_FR_BUFFER_SIZE" not in old
+    assert {k: v for k, v in old.items() if "BUFFER" not in k} == {k: v for k, v in env if "BUFFER" not in k}
+    for newer in ("2.9.0", "2.13.0+cpu", "3.0", None, "", "nightly", "2"):
+        assert flightrec.for_torch(env, newer) == env, newer
+    assert flightrec.torch_release("2.10.1") == (2, 10) and flightrec.torch_release("x.y") is None
+
+
+def test_the_supervisor_renames_the_buffer_for_the_image_s_torch(tmp_path):
+    """The real supervisor (launch/node/supervise.py) beside a torch 2.4.1 (its metadata on the
+    path, as in the GPU EFA image): the rank's environment has TORCH_NCCL_TRACE_BUFFER_SIZE,
+    not the name that torch ignores."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from dtrain import ROOT
+    from dtrain.launch.jobs import runplan, supervision
+    from dtrain.launch.jobs.launchers import launch_command
+    from dtrain.launch.jobs.spec import JobSpec
+
+    site = tmp_path / "site"
+    (site / "torch-2.4.1.dist-info").mkdir(parents=True)
+    (site / "torch-2.4.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mpirun").write_text('#!/bin/sh\nwhile [ "$1" != sh ]; do shift; done\nexec "$@"\n')
+    (tmp_path / "bin" / "mpirun").chmod(0o755)
+    run = launch_command(JobSpec(image="i", command=("sh", "-c", "env | grep BUFFER_SIZE", "sh"), name="t"))
+    run = replace(run, extra_env=run.extra_env + flightrec.env(str(tmp_path)))
+    plan = supervision.plan(run, [runplan.PlanNode("10.0.0.1", "node-1", 1, "lo")], ssh=[],
+                            policy=supervision.Policy(), attached=False)
+    (tmp_path / "plan.json").write_text(json.dumps(replace(plan, keep_containers=True).to_json()))
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(site)}
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
+                        str(ROOT / "launch" / "node" / "supervise.py"), str(tmp_path / "plan.json")],
+                       capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert f"TORCH_NCCL_TRACE_BUFFER_SIZE={flightrec.BUFFER}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "TORCH_FR_BUFFER_SIZE" not in r.stdout, r.stdout[-2000:]

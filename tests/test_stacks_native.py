@@ -352,3 +352,135 @@ def test_a_rank_value_that_is_no_number_is_no_label(tmp_path):
     assert not marker.exists(), r.stdout
     assert r.stdout.startswith(f"[here] stack of pid {proc.pid}, state S"), r.stdout
     assert all(ln.startswith("[here]") for ln in r.stdout.splitlines()), r.stdout
+
+
+def _idle_ranks(tmp_path, ranks: int, fake_native: str, attempt: str = "7") -> tuple[list[str], Path]:
+    """stacks.sh `sample` over `ranks` sleeping ranks (all idle: each is read natively) with a
+    py-spy whose --native runs `fake_native` (bash) first, logging `start T` / `end T` lines to the
+    returned file, then the real py-spy."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    real = Path(sys.executable).parent / "py-spy"
+    log = tmp_path / "native.log"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "py-spy").write_text(
+        '#!/bin/bash\nfor a in "$@"; do if [ "$a" = --native ]; then\n'
+        f'  echo "start $(date +%s.%N)" >> {log}; {fake_native}; echo "end $(date +%s.%N)" >> {log}; fi; done\n'
+        f'exec {real} "$@"\n')
+    (tmp_path / "bin" / "py-spy").chmod(0o755)
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": attempt}
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")], env={**env, "RANK": str(r)})
+             for r in range(ranks)]
+    try:
+        time.sleep(1)
+        path = f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", attempt, "here", "sample"],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return r.stdout.splitlines(), log
+
+
+def _most_at_once(log: Path) -> int:
+    edges = sorted((float(t), 1 if kind == "start" else -1) for kind, t in (ln.split() for ln in log.read_text().splitlines()))
+    most = now = 0
+    for _, d in edges:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def test_native_reads_take_turns_and_one_without_a_turn_waits_for_a_later_round(tmp_path):
+    """Six idle ranks on a node: at most NATIVE_AT_ONCE (4) native reads at a time (each costs
+    about a CPU-second); reads of 3 s leave two ranks without a turn within NATIVE_WAIT (2 s):
+    their Python-only read stands, with no `not read` note (a later round reads them)."""
+    lines, log = _idle_ranks(tmp_path, 6, "sleep 3")
+    assert _most_at_once(log) <= 4, log.read_text()
+    procs = stacks.parse(lines)
+    assert sorted(p.rank for p in procs) == list(range(6)), lines
+    assert sum(p.native for p in procs) == 4, lines
+    assert not [ln for ln in lines if "(native frames not read" in ln], lines
+
+
+def test_native_reads_that_fit_their_turns_are_all_read(tmp_path):
+    """Six idle ranks, reads of 0.5 s: every one is read natively, never more than 4 at a time."""
+    lines, log = _idle_ranks(tmp_path, 6, "sleep 0.5", attempt="6")
+    assert _most_at_once(log) <= 4, log.read_text()
+    assert sum(p.native for p in stacks.parse(lines)) == 6, lines
+
+
+def test_a_rank_s_own_workers_are_not_read_natively(tmp_path):
+    """A DataLoader's workers are the rank's children with its RANK: idle on their queue, they
+    were each read natively (seconds apiece, a pause each). Now only the rank is; its workers
+    are read Python-only and stay in the dump under the rank's label."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    (tmp_path / "rank.py").write_text(
+        "import subprocess, sys, time\n"
+        "w = [subprocess.Popen([sys.executable, '-c', 'import time\\ndef worker_loop():\\n    time.sleep(600)\\nworker_loop()'])"
+        " for _ in range(2)]\n"
+        "def nap():\n    time.sleep(600)\nnap()\n")
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "5", "RANK": "0"}
+    rank = subprocess.Popen([sys.executable, str(tmp_path / "rank.py")], env=env, start_new_session=True)
+    try:
+        time.sleep(1.5)
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "5", "here", "sample"],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        os.killpg(rank.pid, 9)
+        rank.wait()
+    procs = stacks.parse(r.stdout.splitlines())
+    assert len(procs) == 3 and {p.rank for p in procs} == {0}, r.stdout
+    natively = [p for p in procs if p.native]
+    assert [p.pid for p in natively] == [rank.pid], r.stdout
+    workers = [p for p in procs if p.pid != rank.pid]
+    assert all(any(f.func == "worker_loop" for f in p.threads[0].frames) for p in workers), r.stdout
+
+
+def test_a_full_tmp_is_said_not_silent(tmp_path):
+    """stacks.sh cannot make its temporary directory: one line says so (the supervisor shows
+    it; before, the round came back empty and silent)."""
+    import os
+    import subprocess
+
+    from dtrain import contract
+
+    r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "4", "here", "sample"],
+                       input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(tmp_path / "missing")})
+    assert r.returncode == 0 and r.stdout.startswith("[here] no stacks: cannot make a temporary directory"), r.stdout
+
+
+def test_the_memo_keeps_live_processes_and_its_argument_stays_bounded():
+    """The memo of native verdicts drops the places of processes gone from a node that answered
+    (a node that did not answer keeps its own), and KNOWN (one argument of the remote command,
+    Linux takes 128 KiB) holds the latest settled places up to KNOWN_BYTES, no frame longer
+    than KNOWN_FRAME."""
+    native = _as_stacks_sh("ddp_waiting_native.txt")  # node-1, pid 1
+    place = ("node-1", 1, "_engine_run_backward (torch/autograd/graph.py:979)")
+    gone = ("node-1", 99, "f (a.py:1)")
+    elsewhere = ("node-2", 99, "f (a.py:1)")
+    known = straggler.learn({gone: (False, False), elsewhere: (True, True)}, native)
+    assert known == {elsewhere: (True, True), place: (True,)}
+    # thousands of places (pids come and go in a long attempt): the latest first, bounded
+    many = {("node-1", pid, f"step_{pid} (train.py:{pid})"): (True, True) for pid in range(20000)}
+    many[("node-1", 20000, "x" * (straggler.KNOWN_FRAME + 1))] = (True, True)
+    arg = straggler.known_places(many, "node-1")
+    assert len(arg.encode()) <= straggler.KNOWN_BYTES
+    assert arg.startswith("19999 step_19999 (train.py:19999)\n19998 ") and "x" * 100 not in arg

@@ -287,6 +287,40 @@ def _docker_update(cluster, node: int, name: str, cpus: str | None) -> subproces
                            cpus or str(len(os.sched_getaffinity(0))), f"dtrain-{name}"], capture_output=True, text=True, timeout=60)
 
 
+def _slow_mid_run(cluster, name: str, node: int, at: str, until: str, first: str | None = None,
+                  deadline: float = 600) -> tuple[threading.Thread, dict]:
+    """A watcher of job `name`'s log, started: once a line matches the regex `at`, simulated
+    node `node`'s container gets 0.1 CPU (seen["slowed"]: when; seen["named before"]: whether a
+    straggler was named by then; seen["error"]: docker's complaint where the update failed);
+    once `until` is in the log, or SLOW_FOR s later, the quota is lifted (seen["named"]: when,
+    seen["lifted"]: the update's exit code) and the watcher ends. first: a regex whose first
+    match is noted (seen["first"])."""
+    from dtrain.launch.jobs.store import job_log
+
+    seen: dict = {}
+
+    def watch():
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            path = job_log(name)
+            text = path.read_text() if path.exists() else ""
+            if first and "first" not in seen and re.search(first, text, re.M):
+                seen["first"] = time.monotonic()
+            if "slowed" not in seen and re.search(at, text, re.M):
+                seen["named before"] = "[launch] straggler: " in text
+                r = _docker_update(cluster, node, name, "0.1")
+                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
+            if "slowed" in seen and (until in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
+                seen["named"] = time.monotonic()
+                seen["lifted"] = _docker_update(cluster, node, name, None).returncode
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher, seen
+
+
 @pytest.mark.cluster
 def test_a_node_slowed_mid_run_is_named_straggler_in_the_log_and_status(cluster, remote_images):
     """The shared cluster's 3 nodes under torchrun, straggler_train.py (gloo allreduce each
@@ -295,28 +329,10 @@ def test_a_node_slowed_mid_run_is_named_straggler_in_the_log_and_status(cluster,
     once it is named, or after SLOW_FOR s (the run then ends at full speed); no other rank is
     named."""
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.store import job_log
     from test_wholerun import _job, _wait_clean
 
     name = "t-straggler"
-    seen: dict = {}
-
-    def watch():
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            path = job_log(name)
-            text = path.read_text() if path.exists() else ""
-            if "slowed" not in seen and re.search(r"^\[node-3 r2\] step 30 rank 2/3 ", text, re.M):
-                r = _docker_update(cluster, 3, name, "0.1")
-                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
-            if "slowed" in seen and ("[launch] straggler: " in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
-                seen["named"] = time.monotonic()
-                seen["lifted"] = _docker_update(cluster, 3, name, None).returncode
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    watcher, seen = _slow_mid_run(cluster, name, 3, r"^\[node-3 r2\] step 30 rank 2/3 ", "[launch] straggler: ")
     code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
                         ["python", f"{EX}/straggler_train.py", "--steps", "600", "--work", "400"], name, n=3,
                         launcher="torchrun", straggler_check=1.0)
@@ -352,31 +368,11 @@ def test_ddp_unedited_an_even_part_names_nobody_then_the_slowed_node_is_named(cl
     `dtrain status --job` says so. The quota is lifted once it is named (or after SLOW_FOR s)
     and the run ends at full speed; no other rank is named."""
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.store import job_log
     from test_wholerun import _job, _wait_clean
 
     name = "t-straggler-ddp"
-    seen: dict = {}
-
-    def watch():
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            path = job_log(name)
-            text = path.read_text() if path.exists() else ""
-            if "first" not in seen and re.search(r"^\[node-3 r2\] step 1 rank 2/3 ", text, re.M):
-                seen["first"] = time.monotonic()
-            if "slowed" not in seen and re.search(rf"^\[node-3 r2\] step {EVEN_STEPS} rank 2/3 ", text, re.M):
-                seen["named before"] = "[launch] straggler: " in text
-                r = _docker_update(cluster, 3, name, "0.1")
-                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
-            if "slowed" in seen and ("[launch] straggler: " in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
-                seen["named"] = time.monotonic()
-                seen["lifted"] = _docker_update(cluster, 3, name, None).returncode
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    watcher, seen = _slow_mid_run(cluster, name, 3, rf"^\[node-3 r2\] step {EVEN_STEPS} rank 2/3 ", "[launch] straggler: ",
+                                  first=r"^\[node-3 r2\] step 1 rank 2/3 ", deadline=900)
     code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
                         ["python", f"{EX}/ddp_train.py", "--steps", str(DDP_STEPS), "--width", "1024", "--batch", "256"], name, n=3,
                         launcher="torchrun", straggler_check=1.0, env={"OMP_NUM_THREADS": "1"})
@@ -401,27 +397,11 @@ def test_with_a_spare_the_straggler_is_swapped_out_at_a_checkpoint(cluster, remo
     to checkpoint now (rank 0 saves the step reached), the spare takes node-2's place, node-2 is
     quarantined as a straggler, and the run goes on at full size from that step to its end."""
     from dtrain.launch.jobs import store
-    from dtrain.launch.jobs.store import job_log
     from test_wholerun import _job, _wait_clean
 
     name = "t-straggler-spare"
-    seen: dict = {}
-
-    def watch():
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            path = job_log(name)
-            text = path.read_text() if path.exists() else ""
-            if "slowed" not in seen and re.search(r"^\[node-2 r1\] step 30 rank 1/2 ", text, re.M):
-                r = _docker_update(cluster, 2, name, "0.1")
-                seen["slowed" if r.returncode == 0 else "error"] = time.monotonic() if r.returncode == 0 else r.stderr
-            if "slowed" in seen and ("[launch] restart 1: " in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
-                _docker_update(cluster, 2, name, None)  # where it was not swapped out: the run ends at full speed
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    # where it was not swapped out, the quota is lifted after SLOW_FOR s: the run ends at full speed
+    watcher, seen = _slow_mid_run(cluster, name, 2, r"^\[node-2 r1\] step 30 rank 1/2 ", "[launch] restart 1: ")
     code, out, _ = _job(cluster, remote_images["pytorch-ddp"],
                         ["python", f"{EX}/straggler_train.py", "--steps", "600", "--work", "400"], name, n=3,
                         launcher="torchrun", straggler_check=1.0, spares=1, replace_stragglers=True,

@@ -96,8 +96,14 @@ Known = Mapping[NativePlace, tuple[bool, ...]]  # each place's native verdicts, 
 
 
 def learn(known: Known, lines: Iterable[str]) -> dict[NativePlace, tuple[bool, ...]]:
-    """known with one round's native verdicts added (a new mapping)."""
-    out = dict(known)
+    """known with one round's native verdicts added (a new mapping), less the places of the
+    processes that are gone: a node that answered this round no longer lists them (a node that
+    did not answer keeps its places). The memo holds only live processes' places."""
+    lines = list(lines)
+    procs = stacks.parse(lines)
+    answered = {p.node for p in procs}
+    alive = {(p.node, p.pid) for p in procs}
+    out = {w: r for w, r in known.items() if w[0] not in answered or (w[0], w[1]) in alive}
     for where, v in native_verdicts(lines).items():
         out[where] = (*out.get(where, ()), v)
     return out
@@ -113,10 +119,26 @@ def settled(reads: Sequence[bool]) -> bool:
     return max(sum(reads), len(reads) - sum(reads)) >= NATIVE_AGREE
 
 
+# KNOWN is one argument of stacks.sh's command line (over ssh: one word of the remote command;
+# Linux takes 128 KiB per argument): the latest settled places up to KNOWN_BYTES, each frame at
+# most KNOWN_FRAME characters (a longer one is read natively again: it costs a pause, never a miss)
+KNOWN_BYTES = 32 << 10
+KNOWN_FRAME = 512
+
+
 def known_places(known: Known, node: str) -> str:
-    """stacks.sh's KNOWN argument for one node: `PID FRAME` per line, its settled places."""
-    return "\n".join(f"{pid} {frame}" for (n, pid, frame), reads in sorted(known.items())
-                     if n == node and settled(reads))
+    """stacks.sh's KNOWN argument for one node: `PID FRAME` per line, its settled places, the
+    latest learnt first, at most KNOWN_BYTES."""
+    lines, size = [], 0
+    for (n, pid, frame), reads in reversed(list(known.items())):
+        if n != node or not settled(reads) or len(frame) > KNOWN_FRAME or "\n" in frame:
+            continue
+        line = f"{pid} {frame}"
+        size += len(line.encode()) + 1
+        if size > KNOWN_BYTES:
+            break
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def ranks_waiting(lines: Iterable[str], known: Known | None = None) -> dict[int, bool]:

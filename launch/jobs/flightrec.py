@@ -34,6 +34,13 @@ USER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_D
 NO_DUMP_GLOO = ("no flight-recorder dump from any rank (torch writes one for NCCL only, on a timeout or when asked, "
                 "with gloo its records stay inside the ranks)")
 MAX_DUMP = 64 << 20  # bytes read of one dump at most
+# A dump comes from a node: what it names is bounded before it reaches a line (the hang event's
+# text is cut at launch/jobs/events.py MAX_TEXT, and a cut one is dropped)
+MAX_SEQ = 1 << 63  # a sequence number is an int64 in torch; outside [0, MAX_SEQ) it is no record
+MAX_NAME = 64  # characters of a process group's id or an op's name kept
+MAX_GROUPS = 4  # process groups the line names (then `and N more`)
+MAX_RANKS = 8  # ranks named per group (then `and N more`)
+MAX_LINE = 2000  # characters of the whole flight-recorder part at most
 
 
 def late(seconds: float) -> str:
@@ -52,6 +59,29 @@ def env(job_dir: str) -> tuple[tuple[str, str], ...]:
             ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", path), ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", path))
 
 
+# torch's first release that reads TORCH_FR_BUFFER_SIZE (the vendor-neutral recorder, 2025;
+# torchtitan set that name for 2.9). Earlier ones read TORCH_NCCL_TRACE_BUFFER_SIZE only: torch
+# 2.4.1, the GPU EFA images' pin (images/pytorch-ddp.yaml), records nothing under the new name.
+NEW_NAME_SINCE = (2, 9)
+
+
+def torch_release(version: str | None) -> tuple[int, int] | None:
+    """`2.4.1+cu124` -> (2, 4); None where it is no version."""
+    parts = (version or "").split("+")[0].split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+def for_torch(env: tuple[tuple[str, str], ...], version: str | None) -> tuple[tuple[str, str], ...]:
+    """The ranks' env with dtrain's recorder buffer under the name their torch reads (`version`:
+    the torch in the job's image, found by the supervisor in its container): before
+    NEW_NAME_SINCE its older name; from it, or where the version is unknown, TORCH_FR_BUFFER_SIZE
+    (torch 2.13 warns on every rank where the older one is set). Other pairs as they are."""
+    release = torch_release(version)
+    if release is None or release >= NEW_NAME_SINCE:
+        return env
+    return tuple(("TORCH_NCCL_TRACE_BUFFER_SIZE" if k == "TORCH_FR_BUFFER_SIZE" else k, v) for k, v in env)
+
+
 def read_lines(lines) -> dict[int, dict]:
     """fr_dumps.sh's lines (`fr RANK BASE64`; others skipped) -> {rank: dump} (those that load)."""
     import base64
@@ -60,7 +90,8 @@ def read_lines(lines) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for line in lines:
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "fr" and parts[1].isdigit():
+        # the rank is the dump file's name on the node: ASCII digits, a plausible rank
+        if len(parts) == 3 and parts[0] == "fr" and parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= 9:
             try:
                 dump = load(base64.b64decode(parts[2], validate=True))
             except (binascii.Error, ValueError):
@@ -89,33 +120,55 @@ def load(data: bytes) -> dict | None:
     return out if isinstance(out, dict) else None
 
 
+def _seq(value: object) -> int | None:
+    """A sequence number as a dump gives it (an int, or a whole float or string of one), or None:
+    inf, nan, a bool, a number outside an int64, anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # inf, nan, 3.5
+            return None
+        value = int(value)
+    elif isinstance(value, str):
+        value = int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else None
+    return value if isinstance(value, int) and 0 <= value < MAX_SEQ else None
+
+
+def _name(value: object) -> str:
+    """A process group's id or an op's name as a line shows it: printable, at most MAX_NAME characters."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+    text = "".join(c if c.isprintable() else "?" for c in text[:MAX_NAME + 1])
+    return text if len(text) <= MAX_NAME else text[:MAX_NAME - 3] + "..."
+
+
+def _entries(dump: Mapping) -> list[Mapping]:
+    """The dump's records that are records (a mapping each); none where `entries` is not a list."""
+    entries = dump.get("entries")
+    return [e for e in entries if isinstance(e, Mapping)] if isinstance(entries, (list, tuple)) else []
+
+
 def last_entered(dump: Mapping) -> dict[str, int]:
     """{process group id: the sequence number of the last collective this rank entered}, from
     pg_status (its last_enqueued_collective), else from the entries (the largest
-    collective_seq_id per pg_id)."""
+    collective_seq_id per pg_id). A dump is untrusted: what is not a record is skipped."""
     out: dict[str, int] = {}
     status = dump.get("pg_status")
     if isinstance(status, Mapping):
         for pg, st in status.items():
-            try:
-                out[str(pg)] = int(st.get("last_enqueued_collective"))
-            except (AttributeError, TypeError, ValueError):
-                continue
+            if isinstance(st, Mapping) and (seq := _seq(st.get("last_enqueued_collective"))) is not None:
+                out[_name(pg)] = seq
     if not out:
-        for e in dump.get("entries") or ():
-            if isinstance(e, Mapping) and not e.get("is_p2p"):
-                try:
-                    pg, seq = str(e.get("pg_id")), int(e.get("collective_seq_id"))
-                except (TypeError, ValueError):
-                    continue
+        for e in _entries(dump):
+            if not e.get("is_p2p") and (seq := _seq(e.get("collective_seq_id"))) is not None:
+                pg = _name(e.get("pg_id"))
                 out[pg] = max(out.get(pg, seq), seq)
     return out
 
 
 def _op(dump: Mapping, pg: str, seq: int) -> str:
-    for e in dump.get("entries") or ():
-        if isinstance(e, Mapping) and str(e.get("pg_id")) == pg and e.get("collective_seq_id") == seq:
-            return str(e.get("profiling_name") or "?")
+    for e in _entries(dump):
+        if _name(e.get("pg_id")) == pg and _seq(e.get("collective_seq_id")) == seq:
+            return _name(e.get("profiling_name") or "?")
     return "?"
 
 
@@ -160,15 +213,21 @@ def text(found: list[Behind], ranks_dumped: int, world: int, ranks: list[str] | 
     def who(r: int) -> str:
         return f"r{r} ({ranks[r]})" if ranks and 0 <= r < len(ranks) else f"r{r}"
 
+    def more(n: int) -> str:
+        return f" and {n} more" if n > 0 else ""
+
     if not ranks_dumped:
         return f"flight recorder: {NO_DUMP_GLOO}"
     if not found:
         return f"flight recorder: {ranks_dumped}/{world} ranks' dumps agree on the last collective"
     parts = []
-    for b in found:
-        late = ", ".join(f"{who(r)} (entered up to #{s})" for r, s in zip(b.ranks, b.entered))
-        waiting = ", ".join(f"r{r}" for r in b.waiting[:8]) + (" ..." if len(b.waiting) > 8 else "")
+    for b in found[:MAX_GROUPS]:
+        named = list(zip(b.ranks, b.entered))[:MAX_RANKS]
+        late = ", ".join(f"{who(r)} (entered up to #{s})" for r, s in named) + more(len(b.ranks) - len(named))
+        waiting = ", ".join(f"r{r}" for r in b.waiting[:MAX_RANKS]) + more(len(b.waiting) - MAX_RANKS)
         parts.append(f"{late} did not enter {b.op} #{b.seq} of process group {b.pg} that {waiting} "
                      f"{'waits' if len(b.waiting) == 1 else 'wait'} in")
-    more = f" ({ranks_dumped}/{world} ranks dumped)" if ranks_dumped < world else ""
-    return "flight recorder: " + "; ".join(parts) + more
+    groups = f"; and {len(found) - MAX_GROUPS} more process groups" if len(found) > MAX_GROUPS else ""
+    dumped = f" ({ranks_dumped}/{world} ranks dumped)" if ranks_dumped < world else ""
+    out = "flight recorder: " + "; ".join(parts) + groups + dumped
+    return out if len(out) <= MAX_LINE else out[:MAX_LINE - 4] + " ..."

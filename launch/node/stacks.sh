@@ -20,13 +20,18 @@
 # thread is idle (blocked: a collective's wait, I/O, a sleep), so a computing rank is never
 # paused, and once per place it blocks at: KNOWN's lines, `PID FRAME` (the main thread's innermost
 # Python frame), are the places read before (launch/analysis/straggler.py native_verdicts), whose
-# verdict stands; a launcher's agent (no rank) is never read natively. Where the native read fails, the Python-only read stands (said under the header).
+# verdict stands; a launcher's agent (no rank) and a rank's own workers (a DataLoader's: a child
+# with its parent's rank) are never read natively, and at most NATIVE_AT_ONCE processes are read
+# natively at a time (one that waits NATIVE_WAIT s for its turn is left to a later round). Where
+# the native read fails, the Python-only read stands (said under the header).
 # A hang's dump (no `sample`) reads Python frames only: it must come within seconds (the hang
 # line waits for it), and a native read of every rank would take seconds each.
 # The processes are read all at once.
 set -u
 var=$1 attempt=$2 node=$3 sample=${4:-} seen=${5:-} known=${6:-}
 NATIVE_S=8  # s a native read may take (about 2.4 s on an idle core: docs/benchmarks.md)
+NATIVE_AT_ONCE=4  # native reads at a time on this node (each about 1 CPU-s: docs/benchmarks.md)
+NATIVE_WAIT=2  # s a native read waits for its turn; then the Python-only read stands this round
 spy=$(command -v py-spy || true)
 [ -n "$spy" ] || spy=/usr/local/bin/py-spy  # where the images put it (templates/Dockerfile.j2)
 [ -x "$spy" ] || spy=""
@@ -35,13 +40,29 @@ env_of() {  # env_of PID NAME: the value of NAME in the process's starting envir
   tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=//p" | head -n 1
 }
 
+rank_of() {  # rank_of PID: the rank its environment gives (Open MPI's, torchrun's, horovodrun's), or nothing
+  local r
+  r=$(env_of "$1" OMPI_COMM_WORLD_RANK)
+  [ -n "$r" ] || r=$(env_of "$1" RANK)
+  [ -n "$r" ] || r=$(env_of "$1" HOROVOD_RANK)  # horovodrun's own (gloo) workers
+  [[ $r =~ ^[0-9]{1,9}$ ]] && echo "$r"  # the process's own value: a number or none
+}
+
+native_read() {  # native_read PID SLOT: py-spy's native dump, in its turn (exit 75: no turn within NATIVE_WAIT s)
+  if command -v flock >/dev/null; then
+    flock -w "$NATIVE_WAIT" -E 75 "$tmp/native.$(($2 % NATIVE_AT_ONCE))" timeout "$NATIVE_S" "$spy" dump --native --pid "$1"
+  else
+    timeout "$NATIVE_S" "$spy" dump --native --pid "$1"
+  fi
+}
+
 running_of() {  # running_of PID: "R running of N", the process's threads but its main one
   awk -v main="$1" '{ s = $0; sub(/^.*\) /, "", s); if ($1 != main) { n++; if (substr(s, 1, 1) == "R") r++ } }
     END { printf "%d running of %d", r, n }' "/proc/$1/task/"*/stat 2>/dev/null
 }
 
-dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, each after LABEL
-  local pid=$1 state=$2 label=$3 rank=$4 out main inner native why rc limit=20 mode=()
+dump_one() {  # dump_one PID STATE LABEL RANK WORKER SLOT: py-spy's lines of the process, each after LABEL
+  local pid=$1 state=$2 label=$3 rank=$4 worker=$5 slot=$6 out main inner native why rc limit=20 mode=()
   [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
   # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
   # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
@@ -54,16 +75,18 @@ dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, ea
   # natively: a rank (not a launcher's agent) whose main thread is blocked; on a node under a CPU
   # quota (the straggler's own) a read takes ten times as long: NATIVE_S at most
   # and not where its Python frames show the wait already (SEEN: launch/analysis/stacks.py SEEN_IN_PYTHON)
-  if [ -n "$sample" ] && [ -n "$rank" ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
+  if [ -n "$sample" ] && [ -n "$rank" ] && [ "$worker" = 0 ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
       && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; } \
       && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
-    native=$(timeout "$NATIVE_S" "$spy" dump --native --pid "$pid" 2>&1)
+    native=$(native_read "$pid" "$slot" 2>&1)
     rc=$?
     # py-spy's own error lines (a frame may say "error" too: c10::Error)
     why=$(printf '%s\n' "$native" | grep -m 1 '^Error' | cut -c 1-200)
     # under load py-spy can print the whole stack and then not exit within the bound: the stack
     # it printed stands (innermost frames first)
-    if [ -z "$why" ] && printf '%s\n' "$native" | grep -q '^Thread '; then
+    if [ "$rc" = 75 ] && [ -z "$native" ]; then
+      :  # no turn this round (NATIVE_AT_ONCE reads ran): a later round reads it, nothing to say
+    elif [ -z "$why" ] && printf '%s\n' "$native" | grep -q '^Thread '; then
       out=$native
       echo "$label   (read natively)"  # launch/analysis/stacks.py Proc.native
     else  # said once per process: a collective's wait under C++ frames is not seen (docs/troubleshooting.md)
@@ -76,7 +99,10 @@ dump_one() {  # dump_one PID STATE LABEL RANK: py-spy's lines of the process, ea
   printf '%s\n' "$out" | sed -e '/^Process [0-9]*: /d' -e '/^Python v/d' -e '/^ *$/d' | awk -v p="$label   " '{ print p $0 }'
 }
 
-tmp=$(mktemp -d) || exit 0
+if ! tmp=$(mktemp -d 2>/dev/null); then  # a full /tmp: said, and the round names nobody
+  echo "[$node] no stacks: cannot make a temporary directory (mktemp -d failed; /tmp full?)"
+  exit 0
+fi
 trap 'rm -rf "$tmp"' EXIT
 found=0
 # one grep over every process's environment (a grep per process costs seconds on a busy host)
@@ -87,13 +113,13 @@ while IFS= read -r env; do
   case ${exe##*/} in python*) ;; *) continue ;; esac
   # not the rank's output tagger (launch/node/rank_output.py, its text in its command line)
   grep -qza '^# dtrain-rank-output' "$p/cmdline" 2>/dev/null && continue
-  rank=$(env_of "$pid" OMPI_COMM_WORLD_RANK)
-  [ -n "$rank" ] || rank=$(env_of "$pid" RANK)
-  [ -n "$rank" ] || rank=$(env_of "$pid" HOROVOD_RANK)  # horovodrun's own (gloo) workers
-  [[ $rank =~ ^[0-9]{1,9}$ ]] || rank=""  # the process's own value: a number or none
+  rank=$(rank_of "$pid")
   label="[$node${rank:+ r$rank}]"
-  # state: R running, S sleeping (waiting: a socket, a lock), D disk, T stopped (SIGSTOP)
-  state=$(sed 's/^.*) \(.\).*$/\1/' "$p/stat" 2>/dev/null)
+  # state: R running, S sleeping (waiting: a socket, a lock), D disk, T stopped (SIGSTOP); then
+  # the parent: a child with its parent's rank is the rank's own worker (a DataLoader's)
+  read -r state ppid _ < <(sed 's/^.*) //' "$p/stat" 2>/dev/null)
+  worker=0
+  [ -z "$rank" ] || [ "$(rank_of "${ppid:-0}")" != "$rank" ] || worker=1
   cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
   found=$((found + 1))
   echo "$label stack of pid $pid, state $state: ${cmd% }" > "$tmp/$found"
@@ -102,7 +128,7 @@ while IFS= read -r env; do
   # itself, not for a peer (launch/analysis/straggler.py ranks_waiting)
   [ -z "$sample" ] || [ -z "$rank" ] || echo "$label   (other threads: $(running_of "$pid"))" >> "$tmp/$found"
   if [ -n "$spy" ]; then
-    dump_one "$pid" "$state" "$label" "$rank" >> "$tmp/$found" &
+    dump_one "$pid" "$state" "$label" "$rank" "$worker" "$found" >> "$tmp/$found" &
   elif [ -n "$sample" ]; then
     echo "$label   (no py-spy in this image: not sampled)" >> "$tmp/$found"
   else

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Collection, NamedTuple, Sequence
 
@@ -114,6 +115,17 @@ KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ"
 
 
 # ---------------------------------------------------------------- pure
+
+
+def end_attempt_line(attempt: int, job_dir: str = JOB_DIR) -> str:
+    """The shell line that ends an attempt on a node (kill_leftovers): every process whose
+    environment says this attempt (KILL_ATTEMPT), then the attempt's flight-recorder files in
+    the job directory (launch/jobs/flightrec.py PREFIX: dumps read or not, the ranks' debug
+    pipes), so the next attempt's hang reads its own dumps, never one a rank of this attempt
+    wrote after the last read."""
+    from dtrain.launch.jobs import flightrec
+
+    return KILL_ATTEMPT.format(attempt=int(attempt)) + f"; rm -f {shlex.quote(f'{job_dir}/{flightrec.PREFIX}')}*; true"
 
 
 def hosts_lines(nodes: Sequence[runplan.PlanNode]) -> str:
@@ -568,8 +580,8 @@ class Supervisor:
     def kill_leftovers(self, nodes: Sequence[runplan.PlanNode], attempt: int) -> None:
         """Ranks of the ended attempt that outlived their launcher (a rank orphaned on this
         node, one whose orted missed the end): every process whose environment says this
-        attempt, on every node still there."""
-        self.on_nodes(nodes, KILL_ATTEMPT.format(attempt=int(attempt)))
+        attempt, on every node still there; and the attempt's flight-recorder files."""
+        self.on_nodes(nodes, end_attempt_line(attempt))
 
     def quarantine(self, hostname: str, why: str, spare: bool = False) -> None:
         """A node out of this job for good: not watched, not used again; its container stopped
@@ -1049,12 +1061,27 @@ def ready_code() -> int:
     return int(said) if said.strip().isdigit() else contract.READY_FAILED
 
 
+def torch_version() -> str | None:
+    """The torch installed beside this Python (the job's image: every container runs the same),
+    from its metadata, without importing it (milliseconds, while the readiness check runs)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except (metadata.PackageNotFoundError, ValueError, OSError):
+        return None
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: supervise.py PLAN.json", file=sys.stderr)
         return 2
     path = Path(argv[1])
     plan = runplan.RunPlan.from_json(json.loads(path.read_text()))
+    if "TORCH_FR_BUFFER_SIZE" in dict(plan.run.extra_env):  # dtrain's flight recorder, as this image's torch names it
+        from dtrain.launch.jobs import flightrec
+
+        plan = replace(plan, run=replace(plan.run, extra_env=flightrec.for_torch(plan.run.extra_env, torch_version())))
     if code := ready_code():  # a node's sshd did not answer: the check named it on stderr
         return code
     sup = Supervisor(plan, path.parent)
