@@ -66,7 +66,9 @@ def one_run(info, image: str, n: int, even: int, steps: int, args: argparse.Name
             if "slowed" not in seen and re.search(last.format(even), text, re.M):
                 seen["even named"] = [m[0] for m in NAMED.findall(text)]
                 seen["slowed"] = time.monotonic() if _quota(info, n, name, "0.1") == 0 else None
-            if seen.get("slowed") and ("[launch] straggler: " in text or time.monotonic() - seen["slowed"] > SLOW_FOR):
+            # a verdict after the quota (one in the even part is in seen["even named"])
+            if seen.get("slowed") and (len(NAMED.findall(text)) > len(seen["even named"])
+                                       or time.monotonic() - seen["slowed"] > SLOW_FOR):
                 seen["named at"] = time.monotonic()
                 _quota(info, n, name, None)
                 return
@@ -85,7 +87,7 @@ def one_run(info, image: str, n: int, even: int, steps: int, args: argparse.Name
         raise SystemExit(f"{name}: exit {seen['code']}, the quota {'set' if seen.get('slowed') else 'not set'}:\n"
                          + out[-3000:])
     step_ms = [float(m) for m in re.findall(r"^\[node-1 r0\] step \d+ rank 0/\d+ loss \S+ step_ms ([\d.]+)$", out, re.M)]
-    named = NAMED.findall(out)
+    named = NAMED.findall(out)[len(seen["even named"]):]
     slowed_part = step_ms[even:even + 20]
     return {"even s": seen["slowed"] - seen["first"], "even named": seen["even named"],
             "named": [f"{who}, {w}/12 against {o}/12" for who, w, o in named],

@@ -184,10 +184,16 @@ def test_a_hostile_dump_names_nobody_it_should_not_and_never_raises():
         assert flightrec.behind({0: d, 1: d}) == []
     # json's Infinity loads as a float: skipped, not an OverflowError
     assert flightrec.last_entered(flightrec.load(b'{"pg_status": {"0": {"last_enqueued_collective": Infinity}}}')) == {}
-    # a whole float and a digit string are numbers; a name is printable and bounded
-    odd = {"entries": [{"collective_seq_id": 4.0, "pg_id": "p\x1b[31m" + "g" * 500, "profiling_name": "x\ny" * 100}]}
-    (pg, seq), = flightrec.last_entered(odd).items()
-    assert seq == 4 and len(pg) <= flightrec.MAX_NAME and pg.isprintable()
+    # a whole float and a digit string are numbers; an op's name is printable and bounded
+    odd = {"entries": [{"collective_seq_id": 4.0, "pg_id": "0", "profiling_name": "x\ny" * 100}]}
+    assert flightrec.last_entered(odd) == {"0": 4}
+    ((_, op),) = flightrec.ops(odd).items()
+    assert len(op) <= flightrec.MAX_NAME and op.isprintable()
+    # a group id that is no short printable name or int64 is not judged: cutting or merging ids
+    # could pair unrelated groups, and str() of a 5000-digit int raises
+    for pg in ("p\x1b[31m", "g" * 500, 10 ** 5000, (1, 2), None, True):
+        d = {"pg_status": {pg: {"last_enqueued_collective": 3}}, "entries": [{"pg_id": pg, "collective_seq_id": 3}]}
+        assert flightrec.last_entered(d) == {} and flightrec.ops(d) == {}, pg
     # a rank's file name that is no plausible rank: skipped, not a ValueError on a 5000-digit int
     line = "fr " + "9" * 5000 + " " + base64.b64encode(json.dumps({"entries": []}).encode()).decode()
     assert flightrec.read_lines([line, "fr ² AAAA"]) == {}
@@ -214,9 +220,10 @@ def test_the_line_stays_bounded_with_many_groups_and_ranks():
 
 def test_a_restart_clears_the_ended_attempt_s_dumps(tmp_path):
     """supervise.end_attempt_line (kill_leftovers, between attempts): after it, the job dir has
-    no flight-recorder file of the ended attempt (a dump a rank wrote after the last read, one
-    read already, a dead rank's pipe), so the next attempt's hang cannot name a rank from the
-    last attempt's records; the job's other files stay."""
+    no flight-recorder dump of the ended attempt (one a rank wrote after the last read, one
+    read already), so the next attempt's hang cannot name a rank from the last attempt's
+    records; debug pipes (the next attempt's, where the line ran late) and the job's other files
+    stay."""
     import importlib.util
     import os
     import subprocess
@@ -234,9 +241,10 @@ def test_a_restart_clears_the_ended_attempt_s_dumps(tmp_path):
     r = subprocess.run(["bash", "-c", sup.end_attempt_line(987654, str(tmp_path))], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["flightrec_notes.txt", "output.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flightrec_notes.txt", f"{flightrec.PREFIX}3.pipe",
+                                                          "output.log"]
     # the directory is quoted: a job dir with a space works, and no glob of it runs
-    assert f"rm -f '{tmp_path} x/{flightrec.PREFIX}'*" in sup.end_attempt_line(1, f"{tmp_path} x")
+    assert f"find '{tmp_path} x' -maxdepth 1" in sup.end_attempt_line(1, f"{tmp_path} x")
 
 
 def test_older_torch_gets_the_buffer_under_the_name_it_reads():
@@ -283,3 +291,34 @@ def test_the_supervisor_renames_the_buffer_for_the_image_s_torch(tmp_path):
                        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert f"TORCH_NCCL_TRACE_BUFFER_SIZE={flightrec.BUFFER}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert "TORCH_FR_BUFFER_SIZE" not in r.stdout, r.stdout[-2000:]
+
+
+def test_a_rank_that_entered_no_collective_of_the_group_is_named():
+    """torch starts a group's last_enqueued_collective at -1: a rank at -1 entered none of it,
+    and the others wait for it (the pickle's int and the JSON form's string alike)."""
+    for none in (-1, "-1"):
+        dumps = {0: {"pg_status": {"1": {"last_enqueued_collective": 0}},
+                     "entries": [{"pg_id": 1, "collective_seq_id": 0, "profiling_name": "nccl:broadcast"}]},
+                 1: {"pg_status": {"1": {"last_enqueued_collective": none}}}}
+        (b,) = flightrec.behind(dumps)
+        assert (b.ranks, b.entered, b.op) == ((1,), (-1,), "nccl:broadcast"), b
+        assert flightrec.text([b], 2, 2, ["node-1", "node-2"]) == (
+            "flight recorder: r1 (node-2) (entered none) did not enter nccl:broadcast #0 of process group 1 that r0 "
+            "waits in")
+
+
+def test_a_large_dump_is_read_in_linear_time():
+    """1,000 groups each behind and 100,000 records (half a megabyte pickled): the ops are
+    indexed once per dump, not searched per group (77 s before), and only the newest
+    MAX_ENTRIES records are read."""
+    import time
+
+    entries = [{"pg_id": str(i % 1000), "collective_seq_id": i // 1000, "profiling_name": "gloo:all_reduce"}
+               for i in range(100_000)]
+    ahead = {"pg_status": {str(g): {"last_enqueued_collective": 99} for g in range(1000)}, "entries": entries}
+    late = {"pg_status": {str(g): {"last_enqueued_collective": 98} for g in range(1000)}}
+    t0 = time.monotonic()
+    found = flightrec.behind({0: ahead, 1: late})
+    took = time.monotonic() - t0
+    assert len(found) == 1000 and found[0].op == "gloo:all_reduce" and took < 5, took
+    assert len(flightrec._entries(ahead)) == flightrec.MAX_ENTRIES

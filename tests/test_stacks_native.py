@@ -484,3 +484,82 @@ def test_the_memo_keeps_live_processes_and_its_argument_stays_bounded():
     arg = straggler.known_places(many, "node-1")
     assert len(arg.encode()) <= straggler.KNOWN_BYTES
     assert arg.startswith("19999 step_19999 (train.py:19999)\n19998 ") and "x" * 100 not in arg
+
+
+def test_a_rank_under_mpirun_s_output_tagger_is_still_read_natively(tmp_path):
+    """Under mpirun each rank runs under launch/node/rank_output.py, whose environment has the
+    same OMPI_COMM_WORLD_RANK: the rank is its child, not a worker, and an idle one is read
+    natively (a DDP wait in `backward` is seen only there)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    tagger = (Path(__file__).resolve().parent.parent / "launch" / "node" / "rank_output.py").read_text()
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "3", "OMPI_COMM_WORLD_RANK": "0"}
+    tagged = subprocess.Popen([sys.executable, "-I", "-S", "-c", tagger, sys.executable, str(tmp_path / "sleep.py")],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(1.5)
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "3", "here", "sample"],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        os.killpg(tagged.pid, 9)
+        tagged.wait()
+    (proc,) = stacks.parse(r.stdout.splitlines())  # the tagger itself is left out
+    assert proc.rank == 0 and proc.pid != tagged.pid and proc.native, r.stdout
+
+
+def test_a_free_turn_is_taken_whichever_it_is(tmp_path):
+    """Native reads take the first free turn of NATIVE_AT_ONCE, not one fixed by the process's
+    place in the listing: two idle ranks among rankless processes are both read at once (a
+    fixed slot per index had them queue on one lock while the others sat free)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dtrain import contract
+
+    real = Path(sys.executable).parent / "py-spy"
+    log = tmp_path / "native.log"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "py-spy").write_text(
+        '#!/bin/bash\nfor a in "$@"; do if [ "$a" = --native ]; then\n'
+        f'  echo "start $(date +%s.%N)" >> {log}; sleep 3; echo "end $(date +%s.%N)" >> {log}; fi; done\n'
+        f'exec {real} "$@"\n')
+    (tmp_path / "bin" / "py-spy").chmod(0o755)
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "2"}
+    procs = []
+    for rank in ("0", "", "", "", "1"):  # the ranks 4 apart in the listing
+        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")],
+                                      env={**env, **({"RANK": rank} if rank else {})}))
+        time.sleep(0.05)  # pids in this order
+    try:
+        time.sleep(1)
+        path = f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "2", "here", "sample"],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    natively = sorted(p.rank for p in stacks.parse(r.stdout.splitlines()) if p.native)
+    assert natively == [0, 1] and _most_at_once(log) == 2, (r.stdout, log.read_text())
+
+
+def test_a_place_read_again_counts_as_the_latest_learnt():
+    """known_places gives the latest learnt first (the bound drops the oldest): a place read
+    again moves to the end of the memo."""
+    native = _as_stacks_sh("ddp_waiting_native.txt")  # node-1, pid 1
+    place = ("node-1", 1, "_engine_run_backward (torch/autograd/graph.py:979)")
+    other = ("node-2", 5, "f (a.py:1)")
+    known = straggler.learn({place: (True,), other: (True, True)}, native)
+    assert list(known) == [other, place] and known[place] == (True, True)

@@ -105,7 +105,7 @@ def learn(known: Known, lines: Iterable[str]) -> dict[NativePlace, tuple[bool, .
     alive = {(p.node, p.pid) for p in procs}
     out = {w: r for w, r in known.items() if w[0] not in answered or (w[0], w[1]) in alive}
     for where, v in native_verdicts(lines).items():
-        out[where] = (*out.get(where, ()), v)
+        out[where] = (*out.pop(where, ()), v)  # moved to the end: the order is of the latest read
     return out
 
 

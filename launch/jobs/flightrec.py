@@ -36,8 +36,11 @@ NO_DUMP_GLOO = ("no flight-recorder dump from any rank (torch writes one for NCC
 MAX_DUMP = 64 << 20  # bytes read of one dump at most
 # A dump comes from a node: what it names is bounded before it reaches a line (the hang event's
 # text is cut at launch/jobs/events.py MAX_TEXT, and a cut one is dropped)
-MAX_SEQ = 1 << 63  # a sequence number is an int64 in torch; outside [0, MAX_SEQ) it is no record
-MAX_NAME = 64  # characters of a process group's id or an op's name kept
+MAX_SEQ = 1 << 63  # a sequence number is an int64 in torch; outside [NONE, MAX_SEQ) it is no record
+NONE = -1  # torch's last_enqueued_collective before the rank entered any collective of the group
+MAX_NAME = 64  # characters of a process group's id (a longer one is not judged), an op's name, a node's
+MAX_ENTRIES = 10 * BUFFER  # records of a dump read (its newest)
+MAX_GROUPS_READ = 4096  # process groups of a dump's pg_status read
 MAX_GROUPS = 4  # process groups the line names (then `and N more`)
 MAX_RANKS = 8  # ranks named per group (then `and N more`)
 MAX_LINE = 2000  # characters of the whole flight-recorder part at most
@@ -68,7 +71,8 @@ NEW_NAME_SINCE = (2, 9)
 def torch_release(version: str | None) -> tuple[int, int] | None:
     """`2.4.1+cu124` -> (2, 4); None where it is no version."""
     parts = (version or "").split("+")[0].split(".")
-    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+    ok = len(parts) >= 2 and all(x.isascii() and x.isdigit() for x in parts[:2])
+    return (int(parts[0]), int(parts[1])) if ok else None
 
 
 def for_torch(env: tuple[tuple[str, str], ...], version: str | None) -> tuple[tuple[str, str], ...]:
@@ -121,8 +125,9 @@ def load(data: bytes) -> dict | None:
 
 
 def _seq(value: object) -> int | None:
-    """A sequence number as a dump gives it (an int, or a whole float or string of one), or None:
-    inf, nan, a bool, a number outside an int64, anything else."""
+    """A sequence number as a dump gives it (an int, or a whole float or string of one; NONE:
+    the rank entered no collective of the group), or None: inf, nan, a bool, a number outside an
+    int64, anything else."""
     if isinstance(value, bool):
         return None
     if isinstance(value, float):
@@ -130,46 +135,64 @@ def _seq(value: object) -> int | None:
             return None
         value = int(value)
     elif isinstance(value, str):
-        value = int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else None
-    return value if isinstance(value, int) and 0 <= value < MAX_SEQ else None
+        digits = value[1:] if value.startswith("-") else value
+        value = int(value) if digits.isascii() and digits.isdigit() and len(digits) <= 19 else None
+    return value if isinstance(value, int) and NONE <= value < MAX_SEQ else None
+
+
+def _pg(value: object) -> str | None:
+    """A process group's id as a key (torch's: a short name or number), or None where it is
+    neither: such a group is not judged (cutting or merging ids could pair unrelated groups)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if value.bit_length() <= 64 else None  # str() of a huge int raises
+    if isinstance(value, str) and len(value) <= MAX_NAME and value.isprintable():
+        return value
+    return None
 
 
 def _name(value: object) -> str:
-    """A process group's id or an op's name as a line shows it: printable, at most MAX_NAME characters."""
-    text = value if isinstance(value, str) else str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+    """An op's name as a line shows it: printable, at most MAX_NAME characters."""
+    text = value if isinstance(value, str) else "?"
     text = "".join(c if c.isprintable() else "?" for c in text[:MAX_NAME + 1])
     return text if len(text) <= MAX_NAME else text[:MAX_NAME - 3] + "..."
 
 
 def _entries(dump: Mapping) -> list[Mapping]:
-    """The dump's records that are records (a mapping each); none where `entries` is not a list."""
+    """The dump's records that are records (a mapping each), its last MAX_ENTRIES at most (the
+    ring's newest); none where `entries` is not a list."""
     entries = dump.get("entries")
-    return [e for e in entries if isinstance(e, Mapping)] if isinstance(entries, (list, tuple)) else []
+    return [e for e in entries[-MAX_ENTRIES:] if isinstance(e, Mapping)] if isinstance(entries, (list, tuple)) else []
 
 
 def last_entered(dump: Mapping) -> dict[str, int]:
-    """{process group id: the sequence number of the last collective this rank entered}, from
-    pg_status (its last_enqueued_collective), else from the entries (the largest
-    collective_seq_id per pg_id). A dump is untrusted: what is not a record is skipped."""
+    """{process group id: the sequence number of the last collective this rank entered (NONE:
+    none)}, from pg_status (its last_enqueued_collective; MAX_GROUPS_READ groups at most), else
+    from the entries (the largest collective_seq_id per pg_id). A dump is untrusted: what is not
+    a record is skipped."""
     out: dict[str, int] = {}
     status = dump.get("pg_status")
     if isinstance(status, Mapping):
-        for pg, st in status.items():
-            if isinstance(st, Mapping) and (seq := _seq(st.get("last_enqueued_collective"))) is not None:
-                out[_name(pg)] = seq
+        for n, (key, st) in enumerate(status.items()):
+            if n >= MAX_GROUPS_READ:
+                break
+            if (pg := _pg(key)) is not None and isinstance(st, Mapping) \
+                    and (seq := _seq(st.get("last_enqueued_collective"))) is not None:
+                out[pg] = seq
     if not out:
         for e in _entries(dump):
-            if not e.get("is_p2p") and (seq := _seq(e.get("collective_seq_id"))) is not None:
-                pg = _name(e.get("pg_id"))
+            if not e.get("is_p2p") and (pg := _pg(e.get("pg_id"))) is not None \
+                    and (seq := _seq(e.get("collective_seq_id"))) is not None:
                 out[pg] = max(out.get(pg, seq), seq)
     return out
 
 
-def _op(dump: Mapping, pg: str, seq: int) -> str:
+def ops(dump: Mapping) -> dict[tuple[str, int], str]:
+    """{(process group id, sequence number): the op's name} over the dump's entries, in one pass."""
+    out: dict[tuple[str, int], str] = {}
     for e in _entries(dump):
-        if _name(e.get("pg_id")) == pg and _seq(e.get("collective_seq_id")) == seq:
-            return _name(e.get("profiling_name") or "?")
-    return "?"
+        if (pg := _pg(e.get("pg_id"))) is not None and (seq := _seq(e.get("collective_seq_id"))) is not None:
+            out.setdefault((pg, seq), _name(e.get("profiling_name") or "?"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,7 @@ def behind(dumps: Mapping[int, Mapping]) -> list[Behind]:
         for pg, seq in last_entered(d).items():
             seen.setdefault(pg, {})[rank] = seq
     out = []
+    indexed: dict[int, dict[tuple[str, int], str]] = {}  # a dump's ops, read once and only where needed
     for pg in sorted(seen, key=lambda p: (len(p), p)):
         by_rank = seen[pg]
         top = max(by_rank.values())
@@ -201,8 +225,10 @@ def behind(dumps: Mapping[int, Mapping]) -> list[Behind]:
         if not late:
             continue
         ahead = sorted(r for r, s in by_rank.items() if s == top)
-        out.append(Behind(pg, tuple(late), tuple(by_rank[r] for r in late), top, _op(dumps[ahead[0]], pg, top),
-                          tuple(ahead)))
+        if ahead[0] not in indexed:
+            indexed[ahead[0]] = ops(dumps[ahead[0]])
+        out.append(Behind(pg, tuple(late), tuple(by_rank[r] for r in late), top,
+                          indexed[ahead[0]].get((pg, top), "?"), tuple(ahead)))
     return out
 
 
@@ -210,8 +236,11 @@ def text(found: list[Behind], ranks_dumped: int, world: int, ranks: list[str] | 
     """The hang line's flight-recorder part: `flight recorder: r1 (node-2) did not enter
     gloo:all_reduce #4 of process group 0 (entered up to #3) that r0 waits in`; or why it names
     nobody."""
-    def who(r: int) -> str:
-        return f"r{r} ({ranks[r]})" if ranks and 0 <= r < len(ranks) else f"r{r}"
+    def who(r: int) -> str:  # a node's name cut to MAX_NAME: the first group's verdict fits MAX_LINE
+        return f"r{r} ({ranks[r][:MAX_NAME]})" if ranks and 0 <= r < len(ranks) else f"r{r}"
+
+    def entered(s: int) -> str:
+        return "entered none" if s == NONE else f"entered up to #{s}"
 
     def more(n: int) -> str:
         return f" and {n} more" if n > 0 else ""
@@ -223,7 +252,7 @@ def text(found: list[Behind], ranks_dumped: int, world: int, ranks: list[str] | 
     parts = []
     for b in found[:MAX_GROUPS]:
         named = list(zip(b.ranks, b.entered))[:MAX_RANKS]
-        late = ", ".join(f"{who(r)} (entered up to #{s})" for r, s in named) + more(len(b.ranks) - len(named))
+        late = ", ".join(f"{who(r)} ({entered(s)})" for r, s in named) + more(len(b.ranks) - len(named))
         waiting = ", ".join(f"r{r}" for r in b.waiting[:MAX_RANKS]) + more(len(b.waiting) - MAX_RANKS)
         parts.append(f"{late} did not enter {b.op} #{b.seq} of process group {b.pg} that {waiting} "
                      f"{'waits' if len(b.waiting) == 1 else 'wait'} in")

@@ -48,12 +48,25 @@ rank_of() {  # rank_of PID: the rank its environment gives (Open MPI's, torchrun
   [[ $r =~ ^[0-9]{1,9}$ ]] && echo "$r"  # the process's own value: a number or none
 }
 
-native_read() {  # native_read PID SLOT: py-spy's native dump, in its turn (exit 75: no turn within NATIVE_WAIT s)
-  if command -v flock >/dev/null; then
-    flock -w "$NATIVE_WAIT" -E 75 "$tmp/native.$(($2 % NATIVE_AT_ONCE))" timeout "$NATIVE_S" "$spy" dump --native --pid "$1"
-  else
-    timeout "$NATIVE_S" "$spy" dump --native --pid "$1"
-  fi
+is_rank_python() {  # is_rank_python PID: a Python process that is no rank's output tagger
+  local exe
+  exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+  case ${exe##*/} in python*) ;; *) return 1 ;; esac
+  ! grep -qza '^# dtrain-rank-output' "/proc/$1/cmdline" 2>/dev/null
+}
+
+native_read() {  # native_read PID: py-spy's native dump in a free turn (exit 75: none within NATIVE_WAIT s)
+  local i rc end=$((SECONDS + NATIVE_WAIT))
+  command -v flock >/dev/null || { timeout "$NATIVE_S" "$spy" dump --native --pid "$1"; return; }
+  while :; do  # NATIVE_AT_ONCE turns, each a lock file: the first one free
+    for ((i = 0; i < NATIVE_AT_ONCE; i++)); do
+      flock -n -E 75 "$tmp/native.$i" timeout "$NATIVE_S" "$spy" dump --native --pid "$1"
+      rc=$?
+      [ "$rc" = 75 ] || return "$rc"
+    done
+    [ "$SECONDS" -lt "$end" ] || return 75
+    sleep 0.1
+  done
 }
 
 running_of() {  # running_of PID: "R running of N", the process's threads but its main one
@@ -61,8 +74,8 @@ running_of() {  # running_of PID: "R running of N", the process's threads but it
     END { printf "%d running of %d", r, n }' "/proc/$1/task/"*/stat 2>/dev/null
 }
 
-dump_one() {  # dump_one PID STATE LABEL RANK WORKER SLOT: py-spy's lines of the process, each after LABEL
-  local pid=$1 state=$2 label=$3 rank=$4 worker=$5 slot=$6 out main inner native why rc limit=20 mode=()
+dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the process, each after LABEL
+  local pid=$1 state=$2 label=$3 rank=$4 worker=$5 out main inner native why rc limit=20 mode=()
   [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
   # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
   # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
@@ -78,7 +91,7 @@ dump_one() {  # dump_one PID STATE LABEL RANK WORKER SLOT: py-spy's lines of the
   if [ -n "$sample" ] && [ -n "$rank" ] && [ "$worker" = 0 ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
       && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; } \
       && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
-    native=$(native_read "$pid" "$slot" 2>&1)
+    native=$(native_read "$pid" 2>&1)
     rc=$?
     # py-spy's own error lines (a frame may say "error" too: c10::Error)
     why=$(printf '%s\n' "$native" | grep -m 1 '^Error' | cut -c 1-200)
@@ -116,10 +129,11 @@ while IFS= read -r env; do
   rank=$(rank_of "$pid")
   label="[$node${rank:+ r$rank}]"
   # state: R running, S sleeping (waiting: a socket, a lock), D disk, T stopped (SIGSTOP); then
-  # the parent: a child with its parent's rank is the rank's own worker (a DataLoader's)
+  # the parent: a child of the rank's own Python process with its rank is its worker (a
+  # DataLoader's); a rank under rank_output.py (mpirun's tagger, the same rank) is the rank
   read -r state ppid _ < <(sed 's/^.*) //' "$p/stat" 2>/dev/null)
   worker=0
-  [ -z "$rank" ] || [ "$(rank_of "${ppid:-0}")" != "$rank" ] || worker=1
+  if [ -n "$rank" ] && [ "$(rank_of "${ppid:-0}")" = "$rank" ] && is_rank_python "$ppid"; then worker=1; fi
   cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
   found=$((found + 1))
   echo "$label stack of pid $pid, state $state: ${cmd% }" > "$tmp/$found"
@@ -128,7 +142,7 @@ while IFS= read -r env; do
   # itself, not for a peer (launch/analysis/straggler.py ranks_waiting)
   [ -z "$sample" ] || [ -z "$rank" ] || echo "$label   (other threads: $(running_of "$pid"))" >> "$tmp/$found"
   if [ -n "$spy" ]; then
-    dump_one "$pid" "$state" "$label" "$rank" "$worker" "$found" >> "$tmp/$found" &
+    dump_one "$pid" "$state" "$label" "$rank" "$worker" >> "$tmp/$found" &
   elif [ -n "$sample" ]; then
     echo "$label   (no py-spy in this image: not sampled)" >> "$tmp/$found"
   else

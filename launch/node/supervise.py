@@ -119,13 +119,15 @@ KILL_ATTEMPT = ('for p in /proc/[0-9]*; do grep -qzx "%s={attempt}" "$p/environ"
 
 def end_attempt_line(attempt: int, job_dir: str = JOB_DIR) -> str:
     """The shell line that ends an attempt on a node (kill_leftovers): every process whose
-    environment says this attempt (KILL_ATTEMPT), then the attempt's flight-recorder files in
-    the job directory (launch/jobs/flightrec.py PREFIX: dumps read or not, the ranks' debug
-    pipes), so the next attempt's hang reads its own dumps, never one a rank of this attempt
-    wrote after the last read."""
+    environment says this attempt (KILL_ATTEMPT), then the attempt's flight-recorder dumps in
+    the job directory (launch/jobs/flightrec.py PREFIX: read or not), so the next attempt's hang
+    reads its own, never one a rank of this attempt wrote after the last read."""
     from dtrain.launch.jobs import flightrec
 
-    return KILL_ATTEMPT.format(attempt=int(attempt)) + f"; rm -f {shlex.quote(f'{job_dir}/{flightrec.PREFIX}')}*; true"
+    # regular files only: a late line (an ssh that took its time) never removes the next
+    # attempt's debug pipes, and a new attempt's dumps come only on a collective's timeout
+    return (KILL_ATTEMPT.format(attempt=int(attempt)) + f"; find {shlex.quote(job_dir)} -maxdepth 1 -type f "
+            f"-name {shlex.quote(flightrec.PREFIX + '*')} -delete 2>/dev/null; true")
 
 
 def hosts_lines(nodes: Sequence[runplan.PlanNode]) -> str:
@@ -868,7 +870,8 @@ def on_hang(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], stall: progres
 
 
 # s a node's round of --straggler-check may take: stacks.sh's reads, a Python-only one (5 s at most)
-# then, for a blocked rank, a native one (NATIVE_S: 8 s), and the ssh command's own time
+# then, for a blocked rank, its turn (NATIVE_WAIT: 2 s) and a native read (NATIVE_S: 8 s), and the
+# ssh command's own time
 SAMPLE_WAIT = 20
 FR_AFTER_STACKS = 3.0  # s a hang line waits for the flight recorder's dumps once the stacks are read
 FR_ASK_WAIT = 3  # s fr_dumps.sh waits for the dumps it asked a rank's debug pipe for
@@ -918,10 +921,13 @@ def flight_recorder(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], ranks:
         t.start()
     for t in threads:
         t.join()
-    dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
-    if only_found and not dumps:
-        return ""
-    return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
+    try:  # the dumps come from the nodes: whatever they hold, the hang line and the restart go on
+        dumps = flightrec.read_lines(line for n in nodes for line in out.get(n.hostname, []))
+        if only_found and not dumps:
+            return ""
+        return flightrec.text(flightrec.behind(dumps), len(dumps), len(ranks), list(ranks))
+    except Exception as e:  # noqa: BLE001
+        return f"flight recorder: the ranks' dumps could not be read ({type(e).__name__})"
 
 
 def sample_stragglers(sup: "Supervisor", nodes: Sequence[runplan.PlanNode], attempt: int, done: threading.Event) -> None:

@@ -1279,10 +1279,12 @@ ENTRIES: tuple[Entry, ...] = (
             "process group 0 that r0 waits in",
             "flight recorder: r2 (node-3) (entered up to #7), r3 (node-3) (entered up to #6) did not enter "
             "nccl:all_reduce #8 of process group 0 that r0, r1 wait in",
+            "flight recorder: r1 (node-2) (entered none) did not enter nccl:broadcast #0 of process group 1 "
+            "that r0 waits in",
         ),
         # the first rank named (with its node where the supervisor knew it), then any others
-        signatures=_re(r"flight recorder: r(?P<rank>\d+)(?: \((?P<node>[^)]+)\))? \(entered up to #\d+\)"
-                       r"(?:, r\d+(?: \([^)]+\))? \(entered up to #\d+\))*(?: and \d+ more)? did not enter"),
+        signatures=_re(r"flight recorder: r(?P<rank>\d+)(?: \((?P<node>[^)]+)\))? \(entered (?:up to #\d+|none)\)"
+                       r"(?:, r\d+(?: \([^)]+\))? \(entered (?:up to #\d+|none)\))*(?: and \d+ more)? did not enter"),
         cause="Every process group numbers its collectives; dtrain turns on PyTorch's flight "
               "recorder for torchrun's ranks (TORCH_FR_BUFFER_SIZE=2000, a dump on an NCCL "
               "timeout or asked through the rank's debug pipe, into the node's job directory: "
