@@ -563,3 +563,39 @@ def test_a_place_read_again_counts_as_the_latest_learnt():
     other = ("node-2", 5, "f (a.py:1)")
     known = straggler.learn({place: (True,), other: (True, True)}, native)
     assert list(known) == [other, place] and known[place] == (True, True)
+
+
+def test_under_python_3_10_an_asleep_rank_is_idle_by_its_kernel_state(tmp_path):
+    """Python 3.10 and older (the GPU EFA images): py-spy --nonblocking cannot tell an idle
+    thread (it needs the OS thread id, which it reads there only with the process paused) and
+    says `active`. A py-spy that answers so (the real one's output, its status and version
+    rewritten as 3.10's): the asleep rank (state S) is still read natively, said as idle by its
+    state, and its place is known for the Python-only rounds after; the spinning rank (R) and
+    the agent are not read natively."""
+    import sys
+
+    real = Path(sys.executable).parent / "py-spy"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "py-spy").write_text(
+        '#!/bin/bash\nfor a in "$@"; do [ "$a" != --native ] || exec ' + f'{real}' + ' "$@"; done\n'
+        f'{real} "$@" | sed -e "s/ (idle)/ (active)/" -e "s/^Python v3\\.[0-9]*/Python v3.10/"\n')
+    (fake / "py-spy").chmod(0o755)
+    known: dict = {}
+
+    def second(first: list[str]) -> list[str]:
+        known.update(straggler.learn(straggler.learn({}, first), first))  # as two agreeing rounds
+        return ["sample", stacks.SEEN_IN_PYTHON, straggler.known_places(known, "here")]
+
+    first: list[str] = []
+    lines, _ = _stacks_sh(tmp_path, "sample", stacks.SEEN_IN_PYTHON, path_first=str(fake),
+                          then=lambda ls: (first.extend(ls), second(ls))[1])
+    procs = {p.rank: p for p in stacks.parse(first)}
+    assert procs[0].native and procs[0].main_idle, first
+    assert not procs[1].native and not procs[1].main_idle and not procs[None].native, first
+    assert "[here r0]   (main thread idle by its state: Python 3.10)" in first, first
+    [(node, pid, frame)] = known  # the asleep rank's nap
+    assert frame.startswith("nap (") and pid == procs[0].pid, known
+    again = {p.rank: p for p in stacks.parse(lines)}
+    assert not again[0].native and again[0].main_idle, lines  # its place known: Python only
+    assert straggler.native_place(again[0]) == (node, pid, frame)

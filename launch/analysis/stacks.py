@@ -36,6 +36,7 @@ _HEADER = re.compile(r"^ ?stack of pid (?P<pid>\d{1,9}), state (?P<state>\S?): ?
 _THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<name>.*)")?$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]*)\)$")
 _NATIVE = re.compile(r"^ +\(read natively\)$")
+_MAIN_IDLE = re.compile(r"^ +\(main thread idle by its state: Python 3\.\d{1,3}\)$")
 _OTHERS = re.compile(r"^ +\(other threads: (?P<running>\d{1,6}) running of \d{1,6}\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -121,6 +122,9 @@ class Proc:
     # stacks.sh's sampling note: how many of its other threads ran (state R); None where unsaid
     others_running: int | None = None
     native: bool = False  # stacks.sh read it with py-spy --native (its note `(read natively)`)
+    # stacks.sh's note where py-spy cannot tell idle without pausing (Python 3.10 and older): the
+    # main thread asleep in the kernel (the process's state S)
+    main_idle: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,7 +209,7 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         if h:
             p = {"node": key[0], "rank": None if key[1] is None else int(key[1]), "pid": int(h.group("pid")),
                  "state": h.group("state"), "cmd": h.group("cmd"), "threads": [], "indent": None, "others": None,
-                 "native": False}
+                 "native": False, "main_idle": False}
             procs.append(p)
             open_[key] = p
             continue
@@ -219,6 +223,9 @@ def parse(lines: Iterable[str]) -> list[Proc]:
         if _NATIVE.match(rest) and not p["threads"]:
             p["native"] = True
             continue
+        if _MAIN_IDLE.match(rest) and not p["threads"]:
+            p["main_idle"] = True
+            continue
         body = rest.lstrip(" ")
         indent = len(rest) - len(body)
         t = _THREAD.match(body)
@@ -231,7 +238,7 @@ def parse(lines: Iterable[str]) -> list[Proc]:
             p["threads"][-1]["frames"].append(Frame(f.group("func"), f.group("file")))
     return [Proc(p["node"], p["rank"], p["pid"], p["state"], p["cmd"],
                  tuple(Thread(t["name"], t["status"], tuple(t["frames"])) for t in p["threads"]), p["others"],
-                 p["native"])
+                 p["native"], p["main_idle"])
             for p in procs]
 
 

@@ -72,11 +72,12 @@ def _python_frame(frame: stacks.Frame) -> bool:
 
 
 def native_place(proc: stacks.Proc) -> NativePlace | None:
-    """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status),
-    or shows no frame. Read natively: its innermost Python frame; else its innermost frame, as
+    """Where `proc` blocks (NativePlace), or None: its main thread is not idle (py-spy's status,
+    or, under Python 3.10 and older, its kernel state: stacks.sh's note, Proc.main_idle), or
+    shows no frame. Read natively: its innermost Python frame; else its innermost frame, as
     stacks.sh takes it (the line after the main thread's)."""
     main = stacks.main_thread(proc)
-    if main is None or main.status != "idle" or not main.frames:
+    if main is None or not (main.status == "idle" or proc.main_idle) or not main.frames:
         return None
     inner = next((f for f in main.frames if _python_frame(f)), None) if proc.native else main.frames[0]
     return None if inner is None else (proc.node, proc.pid, str(inner))

@@ -75,7 +75,7 @@ running_of() {  # running_of PID: "R running of N", the process's threads but it
 }
 
 dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the process, each after LABEL
-  local pid=$1 state=$2 label=$3 rank=$4 worker=$5 out main inner native why rc limit=20 mode=()
+  local pid=$1 state=$2 label=$3 rank=$4 worker=$5 out main inner native why rc minor by_state limit=20 mode=()
   [ "$state" != T ] || mode=(--nonblocking)  # a stopped process is read as it is
   # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
   # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
@@ -85,10 +85,22 @@ dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the proc
   main=$(printf '%s\n' "$out" | grep -m 1 '^Thread .*"MainThread"' || printf '%s\n' "$out" | grep -m 1 '^Thread ')
   # its innermost frame (the line after it): with the pid, the place a native read is known for
   inner=$(printf '%s\n' "$out" | grep -m 1 -A 1 -Fx -- "$main" | sed -n '2s/^ *//p')
+  # Python 3.10 and older: py-spy tells a thread idle without pausing the process only from 3.11
+  # (it needs the OS thread id); there the main thread's own kernel state stands for it: the
+  # process's (/proc/PID/stat is its main thread's), S: asleep in the kernel (a collective's
+  # wait, a lock, I/O). Said under the header, so that the place is read as idle too.
+  minor=$(printf '%s\n' "$out" | sed -n 's/^Python v3\.\([0-9]\{1,3\}\)\..*/\1/p' | head -n 1)
+  by_state=0
+  if [ -n "$sample" ] && [ -n "$rank" ] && [ -n "$minor" ] && [ "$minor" -lt 11 ] && [ "$state" = S ] \
+      && [[ $main != *" (idle)"* ]]; then
+    by_state=1
+    echo "$label   (main thread idle by its state: Python 3.$minor)"  # launch/analysis/stacks.py Proc.main_idle
+  fi
   # natively: a rank (not a launcher's agent) whose main thread is blocked; on a node under a CPU
   # quota (the straggler's own) a read takes ten times as long: NATIVE_S at most
   # and not where its Python frames show the wait already (SEEN: launch/analysis/stacks.py SEEN_IN_PYTHON)
-  if [ -n "$sample" ] && [ -n "$rank" ] && [ "$worker" = 0 ] && [ "$state" != T ] && [[ $main == *" (idle)"* ]] \
+  if [ -n "$sample" ] && [ -n "$rank" ] && [ "$worker" = 0 ] && [ "$state" != T ] \
+      && { [[ $main == *" (idle)"* ]] || [ "$by_state" = 1 ]; } \
       && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; } \
       && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
     native=$(native_read "$pid" 2>&1)
