@@ -354,16 +354,38 @@ def test_a_rank_value_that_is_no_number_is_no_label(tmp_path):
     assert all(ln.startswith("[here]") for ln in r.stdout.splitlines()), r.stdout
 
 
-def _idle_ranks(tmp_path, ranks: int, fake_native: str, attempt: str = "7") -> tuple[list[str], Path]:
-    """stacks.sh `sample` over `ranks` sleeping ranks (all idle: each is read natively) with a
-    py-spy whose --native runs `fake_native` (bash) first, logging `start T` / `end T` lines to the
-    returned file, then the real py-spy."""
+def _sample_tree(argv: list[str], env: dict, attempt: str, path_first: str = "") -> tuple[list[str], int]:
+    """One `stacks.sh sample` round (DTRAIN_TEST_ATTEMPT=attempt; path_first: before PATH, a
+    stand-in py-spy) over the processes argv starts (a session of their own, killed after):
+    stacks.sh's lines and argv's pid."""
     import os
     import subprocess
     import sys
     import time
 
     from dtrain import contract
+
+    top = subprocess.Popen(argv, env={**env, "DTRAIN_TEST_ATTEMPT": attempt}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(1.5)
+        path = ":".join(x for x in (path_first, str(Path(sys.executable).parent), os.environ["PATH"]) if x)
+        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", attempt, "here", "sample"],
+                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": path})
+    finally:
+        os.killpg(top.pid, 9)
+        top.wait()
+    return r.stdout.splitlines(), top.pid
+
+
+def _idle_ranks(tmp_path, ranks: list[str], fake_native: str, attempt: str = "7") -> tuple[list[str], Path]:
+    """stacks.sh `sample` over sleeping processes, one per entry of `ranks` (its RANK; "": none),
+    started in that order (all idle: each rank is read natively), with a py-spy whose --native
+    runs `fake_native` (bash) first, logging `start T` / `end T` lines to the returned file, then
+    the real py-spy."""
+    import os
+    import sys
 
     real = Path(sys.executable).parent / "py-spy"
     log = tmp_path / "native.log"
@@ -374,20 +396,12 @@ def _idle_ranks(tmp_path, ranks: int, fake_native: str, attempt: str = "7") -> t
         f'exec {real} "$@"\n')
     (tmp_path / "bin" / "py-spy").chmod(0o755)
     (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
-    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": attempt}
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")], env={**env, "RANK": str(r)})
-             for r in range(ranks)]
-    try:
-        time.sleep(1)
-        path = f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
-        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", attempt, "here", "sample"],
-                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PATH": path})
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    return r.stdout.splitlines(), log
+    start = ('py=$1 nap=$2; shift 2; for r in "$@"; do if [ -n "$r" ]; then RANK=$r "$py" "$nap" & '
+             'else "$py" "$nap" & fi; sleep 0.05; done; wait')  # pids in this order
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    lines, _ = _sample_tree(["bash", "-c", start, "bash", sys.executable, str(tmp_path / "sleep.py"), *ranks], env,
+                            attempt, path_first=str(tmp_path / "bin"))
+    return lines, log
 
 
 def _most_at_once(log: Path) -> int:
@@ -403,7 +417,7 @@ def test_native_reads_take_turns_and_one_without_a_turn_waits_for_a_later_round(
     """Six idle ranks on a node: at most NATIVE_AT_ONCE (4) native reads at a time (each costs
     about a CPU-second); reads of 3 s leave two ranks without a turn within NATIVE_WAIT (2 s):
     their Python-only read stands, with no `not read` note (a later round reads them)."""
-    lines, log = _idle_ranks(tmp_path, 6, "sleep 3")
+    lines, log = _idle_ranks(tmp_path, [str(r) for r in range(6)], "sleep 3")
     assert _most_at_once(log) <= 4, log.read_text()
     procs = stacks.parse(lines)
     assert sorted(p.rank for p in procs) == list(range(6)), lines
@@ -413,7 +427,7 @@ def test_native_reads_take_turns_and_one_without_a_turn_waits_for_a_later_round(
 
 def test_native_reads_that_fit_their_turns_are_all_read(tmp_path):
     """Six idle ranks, reads of 0.5 s: every one is read natively, never more than 4 at a time."""
-    lines, log = _idle_ranks(tmp_path, 6, "sleep 0.5", attempt="6")
+    lines, log = _idle_ranks(tmp_path, [str(r) for r in range(6)], "sleep 0.5", attempt="6")
     assert _most_at_once(log) <= 4, log.read_text()
     assert sum(p.native for p in stacks.parse(lines)) == 6, lines
 
@@ -423,34 +437,20 @@ def test_a_rank_s_own_workers_are_not_read_natively(tmp_path):
     were each read natively (seconds apiece, a pause each). Now only the rank is; its workers
     are read Python-only and stay in the dump under the rank's label."""
     import os
-    import subprocess
     import sys
-    import time
-
-    from dtrain import contract
 
     (tmp_path / "rank.py").write_text(
         "import subprocess, sys, time\n"
         "w = [subprocess.Popen([sys.executable, '-c', 'import time\\ndef worker_loop():\\n    time.sleep(600)\\nworker_loop()'])"
         " for _ in range(2)]\n"
         "def nap():\n    time.sleep(600)\nnap()\n")
-    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "5", "RANK": "0"}
-    rank = subprocess.Popen([sys.executable, str(tmp_path / "rank.py")], env=env, start_new_session=True)
-    try:
-        time.sleep(1.5)
-        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "5", "here", "sample"],
-                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PATH": path})
-    finally:
-        os.killpg(rank.pid, 9)
-        rank.wait()
-    procs = stacks.parse(r.stdout.splitlines())
-    assert len(procs) == 3 and {p.rank for p in procs} == {0}, r.stdout
+    lines, pid = _sample_tree([sys.executable, str(tmp_path / "rank.py")], {**os.environ, "RANK": "0"}, "5")
+    procs = stacks.parse(lines)
+    assert len(procs) == 3 and {p.rank for p in procs} == {0}, lines
     natively = [p for p in procs if p.native]
-    assert [p.pid for p in natively] == [rank.pid], r.stdout
-    workers = [p for p in procs if p.pid != rank.pid]
-    assert all(any(f.func == "worker_loop" for f in p.threads[0].frames) for p in workers), r.stdout
+    assert [p.pid for p in natively] == [pid], lines
+    workers = [p for p in procs if p.pid != pid]
+    assert all(any(f.func == "worker_loop" for f in p.threads[0].frames) for p in workers), lines
 
 
 def test_a_full_tmp_is_said_not_silent(tmp_path):
@@ -491,68 +491,23 @@ def test_a_rank_under_mpirun_s_output_tagger_is_still_read_natively(tmp_path):
     same OMPI_COMM_WORLD_RANK: the rank is its child, not a worker, and an idle one is read
     natively (a DDP wait in `backward` is seen only there)."""
     import os
-    import subprocess
     import sys
-    import time
-
-    from dtrain import contract
 
     (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
     tagger = (Path(__file__).resolve().parent.parent / "launch" / "node" / "rank_output.py").read_text()
-    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "3", "OMPI_COMM_WORLD_RANK": "0"}
-    tagged = subprocess.Popen([sys.executable, "-I", "-S", "-c", tagger, sys.executable, str(tmp_path / "sleep.py")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        time.sleep(1.5)
-        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "3", "here", "sample"],
-                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PATH": path})
-    finally:
-        os.killpg(tagged.pid, 9)
-        tagged.wait()
-    (proc,) = stacks.parse(r.stdout.splitlines())  # the tagger itself is left out
-    assert proc.rank == 0 and proc.pid != tagged.pid and proc.native, r.stdout
+    lines, pid = _sample_tree([sys.executable, "-I", "-S", "-c", tagger, sys.executable, str(tmp_path / "sleep.py")],
+                              {**os.environ, "OMPI_COMM_WORLD_RANK": "0"}, "3")
+    (proc,) = stacks.parse(lines)  # the tagger itself is left out
+    assert proc.rank == 0 and proc.pid != pid and proc.native, lines
 
 
 def test_a_free_turn_is_taken_whichever_it_is(tmp_path):
     """Native reads take the first free turn of NATIVE_AT_ONCE, not one fixed by the process's
     place in the listing: two idle ranks among rankless processes are both read at once (a
     fixed slot per index had them queue on one lock while the others sat free)."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    from dtrain import contract
-
-    real = Path(sys.executable).parent / "py-spy"
-    log = tmp_path / "native.log"
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "py-spy").write_text(
-        '#!/bin/bash\nfor a in "$@"; do if [ "$a" = --native ]; then\n'
-        f'  echo "start $(date +%s.%N)" >> {log}; sleep 3; echo "end $(date +%s.%N)" >> {log}; fi; done\n'
-        f'exec {real} "$@"\n')
-    (tmp_path / "bin" / "py-spy").chmod(0o755)
-    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
-    env = {**os.environ, "DTRAIN_TEST_ATTEMPT": "2"}
-    procs = []
-    for rank in ("0", "", "", "", "1"):  # the ranks 4 apart in the listing
-        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "sleep.py")],
-                                      env={**env, **({"RANK": rank} if rank else {})}))
-        time.sleep(0.05)  # pids in this order
-    try:
-        time.sleep(1)
-        path = f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
-        r = subprocess.run(["bash", "-s", "--", "DTRAIN_TEST_ATTEMPT", "2", "here", "sample"],
-                           input=contract.node_script("stacks.sh"), capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PATH": path})
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    natively = sorted(p.rank for p in stacks.parse(r.stdout.splitlines()) if p.native)
-    assert natively == [0, 1] and _most_at_once(log) == 2, (r.stdout, log.read_text())
+    lines, log = _idle_ranks(tmp_path, ["0", "", "", "", "1"], "sleep 3", attempt="2")  # the ranks 4 apart
+    natively = sorted(p.rank for p in stacks.parse(lines) if p.native)
+    assert natively == [0, 1] and _most_at_once(log) == 2, (lines, log.read_text())
 
 
 def test_a_place_read_again_counts_as_the_latest_learnt():
