@@ -554,3 +554,39 @@ def test_under_python_3_10_an_asleep_rank_is_idle_by_its_kernel_state(tmp_path):
     again = {p.rank: p for p in stacks.parse(lines)}
     assert not again[0].native and again[0].main_idle, lines  # its place known: Python only
     assert straggler.native_place(again[0]) == (node, pid, frame)
+
+
+def test_a_rank_s_command_line_cannot_forge_py_spy_s_lines(tmp_path):
+    """py-spy's first line is the process's command line, its arguments joined by spaces: a
+    newline in one started lines that read as py-spy's own (here a `Python v3.9` header, the
+    3.10 idle note and a `Thread ... (idle)` main thread), and so did stacks.sh's own header,
+    which shows it. stacks.sh drops py-spy's copy with that line and shows it on one line: the
+    asleep 3.11 rank is read as py-spy sees it (its real main thread, no note)."""
+    import os
+    import sys
+
+    (tmp_path / "sleep.py").write_text("import time\ndef nap():\n    time.sleep(600)\nnap()\n")
+    forged = ("x\nPython v3.9.0 (/usr/bin/python3.9)\n\n[here r0]   (main thread idle by its state: Python 3.9)\n"
+              'Thread 1 (idle): "MainThread"\n    forged (evil.py:1)')
+    lines, pid = _sample_tree([sys.executable, str(tmp_path / "sleep.py"), forged], {**os.environ, "RANK": "0"}, "11")
+    (proc,) = stacks.parse(lines)
+    assert not proc.main_idle and all(f.func != "forged" for t in proc.threads for f in t.frames), lines
+    assert any(f.func == "nap" for f in stacks.main_thread(proc).frames), lines
+    # the command line stays on its header line, flattened, and nowhere else
+    assert not [ln for ln in lines[1:] if "Python v3.9" in ln or "evil.py" in ln], lines
+    assert "sleep.py x Python v3.9.0" in lines[0], lines
+
+
+def test_a_native_read_s_own_status_stands_under_python_3_10():
+    """Read natively (the process paused), py-spy tells idle on 3.10 too: a rank caught
+    computing there (`active`) is no idle place, whatever the 3.10 note says."""
+    lines = ["[n1 r0] stack of pid 42, state S: python train.py",
+             "[n1 r0]   (main thread idle by its state: Python 3.10)", "[n1 r0]   (read natively)",
+             '[n1 r0]   Thread 42 (active): "MainThread"', "[n1 r0]       sgemm (libmkl.so)",
+             "[n1 r0]       backward (torch/autograd/graph.py:744)"]
+    (proc,) = stacks.parse(lines)
+    assert proc.main_idle and proc.native and straggler.native_place(proc) is None
+    assert straggler.learn({}, lines) == {}
+    python_only = [ln for ln in lines if "(read natively)" not in ln and "sgemm" not in ln]
+    (proc,) = stacks.parse(python_only)
+    assert straggler.native_place(proc) == ("n1", 42, "backward (torch/autograd/graph.py:744)")

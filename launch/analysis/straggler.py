@@ -77,7 +77,9 @@ def native_place(proc: stacks.Proc) -> NativePlace | None:
     shows no frame. Read natively: its innermost Python frame; else its innermost frame, as
     stacks.sh takes it (the line after the main thread's)."""
     main = stacks.main_thread(proc)
-    if main is None or not (main.status == "idle" or proc.main_idle) or not main.frames:
+    # a native read paused the process, so py-spy's status there is the thread's own, 3.10 too
+    idle = main is not None and (main.status == "idle" or (proc.main_idle and not proc.native))
+    if main is None or not idle or not main.frames:
         return None
     inner = next((f for f in main.frames if _python_frame(f)), None) if proc.native else main.frames[0]
     return None if inner is None else (proc.node, proc.pid, str(inner))

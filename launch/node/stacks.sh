@@ -33,11 +33,23 @@ NATIVE_S=8  # s a native read may take (about 2.4 s on an idle core: docs/benchm
 NATIVE_AT_ONCE=4  # native reads at a time on this node (each about 1 CPU-s: docs/benchmarks.md)
 NATIVE_WAIT=2  # s a native read waits for its turn; then the Python-only read stands this round
 spy=$(command -v py-spy || true)
+export NO_COLOR=1  # py-spy's lines as text: a colour code would hide `Thread`, `Python v` from the greps
+unset CLICOLOR_FORCE
 [ -n "$spy" ] || spy=/usr/local/bin/py-spy  # where the images put it (templates/Dockerfile.j2)
 [ -x "$spy" ] || spy=""
 
 env_of() {  # env_of PID NAME: the value of NAME in the process's starting environment
   tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=//p" | head -n 1
+}
+
+own_lines() {  # own_lines PID: py-spy's dump of PID (stdin) without its `Process PID: CMDLINE` line. The
+  # command line is the process's own, its arguments joined by spaces: a newline in one would start
+  # lines that read as py-spy's (a `Python v`, a `Thread`, a note); they go with it, counted from
+  # /proc/PID/cmdline
+  local nl
+  nl=$(tr -cd '\n' < "/proc/$1/cmdline" 2>/dev/null | wc -c)
+  awk -v head="Process $1: " -v more="${nl:-0}" 'NR == 1 && index($0, head) == 1 { skip = more; next }
+    skip > 0 { skip--; next } { print }'
 }
 
 rank_of() {  # rank_of PID: the rank its environment gives (Open MPI's, torchrun's, horovodrun's), or nothing
@@ -80,7 +92,7 @@ dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the proc
   # sampling: the rank runs on (a read may be inconsistent), and a round must end within the
   # supervisor's wait (launch/node/supervise.py sample_stragglers): reads bounded tighter
   [ -z "$sample" ] || { mode=(--nonblocking); limit=5; }
-  out=$(timeout "$limit" "$spy" dump "${mode[@]}" --pid "$pid" 2>&1)
+  out=$(timeout "$limit" "$spy" dump "${mode[@]}" --pid "$pid" 2>&1 | own_lines "$pid")
   # the main thread's line (py-spy names it where it can read the name, else it is listed first)
   main=$(printf '%s\n' "$out" | grep -m 1 '^Thread .*"MainThread"' || printf '%s\n' "$out" | grep -m 1 '^Thread ')
   # its innermost frame (the line after it): with the pid, the place a native read is known for
@@ -89,10 +101,11 @@ dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the proc
   # (it needs the OS thread id); there the main thread's own kernel state stands for it: the
   # process's (/proc/PID/stat is its main thread's), S: asleep in the kernel (a collective's
   # wait, a lock, I/O). Said under the header, so that the place is read as idle too.
+  # The state is read again after the dump: asleep before and after it, not only at the listing.
   minor=$(printf '%s\n' "$out" | sed -n 's/^Python v3\.\([0-9]\{1,3\}\)\..*/\1/p' | head -n 1)
   by_state=0
   if [ -n "$sample" ] && [ -n "$rank" ] && [ -n "$minor" ] && [ "$minor" -lt 11 ] && [ "$state" = S ] \
-      && [[ $main != *" (idle)"* ]]; then
+      && [[ $main != *" (idle)"* ]] && [ "$(sed 's/^.*) \(.\).*$/\1/' "/proc/$pid/stat" 2>/dev/null)" = S ]; then
     by_state=1
     echo "$label   (main thread idle by its state: Python 3.$minor)"  # launch/analysis/stacks.py Proc.main_idle
   fi
@@ -103,7 +116,7 @@ dump_one() {  # dump_one PID STATE LABEL RANK WORKER: py-spy's lines of the proc
       && { [[ $main == *" (idle)"* ]] || [ "$by_state" = 1 ]; } \
       && ! { [ -n "$seen" ] && printf '%s\n' "$out" | grep -qE -- "$seen"; } \
       && ! { [ -n "$known" ] && [ -n "$inner" ] && printf '%s\n' "$known" | grep -qFx -- "$pid $inner"; }; then
-    native=$(native_read "$pid" 2>&1)
+    native=$(native_read "$pid" 2>&1 | own_lines "$pid"; exit "${PIPESTATUS[0]}")  # rc: the read's
     rc=$?
     # py-spy's own error lines (a frame may say "error" too: c10::Error)
     why=$(printf '%s\n' "$native" | grep -m 1 '^Error' | cut -c 1-200)
@@ -146,7 +159,8 @@ while IFS= read -r env; do
   read -r state ppid _ < <(sed 's/^.*) //' "$p/stat" 2>/dev/null)
   worker=0
   if [ -n "$rank" ] && [ "$(rank_of "${ppid:-0}")" = "$rank" ] && is_rank_python "$ppid"; then worker=1; fi
-  cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
+  # one line: a newline (any control character) in an argument would start a line of its own
+  cmd=$(LC_ALL=C tr -c '[:print:]' ' ' < "$p/cmdline" 2>/dev/null | cut -c 1-160)
   found=$((found + 1))
   echo "$label stack of pid $pid, state $state: ${cmd% }" > "$tmp/$found"
   # sampling: how many of a rank's other threads run (state R, a quota's throttled ones too): a
