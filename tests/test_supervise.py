@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -147,6 +148,47 @@ def test_a_node_is_lost_only_when_silent_and_unreachable_or_silent_for_long():
     assert sv.verdict(2.0, True, plan) == ""  # slow (a busy CPU, a disk under writeback), not lost
     assert "port 2022 unreachable" in sv.verdict(2.0, False, plan)
     assert sv.verdict(plan.lost_after, True, plan) == f"no heartbeat for {plan.lost_after:.0f} s"
+
+
+def _full_listener() -> tuple[socket.socket, socket.socket]:
+    """A loopback listener whose accept queue is full (backlog 0, one connection queued): the
+    kernel drops every further SYN, as a node whose NIC is down answers none."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    queued = socket.create_connection(listener.getsockname(), timeout=2)
+    return listener, queued
+
+
+def test_the_port_check_answers_at_once_or_within_its_timeout_and_one_lost_syn_is_not_a_loss(monkeypatch):
+    """port_answers: a port that takes connections answers True at once, a refusing one False
+    at once (the container gone); one that drops SYNs False after the timeout. Its SYNs go
+    timeout/3 apart, so where the first is dropped and a later one taken (the queue freed 0.2 s
+    in) it is True: a single connect would wait for the kernel's retry, 1 s, past the timeout."""
+    listener, queued = _full_listener()
+    port = listener.getsockname()[1]
+    monkeypatch.setattr(sv.contract, "SSH_PORT", port)
+    try:
+        t0 = time.monotonic()
+        assert sv.port_answers("127.0.0.1", 0.6) is False
+        assert 0.55 < time.monotonic() - t0 < 1.0
+        freed = threading.Timer(0.2, lambda: listener.accept()[0].close())
+        t0 = time.monotonic()
+        freed.start()
+        assert sv.port_answers("127.0.0.1", 0.6) is True
+        assert 0.15 < time.monotonic() - t0 < 0.6  # the second SYN (at 0.2 s) or the third (0.4 s)
+        freed.join()
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        monkeypatch.setattr(sv.contract, "SSH_PORT", probe.getsockname()[1])
+        t0 = time.monotonic()
+        assert sv.port_answers("127.0.0.1", 5) is False and time.monotonic() - t0 < 0.5
+        probe.listen(4)
+        assert sv.port_answers("127.0.0.1", 5) is True and time.monotonic() - t0 < 0.5
+        probe.close()
+    finally:
+        queued.close()
+        listener.close()
 
 
 def test_the_plan_reads_back_and_refuses_what_it_does_not_know():

@@ -204,9 +204,10 @@ class RunPlan:
     # health: each node's container sends a line every `beat` s over a standing session; a node
     # silent for `suspect_after` s whose sshd port does not take a connection within
     # `connect_timeout` s is lost; one silent for `lost_after` s is lost whatever its port says
+    # (the port check sends 3 SYNs in that time, supervise.port_answers: one lost is not a loss)
     beat: float = 0.25
-    suspect_after: float = 0.6
-    connect_timeout: float = 1.0
+    suspect_after: float = 0.4
+    connect_timeout: float = 0.5
     lost_after: float = 30.0
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint
     settle: float = 1.0  # after a failed rank: wait this long before asking which nodes are left
