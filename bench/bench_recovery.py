@@ -17,6 +17,9 @@ node is gone for the others, as a lost instance is).
   nodes (the spare in the lost one's place), from the command to the first rank's resume line.
   The time a person takes to notice is not in it.
 
+A table of each round comes first: the restart's phases as the supervisor logged them
+(detection, teardown, spare-in, resumed), loss -> resumed and that round's warm launch.
+
     python bench/bench_recovery.py [--nodes 3,6] [--repeat 1]
 """
 
@@ -90,8 +93,19 @@ def _background(job: Job) -> tuple[threading.Thread, dict]:
     return runner, result
 
 
-def spare(info, image: str, n: int) -> tuple[float, float]:
-    """(loss -> detected, loss -> resumed at full size on the spare), seconds."""
+PHASES = ("detection", "teardown", "spare-in", "resumed")
+PHASE = re.compile(r"^\[launch\] restart 1: ([a-z-]+)(?: \S+)? ([\d.]+) s$", re.M)
+
+
+def phases(log: str) -> dict[str, float]:
+    """The restart's timed steps the supervisor logged (`[launch] restart 1: detection node-3
+    0.96 s`, ...): {phase: seconds}."""
+    return {m[0]: float(m[1]) for m in PHASE.findall(log) if m[0] in PHASES}
+
+
+def spare(info, image: str, n: int) -> tuple[float, float, dict[str, float]]:
+    """(loss -> detected, loss -> resumed at full size on the spare, seconds; the restart's
+    phases from its log)."""
     name = f"bench-spare-{n}"
     nodes = parse_hostfile(info.hostfile)[:n + 1]
     _fresh_log(name)
@@ -106,9 +120,10 @@ def spare(info, image: str, n: int) -> tuple[float, float]:
     finally:
         runner.join(600)
         _link(n, "up")
+    log = job_log(name).read_text()
     if result.get("code") != 0:
-        raise SystemExit(f"{name} failed: {job_log(name).read_text()[-2000:]}")
-    return lost - t0, t1 - t0
+        raise SystemExit(f"{name} failed: {log[-2000:]}")
+    return lost - t0, t1 - t0, phases(log)
 
 
 def warm_launch(info, image: str, n: int, ckpt: Path, name: str, pattern: str) -> float:
@@ -133,16 +148,21 @@ def main() -> None:
     img = next(i for i in load_all([FAMILY]) if not i.gpu)
     rows = [("nodes", "loss -> detected (s)", "loss -> resumed at full size, spare (s)", "fresh warm launch (s)",
              "by hand: relaunch -> resumed (s)", "resumed vs warm launch")]
+    # each round's restart, phase by phase (the supervisor's own timing), beside its warm launch
+    rounds = [("nodes", "round", *(f"{k} (s)" for k in PHASES), "loss -> resumed (s)", "warm launch (s)", "ratio")]
     for n in counts:
         info = cluster.up(n + 1, recreate=True, quiet=True)
         engine.allow_insecure_registry(info.registry)
         image = p.push_registry([img], info.registry, out=lambda m: None)[0].remote
         samples = {k: [] for k in ("detect", "resumed", "warm", "hand")}
-        for _ in range(args.repeat):
-            detect, resumed = spare(info, image, n)
+        for i in range(args.repeat):
+            detect, resumed, steps = spare(info, image, n)
             samples["detect"].append(detect)
             samples["resumed"].append(resumed)
             samples["warm"].append(warm_launch(info, image, n, _ckpt(), f"bench-warm-{n}", r"starting at epoch 1"))
+            rounds.append((f"{n} + 1", str(i + 1), *(f"{steps[k]:.2f}" if k in steps else "-" for k in PHASES),
+                           f"{resumed:.2f}", f"{samples['warm'][-1]:.2f}", f"{resumed / samples['warm'][-1]:.2f}x"))
+            print(markdown(rounds[:1] + rounds[-1:]), flush=True)
             ckpt = _ckpt()
             warm_launch(info, image, n, ckpt, f"bench-hand-{n}-0", r"training done")  # a checkpoint to resume from
             samples["hand"].append(warm_launch(info, image, n, ckpt, f"bench-hand-{n}", r"resuming at epoch \d"))
@@ -150,6 +170,7 @@ def main() -> None:
         rows.append((f"{n} + 1", f"{med['detect']:.1f}", f"{med['resumed']:.1f}", f"{med['warm']:.1f}",
                      f"{med['hand']:.1f}", f"{med['resumed'] / med['warm']:.2f}x"))
         print(markdown(rows[:1] + rows[-1:]), flush=True)
+    print(markdown(rounds))
     print(markdown(rows))
 
 

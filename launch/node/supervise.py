@@ -192,7 +192,7 @@ def beat_line(beat: float) -> str:
     return f"exec bash -c {shlex.quote(script)}"
 
 
-PORT_TRIES = 3  # SYNs the port check sends, TRY_EVERY of its timeout apart
+PORT_TRIES = 3  # SYNs the port check sends, timeout/PORT_TRIES apart
 
 
 def port_answers(address: str, timeout: float, tries: int = PORT_TRIES) -> bool:
@@ -200,29 +200,43 @@ def port_answers(address: str, timeout: float, tries: int = PORT_TRIES) -> bool:
     answers even while its processes are starved of CPU; a node whose NIC is down or that is
     gone does not. `tries` connections, started timeout/tries apart (each sends one SYN: the
     kernel's own retry comes only after 1 s), so one lost SYN is not a lost node; a refusal
-    (nothing listens: the container is gone) answers at once."""
+    (nothing listens: the container is gone) answers at once. Where this thread was held up
+    (a starved supervisor), every try is still sent and the last gets timeout/tries, and the
+    sockets are looked at once more before the answer is no."""
     start = time.monotonic()
+    gap = timeout / tries
     socks: list[socket.socket] = []
+
+    def answered(ready: list) -> bool | None:
+        for key, _ in ready:
+            err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # type: ignore[union-attr]
+            if err == 0:
+                return True
+            if err in (errno.ECONNREFUSED, errno.ECONNRESET):
+                return False  # its kernel answered: nothing listens there
+            sel.unregister(key.fileobj)  # another error (no route): the other tries go on
+        return None
+
     try:
         family, _, _, _, where = socket.getaddrinfo(address, contract.SSH_PORT, type=socket.SOCK_STREAM)[0]
         with selectors.DefaultSelector() as sel:
-            while (left := start + timeout - time.monotonic()) > 0:
-                if len(socks) < tries and time.monotonic() >= start + len(socks) * timeout / tries:
+            last = start
+            while True:
+                now = time.monotonic()
+                if len(socks) < tries and now >= start + len(socks) * gap:
                     s = socket.socket(family, socket.SOCK_STREAM)
                     socks.append(s)
                     s.setblocking(False)
                     if s.connect_ex(where) not in (0, errno.EINPROGRESS):
                         return False  # refused at once, no route
                     sel.register(s, selectors.EVENT_WRITE)
-                next_try = start + len(socks) * timeout / tries if len(socks) < tries else start + timeout
-                for key, _ in sel.select(max(0.0, min(left, next_try - time.monotonic()))):
-                    err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # type: ignore[union-attr]
-                    if err == 0:
-                        return True
-                    if err in (errno.ECONNREFUSED, errno.ECONNRESET):
-                        return False  # its kernel answered: nothing listens there
-                    sel.unregister(key.fileobj)
-            return False
+                    last = now
+                end = max(start + timeout, last + gap)
+                if len(socks) == tries and now >= end:
+                    return bool(answered(sel.select(0)))  # a late look: this thread may have been held up
+                wake = min(end, start + len(socks) * gap) if len(socks) < tries else end
+                if (verdict := answered(sel.select(max(0.0, wake - time.monotonic())))) is not None:
+                    return verdict
     except OSError:
         return False
     finally:
