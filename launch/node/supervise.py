@@ -259,6 +259,7 @@ class Health:
         self.leaving: set[str] = set()
         self.ended: dict[str, str] = {}  # hostname -> why its session ended
         self.probing: dict[str, tuple[float, bool | None]] = {}  # hostname -> (asked when, port answers)
+        self.news = threading.Event()  # a port check answered, a session ended: the watch looks at once
         self.procs: dict[str, subprocess.Popen] = {}
         self.closed = threading.Event()
         threading.Thread(target=self._beat_here, daemon=True).start()
@@ -308,12 +309,14 @@ class Health:
         with self.lock:
             if node.hostname in self.procs and not self.sup.stopping.is_set():
                 self.ended[node.hostname] = f"sshd on {contract.SSH_PORT} unreachable: {err}"
+        self.news.set()
 
     def _probe(self, node: runplan.PlanNode, asked: float) -> None:
         ok = port_answers(node.address, self.plan.connect_timeout)
         with self.lock:
             if self.probing.get(node.hostname, (0.0, None))[0] == asked:
                 self.probing[node.hostname] = (asked, ok)
+        self.news.set()
 
     def beat_here(self) -> None:
         """This node's own heartbeat file, for its watchdog (in the background: a disk under
@@ -566,12 +569,13 @@ class Supervisor:
         spare_out: dict[str, str] = {}
         joined: list[runplan.PlanNode] = []
         while True:
+            self.health.news.clear()
             end = attempt_end(self, nodes, (*spares, *joined), spare_out)
             if end is not None:
                 return end._replace(joined=tuple(joined))
             # the spares still there: a lost one's address is not asked (its hosts file)
             joined += join_offered(self, nodes, [s for s in (*spares, *joined) if s.hostname not in spare_out])
-            time.sleep(0.1)
+            self.health.news.wait(0.1)  # a look every 0.1 s, and at once when a port check answers
 
     def offer(self, node: runplan.PlanNode) -> None:
         """A spare from the launcher (its stdin line, runplan.SPARE_LINE): taken by the watch."""
