@@ -259,7 +259,7 @@ class Health:
         self.leaving: set[str] = set()
         self.ended: dict[str, str] = {}  # hostname -> why its session ended
         self.probing: dict[str, tuple[float, bool | None]] = {}  # hostname -> (asked when, port answers)
-        self.news = threading.Event()  # a port check answered, a session ended: the watch looks at once
+        self.news = threading.Event()  # a port check answered: the watch looks at once
         self.procs: dict[str, subprocess.Popen] = {}
         self.closed = threading.Event()
         threading.Thread(target=self._beat_here, daemon=True).start()
@@ -309,7 +309,8 @@ class Health:
         with self.lock:
             if node.hostname in self.procs and not self.sup.stopping.is_set():
                 self.ended[node.hostname] = f"sshd on {contract.SSH_PORT} unreachable: {err}"
-        self.news.set()
+        # no news here: the next look asks its port, whose answer is news (a session that keeps
+        # ending while its port answers is opened again once per look at most, not in a loop)
 
     def _probe(self, node: runplan.PlanNode, asked: float) -> None:
         ok = port_answers(node.address, self.plan.connect_timeout)
