@@ -206,7 +206,7 @@ class RunPlan:
     # `connect_timeout` s is lost; one silent for `lost_after` s is lost whatever its port says
     # (the port check sends 3 SYNs in that time, supervise.port_answers: one lost is not a loss)
     beat: float = 0.25
-    suspect_after: float = 0.3  # a beat late by 0.05 s: only its port asked, every 2 s at most
+    suspect_after: float = 0.3  # a beat late by 0.05 s only gets its port asked (each silence: every 2 s)
     connect_timeout: float = 0.5
     lost_after: float = 30.0
     checkpoint_grace: float = 60.0  # after a spot notice: how long the job gets to checkpoint
