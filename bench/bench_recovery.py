@@ -17,8 +17,8 @@ node is gone for the others, as a lost instance is).
   nodes (the spare in the lost one's place), from the command to the first rank's resume line.
   The time a person takes to notice is not in it.
 
-A table of each round comes first: the restart's phases as the supervisor logged them
-(detection, teardown, spare-in, resumed), loss -> resumed and that round's warm launch.
+A table of each round comes first: the restart's phases from the job's record (detection,
+checkpoint, teardown, spare-in, resumed), loss -> resumed and that round's warm launch.
 
     python bench/bench_recovery.py [--nodes 3,6] [--repeat 1]
 """
@@ -46,7 +46,8 @@ from dtrain.launch.jobs.container import Mount  # noqa: E402
 from dtrain.launch.remote.hosts import parse_hostfile  # noqa: E402
 from dtrain.launch.jobs.job import Job  # noqa: E402
 from dtrain.launch.jobs.spec import JobSpec  # noqa: E402
-from dtrain.launch.jobs.store import job_log  # noqa: E402
+from dtrain.launch.jobs.store import job_log, load_job  # noqa: E402
+from dtrain.launch.analysis import timeline  # noqa: E402
 from dtrain.table import markdown  # noqa: E402
 
 FAMILY = "pytorch-ddp"
@@ -93,14 +94,10 @@ def _background(job: Job) -> tuple[threading.Thread, dict]:
     return runner, result
 
 
-PHASES = ("detection", "teardown", "spare-in", "resumed")
-PHASE = re.compile(r"^\[launch\] restart 1: ([a-z-]+)(?: \S+)? ([\d.]+) s$", re.M)
-
-
-def phases(log: str) -> dict[str, float]:
-    """The restart's timed steps the supervisor logged (`[launch] restart 1: detection node-3
-    0.96 s`, ...): {phase: seconds}."""
-    return {m[0]: float(m[1]) for m in PHASE.findall(log) if m[0] in PHASES}
+def phases(name: str) -> dict[str, float]:
+    """The first restart's timed steps (the supervisor's `phase` events, as the job's record keeps
+    them: launch/analysis/timeline.py): {phase: seconds}."""
+    return {e.phase: e.seconds for e in timeline.from_json(load_job(name).get("timeline")) if e.restart == 1}
 
 
 def spare(info, image: str, n: int) -> tuple[float, float, dict[str, float]]:
@@ -120,10 +117,9 @@ def spare(info, image: str, n: int) -> tuple[float, float, dict[str, float]]:
     finally:
         runner.join(600)
         _link(n, "up")
-    log = job_log(name).read_text()
     if result.get("code") != 0:
-        raise SystemExit(f"{name} failed: {log[-2000:]}")
-    return lost - t0, t1 - t0, phases(log)
+        raise SystemExit(f"{name} failed: {job_log(name).read_text()[-2000:]}")
+    return lost - t0, t1 - t0, phases(name)
 
 
 def warm_launch(info, image: str, n: int, ckpt: Path, name: str, pattern: str) -> float:
@@ -149,7 +145,7 @@ def main() -> None:
     rows = [("nodes", "loss -> detected (s)", "loss -> resumed at full size, spare (s)", "fresh warm launch (s)",
              "by hand: relaunch -> resumed (s)", "resumed vs warm launch")]
     # each round's restart, phase by phase (the supervisor's own timing), beside its warm launch
-    rounds = [("nodes", "round", *(f"{k} (s)" for k in PHASES), "loss -> resumed (s)", "warm launch (s)", "ratio")]
+    rounds = [("nodes", "round", *(f"{k} (s)" for k in contract.RESTART_PHASES), "loss -> resumed (s)", "warm launch (s)", "ratio")]
     for n in counts:
         info = cluster.up(n + 1, recreate=True, quiet=True)
         engine.allow_insecure_registry(info.registry)
@@ -160,7 +156,7 @@ def main() -> None:
             samples["detect"].append(detect)
             samples["resumed"].append(resumed)
             samples["warm"].append(warm_launch(info, image, n, _ckpt(), f"bench-warm-{n}", r"starting at epoch 1"))
-            rounds.append((f"{n} + 1", str(i + 1), *(f"{steps[k]:.2f}" if k in steps else "-" for k in PHASES),
+            rounds.append((f"{n} + 1", str(i + 1), *(f"{steps[k]:.2f}" if k in steps else "-" for k in contract.RESTART_PHASES),
                            f"{resumed:.2f}", f"{samples['warm'][-1]:.2f}", f"{resumed / samples['warm'][-1]:.2f}x"))
             print(markdown(rounds[:1] + rounds[-1:]), flush=True)
             ckpt = _ckpt()
