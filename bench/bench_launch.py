@@ -30,7 +30,9 @@ that imports that revision's code, the revisions' order turned each round (the s
 a round pays for the first's leftovers: both places are reported; --repeat is rounded up so that
 each revision is first as often). Each revision launches the slim image with its own
 launch/node/ in /opt/dtrain/node (entrypoint, standby, listeners); those images are removed at
-the end. Each count's last launch of each revision shows its timeline on stderr.
+the end. Each count's last launch of each revision shows its timeline on stderr. Beside the
+seconds, each launch's machine CPU-seconds from its start to its ranks running (as --scale's,
+the idle machine's share not taken off: the same for every revision).
 
     python bench/bench_launch.py --against REV [--nodes 2,8] [--repeat 6]
 """
@@ -210,9 +212,10 @@ def bare_cpu(info, image: str, hosts: list[str], idle: float) -> tuple[float, fl
     return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0)
 
 
-def warm_cpu(info, image: str, n: int, i: int | str, idle: float) -> tuple[float, float]:
+def warm_cpu(info, image: str, n: int, i: int | str, idle: float) -> tuple[float, float, float]:
     """A warm launch's machine CPU-seconds, less idle: (from its start until the last rank
-    printed its start, cut from /proc/stat read every 5 ms beside it; start to teardown)."""
+    printed its start, cut from /proc/stat read every 5 ms beside it; start to teardown; and
+    the launch's seconds to the ranks running)."""
     import threading
 
     samples: list[tuple[float, float]] = []
@@ -233,7 +236,7 @@ def warm_cpu(info, image: str, n: int, i: int | str, idle: float) -> tuple[float
     ranks = t0 + seconds
     c1 = next((c for t, c in samples if t >= ranks), c2)
     t1 = next((t for t, _ in samples if t >= ranks), t2)
-    return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0)
+    return c1 - c0 - idle * (t1 - t0), c2 - c0 - idle * (t2 - t0), seconds
 
 
 def background() -> float:
@@ -278,7 +281,7 @@ def scale(counts: list[int], repeat: int) -> None:
             runs["warm"].append(dtrain(info, image, n, i, cold=False))
             runs["par"].append(by_hand(info, image, list(info.names[:n]), True))
             idle = background()
-            to_ranks, cycle = warm_cpu(info, image, n, f"{i}c", idle)
+            to_ranks, cycle, _ = warm_cpu(info, image, n, f"{i}c", idle)
             runs["cw"].append(cycle)
             runs["cwr"].append(to_ranks)
             run_only, cycle = bare_cpu(info, image, list(info.names[:n]), idle)
@@ -322,9 +325,10 @@ def node_image(slim_ref: str, tree: Path, suffix: str) -> str:
     return tag
 
 
-def one_launch(tree: Path, n: int, image: str, name: str) -> tuple[float, str]:
-    """A warm launch of tree's code in a fresh process (this file, --one): its seconds and its
-    timeline. Stopped (Ctrl-C reaches it too; this process's SIGTERM is passed on), the launch
+def one_launch(tree: Path, n: int, image: str, name: str) -> tuple[float, float, str]:
+    """A warm launch of tree's code in a fresh process (this file, --one): its seconds, the
+    machine's CPU-seconds from its start to its ranks running (warm_cpu, the idle machine's not
+    taken off: the same for every revision) and its timeline. Stopped (Ctrl-C reaches it too; this process's SIGTERM is passed on), the launch
     is waited for: its teardown removes its containers and keys."""
     proc = subprocess.Popen([sys.executable, __file__, "--one", str(n), image, name],
                             env={**os.environ, "BENCH_DTRAIN_TREE": str(tree)}, stdout=subprocess.PIPE,
@@ -338,7 +342,8 @@ def one_launch(tree: Path, n: int, image: str, name: str) -> tuple[float, str]:
         raise
     if proc.returncode:
         raise SystemExit(f"launch of {tree} on {n} nodes failed:\n{out[-2000:]}{err[-2000:]}")
-    return float(out.split()[-1]), err
+    seconds, cpu = out.split()[-2:]
+    return float(seconds), float(cpu), err
 
 
 def against(revs: list[str], counts: list[int], repeat: int) -> None:
@@ -378,6 +383,7 @@ def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int,
     head = ["nodes", "rounds", "bare parallel ssh"]
     head += [f"{label}: warm (vs bare)" for label in labels]
     head += [f"{label}: range; first / later in a round" for label in labels]
+    head += [f"{label}: machine CPU-s to ranks running (range)" for label in labels]
     rows = [tuple(head)]
     med = lambda xs: f"{statistics.median(xs):.2f} s" if xs else "-"  # noqa: E731
     for n in counts:
@@ -385,15 +391,18 @@ def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int,
             one_launch(trees[label][1], n, images[label], f"w-{trees[label][0]}")
         bare: list[float] = []
         runs: dict[str, list[tuple[float, bool]]] = {label: [] for label in labels}
+        cpus: dict[str, list[float]] = {label: [] for label in labels}
         shown: dict[str, str] = {}
         for i in range(repeat):
             bare.append(by_hand(info, images[labels[0]], list(info.names[:n]), True))
             order = labels[i % len(labels):] + labels[:i % len(labels)]
             for j, label in enumerate(order):
-                seconds, shown[label] = one_launch(trees[label][1], n, images[label], f"r{i}-{trees[label][0]}")
+                seconds, cpu, shown[label] = one_launch(trees[label][1], n, images[label], f"r{i}-{trees[label][0]}")
                 runs[label].append((seconds, j == 0))
+                cpus[label].append(cpu)
             print(f"{n} nodes, round {i + 1}: bare {bare[-1]:.2f} s, "
-                  + ", ".join(f"{label} {runs[label][-1][0]:.2f} s" for label in order), file=sys.stderr, flush=True)
+                  + ", ".join(f"{label} {runs[label][-1][0]:.2f} s ({cpus[label][-1]:.2f} CPU-s)" for label in order),
+                  file=sys.stderr, flush=True)
         for label in labels:
             print(f"{label}, its last launch on {n} nodes:\n{shown[label]}", file=sys.stderr, flush=True)
         b = statistics.median(bare)
@@ -404,6 +413,7 @@ def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int,
         row += [f"{min(times[label]):.2f}-{max(times[label]):.2f} s; "
                 f"{med([t for t, first in runs[label] if first])} / {med([t for t, first in runs[label] if not first])}"
                 for label in labels]
+        row += [f"{statistics.median(cpus[label]):.2f} ({min(cpus[label]):.2f}-{max(cpus[label]):.2f})" for label in labels]
         rows.append(tuple(row))
     print(markdown(rows))
 
@@ -419,8 +429,8 @@ def one() -> None:
     info = cluster.status().info
     if info is None:
         raise SystemExit("--one: no simulated cluster is up")
-    seconds = dtrain(info, image, n, name, cold=False)
-    print(f"{seconds:.3f}")
+    to_ranks, _, seconds = warm_cpu(info, image, n, name, 0.0)
+    print(f"{seconds:.3f} {to_ranks:.3f}")
     print(shown_timeline(info, n, f"bench-{n}-{name}-warm"), file=sys.stderr)
 
 

@@ -46,7 +46,10 @@ the image the first step reads is its lazy bytes/node over the compressed size.
 --prefetch (issue 52) runs instead, per node count and link: lazy with the prefetch of what the
 first step reads (the image's list, launch/node/prefetch.py), lazy without it (the same image with
 the list whited out in one more layer, indexed) and by hand, interleaved; the floor is the first
-step's own bytes (the no-prefetch side's bytes/node) at the link rate.
+step's own bytes (the no-prefetch side's bytes/node) at the link rate. With --gpu-image, that
+image the same way (1 node, --gpu-link-rate, --gpu-repeat rounds; --no-cpu: that image only):
+
+    python bench/bench_lazy_launch.py --prefetch --no-cpu --gpu-image pytorch-ddp:2.13.0-cu130-cudnn9-py311-debian12
 
 --no-index adds pytorch-ddp's layers under a manifest without a SOCI index (1 node, unlimited):
 a lazy node pulls it in full; --old-soci-config runs the lazy nodes with soci's default HTTP
@@ -99,10 +102,15 @@ REAL_GPU_STEP = ["python", "-c", "import time, torch; m = torch.nn.Sequential(to
                  "torch.randint(0, 10, (64,), device=dev)).backward(); o.step(); print('step0', time.time())"]
 # the lazy sides of --prefetch: the same first step, then (after `step0`, outside the time) what the
 # prefetch did, where the image has the list (contract.FIRST_READS, PREFETCH_DONE)
-PREFETCH_STEP = ["python", "-c", CPU_STEP[2] + "; import os, json; t = time.time()\n"
-                 "while os.path.exists('/opt/dtrain/first-reads.json') and not os.path.exists('/tmp/dtrain-prefetch.json') "
-                 "and time.time() - t < 60: time.sleep(0.1)\n"
-                 "os.path.exists('/tmp/dtrain-prefetch.json') and print('prefetch', open('/tmp/dtrain-prefetch.json').read())"]
+def prefetch_step(step: list[str]) -> list[str]:
+    """step (`python -c CODE`), then what the prefetch did."""
+    return ["python", "-c", step[2] + "; import os, json; t = time.time()\n"
+            "while os.path.exists('/opt/dtrain/first-reads.json') and not os.path.exists('/tmp/dtrain-prefetch.json') "
+            "and time.time() - t < 60: time.sleep(0.1)\n"
+            "os.path.exists('/tmp/dtrain-prefetch.json') and print('prefetch', open('/tmp/dtrain-prefetch.json').read())"]
+
+
+PREFETCH_STEP = prefetch_step(CPU_STEP)
 STEP = re.compile(r"\bstep0 (\d+\.\d+)")
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -509,7 +517,7 @@ def variants(root: Path, reg: Registry, cpu: str, names: list[str], repeat: int,
 # --- main --------------------------------------------------------------------------------------
 
 def prefetch_grid(root: Path, ref: str, nolist: str, size: int, counts: list[int], rates: list[str | None],
-                  repeat: int, label: str) -> list[tuple[str, ...]]:
+                  repeat: int, label: str, step: list[str] = CPU_STEP) -> list[tuple[str, ...]]:
     """--prefetch: per link rate and node count, lazy with the prefetch (the image's list), lazy
     without (the same image, the list whited out) and by hand, interleaved, the order turned
     each round; medians of repeat. The floor here is the first step's own bytes (what a lazy
@@ -525,12 +533,13 @@ def prefetch_grid(root: Path, ref: str, nolist: str, size: int, counts: list[int
             for i in range(repeat):
                 sides = ["pf", "none", "hand"]
                 for side in sides[i % 3:] + sides[:i % 3]:
-                    tag = f"{re.sub('[^a-z0-9]+', '-', label)}-{rate or 'u'}-{n}-{i}"
+                    # a job name holds 63 characters at most: the label's first 20 (it is the same each round)
+                    tag = f"{re.sub('[^a-z0-9]+', '-', label)[:20]}-{rate or 'u'}-{n}-{i}"
                     if side == "hand":
-                        t, b = by_hand(fresh(n, None, rate), ref, n, CPU_STEP)
+                        t, b = by_hand(fresh(n, None, rate), ref, n, step)
                     else:
                         info = fresh(n, root, rate)
-                        t, b, out = lazy_launch(info, ref if side == "pf" else nolist, n, PREFETCH_STEP,
+                        t, b, out = lazy_launch(info, ref if side == "pf" else nolist, n, prefetch_step(step),
                                                 f"pf-{side}-{tag}", keep_output=True)
                         if side == "pf":
                             said = prefetch_result(out) or "nothing said"
@@ -608,7 +617,8 @@ def main() -> None:
                     help="lazy nodes with soci's default HTTP retries (before issue 42's fix), for the no-index row")
     ap.add_argument("--prefetch", action="store_true",
                     help="instead: lazy with the prefetch, lazy without it (the list whited out) and by hand, "
-                    "pytorch-ddp at --nodes, unlimited and at --link-rate")
+                    "pytorch-ddp at --nodes, unlimited and at --link-rate (not with --no-cpu); with --gpu-image, "
+                    "that image too (1 node, --gpu-link-rate, --gpu-repeat rounds, its first step REAL_GPU_STEP)")
     ap.add_argument("--variants", help=f"soci settings side by side instead, lazy side only, 1 node: {','.join(VARIANTS)}")
     args = ap.parse_args()
     if args.old_soci_config:
@@ -631,11 +641,19 @@ def main() -> None:
         if args.prefetch:
             info = cluster.up(1, recreate=True, quiet=True, lazy=cluster.Lazy(str(root)))  # prepare's, still up
             os.environ["SSL_CERT_FILE"] = info.registry_ca
-            nolist = without_list(Registry(info), cpu, root, say)
+            nolist = None if args.no_cpu else without_list(Registry(info), cpu, root, say)
+            nolist_real = without_list(Registry(info), real, root, say) if real else None
             shutil.rmtree(SAVED)
             subprocess.run(["cp", "-al", str(cluster.STATE_DIR / "registry" / "data"), str(SAVED)], check=True)
-            print(markdown(prefetch_grid(root, cpu, nolist, sizes[cpu], [int(x) for x in args.nodes.split(",")],
-                                         [None, args.link_rate], args.repeat, FAMILY)))
+            rows = []
+            if nolist:
+                rows += prefetch_grid(root, cpu, nolist, sizes[cpu], [int(x) for x in args.nodes.split(",")],
+                                      [None, args.link_rate], args.repeat, FAMILY)
+            if real and nolist_real:  # the real GPU image: 1 node at --gpu-link-rate, --gpu-repeat rounds
+                grid_rows = prefetch_grid(root, real, nolist_real, sizes[real], [1], [args.gpu_link_rate],
+                                          args.gpu_repeat, args.gpu_image, REAL_GPU_STEP)
+                rows += grid_rows[1:] if rows else grid_rows
+            print(markdown(rows))
             return
         rows = [header]
         if not args.no_cpu:

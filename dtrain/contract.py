@@ -42,6 +42,11 @@ EXAMPLES = f"{NODE_DIR}/examples"  # launch/node/examples/: the demo's and the c
 ENTRYPOINT = f"{NODE_DIR}/entrypoint.sh"  # no args: sshd -D on SSH_PORT; args: sshd, then exec them
 JOB_KEY_MOUNT = "/run/dtrain-job"  # the job's key pair in the container; the entrypoint installs it
 ENV_FILE = "env"  # in JOB_KEY_MOUNT: the job's --env values, NAME=base64(value) lines (0600)
+# A tmpfs of each job container's own (docker run --tmpfs), gone with it: Open MPI's session
+# directories (orte_tmpdir_base: mpirun's, each daemon's, each rank's files and PMIx's sockets).
+# In the image's /tmp they are new files on overlayfs over the node's disk: about a fifth of each
+# daemon's start in CPU (docs/benchmarks.md, "Issue 52: the warm launch's CPU").
+MPI_TMPDIR = "/run/dtrain-mpi"
 # The job's code in every container (--workdir's copy; a project image's COPY). Where it exists
 # every launcher starts the command there, else in the image's WORKDIR (launch/node/supervise.py).
 WORKDIR = "/workdir"

@@ -242,7 +242,7 @@ def test_docker_run_full():
     head, rest = docker_run_parts(spec)
     assert head == [
         "docker", "run", "-d", "--name", "dtrain-exp1", "--network", "host", "--ipc", "host",
-        "--cap-add", "SYS_PTRACE"]
+        "--tmpfs", "/run/dtrain-mpi", "--cap-add", "SYS_PTRACE"]
     assert rest == [
         "--mount", "type=bind,src=/datasets,dst=/datasets,readonly",
         "--mount", "type=bind,src=/home/u/src,dst=/workspace",
@@ -255,7 +255,8 @@ def test_docker_run_full():
 def test_docker_run_cpu_shm_and_command():
     spec = ContainerSpec(job="t", image="img", shm_size="16g", command=("sleep", "infinity"), name="n1")
     assert docker_run_parts(spec) == (
-        ["docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g", "--cap-add", "SYS_PTRACE"],
+        ["docker", "run", "-d", "--name", "n1", "--network", "host", "--shm-size", "16g", "--tmpfs", "/run/dtrain-mpi",
+             "--cap-add", "SYS_PTRACE"],
         ["--label", "dtrain.job=t", "img", "sleep", "infinity"],
     )  # fmt: skip
 

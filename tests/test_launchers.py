@@ -34,5 +34,8 @@ def test_torchrun_c10d_on_2_nodes(cluster, remote_images):
 def test_mpi_defaults_yield_to_the_users_mca():
     from dtrain.launch.jobs.launchers.mpirun import mpi_defaults
 
-    assert mpi_defaults([]) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]
-    assert mpi_defaults([("btl_tcp_links", "4")]) == [("plm_rsh_no_tree_spawn", "1")]
+    tmp = ("orte_tmpdir_base", "/run/dtrain-mpi")  # Open MPI 4's session directories on the job container's tmpfs
+    assert mpi_defaults([]) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"), tmp]
+    assert mpi_defaults([("btl_tcp_links", "4")]) == [("plm_rsh_no_tree_spawn", "1"), tmp]
+    assert mpi_defaults([("orte_tmpdir_base", "/scratch")]) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]
+    assert mpi_defaults([], ompi=5) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]  # PRRTE: its own name

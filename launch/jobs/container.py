@@ -195,6 +195,7 @@ def docker_run_parts(spec: ContainerSpec) -> tuple[list[str], list[str]]:
         head += ["--shm-size", spec.shm_size]
     else:
         raise LaunchError(f"bad shm size {spec.shm_size!r} (e.g. 16g)")
+    head += ["--tmpfs", contract.MPI_TMPDIR]
     for cap in spec.cap_add:
         if not re.fullmatch(r"[A-Z_]+", cap):
             raise LaunchError(f"bad capability {cap!r} (e.g. SYS_PTRACE)")

@@ -26,7 +26,8 @@ if [[ $dir != /?*/* || -z $name || $name != [A-Za-z0-9]* || $name == *[!A-Za-z0-
 fi
 case $keys in /dev/shm/dtrain-?*) ;; *) echo "watch.sh: bad key directory '$keys'" >&2; exit 2 ;; esac
 
-say() { printf '%s watch: %s\n' "$(date -u +%FT%TZ)" "$*" >> "$dir/watch.log"; }
+# The time by the shell's printf (UTC), not a `date` process: this starts on every node of every launch.
+say() { local -x TZ=UTC0; printf '%(%FT%TZ)T watch: %s\n' -1 "$*" >> "$dir/watch.log"; }
 
 remove_files() {
   # Not ours any more (the launcher's teardown, `dtrain stop` or a relaunch took the directory):
@@ -79,11 +80,12 @@ spot_notice() {
 }
 
 touch "$dir/heartbeat"  # the supervisor must start within hb_timeout of the launch
-dir_id=$(stat -c %d:%i "$dir")
+dir_id=''
 pid_written=1  # a relaunch of the job stops this watchdog first (host/prepare.sh)
 if ! echo $$ 2>/dev/null > "$dir/watch.pid"; then
   pid_written=0  # a full disk: the key and env files still go when the job ends (remove_files)
   rm -f "$dir/watch.pid"
+  dir_id=$(stat -c %d:%i "$dir")
 fi
 say "watching $c"
 next_spot=0

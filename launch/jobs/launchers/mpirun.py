@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dtrain import contract
 from dtrain.launch.jobs import container, nic, runplan
 from dtrain.launch.jobs.container import check_env_names
 from dtrain.launch.errors import LaunchError
@@ -144,12 +145,16 @@ def mpirun_mixed_argv(
 # traffic (EC2 caps one flow at 5 Gbit/s outside a cluster placement group; on the simulated
 # cluster the CPU allreduce's busbw went from 0.53 to 0.99 of raw TCP, docs/benchmarks.md).
 MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
+# Open MPI 4 only (ORTE's name; PRRTE's differs): the session directories on each container's
+# tmpfs (contract.MPI_TMPDIR) instead of /tmp on overlayfs.
+MPI4_DEFAULTS = (("orte_tmpdir_base", contract.MPI_TMPDIR),)
 
 
-def mpi_defaults(extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """MPI_DEFAULTS less the keys the user's --mca sets."""
+def mpi_defaults(extra: Sequence[tuple[str, str]], ompi: int = 4) -> list[tuple[str, str]]:
+    """MPI_DEFAULTS (and MPI4_DEFAULTS for Open MPI 3 and 4) less the keys the user's --mca sets:
+    for mpirun in a job's container (dtrain launch), which has the tmpfs."""
     given = {k for k, _ in extra}
-    return [(k, v) for k, v in MPI_DEFAULTS if k not in given]
+    return [(k, v) for k, v in (*MPI_DEFAULTS, *(MPI4_DEFAULTS if ompi < 5 else ())) if k not in given]
 
 
 def ompi_major(version_output: str) -> int:
@@ -191,7 +196,7 @@ class Mpirun(OpenMpiTool, Launcher):
         kw: dict[str, Any] = dict(
             iface=nodes[0].iface, env_names=list(run.env_names), ssh=container.mpirun_ssh(),
             forward=[*run.forward, runplan.RESTART_VAR, *extra], ompi_major=run.ompi,
-            extra_mca=[*mpi_defaults(run.mca), *run.mca])
+            extra_mca=[*mpi_defaults(run.mca, run.ompi), *run.mca])
         command = runplan.rank_output_argv(run.rank_output, run.command)
         argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
                 else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))

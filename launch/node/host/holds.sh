@@ -5,7 +5,7 @@
 # (image.sh inspect_image), so a warm launch's pull step opens no session of its own.
 holds() {
   local out
-  out=$(docker image inspect --format '{{.Id}} {{json .RepoDigests}}' "$1" 2>/dev/null) || return 1
+  out=$(docker_brief image inspect --format '{{.Id}} {{json .RepoDigests}}' "$1" 2>/dev/null) || return 1
   held_as "$out" "$2" "${3:-}" || return 1
   echo "${out%% *}"
 }
@@ -17,4 +17,11 @@ holds() {
 held_as() {
   [ -n "$1" ] || return 1
   [ "$2" = missing ] || { [ -n "${3:-}" ] && [[ $1 == *"@$3\""* ]]; }
+}
+
+# docker_brief ARGS...: a docker CLI call that is over in tens of ms (image inspect, run -d, rm
+# -f): Go's runtime on one thread and without its garbage collector, 18-21 ms of CPU instead of
+# 23-25 (docs/benchmarks.md, "Issue 52: the warm launch's CPU"). Not for pull, exec or logs, which may run long.
+docker_brief() {
+  GOMAXPROCS=1 GOGC=off docker "$@"
 }

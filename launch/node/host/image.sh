@@ -37,7 +37,7 @@ inspect_image() {
   # `with`: an image without any label has no Labels map, and `index` of it fails the command.
   fmt="{{.Id}} {{with .Config.Labels}}{{or (index . \"$LABEL_MIN_DRIVER\") \"-\"}} "
   fmt+="{{or (index . \"$LABEL_OPENMPI_MAJOR\") \"-\"}}{{else}}- -{{end}} {{json .RepoDigests}}"
-  inspected=$(docker image inspect -f "$fmt" "$1" 2>&1)
+  inspected=$(docker_brief image inspect -f "$fmt" "$1" 2>&1)
   inspected_scan
 }
 

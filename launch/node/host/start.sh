@@ -53,30 +53,33 @@ start() {
   node_flags
   run=("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}")
   # A stopped container of the job left by an earlier launch takes the name: removed, once.
-  if ! err=$("${run[@]}" 2>&1 >/dev/null); then
-    if [[ $err != *"is already in use by container"* ]] || ! docker rm -f "$name" >/dev/null 2>&1 ||
-       ! err=$("${run[@]}" 2>&1 >/dev/null); then
+  # (run's head is `docker run`: GOMAXPROCS and GOGC as docker_brief's)
+  if ! err=$(GOMAXPROCS=1 GOGC=off "${run[@]}" 2>&1 >/dev/null); then
+    if [[ $err != *"is already in use by container"* ]] || ! docker_brief rm -f "$name" >/dev/null 2>&1 ||
+       ! err=$(GOMAXPROCS=1 GOGC=off "${run[@]}" 2>&1 >/dev/null); then
       printf '%s\n' "$err" >&2
       exit 1
     fi
   fi
-  # The job's watchdog (up's $watch): detached from this session, it outlives the launcher.
-  if [ "${#watch[@]}" -gt 0 ]; then setsid nohup bash "${watch[@]}" </dev/null >/dev/null 2>&1 & fi
+  # The job's watchdog (up's $watch): detached from this session, it outlives the launcher
+  # (setsid: a session of its own and no terminal, so no hangup reaches it; no nohup needed).
+  if [ "${#watch[@]}" -gt 0 ]; then setsid bash "${watch[@]}" </dev/null >/dev/null 2>&1 & fi
   # The lazy start's prefetch (up's $ahead), in the container beside the job's start.
   if [ "${#ahead[@]}" -gt 0 ]; then docker exec -d "$name" "${ahead[@]}" </dev/null >/dev/null 2>&1 & fi
   phase container "${t_up:-$t}"; t_run=$t
   echo run=1  # the launcher may go on now; this session still reports sshd (or a crash)
-  # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look.
+  # ss asks the kernel for just this socket: polling /proc/net/tcp cost ~40 ms a look. The first
+  # look after a pause too: the container's entrypoint has only begun, and a look costs ~4 ms of
+  # the kernel's walk of its listening sockets (docs/benchmarks.md, "Issue 52: the warm launch's CPU").
   SECONDS=0
-  until [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]; do
+  while sleep 0.1; [ -z "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]; do
     i=$((i + 1))
-    if [ $((i % 10)) = 0 ] && [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
+    if [ $((i % 10)) = 0 ] && [ "$(docker_brief inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
       echo "container $name exited: $(docker logs --tail 3 "$name" 2>&1 | tr '\n' ' ')" >&2; exit 1
     fi
     if [ "$SECONDS" -ge "$timeout" ]; then
       echo "sshd in $name not listening on $port after $timeout s" >&2; exit 1
     fi
-    sleep 0.1
   done
   phase sshd "$t_run"
 }
