@@ -419,8 +419,8 @@ def _against(trees: dict[str, tuple[str, Path]], counts: list[int], repeat: int,
 
 
 def one() -> None:
-    """--one N IMAGE NAME: one warm launch of BENCH_DTRAIN_TREE's code; its seconds on stdout and its
-    timeline on stderr."""
+    """--one N IMAGE NAME: one warm launch of BENCH_DTRAIN_TREE's code; its seconds and the
+    machine's CPU-seconds to its ranks running on stdout, its timeline on stderr."""
     import dtrain.launch.jobs.job as job_module
 
     n, image, name = int(sys.argv[2]), sys.argv[3], sys.argv[4]

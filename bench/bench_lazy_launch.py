@@ -621,6 +621,8 @@ def main() -> None:
                     "that image too (1 node, --gpu-link-rate, --gpu-repeat rounds, its first step REAL_GPU_STEP)")
     ap.add_argument("--variants", help=f"soci settings side by side instead, lazy side only, 1 node: {','.join(VARIANTS)}")
     args = ap.parse_args()
+    if args.prefetch and args.no_cpu and not args.gpu_image:
+        ap.error("--prefetch --no-cpu: nothing to measure without --gpu-image")
     if args.old_soci_config:
         cluster.soci_config = lambda background_fetch=True: (
             f"[background_fetch]\ndisable = {'false' if background_fetch else 'true'}\n")

@@ -39,3 +39,9 @@ def test_mpi_defaults_yield_to_the_users_mca():
     assert mpi_defaults([("btl_tcp_links", "4")]) == [("plm_rsh_no_tree_spawn", "1"), tmp]
     assert mpi_defaults([("orte_tmpdir_base", "/scratch")]) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]
     assert mpi_defaults([], ompi=5) == [("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2")]  # PRRTE: its own name
+    # the user chose the session directories' place: ORTE exits on orte_tmpdir_base beside the other two
+    for extra in ([("orte_local_tmpdir_base", "/scratch")], [("orte_remote_tmpdir_base", "/scratch")]):
+        assert tmp not in mpi_defaults(extra)
+    for name in ("TMPDIR", "OMPI_MCA_orte_local_tmpdir_base", "OMPI_MCA_orte_tmpdir_base"):
+        assert tmp not in mpi_defaults([], env_names=[name])
+    assert tmp in mpi_defaults([], env_names=["TMP", "OMPI_MCA_btl"])

@@ -89,7 +89,7 @@ def launcher_args(run: runplan.LaunchCommand, nodes: Sequence[runplan.PlanNode],
         raise LaunchError("--mca btl: deepspeed's runner sets btl itself (^openib); leave it out")
     mca = {"pml": "ob1", "btl_tcp_if_include": where, "oob_tcp_if_include": where,
            "plm_rsh_args" if run.ompi < 5 else "plm_ssh_args": " ".join(container.mpirun_ssh()),
-           **dict(mpi_defaults(run.mca, run.ompi)), **dict(run.mca)}  # the user's --mca replaces a built-in one
+           **dict(mpi_defaults(run.mca, run.ompi, [*run.env_names, *run.forward])), **dict(run.mca)}  # the user's --mca replaces a built-in one
     values = {**training_env(nodes[0].iface), "GLOO_SOCKET_IFNAME": nodes[0].iface,
               "MASTER_ADDR": nodes[0].address, "MASTER_PORT": str(run.master_port),
               **({"DS_ACCELERATOR": "cpu"} if cpu else {})}

@@ -148,13 +148,21 @@ MPI_DEFAULTS = (("plm_rsh_no_tree_spawn", "1"), ("btl_tcp_links", "2"))
 # Open MPI 4 only (ORTE's name; PRRTE's differs): the session directories on each container's
 # tmpfs (contract.MPI_TMPDIR) instead of /tmp on overlayfs.
 MPI4_DEFAULTS = (("orte_tmpdir_base", contract.MPI_TMPDIR),)
+# Where the user chose the session directories' place, by --mca or --env, no MPI4_DEFAULTS: ORTE
+# refuses orte_tmpdir_base beside either of the other two (it exits), and TMPDIR is its default.
+TMPDIR_KEYS = ("orte_tmpdir_base", "orte_local_tmpdir_base", "orte_remote_tmpdir_base")
+TMPDIR_VARS = ("TMPDIR", *(f"OMPI_MCA_{k}" for k in TMPDIR_KEYS))
 
 
-def mpi_defaults(extra: Sequence[tuple[str, str]], ompi: int = 4) -> list[tuple[str, str]]:
+def mpi_defaults(extra: Sequence[tuple[str, str]], ompi: int = 4, env_names: Sequence[str] = ()) -> list[tuple[str, str]]:
     """MPI_DEFAULTS (and MPI4_DEFAULTS for Open MPI 3 and 4) less the keys the user's --mca sets:
-    for mpirun in a job's container (dtrain launch), which has the tmpfs."""
+    for mpirun in a job's container (dtrain launch), which has the tmpfs. env_names: the job's
+    --env and --forward names; one of TMPDIR_VARS, or a TMPDIR_KEYS key in extra, leaves the
+    tmpdir out."""
     given = {k for k, _ in extra}
-    return [(k, v) for k, v in (*MPI_DEFAULTS, *(MPI4_DEFAULTS if ompi < 5 else ())) if k not in given]
+    chosen = bool(given & set(TMPDIR_KEYS) or set(env_names) & set(TMPDIR_VARS))
+    mpi4 = MPI4_DEFAULTS if ompi < 5 and not chosen else ()
+    return [(k, v) for k, v in (*MPI_DEFAULTS, *mpi4) if k not in given]
 
 
 def ompi_major(version_output: str) -> int:
@@ -196,7 +204,7 @@ class Mpirun(OpenMpiTool, Launcher):
         kw: dict[str, Any] = dict(
             iface=nodes[0].iface, env_names=list(run.env_names), ssh=container.mpirun_ssh(),
             forward=[*run.forward, runplan.RESTART_VAR, *extra], ompi_major=run.ompi,
-            extra_mca=[*mpi_defaults(run.mca, run.ompi), *run.mca])
+            extra_mca=[*mpi_defaults(run.mca, run.ompi, [*run.env_names, *run.forward]), *run.mca])
         command = runplan.rank_output_argv(run.rank_output, run.command)
         argv = (mpirun_argv(peers, command, **kw) if run.subnet is None
                 else mpirun_mixed_argv(peers, command, subnet=run.subnet, **kw))
