@@ -15,15 +15,22 @@ from dtrain.launch.jobs import container, node_programs
 pytestmark = pytest.mark.docker
 
 MEMLOCK = 8 << 20  # at most what this machine's dockerd may set (its own hard limit)
-LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
+LIBRARY = node_programs.host_library()
 LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "
           f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR}\n")
 
 
-def host(call: str, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
+# where docker-api.pl must make the call: the CLI, asked for one, fails loudly
+PERL_ONLY = 'docker_brief() { case $1 in run|image) echo "the CLI was asked: $*" >&2; return 99 ;; esac; docker "$@"; }\n'
+
+
+def host(call: str, *args: str, stdin: str = "", cli: bool | None = None, **env: str) -> subprocess.CompletedProcess:
+    """call after the host library; cli: the engine steps by the docker CLI (True) or by
+    docker-api.pl alone (False); None: as a node would (the CLI where the program declines)."""
     e = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"} | env
-    return subprocess.run(["bash", "-c", LIBRARY + "\n" + LABELS + call, "t", *args], input=stdin,
-                          capture_output=True, text=True, env=e, timeout=120)
+    how = {True: "docker_api_pl=\n", False: PERL_ONLY, None: ""}[cli]
+    return subprocess.run(["bash", "-c", LIBRARY + "\n" + LABELS + how + call, "t", *args],
+                          input=stdin, capture_output=True, text=True, env=e, timeout=120)
 
 
 def docker(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -38,17 +45,18 @@ def names():
         docker("rm", "-f", n, check=False)
 
 
-def test_image_step_reads_labels_with_one_typed_inspect(engine, cpu_images):
+@pytest.mark.parametrize("cli", [False, True], ids=["docker-api.pl", "cli"])
+def test_image_step_reads_labels_with_one_typed_inspect(engine, cpu_images, cli):
     """The image's labels and ID; a missing image as this engine's CLI says it (`No such image`)
-    is the image missing, not an engine error."""
+    is the image missing, not an engine error. Asked of the socket by perl, and by the CLI."""
     labelled = cpu_images["pytorch-ddp"].ref  # carries dtrain.openmpi-major
-    r = host('image "$@"', labelled, "never")
+    r = host('image "$@"', labelled, "never", cli=cli)
     assert r.returncode == 0, r.stderr
     image_id = docker("image", "inspect", "-f", "{{.Id}}", labelled).stdout.strip()
     labels = json.loads(docker("image", "inspect", "-f", "{{json .Config.Labels}}", labelled).stdout)
     assert r.stdout.splitlines() == ["docker=ok", f"image={labels.get(contract.LABEL_MIN_DRIVER, '-')} "
                                                   f"{labels[contract.LABEL_OPENMPI_MAJOR]} {image_id}"]
-    missing = host('image "$@"', "dtrain/not-here:1", "never")
+    missing = host('image "$@"', "dtrain/not-here:1", "never", cli=cli)
     assert missing.returncode == 1 and missing.stdout.splitlines() == ["docker=ok"]
     assert "dtrain/not-here:1 is not on this node" in missing.stderr
 
@@ -85,7 +93,7 @@ def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp
     """start.sh (the node's flags from its probe) and docker_run_parts's argv with the flags put
     between here: the engine records the same Config and HostConfig (the name and IDs aside)."""
     made = {}
-    for how in ("node", "argv"):
+    for how in ("node", "node-cli", "argv"):  # node: docker-api.pl's run; node-cli: the CLI's
         name = f"t-start-{how}-{uuid.uuid4().hex[:6]}"
         names.append(name)
         kd = tmp_path / how
@@ -98,14 +106,15 @@ def test_start_step_makes_the_container_docker_run_argv_makes(engine, names, tmp
             head, rest = container.docker_run_parts(spec)
             r = host(f'gpus=0 efa= memlock={MEMLOCK}; ss() {{ echo LISTEN; }}; read_secrets; start "$@"',
                      str(kd), "ssh-ed25519 AAA", "5", "2022", name, str(len(head)), *head, *rest,
-                     stdin="-----END OPENSSH PRIVATE KEY-----\n")
+                     stdin="-----END OPENSSH PRIVATE KEY-----\n", cli=how == "node-cli")
+            assert "the CLI was asked" not in r.stderr
             assert r.returncode == 0, r.stderr
         made[how] = json.loads(docker("inspect", name).stdout)[0]
     for key in ("Config", "HostConfig"):
-        node, argv = ({k: v for k, v in made[how][key].items() if k != "Hostname"} for how in ("node", "argv"))
-        for d in (node, argv):  # the key directories differ by path only
+        node, cli, argv = ({k: v for k, v in made[how][key].items() if k != "Hostname"} for how in ("node", "node-cli", "argv"))
+        for d in (node, cli, argv):  # the key directories differ by path only
             for m in d.get("Mounts") or []:
                 if m["Target"] == contract.JOB_KEY_MOUNT:
                     m["Source"] = "KEYDIR"
-        assert node == argv, key
-    assert made["node"]["State"]["Running"] and made["argv"]["State"]["Running"]
+        assert node == argv and cli == argv, key
+    assert all(m["State"]["Running"] for m in made.values())

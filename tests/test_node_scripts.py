@@ -22,7 +22,9 @@ from dtrain.launch.jobs.launchers import env_file
 pytestmark = pytest.mark.serial
 
 NODE = contract.NODE_SCRIPTS
-LIBRARY = "\n".join(contract.node_script(f"host/{f}") for f in node_programs.HOST_FILES if f != "main.sh")
+# docker_api_pl emptied: the engine is a fake `docker` function here, which the perl program (the
+# real engine's socket) would go around; tests/test_node_docker.py runs both against a real one.
+LIBRARY = node_programs.host_library() + "\ndocker_api_pl=\n"
 LABELS = (f"LABEL_JOB={contract.LABEL_JOB} LABEL_MIN_DRIVER={contract.LABEL_MIN_DRIVER} "
           f"LABEL_OPENMPI_MAJOR={contract.LABEL_OPENMPI_MAJOR} SUPERVISOR_EVENT='{contract.SUPERVISOR_EVENT}'\n")
 

@@ -504,3 +504,37 @@ def test_a_spare_offered_while_the_job_runs_joins_and_takes_a_lost_nodes_place(t
     assert hosts.read_text() == "127.0.0.1 localhost\n127.0.0.3 node-3\n"  # node-1's: the new spare named
     assert supervision.describe(joined) == ("[launch] spare node-3 (127.0.0.3) joined: it takes the place of a "
                                             "node lost from now on")
+
+
+def test_heartbeat_sessions_ride_a_master_where_one_is_up_and_never_become_one(tmp_path, monkeypatch):
+    """The heartbeat's ssh: ControlMaster=no before the plan's own options (ssh keeps the first
+    value), the masters' ControlPath kept: over the ready check's master, or a connection of its
+    own where there is none, never a master whose end would take mpirun's sessions along."""
+    from dtrain.launch.jobs import container
+
+    nodes = (runplan.PlanNode("10.0.0.1", "node-1", 1, "lo"), runplan.PlanNode("10.0.0.2", "node-2", 1, "lo"))
+    plan = replace(_plan(["true"]), nodes=nodes, ssh=tuple(container.supervisor_ssh()))
+    sup = sv.Supervisor(plan, tmp_path)
+    ran: list[list[str]] = []
+
+    class Popen:
+        def __init__(self, argv, **kw):
+            ran.append(argv)
+            self.stdin = open(os.devnull, "w")
+            self.stdout = self.stderr = open(os.devnull)
+
+        def wait(self, *a):
+            return 0
+
+    monkeypatch.setattr(sv.subprocess, "Popen", Popen)
+    monkeypatch.setattr(sv.os, "set_blocking", lambda *a: None)
+    health = sv.Health(sup)
+    health.watch(nodes[1])
+    health.closed.set()
+    argv = ran[0]
+    assert argv[:3] == [plan.ssh[0], "-o", "ControlMaster=no"] and "ControlPath=none" not in argv
+    assert any(a.startswith("ControlPath=/") for a in argv) and argv[-2] == "10.0.0.2"
+    assert sup.remote(nodes[1], "x", mux=False)[1:3] == ["-o", "ControlPath=none"]
+    assert sup.remote(nodes[1], "x")[1:3] != ["-o", "ControlPath=none"]
+    with pytest.raises(ValueError):
+        sup.remote(nodes[1], "x", mux="none")

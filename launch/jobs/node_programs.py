@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import subprocess
 from collections.abc import Sequence
 
@@ -21,8 +22,17 @@ HOST_FILES = ("phase.sh", "probe.sh", "login.sh", "image.sh", "start.sh", "up.sh
 
 
 @functools.cache
+def host_library() -> str:
+    """launch/node/host/'s functions (every file but main.sh), then the perl program they run as
+    text: $docker_api_pl, launch/node/docker-api.pl (image.sh inspect_image, holds.sh engine)."""
+    return "\n".join([*(contract.node_script(f"host/{f}") for f in HOST_FILES if f != "main.sh"),
+                      "# shellcheck disable=SC2016,SC1003 # a perl program's text, quoted",
+                      f"docker_api_pl={shlex.quote(contract.node_script('docker-api.pl'))}"])
+
+
+@functools.cache
 def host_program() -> str:
-    return "\n".join(contract.node_script(f"host/{f}") for f in HOST_FILES)
+    return host_library() + "\n" + contract.node_script("host/main.sh")
 
 
 def host_argv(step: str, *args: str) -> list[str]:

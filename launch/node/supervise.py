@@ -286,7 +286,9 @@ class Health:
             return
         with self.lock:
             self.seen[node.hostname] = time.monotonic()
-        proc = subprocess.Popen(self.sup.remote(node, beat_line(self.plan.beat), mux=False),
+        # over the ready check's master: a session, not a key exchange of its own (7 of them on 8 nodes,
+        # ~20 ms of CPU each at both ends, while the ranks start); its end is the master's too (a lost link)
+        proc = subprocess.Popen(self.sup.remote(node, beat_line(self.plan.beat), mux="existing"),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, errors="replace", start_new_session=True)
         assert proc.stdin is not None
@@ -491,8 +493,18 @@ class Supervisor:
 
     # -- nodes
 
-    def remote(self, node: runplan.PlanNode, command: str, *, tty: bool = False, mux: bool = True) -> list[str]:
-        opts = (["-tt"] if tty else []) + ([] if mux else ["-o", "ControlPath=none"])
+    def remote(self, node: runplan.PlanNode, command: str, *, tty: bool = False, mux: bool | str = True) -> list[str]:
+        """ssh's argv for command in node's container. mux: True, over the node's master (the ready
+        check's; made here where there is none); False, a connection of its own; "existing", over
+        the master where one is up, else a connection of its own, never made a master (ControlMaster=no:
+        a master this session made would end with it, taking mpirun's sessions on it along)."""
+        opts = ["-tt"] if tty else []
+        if mux == "existing":
+            opts += ["-o", "ControlMaster=no"]
+        elif mux is False:
+            opts += ["-o", "ControlPath=none"]
+        elif mux is not True:
+            raise ValueError(f"remote: mux {mux!r}")
         # before the plan's own options: ssh keeps the first value it is given for an option
         return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 

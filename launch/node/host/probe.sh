@@ -23,7 +23,7 @@ probe() {
   # ss filters in the kernel (reading /proc/net/tcp costs ~10x more); -p, slow (it reads every
   # process), only to name a holder.
   port=$(ss -Hltn "sport = :$ssh_port" 2>/dev/null)
-  if [ -n "$port" ] && [ -n "$stale" ] && docker_brief rm -f "$stale" >/dev/null 2>&1; then
+  if [ -n "$port" ] && [ -n "$stale" ] && engine rm -f "$stale" >/dev/null 2>&1; then
     port=$(ss -Hltn "sport = :$ssh_port" 2>/dev/null)
   fi
   if [ -n "$port" ]; then

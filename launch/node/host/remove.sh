@@ -11,7 +11,7 @@ remove() {
     old_job_path "$3"
     if [ -d "$old" ] || [ -d "$old.lock" ]; then stop_watch "$old"; else old=''; fi
   fi
-  docker_brief rm -f "$1" >/dev/null 2>&1
+  engine rm -f "$1" >/dev/null 2>&1
   case $2 in /dev/shm/dtrain-?*) rm -rf "$2" ;; esac
   [ -z "$d" ] || rm -rf "${d:?}" "${d:?}.lock"
   [ -z "$old" ] || rm -rf "${old:?}" "${old:?}.lock"

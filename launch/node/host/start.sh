@@ -53,10 +53,10 @@ start() {
   node_flags
   run=("${@:1:nhead}" "${flags[@]}" "${@:nhead+1}")
   # A stopped container of the job left by an earlier launch takes the name: removed, once.
-  # (run's head is `docker run`: its words after `docker` go to docker_brief)
-  if ! err=$(docker_brief "${run[@]:1}" 2>&1 >/dev/null); then
-    if [[ $err != *"is already in use by container"* ]] || ! docker_brief rm -f "$name" >/dev/null 2>&1 ||
-       ! err=$(docker_brief "${run[@]:1}" 2>&1 >/dev/null); then
+  # (run's head is `docker run`: its words after `docker` go to engine)
+  if ! err=$(engine "${run[@]:1}" 2>&1 >/dev/null); then
+    if [[ $err != *"is already in use by container"* ]] || ! engine rm -f "$name" >/dev/null 2>&1 ||
+       ! err=$(engine "${run[@]:1}" 2>&1 >/dev/null); then
       printf '%s\n' "$err" >&2
       exit 1
     fi
