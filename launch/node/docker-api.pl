@@ -1,6 +1,7 @@
 #!/usr/bin/perl
 # docker-api.pl: the node's short docker calls on every launch, asked of the engine's API
-# directly (launch/node/host/: image.sh inspect_image, start.sh and remove.sh engine_call).
+# directly (launch/node/host/: image.sh inspect_image; holds.sh engine, for start.sh, probe.sh
+# and remove.sh).
 #   image REF LABEL...   `docker image inspect`: prints `ID VALUE... DIGESTS` on one line, as the
 #                        CLI's template there would: the image's ID, each LABEL's value in
 #                        Config.Labels (`-` where unset or empty), its RepoDigests as a JSON

@@ -192,6 +192,21 @@ def beat_line(beat: float) -> str:
     return f"exec bash -c {shlex.quote(script)}"
 
 
+def mux_opts(mux: bool | str) -> list[str]:
+    """ssh's options for a session to a node's container. mux: True, over the node's master (the
+    ready check's; made by this session where there is none); False, a connection of its own;
+    "existing", over the master where one is up, else a connection of its own, never made a
+    master (ControlMaster=no: a master this session made would end with it, taking mpirun's
+    sessions on it along)."""
+    if mux is True:
+        return []
+    if mux is False:
+        return ["-o", "ControlPath=none"]
+    if mux == "existing":
+        return ["-o", "ControlMaster=no"]
+    raise ValueError(f"remote: mux {mux!r}")
+
+
 PORT_TRIES = 3  # SYNs the port check sends, timeout/PORT_TRIES apart
 
 
@@ -494,17 +509,8 @@ class Supervisor:
     # -- nodes
 
     def remote(self, node: runplan.PlanNode, command: str, *, tty: bool = False, mux: bool | str = True) -> list[str]:
-        """ssh's argv for command in node's container. mux: True, over the node's master (the ready
-        check's; made here where there is none); False, a connection of its own; "existing", over
-        the master where one is up, else a connection of its own, never made a master (ControlMaster=no:
-        a master this session made would end with it, taking mpirun's sessions on it along)."""
-        opts = ["-tt"] if tty else []
-        if mux == "existing":
-            opts += ["-o", "ControlMaster=no"]
-        elif mux is False:
-            opts += ["-o", "ControlPath=none"]
-        elif mux is not True:
-            raise ValueError(f"remote: mux {mux!r}")
+        """ssh's argv for command in node's container; mux: mux_opts'."""
+        opts = (["-tt"] if tty else []) + mux_opts(mux)
         # before the plan's own options: ssh keeps the first value it is given for an option
         return [*self.plan.ssh[:1], *opts, *self.plan.ssh[1:], node.address, command]
 
