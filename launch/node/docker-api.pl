@@ -62,7 +62,7 @@ sub fail {
 $SIG{ALRM} = sub { fail('the engine did not answer within 120 s') };
 alarm 120;
 
-# request METHOD PATH [BODY]: (status, body) of the engine's answer; exit 3 where there is none.
+# request METHOD PATH [BODY]: (status, body) of the engine's answer; where there is none, fail.
 sub request {
   my ($method, $path, $body) = @_;
   my $s;
@@ -252,7 +252,7 @@ my $body = '{"Image":' . json($image)
   . ',"Labels":{' . join(',', @labels) . '}'
   . ',"AttachStdin":false,"AttachStdout":false,"AttachStderr":false,"Tty":false,"OpenStdin":false,"StdinOnce":false'
   . ',"HostConfig":{' . join(',', map { json($_) . ':' . $host{$_} } sort keys %host) . '}'
-  . (($host{NetworkMode} // '') eq '"host"' ? ',"NetworkingConfig":{"EndpointsConfig":{"host":{}}}' : '')
+  . ($host{NetworkMode} ? ',"NetworkingConfig":{"EndpointsConfig":{"host":{}}}' : '')  # host: the only one read
   . '}';
 my ($status, $resp) = request('POST', "/containers/create?name=$name", $body);
 exit 3 unless $status eq '201';  # no such image, the name taken, anything else: the CLI says it

@@ -204,7 +204,7 @@ def mux_opts(mux: bool | str) -> list[str]:
         return ["-o", "ControlPath=none"]
     if mux == "existing":
         return ["-o", "ControlMaster=no"]
-    raise ValueError(f"remote: mux {mux!r}")
+    raise ValueError(f"mux_opts: mux {mux!r}")
 
 
 PORT_TRIES = 3  # SYNs the port check sends, timeout/PORT_TRIES apart

@@ -26,19 +26,23 @@ docker_brief() {
   GOMAXPROCS=1 GOGC=off docker "$@"
 }
 
+# docker_api ARGS...: launch/node/docker-api.pl ($docker_api_pl) with ARGS; exit 3 (the CLI's
+# to answer) where there is no such program. Perl runs without the user's PERL5OPT, PERL5LIB and
+# PERL_UNICODE (which could change how it reads its arguments: a value sent in another encoding).
+docker_api() {
+  [ -n "${docker_api_pl:-}" ] || return 3
+  PERL5OPT='' PERL5LIB='' PERL_UNICODE=0 perl -e "$docker_api_pl" "$@"
+}
+
 # engine ARGS...: `docker run -d ...` or `docker rm -f NAME` asked of the engine's socket by perl
-# ($docker_api_pl, launch/node/docker-api.pl: 2-3 ms of CPU where the CLI takes about 20), with
-# the CLI's exit codes and error lines; the CLI itself (docker_brief) wherever that program
-# leaves it to it (exit 3: a flag it does not read; another DOCKER_HOST or context; an engine
-# that refused) or cannot run (no perl: 127; perl's own failure: 255). A GPU or EFA node's run
-# (--gpus, --device) goes to the CLI at once. Perl runs without the user's PERL5OPT, PERL5LIB
-# and PERL_UNICODE (which could change how it reads its arguments: a value sent in another encoding).
+# (docker_api: 2-3 ms of CPU where the CLI takes about 20), with the CLI's exit codes and error
+# lines; the CLI itself (docker_brief) wherever that program leaves it to it (exit 3: a flag it
+# does not read; another DOCKER_HOST or context; an engine that refused) or cannot run (no perl:
+# 127; perl's own failure: 255). A GPU or EFA node's run (--gpus, --device) goes to the CLI at once.
 engine() {
-  local e=3 a
-  if [ -n "${docker_api_pl:-}" ]; then
-    for a in "$@"; do case $a in --gpus|--device) docker_brief "$@"; return ;; esac; done
-    PERL5OPT='' PERL5LIB='' PERL_UNICODE=0 perl -e "$docker_api_pl" "$@"; e=$?
-  fi
+  local e a
+  for a in "$@"; do case $a in --gpus|--device) docker_brief "$@"; return ;; esac; done
+  docker_api "$@"; e=$?
   case $e in
     3|127|255) docker_brief "$@" ;;
     *) return "$e" ;;

@@ -32,14 +32,12 @@ image() {
 
 # inspect_image IMAGE: one `docker image inspect`; its output in $inspected, read by
 # inspected_scan: `ID MIN_DRIVER OPENMPI_MAJOR ["REPO@DIGEST",...]` (the labels `-` where unset).
-# Asked of the engine's socket by perl ($docker_api_pl, launch/node/docker-api.pl: 2-3 ms of
-# CPU against the CLI's 18-21); the CLI where that program cannot answer (no perl, another
-# DOCKER_HOST or context, an engine that does not answer: the CLI's error is the one to show).
+# Asked of the engine's socket by perl (holds.sh docker_api: 2-3 ms of CPU against the CLI's
+# 18-21); the CLI where that program cannot answer (no perl, another DOCKER_HOST or context, an
+# engine that does not answer: the CLI's error is the one to show).
 inspect_image() {
   local fmt
-  if [ -n "${docker_api_pl:-}" ] &&
-     inspected=$(PERL5OPT='' PERL5LIB='' PERL_UNICODE=0 \
-       perl -e "$docker_api_pl" image "$1" "$LABEL_MIN_DRIVER" "$LABEL_OPENMPI_MAJOR" 2>/dev/null); then
+  if inspected=$(docker_api image "$1" "$LABEL_MIN_DRIVER" "$LABEL_OPENMPI_MAJOR" 2>/dev/null); then
     inspected_scan
     return
   fi
